@@ -1,0 +1,3 @@
+"""mptrain: a mixed-precision training runner (FP32, FP16 + dynamic loss scaling, BF16) on Hydra."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,162 @@
+"""The command line: the only place that knows about Hydra.
+
+``mptrain [overrides]`` and ``python -m mptrain [overrides]`` run :func:`main`, which
+
+1. composes the config for every job the command line describes (one, or each job of a ``-m``
+   sweep) and validates it, so bad input stops before anything trains with one line naming the
+   key and what is accepted (exit code 2);
+2. hands over to the Hydra app, whose task converts the composed config into a typed
+   :class:`~mptrain.config.RunConfig` and calls :func:`mptrain.run.train` with the job's output
+   directory.
+
+Exit codes: 0 all jobs completed, 1 a job failed or diverged, 2 bad input, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from mptrain.config import ConfigError, register_schemas, to_run_config
+
+CONFIG_MODULE = "mptrain.conf"
+CONFIG_NAME = "config"
+HYDRA_VERSION_BASE = "1.3"
+
+register_schemas()
+
+
+def _fail(message: str, code: int = 2) -> None:
+    print(f"mptrain: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def describe_compose_error(exc: Exception) -> str:
+    """One line for a Hydra/OmegaConf composition error, naming the key and what is accepted."""
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+    if isinstance(exc, MissingConfigException) and exc.options is not None:
+        missing = exc.missing_cfg_file or "?"
+        group, _, option = missing.rpartition("/")
+        choices = ", ".join(o for o in sorted(exc.options) if not o.endswith("_schema"))
+        return f"{group}={option}: unknown option; choose one of {choices}"
+    if isinstance(exc, OverrideParseException):
+        return f"cannot parse override: {str(exc).splitlines()[0]}"
+    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
+    if isinstance(cause, OmegaConfBaseException):
+        key = getattr(cause, "full_key", None) or "?"
+        if isinstance(cause, ConfigKeyError):
+            return f"{key}: unknown key; it is not part of the mptrain config schema"
+        if isinstance(cause, ValidationError):
+            message = str(cause.msg).splitlines()[0] if hasattr(cause, "msg") else str(cause)
+            return f"{key}: {message}"
+        return f"{key}: {str(cause).splitlines()[0]}"
+    first = str(exc).strip().splitlines()
+    return first[0] if first else type(exc).__name__
+
+
+def job_overrides(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
+    """The override list of every job the command line describes (expanding -m sweeps)."""
+    if not multirun:
+        return [list(overrides)]
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+    return [job for batch in batches for job in batch]
+
+
+def preflight(overrides: Sequence[str], multirun: bool) -> int:
+    """Compose and validate every job's config; raise ConfigError for the first bad one.
+
+    Returns the number of jobs. Hydra's own keys (``hydra.*``) are left to Hydra.
+    """
+    from hydra import compose, initialize_config_module
+
+    try:
+        jobs = job_overrides(overrides, multirun)
+    except Exception as exc:  # parse errors of the sweep syntax
+        raise ConfigError(describe_compose_error(exc)) from exc
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
+        for job in jobs:
+            try:
+                cfg = compose(config_name=CONFIG_NAME, overrides=job)
+            except Exception as exc:
+                raise ConfigError(describe_compose_error(exc)) from exc
+            try:
+                to_run_config(cfg)
+            except ConfigError:
+                raise
+            except Exception as exc:
+                raise ConfigError(describe_compose_error(exc)) from exc
+    return len(jobs)
+
+
+_failed_jobs: list[str] = []
+
+
+@hydra.main(
+    config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME, version_base=HYDRA_VERSION_BASE
+)
+def hydra_app(cfg: DictConfig) -> float | None:
+    """One Hydra job: typed config in, report out. Returns the final validation accuracy."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from mptrain.run import RunFailed, train
+
+    hydra_cfg = HydraConfig.get()
+    output_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode.name == "MULTIRUN"
+    try:
+        report = train(to_run_config(cfg), output_dir)
+    except ConfigError as exc:
+        if not multirun:
+            _fail(str(exc))
+        _failed_jobs.append(f"{output_dir}: {exc}")
+        print(f"mptrain: error: {exc}", file=sys.stderr)
+        return None
+    except RunFailed as exc:
+        if not multirun:
+            _fail(f"run {exc.status}: {exc.reason} (report in {output_dir})", code=1)
+        _failed_jobs.append(f"{output_dir}: {exc.status}: {exc.reason}")
+        return None
+    return report["evaluation"]["final_val_accuracy"]
+
+
+def _parse_command_line(argv: Sequence[str]) -> tuple[list[str], bool, bool]:
+    """(overrides, multirun, handled by Hydra alone: --help, --cfg, --info, ...)."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(list(argv))
+    informational = bool(
+        args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
+    )
+    return list(args.overrides), bool(args.multirun), informational
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console-script entry point (``mptrain``) and ``python -m mptrain``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides, multirun, informational = _parse_command_line(argv)
+    if not informational:
+        try:
+            preflight(overrides, multirun)
+        except ConfigError as exc:
+            _fail(str(exc))
+    sys.argv = [sys.argv[0], *argv]
+    try:
+        hydra_app()
+    except KeyboardInterrupt:
+        print("mptrain: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    if _failed_jobs:
+        print(f"mptrain: {len(_failed_jobs)} job(s) did not complete:", file=sys.stderr)
+        for line in _failed_jobs:
+            print(f"  {line}", file=sys.stderr)
+        raise SystemExit(1)

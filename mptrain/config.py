@@ -1,0 +1,406 @@
+"""Typed configuration: the dataclass schemas behind every Hydra config group, and their validation.
+
+Hydra composes YAML from ``conf/`` on top of these schemas (registered in the ConfigStore by
+:func:`register_schemas`), so an unknown key or a value of the wrong type fails at compose time,
+naming the key. Range checks that types cannot express (``lr > 0``, ``0 < backoff_factor < 1``) live
+in :func:`validate`, which raises :class:`ConfigError` with a one-line message of the form
+``key=value: what is accepted``.
+
+Nothing below the CLI sees OmegaConf: :func:`to_run_config` converts a composed config into these
+plain dataclasses once, at the edge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import MISSING
+
+
+class ConfigError(ValueError):
+    """A configuration value the user must change. The message is one line naming the key."""
+
+
+# --------------------------------------------------------------------------------------- precision
+PRECISION_NAMES = ("auto", "fp32", "fp16", "bf16")
+AUTOCAST_DTYPES = ("float16", "bfloat16")
+
+
+@dataclass
+class ScalerConfig:
+    """Dynamic loss scaling (torch.amp.GradScaler). Only FP16 needs it."""
+
+    enabled: bool = False
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+
+@dataclass
+class PrecisionConfig:
+    name: str = "auto"
+    autocast_dtype: str | None = None  # float16 | bfloat16 | None (no autocast: true FP32)
+    scaler: ScalerConfig = field(default_factory=ScalerConfig)
+    allow_tf32: bool = False
+
+
+# ------------------------------------------------------------------------------------------ models
+@dataclass
+class MLPConfig:
+    name: str = "mlp"
+    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
+    dropout: float = 0.0
+
+
+@dataclass
+class CNNConfig:
+    name: str = "cnn"
+    widths: list[int] = field(default_factory=lambda: [32, 64, 128])
+    dropout: float = 0.0
+
+
+@dataclass
+class ResNetConfig:
+    name: str = "resnet18"
+    small_stem: bool | None = None  # None: small stem when the input is at most 32 px
+
+
+@dataclass
+class ViTConfig:
+    name: str = "vit"
+    patch_size: int = 2
+    dim: int = 128
+    depth: int = 4
+    heads: int = 4
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------- datasets
+@dataclass
+class DigitsConfig:
+    name: str = "digits"
+    val_size: int = 360
+    split_seed: int = 0
+
+
+@dataclass
+class SyntheticConfig:
+    name: str = "synthetic"
+    num_train: int = 2048
+    num_val: int = 512
+    num_classes: int = 10
+    channels: int = 3
+    image_size: int = 32
+    noise: float = 1.0
+    data_seed: int = 0
+
+
+@dataclass
+class TorchvisionDatasetConfig:
+    name: str = "cifar10"
+    root: str = "data"
+    download: bool = False
+    augment: bool = True
+
+
+@dataclass
+class ImageFolderConfig:
+    name: str = "imagefolder"
+    root: str = MISSING
+    train_dir: str = "train"
+    val_dir: str = "val"
+    image_size: int = 224
+    resize_size: int = 256
+    augment: bool = True
+
+
+# -------------------------------------------------------------------------------------- optimizers
+@dataclass
+class SGDConfig:
+    name: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 5e-4
+    decay_norm_and_bias: bool = False
+
+
+@dataclass
+class AdamWConfig:
+    name: str = "adamw"
+    lr: float = 3e-3
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    decay_norm_and_bias: bool = False
+
+
+@dataclass
+class SchedulerConfig:
+    name: str = "cosine"
+    warmup_epochs: float = 0.0
+    warmup_start_factor: float = 0.1
+    min_lr_factor: float = 0.0
+    milestones: list[float] = field(default_factory=list)
+    gamma: float = 0.1
+
+
+# -------------------------------------------------------------------------------------------- run
+@dataclass
+class DebugConfig:
+    # Steps (1-based optimizer steps) whose gradients get an inf after backward: exercises the
+    # loss scaler's skip path on purpose (tests, checking a setup). Empty in every real run.
+    inject_inf_grad_steps: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RunConfig:
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    model: Any = MISSING
+    dataset: Any = MISSING
+    optimizer: Any = MISSING
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    epochs: int | None = 15
+    max_steps: int | None = None
+    batch_size: int = 64
+    eval_batch_size: int = 512
+    grad_accum_steps: int = 1
+    clip_grad_norm: float | None = None
+    label_smoothing: float = 0.0
+    seed: int = 0
+    device: str = "auto"
+    eval_every: int | None = None
+    log_every: int = 10
+    throughput_warmup_steps: int = 5
+    channels_last: bool = False
+    compile: bool = False
+    num_workers: int = 2
+    progress: bool = True
+    debug: DebugConfig = field(default_factory=DebugConfig)
+
+
+# Schema per config-group option: the YAML file of an option names its schema in its defaults list.
+GROUP_SCHEMAS: dict[str, dict[str, type]] = {
+    "precision": {"precision_schema": PrecisionConfig},
+    "model": {
+        "mlp_schema": MLPConfig,
+        "cnn_schema": CNNConfig,
+        "resnet_schema": ResNetConfig,
+        "vit_schema": ViTConfig,
+    },
+    "dataset": {
+        "digits_schema": DigitsConfig,
+        "synthetic_schema": SyntheticConfig,
+        "torchvision_schema": TorchvisionDatasetConfig,
+        "imagefolder_schema": ImageFolderConfig,
+    },
+    "optimizer": {"sgd_schema": SGDConfig, "adamw_schema": AdamWConfig},
+    "scheduler": {"scheduler_schema": SchedulerConfig},
+}
+
+MODEL_NAMES = ("mlp", "cnn", "resnet18", "resnet50", "vit")
+DATASET_NAMES = (
+    "digits",
+    "synthetic",
+    "cifar10",
+    "cifar100",
+    "mnist",
+    "fashion_mnist",
+    "imagefolder",
+)
+SCHEDULER_NAMES = ("constant", "cosine", "multistep")
+
+
+def register_schemas() -> None:
+    """Register the run schema and every group-option schema in Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    for group, schemas in GROUP_SCHEMAS.items():
+        for name, schema in schemas.items():
+            store.store(group=group, name=name, node=schema)
+
+
+def to_run_config(cfg: Any) -> RunConfig:
+    """Convert a composed OmegaConf config into plain dataclasses and validate it."""
+    from omegaconf import OmegaConf
+
+    run = OmegaConf.to_object(cfg)
+    if not isinstance(run, RunConfig):
+        raise ConfigError("config: the primary config must use run_schema in its defaults list")
+    validate(run)
+    return run
+
+
+# ------------------------------------------------------------------------------------- validation
+def _require(ok: bool, key: str, value: object, accepted: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r}: {accepted}")
+
+
+def _positive(key: str, value: float | int | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    _require(value is not None and value > 0, key, value, "must be > 0")
+
+
+def _at_least(key: str, value: int | None, minimum: int, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    _require(value is not None and value >= minimum, key, value, f"must be an integer >= {minimum}")
+
+
+def validate_precision(p: PrecisionConfig) -> None:
+    _require(
+        p.name in PRECISION_NAMES, "precision.name", p.name, f"one of {', '.join(PRECISION_NAMES)}"
+    )
+    _require(
+        p.autocast_dtype is None or p.autocast_dtype in AUTOCAST_DTYPES,
+        "precision.autocast_dtype",
+        p.autocast_dtype,
+        "null (no autocast), float16 or bfloat16",
+    )
+    expected = {"fp32": None, "fp16": "float16", "bf16": "bfloat16"}
+    if p.name in expected:
+        _require(
+            p.autocast_dtype == expected[p.name],
+            "precision.autocast_dtype",
+            p.autocast_dtype,
+            f"precision={p.name} runs autocast dtype {expected[p.name]}; choose another precision "
+            "instead of changing its dtype",
+        )
+    s = p.scaler
+    _positive("precision.scaler.init_scale", s.init_scale)
+    _require(s.growth_factor > 1, "precision.scaler.growth_factor", s.growth_factor, "must be > 1")
+    _require(
+        0 < s.backoff_factor < 1,
+        "precision.scaler.backoff_factor",
+        s.backoff_factor,
+        "must be in the open interval (0, 1)",
+    )
+    _at_least("precision.scaler.growth_interval", s.growth_interval, 1)
+
+
+def _validate_model(m: Any) -> None:
+    _require(m.name in MODEL_NAMES, "model.name", m.name, f"one of {', '.join(MODEL_NAMES)}")
+    if isinstance(m, MLPConfig):
+        _require(
+            all(h >= 1 for h in m.hidden_sizes), "model.hidden_sizes", m.hidden_sizes, "sizes >= 1"
+        )
+    if isinstance(m, CNNConfig):
+        _require(
+            len(m.widths) >= 1 and all(w >= 1 for w in m.widths),
+            "model.widths",
+            m.widths,
+            "a non-empty list of channel counts >= 1",
+        )
+    if isinstance(m, ViTConfig):
+        _at_least("model.patch_size", m.patch_size, 1)
+        _at_least("model.depth", m.depth, 1)
+        _at_least("model.heads", m.heads, 1)
+        _require(
+            m.dim % m.heads == 0, "model.dim", m.dim, f"must be divisible by model.heads={m.heads}"
+        )
+        _positive("model.mlp_ratio", m.mlp_ratio)
+    if hasattr(m, "dropout"):
+        _require(0 <= m.dropout < 1, "model.dropout", m.dropout, "must be in [0, 1)")
+
+
+def _validate_dataset(d: Any) -> None:
+    _require(d.name in DATASET_NAMES, "dataset.name", d.name, f"one of {', '.join(DATASET_NAMES)}")
+    if isinstance(d, DigitsConfig):
+        _require(0 < d.val_size < 1797, "dataset.val_size", d.val_size, "must be in 1..1796")
+    if isinstance(d, SyntheticConfig):
+        for key in ("num_train", "num_val", "channels", "image_size"):
+            _at_least(f"dataset.{key}", getattr(d, key), 1)
+        _at_least("dataset.num_classes", d.num_classes, 2)
+        _require(d.noise >= 0, "dataset.noise", d.noise, "must be >= 0")
+    if isinstance(d, ImageFolderConfig):
+        _at_least("dataset.image_size", d.image_size, 1)
+        _at_least("dataset.resize_size", d.resize_size, d.image_size)
+
+
+def _validate_optimizer(o: Any) -> None:
+    _require(o.name in ("sgd", "adamw"), "optimizer.name", o.name, "one of sgd, adamw")
+    _positive("optimizer.lr", o.lr)
+    _require(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, "must be >= 0")
+    if isinstance(o, SGDConfig):
+        _require(o.momentum >= 0, "optimizer.momentum", o.momentum, "must be >= 0")
+        _require(
+            not o.nesterov or o.momentum > 0, "optimizer.nesterov", o.nesterov, "needs momentum > 0"
+        )
+    if isinstance(o, AdamWConfig):
+        _require(
+            len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+            "optimizer.betas",
+            o.betas,
+            "two values in [0, 1)",
+        )
+        _positive("optimizer.eps", o.eps)
+
+
+def _validate_scheduler(s: SchedulerConfig) -> None:
+    _require(
+        s.name in SCHEDULER_NAMES, "scheduler.name", s.name, f"one of {', '.join(SCHEDULER_NAMES)}"
+    )
+    _require(s.warmup_epochs >= 0, "scheduler.warmup_epochs", s.warmup_epochs, "must be >= 0")
+    _require(
+        0 < s.warmup_start_factor <= 1,
+        "scheduler.warmup_start_factor",
+        s.warmup_start_factor,
+        "must be in (0, 1]",
+    )
+    _require(
+        0 <= s.min_lr_factor <= 1, "scheduler.min_lr_factor", s.min_lr_factor, "must be in [0, 1]"
+    )
+    _require(0 < s.gamma <= 1, "scheduler.gamma", s.gamma, "must be in (0, 1]")
+    _require(
+        list(s.milestones) == sorted(s.milestones) and all(m > 0 for m in s.milestones),
+        "scheduler.milestones",
+        s.milestones,
+        "increasing epoch numbers > 0",
+    )
+
+
+def validate(run: RunConfig) -> None:
+    """Check every range and cross-key rule; raise :class:`ConfigError` on the first violation."""
+    validate_precision(run.precision)
+    _validate_model(run.model)
+    _validate_dataset(run.dataset)
+    _validate_optimizer(run.optimizer)
+    _validate_scheduler(run.scheduler)
+    _require(
+        run.epochs is not None or run.max_steps is not None,
+        "epochs",
+        run.epochs,
+        "set epochs or max_steps (both null leaves the run without an end)",
+    )
+    _at_least("epochs", run.epochs, 1, allow_none=True)
+    _at_least("max_steps", run.max_steps, 1, allow_none=True)
+    _at_least("batch_size", run.batch_size, 1)
+    _at_least("eval_batch_size", run.eval_batch_size, 1)
+    _at_least("grad_accum_steps", run.grad_accum_steps, 1)
+    _positive("clip_grad_norm", run.clip_grad_norm, allow_none=True)
+    _require(
+        0 <= run.label_smoothing < 1, "label_smoothing", run.label_smoothing, "must be in [0, 1)"
+    )
+    _require(
+        run.device in ("auto", "cpu", "cuda") or run.device.startswith("cuda:"),
+        "device",
+        run.device,
+        "one of auto, cpu, cuda, cuda:N",
+    )
+    _at_least("eval_every", run.eval_every, 1, allow_none=True)
+    _at_least("log_every", run.log_every, 1)
+    _at_least("throughput_warmup_steps", run.throughput_warmup_steps, 0)
+    _at_least("num_workers", run.num_workers, 0)
+    _require(
+        all(s >= 1 for s in run.debug.inject_inf_grad_steps),
+        "debug.inject_inf_grad_steps",
+        run.debug.inject_inf_grad_steps,
+        "optimizer step numbers >= 1",
+    )

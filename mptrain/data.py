@@ -1,0 +1,510 @@
+"""Datasets and how batches reach the model.
+
+Two feeds, chosen by where the data lives:
+
+- :class:`TensorBatches` for data held in memory (digits, synthetic, CIFAR, MNIST, Fashion-MNIST):
+  one shuffled index per epoch, batches gathered by tensor indexing, augmentation applied to whole
+  batches on the device. No per-sample Python, no worker processes: on small models this is ~1.7x
+  faster than a per-sample DataLoader.
+- :class:`LoaderBatches` for file-backed data too large for memory (imagefolder): a DataLoader with
+  worker processes decoding images, pinned memory and non-blocking copies on CUDA.
+
+Both yield ``(images, labels)`` already on the training device, and are deterministic given
+``(seed, epoch)``: the data order of epoch ``e`` does not depend on what ran before it.
+
+Raw files are only read from ``root``; nothing downloads unless ``download=true`` is set. A missing
+dataset raises :class:`~mptrain.config.ConfigError` naming the path and how to get the files.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from mptrain.config import (
+    ConfigError,
+    DigitsConfig,
+    ImageFolderConfig,
+    SyntheticConfig,
+    TorchvisionDatasetConfig,
+)
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+# Data larger than this stays in host memory (pinned) instead of being copied to the GPU once.
+MAX_DEVICE_RESIDENT_BYTES = 2 << 30
+
+
+class BatchSource(Protocol):
+    num_batches: int
+    batch_size: int
+    feed: str
+
+    def batches(self, epoch: int) -> Iterator[Batch]: ...
+
+
+@dataclass
+class DataBundle:
+    """Training and validation batches plus the shape facts the model builder needs."""
+
+    train: BatchSource
+    val: BatchSource
+    num_classes: int
+    in_channels: int
+    image_size: int
+    num_train: int
+    num_val: int
+    description: str
+
+
+# ------------------------------------------------------------------------------------------ feeds
+def _epoch_generator(seed: int, epoch: int, device: torch.device | str = "cpu") -> torch.Generator:
+    # One generator per (seed, epoch): an epoch's order never depends on earlier epochs, so a run
+    # resumed at epoch e sees the same data as an uninterrupted one.
+    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + epoch)
+
+
+def random_crop_flip(
+    images: torch.Tensor, padding: int, flip: bool, generator: torch.Generator
+) -> torch.Tensor:
+    """Batched augmentation: a random crop of each zero-padded image, and a random horizontal flip."""
+    batch, _, height, width = images.shape
+    device = images.device
+    if padding:
+        padded = torch.nn.functional.pad(images, (padding, padding, padding, padding))
+        dy = torch.randint(0, 2 * padding + 1, (batch,), device=device, generator=generator)
+        dx = torch.randint(0, 2 * padding + 1, (batch,), device=device, generator=generator)
+        rows = (dy[:, None] + torch.arange(height, device=device))[:, None, :, None]
+        cols = (dx[:, None] + torch.arange(width, device=device))[:, None, None, :]
+        channels = torch.arange(images.shape[1], device=device)[None, :, None, None]
+        samples = torch.arange(batch, device=device)[:, None, None, None]
+        images = padded[samples, channels, rows, cols]
+    if flip:
+        mask = torch.rand(batch, device=device, generator=generator) < 0.5
+        images = torch.where(mask[:, None, None, None], images.flip(-1), images)
+    return images
+
+
+class TensorBatches:
+    """Batches by indexing in-memory tensors.
+
+    ``images`` may be uint8 (scaled to [0, 1] per batch) or float; ``mean``/``std`` normalise
+    per channel. With ``shuffle`` and ``drop_last`` every epoch is a fresh permutation and only
+    full batches are served.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        batch_size: int,
+        device: torch.device,
+        *,
+        shuffle: bool,
+        drop_last: bool,
+        seed: int = 0,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
+        crop_padding: int = 0,
+        flip: bool = False,
+    ) -> None:
+        self.device = device
+        resident = device.type == "cuda" and images.nbytes <= MAX_DEVICE_RESIDENT_BYTES
+        storage = device if resident else torch.device("cpu")
+        if device.type == "cuda" and not resident:
+            images, labels = images.pin_memory(), labels.pin_memory()
+        self.images = images.to(storage)
+        self.labels = labels.to(storage)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.seed = seed
+        shape = (1, -1, 1, 1)
+        self.mean = torch.tensor(mean, device=device).view(shape) if mean else None
+        self.std = torch.tensor(std, device=device).view(shape) if std else None
+        self.crop_padding = crop_padding
+        self.flip = flip
+        n = len(self.labels)
+        self.num_batches = n // batch_size if drop_last else -(-n // batch_size)
+        where = "on the GPU" if resident else "in host memory"
+        self.feed = f"tensor-indexed ({where})"
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def _prepare(self, images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        images = images.to(self.device, non_blocking=True)
+        if images.dtype == torch.uint8:
+            images = images.float().div_(255)
+        if generator is not None and (self.crop_padding or self.flip):
+            images = random_crop_flip(images, self.crop_padding, self.flip, generator)
+        if self.mean is not None:
+            images = (images - self.mean) / self.std
+        return images
+
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        n = len(self.labels)
+        storage = self.images.device
+        generator = None
+        if self.shuffle:
+            generator = _epoch_generator(self.seed, epoch, self.device)
+            order = torch.randperm(n, generator=_epoch_generator(self.seed, epoch)).to(storage)
+        for b in range(self.num_batches):
+            if self.shuffle:
+                index = order[b * self.batch_size : (b + 1) * self.batch_size]
+                images, labels = self.images[index], self.labels[index]
+            else:
+                images = self.images[b * self.batch_size : (b + 1) * self.batch_size]
+                labels = self.labels[b * self.batch_size : (b + 1) * self.batch_size]
+            yield self._prepare(images, generator), labels.to(self.device, non_blocking=True)
+
+
+class LoaderBatches:
+    """Batches from a DataLoader with worker processes (file-backed data)."""
+
+    def __init__(
+        self,
+        dataset: torch.utils.data.Dataset,
+        batch_size: int,
+        device: torch.device,
+        *,
+        shuffle: bool,
+        drop_last: bool,
+        num_workers: int,
+        seed: int = 0,
+    ) -> None:
+        self.dataset = dataset
+        self.device = device
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.drop_last = drop_last
+        self.num_workers = num_workers
+        self.seed = seed
+        n = len(dataset)  # type: ignore[arg-type]
+        self.num_batches = n // batch_size if drop_last else -(-n // batch_size)
+        self.feed = f"DataLoader ({num_workers} workers)"
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        loader = torch.utils.data.DataLoader(
+            self.dataset,
+            batch_size=self.batch_size,
+            shuffle=self.shuffle,
+            drop_last=self.drop_last,
+            num_workers=self.num_workers,
+            pin_memory=self.device.type == "cuda",
+            generator=_epoch_generator(self.seed, epoch) if self.shuffle else None,
+            persistent_workers=False,
+        )
+        for images, labels in loader:
+            yield (
+                images.to(self.device, non_blocking=True),
+                labels.to(self.device, non_blocking=True),
+            )
+
+
+# --------------------------------------------------------------------------------------- datasets
+@dataclass
+class ArrayDataset:
+    """A dataset held in memory: NCHW images (uint8 or float32) and int64 labels."""
+
+    train_images: torch.Tensor
+    train_labels: torch.Tensor
+    val_images: torch.Tensor
+    val_labels: torch.Tensor
+    num_classes: int
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+
+
+def load_digits_arrays(cfg: DigitsConfig) -> ArrayDataset:
+    """scikit-learn's 8x8 digits with a fixed stratified split, standardised with train statistics."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = digits.images.astype(np.float32) / 16.0
+    x_train, x_val, y_train, y_val = train_test_split(
+        images,
+        digits.target,
+        test_size=cfg.val_size,
+        stratify=digits.target,
+        random_state=cfg.split_seed,
+    )
+    mean, std = float(x_train.mean()), float(x_train.std())
+    to_tensor = lambda a: torch.from_numpy((a - mean) / std).unsqueeze(1)  # noqa: E731
+    return ArrayDataset(
+        to_tensor(x_train),
+        torch.from_numpy(y_train).long(),
+        to_tensor(x_val),
+        torch.from_numpy(y_val).long(),
+        num_classes=10,
+    )
+
+
+def make_synthetic_arrays(cfg: SyntheticConfig) -> ArrayDataset:
+    """Class-prototype images: sample = prototype[label] + noise * N(0, 1). Learnable by design."""
+    generator = torch.Generator().manual_seed(cfg.data_seed)
+    shape = (cfg.channels, cfg.image_size, cfg.image_size)
+    prototypes = torch.randn(cfg.num_classes, *shape, generator=generator)
+
+    def sample(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        labels = torch.randint(0, cfg.num_classes, (n,), generator=generator)
+        images = prototypes[labels] + cfg.noise * torch.randn(n, *shape, generator=generator)
+        return images, labels
+
+    train_images, train_labels = sample(cfg.num_train)
+    val_images, val_labels = sample(cfg.num_val)
+    return ArrayDataset(train_images, train_labels, val_images, val_labels, cfg.num_classes)
+
+
+# Published per-channel statistics of the training sets.
+_STATS = {
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion_mnist": ((0.2860,), (0.3530,)),
+}
+_TORCHVISION_CLASSES = {
+    "cifar10": "CIFAR10",
+    "cifar100": "CIFAR100",
+    "mnist": "MNIST",
+    "fashion_mnist": "FashionMNIST",
+}
+_CIFAR_LAYOUT = {
+    # name: (folder, train files, validation files, label key, number of classes)
+    "cifar10": (
+        "cifar-10-batches-py",
+        [f"data_batch_{i}" for i in range(1, 6)],
+        ["test_batch"],
+        b"labels",
+        10,
+    ),
+    "cifar100": ("cifar-100-python", ["train"], ["test"], b"fine_labels", 100),
+}
+_MNIST_FILES = {
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "val": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+
+
+def _missing(cfg: TorchvisionDatasetConfig, expected: Path) -> ConfigError:
+    return ConfigError(
+        f"dataset.root={cfg.root!r}: {cfg.name} files not found at {expected}; copy them there, "
+        f"or run once with dataset.download=true on a machine with internet access"
+    )
+
+
+def _download(cfg: TorchvisionDatasetConfig) -> None:
+    """Fetch (and checksum) the files with torchvision; only when the user set download=true."""
+    import torchvision
+
+    dataset_class = getattr(torchvision.datasets, _TORCHVISION_CLASSES[cfg.name])
+    for train in (True, False):
+        dataset_class(cfg.root, train=train, download=True)
+
+
+def load_cifar_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
+    """CIFAR-10/100 from the python-pickle batches torchvision and the authors distribute."""
+    folder, train_files, val_files, label_key, num_classes = _CIFAR_LAYOUT[cfg.name]
+    base = Path(cfg.root) / folder
+
+    def read(files: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        images, labels = [], []
+        for name in files:
+            path = base / name
+            if not path.is_file():
+                raise _missing(cfg, path)
+            with path.open("rb") as f:
+                entry = pickle.load(f, encoding="bytes")
+            images.append(np.asarray(entry[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+            labels.extend(entry[label_key])
+        return torch.from_numpy(np.concatenate(images)), torch.tensor(labels, dtype=torch.long)
+
+    train_images, train_labels = read(train_files)
+    val_images, val_labels = read(val_files)
+    mean, std = _STATS[cfg.name]
+    return ArrayDataset(train_images, train_labels, val_images, val_labels, num_classes, mean, std)
+
+
+def load_mnist_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
+    """MNIST / Fashion-MNIST from the uncompressed idx files in root/<Class>/raw/."""
+    from torchvision.datasets.mnist import read_image_file, read_label_file
+
+    raw = Path(cfg.root) / _TORCHVISION_CLASSES[cfg.name] / "raw"
+
+    def read(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        image_file, label_file = (raw / name for name in _MNIST_FILES[split])
+        for path in (image_file, label_file):
+            if not path.is_file():
+                raise _missing(cfg, path)
+        return read_image_file(str(image_file)).unsqueeze(1), read_label_file(
+            str(label_file)
+        ).long()
+
+    train_images, train_labels = read("train")
+    val_images, val_labels = read("val")
+    mean, std = _STATS[cfg.name]
+    return ArrayDataset(train_images, train_labels, val_images, val_labels, 10, mean, std)
+
+
+def load_arrays(cfg: Any) -> ArrayDataset:
+    if isinstance(cfg, DigitsConfig):
+        return load_digits_arrays(cfg)
+    if isinstance(cfg, SyntheticConfig):
+        return make_synthetic_arrays(cfg)
+    if cfg.download:
+        _download(cfg)
+    if cfg.name.startswith("cifar"):
+        return load_cifar_arrays(cfg)
+    return load_mnist_arrays(cfg)
+
+
+def _check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ConfigError(
+            f"dataset: {where} labels span {int(labels.min())}..{int(labels.max())}, "
+            f"outside 0..{num_classes - 1}"
+        )
+
+
+def build_data(
+    cfg: Any,
+    batch_size: int,
+    eval_batch_size: int,
+    device: torch.device,
+    *,
+    seed: int,
+    num_workers: int,
+) -> DataBundle:
+    """Load the configured dataset and wrap it in the feed that suits it."""
+    if isinstance(cfg, ImageFolderConfig):
+        return _build_imagefolder(cfg, batch_size, eval_batch_size, device, seed, num_workers)
+    arrays = load_arrays(cfg)
+    _check_labels(arrays.train_labels, arrays.num_classes, "training")
+    _check_labels(arrays.val_labels, arrays.num_classes, "validation")
+    if len(arrays.train_labels) < batch_size:
+        raise ConfigError(
+            f"batch_size={batch_size}: larger than the {len(arrays.train_labels)} training samples"
+        )
+    augment = getattr(cfg, "augment", False)
+    train = TensorBatches(
+        arrays.train_images,
+        arrays.train_labels,
+        batch_size,
+        device,
+        shuffle=True,
+        drop_last=True,
+        seed=seed,
+        mean=arrays.mean,
+        std=arrays.std,
+        crop_padding=4 if augment else 0,
+        flip=augment and cfg.name.startswith("cifar"),
+    )
+    val = TensorBatches(
+        arrays.val_images,
+        arrays.val_labels,
+        eval_batch_size,
+        device,
+        shuffle=False,
+        drop_last=False,
+        mean=arrays.mean,
+        std=arrays.std,
+    )
+    _, channels, height, _ = arrays.train_images.shape
+    return DataBundle(
+        train=train,
+        val=val,
+        num_classes=arrays.num_classes,
+        in_channels=channels,
+        image_size=height,
+        num_train=len(arrays.train_labels),
+        num_val=len(arrays.val_labels),
+        description=f"{cfg.name}: {len(arrays.train_labels)} train / {len(arrays.val_labels)} val, "
+        f"{channels}x{height}x{height}, {arrays.num_classes} classes",
+    )
+
+
+_IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _build_imagefolder(
+    cfg: ImageFolderConfig,
+    batch_size: int,
+    eval_batch_size: int,
+    device: torch.device,
+    seed: int,
+    num_workers: int,
+) -> DataBundle:
+    from torchvision import datasets, transforms
+
+    root = Path(cfg.root)
+    for split in (cfg.train_dir, cfg.val_dir):
+        if not (root / split).is_dir():
+            raise ConfigError(
+                f"dataset.root={cfg.root!r}: no directory {root / split} "
+                "(expected root/<split>/<class>/<image> folders)"
+            )
+    normalize = transforms.Normalize(_IMAGENET_MEAN, _IMAGENET_STD)
+    val_transform = transforms.Compose(
+        [
+            transforms.Resize(cfg.resize_size),
+            transforms.CenterCrop(cfg.image_size),
+            transforms.ToTensor(),
+            normalize,
+        ]
+    )
+    train_transform = (
+        transforms.Compose(
+            [
+                transforms.RandomResizedCrop(cfg.image_size),
+                transforms.RandomHorizontalFlip(),
+                transforms.ToTensor(),
+                normalize,
+            ]
+        )
+        if cfg.augment
+        else val_transform
+    )
+    train_set = datasets.ImageFolder(str(root / cfg.train_dir), transform=train_transform)
+    val_set = datasets.ImageFolder(str(root / cfg.val_dir), transform=val_transform)
+    if train_set.classes != val_set.classes:
+        raise ConfigError(
+            f"dataset.root={cfg.root!r}: {cfg.train_dir}/ and {cfg.val_dir}/ hold different classes"
+        )
+    if len(train_set) < batch_size:
+        raise ConfigError(
+            f"batch_size={batch_size}: larger than the {len(train_set)} training images"
+        )
+    channels = 3
+    train = LoaderBatches(
+        train_set,
+        batch_size,
+        device,
+        shuffle=True,
+        drop_last=True,
+        num_workers=num_workers,
+        seed=seed,
+    )
+    val = LoaderBatches(
+        val_set, eval_batch_size, device, shuffle=False, drop_last=False, num_workers=num_workers
+    )
+    return DataBundle(
+        train=train,
+        val=val,
+        num_classes=len(train_set.classes),
+        in_channels=channels,
+        image_size=cfg.image_size,
+        num_train=len(train_set),
+        num_val=len(val_set),
+        description=f"imagefolder {root}: {len(train_set)} train / {len(val_set)} val, "
+        f"{len(train_set.classes)} classes, {cfg.image_size} px crops",
+    )

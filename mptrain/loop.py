@@ -1,0 +1,341 @@
+"""The training loop: one explicit AMP loop for every precision, and evaluation.
+
+Per optimizer step (``grad_accum_steps`` micro-batches), in this order:
+
+1. for each micro-batch: forward and loss under ``policy.autocast()``; the loss divided by the
+   number of micro-batches; ``scaler.scale(loss).backward()`` outside autocast. One loss scale
+   covers the whole effective batch.
+2. ``scaler.unscale_(optimizer)``: gradients become true FP32 gradients (no-op without scaling).
+3. clip the FP32 gradient norm (when configured): clipping always sees unscaled gradients.
+4. ``scaler.step(optimizer)``: skips the update when any gradient holds inf/NaN, leaving
+   parameters and optimizer state untouched.
+5. ``scaler.update()``: halves the scale after a skip, grows it after ``growth_interval`` clean
+   steps. A skipped step is recorded and does *not* advance the LR scheduler.
+6. ``optimizer.zero_grad(set_to_none=True)``.
+
+Host-device synchronisation: with loss scaling, ``scaler.step`` reads the inf flag (one sync per
+step that PyTorch's scaler needs anyway) and the loop reads the new scale right after it. Losses are
+summed on the device and read only every ``log_every`` steps and at evaluations.
+
+:class:`LoopState` is mutated in place, so a caller that catches an exception or an interrupt still
+has the figures of the steps that ran.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mptrain.data import Batch, BatchSource, DataBundle
+from mptrain.precision import PrecisionPolicy
+
+
+class LoopObserver(Protocol):
+    """Receives what the loop measured: the metrics log and the progress display implement it."""
+
+    def on_step(self, state: LoopState) -> None: ...
+
+    def on_log(self, row: dict[str, Any]) -> None: ...
+
+    def on_eval(self, row: dict[str, Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    total_steps: int
+    steps_per_epoch: int
+    grad_accum_steps: int = 1
+    clip_grad_norm: float | None = None
+    label_smoothing: float = 0.0
+    eval_every: int | None = None  # None: at the end of every epoch
+    log_every: int = 10
+    throughput_warmup_steps: int = 5
+    channels_last: bool = False
+    inject_inf_grad_steps: frozenset[int] = frozenset()
+
+
+@dataclass
+class ScaleStats:
+    initial: float
+    final: float
+    min: float
+    max: float
+    backoffs: int = 0
+    growths: int = 0
+    changes: list[tuple[int, float]] = field(default_factory=list)  # (step, new scale)
+
+    def record(self, step: int, scale: float) -> None:
+        if scale < self.final:
+            self.backoffs += 1
+        elif scale > self.final:
+            self.growths += 1
+        else:
+            return
+        self.final = scale
+        self.min = min(self.min, scale)
+        self.max = max(self.max, scale)
+        self.changes.append((step, scale))
+
+
+@dataclass
+class LoopState:
+    """Counters and measurements of a run so far."""
+
+    step: int = 0  # optimizer steps attempted (applied + skipped)
+    epoch: int = 0
+    samples_seen: int = 0
+    skipped_steps: list[int] = field(default_factory=list)
+    scale: ScaleStats | None = None
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    last_train_loss: float | None = None
+    diverged_reason: str | None = None
+    # Throughput window (after warm-up, evaluation excluded).
+    measured_steps: int = 0
+    measured_samples: int = 0
+    measured_time_s: float = 0.0
+    data_wait_s: float = 0.0
+
+    @property
+    def samples_per_s(self) -> float | None:
+        if self.measured_time_s <= 0:
+            return None
+        return self.measured_samples / self.measured_time_s
+
+    @property
+    def data_wait_fraction(self) -> float | None:
+        if self.measured_time_s <= 0:
+            return None
+        return self.data_wait_s / self.measured_time_s
+
+    @property
+    def best_eval(self) -> dict[str, Any] | None:
+        return max(self.evals, key=lambda e: e["val_accuracy"], default=None)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Stopwatch:
+    """Accumulates training time after warm-up; pauses around evaluation.
+
+    On CUDA it synchronises at each start/stop so the interval covers the kernels, not just their
+    launch; it runs only at warm-up end, around evaluations and at the end of the run.
+    """
+
+    def __init__(self, device: torch.device, state: LoopState) -> None:
+        self.device = device
+        self.state = state
+        self.started_at: float | None = None
+
+    def start(self) -> None:
+        _sync(self.device)
+        self.started_at = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.started_at is not None:
+            _sync(self.device)
+            self.state.measured_time_s += time.perf_counter() - self.started_at
+            self.started_at = None
+
+    @property
+    def running(self) -> bool:
+        return self.started_at is not None
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, batches: BatchSource, policy: PrecisionPolicy, channels_last: bool = False
+) -> tuple[float, float]:
+    """Mean cross-entropy and top-1 accuracy over ``batches`` (same autocast policy as training)."""
+    was_training = model.training
+    model.eval()
+    loss_sum, correct, count = None, None, 0
+    for images, labels in batches.batches(0):
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with policy.autocast():
+            logits = model(images)
+        batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
+        batch_correct = (logits.argmax(dim=1) == labels).sum()
+        loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
+        correct = batch_correct if correct is None else correct + batch_correct
+        count += len(labels)
+    model.train(was_training)
+    if count == 0:
+        return math.nan, math.nan
+    return loss_sum.item() / count, correct.item() / count
+
+
+def gradient_norm(model: nn.Module) -> torch.Tensor:
+    """L2 norm of all gradients, computed in FP32 (a device tensor: reading it syncs)."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+
+
+def _inject_inf_grad(model: nn.Module) -> None:
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.view(-1)[0] = math.inf
+            return
+
+
+def _micro_batches(data: DataBundle, epoch: int) -> Iterator[Batch]:
+    return iter(data.train.batches(epoch))
+
+
+def train_loop(
+    model: nn.Module,
+    data: DataBundle,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    policy: PrecisionPolicy,
+    settings: LoopSettings,
+    device: torch.device,
+    state: LoopState,
+    observers: tuple[LoopObserver, ...] = (),
+) -> LoopState:
+    """Train until ``settings.total_steps`` optimizer steps have been attempted (see module doc)."""
+    s = settings
+    loss_fn = nn.CrossEntropyLoss(label_smoothing=s.label_smoothing)
+    params = [p for p in model.parameters() if p.requires_grad]
+    scale = scaler.get_scale() if scaler.is_enabled() else None
+    if state.scale is None and scale is not None:
+        state.scale = ScaleStats(initial=scale, final=scale, min=scale, max=scale)
+    samples_per_step = data.train.batch_size * s.grad_accum_steps
+    stopwatch = _Stopwatch(device, state)
+    interval_loss = torch.zeros((), device=device)
+    interval_steps, interval_start = 0, time.perf_counter()
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+
+    while state.step < s.total_steps:
+        micro_batches = _micro_batches(data, state.epoch)
+        for _ in range(s.steps_per_epoch):
+            if state.step >= s.total_steps:
+                break
+            if state.step == s.throughput_warmup_steps:
+                stopwatch.start()
+            # 1. forward + backward over the micro-batches of one effective batch
+            for _ in range(s.grad_accum_steps):
+                wait_start = time.perf_counter()
+                images, labels = next(micro_batches)
+                if stopwatch.running:
+                    state.data_wait_s += time.perf_counter() - wait_start
+                if s.channels_last:
+                    images = images.contiguous(memory_format=torch.channels_last)
+                with policy.autocast():
+                    loss = loss_fn(model(images), labels) / s.grad_accum_steps
+                scaler.scale(loss).backward()
+                interval_loss += loss.detach()
+            state.step += 1
+            if state.step in s.inject_inf_grad_steps:
+                _inject_inf_grad(model)
+            # 2-3. unscale, then clip the true gradient norm
+            scaler.unscale_(optimizer)
+            grad_norm = None
+            if s.clip_grad_norm is not None:
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, s.clip_grad_norm)
+            elif state.step % s.log_every == 0:
+                grad_norm = gradient_norm(model)
+            # 4-5. step (skipped on inf/NaN), update the scale
+            scaler.step(optimizer)
+            scaler.update()
+            skipped = False
+            if scale is not None:
+                new_scale = scaler.get_scale()  # the scaler already synced in step()
+                skipped = new_scale < scale
+                if new_scale != scale:
+                    state.scale.record(state.step, new_scale)
+                scale = new_scale
+            if skipped:
+                state.skipped_steps.append(state.step)
+            else:
+                scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.samples_seen += samples_per_step
+            if stopwatch.running:
+                state.measured_steps += 1
+                state.measured_samples += samples_per_step
+            interval_steps += 1
+
+            if state.step % s.log_every == 0 or state.step == s.total_steps:
+                now = time.perf_counter()
+                mean_loss = (interval_loss / interval_steps).item()  # the logging sync point
+                state.last_train_loss = mean_loss
+                row = {
+                    "kind": "train",
+                    "step": state.step,
+                    "epoch": state.epoch,
+                    "loss": mean_loss,
+                    "lr": optimizer.param_groups[0]["lr"],
+                    "loss_scale": scale,
+                    "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                    "skipped": skipped,
+                    "skipped_total": len(state.skipped_steps),
+                    "samples_per_s": interval_steps * samples_per_step / (now - interval_start),
+                }
+                for observer in observers:
+                    observer.on_log(row)
+                interval_loss.zero_()
+                interval_steps, interval_start = 0, time.perf_counter()
+                if not math.isfinite(mean_loss) and not scaler.is_enabled():
+                    state.diverged_reason = (
+                        f"training loss became {mean_loss} by step {state.step} "
+                        f"({policy.name}, no loss scaler to skip the update)"
+                    )
+                    break
+
+            for observer in observers:
+                observer.on_step(state)
+            last_step = state.step == s.total_steps
+            periodic = s.eval_every is not None and state.step % s.eval_every == 0
+            if periodic or last_step:
+                _run_eval(model, data, policy, s, state, stopwatch, observers)
+                interval_start = time.perf_counter()
+        if state.diverged_reason:
+            break
+        if state.step < s.total_steps or state.step % s.steps_per_epoch == 0:
+            state.epoch += 1  # count only epochs that ran to their end
+        if s.eval_every is None and state.step < s.total_steps:
+            _run_eval(model, data, policy, s, state, stopwatch, observers)
+            interval_start = time.perf_counter()
+
+    stopwatch.stop()
+    return state
+
+
+def _run_eval(
+    model: nn.Module,
+    data: DataBundle,
+    policy: PrecisionPolicy,
+    settings: LoopSettings,
+    state: LoopState,
+    stopwatch: _Stopwatch,
+    observers: tuple[LoopObserver, ...],
+) -> None:
+    """Evaluate with the throughput stopwatch paused: evaluation time is not training time."""
+    running = stopwatch.running
+    stopwatch.stop()
+    val_loss, val_accuracy = evaluate(model, data.val, policy, settings.channels_last)
+    row = {
+        "kind": "eval",
+        "step": state.step,
+        "epoch": state.epoch,
+        "val_loss": val_loss,
+        "val_accuracy": val_accuracy,
+    }
+    state.evals.append(row)
+    for observer in observers:
+        observer.on_eval(row)
+    if running:
+        stopwatch.start()

@@ -1,0 +1,46 @@
+"""metrics.jsonl: one JSON row per logged training step and one per evaluation, flushed as written."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from mptrain.loop import LoopState
+
+
+def _jsonable(value: Any) -> Any:
+    # JSON has no inf/NaN literals; strings keep them readable and the file parseable everywhere.
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsLog:
+    """Appends rows to ``path``; each row is flushed so a killed run keeps what it logged."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = path.open("a", encoding="utf-8")
+
+    def _write(self, row: dict[str, Any]) -> None:
+        self._file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+        self._file.flush()
+
+    def on_step(self, state: LoopState) -> None:
+        pass
+
+    def on_log(self, row: dict[str, Any]) -> None:
+        self._write(row)
+
+    def on_eval(self, row: dict[str, Any]) -> None:
+        self._write(row)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

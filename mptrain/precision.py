@@ -1,0 +1,168 @@
+"""Precision policy: which dtype autocast runs, whether the loss is scaled, and the TF32 flags.
+
+A :class:`PrecisionPolicy` is decided once per run by :func:`resolve_precision` from the requested
+config and the device, and never changes afterwards. The training loop has a single code path for
+every precision: :meth:`PrecisionPolicy.autocast` is a no-op context for FP32 and the GradScaler is
+built disabled for BF16/FP32 (its calls are then pass-throughs).
+
+Rules (no silent fallbacks):
+- ``auto`` picks BF16 where the device executes it natively, FP16 on CUDA GPUs without BF16, FP32
+  otherwise, and records why.
+- A precision the device cannot run raises :class:`ConfigError` naming what to use instead.
+- An FP16 scaler is created for the real device type and checked to be enabled: never the
+  ``GradScaler("cuda")``-on-a-CPU-machine path that disables itself with only a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mptrain import hardware
+from mptrain.config import ConfigError, PrecisionConfig, ScalerConfig
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+_NAME_BY_DTYPE = {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """The precision a run actually uses. ``requested`` is what the user asked for."""
+
+    requested: str
+    name: str  # fp32 | fp16 | bf16: what runs
+    autocast_dtype: torch.dtype | None
+    scaler: ScalerConfig
+    allow_tf32: bool
+    device_type: str
+    reason: str  # why this precision: the user's choice, or how auto decided
+    notes: tuple[str, ...] = ()
+
+    @property
+    def scaler_enabled(self) -> bool:
+        return self.scaler.enabled
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Context for forward and loss: torch.autocast with the policy dtype, or nothing (FP32)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
+
+    def describe(self) -> str:
+        scaling = "dynamic loss scaling" if self.scaler_enabled else "no loss scaling"
+        dtype = str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else "none"
+        return f"{self.name} (autocast {dtype}, {scaling})"
+
+
+def _auto_choice(device: torch.device) -> tuple[str, str]:
+    if device.type == "cuda":
+        major, minor = hardware.cuda_capability(device)
+        if hardware.cuda_has_native_bf16(device):
+            return "bf16", f"GPU compute capability {major}.{minor} >= 8.0 has BF16 tensor cores"
+        return (
+            "fp16",
+            f"GPU compute capability {major}.{minor} < 8.0 has no BF16: FP16 + loss scaling",
+        )
+    if hardware.cpu_has_native_bf16():
+        return "bf16", "CPU executes BF16 natively (AVX512-BF16/AMX-BF16)"
+    return "fp32", "CPU has no native BF16 and FP16 CPU kernels are slow: FP32"
+
+
+def _check_supported(name: str, device: torch.device) -> tuple[str, ...]:
+    """Raise for a precision the device cannot run; return notes on ones that run slowly."""
+    if device.type == "cuda" and name == "bf16" and not hardware.cuda_has_native_bf16(device):
+        major, minor = hardware.cuda_capability(device)
+        raise ConfigError(
+            f"precision=bf16: GPU {torch.cuda.get_device_name(device)} (compute capability "
+            f"{major}.{minor}) has no native BF16 (needs >= 8.0); use precision=fp16 or precision=fp32"
+        )
+    if device.type == "cpu" and name == "fp16":
+        return ("FP16 on CPU: matmuls may use AVX512-FP16, convolutions take a very slow path",)
+    if device.type == "cpu" and name == "bf16" and not hardware.cpu_has_native_bf16():
+        return ("BF16 on a CPU without native BF16: emulated in FP32 units, expect it slower",)
+    return ()
+
+
+def resolve_precision(cfg: PrecisionConfig, device: torch.device) -> PrecisionPolicy:
+    """Decide the run's precision for ``device``. Raises ConfigError if it cannot run there."""
+    if cfg.name == "auto":
+        name, reason = _auto_choice(device)
+        dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+        scaler = ScalerConfig(**{**vars(cfg.scaler), "enabled": name == "fp16"})
+    else:
+        dtype = _DTYPES.get(cfg.autocast_dtype) if cfg.autocast_dtype else None
+        name = _NAME_BY_DTYPE[dtype]
+        reason = "requested"
+        scaler = cfg.scaler
+    notes = _check_supported(name, device)
+    if name == "fp16" and not scaler.enabled:
+        notes += ("FP16 without loss scaling: small gradients may underflow to zero",)
+    return PrecisionPolicy(
+        requested=cfg.name,
+        name=name,
+        autocast_dtype=dtype,
+        scaler=scaler,
+        allow_tf32=cfg.allow_tf32,
+        device_type=device.type,
+        reason=reason,
+        notes=notes,
+    )
+
+
+def build_grad_scaler(policy: PrecisionPolicy) -> torch.amp.GradScaler:
+    """A GradScaler for the policy's real device type; enabled exactly when the policy scales.
+
+    Raises RuntimeError if torch disabled a scaler that was asked for (the warn-and-disable path).
+    """
+    s = policy.scaler
+    scaler = torch.amp.GradScaler(
+        policy.device_type,
+        init_scale=s.init_scale,
+        growth_factor=s.growth_factor,
+        backoff_factor=s.backoff_factor,
+        growth_interval=s.growth_interval,
+        enabled=s.enabled,
+    )
+    if s.enabled and not scaler.is_enabled():
+        raise RuntimeError(
+            f"torch disabled the loss scaler for device type {policy.device_type!r}; "
+            "FP16 would run unscaled. Use precision=bf16 or fp32."
+        )
+    return scaler
+
+
+def _fp32_precision_api() -> bool:
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+def apply_tf32(allow_tf32: bool) -> dict[str, Any]:
+    """Set the TF32 flags for FP32 matmuls/convs (CUDA only) and return them as they now read.
+
+    Uses the ``fp32_precision`` API where torch has it (2.9+); mixing it with the legacy
+    ``allow_tf32`` flags makes torch raise, so only one of the two is ever touched.
+    """
+    if _fp32_precision_api():
+        mode = "tf32" if allow_tf32 else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode
+        torch.backends.cudnn.rnn.fp32_precision = mode
+        return {
+            "allow_tf32": allow_tf32,
+            "api": "fp32_precision",
+            "cuda_matmul": torch.backends.cuda.matmul.fp32_precision,
+            "cudnn_conv": torch.backends.cudnn.conv.fp32_precision,
+            "cudnn_rnn": torch.backends.cudnn.rnn.fp32_precision,
+            "mkldnn_matmul": torch.backends.mkldnn.matmul.fp32_precision,
+        }
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+    return {
+        "allow_tf32": allow_tf32,
+        "api": "allow_tf32",
+        "cuda_matmul": "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
+        "cudnn_conv": "tf32" if torch.backends.cudnn.allow_tf32 else "ieee",
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }

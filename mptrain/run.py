@@ -1,0 +1,296 @@
+"""One training run from a typed config: build every component, train, write the report.
+
+:func:`train` is what the CLI calls for each Hydra job and what tests call directly. It takes plain
+objects (a :class:`~mptrain.config.RunConfig` and an output directory) and never sees OmegaConf.
+
+Whatever happens after the output directory is known — completion, divergence, an interrupt, an
+exception — a report is written with the matching status before the exception (if any) propagates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+
+from mptrain import hardware
+from mptrain.config import ConfigError, RunConfig
+from mptrain.data import DataBundle, build_data
+from mptrain.loop import LoopSettings, LoopState, train_loop
+from mptrain.metrics import MetricsLog
+from mptrain.models import build_model, count_parameters
+from mptrain.optim import build_optimizer, build_scheduler
+from mptrain.precision import PrecisionPolicy, apply_tf32, build_grad_scaler, resolve_precision
+from mptrain.progress import ProgressDisplay
+from mptrain.report import METRICS_JSONL, print_summary, write_report
+
+
+class RunFailed(RuntimeError):
+    """Raised by :func:`train` after the report was written with status failed or diverged."""
+
+    def __init__(self, status: str, reason: str, report: dict[str, Any]) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.report = report
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """Fail before training, not at the first save, when the run directory is not writable."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"output directory {output_dir}: cannot create it ({exc.strerror})"
+        ) from exc
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"output directory {output_dir}: not writable by this user")
+
+
+def plan_steps(cfg: RunConfig, data: DataBundle) -> tuple[int, int]:
+    """(optimizer steps per epoch, total optimizer steps) for the configured length."""
+    steps_per_epoch = data.train.num_batches // cfg.grad_accum_steps
+    if steps_per_epoch < 1:
+        raise ConfigError(
+            f"grad_accum_steps={cfg.grad_accum_steps}: batch_size x grad_accum_steps = "
+            f"{cfg.batch_size * cfg.grad_accum_steps} exceeds the {data.num_train} training samples"
+        )
+    limits = []
+    if cfg.epochs is not None:
+        limits.append(cfg.epochs * steps_per_epoch)
+    if cfg.max_steps is not None:
+        limits.append(cfg.max_steps)
+    return steps_per_epoch, min(limits)
+
+
+@dataclasses.dataclass
+class _RunFacts:
+    """What is known about the run so far; the report is built from whatever got filled in."""
+
+    cfg: RunConfig
+    output_dir: Path
+    started_at: str
+    start_time: float
+    device: torch.device | None = None
+    policy: PrecisionPolicy | None = None
+    tf32: dict[str, Any] | None = None
+    data: DataBundle | None = None
+    num_parameters: int | None = None
+    total_steps: int | None = None
+    steps_per_epoch: int | None = None
+    memory_kind: str | None = None
+    state: LoopState = dataclasses.field(default_factory=LoopState)
+
+
+def _precision_section(facts: _RunFacts) -> dict[str, Any]:
+    p = facts.policy
+    if p is None:
+        return {
+            "requested": facts.cfg.precision.name,
+            "effective": None,
+            "autocast_dtype": None,
+            "loss_scaling": None,
+            "scaler": None,
+            "reason": "not resolved",
+            "notes": [],
+        }
+    return {
+        "requested": p.requested,
+        "effective": p.name,
+        "autocast_dtype": str(p.autocast_dtype).replace("torch.", "") if p.autocast_dtype else None,
+        "loss_scaling": p.scaler_enabled,
+        "scaler": dataclasses.asdict(p.scaler),
+        "reason": p.reason,
+        "notes": list(p.notes),
+        "master_weights_dtype": "float32",
+    }
+
+
+def build_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str, Any]:
+    cfg, state, data = facts.cfg, facts.state, facts.data
+    device = facts.device or torch.device("cpu")
+    best = state.best_eval
+    final = state.evals[-1] if state.evals else None
+    scale = dataclasses.asdict(state.scale) if state.scale else None
+    return {
+        "status": status,
+        "reason": reason,
+        "output_dir": str(facts.output_dir),
+        "started_at": facts.started_at,
+        "finished_at": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "wall_time_s": time.perf_counter() - facts.start_time,
+        "precision": _precision_section(facts),
+        "tf32": facts.tf32,
+        "hardware": hardware.hardware_info(device),
+        "versions": hardware.software_versions(),
+        "seed": cfg.seed,
+        "model": {
+            "name": cfg.model.name,
+            "parameters": facts.num_parameters,
+            "channels_last": cfg.channels_last,
+            "compile": cfg.compile,
+        },
+        "data": {
+            "description": data.description if data else cfg.dataset.name,
+            "feed": data.train.feed if data else None,
+            "num_train": data.num_train if data else None,
+            "num_val": data.num_val if data else None,
+            "batch_size": cfg.batch_size,
+            "grad_accum_steps": cfg.grad_accum_steps,
+            "effective_batch_size": cfg.batch_size * cfg.grad_accum_steps,
+        },
+        "training": {
+            "steps": state.step,
+            "total_steps": facts.total_steps,
+            "steps_per_epoch": facts.steps_per_epoch,
+            "epochs_completed": state.epoch,
+            "samples_seen": state.samples_seen,
+            "skipped_steps": {"count": len(state.skipped_steps), "steps": state.skipped_steps},
+            "loss_scale": scale,
+            "final_train_loss": state.last_train_loss,
+            "clip_grad_norm": cfg.clip_grad_norm,
+        },
+        "evaluation": {
+            "final_val_accuracy": final["val_accuracy"] if final else None,
+            "final_val_loss": final["val_loss"] if final else None,
+            "best_val_accuracy": best["val_accuracy"] if best else None,
+            "best_step": best["step"] if best else None,
+            "history": state.evals,
+        },
+        "throughput": {
+            "samples_per_s": state.samples_per_s,
+            "measured_steps": state.measured_steps,
+            "measured_time_s": state.measured_time_s,
+            "warmup_steps": cfg.throughput_warmup_steps,
+            "data_wait_fraction": state.data_wait_fraction,
+            "excludes": "warm-up steps and evaluation",
+        },
+        "memory": {
+            "peak_bytes": hardware.peak_memory_bytes(device) if facts.memory_kind else None,
+            "kind": facts.memory_kind,
+        },
+        "config": dataclasses.asdict(cfg),
+    }
+
+
+def _setup_and_train(facts: _RunFacts, console: Console) -> None:
+    cfg = facts.cfg
+    seed_everything(cfg.seed)
+    facts.device = device = hardware.resolve_device(cfg.device)
+    facts.policy = policy = resolve_precision(cfg.precision, device)
+    facts.tf32 = apply_tf32(policy.allow_tf32)
+    if cfg.debug.inject_inf_grad_steps and not policy.scaler_enabled:
+        raise ConfigError(
+            "debug.inject_inf_grad_steps: needs a precision with loss scaling (fp16); "
+            f"{policy.name} has no scaler to skip the step"
+        )
+    facts.data = data = build_data(
+        cfg.dataset,
+        cfg.batch_size,
+        cfg.eval_batch_size,
+        device,
+        seed=cfg.seed,
+        num_workers=cfg.num_workers,
+    )
+    model = build_model(cfg.model, data.in_channels, data.image_size, data.num_classes).to(device)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    facts.num_parameters = count_parameters(model)
+    facts.steps_per_epoch, facts.total_steps = plan_steps(cfg, data)
+    optimizer = build_optimizer(cfg.optimizer, model, device)
+    scheduler = build_scheduler(cfg.scheduler, optimizer, facts.steps_per_epoch, facts.total_steps)
+    scaler = build_grad_scaler(policy)
+    trained_model = torch.compile(model) if cfg.compile else model
+    settings = LoopSettings(
+        total_steps=facts.total_steps,
+        steps_per_epoch=facts.steps_per_epoch,
+        grad_accum_steps=cfg.grad_accum_steps,
+        clip_grad_norm=cfg.clip_grad_norm,
+        label_smoothing=cfg.label_smoothing,
+        eval_every=cfg.eval_every,
+        log_every=cfg.log_every,
+        throughput_warmup_steps=cfg.throughput_warmup_steps,
+        channels_last=cfg.channels_last,
+        inject_inf_grad_steps=frozenset(cfg.debug.inject_inf_grad_steps),
+    )
+    console.print(
+        f"[bold]mptrain[/bold] {cfg.model.name} on {data.description} | {policy.describe()}"
+        f"{'' if policy.requested == policy.name else f' (auto: {policy.reason})'} | {device}"
+    )
+    for note in policy.notes:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    facts.memory_kind = hardware.reset_peak_memory(device)
+    metrics = MetricsLog(facts.output_dir / METRICS_JSONL)
+    label = f"{policy.name} {cfg.model.name}"
+    try:
+        with ProgressDisplay(facts.total_steps, label, console, cfg.progress) as display:
+            train_loop(
+                trained_model,
+                data,
+                optimizer,
+                scheduler,
+                scaler,
+                policy,
+                settings,
+                device,
+                facts.state,
+                observers=(metrics, display),
+            )
+    finally:
+        metrics.close()
+
+
+def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> dict[str, Any]:
+    """Run one job and write its report into ``output_dir``; return the report.
+
+    Raises ConfigError (bad input found before training: no report is written), RunFailed (the
+    run diverged or crashed; the report says why), or KeyboardInterrupt (report: interrupted).
+    """
+    console = console or Console(stderr=True)
+    check_output_dir(output_dir)
+    facts = _RunFacts(
+        cfg=cfg,
+        output_dir=output_dir,
+        started_at=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        start_time=time.perf_counter(),
+    )
+    status, reason = "completed", None
+    try:
+        _setup_and_train(facts, console)
+    except ConfigError:
+        raise
+    except KeyboardInterrupt:
+        status, reason = "interrupted", f"interrupted at step {facts.state.step}"
+        _finish(facts, status, reason, console)
+        raise
+    except Exception as exc:
+        status, reason = "failed", f"{type(exc).__name__}: {exc}"
+        report = _finish(facts, status, reason, console)
+        raise RunFailed(status, reason, report) from exc
+    if facts.state.diverged_reason:
+        status, reason = "diverged", facts.state.diverged_reason
+    report = _finish(facts, status, reason, console)
+    if status != "completed":
+        raise RunFailed(status, reason or status, report)
+    return report
+
+
+def _finish(facts: _RunFacts, status: str, reason: str | None, console: Console) -> dict[str, Any]:
+    report = build_report(facts, status, reason)
+    json_path, _ = write_report(facts.output_dir, report)
+    print_summary(console, report, json_path)
+    return report

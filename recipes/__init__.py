@@ -1,0 +1,1 @@
+# Marks recipes/ as the package mptrain.recipes so the wheel ships the recipes (see pyproject.toml).
