@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from dataclasses import is_dataclass
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
 
-from mptrain.config import ConfigError, register_schemas, to_run_config
+from mptrain.config import ConfigError, accepted_keys, register_schemas, to_run_config
 
 CONFIG_MODULE = "mptrain.conf"
 CONFIG_NAME = "config"
@@ -38,7 +39,12 @@ def _fail(message: str, code: int = 2) -> None:
 def describe_compose_error(exc: Exception) -> str:
     """One line for a Hydra/OmegaConf composition error, naming the key and what is accepted."""
     from hydra.errors import MissingConfigException, OverrideParseException
-    from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        OmegaConfBaseException,
+        ValidationError,
+    )
 
     if isinstance(exc, MissingConfigException) and exc.options is not None:
         missing = exc.missing_cfg_file or "?"
@@ -50,8 +56,10 @@ def describe_compose_error(exc: Exception) -> str:
     cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
     if isinstance(cause, OmegaConfBaseException):
         key = getattr(cause, "full_key", None) or "?"
-        if isinstance(cause, ConfigKeyError):
-            return f"{key}: unknown key; it is not part of the mptrain config schema"
+        if isinstance(cause, ConfigKeyError | ConfigAttributeError):
+            schema = getattr(cause, "object_type", None)
+            accepted = f"; accepted keys: {accepted_keys(schema)}" if is_dataclass(schema) else ""
+            return f"{key}: unknown key{accepted}"
         if isinstance(cause, ValidationError):
             message = str(cause.msg).splitlines()[0] if hasattr(cause, "msg") else str(cause)
             return f"{key}: {message}"

@@ -12,6 +12,7 @@ plain dataclasses once, at the edge.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -229,11 +230,32 @@ def to_run_config(cfg: Any) -> RunConfig:
     """Convert a composed OmegaConf config into plain dataclasses and validate it."""
     from omegaconf import OmegaConf
 
+    _reject_unknown_keys(cfg)
     run = OmegaConf.to_object(cfg)
     if not isinstance(run, RunConfig):
         raise ConfigError("config: the primary config must use run_schema in its defaults list")
     validate(run)
     return run
+
+
+def accepted_keys(schema: type) -> str:
+    return ", ".join(f.name for f in dataclasses.fields(schema))
+
+
+def _reject_unknown_keys(node: Any, path: str = "") -> None:
+    """Refuse keys a schema does not declare. Hydra's ``+key=value`` adds them past the schema."""
+    from omegaconf import DictConfig, OmegaConf
+
+    schema = OmegaConf.get_type(node)
+    declared = (
+        {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    )
+    for key in node:
+        if declared is not None and key not in declared:
+            raise ConfigError(f"{path}{key}: unknown key; accepted keys: {accepted_keys(schema)}")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            _reject_unknown_keys(child, f"{path}{key}.")
 
 
 # ------------------------------------------------------------------------------------- validation
