@@ -187,18 +187,27 @@ def build_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str,
     }
 
 
-def _setup_and_train(facts: _RunFacts, console: Console) -> None:
-    cfg = facts.cfg
-    seed_everything(cfg.seed)
-    facts.device = device = hardware.resolve_device(cfg.device)
-    facts.policy = policy = resolve_precision(cfg.precision, device)
-    facts.tf32 = apply_tf32(policy.allow_tf32)
+@dataclasses.dataclass
+class Components:
+    """Everything the loop needs, built from the config by :func:`build_components`."""
+
+    model: torch.nn.Module  # what the loop calls (torch.compile'd when compile=true)
+    data: DataBundle
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    settings: LoopSettings
+    num_parameters: int
+
+
+def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPolicy) -> Components:
+    """Data, model (FP32 parameters on ``device``), optimizer, schedule, scaler, loop settings."""
     if cfg.debug.inject_inf_grad_steps and not policy.scaler_enabled:
         raise ConfigError(
             "debug.inject_inf_grad_steps: needs a precision with loss scaling (fp16); "
             f"{policy.name} has no scaler to skip the step"
         )
-    facts.data = data = build_data(
+    data = build_data(
         cfg.dataset,
         cfg.batch_size,
         cfg.eval_batch_size,
@@ -209,15 +218,11 @@ def _setup_and_train(facts: _RunFacts, console: Console) -> None:
     model = build_model(cfg.model, data.in_channels, data.image_size, data.num_classes).to(device)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    facts.num_parameters = count_parameters(model)
-    facts.steps_per_epoch, facts.total_steps = plan_steps(cfg, data)
+    steps_per_epoch, total_steps = plan_steps(cfg, data)
     optimizer = build_optimizer(cfg.optimizer, model, device)
-    scheduler = build_scheduler(cfg.scheduler, optimizer, facts.steps_per_epoch, facts.total_steps)
-    scaler = build_grad_scaler(policy)
-    trained_model = torch.compile(model) if cfg.compile else model
     settings = LoopSettings(
-        total_steps=facts.total_steps,
-        steps_per_epoch=facts.steps_per_epoch,
+        total_steps=total_steps,
+        steps_per_epoch=steps_per_epoch,
         grad_accum_steps=cfg.grad_accum_steps,
         clip_grad_norm=cfg.clip_grad_norm,
         label_smoothing=cfg.label_smoothing,
@@ -227,25 +232,48 @@ def _setup_and_train(facts: _RunFacts, console: Console) -> None:
         channels_last=cfg.channels_last,
         inject_inf_grad_steps=frozenset(cfg.debug.inject_inf_grad_steps),
     )
+    return Components(
+        model=torch.compile(model) if cfg.compile else model,
+        data=data,
+        optimizer=optimizer,
+        scheduler=build_scheduler(cfg.scheduler, optimizer, steps_per_epoch, total_steps),
+        scaler=build_grad_scaler(policy),
+        settings=settings,
+        num_parameters=count_parameters(model),
+    )
+
+
+def _setup_and_train(facts: _RunFacts, console: Console) -> None:
+    cfg = facts.cfg
+    seed_everything(cfg.seed)
+    facts.device = device = hardware.resolve_device(cfg.device)
+    facts.policy = policy = resolve_precision(cfg.precision, device)
+    facts.tf32 = apply_tf32(policy.allow_tf32)
+    parts = build_components(cfg, device, policy)
+    facts.data = parts.data
+    facts.num_parameters = parts.num_parameters
+    facts.steps_per_epoch = parts.settings.steps_per_epoch
+    facts.total_steps = parts.settings.total_steps
     console.print(
-        f"[bold]mptrain[/bold] {cfg.model.name} on {data.description} | {policy.describe()}"
+        f"[bold]mptrain[/bold] {cfg.model.name} on {parts.data.description} | {policy.describe()}"
         f"{'' if policy.requested == policy.name else f' (auto: {policy.reason})'} | {device}"
     )
     for note in policy.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     facts.memory_kind = hardware.reset_peak_memory(device)
     metrics = MetricsLog(facts.output_dir / METRICS_JSONL)
-    label = f"{policy.name} {cfg.model.name}"
     try:
-        with ProgressDisplay(facts.total_steps, label, console, cfg.progress) as display:
+        with ProgressDisplay(
+            parts.settings.total_steps, f"{policy.name} {cfg.model.name}", console, cfg.progress
+        ) as display:
             train_loop(
-                trained_model,
-                data,
-                optimizer,
-                scheduler,
-                scaler,
+                parts.model,
+                parts.data,
+                parts.optimizer,
+                parts.scheduler,
+                parts.scaler,
                 policy,
-                settings,
+                parts.settings,
                 device,
                 facts.state,
                 observers=(metrics, display),
@@ -260,7 +288,7 @@ def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> d
     Raises ConfigError (bad input found before training: no report is written), RunFailed (the
     run diverged or crashed; the report says why), or KeyboardInterrupt (report: interrupted).
     """
-    console = console or Console(stderr=True)
+    console = console or Console()
     check_output_dir(output_dir)
     facts = _RunFacts(
         cfg=cfg,

@@ -1,0 +1,57 @@
+"""CUDA paths (skipped without a GPU): scaler on the real device, BF16, channels_last, compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import compose_run, requires_cuda
+
+from mptrain.config import PrecisionConfig, ScalerConfig
+from mptrain.precision import build_grad_scaler, resolve_precision
+from mptrain.run import train
+
+pytestmark = [pytest.mark.gpu, requires_cuda]
+
+
+def gpu_run(*overrides: str):
+    return compose_run("device=cuda", "progress=false", "throughput_warmup_steps=2", *overrides)
+
+
+def test_fp16_scaler_is_a_cuda_scaler_and_enabled():
+    cfg = PrecisionConfig(name="fp16", autocast_dtype="float16", scaler=ScalerConfig(enabled=True))
+    scaler = build_grad_scaler(resolve_precision(cfg, torch.device("cuda")))
+    assert scaler.is_enabled() and scaler._device == "cuda"
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16", "auto"])
+def test_each_precision_trains_on_cuda(tmp_path, precision):
+    report = train(gpu_run(f"precision={precision}", "model=cnn", "max_steps=40"), tmp_path)
+    assert report["status"] == "completed"
+    assert report["hardware"]["gpu"]["name"]
+    assert report["memory"]["kind"] == "cuda_max_allocated" and report["memory"]["peak_bytes"] > 0
+    assert report["data"]["feed"] == "tensor-indexed (on the GPU)"
+    assert report["evaluation"]["final_val_accuracy"] > 0.5
+
+
+def test_inf_injection_skips_on_cuda(tmp_path):
+    cfg = gpu_run("precision=fp16", "model=mlp", "max_steps=6", "debug.inject_inf_grad_steps=[3]")
+    report = train(cfg, tmp_path)
+    assert report["training"]["skipped_steps"]["steps"] == [3]
+
+
+def test_channels_last_and_compile(tmp_path):
+    cfg = gpu_run(
+        "precision=bf16",
+        "model=resnet18",
+        "dataset=synthetic",
+        "channels_last=true",
+        "compile=true",
+        "max_steps=6",
+        "batch_size=32",
+    )
+    assert train(cfg, tmp_path)["status"] == "completed"
+
+
+def test_tf32_opt_in_is_recorded(tmp_path):
+    report = train(gpu_run("precision=fp32", "precision.allow_tf32=true", "max_steps=3"), tmp_path)
+    assert report["tf32"]["cuda_matmul"] == "tf32"

@@ -1,0 +1,191 @@
+"""The AMP loop: skipped steps, scale growth, clipping after unscale, accumulation, FP32 state."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+
+import torch
+from conftest import tiny_run
+
+from mptrain.config import RunConfig
+from mptrain.loop import LoopState, gradient_norm, train_loop
+from mptrain.precision import PrecisionPolicy, resolve_precision
+from mptrain.run import build_components, seed_everything
+
+CPU = torch.device("cpu")
+
+
+class StepRecorder:
+    """Observer keeping, after every step, the parameters, optimizer state, lr and scale."""
+
+    def __init__(self, components) -> None:
+        self.parts = components
+        self.after: dict[int, dict] = {}
+        self.log_rows: list[dict] = []
+
+    def on_step(self, state: LoopState) -> None:
+        opt = self.parts.optimizer
+        self.after[state.step] = {
+            "params": [p.detach().clone() for p in self.parts.model.parameters()],
+            "opt_state": [
+                {k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state[p].items()}
+                for p in self.parts.model.parameters()
+                if p in opt.state
+            ],
+            "lr": opt.param_groups[0]["lr"],
+            "scale": self.parts.scaler.get_scale() if self.parts.scaler.is_enabled() else None,
+        }
+
+    def on_log(self, row: dict) -> None:
+        self.log_rows.append(row)
+
+    def on_eval(self, row: dict) -> None:
+        pass
+
+
+def run_loop(cfg: RunConfig, policy: PrecisionPolicy | None = None):
+    """Build the run's components and train; returns (state, recorder, components)."""
+    seed_everything(cfg.seed)
+    policy = policy or resolve_precision(cfg.precision, CPU)
+    parts = build_components(cfg, CPU, policy)
+    recorder = StepRecorder(parts)
+    state = LoopState()
+    train_loop(
+        parts.model,
+        parts.data,
+        parts.optimizer,
+        parts.scheduler,
+        parts.scaler,
+        policy,
+        parts.settings,
+        CPU,
+        state,
+        observers=(recorder,),
+    )
+    return state, recorder, parts
+
+
+def tensors_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_inf_gradient_skips_the_step_and_halves_the_scale():
+    cfg = tiny_run(
+        "precision=fp16",
+        "max_steps=6",
+        "scheduler=cosine",
+        "scheduler.warmup_epochs=0.1",
+        "debug.inject_inf_grad_steps=[3]",
+    )
+    state, rec, _ = run_loop(cfg)
+
+    assert state.skipped_steps == [3]
+    before, during, after = rec.after[2], rec.after[3], rec.after[4]
+    assert tensors_equal(during["params"], before["params"]), "skipped step changed parameters"
+    for s_before, s_during in zip(before["opt_state"], during["opt_state"], strict=True):
+        for key in s_before:
+            assert torch.equal(torch.as_tensor(s_before[key]), torch.as_tensor(s_during[key]))
+    assert during["lr"] == before["lr"], "the scheduler advanced on a skipped step"
+    assert after["lr"] != during["lr"], "the scheduler stopped advancing after the skip"
+    assert during["scale"] == before["scale"] * 0.5
+    assert not tensors_equal(after["params"], during["params"]), "training did not resume"
+    assert state.scale.backoffs == 1 and state.scale.changes == [(3, before["scale"] * 0.5)]
+
+
+def test_skip_on_first_step_does_not_trigger_scheduler_order_warning():
+    cfg = tiny_run("precision=fp16", "max_steps=3", "debug.inject_inf_grad_steps=[1]")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state, _, _ = run_loop(cfg)
+    assert state.skipped_steps == [1]
+    messages = [str(w.message) for w in caught]
+    assert not any("lr_scheduler.step()" in m for m in messages), messages
+
+
+def test_scale_grows_after_growth_interval_clean_steps():
+    cfg = tiny_run(
+        "precision=fp16",
+        "max_steps=7",
+        "precision.scaler.init_scale=1024",
+        "precision.scaler.growth_interval=3",
+    )
+    state, rec, _ = run_loop(cfg)
+    assert state.skipped_steps == []
+    assert [rec.after[s]["scale"] for s in range(1, 8)] == [
+        1024,
+        1024,
+        2048,
+        2048,
+        2048,
+        4096,
+        4096,
+    ]
+    assert state.scale.growths == 2 and state.scale.final == 4096 and state.scale.max == 4096
+
+
+def test_clipping_after_unscale_equals_fp32_clipping():
+    """With a 2^16 loss scale the clipped update must equal the unscaled FP32 one."""
+    cfg = tiny_run("precision=fp32", "max_steps=3", "clip_grad_norm=0.05", "log_every=1")
+    reference_state, reference, _ = run_loop(cfg)
+    scaled_policy = dataclasses.replace(
+        resolve_precision(cfg.precision, CPU),
+        scaler=dataclasses.replace(cfg.precision.scaler, enabled=True, init_scale=2.0**16),
+    )
+    scaled_state, scaled, _ = run_loop(cfg, scaled_policy)
+
+    assert scaled.after[1]["scale"] == 2.0**16
+    for step in (1, 2, 3):
+        for p_ref, p_scaled in zip(
+            reference.after[step]["params"], scaled.after[step]["params"], strict=True
+        ):
+            torch.testing.assert_close(p_scaled, p_ref, rtol=1e-6, atol=1e-7)
+    # The logged norm is the unscaled pre-clip norm, identical in both runs.
+    for row_ref, row_scaled in zip(reference.log_rows, scaled.log_rows, strict=True):
+        assert math.isclose(row_ref["grad_norm"], row_scaled["grad_norm"], rel_tol=1e-5)
+        assert row_ref["grad_norm"] > 0.05  # clipping was active
+    assert reference_state.skipped_steps == scaled_state.skipped_steps == []
+
+
+def test_accumulation_matches_one_large_batch_in_fp32():
+    common = ("precision=fp32", "max_steps=5", "scheduler=constant", "optimizer=sgd")
+    state_acc, accumulated, _ = run_loop(tiny_run(*common, "batch_size=8", "grad_accum_steps=4"))
+    state_big, big, _ = run_loop(tiny_run(*common, "batch_size=32", "grad_accum_steps=1"))
+
+    assert state_acc.samples_seen == state_big.samples_seen == 5 * 32
+    for step in range(1, 6):
+        for p_acc, p_big in zip(
+            accumulated.after[step]["params"], big.after[step]["params"], strict=True
+        ):
+            torch.testing.assert_close(p_acc, p_big, rtol=1e-5, atol=1e-6)
+    assert not tensors_equal(accumulated.after[5]["params"], accumulated.after[1]["params"])
+
+
+def test_parameters_and_optimizer_state_stay_fp32_in_mixed_precision():
+    for precision in ("fp16", "bf16"):
+        _, rec, parts = run_loop(tiny_run(f"precision={precision}", "max_steps=3"))
+        assert all(p.dtype == torch.float32 for p in parts.model.parameters()), precision
+        states = rec.after[3]["opt_state"]
+        assert states, "optimizer state was not created"
+        for state in states:
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.is_floating_point() and key != "step":
+                    assert value.dtype == torch.float32, (precision, key, value.dtype)
+
+
+def test_gradient_norm_is_fp32_l2_norm():
+    model = torch.nn.Linear(3, 2)
+    model.weight.grad = torch.full((2, 3), 2.0)
+    model.bias.grad = torch.tensor([1.0, 1.0])
+    assert math.isclose(float(gradient_norm(model)), math.sqrt(6 * 4 + 2), rel_tol=1e-6)
+
+
+def test_eval_every_and_logging_rows():
+    cfg = tiny_run("precision=bf16", "max_steps=9", "eval_every=4", "log_every=3")
+    state, rec, _ = run_loop(cfg)
+    assert [e["step"] for e in state.evals] == [4, 8, 9]
+    assert [r["step"] for r in rec.log_rows] == [3, 6, 9]
+    assert all(0.0 <= e["val_accuracy"] <= 1.0 for e in state.evals)
+    assert state.measured_steps == 9 - 2  # throughput_warmup_steps=2
+    assert state.samples_per_s and state.samples_per_s > 0

@@ -1,0 +1,137 @@
+"""Precision policy: auto resolution per hardware (mocked), refusals, scaler creation, TF32 flags."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mptrain import hardware
+from mptrain.config import ConfigError, PrecisionConfig, ScalerConfig
+from mptrain.precision import apply_tf32, build_grad_scaler, resolve_precision
+
+CPU = torch.device("cpu")
+GPU = torch.device("cuda", 0)
+
+
+def precision(name: str) -> PrecisionConfig:
+    dtype = {"fp32": None, "fp16": "float16", "bf16": "bfloat16", "auto": None}[name]
+    return PrecisionConfig(
+        name=name, autocast_dtype=dtype, scaler=ScalerConfig(enabled=name == "fp16")
+    )
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Pretend a CUDA device of a chosen compute capability is present."""
+
+    def install(capability: tuple[int, int]) -> None:
+        monkeypatch.setattr(hardware, "cuda_capability", lambda device: capability)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "FakeGPU")
+
+    return install
+
+
+def test_auto_picks_bf16_on_cpu_with_native_bf16(monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)
+    policy = resolve_precision(precision("auto"), CPU)
+    assert (policy.requested, policy.name, policy.autocast_dtype) == (
+        "auto",
+        "bf16",
+        torch.bfloat16,
+    )
+    assert not policy.scaler_enabled
+    assert "BF16" in policy.reason
+
+
+def test_auto_picks_fp32_on_cpu_without_native_bf16(monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
+    policy = resolve_precision(precision("auto"), CPU)
+    assert (policy.name, policy.autocast_dtype, policy.scaler_enabled) == ("fp32", None, False)
+
+
+@pytest.mark.parametrize(
+    ("capability", "expected", "scaled"),
+    [
+        ((9, 0), "bf16", False),
+        ((8, 0), "bf16", False),
+        ((7, 5), "fp16", True),
+        ((6, 0), "fp16", True),
+    ],
+)
+def test_auto_on_gpus(fake_gpu, capability, expected, scaled):
+    fake_gpu(capability)
+    policy = resolve_precision(precision("auto"), GPU)
+    assert policy.name == expected and policy.scaler_enabled is scaled
+    assert f"{capability[0]}.{capability[1]}" in policy.reason
+    if scaled:  # auto's fp16 keeps the configured scaler settings
+        assert policy.scaler.init_scale == 65536.0 and policy.scaler.growth_interval == 2000
+
+
+def test_bf16_on_gpu_without_bf16_is_refused_with_alternative(fake_gpu):
+    fake_gpu((7, 5))
+    with pytest.raises(ConfigError) as err:
+        resolve_precision(precision("bf16"), GPU)
+    message = str(err.value)
+    assert "precision=bf16" in message and "7.5" in message and "fp16" in message
+    assert "\n" not in message
+
+
+def test_explicit_choices_are_kept_and_labelled_requested():
+    for name, dtype in (("fp32", None), ("fp16", torch.float16), ("bf16", torch.bfloat16)):
+        policy = resolve_precision(precision(name), CPU)
+        assert (policy.requested, policy.name, policy.autocast_dtype) == (name, name, dtype)
+        assert policy.reason == "requested"
+
+
+def test_fp16_on_cpu_carries_a_slowness_note():
+    policy = resolve_precision(precision("fp16"), CPU)
+    assert any("slow" in note for note in policy.notes)
+
+
+def test_fp16_without_scaling_is_flagged():
+    cfg = precision("fp16")
+    cfg.scaler.enabled = False
+    policy = resolve_precision(cfg, CPU)
+    assert not policy.scaler_enabled
+    assert any("underflow" in note for note in policy.notes)
+
+
+def test_fp16_scaler_is_created_for_the_cpu_and_enabled():
+    scaler = build_grad_scaler(resolve_precision(precision("fp16"), CPU))
+    assert scaler.is_enabled() and scaler.get_scale() == 65536.0
+    assert scaler._device == "cpu"
+
+
+def test_scaler_disabled_for_bf16_and_fp32():
+    for name in ("bf16", "fp32"):
+        assert not build_grad_scaler(resolve_precision(precision(name), CPU)).is_enabled()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_scaler_torch_disables_is_an_error_not_a_warning():
+    """GradScaler('cuda') on a CPU-only machine disables itself with a warning: we refuse that."""
+    policy = resolve_precision(precision("fp16"), CPU)
+    cuda_policy = type(policy)(**{**policy.__dict__, "device_type": "cuda"})
+    with pytest.warns(UserWarning), pytest.raises(RuntimeError, match="disabled the loss scaler"):
+        build_grad_scaler(cuda_policy)
+
+
+def test_autocast_runs_the_policy_dtype():
+    a, b = torch.randn(4, 8), torch.randn(8, 4)
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        with resolve_precision(precision(name), CPU).autocast():
+            assert (a @ b).dtype == dtype, name
+
+
+def test_tf32_flags_are_set_and_reported():
+    try:
+        off = apply_tf32(False)
+        assert (
+            off["allow_tf32"] is False
+            and off["cuda_matmul"] == "ieee"
+            and off["cudnn_conv"] == "ieee"
+        )
+        on = apply_tf32(True)
+        assert on["cuda_matmul"] == "tf32" and on["cudnn_conv"] == "tf32"
+    finally:
+        apply_tf32(False)
