@@ -13,6 +13,8 @@ plain dataclasses once, at the edge.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,7 +185,8 @@ class RunConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
 
 
-# Schema per config-group option: the YAML file of an option names its schema in its defaults list.
+# Schema per config-group option: the YAML file of an option names its schema in its defaults list
+# as ``/schema/<group>/<name>@_here_``.
 GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "precision": {"precision_schema": PrecisionConfig},
     "model": {
@@ -221,9 +224,10 @@ def register_schemas() -> None:
 
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
+    # Under schema/<group>/ rather than <group>/, so schemas are not selectable as options.
     for group, schemas in GROUP_SCHEMAS.items():
         for name, schema in schemas.items():
-            store.store(group=group, name=name, node=schema)
+            store.store(group=f"schema/{group}", name=name, node=schema)
 
 
 def to_run_config(cfg: Any) -> RunConfig:
@@ -267,7 +271,12 @@ def _require(ok: bool, key: str, value: object, accepted: str) -> None:
 def _positive(key: str, value: float | int | None, *, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    _require(value is not None and value > 0, key, value, "must be > 0")
+    _require(
+        value is not None and value > 0 and math.isfinite(value),
+        key,
+        value,
+        "must be > 0 and finite",
+    )
 
 
 def _at_least(key: str, value: int | None, minimum: int, *, allow_none: bool = False) -> None:
@@ -286,6 +295,13 @@ def validate_precision(p: PrecisionConfig) -> None:
         p.autocast_dtype,
         "null (no autocast), float16 or bfloat16",
     )
+    if p.name == "auto":
+        _require(
+            p.autocast_dtype is None,
+            "precision.autocast_dtype",
+            p.autocast_dtype,
+            "must stay null with precision=auto (auto chooses the dtype); pick fp16 or bf16 instead",
+        )
     expected = {"fp32": None, "fp16": "float16", "bf16": "bfloat16"}
     if p.name in expected:
         _require(
@@ -322,6 +338,7 @@ def _validate_model(m: Any) -> None:
         )
     if isinstance(m, ViTConfig):
         _at_least("model.patch_size", m.patch_size, 1)
+        _at_least("model.dim", m.dim, 1)
         _at_least("model.depth", m.depth, 1)
         _at_least("model.heads", m.heads, 1)
         _require(
@@ -411,7 +428,7 @@ def validate(run: RunConfig) -> None:
         0 <= run.label_smoothing < 1, "label_smoothing", run.label_smoothing, "must be in [0, 1)"
     )
     _require(
-        run.device in ("auto", "cpu", "cuda") or run.device.startswith("cuda:"),
+        re.fullmatch(r"auto|cpu|cuda(:\d+)?", run.device) is not None,
         "device",
         run.device,
         "one of auto, cpu, cuda, cuda:N",

@@ -1,0 +1,197 @@
+"""The ``mptrain`` command line, run as a subprocess (``python -m mptrain``) in a temporary directory.
+
+CPU-only. Bad input must stop with exit code 2 and one ``mptrain: error:`` line before anything
+trains; two tiny real runs (one single, one ``-m`` sweep) check what a run leaves on disk.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TIMEOUT_S = 180
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def run_mptrain(cwd: Path, *args: str, program: list[str] | None = None):
+    """Run mptrain in ``cwd`` without HYDRA_FULL_ERROR (which would make Hydra print tracebacks)."""
+    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
+    command = [*(program or [sys.executable, "-m", "mptrain"]), *args]
+    return subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
+    )
+
+
+def describe(result: subprocess.CompletedProcess) -> str:
+    return f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+@functools.cache
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+# ---------------------------------------------------------------------------------------- bad input
+# (overrides, texts the error line must contain, found only at train time after Hydra started)
+BAD_INPUTS = [
+    pytest.param(["precision=fp12"], ["precision=fp12"], False, id="unknown-precision"),
+    pytest.param(["foo=1"], ["foo: unknown key"], False, id="unknown-key"),
+    pytest.param(["batch_size=abc"], ["batch_size", "abc"], False, id="wrong-type"),
+    pytest.param(["optimizer.lr=0"], ["optimizer.lr="], False, id="lr-zero"),
+    pytest.param(["batch_size=0"], ["batch_size=0"], False, id="batch-size-zero"),
+    pytest.param(["grad_accum_steps=0"], ["grad_accum_steps=0"], False, id="grad-accum-zero"),
+    pytest.param(
+        ["precision.scaler.growth_factor=1"],
+        ["precision.scaler.growth_factor="],
+        False,
+        id="growth-factor-one",
+    ),
+    pytest.param(
+        ["precision.scaler.backoff_factor=1.5"],
+        ["precision.scaler.backoff_factor=1.5"],
+        False,
+        id="backoff-factor-above-one",
+    ),
+    pytest.param(
+        ["precision.scaler.growth_interval=0"],
+        ["precision.scaler.growth_interval=0"],
+        False,
+        id="growth-interval-zero",
+    ),
+    pytest.param(
+        ["dataset=cifar10"],
+        ["dataset.root='data'", "data/cifar-10-batches-py"],
+        True,
+        id="cifar10-files-missing",
+    ),
+    pytest.param(["device=cuda"], ["device='cuda'"], True, id="cuda-not-visible"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "named", "at_train_time"), BAD_INPUTS)
+def test_bad_input_exits_2_with_one_error_line_and_no_report(
+    tmp_path, overrides, named, at_train_time
+):
+    if overrides == ["device=cuda"] and cuda_available():
+        pytest.skip("a CUDA device is visible: device=cuda is valid here")
+
+    result = run_mptrain(tmp_path, *overrides)
+
+    assert result.returncode == 2, describe(result)
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, describe(result)
+    assert lines[0].startswith("mptrain: error: ")
+    assert lines[0].removeprefix("mptrain: error: ").strip()
+    for text in named:
+        assert text in lines[0]
+    assert list(tmp_path.rglob("report.json")) == []
+    assert list(tmp_path.rglob("metrics.jsonl")) == []
+    if not at_train_time:
+        assert not (tmp_path / "outputs").exists(), "Hydra started a run for rejected input"
+
+
+# ---------------------------------------------------------------------------------- tiny real run
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    cwd = tmp_path_factory.mktemp("tiny_run")
+    result = run_mptrain(
+        cwd,
+        "model=mlp",
+        "max_steps=12",
+        "log_every=4",
+        "eval_every=6",
+        "progress=false",
+        "hydra.run.dir=run",
+    )
+    return result, cwd / "run"
+
+
+def test_tiny_run_exits_0(tiny_run):
+    result, _ = tiny_run
+    assert result.returncode == 0, describe(result)
+
+
+def test_tiny_run_reports_completed(tiny_run):
+    _, run_dir = tiny_run
+    report = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    assert report["status"] == "completed"
+    assert report["model"]["name"] == "mlp"
+    assert (run_dir / "report.md").read_text(encoding="utf-8").strip()
+
+
+def test_tiny_run_logs_every_4_steps_and_evaluates_every_6(tiny_run):
+    _, run_dir = tiny_run
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["step"] for r in rows if r["kind"] == "train"] == [4, 8, 12]
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [6, 12]
+    assert len(rows) == 5
+
+
+def test_tiny_run_saves_the_composed_config(tiny_run):
+    import yaml
+
+    _, run_dir = tiny_run
+    saved = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text(encoding="utf-8"))
+    assert saved["model"]["name"] == "mlp"
+    assert saved["max_steps"] == 12
+    assert saved["eval_every"] == 6
+
+
+# ---------------------------------------------------------------------------------- console script
+def test_console_script_help_exits_0(tmp_path):
+    script = Path(sys.executable).parent / "mptrain"
+    assert script.is_file(), f"no console script at {script}"
+
+    result = run_mptrain(tmp_path, "--help", program=[str(script)])
+
+    assert result.returncode == 0, describe(result)
+    assert "== Configuration groups ==" in result.stdout
+    assert "precision: auto, bf16, fp16, fp32" in result.stdout
+    assert not (tmp_path / "outputs").exists()
+
+
+# ----------------------------------------------------------------------------------------- sweep
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    cwd = tmp_path_factory.mktemp("sweep")
+    result = run_mptrain(
+        cwd,
+        "-m",
+        "precision=fp32,bf16",
+        "model=mlp",
+        "max_steps=6",
+        "progress=false",
+        "hydra.sweep.dir=sweep",
+    )
+    return result, cwd / "sweep"
+
+
+def test_sweep_exits_0(sweep):
+    result, _ = sweep
+    assert result.returncode == 0, describe(result)
+
+
+def test_sweep_writes_one_report_per_job_with_its_precision(sweep):
+    _, sweep_dir = sweep
+    job_dirs = sorted(
+        p for p in sweep_dir.iterdir() if p.is_dir()
+    )  # named <job number>_<overrides>
+    assert [p.name.split("_", 1)[0] for p in job_dirs] == ["0", "1"]
+    precisions = [
+        json.loads((job / "report.json").read_text(encoding="utf-8"))["precision"]
+        for job in job_dirs
+    ]
+    assert [p["effective"] for p in precisions] == ["fp32", "bf16"]
+    assert [p["requested"] for p in precisions] == ["fp32", "bf16"]
