@@ -64,10 +64,23 @@ class DataBundle:
 
 
 # ------------------------------------------------------------------------------------------ feeds
-def _epoch_generator(seed: int, epoch: int, device: torch.device | str = "cpu") -> torch.Generator:
-    # One generator per (seed, epoch): an epoch's order never depends on earlier epochs, so a run
-    # resumed at epoch e sees the same data as an uninterrupted one.
-    return torch.Generator(device=device).manual_seed(seed * 1_000_003 + epoch)
+# Independent random streams per (seed, epoch): the data order and the augmentation must not
+# share draws (a crop offset would otherwise repeat the index that chose the sample).
+ORDER_STREAM, AUGMENT_STREAM = 0, 1
+
+
+def _stream_seed(seed: int, epoch: int, stream: int, index: int = 0) -> int:
+    # SeedSequence mixes the four numbers into well-separated seeds, identically on every platform.
+    entropy = [seed % 2**32, epoch, stream, index]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _epoch_generator(
+    seed: int, epoch: int, stream: int, device: torch.device | str = "cpu"
+) -> torch.Generator:
+    # One generator per (seed, epoch, stream): an epoch's data never depends on earlier epochs, so
+    # a run resumed at epoch e sees the same batches as an uninterrupted one.
+    return torch.Generator(device=device).manual_seed(_stream_seed(seed, epoch, stream))
 
 
 def random_crop_flip(
@@ -153,8 +166,9 @@ class TensorBatches:
         storage = self.images.device
         generator = None
         if self.shuffle:
-            generator = _epoch_generator(self.seed, epoch, self.device)
-            order = torch.randperm(n, generator=_epoch_generator(self.seed, epoch)).to(storage)
+            generator = _epoch_generator(self.seed, epoch, AUGMENT_STREAM, self.device)
+            order_generator = _epoch_generator(self.seed, epoch, ORDER_STREAM)
+            order = torch.randperm(n, generator=order_generator).to(storage)
         for b in range(self.num_batches):
             if self.shuffle:
                 index = order[b * self.batch_size : (b + 1) * self.batch_size]
@@ -194,6 +208,8 @@ class LoaderBatches:
         return self.num_batches
 
     def batches(self, epoch: int) -> Iterator[Batch]:
+        if isinstance(self.dataset, SeededTransforms):
+            self.dataset.epoch = epoch  # before the loader pickles the dataset into its workers
         loader = torch.utils.data.DataLoader(
             self.dataset,
             batch_size=self.batch_size,
@@ -201,7 +217,7 @@ class LoaderBatches:
             drop_last=self.drop_last,
             num_workers=self.num_workers,
             pin_memory=self.device.type == "cuda",
-            generator=_epoch_generator(self.seed, epoch) if self.shuffle else None,
+            generator=_epoch_generator(self.seed, epoch, ORDER_STREAM) if self.shuffle else None,
             persistent_workers=False,
         )
         for images, labels in loader:
@@ -209,6 +225,29 @@ class LoaderBatches:
                 images.to(self.device, non_blocking=True),
                 labels.to(self.device, non_blocking=True),
             )
+
+
+class SeededTransforms(torch.utils.data.Dataset):
+    """Applies a random transform with a seed fixed by (seed, epoch, sample index).
+
+    Augmentation is then the same with or without worker processes and whatever else consumed
+    torch's global RNG; the global RNG state is restored after each sample.
+    """
+
+    def __init__(self, dataset: Any, transform: Any, seed: int) -> None:
+        self.dataset = dataset
+        self.transform = transform
+        self.seed = seed
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        image, label = self.dataset[index]
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_stream_seed(self.seed, self.epoch, AUGMENT_STREAM, index))
+            return self.transform(image), label
 
 
 # --------------------------------------------------------------------------------------- datasets
@@ -474,9 +513,13 @@ def _build_imagefolder(
         if cfg.augment
         else val_transform
     )
-    train_set = datasets.ImageFolder(str(root / cfg.train_dir), transform=train_transform)
-    val_set = datasets.ImageFolder(str(root / cfg.val_dir), transform=val_transform)
-    if train_set.classes != val_set.classes:
+    try:
+        train_folder = datasets.ImageFolder(str(root / cfg.train_dir))
+        val_set = datasets.ImageFolder(str(root / cfg.val_dir), transform=val_transform)
+    except FileNotFoundError as exc:  # a split without class folders or without images
+        raise ConfigError(f"dataset.root={cfg.root!r}: {exc}") from exc
+    train_set = SeededTransforms(train_folder, train_transform, seed)
+    if train_folder.classes != val_set.classes:
         raise ConfigError(
             f"dataset.root={cfg.root!r}: {cfg.train_dir}/ and {cfg.val_dir}/ hold different classes"
         )
@@ -500,11 +543,11 @@ def _build_imagefolder(
     return DataBundle(
         train=train,
         val=val,
-        num_classes=len(train_set.classes),
+        num_classes=len(train_folder.classes),
         in_channels=channels,
         image_size=cfg.image_size,
         num_train=len(train_set),
         num_val=len(val_set),
         description=f"imagefolder {root}: {len(train_set)} train / {len(val_set)} val, "
-        f"{len(train_set.classes)} classes, {cfg.image_size} px crops",
+        f"{len(train_folder.classes)} classes, {cfg.image_size} px crops",
     )
