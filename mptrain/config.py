@@ -26,7 +26,7 @@ class ConfigError(ValueError):
 
 
 # --------------------------------------------------------------------------------------- precision
-PRECISION_NAMES = ("auto", "fp32", "fp16", "bf16")
+PRECISION_NAMES = ("auto", "fp32", "fp16", "bf16", "fp8")
 AUTOCAST_DTYPES = ("float16", "bfloat16")
 
 
@@ -47,6 +47,22 @@ class PrecisionConfig:
     autocast_dtype: str | None = None  # float16 | bfloat16 | None (no autocast: true FP32)
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     allow_tf32: bool = False
+
+
+@dataclass
+class FP8Config:
+    """FP8 Linear layers (precision=fp8). Ignored by every other precision."""
+
+    format: str = "hybrid"  # hybrid: E4M3 forward, E5M2 gradients | e4m3: E4M3 everywhere
+    scaling: str = "dynamic"  # dynamic (current amax) | delayed (amax history)
+    amax_history_len: int = 16
+    amax_compute_algo: str = "max"  # max | most_recent (delayed scaling)
+    margin: int = 0  # scale divided by 2**margin: headroom against growing amax
+    emulate: bool | None = None  # None: real where the GPU has FP8, emulated elsewhere
+    backend: str = "builtin"  # builtin | torchao
+    keep_first_last: bool = True
+    include: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -74,7 +90,7 @@ class ResNetConfig:
 class ViTConfig:
     name: str = "vit"
     patch_size: int = 2
-    dim: int = 128
+    dim: int = 64
     depth: int = 4
     heads: int = 4
     mlp_ratio: float = 4.0
@@ -166,6 +182,7 @@ class RunConfig:
     dataset: Any = MISSING
     optimizer: Any = MISSING
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    fp8: FP8Config = field(default_factory=FP8Config)
     epochs: int | None = 15
     max_steps: int | None = None
     batch_size: int = 64
@@ -302,7 +319,7 @@ def validate_precision(p: PrecisionConfig) -> None:
             p.autocast_dtype,
             "must stay null with precision=auto (auto chooses the dtype); pick fp16 or bf16 instead",
         )
-    expected = {"fp32": None, "fp16": "float16", "bf16": "bfloat16"}
+    expected = {"fp32": None, "fp16": "float16", "bf16": "bfloat16", "fp8": "bfloat16"}
     if p.name in expected:
         _require(
             p.autocast_dtype == expected[p.name],
@@ -321,6 +338,27 @@ def validate_precision(p: PrecisionConfig) -> None:
         "must be in the open interval (0, 1)",
     )
     _at_least("precision.scaler.growth_interval", s.growth_interval, 1)
+
+
+def validate_fp8(f: FP8Config, precision: PrecisionConfig) -> None:
+    _require(f.format in ("hybrid", "e4m3"), "fp8.format", f.format, "hybrid or e4m3")
+    _require(f.scaling in ("dynamic", "delayed"), "fp8.scaling", f.scaling, "dynamic or delayed")
+    _at_least("fp8.amax_history_len", f.amax_history_len, 1)
+    _require(
+        f.amax_compute_algo in ("max", "most_recent"),
+        "fp8.amax_compute_algo",
+        f.amax_compute_algo,
+        "max or most_recent",
+    )
+    _require(f.margin >= 0, "fp8.margin", f.margin, "must be an integer >= 0")
+    _require(f.backend in ("builtin", "torchao"), "fp8.backend", f.backend, "builtin or torchao")
+    if precision.name == "fp8":
+        _require(
+            not precision.scaler.enabled,
+            "precision.scaler.enabled",
+            precision.scaler.enabled,
+            "precision=fp8 scales each FP8 tensor itself and runs BF16 elsewhere: no loss scaler",
+        )
 
 
 def _validate_model(m: Any) -> None:
@@ -408,6 +446,7 @@ def _validate_scheduler(s: SchedulerConfig) -> None:
 def validate(run: RunConfig) -> None:
     """Check every range and cross-key rule; raise :class:`ConfigError` on the first violation."""
     validate_precision(run.precision)
+    validate_fp8(run.fp8, run.precision)
     _validate_model(run.model)
     _validate_dataset(run.dataset)
     _validate_optimizer(run.optimizer)

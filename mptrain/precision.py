@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from mptrain import hardware
-from mptrain.config import ConfigError, PrecisionConfig, ScalerConfig
+from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ScalerConfig
+from mptrain.fp8 import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Recipe, fp8_gemm_available
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 _NAME_BY_DTYPE = {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -33,13 +34,24 @@ class PrecisionPolicy:
     """The precision a run actually uses. ``requested`` is what the user asked for."""
 
     requested: str
-    name: str  # fp32 | fp16 | bf16: what runs
+    name: str  # fp32 | fp16 | bf16 | fp8: what runs
     autocast_dtype: torch.dtype | None
     scaler: ScalerConfig
     allow_tf32: bool
     device_type: str
     reason: str  # why this precision: the user's choice, or how auto decided
     notes: tuple[str, ...] = ()
+    fp8: FP8Recipe | None = None  # set for precision=fp8
+
+    @property
+    def emulated(self) -> bool:
+        """True when FP8 numerics run without FP8 hardware (no speed-up to compare)."""
+        return self.fp8 is not None and not self.fp8.real_gemm
+
+    @property
+    def label(self) -> str:
+        """What ran, for people: "fp8 (emulated)" when the FP8 GEMMs were emulated."""
+        return f"{self.name} (emulated)" if self.emulated else self.name
 
     @property
     def scaler_enabled(self) -> bool:
@@ -54,6 +66,9 @@ class PrecisionPolicy:
     def describe(self) -> str:
         scaling = "dynamic loss scaling" if self.scaler_enabled else "no loss scaling"
         dtype = str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else "none"
+        if self.fp8 is not None:
+            gemm = "torch._scaled_mm" if self.fp8.real_gemm else "emulated GEMMs"
+            return f"{self.label} (FP8 Linear layers via {gemm}, autocast {dtype} elsewhere)"
         return f"{self.name} (autocast {dtype}, {scaling})"
 
 
@@ -86,8 +101,74 @@ def _check_supported(name: str, device: torch.device) -> tuple[str, ...]:
     return ()
 
 
-def resolve_precision(cfg: PrecisionConfig, device: torch.device) -> PrecisionPolicy:
+def _device_words(device: torch.device) -> str:
+    if device.type != "cuda":
+        return f"the {device.type.upper()}"
+    major, minor = hardware.cuda_capability(device)
+    return f"GPU compute capability {major}.{minor}"
+
+
+def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[str, ...]]:
+    """The FP8 recipe for ``device``: real GEMMs where possible, emulation only where allowed."""
+    available = fp8_gemm_available(device)
+    required = ".".join(map(str, MIN_FP8_CAPABILITY))
+    if cfg.emulate is False and not available:
+        raise ConfigError(
+            f"fp8.emulate=false: real FP8 GEMMs need an NVIDIA GPU of compute capability >= "
+            f"{required}; found {_device_words(device)}. Use fp8.emulate=null to emulate, or bf16"
+        )
+    if cfg.backend == "torchao":
+        _check_torchao(available, device, required)
+    real = available and cfg.emulate is not True
+    recipe = FP8Recipe(
+        forward_dtype=E4M3,
+        backward_dtype=E5M2 if cfg.format == "hybrid" else E4M3,
+        scaling=cfg.scaling,
+        amax_history_len=cfg.amax_history_len,
+        amax_compute_algo=cfg.amax_compute_algo,
+        margin=cfg.margin,
+        real_gemm=real,
+    )
+    notes = ()
+    if not real:
+        why = "fp8.emulate=true" if cfg.emulate else f"no FP8 GEMMs on {_device_words(device)}"
+        notes = (
+            f"fp8 (emulated): {why}; FP8 numerics with FP32 matmuls, no speed-up, "
+            "throughput not comparable",
+        )
+    return recipe, notes
+
+
+def _check_torchao(available: bool, device: torch.device, required: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError("fp8.backend=torchao: torchao is not installed; pip install torchao")
+    if not available:
+        raise ConfigError(
+            f"fp8.backend=torchao: torchao float8 training needs compute capability >= {required}; "
+            f"found {_device_words(device)}. Use fp8.backend=builtin (emulates there)"
+        )
+
+
+def resolve_precision(
+    cfg: PrecisionConfig, device: torch.device, fp8: FP8Config | None = None
+) -> PrecisionPolicy:
     """Decide the run's precision for ``device``. Raises ConfigError if it cannot run there."""
+    if cfg.name == "fp8":
+        notes = _check_supported("bf16", device)  # FP8 runs the rest of the model in BF16
+        recipe, fp8_notes = resolve_fp8(fp8 or FP8Config(), device)
+        return PrecisionPolicy(
+            requested="fp8",
+            name="fp8",
+            autocast_dtype=torch.bfloat16,
+            scaler=cfg.scaler,
+            allow_tf32=cfg.allow_tf32,
+            device_type=device.type,
+            reason="requested",
+            notes=notes + fp8_notes,
+            fp8=recipe,
+        )
     if cfg.name == "auto":
         name, reason = _auto_choice(device)
         dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[name]

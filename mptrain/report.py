@@ -94,9 +94,10 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
     """The key figures, in the order the terminal summary and report.md show them."""
     p, t, e = report["precision"], report["training"], report["evaluation"]
     thr, mem = report["throughput"], report["memory"]
-    precision = f"{p['effective']} (requested {p['requested']})"
-    if p["requested"] == p["effective"]:
-        precision = p["effective"]
+    label = p.get("label") or p["effective"]
+    precision = (
+        label if p["requested"] == p["effective"] else f"{label} (requested {p['requested']})"
+    )
     rows = [
         ("status", report["status"] + (f": {report['reason']}" if report.get("reason") else "")),
         (

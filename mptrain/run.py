@@ -24,6 +24,7 @@ from rich.console import Console
 from mptrain import hardware
 from mptrain.config import ConfigError, RunConfig
 from mptrain.data import DataBundle, build_data
+from mptrain.fp8 import apply_fp8, fp8_layer_stats
 from mptrain.loop import LoopSettings, LoopState, train_loop
 from mptrain.metrics import MetricsLog
 from mptrain.models import build_model, count_parameters
@@ -93,6 +94,8 @@ class _RunFacts:
     total_steps: int | None = None
     steps_per_epoch: int | None = None
     memory_kind: str | None = None
+    fp8: dict[str, Any] | None = None
+    model: torch.nn.Module | None = None
     state: LoopState = dataclasses.field(default_factory=LoopState)
 
 
@@ -105,12 +108,16 @@ def _precision_section(facts: _RunFacts) -> dict[str, Any]:
             "autocast_dtype": None,
             "loss_scaling": None,
             "scaler": None,
+            "label": None,
+            "emulated": None,
             "reason": "not resolved",
             "notes": [],
         }
     return {
         "requested": p.requested,
         "effective": p.name,
+        "label": p.label,
+        "emulated": p.emulated,
         "autocast_dtype": str(p.autocast_dtype).replace("torch.", "") if p.autocast_dtype else None,
         "loss_scaling": p.scaler_enabled,
         "scaler": dataclasses.asdict(p.scaler),
@@ -118,6 +125,13 @@ def _precision_section(facts: _RunFacts) -> dict[str, Any]:
         "notes": list(p.notes),
         "master_weights_dtype": "float32",
     }
+
+
+def _fp8_section(facts: _RunFacts) -> dict[str, Any] | None:
+    if facts.fp8 is None:
+        return None
+    stats = fp8_layer_stats(facts.model) if facts.model is not None else []
+    return {**facts.fp8, "final_layer_stats": stats}
 
 
 def build_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str, Any]:
@@ -135,6 +149,7 @@ def build_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str,
         "wall_time_s": time.perf_counter() - facts.start_time,
         "precision": _precision_section(facts),
         "tf32": facts.tf32,
+        "fp8": _fp8_section(facts),
         "hardware": hardware.hardware_info(device),
         "versions": hardware.software_versions(),
         "seed": cfg.seed,
@@ -178,6 +193,8 @@ def build_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str,
             "warmup_steps": cfg.throughput_warmup_steps,
             "data_wait_fraction": state.data_wait_fraction,
             "excludes": "warm-up steps and evaluation",
+            # Emulated FP8 runs FP32 matmuls: its speed says nothing about FP8 hardware.
+            "comparable": not (facts.policy is not None and facts.policy.emulated),
         },
         "memory": {
             "peak_bytes": hardware.peak_memory_bytes(device) if facts.memory_kind else None,
@@ -198,6 +215,7 @@ class Components:
     scaler: torch.amp.GradScaler
     settings: LoopSettings
     num_parameters: int
+    fp8: dict[str, Any] | None = None  # the report's fp8 section (converted layers, FLOPs share)
 
 
 def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPolicy) -> Components:
@@ -216,6 +234,23 @@ def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPoli
         num_workers=cfg.num_workers,
     )
     model = build_model(cfg.model, data.in_channels, data.image_size, data.num_classes).to(device)
+    fp8_section = None
+    if policy.fp8 is not None:
+        sample, _ = next(iter(data.val.batches(0)))
+        fp8_section = apply_fp8(
+            model,
+            policy.fp8,
+            sample[:2],
+            include=list(cfg.fp8.include),
+            exclude=list(cfg.fp8.exclude),
+            keep_first_last=cfg.fp8.keep_first_last,
+            backend=cfg.fp8.backend,
+        )
+        if not any(layer["converted"] for layer in fp8_section["layers"]):
+            raise ConfigError(
+                f"precision=fp8: no Linear layer of model={cfg.model.name} can run in FP8 "
+                "(first/last kept, or dimensions not multiples of 16); see fp8.include/exclude"
+            )
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     steps_per_epoch, total_steps = plan_steps(cfg, data)
@@ -240,6 +275,7 @@ def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPoli
         scaler=build_grad_scaler(policy),
         settings=settings,
         num_parameters=count_parameters(model),
+        fp8=fp8_section,
     )
 
 
@@ -247,11 +283,13 @@ def _setup_and_train(facts: _RunFacts, console: Console) -> None:
     cfg = facts.cfg
     seed_everything(cfg.seed)
     facts.device = device = hardware.resolve_device(cfg.device)
-    facts.policy = policy = resolve_precision(cfg.precision, device)
+    facts.policy = policy = resolve_precision(cfg.precision, device, cfg.fp8)
     facts.tf32 = apply_tf32(policy.allow_tf32)
     parts = build_components(cfg, device, policy)
     facts.data = parts.data
     facts.num_parameters = parts.num_parameters
+    facts.fp8 = parts.fp8
+    facts.model = parts.model
     facts.steps_per_epoch = parts.settings.steps_per_epoch
     facts.total_steps = parts.settings.total_steps
     console.print(

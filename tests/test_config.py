@@ -233,6 +233,7 @@ PRECISION_SPEC = {
     "fp32": (None, False),
     "fp16": ("float16", True),
     "bf16": ("bfloat16", False),
+    "fp8": ("bfloat16", False),  # FP8 Linear layers + BF16 autocast elsewhere, no loss scaler
 }
 
 

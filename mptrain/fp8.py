@@ -1,0 +1,415 @@
+"""FP8 training for nn.Linear layers: per-tensor scaled E4M3/E5M2 GEMMs, real or emulated.
+
+The recipe follows Transformer Engine and torchao float8 training:
+
+- Selected ``nn.Linear`` layers become :class:`Float8Linear`. Their three GEMMs (forward
+  ``y = x Wᵀ``, backward ``dx = dy W`` and ``dW = dyᵀ x``) take FP8 operands, each with one scale per
+  tensor, and accumulate in FP32. Activations and weights use E4M3 (max 448); gradients use E5M2
+  (max 57344) in the ``hybrid`` format, or E4M3 everywhere in the ``e4m3`` format.
+- Master weights, their gradients and the optimizer state stay FP32; the rest of the model runs
+  under BF16 autocast.
+- Scaling: ``dynamic`` ("current") scaling takes the scale from the tensor's absolute maximum at the
+  moment of the cast; ``delayed`` scaling takes it from a history of earlier amax values (``max`` or
+  ``most_recent`` of the history, divided by ``2**margin``). Scales, amax histories and saturation
+  counters are registered buffers: saved and restored with the model's state_dict.
+
+Two GEMM implementations share every layout and alignment rule (checked on every device, so code
+that passes on the CPU cannot fail on the GPU because of a rule the CPU skipped):
+
+- real: ``torch._scaled_mm`` on NVIDIA GPUs of compute capability >= 8.9 (Ada, Hopper);
+- emulated: the same quantize -> FP8 cast happens, then the FP8 values (exact in FP32) are multiplied
+  in FP32 and the product rescaled. Same numerics, no speed-up: reports label it "fp8 (emulated)".
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+E4M3 = torch.float8_e4m3fn
+E5M2 = torch.float8_e5m2
+FP8_MAX = {E4M3: torch.finfo(E4M3).max, E5M2: torch.finfo(E5M2).max}  # 448, 57344
+# A scaled value above max + half an ulp at max was clipped by saturation (below it, round-to-nearest
+# lands on max anyway). The ulp at max is 32 for E4M3 (448) and 8192 for E5M2 (57344).
+SATURATION_THRESHOLD = {E4M3: 448.0 + 16.0, E5M2: 57344.0 + 4096.0}
+GEMM_ALIGNMENT = 16  # torch._scaled_mm: K and N multiples of 16
+AMAX_EPS = 1e-12
+MIN_FP8_CAPABILITY = (8, 9)
+
+
+@dataclass(frozen=True)
+class FP8Recipe:
+    """How Float8Linear quantizes. Built from the ``fp8`` config by the precision policy."""
+
+    forward_dtype: torch.dtype = E4M3
+    backward_dtype: torch.dtype = E5M2
+    scaling: str = "dynamic"  # dynamic | delayed
+    amax_history_len: int = 16
+    amax_compute_algo: str = "max"  # max | most_recent
+    margin: int = 0
+    real_gemm: bool = False  # torch._scaled_mm (True) or emulation (False)
+
+
+# ------------------------------------------------------------------------------ quantization
+def scale_from_amax(amax: torch.Tensor, dtype: torch.dtype, margin: int = 0) -> torch.Tensor:
+    """The multiplier that maps ``amax`` onto the format's largest value (FP32 scalar tensor)."""
+    return (FP8_MAX[dtype] / amax.float().clamp(min=AMAX_EPS)) / (2.0**margin)
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x * scale`` saturated to ±max of ``dtype`` and cast to FP8 (never inf/NaN from finite x)."""
+    limit = FP8_MAX[dtype]
+    return (x.float() * scale).clamp(-limit, limit).to(dtype)
+
+
+def dequantize(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x_fp8.float() / scale
+
+
+class TensorScaler(nn.Module):
+    """Scale, amax history and saturation counters of one tensor role (input, weight or grad)."""
+
+    def __init__(self, dtype: torch.dtype, recipe: FP8Recipe) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.recipe = recipe
+        self.register_buffer("scale", torch.ones((), dtype=torch.float32))
+        self.register_buffer("amax_history", torch.zeros(recipe.amax_history_len))
+        self.register_buffer("saturated", torch.zeros((), dtype=torch.float64))
+        self.register_buffer("seen", torch.zeros((), dtype=torch.float64))
+
+    def _scale_from_history(self) -> torch.Tensor:
+        if self.recipe.amax_compute_algo == "max":
+            amax = self.amax_history.max()
+        else:
+            amax = self.amax_history[0]
+        return scale_from_amax(amax, self.dtype, self.recipe.margin)
+
+    @torch.no_grad()
+    def cast(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Quantize ``x``; return (FP8 tensor, the scale used). Updates history and counters.
+
+        Dynamic: scale from this tensor's amax. Delayed: the scale computed from earlier amaxes is
+        used now, then the history takes this amax and the next scale is computed. Everything stays
+        on the device: no host synchronisation.
+        """
+        magnitude = x.detach().abs().float()
+        amax = magnitude.max()
+        if self.recipe.scaling == "dynamic":
+            self.scale.copy_(scale_from_amax(amax, self.dtype, self.recipe.margin))
+        scale = self.scale.clone()
+        self.saturated += (magnitude * scale > SATURATION_THRESHOLD[self.dtype]).sum()
+        self.seen += magnitude.numel()
+        self.amax_history.copy_(torch.roll(self.amax_history, 1))
+        self.amax_history[0] = amax
+        if self.recipe.scaling == "delayed":
+            self.scale.copy_(self._scale_from_history())
+        return quantize(x, scale, self.dtype), scale
+
+
+# ------------------------------------------------------------------------------------ GEMM
+def _is_row_major(t: torch.Tensor) -> bool:
+    return t.stride(1) == 1 and t.stride(0) == t.shape[1]
+
+
+def _is_column_major(t: torch.Tensor) -> bool:
+    return t.stride(0) == 1 and t.stride(1) == t.shape[0]
+
+
+def check_gemm_operands(a: torch.Tensor, b: torch.Tensor) -> None:
+    """The torch._scaled_mm contract, enforced on every device.
+
+    ``a`` (M×K) row-major, ``b`` (K×N) column-major, K and N multiples of 16, not both E5M2.
+    """
+    (_, k), (k_b, n) = a.shape, b.shape
+    if k != k_b:
+        raise ValueError(f"FP8 GEMM: inner dimensions differ ({k} vs {k_b})")
+    if k % GEMM_ALIGNMENT or n % GEMM_ALIGNMENT:
+        raise ValueError(f"FP8 GEMM: K={k} and N={n} must be multiples of {GEMM_ALIGNMENT}")
+    if not _is_row_major(a):
+        raise ValueError("FP8 GEMM: the first operand must be row-major")
+    if not _is_column_major(b):
+        raise ValueError("FP8 GEMM: the second operand must be column-major")
+    if a.dtype == E5M2 and b.dtype == E5M2:
+        raise ValueError("FP8 GEMM: E5M2 x E5M2 is not supported; one operand must be E4M3")
+
+
+def fp8_gemm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    real: bool,
+) -> torch.Tensor:
+    """``dequantize(a) @ dequantize(b)`` with FP32 accumulation, as ``torch._scaled_mm`` computes it."""
+    check_gemm_operands(a, b)
+    a_inv, b_inv = a_scale.reciprocal(), b_scale.reciprocal()
+    if real:
+        return torch._scaled_mm(a, b, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype)
+    # FP8 values are exact in FP32: multiply them exactly-rounded in FP32, rescale once.
+    return (torch.mm(a.float(), b.float()) * (a_inv * b_inv)).to(out_dtype)
+
+
+def _pad_rows(t: torch.Tensor, multiple: int) -> torch.Tensor:
+    """Zero rows up to a multiple (they add nothing to dW = dyᵀ x, whose K is the row count)."""
+    extra = -t.shape[0] % multiple
+    return F.pad(t, (0, 0, 0, extra)) if extra else t
+
+
+class _Float8LinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        module: Float8Linear,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        x_fp8, x_scale = module.input_scaler.cast(rows)
+        w_fp8, w_scale = module.weight_scaler.cast(weight)
+        real = module.recipe.real_gemm
+        # y = x Wᵀ: x row-major (M×K), Wᵀ column-major (K×N) is W stored row-major.
+        out = fp8_gemm(x_fp8, x_scale, w_fp8.t(), w_scale, out_dtype, real)
+        if bias is not None:
+            out = out + bias.to(out_dtype)
+        ctx.save_for_backward(x_fp8, x_scale, w_fp8, w_scale)
+        ctx.module, ctx.x_shape, ctx.x_dtype, ctx.has_bias = (
+            module,
+            x.shape,
+            x.dtype,
+            bias is not None,
+        )
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        x_fp8, x_scale, w_fp8, w_scale = ctx.saved_tensors
+        module: Float8Linear = ctx.module
+        real = module.recipe.real_gemm
+        g = grad_out.reshape(-1, grad_out.shape[-1])
+        g_fp8, g_scale = module.grad_scaler.cast(g)
+        # dx = dy W: dy row-major (M×N), W column-major (N×K).
+        w_col = w_fp8.t().contiguous().t()
+        grad_x = fp8_gemm(g_fp8, g_scale, w_col, w_scale, ctx.x_dtype, real)
+        # dW = dyᵀ x: dyᵀ row-major (N×M), x column-major (M×K); M padded to the alignment.
+        g_t = _pad_rows(g_fp8.float(), GEMM_ALIGNMENT).to(g_fp8.dtype).t().contiguous()
+        x_col = _pad_rows(x_fp8.float(), GEMM_ALIGNMENT).to(x_fp8.dtype).t().contiguous().t()
+        grad_w = fp8_gemm(g_t, g_scale, x_col, x_scale, torch.float32, real)
+        grad_b = g.float().sum(0) if ctx.has_bias else None
+        return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
+
+
+class Float8Linear(nn.Linear):
+    """An nn.Linear whose GEMMs run in FP8 (see module doc). Parameters stay FP32.
+
+    Subclasses nn.Linear so state_dict keys, ``in_features``/``out_features`` and code that checks
+    ``isinstance(m, nn.Linear)`` keep working; it adds the scalers' buffers.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool, recipe: FP8Recipe) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        for name, size in (("in_features", in_features), ("out_features", out_features)):
+            if size % GEMM_ALIGNMENT:
+                raise ValueError(
+                    f"Float8Linear: {name}={size} is not a multiple of {GEMM_ALIGNMENT}"
+                )
+        self.recipe = recipe
+        self.input_scaler = TensorScaler(recipe.forward_dtype, recipe)
+        self.weight_scaler = TensorScaler(recipe.forward_dtype, recipe)
+        self.grad_scaler = TensorScaler(recipe.backward_dtype, recipe)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe: FP8Recipe) -> Float8Linear:
+        """Wrap an existing layer, sharing its Parameter objects (optimizers keep working)."""
+        with torch.device("meta"):
+            new = cls(linear.in_features, linear.out_features, linear.bias is not None, recipe)
+        new.weight = linear.weight
+        new.bias = linear.bias
+        device = linear.weight.device
+        for scaler in (new.input_scaler, new.weight_scaler, new.grad_scaler):
+            scaler.to_empty(device=device)
+            scaler.scale.fill_(1.0)
+            scaler.amax_history.zero_()
+            scaler.saturated.zero_()
+            scaler.seen.zero_()
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Under autocast the surrounding model computes in BF16; the FP8 GEMM output takes that dtype.
+        if torch.is_autocast_enabled(x.device.type):
+            out_dtype = torch.get_autocast_dtype(x.device.type)
+        else:
+            out_dtype = x.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            out = _Float8LinearFunction.apply(x, self.weight, self.bias, self, out_dtype)
+        # Reshape outside the Function: a view returned by it could not be modified in place.
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        fmt = f"{self.recipe.forward_dtype}/{self.recipe.backward_dtype}".replace("torch.", "")
+        gemm = "scaled_mm" if self.recipe.real_gemm else "emulated"
+        return f"{super().extra_repr()}, fp8={fmt}, scaling={self.recipe.scaling}, gemm={gemm}"
+
+
+# ------------------------------------------------------------------------------ conversion
+@dataclass
+class LayerChoice:
+    name: str
+    in_features: int
+    out_features: int
+    converted: bool
+    reason: str
+
+
+def choose_layers(
+    model: nn.Module, include: list[str], exclude: list[str], keep_first_last: bool
+) -> list[LayerChoice]:
+    """Decide, for every nn.Linear in registration order, whether it converts and why."""
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    choices = []
+    for i, (name, layer) in enumerate(linears):
+        reason = "converted"
+        if include and not any(fnmatch.fnmatchcase(name, p) for p in include):
+            reason = "not matched by fp8.include"
+        elif any(fnmatch.fnmatchcase(name, p) for p in exclude):
+            reason = "matched by fp8.exclude"
+        elif keep_first_last and i in (0, len(linears) - 1) and not include:
+            reason = "first/last layer kept in BF16"
+        elif layer.in_features % GEMM_ALIGNMENT or layer.out_features % GEMM_ALIGNMENT:
+            reason = f"dimensions {layer.in_features}x{layer.out_features} not multiples of 16"
+        choices.append(
+            LayerChoice(name, layer.in_features, layer.out_features, reason == "converted", reason)
+        )
+    return choices
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def convert_to_fp8(model: nn.Module, choices: list[LayerChoice], recipe: FP8Recipe) -> nn.Module:
+    """Replace the chosen nn.Linear layers in place by Float8Linear. Returns ``model``."""
+    for choice in choices:
+        if choice.converted:
+            layer = model.get_submodule(choice.name)
+            _set_submodule(model, choice.name, Float8Linear.from_linear(layer, recipe))
+    return model
+
+
+@torch.no_grad()
+def linear_flops(model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
+    """FLOPs of each nn.Linear (by name) for one forward pass of ``sample``."""
+    flops: dict[str, int] = {}
+    hooks = []
+    for name, layer in model.named_modules():
+        if isinstance(layer, nn.Linear):
+
+            def hook(mod: nn.Module, args: tuple, out: torch.Tensor, name: str = name) -> None:
+                rows = args[0].numel() // mod.in_features
+                flops[name] = flops.get(name, 0) + 2 * rows * mod.in_features * mod.out_features
+
+            hooks.append(layer.register_forward_hook(hook))
+    was_training = model.training
+    model.eval()
+    try:
+        model(sample)
+    finally:
+        model.train(was_training)
+        for h in hooks:
+            h.remove()
+    return flops
+
+
+def fp8_layer_stats(model: nn.Module) -> list[dict[str, Any]]:
+    """Final scales and saturation fractions of every Float8Linear (reads device values)."""
+    stats = []
+    for name, layer in model.named_modules():
+        if isinstance(layer, Float8Linear):
+            row: dict[str, Any] = {"name": name}
+            for role in ("input", "weight", "grad"):
+                scaler: TensorScaler = getattr(layer, f"{role}_scaler")
+                seen = float(scaler.seen)
+                row[f"{role}_scale"] = float(scaler.scale)
+                row[f"{role}_amax"] = float(scaler.amax_history[0])
+                row[f"{role}_saturated_fraction"] = float(scaler.saturated) / seen if seen else 0.0
+            stats.append(row)
+    return stats
+
+
+# ------------------------------------------------------------------------------ hardware
+def fp8_gemm_available(device: torch.device) -> bool:
+    """True on NVIDIA GPUs of compute capability >= 8.9 with torch._scaled_mm."""
+    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
+        return False
+    return torch.cuda.get_device_capability(device) >= MIN_FP8_CAPABILITY
+
+
+# ------------------------------------------------------------------------------ run glue
+def _torchao_convert(model: nn.Module, converted: set[str]) -> None:
+    """Convert the chosen layers with torchao's float8 training (tensorwise dynamic scaling)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    convert_to_float8_training(
+        model,
+        config=Float8LinearConfig.from_recipe_name("tensorwise"),
+        module_filter_fn=lambda module, name: name in converted,
+    )
+
+
+def apply_fp8(
+    model: nn.Module,
+    recipe: FP8Recipe,
+    sample: torch.Tensor,
+    *,
+    include: list[str],
+    exclude: list[str],
+    keep_first_last: bool,
+    backend: str = "builtin",
+) -> dict[str, Any]:
+    """Convert the model's eligible Linear layers in place; return the report's ``fp8`` section.
+
+    ``sample`` is one input batch, used only to count each Linear's FLOPs.
+    """
+    choices = choose_layers(model, include, exclude, keep_first_last)
+    flops = linear_flops(model, sample)
+    total = sum(flops.values())
+    converted = {c.name for c in choices if c.converted}
+    if backend == "torchao":
+        if recipe.scaling != "dynamic":
+            raise ValueError("fp8.backend=torchao supports fp8.scaling=dynamic only")
+        _torchao_convert(model, converted)
+    else:
+        convert_to_fp8(model, choices, recipe)
+    share = sum(flops.get(n, 0) for n in converted) / total if total else 0.0
+    return {
+        "backend": backend,
+        "gemm": "torch._scaled_mm" if recipe.real_gemm else "emulated (FP8 cast, FP32 matmul)",
+        "emulated": not recipe.real_gemm,
+        "forward_dtype": str(recipe.forward_dtype).replace("torch.", ""),
+        "backward_dtype": str(recipe.backward_dtype).replace("torch.", ""),
+        "scaling": recipe.scaling,
+        "amax_history_len": recipe.amax_history_len,
+        "amax_compute_algo": recipe.amax_compute_algo,
+        "margin": recipe.margin,
+        "converted_linear_flops_share": share,
+        "layers": [
+            {
+                "name": c.name,
+                "shape": [c.in_features, c.out_features],
+                "converted": c.converted,
+                "reason": c.reason,
+                "flops_share": flops.get(c.name, 0) / total if total else 0.0,
+            }
+            for c in choices
+        ],
+    }
