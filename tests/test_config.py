@@ -332,7 +332,7 @@ OUT_OF_RANGE = [
         "vit-heads-not-dividing-dim",
         ["model=vit", "model.heads=3"],
         {"model": ViTConfig(heads=3)},
-        r"^model\.dim=128: .*model\.heads=3",
+        r"^model\.dim=64: .*model\.heads=3",
     ),
     (
         "fp16-with-bf16-autocast",
