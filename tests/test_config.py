@@ -439,7 +439,7 @@ def test_unknown_precision_option_lists_the_real_choices():
     message = preflight_error("precision=fp12")
     assert_one_line(message)
     assert message.startswith("precision=fp12: ")
-    assert listed_after(message, "choose one of ") == ["auto", "bf16", "fp16", "fp32"]
+    assert listed_after(message, "choose one of ") == ["auto", "bf16", "fp16", "fp32", "fp8"]
     assert "_schema" not in message
 
 
