@@ -26,8 +26,9 @@ class ConfigError(ValueError):
 
 
 # --------------------------------------------------------------------------------------- precision
-PRECISION_NAMES = ("auto", "fp32", "fp16", "bf16", "fp8")
+PRECISION_NAMES = ("auto", "fp32", "fp16", "bf16", "fp8", "fp16_noscale", "fp16_pure", "bf16_pure")
 AUTOCAST_DTYPES = ("float16", "bfloat16")
+PARAM_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass
@@ -47,6 +48,9 @@ class PrecisionConfig:
     autocast_dtype: str | None = None  # float16 | bfloat16 | None (no autocast: true FP32)
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     allow_tf32: bool = False
+    # float32: FP32 master weights (every mixed recipe). float16/bfloat16: "pure" low-precision
+    # training, parameters, gradients, updates and optimizer state in that dtype (no master copy).
+    param_dtype: str = "float32"
 
 
 @dataclass
@@ -167,6 +171,29 @@ class SchedulerConfig:
     gamma: float = 0.1
 
 
+# ----------------------------------------------------------------------------------------- recipe
+@dataclass
+class ExpectedResult:
+    """The result a recipe's source reports, and where it was obtained."""
+
+    metric: str = "final_val_accuracy"  # a key of the report's evaluation section
+    value: float | None = None
+    tolerance: float = 0.0  # met when the run reaches at least value - tolerance
+    hardware: str = ""
+    data: str = ""
+
+
+@dataclass
+class RecipeConfig:
+    """Set by ``recipe=NAME`` (recipes/NAME.yaml); empty when no recipe is applied."""
+
+    name: str | None = None
+    source: str = ""
+    command: str = ""
+    expected: ExpectedResult = field(default_factory=ExpectedResult)
+    note: str = ""
+
+
 # -------------------------------------------------------------------------------------------- run
 @dataclass
 class DebugConfig:
@@ -183,6 +210,7 @@ class RunConfig:
     optimizer: Any = MISSING
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     fp8: FP8Config = field(default_factory=FP8Config)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
     epochs: int | None = 15
     max_steps: int | None = None
     batch_size: int = 64
@@ -203,7 +231,7 @@ class RunConfig:
 
 
 # Schema per config-group option: the YAML file of an option names its schema in its defaults list
-# as ``/schema/<group>/<name>@_here_``.
+# as ``/<name>@_here_``.
 GROUP_SCHEMAS: dict[str, dict[str, type]] = {
     "precision": {"precision_schema": PrecisionConfig},
     "model": {
@@ -241,10 +269,14 @@ def register_schemas() -> None:
 
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
-    # Under schema/<group>/ rather than <group>/, so schemas are not selectable as options.
-    for group, schemas in GROUP_SCHEMAS.items():
+    from mptrain.recipe import load_recipes
+
+    for name, node in load_recipes().items():
+        store.store(group="recipe", name=name, node=node, package="_global_")
+    # At the root rather than in <group>/, so schemas are neither options nor listed as groups.
+    for schemas in GROUP_SCHEMAS.values():
         for name, schema in schemas.items():
-            store.store(group=f"schema/{group}", name=name, node=schema)
+            store.store(name=name, node=schema)
 
 
 def to_run_config(cfg: Any) -> RunConfig:
@@ -319,7 +351,21 @@ def validate_precision(p: PrecisionConfig) -> None:
             p.autocast_dtype,
             "must stay null with precision=auto (auto chooses the dtype); pick fp16 or bf16 instead",
         )
-    expected = {"fp32": None, "fp16": "float16", "bf16": "bfloat16", "fp8": "bfloat16"}
+    _require(
+        p.param_dtype in PARAM_DTYPES,
+        "precision.param_dtype",
+        p.param_dtype,
+        "float32, float16 or bfloat16",
+    )
+    expected = {
+        "fp32": None,
+        "fp16": "float16",
+        "bf16": "bfloat16",
+        "fp8": "bfloat16",
+        "fp16_noscale": "float16",
+        "fp16_pure": None,
+        "bf16_pure": None,
+    }
     if p.name in expected:
         _require(
             p.autocast_dtype == expected[p.name],
@@ -327,6 +373,20 @@ def validate_precision(p: PrecisionConfig) -> None:
             p.autocast_dtype,
             f"precision={p.name} runs autocast dtype {expected[p.name]}; choose another precision "
             "instead of changing its dtype",
+        )
+    pure = {"fp16_pure": "float16", "bf16_pure": "bfloat16"}.get(p.name, "float32")
+    _require(
+        p.param_dtype == pure,
+        "precision.param_dtype",
+        p.param_dtype,
+        f"precision={p.name} keeps parameters in {pure}; choose another precision instead",
+    )
+    if p.name in ("fp16_noscale", "fp16_pure", "bf16_pure"):
+        _require(
+            not p.scaler.enabled,
+            "precision.scaler.enabled",
+            p.scaler.enabled,
+            f"precision={p.name} runs without loss scaling by definition; use fp16 for scaling",
         )
     s = p.scaler
     _positive("precision.scaler.init_scale", s.init_scale)

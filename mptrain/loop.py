@@ -101,6 +101,11 @@ class LoopState:
     measured_samples: int = 0
     measured_time_s: float = 0.0
     data_wait_s: float = 0.0
+    # Gradient/update probes, taken every log_every steps (see _UpdateProbe).
+    probes: int = 0
+    zero_grad_fraction_sum: float = 0.0
+    updates_lost_fraction_sum: float = 0.0
+    update_probes: int = 0
 
     @property
     def samples_per_s(self) -> float | None:
@@ -113,6 +118,14 @@ class LoopState:
         if self.measured_time_s <= 0:
             return None
         return self.data_wait_s / self.measured_time_s
+
+    @property
+    def zero_grad_fraction(self) -> float | None:
+        return self.zero_grad_fraction_sum / self.probes if self.probes else None
+
+    @property
+    def updates_lost_fraction(self) -> float | None:
+        return self.updates_lost_fraction_sum / self.update_probes if self.update_probes else None
 
     @property
     def best_eval(self) -> dict[str, Any] | None:
@@ -151,6 +164,17 @@ class _Stopwatch:
         return self.started_at is not None
 
 
+def _to_model_input(
+    images: torch.Tensor, policy: PrecisionPolicy, channels_last: bool
+) -> torch.Tensor:
+    """Inputs in the parameters' dtype ("pure" low precision) and memory format."""
+    if policy.param_dtype != torch.float32:
+        images = images.to(policy.param_dtype)
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images
+
+
 @torch.no_grad()
 def evaluate(
     model: nn.Module, batches: BatchSource, policy: PrecisionPolicy, channels_last: bool = False
@@ -160,8 +184,7 @@ def evaluate(
     model.eval()
     loss_sum, correct, count = None, None, 0
     for images, labels in batches.batches(0):
-        if channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+        images = _to_model_input(images, policy, channels_last)
         with policy.autocast():
             logits = model(images)
         batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
@@ -179,6 +202,34 @@ def gradient_norm(model: nn.Module) -> torch.Tensor:
     """L2 norm of all gradients, computed in FP32 (a device tensor: reading it syncs)."""
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+
+
+class _UpdateProbe:
+    """Measures, around one optimizer step, how many gradients are zero and how many non-zero
+    gradients left their parameter unchanged (the update rounded away in the parameter's dtype).
+
+    Costs a copy of the parameters, so the loop takes it only every ``log_every`` steps.
+    """
+
+    def __init__(self, params: list[torch.Tensor]) -> None:
+        self.params = params
+        self.before = [p.detach().clone() for p in params]
+        self.nonzero = [
+            p.grad != 0 if p.grad is not None else torch.zeros_like(p, dtype=torch.bool)
+            for p in params
+        ]
+
+    def zero_grad_fraction(self) -> float:
+        total = sum(m.numel() for m in self.nonzero)
+        return 1.0 - float(sum(m.sum() for m in self.nonzero)) / total
+
+    def updates_lost_fraction(self) -> float:
+        moved = sum(int(m.sum()) for m in self.nonzero)
+        lost = sum(
+            int(((p.detach() == b) & m).sum())
+            for p, b, m in zip(self.params, self.before, self.nonzero, strict=True)
+        )
+        return lost / moved if moved else 0.0
 
 
 def _inject_inf_grad(model: nn.Module) -> None:
@@ -231,10 +282,11 @@ def train_loop(
                 images, labels = next(micro_batches)
                 if stopwatch.running:
                     state.data_wait_s += time.perf_counter() - wait_start
-                if s.channels_last:
-                    images = images.contiguous(memory_format=torch.channels_last)
+                images = _to_model_input(images, policy, s.channels_last)
                 with policy.autocast():
-                    loss = loss_fn(model(images), labels) / s.grad_accum_steps
+                    # Logits to FP32 for the loss: a no-op under autocast and in FP32, and keeps
+                    # the softmax of "pure" low-precision runs in FP32 as well.
+                    loss = loss_fn(model(images).float(), labels) / s.grad_accum_steps
                 scaler.scale(loss).backward()
                 interval_loss += loss.detach()
             state.step += 1
@@ -247,6 +299,7 @@ def train_loop(
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, s.clip_grad_norm)
             elif state.step % s.log_every == 0:
                 grad_norm = gradient_norm(model)
+            probe = _UpdateProbe(params) if state.step % s.log_every == 0 else None
             # 4-5. step (skipped on inf/NaN), update the scale
             scaler.step(optimizer)
             scaler.update()
@@ -261,6 +314,15 @@ def train_loop(
                 state.skipped_steps.append(state.step)
             else:
                 scheduler.step()
+            zero_grads = updates_lost = None
+            if probe is not None:
+                zero_grads = probe.zero_grad_fraction()
+                state.probes += 1
+                state.zero_grad_fraction_sum += zero_grads
+                if not skipped:
+                    updates_lost = probe.updates_lost_fraction()
+                    state.update_probes += 1
+                    state.updates_lost_fraction_sum += updates_lost
             optimizer.zero_grad(set_to_none=True)
             state.samples_seen += samples_per_step
             if stopwatch.running:
@@ -282,6 +344,8 @@ def train_loop(
                     "grad_norm": float(grad_norm) if grad_norm is not None else None,
                     "skipped": skipped,
                     "skipped_total": len(state.skipped_steps),
+                    "zero_grad_fraction": zero_grads,
+                    "updates_lost_fraction": updates_lost,
                     "samples_per_s": interval_steps * samples_per_step / (now - interval_start),
                 }
                 for observer in observers:

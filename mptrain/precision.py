@@ -26,7 +26,6 @@ from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ScalerConfig
 from mptrain.fp8 import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Recipe, fp8_gemm_available
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-_NAME_BY_DTYPE = {None: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 @dataclass(frozen=True)
@@ -42,6 +41,11 @@ class PrecisionPolicy:
     reason: str  # why this precision: the user's choice, or how auto decided
     notes: tuple[str, ...] = ()
     fp8: FP8Recipe | None = None  # set for precision=fp8
+    param_dtype: torch.dtype = torch.float32  # float32 = master weights; else "pure" training
+
+    @property
+    def master_weights(self) -> bool:
+        return self.param_dtype == torch.float32
 
     @property
     def emulated(self) -> bool:
@@ -88,15 +92,20 @@ def _auto_choice(device: torch.device) -> tuple[str, str]:
 
 def _check_supported(name: str, device: torch.device) -> tuple[str, ...]:
     """Raise for a precision the device cannot run; return notes on ones that run slowly."""
-    if device.type == "cuda" and name == "bf16" and not hardware.cuda_has_native_bf16(device):
+    family = "fp16" if name.startswith("fp16") else "bf16" if name.startswith("bf16") else name
+    return _check_family(family, name, device)
+
+
+def _check_family(family: str, name: str, device: torch.device) -> tuple[str, ...]:
+    if device.type == "cuda" and family == "bf16" and not hardware.cuda_has_native_bf16(device):
         major, minor = hardware.cuda_capability(device)
         raise ConfigError(
-            f"precision=bf16: GPU {torch.cuda.get_device_name(device)} (compute capability "
+            f"precision={name}: GPU {torch.cuda.get_device_name(device)} (compute capability "
             f"{major}.{minor}) has no native BF16 (needs >= 8.0); use precision=fp16 or precision=fp32"
         )
-    if device.type == "cpu" and name == "fp16":
+    if device.type == "cpu" and family == "fp16":
         return ("FP16 on CPU: matmuls may use AVX512-FP16, convolutions take a very slow path",)
-    if device.type == "cpu" and name == "bf16" and not hardware.cpu_has_native_bf16():
+    if device.type == "cpu" and family == "bf16" and not hardware.cpu_has_native_bf16():
         return ("BF16 on a CPU without native BF16: emulated in FP32 units, expect it slower",)
     return ()
 
@@ -175,12 +184,18 @@ def resolve_precision(
         scaler = ScalerConfig(**{**vars(cfg.scaler), "enabled": name == "fp16"})
     else:
         dtype = _DTYPES.get(cfg.autocast_dtype) if cfg.autocast_dtype else None
-        name = _NAME_BY_DTYPE[dtype]
+        name = cfg.name
         reason = "requested"
         scaler = cfg.scaler
     notes = _check_supported(name, device)
-    if name == "fp16" and not scaler.enabled:
+    if dtype == torch.float16 and not scaler.enabled:
         notes += ("FP16 without loss scaling: small gradients may underflow to zero",)
+    param_dtype = {"float32": torch.float32, **_DTYPES}[cfg.param_dtype]
+    if param_dtype != torch.float32:
+        notes += (
+            f"pure {name.split('_')[0].upper()}: no FP32 master weights; parameters, updates and "
+            "optimizer state are low precision",
+        )
     return PrecisionPolicy(
         requested=cfg.name,
         name=name,
@@ -190,6 +205,7 @@ def resolve_precision(
         device_type=device.type,
         reason=reason,
         notes=notes,
+        param_dtype=param_dtype,
     )
 
 

@@ -124,6 +124,25 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
         ("peak memory", f"{fmt_bytes(mem['peak_bytes'])} ({mem['kind']})"),
         ("wall time", f"{report['wall_time_s']:.1f} s"),
     ]
+    recipe = report.get("recipe")
+    if recipe:
+        exp = recipe["expected"]
+        rows.append(
+            (
+                "recipe",
+                f"{recipe['name']}: expected {exp['metric']} {exp['value']} ± "
+                f"{exp['tolerance']}, got {fmt_num(recipe['actual'])}: {recipe['verdict']}",
+            )
+        )
+    t = report["training"]
+    if t.get("zero_grad_fraction") is not None:
+        rows.append(
+            (
+                "gradient probes",
+                f"zero gradients {fmt_pct(t['zero_grad_fraction'])}, updates lost "
+                f"to rounding {fmt_pct(t['updates_lost_fraction'])} (averages every log_every steps)",
+            )
+        )
     rows += [("note", n) for n in p["notes"]]
     return rows
 
@@ -175,6 +194,13 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"| {e['step']} | {e['epoch']} | {fmt_num(e['val_loss'])} | "
             f"{fmt_pct(e['val_accuracy'])} |"
             for e in evals
+        ]
+    if report.get("figure"):
+        lines += [
+            "",
+            "## Curves",
+            "",
+            f"![training loss, validation accuracy, loss scale]({report['figure']})",
         ]
     lines += [
         "",

@@ -26,11 +26,13 @@ from mptrain.config import ConfigError, RunConfig
 from mptrain.data import DataBundle, build_data
 from mptrain.fp8 import apply_fp8, fp8_layer_stats
 from mptrain.loop import LoopSettings, LoopState, train_loop
-from mptrain.metrics import MetricsLog
+from mptrain.metrics import MetricsLog, read_metrics
 from mptrain.models import build_model, count_parameters
 from mptrain.optim import build_optimizer, build_scheduler
+from mptrain.plots import RUN_PNG, plot_run
 from mptrain.precision import PrecisionPolicy, apply_tf32, build_grad_scaler, resolve_precision
 from mptrain.progress import ProgressDisplay
+from mptrain.recipe import recipe_verdict
 from mptrain.report import METRICS_JSONL, print_summary, write_report
 
 
@@ -123,7 +125,8 @@ def _precision_section(facts: _RunFacts) -> dict[str, Any]:
         "scaler": dataclasses.asdict(p.scaler),
         "reason": p.reason,
         "notes": list(p.notes),
-        "master_weights_dtype": "float32",
+        "master_weights_dtype": str(p.param_dtype).replace("torch.", ""),
+        "master_weights": p.master_weights,
     }
 
 
@@ -135,6 +138,12 @@ def _fp8_section(facts: _RunFacts) -> dict[str, Any] | None:
 
 
 def build_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str, Any]:
+    report = _base_report(facts, status, reason)
+    report["recipe"] = recipe_verdict(facts.cfg, status, report["evaluation"])
+    return report
+
+
+def _base_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str, Any]:
     cfg, state, data = facts.cfg, facts.state, facts.data
     device = facts.device or torch.device("cpu")
     best = state.best_eval
@@ -178,6 +187,9 @@ def build_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str,
             "loss_scale": scale,
             "final_train_loss": state.last_train_loss,
             "clip_grad_norm": cfg.clip_grad_norm,
+            # Averages over the probes taken every log_every steps.
+            "zero_grad_fraction": state.zero_grad_fraction,
+            "updates_lost_fraction": state.updates_lost_fraction,
         },
         "evaluation": {
             "final_val_accuracy": final["val_accuracy"] if final else None,
@@ -200,6 +212,7 @@ def build_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str,
             "peak_bytes": hardware.peak_memory_bytes(device) if facts.memory_kind else None,
             "kind": facts.memory_kind,
         },
+        "recipe": None,  # filled in below, from the evaluation figures
         "config": dataclasses.asdict(cfg),
     }
 
@@ -251,6 +264,8 @@ def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPoli
                 f"precision=fp8: no Linear layer of model={cfg.model.name} can run in FP8 "
                 "(first/last kept, or dimensions not multiples of 16); see fp8.include/exclude"
             )
+    if not policy.master_weights:  # "pure" low precision: no FP32 copy of the weights
+        model = model.to(policy.param_dtype)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     steps_per_epoch, total_steps = plan_steps(cfg, data)
@@ -357,6 +372,11 @@ def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> d
 
 def _finish(facts: _RunFacts, status: str, reason: str | None, console: Console) -> dict[str, Any]:
     report = build_report(facts, status, reason)
+    metrics_path = facts.output_dir / METRICS_JSONL
+    if metrics_path.is_file():
+        title = f"{report['precision']['label'] or facts.cfg.precision.name} {facts.cfg.model.name}"
+        plot_run(read_metrics(metrics_path), title, facts.output_dir / RUN_PNG)
+        report["figure"] = RUN_PNG
     json_path, _ = write_report(facts.output_dir, report)
     print_summary(console, report, json_path)
     return report

@@ -158,7 +158,11 @@ def test_console_script_help_exits_0(tmp_path):
 
     assert result.returncode == 0, describe(result)
     assert "== Configuration groups ==" in result.stdout
-    assert "precision: auto, bf16, fp16, fp32" in result.stdout
+    assert (
+        "precision: auto, bf16, bf16_pure, fp16, fp16_noscale, fp16_pure, fp32, fp8"
+        in result.stdout
+    )
+    assert "schema" not in result.stdout.split("== Config ==")[0]
     assert not (tmp_path / "outputs").exists()
 
 

@@ -148,7 +148,7 @@ def test_group_options_match_the_names_validation_accepts(group, names):
 def test_every_group_option_composes_to_its_typed_schema(group, option):
     schema_names = load_option(group, option)["defaults"]
     assert len(schema_names) == 1, f"{group}/{option}.yaml must name exactly one schema"
-    # Defaults entries read /schema/<group>/<schema name>@_here_.
+    # Defaults entries read /<schema name>@_here_.
     expected_type = GROUP_SCHEMAS[group][schema_names[0].split("@")[0].rsplit("/", 1)[-1]]
 
     run = compose_run(f"{group}={option}", *REQUIRED_OVERRIDES.get((group, option), []))
@@ -228,12 +228,16 @@ def test_every_yaml_key_with_a_value_carries_a_comment(relative):
 # ------------------------------------------------------------------------------ precision options
 SCALER_SETTINGS = {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5}
 PRECISION_SPEC = {
-    # name: (autocast_dtype, scaler.enabled); auto's scaler is used only if it resolves to fp16
-    "auto": (None, True),
-    "fp32": (None, False),
-    "fp16": ("float16", True),
-    "bf16": ("bfloat16", False),
-    "fp8": ("bfloat16", False),  # FP8 Linear layers + BF16 autocast elsewhere, no loss scaler
+    # name: (autocast_dtype, scaler.enabled, param_dtype); auto's scaler is used only if it
+    # resolves to fp16
+    "auto": (None, True, "float32"),
+    "fp32": (None, False, "float32"),
+    "fp16": ("float16", True, "float32"),
+    "bf16": ("bfloat16", False, "float32"),
+    "fp8": ("bfloat16", False, "float32"),  # FP8 Linear layers + BF16 autocast, no loss scaler
+    "fp16_noscale": ("float16", False, "float32"),
+    "fp16_pure": (None, False, "float16"),
+    "bf16_pure": (None, False, "bfloat16"),
 }
 
 
@@ -243,23 +247,25 @@ def test_every_precision_option_has_a_spec():
 
 @pytest.mark.parametrize("name", sorted(PRECISION_SPEC))
 def test_precision_yaml_states_every_scaler_setting(name):
-    dtype, enabled = PRECISION_SPEC[name]
+    dtype, enabled, param_dtype = PRECISION_SPEC[name]
     option = load_option("precision", name)
     assert option["name"] == name
     assert option["autocast_dtype"] == dtype
+    assert option["param_dtype"] == param_dtype
     assert option["allow_tf32"] is False
     assert option["scaler"] == {"enabled": enabled, **SCALER_SETTINGS, "growth_interval": 2000}
 
 
 @pytest.mark.parametrize("name", sorted(PRECISION_SPEC))
 def test_composed_precision_matches_the_spec(name):
-    dtype, enabled = PRECISION_SPEC[name]
+    dtype, enabled, param_dtype = PRECISION_SPEC[name]
     precision = compose_run(f"precision={name}").precision
     assert precision == PrecisionConfig(
         name=name,
         autocast_dtype=dtype,
         scaler=ScalerConfig(enabled=enabled, **SCALER_SETTINGS, growth_interval=2000),
         allow_tf32=False,
+        param_dtype=param_dtype,
     )
     assert type(precision.scaler.growth_interval) is int
 
@@ -439,7 +445,16 @@ def test_unknown_precision_option_lists_the_real_choices():
     message = preflight_error("precision=fp12")
     assert_one_line(message)
     assert message.startswith("precision=fp12: ")
-    assert listed_after(message, "choose one of ") == ["auto", "bf16", "fp16", "fp32", "fp8"]
+    assert listed_after(message, "choose one of ") == [
+        "auto",
+        "bf16",
+        "bf16_pure",
+        "fp16",
+        "fp16_noscale",
+        "fp16_pure",
+        "fp32",
+        "fp8",
+    ]
     assert "_schema" not in message
 
 

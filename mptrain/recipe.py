@@ -1,0 +1,125 @@
+"""Reference recipes: loading them for ``recipe=NAME`` and judging whether a run reproduced one.
+
+A recipe is ``recipes/NAME.yaml``: an overlay on the defaults (Hydra package ``_global_``) whose
+``recipe`` block names its source, the exact command and the expected result. A run reproduces the
+recipe only when it ran the recipe's full schedule: every key the recipe sets still has the
+recipe's value (seed, device and display settings aside). Otherwise the verdict is "not comparable"
+and says which keys differ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from importlib.resources import files
+from typing import Any
+
+from mptrain.config import RunConfig
+
+# Keys a recipe may set that do not change what the result means.
+_FREE_KEYS = {
+    "seed",
+    "device",
+    "progress",
+    "log_every",
+    "eval_every",
+    "num_workers",
+    "compile",
+    "dataset.root",
+    "dataset.download",
+}
+
+
+def recipe_files() -> dict[str, Any]:
+    """recipes/*.yaml shipped in the package mptrain.recipes, by recipe name."""
+    root = files("mptrain.recipes")
+    return {p.name.removesuffix(".yaml"): p for p in root.iterdir() if p.name.endswith(".yaml")}
+
+
+def load_recipes() -> dict[str, Any]:
+    """Each recipe as an OmegaConf node: an overlay (package _global_) selected by recipe=NAME."""
+    from omegaconf import OmegaConf
+
+    return {name: OmegaConf.create(path.read_text()) for name, path in recipe_files().items()}
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix.rstrip("."): node}
+
+
+def _group_choices(defaults: list[Any]) -> dict[str, str]:
+    """{'model.name': 'resnet18', ...} from entries like {'override /model': 'resnet18'}."""
+    choices = {}
+    for entry in defaults:
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                group = key.replace("override", "").strip().lstrip("/")
+                if group in ("model", "dataset", "optimizer", "scheduler"):
+                    choices[f"{group}.name"] = value
+    return choices
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return math.isclose(float(a), float(b), rel_tol=1e-9)
+        except (TypeError, ValueError):
+            return False
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
+
+
+def schedule_differences(cfg: RunConfig, recipe: dict[str, Any]) -> list[str]:
+    """``key=value (recipe: value)`` for every recipe key the run changed."""
+    wanted = _group_choices(recipe.get("defaults", []))
+    wanted.update(
+        _flatten({k: v for k, v in recipe.items() if k not in ("defaults", "recipe", "hydra")})
+    )
+    actual = _flatten(dataclasses.asdict(cfg))
+    return [
+        f"{key}={actual.get(key)!r} (recipe: {value!r})"
+        for key, value in wanted.items()
+        if key not in _FREE_KEYS and not _same(actual.get(key), value)
+    ]
+
+
+def recipe_verdict(
+    cfg: RunConfig, status: str, evaluation: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The report's ``recipe`` section: expected result, actual, and met / not met / not comparable."""
+    if cfg.recipe.name is None:
+        return None
+    from omegaconf import OmegaConf
+
+    expected = cfg.recipe.expected
+    actual = evaluation.get(expected.metric)
+    section = {
+        "name": cfg.recipe.name,
+        "source": cfg.recipe.source,
+        "command": cfg.recipe.command,
+        "expected": dataclasses.asdict(expected),
+        "actual": actual,
+        "note": cfg.recipe.note,
+    }
+    path = recipe_files().get(cfg.recipe.name)
+    recipe = OmegaConf.to_container(OmegaConf.create(path.read_text())) if path else {}
+    differences = schedule_differences(cfg, recipe)
+    if status != "completed":
+        verdict = f"not comparable: the run {status}"
+    elif differences:
+        verdict = "not comparable: not the recipe's full schedule: " + "; ".join(differences)
+    elif expected.value is None or actual is None:
+        verdict = "not comparable: no expected value"
+    elif actual >= expected.value - expected.tolerance:
+        verdict = "met"
+    else:
+        verdict = "not met"
+    section["verdict"] = verdict
+    section["met"] = verdict == "met" if not verdict.startswith("not comparable") else None
+    return section

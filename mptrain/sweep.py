@@ -1,0 +1,308 @@
+"""Compare finished runs: the table a precision sweep ends with, and ``mptrain-compare DIR...``.
+
+Each run directory holds ``report.json`` (and ``.hydra/overrides.yaml`` when Hydra made it). A run
+is compared with the FP32 run whose config is otherwise identical (the baseline): accuracy delta,
+throughput ratio and peak-memory ratio. Emulated FP8 runs get no throughput ratio: their speed says
+nothing about FP8 hardware. Runs that failed, or never wrote a report, appear as rows with the reason.
+
+After a Hydra multirun, :class:`SweepSummaryCallback` writes ``sweep.md``, ``sweep.json`` and
+``sweep_loss.png`` into the sweep directory and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from mptrain.metrics import read_metrics
+from mptrain.plots import SWEEP_PNG, plot_sweep
+from mptrain.report import METRICS_JSONL, REPORT_JSON, atomic_write_text, fmt_bytes, fmt_pct
+
+SWEEP_MD, SWEEP_JSON = "sweep.md", "sweep.json"
+# Config keys that do not change what is being compared.
+_IGNORED_KEYS = ("precision", "fp8", "progress", "log_every", "device", "num_workers", "recipe")
+
+
+@dataclass
+class RunRecord:
+    """One run directory as the comparison sees it."""
+
+    directory: Path
+    label: str  # the job's overrides, or the directory name
+    report: dict[str, Any] | None
+    reason: str | None = None  # why there is no usable report
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+def _overrides(directory: Path) -> list[str] | None:
+    path = directory / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    return [str(o) for o in OmegaConf.load(path)]
+
+
+def load_run(directory: Path) -> RunRecord:
+    overrides = _overrides(directory)
+    label = " ".join(overrides) if overrides else directory.name
+    path = directory / REPORT_JSON
+    if not path.is_file():
+        return RunRecord(
+            directory, label, None, reason="no report.json (the job ended before training)"
+        )
+    try:
+        return RunRecord(directory, label, json.loads(path.read_text()))
+    except (OSError, json.JSONDecodeError) as exc:
+        return RunRecord(directory, label, None, reason=f"unreadable report.json: {exc}")
+
+
+def _job_order(directory: Path) -> tuple[int, str]:
+    """Hydra names sweep jobs <number>_<overrides>: order by that number, then by name."""
+    number, _, _ = directory.name.partition("_")
+    return (int(number) if number.isdigit() else sys.maxsize, directory.name)
+
+
+def _shorten_labels(runs: list[RunRecord]) -> None:
+    """Keep only the overrides that differ between runs (what the comparison is about)."""
+    split = [run.label.split(" ") for run in runs]
+    common = set.intersection(*(set(s) for s in split)) if len(split) > 1 else set()
+    for run, parts in zip(runs, split, strict=True):
+        run.label = " ".join(p for p in parts if p not in common) or run.label
+
+
+def find_runs(paths: list[Path]) -> list[RunRecord]:
+    """Run directories among ``paths``: each path is a run, or a sweep holding runs."""
+    runs = []
+    for path in paths:
+        if (path / REPORT_JSON).is_file() or (path / ".hydra").is_dir():
+            runs.append(load_run(path))
+            continue
+        children = sorted(
+            (
+                c
+                for c in path.iterdir()
+                if c.is_dir() and ((c / ".hydra").is_dir() or (c / REPORT_JSON).is_file())
+            ),
+            key=_job_order,
+        )
+        if not children:
+            raise FileNotFoundError(f"{path}: neither a run directory nor a sweep of runs")
+        runs.extend(load_run(c) for c in children)
+    _shorten_labels(runs)
+    return runs
+
+
+def _comparison_key(report: dict[str, Any]) -> str:
+    config = copy.deepcopy(report.get("config", {}))
+    for key in _IGNORED_KEYS:
+        config.pop(key, None)
+    return json.dumps(config, sort_keys=True)
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    if value is None or base is None or base == 0:
+        return None
+    return value / base
+
+
+def compare(runs: list[RunRecord]) -> list[dict[str, Any]]:
+    """One row per run with its figures and, where an FP32 twin exists, the ratios against it."""
+    baselines: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        r = run.report
+        if r and r["status"] == "completed" and r["precision"]["effective"] == "fp32":
+            baselines.setdefault(_comparison_key(r), r)
+    rows = []
+    for run in runs:
+        r = run.report
+        row: dict[str, Any] = {"run": run.label, "directory": str(run.directory)}
+        if r is None:
+            row.update(status="failed", reason=run.reason)
+            rows.append(row)
+            continue
+        p, t, e = r["precision"], r["training"], r["evaluation"]
+        thr, mem = r["throughput"], r["memory"]
+        scale = t.get("loss_scale")
+        row.update(
+            status=r["status"],
+            reason=r.get("reason"),
+            precision=p.get("label") or p["effective"],
+            final_val_accuracy=e["final_val_accuracy"],
+            samples_per_s=thr["samples_per_s"],
+            peak_memory_bytes=mem["peak_bytes"],
+            skipped_steps=t["skipped_steps"]["count"],
+            final_loss_scale=scale["final"] if scale else None,
+            zero_grad_fraction=t.get("zero_grad_fraction"),
+            updates_lost_fraction=t.get("updates_lost_fraction"),
+        )
+        base = baselines.get(_comparison_key(r))
+        if base is not None:
+            base_acc = base["evaluation"]["final_val_accuracy"]
+            acc = e["final_val_accuracy"]
+            row["baseline"] = base["output_dir"]
+            row["accuracy_delta"] = None if acc is None or base_acc is None else acc - base_acc
+            comparable = thr.get("comparable", True) and base["throughput"].get("comparable", True)
+            row["throughput_ratio"] = (
+                _ratio(thr["samples_per_s"], base["throughput"]["samples_per_s"])
+                if comparable
+                else None
+            )
+            row["memory_ratio"] = _ratio(mem["peak_bytes"], base["memory"]["peak_bytes"])
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------- rendering
+COLUMNS = (
+    ("run", "run"),
+    ("status", "status"),
+    ("precision", "precision"),
+    ("final_val_accuracy", "val acc"),
+    ("accuracy_delta", "Δ acc vs fp32"),
+    ("throughput_ratio", "speed vs fp32"),
+    ("memory_ratio", "memory vs fp32"),
+    ("skipped_steps", "skipped"),
+    ("final_loss_scale", "final scale"),
+    ("zero_grad_fraction", "zero grads"),
+    ("updates_lost_fraction", "updates lost"),
+)
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    if key == "status" and row.get("reason") and value != "completed":
+        return f"{value}: {row['reason']}"
+    if value is None:
+        return "—"
+    if key in ("final_val_accuracy", "zero_grad_fraction", "updates_lost_fraction"):
+        return fmt_pct(value)
+    if key == "accuracy_delta":
+        return f"{100 * value:+.2f} pt"
+    if key in ("throughput_ratio", "memory_ratio"):
+        return f"{value:.2f}×"
+    if key == "final_loss_scale":
+        return f"{value:g}"
+    return str(value)
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The columns with at least one value (a sweep without FP16 has no loss-scale column)."""
+    return [(k, h) for k, h in COLUMNS if any(row.get(k) is not None for row in rows)]
+
+
+def render_markdown(rows: list[dict[str, Any]], title: str, figure: str | None) -> str:
+    columns = _columns(rows)
+    lines = [f"# {title}", ""]
+    lines.append("| " + " | ".join(h for _, h in columns) + " |")
+    lines.append("|" + "---|" * len(columns))
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row, k).replace("|", "/") for k, _ in columns) + " |")
+    lines += [
+        "",
+        "Δ acc, speed and memory compare each run with the completed FP32 run of otherwise identical "
+        "config (— where there is none). Speed is training samples/s after warm-up, evaluation "
+        "excluded; emulated FP8 gets no speed ratio. Zero grads and updates lost are averages of "
+        "the probes taken every log_every steps.",
+    ]
+    if figure:
+        lines += ["", f"![training loss]({figure})"]
+    peak = [r for r in rows if r.get("peak_memory_bytes")]
+    if peak:
+        lines += [
+            "",
+            "Peak memory: "
+            + ", ".join(f"{r['run'] or '?'}: {fmt_bytes(r['peak_memory_bytes'])}" for r in peak),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def print_table(console: Console, rows: list[dict[str, Any]], title: str) -> None:
+    columns = _columns(rows)
+    table = Table(title=title)
+    for _, header in columns:
+        table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(row, k) for k, _ in columns))
+    console.print(table)
+
+
+def write_comparison(
+    runs: list[RunRecord], out_dir: Path, title: str, console: Console
+) -> list[dict[str, Any]]:
+    """Write sweep.md, sweep.json and sweep_loss.png into ``out_dir``; print the table."""
+    rows = compare(runs)
+    curves = {}
+    for run in runs:
+        metrics = run.directory / METRICS_JSONL
+        if run.report is not None and metrics.is_file():
+            curves[run.label or run.directory.name] = read_metrics(metrics)
+    figure = None
+    if curves:
+        plot_sweep(curves, title, out_dir / SWEEP_PNG)
+        figure = SWEEP_PNG
+    atomic_write_text(
+        out_dir / SWEEP_JSON, json.dumps({"title": title, "runs": rows}, indent=2) + "\n"
+    )
+    atomic_write_text(out_dir / SWEEP_MD, render_markdown(rows, title, figure))
+    print_table(console, rows, title)
+    console.print(f"comparison written to {out_dir / SWEEP_MD}")
+    return rows
+
+
+# -------------------------------------------------------------------------------- entry points
+def _wide_console() -> Console:
+    # The table has up to 11 columns: give it room even when output is not a terminal.
+    return Console(width=max(140, Console().width))
+
+
+try:
+    from hydra.experimental.callback import Callback
+except ImportError:  # pragma: no cover - hydra-core < 1.2
+    Callback = object  # type: ignore[misc,assignment]
+
+
+class SweepSummaryCallback(Callback):
+    """Hydra callback: after a multirun, compare its jobs (configured in conf/config.yaml)."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        try:
+            runs = find_runs([sweep_dir])
+        except FileNotFoundError:
+            return
+        write_comparison(runs, sweep_dir, f"sweep {sweep_dir}", _wide_console())
+
+
+def compare_main(argv: list[str] | None = None) -> None:
+    """``mptrain-compare DIR... [--out DIR]``: compare runs made at any time, on any machine."""
+    parser = argparse.ArgumentParser(
+        prog="mptrain-compare",
+        description="Compare finished mptrain runs (run directories or sweep directories).",
+    )
+    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories")
+    parser.add_argument(
+        "--out", type=Path, default=Path("."), help="where to write sweep.md/json/png (default: .)"
+    )
+    args = parser.parse_args(argv)
+    for path in args.paths:
+        if not path.is_dir():
+            print(f"mptrain-compare: error: {path}: no such directory", file=sys.stderr)
+            raise SystemExit(2)
+    try:
+        runs = find_runs(args.paths)
+    except FileNotFoundError as exc:
+        print(f"mptrain-compare: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_comparison(runs, args.out, f"comparison of {len(runs)} runs", _wide_console())
