@@ -64,8 +64,8 @@ def describe_compose_error(exc: Exception) -> str:
             message = str(cause.msg).splitlines()[0] if hasattr(cause, "msg") else str(cause)
             return f"{key}: {message}"
         return f"{key}: {str(cause).splitlines()[0]}"
-    first = str(exc).strip().splitlines()
-    return first[0] if first else type(exc).__name__
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return " ".join(lines) if lines else type(exc).__name__
 
 
 def job_overrides(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
@@ -116,6 +116,7 @@ def hydra_app(cfg: DictConfig) -> float | None:
     """One Hydra job: typed config in, report out. Returns the final validation accuracy."""
     from hydra.core.hydra_config import HydraConfig
 
+    from mptrain.report import write_failure
     from mptrain.run import RunFailed, train
 
     hydra_cfg = HydraConfig.get()
@@ -128,6 +129,7 @@ def hydra_app(cfg: DictConfig) -> float | None:
             _fail(str(exc))
         _failed_jobs.append(f"{output_dir}: {exc}")
         print(f"mptrain: error: {exc}", file=sys.stderr)
+        write_failure(output_dir, str(exc))  # so the sweep summary shows the job and why
         return None
     except RunFailed as exc:
         if not multirun:

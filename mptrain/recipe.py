@@ -81,6 +81,7 @@ def schedule_differences(cfg: RunConfig, recipe: dict[str, Any]) -> list[str]:
     wanted.update(
         _flatten({k: v for k, v in recipe.items() if k not in ("defaults", "recipe", "hydra")})
     )
+    wanted.setdefault("max_steps", None)  # a step limit the recipe does not set cuts it short
     actual = _flatten(dataclasses.asdict(cfg))
     return [
         f"{key}={actual.get(key)!r} (recipe: {value!r})"

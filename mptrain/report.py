@@ -19,6 +19,7 @@ from rich.table import Table
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 METRICS_JSONL = "metrics.jsonl"
+FAILURE_JSON = "failure.json"
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -51,6 +52,14 @@ def write_report(output_dir: Path, report: dict[str, Any]) -> tuple[Path, Path]:
     atomic_write_text(json_path, json.dumps(_clean(report), indent=2) + "\n")
     atomic_write_text(md_path, render_markdown(report))
     return json_path, md_path
+
+
+def write_failure(output_dir: Path, reason: str) -> Path:
+    """failure.json for a job that stopped before training (bad input found at run time)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / FAILURE_JSON
+    atomic_write_text(path, json.dumps({"status": "failed", "reason": reason}, indent=2) + "\n")
+    return path
 
 
 # ------------------------------------------------------------------------------------ formatting

@@ -24,7 +24,14 @@ from rich.table import Table
 
 from mptrain.metrics import read_metrics
 from mptrain.plots import SWEEP_PNG, plot_sweep
-from mptrain.report import METRICS_JSONL, REPORT_JSON, atomic_write_text, fmt_bytes, fmt_pct
+from mptrain.report import (
+    FAILURE_JSON,
+    METRICS_JSONL,
+    REPORT_JSON,
+    atomic_write_text,
+    fmt_bytes,
+    fmt_pct,
+)
 
 SWEEP_MD, SWEEP_JSON = "sweep.md", "sweep.json"
 # Config keys that do not change what is being compared.
@@ -56,6 +63,11 @@ def load_run(directory: Path) -> RunRecord:
     label = " ".join(overrides) if overrides else directory.name
     path = directory / REPORT_JSON
     if not path.is_file():
+        failure = directory / FAILURE_JSON
+        if failure.is_file():
+            return RunRecord(
+                directory, label, None, reason=json.loads(failure.read_text())["reason"]
+            )
         return RunRecord(
             directory, label, None, reason="no report.json (the job ended before training)"
         )
