@@ -196,6 +196,19 @@ class RecipeConfig:
 
 # -------------------------------------------------------------------------------------------- run
 @dataclass
+class NumericsConfig:
+    """Loss-scale health limits, culprit search and per-layer FP32 overrides."""
+
+    min_loss_scale: float = 1.0
+    warn_consecutive_backoffs: int = 5
+    warn_skip_rate: float = 0.25
+    warn_window: int = 200
+    max_consecutive_nonfinite_loss: int = 5
+    find_culprit: bool = True
+    fp32_modules: list[str] = field(default_factory=list)
+
+
+@dataclass
 class DebugConfig:
     # Steps (1-based optimizer steps) whose gradients get an inf after backward: exercises the
     # loss scaler's skip path on purpose (tests, checking a setup). Empty in every real run.
@@ -227,6 +240,10 @@ class RunConfig:
     compile: bool = False
     num_workers: int = 2
     progress: bool = True
+    audit: bool = False
+    probe: bool = False
+    probe_batches: int = 4
+    numerics: NumericsConfig = field(default_factory=NumericsConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
 
 
@@ -536,6 +553,15 @@ def validate(run: RunConfig) -> None:
     _at_least("log_every", run.log_every, 1)
     _at_least("throughput_warmup_steps", run.throughput_warmup_steps, 0)
     _at_least("num_workers", run.num_workers, 0)
+    n = run.numerics
+    _positive("numerics.min_loss_scale", n.min_loss_scale)
+    _at_least("numerics.warn_consecutive_backoffs", n.warn_consecutive_backoffs, 1)
+    _require(
+        0 < n.warn_skip_rate <= 1, "numerics.warn_skip_rate", n.warn_skip_rate, "must be in (0, 1]"
+    )
+    _at_least("numerics.warn_window", n.warn_window, 1)
+    _at_least("numerics.max_consecutive_nonfinite_loss", n.max_consecutive_nonfinite_loss, 1)
+    _at_least("probe_batches", run.probe_batches, 1)
     _require(
         all(s >= 1 for s in run.debug.inject_inf_grad_steps),
         "debug.inject_inf_grad_steps",

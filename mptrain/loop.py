@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mptrain.data import Batch, BatchSource, DataBundle
+from mptrain.numerics import HealthSettings, ScaleHealth, describe_culprit, find_culprit
 from mptrain.precision import PrecisionPolicy
 
 
@@ -45,6 +46,8 @@ class LoopObserver(Protocol):
     def on_log(self, row: dict[str, Any]) -> None: ...
 
     def on_eval(self, row: dict[str, Any]) -> None: ...
+
+    def on_warning(self, message: str) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,8 @@ class LoopSettings:
     throughput_warmup_steps: int = 5
     channels_last: bool = False
     inject_inf_grad_steps: frozenset[int] = frozenset()
+    health: HealthSettings = field(default_factory=HealthSettings)
+    find_culprit: bool = True
 
 
 @dataclass
@@ -96,6 +101,8 @@ class LoopState:
     evals: list[dict[str, Any]] = field(default_factory=list)
     last_train_loss: float | None = None
     diverged_reason: str | None = None
+    health: ScaleHealth | None = None
+    culprit: dict[str, Any] | None = None  # first non-finite module, when one was searched for
     # Throughput window (after warm-up, evaluation excluded).
     measured_steps: int = 0
     measured_samples: int = 0
@@ -164,7 +171,7 @@ class _Stopwatch:
         return self.started_at is not None
 
 
-def _to_model_input(
+def to_model_input(
     images: torch.Tensor, policy: PrecisionPolicy, channels_last: bool
 ) -> torch.Tensor:
     """Inputs in the parameters' dtype ("pure" low precision) and memory format."""
@@ -184,7 +191,7 @@ def evaluate(
     model.eval()
     loss_sum, correct, count = None, None, 0
     for images, labels in batches.batches(0):
-        images = _to_model_input(images, policy, channels_last)
+        images = to_model_input(images, policy, channels_last)
         with policy.autocast():
             logits = model(images)
         batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
@@ -262,6 +269,9 @@ def train_loop(
     scale = scaler.get_scale() if scaler.is_enabled() else None
     if state.scale is None and scale is not None:
         state.scale = ScaleStats(initial=scale, final=scale, min=scale, max=scale)
+    if state.health is None:
+        state.health = ScaleHealth(s.health)
+    health = state.health
     samples_per_step = data.train.batch_size * s.grad_accum_steps
     stopwatch = _Stopwatch(device, state)
     interval_loss = torch.zeros((), device=device)
@@ -276,19 +286,21 @@ def train_loop(
                 break
             if state.step == s.throughput_warmup_steps:
                 stopwatch.start()
+            step_loss = torch.zeros((), device=device)
             # 1. forward + backward over the micro-batches of one effective batch
             for _ in range(s.grad_accum_steps):
                 wait_start = time.perf_counter()
                 images, labels = next(micro_batches)
                 if stopwatch.running:
                     state.data_wait_s += time.perf_counter() - wait_start
-                images = _to_model_input(images, policy, s.channels_last)
+                images = to_model_input(images, policy, s.channels_last)
                 with policy.autocast():
                     # Logits to FP32 for the loss: a no-op under autocast and in FP32, and keeps
                     # the softmax of "pure" low-precision runs in FP32 as well.
                     loss = loss_fn(model(images).float(), labels) / s.grad_accum_steps
                 scaler.scale(loss).backward()
-                interval_loss += loss.detach()
+                step_loss += loss.detach()
+            interval_loss += step_loss
             state.step += 1
             if state.step in s.inject_inf_grad_steps:
                 _inject_inf_grad(model)
@@ -306,10 +318,16 @@ def train_loop(
             skipped = False
             if scale is not None:
                 new_scale = scaler.get_scale()  # the scaler already synced in step()
-                skipped = new_scale < scale
+                skipped, grew = new_scale < scale, new_scale > scale
                 if new_scale != scale:
                     state.scale.record(state.step, new_scale)
                 scale = new_scale
+                loss_finite = bool(torch.isfinite(step_loss))  # device already synced by step()
+                if not loss_finite and not health.nonfinite_loss_steps and s.find_culprit:
+                    _search_culprit(model, images, labels, policy, 1.0, state)
+                for message in health.observe(state.step, skipped, scale, grew, loss_finite):
+                    for observer in observers:
+                        observer.on_warning(message)
             if skipped:
                 state.skipped_steps.append(state.step)
             else:
@@ -329,6 +347,14 @@ def train_loop(
                 state.measured_steps += 1
                 state.measured_samples += samples_per_step
             interval_steps += 1
+
+            if health.diverged:
+                if s.find_culprit:
+                    _search_culprit(model, images, labels, policy, scale or 1.0, state)
+                state.diverged_reason = health.diverged + _culprit_text(state)
+                for observer in observers:
+                    observer.on_step(state)
+                break
 
             if state.step % s.log_every == 0 or state.step == s.total_steps:
                 now = time.perf_counter()
@@ -353,9 +379,11 @@ def train_loop(
                 interval_loss.zero_()
                 interval_steps, interval_start = 0, time.perf_counter()
                 if not math.isfinite(mean_loss) and not scaler.is_enabled():
+                    if s.find_culprit:
+                        _search_culprit(model, images, labels, policy, 1.0, state)
                     state.diverged_reason = (
                         f"training loss became {mean_loss} by step {state.step} "
-                        f"({policy.name}, no loss scaler to skip the update)"
+                        f"({policy.name}, no loss scaler to skip the update)" + _culprit_text(state)
                     )
                     break
 
@@ -376,6 +404,28 @@ def train_loop(
 
     stopwatch.stop()
     return state
+
+
+def _search_culprit(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    policy: PrecisionPolicy,
+    loss_scale: float,
+    state: LoopState,
+) -> None:
+    """Name the first module that produced a non-finite value on this batch (once per run)."""
+    if state.culprit is None:
+        found = find_culprit(model, images, labels, policy.autocast, loss_scale)
+        state.culprit = found or {"forward": None, "backward": None, "reproduced": False}
+
+
+def _culprit_text(state: LoopState) -> str:
+    if state.culprit is None:
+        return ""
+    if state.culprit.get("reproduced") is False:
+        return "; " + describe_culprit(None)
+    return "; " + describe_culprit(state.culprit)
 
 
 def _run_eval(

@@ -37,6 +37,9 @@ class MetricsLog:
     def on_eval(self, row: dict[str, Any]) -> None:
         self._write(row)
 
+    def on_warning(self, message: str) -> None:
+        self._write({"kind": "warning", "message": message})
+
     def close(self) -> None:
         self._file.close()
 

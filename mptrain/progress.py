@@ -53,3 +53,7 @@ class ProgressDisplay:
 
     def on_eval(self, row: dict[str, Any]) -> None:
         self._fields["val_acc"] = f"{row['val_accuracy']:.2%}"
+
+    def on_warning(self, message: str) -> None:
+        # Printed whether or not the bar is shown: a warning must reach the user once.
+        self._progress.console.print(f"[yellow]warning:[/yellow] {message}")

@@ -36,20 +36,20 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def _clean(value: Any) -> Any:
+def clean_json(value: Any) -> Any:
     """Make a value strict-JSON: non-finite floats become strings ("nan", "inf")."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, dict):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean_json(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_clean(v) for v in value]
+        return [clean_json(v) for v in value]
     return value
 
 
 def write_report(output_dir: Path, report: dict[str, Any]) -> tuple[Path, Path]:
     json_path, md_path = output_dir / REPORT_JSON, output_dir / REPORT_MD
-    atomic_write_text(json_path, json.dumps(_clean(report), indent=2) + "\n")
+    atomic_write_text(json_path, json.dumps(clean_json(report), indent=2) + "\n")
     atomic_write_text(md_path, render_markdown(report))
     return json_path, md_path
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import json
 import os
 import random
 import time
@@ -25,15 +26,23 @@ from mptrain import hardware
 from mptrain.config import ConfigError, RunConfig
 from mptrain.data import DataBundle, build_data
 from mptrain.fp8 import apply_fp8, fp8_layer_stats
-from mptrain.loop import LoopSettings, LoopState, train_loop
+from mptrain.loop import LoopSettings, LoopState, to_model_input, train_loop
 from mptrain.metrics import MetricsLog, read_metrics
 from mptrain.models import build_model, count_parameters
+from mptrain.numerics import (
+    HealthSettings,
+    audit_step,
+    keep_in_fp32,
+    range_probe,
+    render_audit,
+    render_probe,
+)
 from mptrain.optim import build_optimizer, build_scheduler
 from mptrain.plots import RUN_PNG, plot_run
 from mptrain.precision import PrecisionPolicy, apply_tf32, build_grad_scaler, resolve_precision
 from mptrain.progress import ProgressDisplay
 from mptrain.recipe import recipe_verdict
-from mptrain.report import METRICS_JSONL, print_summary, write_report
+from mptrain.report import METRICS_JSONL, atomic_write_text, clean_json, print_summary, write_report
 
 
 class RunFailed(RuntimeError):
@@ -98,6 +107,7 @@ class _RunFacts:
     memory_kind: str | None = None
     fp8: dict[str, Any] | None = None
     model: torch.nn.Module | None = None
+    fp32_modules: list[str] = dataclasses.field(default_factory=list)
     state: LoopState = dataclasses.field(default_factory=LoopState)
 
 
@@ -191,6 +201,11 @@ def _base_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str,
             "zero_grad_fraction": state.zero_grad_fraction,
             "updates_lost_fraction": state.updates_lost_fraction,
         },
+        "numerics": {
+            **(state.health.summary() if state.health else {}),
+            "culprit": state.culprit,
+            "fp32_modules": facts.fp32_modules,
+        },
         "evaluation": {
             "final_val_accuracy": final["val_accuracy"] if final else None,
             "final_val_loss": final["val_loss"] if final else None,
@@ -229,6 +244,7 @@ class Components:
     settings: LoopSettings
     num_parameters: int
     fp8: dict[str, Any] | None = None  # the report's fp8 section (converted layers, FLOPs share)
+    fp32_modules: list[str] = dataclasses.field(default_factory=list)
 
 
 def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPolicy) -> Components:
@@ -264,6 +280,12 @@ def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPoli
                 f"precision=fp8: no Linear layer of model={cfg.model.name} can run in FP8 "
                 "(first/last kept, or dimensions not multiples of 16); see fp8.include/exclude"
             )
+    fp32_modules = keep_in_fp32(model, list(cfg.numerics.fp32_modules), device.type)
+    if cfg.numerics.fp32_modules and not fp32_modules:
+        raise ConfigError(
+            f"numerics.fp32_modules={list(cfg.numerics.fp32_modules)}: no module name matches; "
+            f"names look like {', '.join(n for n, _ in list(model.named_modules())[1:6])}"
+        )
     if not policy.master_weights:  # "pure" low precision: no FP32 copy of the weights
         model = model.to(policy.param_dtype)
     if cfg.channels_last:
@@ -281,6 +303,14 @@ def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPoli
         throughput_warmup_steps=cfg.throughput_warmup_steps,
         channels_last=cfg.channels_last,
         inject_inf_grad_steps=frozenset(cfg.debug.inject_inf_grad_steps),
+        health=HealthSettings(
+            min_loss_scale=cfg.numerics.min_loss_scale,
+            warn_consecutive_backoffs=cfg.numerics.warn_consecutive_backoffs,
+            warn_skip_rate=cfg.numerics.warn_skip_rate,
+            warn_window=cfg.numerics.warn_window,
+            max_consecutive_nonfinite_loss=cfg.numerics.max_consecutive_nonfinite_loss,
+        ),
+        find_culprit=cfg.numerics.find_culprit,
     )
     return Components(
         model=torch.compile(model) if cfg.compile else model,
@@ -291,7 +321,32 @@ def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPoli
         settings=settings,
         num_parameters=count_parameters(model),
         fp8=fp8_section,
+        fp32_modules=fp32_modules,
     )
+
+
+def _diagnose_before_training(
+    cfg: RunConfig, parts: Components, policy: PrecisionPolicy, output_dir: Path, console: Console
+) -> None:
+    """audit=true / probe=true: trace one step, or probe FP16 ranges; the model is left untouched."""
+    if not (cfg.audit or cfg.probe):
+        return
+    batches = parts.data.train.batches(0)
+    first = [next(batches) for _ in range(cfg.probe_batches if cfg.probe else 1)]
+    first = [(to_model_input(x, policy, cfg.channels_last), y) for x, y in first]
+    if cfg.audit:
+        audit = audit_step(
+            parts.model, *first[0], policy.autocast, parts.optimizer, mixed=policy.master_weights
+        )
+        atomic_write_text(output_dir / "audit.json", json.dumps(audit, indent=2) + "\n")
+        atomic_write_text(output_dir / "audit.md", render_audit(audit))
+        flags = len(audit["flagged_ops"]) + len(audit["state_flags"])
+        console.print(f"audit: {len(audit['ops'])} op kinds traced, {flags} flagged -> audit.md")
+    if cfg.probe:
+        probe = range_probe(parts.model, first, policy.scaler.init_scale)
+        atomic_write_text(output_dir / "probe.json", json.dumps(clean_json(probe), indent=2) + "\n")
+        atomic_write_text(output_dir / "probe.md", render_probe(probe))
+        console.print(f"FP16 range probe: {probe['verdict']} -> probe.md")
 
 
 def _setup_and_train(facts: _RunFacts, console: Console) -> None:
@@ -313,6 +368,8 @@ def _setup_and_train(facts: _RunFacts, console: Console) -> None:
     )
     for note in policy.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
+    facts.fp32_modules = parts.fp32_modules
+    _diagnose_before_training(cfg, parts, policy, facts.output_dir, console)
     facts.memory_kind = hardware.reset_peak_memory(device)
     metrics = MetricsLog(facts.output_dir / METRICS_JSONL)
     try:

@@ -44,6 +44,9 @@ class StepRecorder:
     def on_eval(self, row: dict) -> None:
         pass
 
+    def on_warning(self, message: str) -> None:
+        self.warnings = [*getattr(self, "warnings", []), message]
+
 
 def run_loop(cfg: RunConfig, policy: PrecisionPolicy | None = None):
     """Build the run's components and train; returns (state, recorder, components)."""
