@@ -117,7 +117,7 @@ def hydra_app(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from mptrain.report import write_failure
-    from mptrain.run import RunFailed, train
+    from mptrain.run import RunFailed, RunInterrupted, train
 
     hydra_cfg = HydraConfig.get()
     output_dir = Path(hydra_cfg.runtime.output_dir)
@@ -131,6 +131,9 @@ def hydra_app(cfg: DictConfig) -> float | None:
         print(f"mptrain: error: {exc}", file=sys.stderr)
         write_failure(output_dir, str(exc))  # so the sweep summary shows the job and why
         return None
+    except RunInterrupted as exc:
+        print(f"mptrain: {exc.report['reason']} (report in {output_dir})", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
     except RunFailed as exc:
         if not multirun:
             _fail(f"run {exc.status}: {exc.reason} (report in {output_dir})", code=1)

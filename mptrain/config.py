@@ -209,6 +209,15 @@ class NumericsConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    enabled: bool = True
+    every_steps: int | None = None
+    every_epoch: bool = True
+    keep_last: int = 2
+    keep_best: bool = True
+
+
+@dataclass
 class DebugConfig:
     # Steps (1-based optimizer steps) whose gradients get an inf after backward: exercises the
     # loss scaler's skip path on purpose (tests, checking a setup). Empty in every real run.
@@ -244,6 +253,9 @@ class RunConfig:
     probe: bool = False
     probe_batches: int = 4
     numerics: NumericsConfig = field(default_factory=NumericsConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: str | None = None
+    resume_allow_changes: bool = False
     debug: DebugConfig = field(default_factory=DebugConfig)
 
 
@@ -562,6 +574,8 @@ def validate(run: RunConfig) -> None:
     _at_least("numerics.warn_window", n.warn_window, 1)
     _at_least("numerics.max_consecutive_nonfinite_loss", n.max_consecutive_nonfinite_loss, 1)
     _at_least("probe_batches", run.probe_batches, 1)
+    _at_least("checkpoint.every_steps", run.checkpoint.every_steps, 1, allow_none=True)
+    _at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)
     _require(
         all(s >= 1 for s in run.debug.inject_inf_grad_steps),
         "debug.inject_inf_grad_steps",

@@ -23,9 +23,10 @@ has the figures of the steps that ran.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -101,6 +102,7 @@ class LoopState:
     evals: list[dict[str, Any]] = field(default_factory=list)
     last_train_loss: float | None = None
     diverged_reason: str | None = None
+    stopped: bool = False  # stopped on request (a signal) after finishing a step
     health: ScaleHealth | None = None
     culprit: dict[str, Any] | None = None  # first non-finite module, when one was searched for
     # Throughput window (after warm-up, evaluation excluded).
@@ -246,8 +248,17 @@ def _inject_inf_grad(model: nn.Module) -> None:
             return
 
 
-def _micro_batches(data: DataBundle, epoch: int) -> Iterator[Batch]:
-    return iter(data.train.batches(epoch))
+@dataclass
+class _Interval:
+    """Loss and timing since the last metrics row; read (one device sync) when a row is logged."""
+
+    loss: torch.Tensor
+    steps: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def restart(self) -> None:
+        self.loss.zero_()
+        self.steps, self.started = 0, time.perf_counter()
 
 
 def train_loop(
@@ -261,8 +272,15 @@ def train_loop(
     device: torch.device,
     state: LoopState,
     observers: tuple[LoopObserver, ...] = (),
+    checkpoint: Callable[[LoopState, bool], None] | None = None,
+    stop_requested: Callable[[], bool] = lambda: False,
 ) -> LoopState:
-    """Train until ``settings.total_steps`` optimizer steps have been attempted (see module doc)."""
+    """Train until ``settings.total_steps`` optimizer steps have been attempted (see module doc).
+
+    Starts from ``state`` (a resumed run continues mid-epoch from ``state.step``). After every
+    step: metrics every ``log_every``, evaluation on schedule, ``checkpoint(state, end_of_epoch)``,
+    and a stop (``state.stopped``) when ``stop_requested()`` says so, e.g. after a signal.
+    """
     s = settings
     loss_fn = nn.CrossEntropyLoss(label_smoothing=s.label_smoothing)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -271,139 +289,222 @@ def train_loop(
         state.scale = ScaleStats(initial=scale, final=scale, min=scale, max=scale)
     if state.health is None:
         state.health = ScaleHealth(s.health)
-    health = state.health
     samples_per_step = data.train.batch_size * s.grad_accum_steps
     stopwatch = _Stopwatch(device, state)
-    interval_loss = torch.zeros((), device=device)
-    interval_steps, interval_start = 0, time.perf_counter()
+    interval = _Interval(torch.zeros((), device=device))
     model.train()
     optimizer.zero_grad(set_to_none=True)
 
     while state.step < s.total_steps:
-        micro_batches = _micro_batches(data, state.epoch)
-        for _ in range(s.steps_per_epoch):
-            if state.step >= s.total_steps:
-                break
+        done_in_epoch = state.step - state.epoch * s.steps_per_epoch  # > 0 after a resume
+        skip = done_in_epoch * s.grad_accum_steps
+        micro_batches = itertools.islice(data.train.batches(state.epoch), skip, None)
+        while done_in_epoch < s.steps_per_epoch and state.step < s.total_steps:
             if state.step == s.throughput_warmup_steps:
                 stopwatch.start()
-            step_loss = torch.zeros((), device=device)
             # 1. forward + backward over the micro-batches of one effective batch
-            for _ in range(s.grad_accum_steps):
-                wait_start = time.perf_counter()
-                images, labels = next(micro_batches)
-                if stopwatch.running:
-                    state.data_wait_s += time.perf_counter() - wait_start
-                images = to_model_input(images, policy, s.channels_last)
-                with policy.autocast():
-                    # Logits to FP32 for the loss: a no-op under autocast and in FP32, and keeps
-                    # the softmax of "pure" low-precision runs in FP32 as well.
-                    loss = loss_fn(model(images).float(), labels) / s.grad_accum_steps
-                scaler.scale(loss).backward()
-                step_loss += loss.detach()
-            interval_loss += step_loss
+            images, labels, step_loss = _forward_backward(
+                model, micro_batches, loss_fn, scaler, policy, s, state, stopwatch
+            )
+            interval.loss += step_loss
             state.step += 1
             if state.step in s.inject_inf_grad_steps:
                 _inject_inf_grad(model)
-            # 2-3. unscale, then clip the true gradient norm
-            scaler.unscale_(optimizer)
-            grad_norm = None
-            if s.clip_grad_norm is not None:
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, s.clip_grad_norm)
-            elif state.step % s.log_every == 0:
-                grad_norm = gradient_norm(model)
-            probe = _UpdateProbe(params) if state.step % s.log_every == 0 else None
-            # 4-5. step (skipped on inf/NaN), update the scale
-            scaler.step(optimizer)
-            scaler.update()
-            skipped = False
+            # 2-6. unscale, clip, step (skipped on inf/NaN), update the scale, zero the grads
+            logged = state.step % s.log_every == 0 or state.step == s.total_steps
+            step = _optimizer_step(model, params, optimizer, scheduler, scaler, s, logged)
             if scale is not None:
-                new_scale = scaler.get_scale()  # the scaler already synced in step()
-                skipped, grew = new_scale < scale, new_scale > scale
-                if new_scale != scale:
-                    state.scale.record(state.step, new_scale)
-                scale = new_scale
-                loss_finite = bool(torch.isfinite(step_loss))  # device already synced by step()
-                if not loss_finite and not health.nonfinite_loss_steps and s.find_culprit:
-                    _search_culprit(model, images, labels, policy, 1.0, state)
-                for message in health.observe(state.step, skipped, scale, grew, loss_finite):
-                    for observer in observers:
-                        observer.on_warning(message)
-            if skipped:
+                scale = _watch_scale(
+                    scaler,
+                    scale,
+                    step_loss,
+                    step,
+                    model,
+                    images,
+                    labels,
+                    policy,
+                    s,
+                    state,
+                    observers,
+                )
+            if step.skipped:
                 state.skipped_steps.append(state.step)
-            else:
-                scheduler.step()
-            zero_grads = updates_lost = None
-            if probe is not None:
-                zero_grads = probe.zero_grad_fraction()
-                state.probes += 1
-                state.zero_grad_fraction_sum += zero_grads
-                if not skipped:
-                    updates_lost = probe.updates_lost_fraction()
-                    state.update_probes += 1
-                    state.updates_lost_fraction_sum += updates_lost
-            optimizer.zero_grad(set_to_none=True)
             state.samples_seen += samples_per_step
             if stopwatch.running:
                 state.measured_steps += 1
                 state.measured_samples += samples_per_step
-            interval_steps += 1
-
-            if health.diverged:
-                if s.find_culprit:
-                    _search_culprit(model, images, labels, policy, scale or 1.0, state)
-                state.diverged_reason = health.diverged + _culprit_text(state)
-                for observer in observers:
-                    observer.on_step(state)
-                break
-
-            if state.step % s.log_every == 0 or state.step == s.total_steps:
-                now = time.perf_counter()
-                mean_loss = (interval_loss / interval_steps).item()  # the logging sync point
-                state.last_train_loss = mean_loss
-                row = {
-                    "kind": "train",
-                    "step": state.step,
-                    "epoch": state.epoch,
-                    "loss": mean_loss,
-                    "lr": optimizer.param_groups[0]["lr"],
-                    "loss_scale": scale,
-                    "grad_norm": float(grad_norm) if grad_norm is not None else None,
-                    "skipped": skipped,
-                    "skipped_total": len(state.skipped_steps),
-                    "zero_grad_fraction": zero_grads,
-                    "updates_lost_fraction": updates_lost,
-                    "samples_per_s": interval_steps * samples_per_step / (now - interval_start),
-                }
-                for observer in observers:
-                    observer.on_log(row)
-                interval_loss.zero_()
-                interval_steps, interval_start = 0, time.perf_counter()
-                if not math.isfinite(mean_loss) and not scaler.is_enabled():
+            interval.steps += 1
+            done_in_epoch += 1
+            end_of_epoch = done_in_epoch == s.steps_per_epoch
+            if end_of_epoch:
+                state.epoch += 1
+            if not state.diverged_reason and logged:
+                _log(interval, state, step, scale, optimizer, samples_per_step, observers)
+                if not math.isfinite(state.last_train_loss) and scale is None:
                     if s.find_culprit:
                         _search_culprit(model, images, labels, policy, 1.0, state)
                     state.diverged_reason = (
-                        f"training loss became {mean_loss} by step {state.step} "
+                        f"training loss became {state.last_train_loss} by step {state.step} "
                         f"({policy.name}, no loss scaler to skip the update)" + _culprit_text(state)
                     )
-                    break
-
             for observer in observers:
                 observer.on_step(state)
-            last_step = state.step == s.total_steps
+            if state.diverged_reason:
+                return _finish(stopwatch, state)  # the last checkpoint stays the last good state
             periodic = s.eval_every is not None and state.step % s.eval_every == 0
-            if periodic or last_step:
+            epoch_eval = s.eval_every is None and end_of_epoch
+            if periodic or epoch_eval or state.step == s.total_steps:
                 _run_eval(model, data, policy, s, state, stopwatch, observers)
-                interval_start = time.perf_counter()
-        if state.diverged_reason:
-            break
-        if state.step < s.total_steps or state.step % s.steps_per_epoch == 0:
-            state.epoch += 1  # count only epochs that ran to their end
-        if s.eval_every is None and state.step < s.total_steps:
-            _run_eval(model, data, policy, s, state, stopwatch, observers)
-            interval_start = time.perf_counter()
+                interval.started = time.perf_counter()
+            if checkpoint is not None:
+                checkpoint(state, end_of_epoch)
+            if stop_requested():
+                state.stopped = True
+                return _finish(stopwatch, state)
+    return _finish(stopwatch, state)
 
+
+def _finish(stopwatch: _Stopwatch, state: LoopState) -> LoopState:
     stopwatch.stop()
     return state
+
+
+def _forward_backward(
+    model: nn.Module,
+    micro_batches: Iterator[Batch],
+    loss_fn: nn.Module,
+    scaler: torch.amp.GradScaler,
+    policy: PrecisionPolicy,
+    s: LoopSettings,
+    state: LoopState,
+    stopwatch: _Stopwatch,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Accumulate one effective batch's scaled gradients; return the last micro-batch and the loss."""
+    step_loss = torch.zeros((), device=stopwatch.device)
+    for _ in range(s.grad_accum_steps):
+        wait_start = time.perf_counter()
+        images, labels = next(micro_batches)
+        if stopwatch.running:
+            state.data_wait_s += time.perf_counter() - wait_start
+        images = to_model_input(images, policy, s.channels_last)
+        with policy.autocast():
+            # Logits to FP32 for the loss: a no-op under autocast and in FP32, and keeps the
+            # softmax of "pure" low-precision runs in FP32 as well.
+            loss = loss_fn(model(images).float(), labels) / s.grad_accum_steps
+        scaler.scale(loss).backward()  # outside autocast
+        step_loss += loss.detach()
+    return images, labels, step_loss
+
+
+@dataclass
+class _StepOutcome:
+    skipped: bool
+    grad_norm: torch.Tensor | None
+    zero_grads: float | None = None
+    updates_lost: float | None = None
+
+
+def _optimizer_step(
+    model: nn.Module,
+    params: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    s: LoopSettings,
+    probe_now: bool,
+) -> _StepOutcome:
+    """unscale -> clip -> step -> update -> (scheduler unless skipped) -> zero_grad."""
+    scaler.unscale_(optimizer)  # gradients are now true FP32 gradients (no-op without scaling)
+    grad_norm = None
+    if s.clip_grad_norm is not None:
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, s.clip_grad_norm)
+    elif probe_now:
+        grad_norm = gradient_norm(model)
+    probe = _UpdateProbe(params) if probe_now else None
+    scale_before = scaler.get_scale() if scaler.is_enabled() else None
+    scaler.step(optimizer)  # skipped when any gradient holds inf/NaN (syncs to read the flag)
+    scaler.update()
+    # A skip always backs the scale off; reading it costs nothing more after step()'s sync.
+    skipped = scale_before is not None and scaler.get_scale() < scale_before
+    if not skipped:
+        scheduler.step()
+    outcome = _StepOutcome(skipped, grad_norm)
+    if probe is not None:
+        outcome.zero_grads = probe.zero_grad_fraction()
+        if not skipped:
+            outcome.updates_lost = probe.updates_lost_fraction()
+    optimizer.zero_grad(set_to_none=True)
+    return outcome
+
+
+def _watch_scale(
+    scaler: torch.amp.GradScaler,
+    scale: float,
+    step_loss: torch.Tensor,
+    step: _StepOutcome,
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    policy: PrecisionPolicy,
+    s: LoopSettings,
+    state: LoopState,
+    observers: tuple[LoopObserver, ...],
+) -> float:
+    """Record the new scale, feed the health monitor, warn once, flag divergence. Returns it."""
+    new_scale = scaler.get_scale()
+    if new_scale != scale:
+        state.scale.record(state.step, new_scale)
+    health = state.health
+    loss_finite = bool(torch.isfinite(step_loss))  # the device already synced in scaler.step()
+    if not loss_finite and not health.nonfinite_loss_steps and s.find_culprit:
+        _search_culprit(model, images, labels, policy, 1.0, state)
+    for message in health.observe(
+        state.step, step.skipped, new_scale, new_scale > scale, loss_finite
+    ):
+        for observer in observers:
+            observer.on_warning(message)
+    if health.diverged:
+        if s.find_culprit:
+            _search_culprit(model, images, labels, policy, new_scale, state)
+        state.diverged_reason = health.diverged + _culprit_text(state)
+    return new_scale
+
+
+def _log(
+    interval: _Interval,
+    state: LoopState,
+    step: _StepOutcome,
+    scale: float | None,
+    optimizer: torch.optim.Optimizer,
+    samples_per_step: int,
+    observers: tuple[LoopObserver, ...],
+) -> None:
+    now = time.perf_counter()
+    mean_loss = (interval.loss / interval.steps).item()  # the logging sync point
+    state.last_train_loss = mean_loss
+    if step.zero_grads is not None:
+        state.probes += 1
+        state.zero_grad_fraction_sum += step.zero_grads
+    if step.updates_lost is not None:
+        state.update_probes += 1
+        state.updates_lost_fraction_sum += step.updates_lost
+    row = {
+        "kind": "train",
+        "step": state.step,
+        "epoch": state.epoch,
+        "loss": mean_loss,
+        "lr": optimizer.param_groups[0]["lr"],
+        "loss_scale": scale,
+        "grad_norm": float(step.grad_norm) if step.grad_norm is not None else None,
+        "skipped": step.skipped,
+        "skipped_total": len(state.skipped_steps),
+        "zero_grad_fraction": step.zero_grads,
+        "updates_lost_fraction": step.updates_lost,
+        "samples_per_s": interval.steps * samples_per_step / (now - interval.started),
+    }
+    for observer in observers:
+        observer.on_log(row)
+    interval.restart()
 
 
 def _search_culprit(

@@ -23,6 +23,14 @@ import torch
 from rich.console import Console
 
 from mptrain import hardware
+from mptrain.checkpoint import (
+    CHECKPOINT_DIR,
+    Checkpointer,
+    Trainables,
+    check_compatible,
+    resolve_resume,
+    restore,
+)
 from mptrain.config import ConfigError, RunConfig
 from mptrain.data import DataBundle, build_data
 from mptrain.fp8 import apply_fp8, fp8_layer_stats
@@ -43,6 +51,16 @@ from mptrain.precision import PrecisionPolicy, apply_tf32, build_grad_scaler, re
 from mptrain.progress import ProgressDisplay
 from mptrain.recipe import recipe_verdict
 from mptrain.report import METRICS_JSONL, atomic_write_text, clean_json, print_summary, write_report
+from mptrain.signals import GracefulStop
+
+
+class RunInterrupted(RuntimeError):
+    """Raised by :func:`train` after a SIGINT/SIGTERM stop: checkpoint and report are written."""
+
+    def __init__(self, exit_code: int, report: dict[str, Any]) -> None:
+        super().__init__(f"interrupted (exit code {exit_code})")
+        self.exit_code = exit_code
+        self.report = report
 
 
 class RunFailed(RuntimeError):
@@ -108,6 +126,9 @@ class _RunFacts:
     fp8: dict[str, Any] | None = None
     model: torch.nn.Module | None = None
     fp32_modules: list[str] = dataclasses.field(default_factory=list)
+    resumed: dict[str, Any] | None = None
+    checkpointer: Checkpointer | None = None
+    stop: GracefulStop | None = None
     state: LoopState = dataclasses.field(default_factory=LoopState)
 
 
@@ -137,6 +158,18 @@ def _precision_section(facts: _RunFacts) -> dict[str, Any]:
         "notes": list(p.notes),
         "master_weights_dtype": str(p.param_dtype).replace("torch.", ""),
         "master_weights": p.master_weights,
+    }
+
+
+def _checkpoint_section(facts: _RunFacts) -> dict[str, Any] | None:
+    c = facts.checkpointer
+    if c is None:
+        return None
+    return {
+        "directory": str(c.directory),
+        "kept": [str(p) for p in c.saved],
+        "latest": str(c.saved[-1]) if c.saved else None,
+        "best": str(c.best[1]) if c.best else None,
     }
 
 
@@ -227,6 +260,8 @@ def _base_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str,
             "peak_bytes": hardware.peak_memory_bytes(device) if facts.memory_kind else None,
             "kind": facts.memory_kind,
         },
+        "resumed": facts.resumed,
+        "checkpoints": _checkpoint_section(facts),
         "recipe": None,  # filled in below, from the evaluation figures
         "config": dataclasses.asdict(cfg),
     }
@@ -370,12 +405,38 @@ def _setup_and_train(facts: _RunFacts, console: Console) -> None:
         console.print(f"[yellow]note:[/yellow] {note}")
     facts.fp32_modules = parts.fp32_modules
     _diagnose_before_training(cfg, parts, policy, facts.output_dir, console)
+    trainables = Trainables(
+        getattr(parts.model, "_orig_mod", parts.model),  # the uncompiled module's state_dict
+        parts.optimizer,
+        parts.scheduler,
+        parts.scaler,
+    )
+    signature = run_signature(cfg, policy)
+    if cfg.resume:
+        facts.resumed = _resume(cfg, facts, trainables, signature, parts.settings, console)
+    checkpointer = None
+    if cfg.checkpoint.enabled:
+        checkpointer = Checkpointer(
+            facts.output_dir / CHECKPOINT_DIR,
+            trainables,
+            cfg,
+            signature,
+            every_steps=cfg.checkpoint.every_steps,
+            every_epoch=cfg.checkpoint.every_epoch,
+            keep_last=cfg.checkpoint.keep_last,
+            keep_best=cfg.checkpoint.keep_best,
+        )
+        facts.checkpointer = checkpointer
     facts.memory_kind = hardware.reset_peak_memory(device)
     metrics = MetricsLog(facts.output_dir / METRICS_JSONL)
     try:
-        with ProgressDisplay(
-            parts.settings.total_steps, f"{policy.name} {cfg.model.name}", console, cfg.progress
-        ) as display:
+        with (
+            ProgressDisplay(
+                parts.settings.total_steps, f"{policy.name} {cfg.model.name}", console, cfg.progress
+            ) as display,
+            GracefulStop() as stop,
+        ):
+            facts.stop = stop
             train_loop(
                 parts.model,
                 parts.data,
@@ -387,16 +448,65 @@ def _setup_and_train(facts: _RunFacts, console: Console) -> None:
                 device,
                 facts.state,
                 observers=(metrics, display),
+                checkpoint=checkpointer.after_step if checkpointer else None,
+                stop_requested=stop.requested,
             )
+            if facts.state.stopped and checkpointer and facts.state.step not in checkpointer.steps:
+                checkpointer.save(facts.state)  # still inside the handlers: a 2nd signal waits
     finally:
         metrics.close()
+
+
+def run_signature(cfg: RunConfig, policy: PrecisionPolicy) -> dict[str, Any]:
+    """What a checkpoint must agree on to be resumed: precision, model, data and batch layout."""
+    dataset = {
+        k: v for k, v in dataclasses.asdict(cfg.dataset).items() if k not in ("root", "download")
+    }
+    return {
+        "precision": policy.name,
+        "model": dataclasses.asdict(cfg.model),
+        "dataset": dataset,
+        "batch_size": cfg.batch_size,
+        "grad_accum_steps": cfg.grad_accum_steps,
+        "seed": cfg.seed,
+        "fp8": dataclasses.asdict(cfg.fp8) if policy.fp8 is not None else None,
+    }
+
+
+def _resume(
+    cfg: RunConfig,
+    facts: _RunFacts,
+    trainables: Trainables,
+    signature: dict[str, Any],
+    settings: LoopSettings,
+    console: Console,
+) -> dict[str, Any]:
+    found = resolve_resume(cfg.resume, facts.output_dir)
+    if found is None:
+        console.print("resume=auto: no checkpoint in this run directory; starting fresh")
+        return {"requested": cfg.resume, "from": None, "note": "no checkpoint found; started fresh"}
+    path, payload, notes = found
+    allowed = check_compatible(payload, signature, path, cfg.resume_allow_changes)
+    restore(payload, trainables, facts.state, settings.health, path)
+    for note in notes:
+        console.print(f"[yellow]resume:[/yellow] {note}")
+    console.print(f"resumed from {path} at step {facts.state.step}")
+    return {
+        "requested": cfg.resume,
+        "from": str(path),
+        "step": facts.state.step,
+        "allowed_differences": allowed,
+        "notes": notes,
+    }
 
 
 def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> dict[str, Any]:
     """Run one job and write its report into ``output_dir``; return the report.
 
     Raises ConfigError (bad input found before training: no report is written), RunFailed (the
-    run diverged or crashed; the report says why), or KeyboardInterrupt (report: interrupted).
+    run diverged or crashed; the report says why), RunInterrupted (SIGINT/SIGTERM during training:
+    the step finished, a checkpoint and the report written), or KeyboardInterrupt (an interrupt
+    outside training; report: interrupted).
     """
     console = console or Console()
     check_output_dir(output_dir)
@@ -421,6 +531,13 @@ def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> d
         raise RunFailed(status, reason, report) from exc
     if facts.state.diverged_reason:
         status, reason = "diverged", facts.state.diverged_reason
+    if facts.state.stopped and facts.stop is not None:
+        import signal
+
+        name = signal.Signals(facts.stop.signum).name
+        reason = f"{name} at step {facts.state.step}; checkpoint written, resume with resume=auto"
+        report = _finish(facts, "interrupted", reason, console)
+        raise RunInterrupted(facts.stop.exit_code, report)
     report = _finish(facts, status, reason, console)
     if status != "completed":
         raise RunFailed(status, reason or status, report)

@@ -1,0 +1,342 @@
+"""Checkpoints that survive crashes, and exact resume.
+
+A checkpoint holds everything the next step depends on: model (FP8 scales and amax histories are
+buffers, so they come with it), optimizer, LR scheduler, loss scaler (scale and growth tracker),
+the loop's counters and history (step, epoch, skipped steps, scale history, evaluations), every RNG
+(python, numpy, torch CPU and CUDA) and the resolved config. The data position is implied: the
+order of epoch ``e`` is a function of (seed, e), and the step count says how far into it we are.
+
+Writes are atomic: ``torch.save`` to a temporary file in the same directory, flush, fsync, rename;
+only then does ``latest.json`` move to it (written the same way). A crash or kill at any moment
+leaves the previous checkpoint and pointer loadable; stray temporary files are removed on the next
+start. Resuming in FP32 on a CPU reproduces an uninterrupted run bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import random
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mptrain.config import ConfigError, RunConfig
+from mptrain.loop import LoopState, ScaleStats
+from mptrain.numerics import ScaleHealth
+
+CHECKPOINT_DIR = "checkpoints"
+LATEST = "latest.json"
+FORMAT_VERSION = 1
+_NAME = re.compile(r"step_(\d+)\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be written or read; the message names the file."""
+
+
+# ------------------------------------------------------------------------------------ writing
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` so that ``path`` is either absent/old or complete, never partial."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise CheckpointError(
+                f"no space left on device while writing checkpoint {path}; the previous "
+                "checkpoint is intact"
+            ) from exc
+        raise
+
+
+def _atomic_json(obj: Any, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def rng_states() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _loop_state(state: LoopState) -> dict[str, Any]:
+    return {
+        "step": state.step,
+        "epoch": state.epoch,
+        "samples_seen": state.samples_seen,
+        "skipped_steps": list(state.skipped_steps),
+        "scale": dataclasses.asdict(state.scale) if state.scale else None,
+        "evals": list(state.evals),
+        "last_train_loss": state.last_train_loss,
+        "health": dataclasses.asdict(state.health) if state.health else None,
+        "probes": [
+            state.probes,
+            state.zero_grad_fraction_sum,
+            state.update_probes,
+            state.updates_lost_fraction_sum,
+        ],
+    }
+
+
+def _restore_loop_state(saved: dict[str, Any], state: LoopState, health: Any) -> None:
+    state.step, state.epoch = saved["step"], saved["epoch"]
+    state.samples_seen = saved["samples_seen"]
+    state.skipped_steps = list(saved["skipped_steps"])
+    if saved["scale"]:
+        scale = dict(saved["scale"])
+        scale["changes"] = [tuple(c) for c in scale["changes"]]
+        state.scale = ScaleStats(**scale)
+    state.evals = list(saved["evals"])
+    state.last_train_loss = saved["last_train_loss"]
+    if saved["health"]:
+        h = dict(saved["health"])
+        h["settings"] = health
+        state.health = ScaleHealth(**h)
+    (
+        state.probes,
+        state.zero_grad_fraction_sum,
+        state.update_probes,
+        state.updates_lost_fraction_sum,
+    ) = saved["probes"]
+
+
+@dataclass
+class Trainables:
+    """The objects whose state a checkpoint captures."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+
+
+class Checkpointer:
+    """Saves checkpoints on the configured cadence, keeps the last K and the best, atomically."""
+
+    def __init__(
+        self,
+        directory: Path,
+        parts: Trainables,
+        cfg: RunConfig,
+        signature: dict[str, Any],
+        *,
+        every_steps: int | None,
+        every_epoch: bool,
+        keep_last: int,
+        keep_best: bool,
+    ) -> None:
+        self.directory = directory
+        self.parts = parts
+        self.cfg = cfg
+        self.signature = signature
+        self.every_steps = every_steps
+        self.every_epoch = every_epoch
+        self.keep_last = keep_last
+        self.keep_best = keep_best
+        self.saved: list[Path] = []
+        self.steps: set[int] = set()  # steps saved by this run
+        self.best: tuple[float, Path] | None = None
+        directory.mkdir(parents=True, exist_ok=True)
+        remove_stray_temporaries(directory)
+
+    def payload(self, state: LoopState) -> dict[str, Any]:
+        p = self.parts
+        return {
+            "format_version": FORMAT_VERSION,
+            "model": p.model.state_dict(),
+            "optimizer": p.optimizer.state_dict(),
+            "scheduler": p.scheduler.state_dict(),
+            "scaler": p.scaler.state_dict() if p.scaler.is_enabled() else None,
+            "loop": _loop_state(state),
+            "rng": rng_states(),
+            "signature": self.signature,
+            "config": dataclasses.asdict(self.cfg),
+        }
+
+    def save(self, state: LoopState) -> Path:
+        """Write ``step_<N>.pt`` atomically, then move ``latest.json`` to it; prune old ones."""
+        path = self.directory / f"step_{state.step:08d}.pt"
+        atomic_torch_save(self.payload(state), path)
+        _atomic_json({"checkpoint": path.name, "step": state.step}, self.directory / LATEST)
+        if path not in self.saved:
+            self.saved.append(path)
+        self.steps.add(state.step)
+        best = state.best_eval
+        is_new_best = best is not None and best["step"] == state.step
+        improved = is_new_best and (self.best is None or best["val_accuracy"] > self.best[0])
+        if self.keep_best and improved:
+            best_path = self.directory / "best.pt"
+            atomic_torch_save(self.payload(state), best_path)
+            self.best = (best["val_accuracy"], best_path)
+        self._prune()
+        return path
+
+    def _prune(self) -> None:
+        while len(self.saved) > self.keep_last:
+            old = self.saved.pop(0)
+            old.unlink(missing_ok=True)
+
+    def after_step(self, state: LoopState, end_of_epoch: bool) -> None:
+        due = (self.every_steps and state.step % self.every_steps == 0) or (
+            self.every_epoch and end_of_epoch
+        )
+        if due:
+            self.save(state)
+
+
+def remove_stray_temporaries(directory: Path) -> list[Path]:
+    """Delete temporaries a killed save left behind (they are never a valid checkpoint)."""
+    stray = list(directory.glob(".*.tmp"))
+    for path in stray:
+        path.unlink(missing_ok=True)
+    return stray
+
+
+# ------------------------------------------------------------------------------------ reading
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Load a checkpoint; a truncated or corrupt file raises CheckpointError naming it."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"checkpoint {path}: no such file") from exc
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint {path}: unreadable ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+            "it may be truncated or corrupt"
+        ) from exc
+    if not isinstance(payload, dict) or payload.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {path}: not an mptrain checkpoint of this version")
+    return payload
+
+
+def candidates(directory: Path) -> list[Path]:
+    """Checkpoints in a run's checkpoint directory, newest first (latest.json's target first)."""
+    files = sorted(
+        (p for p in directory.glob("step_*.pt") if _NAME.search(p.name)),
+        key=lambda p: int(_NAME.search(p.name).group(1)),
+        reverse=True,
+    )
+    latest = directory / LATEST
+    if latest.is_file():
+        try:
+            target = directory / json.loads(latest.read_text())["checkpoint"]
+            if target in files:
+                files.remove(target)
+                files.insert(0, target)
+        except (ValueError, KeyError, OSError):
+            pass
+    return files
+
+
+def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
+    """(path, payload, notes) for ``resume=PATH|auto``; None when auto finds nothing.
+
+    PATH may be a checkpoint file, a run directory or its checkpoints/ directory. ``auto`` looks
+    in this run's directory and falls back past unreadable checkpoints to the newest that loads;
+    an explicit file that does not load is an error.
+    """
+    if resume == "auto":
+        directory = output_dir / CHECKPOINT_DIR
+        if not directory.is_dir():
+            return None
+        notes: list[str] = []
+        for path in candidates(directory):
+            try:
+                return path, load_checkpoint(path), notes
+            except CheckpointError as exc:
+                notes.append(f"skipped {exc}")
+        return None
+    path = Path(resume)
+    if path.is_dir():
+        directory = path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
+        found = candidates(directory)
+        if not found:
+            raise ConfigError(f"resume={resume!r}: no checkpoint (step_*.pt) in {directory}")
+        path = found[0]
+    if not path.exists():
+        raise ConfigError(f"resume={resume!r}: no such file or directory")
+    return path, load_checkpoint(path), []
+
+
+def check_compatible(
+    payload: dict[str, Any], signature: dict[str, Any], path: Path, allow_changes: bool
+) -> list[str]:
+    """Refuse a resume whose precision, model or data settings differ, unless allowed.
+
+    Returns the differences that were allowed (recorded in the report).
+    """
+    saved = payload["signature"]
+    differences = [
+        f"{key}: checkpoint {saved.get(key)!r}, now {value!r}"
+        for key, value in signature.items()
+        if saved.get(key) != value
+    ]
+    if differences and not allow_changes:
+        raise ConfigError(
+            f"resume: {path} was saved with different settings ({'; '.join(differences)}); "
+            "set resume_allow_changes=true to resume anyway"
+        )
+    return differences
+
+
+def restore(
+    payload: dict[str, Any], parts: Trainables, state: LoopState, health_settings: Any, path: Path
+) -> None:
+    """Load every saved state into the freshly built objects and the loop state."""
+    parts.model.load_state_dict(payload["model"])
+    parts.optimizer.load_state_dict(payload["optimizer"])
+    parts.scheduler.load_state_dict(payload["scheduler"])
+    if parts.scaler.is_enabled():
+        if payload["scaler"] is None:
+            raise ConfigError(
+                f"resume: {path} holds no loss-scaler state (saved without loss scaling); an FP16 "
+                "run cannot start from an empty scaler. Resume with the checkpoint's precision"
+            )
+        parts.scaler.load_state_dict(payload["scaler"])
+    _restore_loop_state(payload["loop"], state, health_settings)
+    restore_rng_states(payload["rng"])

@@ -1,0 +1,52 @@
+"""Graceful stop on SIGINT / SIGTERM: finish the current step, save, report, exit 130 / 143."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType, TracebackType
+
+
+class GracefulStop:
+    """While active, SIGINT and SIGTERM only record that a stop was requested.
+
+    The training loop polls :meth:`requested` after each step. A second signal during the final
+    save is recorded too and does not interrupt the write. Outside the main thread (where Python
+    cannot install handlers) it does nothing.
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.count = 0
+        self._previous: dict[int, object] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.count += 1
+        if self.signum is None:
+            self.signum = signum
+
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def exit_code(self) -> int:
+        """128 + signal number: 130 for SIGINT, 143 for SIGTERM (the shell convention)."""
+        return 128 + (self.signum or 0)
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._previous.clear()
