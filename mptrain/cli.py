@@ -153,9 +153,32 @@ def _parse_command_line(argv: Sequence[str]) -> tuple[list[str], bool, bool]:
     return list(args.overrides), bool(args.multirun), informational
 
 
+def bench_main(overrides: list[str]) -> None:
+    """``mptrain bench [overrides]``: time every precision for the configured model and data."""
+    import datetime as dt
+
+    from hydra import compose, initialize_config_module
+    from rich.console import Console
+
+    from mptrain.bench import run_bench
+
+    try:
+        preflight(overrides, multirun=False)
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
+            cfg = to_run_config(compose(config_name=CONFIG_NAME, overrides=overrides))
+        stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+        output_dir = Path("outputs") / "bench" / f"{stamp}_{cfg.model.name}_{cfg.dataset.name}"
+        run_bench(cfg, output_dir, cfg.bench.warmup_steps, cfg.bench.steps, Console())
+    except ConfigError as exc:
+        _fail(str(exc))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point (``mptrain``) and ``python -m mptrain``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        bench_main(argv[1:])
+        return
     overrides, multirun, informational = _parse_command_line(argv)
     if not informational:
         try:

@@ -218,6 +218,14 @@ class CheckpointConfig:
 
 
 @dataclass
+class BenchConfig:
+    """``mptrain bench``: how long each precision is timed."""
+
+    warmup_steps: int = 5
+    steps: int = 30
+
+
+@dataclass
 class DebugConfig:
     # Steps (1-based optimizer steps) whose gradients get an inf after backward: exercises the
     # loss scaler's skip path on purpose (tests, checking a setup). Empty in every real run.
@@ -256,6 +264,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: str | None = None
     resume_allow_changes: bool = False
+    bench: BenchConfig = field(default_factory=BenchConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
 
 
@@ -576,6 +585,8 @@ def validate(run: RunConfig) -> None:
     _at_least("probe_batches", run.probe_batches, 1)
     _at_least("checkpoint.every_steps", run.checkpoint.every_steps, 1, allow_none=True)
     _at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)
+    _at_least("bench.warmup_steps", run.bench.warmup_steps, 1)
+    _at_least("bench.steps", run.bench.steps, 1)
     _require(
         all(s >= 1 for s in run.debug.inject_inf_grad_steps),
         "debug.inject_inf_grad_steps",

@@ -1,0 +1,195 @@
+"""``mptrain bench [overrides]``: what each precision buys for the configured model and data here.
+
+For every precision the device runs natively — FP32, BF16 and FP16 (and TF32 and FP8 on GPUs
+that have them) — the configured model is built fresh and trained for ``bench_steps`` optimizer steps
+after ``bench_warmup`` warm-up steps through the same loop as a normal run (evaluation excluded). The
+table shows training samples/s, the ratio to FP32 (and to TF32 on GPUs), peak memory, the fraction
+of time spent waiting for data, and the host syncs per step the precision needs. Emulated FP8 and
+FP16 convolutions on a CPU are skipped: their speed says nothing useful (the table says so).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from mptrain import hardware
+from mptrain.config import ConfigError, PrecisionConfig, RunConfig, ScalerConfig
+from mptrain.fp8 import fp8_gemm_available
+from mptrain.loop import LoopState, train_loop
+from mptrain.precision import apply_tf32, resolve_precision
+from mptrain.report import atomic_write_text, fmt_bytes, fmt_pct
+from mptrain.run import build_components, seed_everything
+
+_DTYPE = {"fp32": None, "tf32": None, "fp16": "float16", "bf16": "bfloat16", "fp8": "bfloat16"}
+
+
+def bench_precisions(device: torch.device, model_has_convs: bool) -> list[tuple[str, str | None]]:
+    """(precision, reason it is skipped or None) for every precision worth timing here."""
+    rows: list[tuple[str, str | None]] = [("fp32", None)]
+    if device.type == "cuda":
+        rows.append(("tf32", None))
+        rows.append(("fp16", None))
+        native_bf16 = hardware.cuda_has_native_bf16(device)
+        rows.append(("bf16", None if native_bf16 else "no native BF16 on this GPU"))
+        rows.append(("fp8", None if fp8_gemm_available(device) else "no FP8 GEMMs (cc < 8.9)"))
+        return rows
+    native = hardware.cpu_has_native_bf16()
+    rows.append(("bf16", None if native else "no native BF16 on this CPU (emulated: not a speed)"))
+    rows.append(
+        ("fp16", "FP16 convolutions take a very slow CPU path" if model_has_convs else None)
+    )
+    rows.append(("fp8", "no FP8 hardware: emulated FP8 is not a speed"))
+    return rows
+
+
+def _precision_config(name: str, base: PrecisionConfig) -> PrecisionConfig:
+    scaler = ScalerConfig(**{**dataclasses.asdict(base.scaler), "enabled": name == "fp16"})
+    return PrecisionConfig(
+        name="fp32" if name == "tf32" else name,
+        autocast_dtype=_DTYPE[name],
+        scaler=scaler,
+        allow_tf32=name == "tf32",
+    )
+
+
+def measure(cfg: RunConfig, device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
+    """Train ``warmup + steps`` optimizer steps of ``cfg`` and return the measured figures."""
+    seed_everything(cfg.seed)
+    policy = resolve_precision(cfg.precision, device, cfg.fp8)
+    apply_tf32(policy.allow_tf32)
+    cfg = dataclasses.replace(cfg, max_steps=warmup + steps, epochs=None, eval_every=None)
+    parts = build_components(cfg, device, policy)
+    settings = dataclasses.replace(
+        parts.settings,
+        throughput_warmup_steps=warmup,
+        log_every=max(steps, 1),
+        eval_every=10**9,  # only the final evaluation, which the stopwatch excludes
+    )
+    hardware.reset_peak_memory(device)
+    state = LoopState()
+    train_loop(
+        parts.model,
+        parts.data,
+        parts.optimizer,
+        parts.scheduler,
+        parts.scaler,
+        policy,
+        settings,
+        device,
+        state,
+    )
+    return {
+        "samples_per_s": state.samples_per_s,
+        "step_time_ms": 1000 * state.measured_time_s / state.measured_steps
+        if state.measured_steps
+        else None,
+        "peak_memory_bytes": hardware.peak_memory_bytes(device),
+        "data_wait_fraction": state.data_wait_fraction,
+        # GradScaler.step reads the inf flag (one sync); nothing else syncs between log rows.
+        "host_syncs_per_step": 1 if policy.scaler_enabled else 0,
+        "label": policy.label,
+    }
+
+
+def run_bench(
+    cfg: RunConfig, output_dir: Path, warmup: int, steps: int, console: Console
+) -> list[dict[str, Any]]:
+    device = hardware.resolve_device(cfg.device)
+    has_convs = cfg.model.name in ("cnn", "resnet18", "resnet50")
+    rows = []
+    for name, skip in bench_precisions(device, has_convs):
+        row: dict[str, Any] = {"precision": name}
+        if skip:
+            row["skipped"] = skip
+        else:
+            run_cfg = dataclasses.replace(cfg, precision=_precision_config(name, cfg.precision))
+            try:
+                row.update(measure(run_cfg, device, warmup, steps))
+            except ConfigError as exc:
+                row["skipped"] = str(exc)
+        rows.append(row)
+    _add_ratios(rows)
+    result = {
+        "model": cfg.model.name,
+        "dataset": cfg.dataset.name,
+        "batch_size": cfg.batch_size,
+        "warmup_steps": warmup,
+        "measured_steps": steps,
+        "hardware": hardware.hardware_info(device),
+        "versions": hardware.software_versions(),
+        "rows": rows,
+    }
+    output_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(output_dir / "bench.json", json.dumps(result, indent=2) + "\n")
+    atomic_write_text(output_dir / "bench.md", render(result))
+    _print(console, result)
+    console.print(f"bench written to {output_dir / 'bench.md'}")
+    return rows
+
+
+def _add_ratios(rows: list[dict[str, Any]]) -> None:
+    by_name = {r["precision"]: r for r in rows if r.get("samples_per_s")}
+    for row in rows:
+        for base in ("fp32", "tf32"):
+            if row.get("samples_per_s") and base in by_name:
+                row[f"vs_{base}"] = row["samples_per_s"] / by_name[base]["samples_per_s"]
+
+
+def _cells(row: dict[str, Any], has_tf32: bool) -> list[str]:
+    if row.get("skipped"):
+        return [row["precision"], f"skipped: {row['skipped']}"] + [""] * (5 + has_tf32)
+    cells = [
+        row["label"],
+        f"{row['samples_per_s']:.1f}",
+        f"{row['vs_fp32']:.2f}×",
+    ]
+    if has_tf32:
+        cells.append(f"{row['vs_tf32']:.2f}×" if "vs_tf32" in row else "")
+    cells += [
+        f"{row['step_time_ms']:.2f}",
+        fmt_bytes(row["peak_memory_bytes"]),
+        fmt_pct(row["data_wait_fraction"]),
+        str(row["host_syncs_per_step"]),
+    ]
+    return cells
+
+
+def _headers(has_tf32: bool) -> list[str]:
+    headers = ["precision", "samples/s", "vs fp32"]
+    if has_tf32:
+        headers.append("vs tf32")
+    return [*headers, "step ms", "peak memory", "data wait", "host syncs/step"]
+
+
+def render(result: dict[str, Any]) -> str:
+    has_tf32 = any(r["precision"] == "tf32" for r in result["rows"])
+    hw = result["hardware"]
+    where = hw["gpu"]["name"] if hw.get("gpu") else hw["cpu"]["model"]
+    lines = [
+        f"# mptrain bench: {result['model']} on {result['dataset']}, batch {result['batch_size']}",
+        "",
+        f"{where}; torch {result['versions']['torch']}; {result['measured_steps']} steps after "
+        f"{result['warmup_steps']} warm-up, evaluation excluded.",
+        "",
+        "| " + " | ".join(_headers(has_tf32)) + " |",
+        "|" + "---|" * len(_headers(has_tf32)),
+    ]
+    lines += ["| " + " | ".join(_cells(r, has_tf32)) + " |" for r in result["rows"]]
+    return "\n".join(lines) + "\n"
+
+
+def _print(console: Console, result: dict[str, Any]) -> None:
+    has_tf32 = any(r["precision"] == "tf32" for r in result["rows"])
+    table = Table(title=f"mptrain bench: {result['model']} on {result['dataset']}")
+    for header in _headers(has_tf32):
+        table.add_column(header, overflow="fold")
+    for row in result["rows"]:
+        table.add_row(*_cells(row, has_tf32))
+    console.print(table)
