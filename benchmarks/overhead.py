@@ -1,0 +1,274 @@
+"""Runner overhead: mptrain's training step against a bare hand-written PyTorch AMP loop.
+
+    python benchmarks/overhead.py [--steps 60] [--reps 5] [--out benchmarks/results/overhead.json]
+
+For each model (mlp, cnn, vit) x dataset (digits, synthetic 3x32x32) x precision (fp32, bf16), in
+one process and alternating, median over ``--reps`` repetitions of ``--steps`` optimizer steps
+(after warm-up, evaluation excluded):
+
+- ``mptrain``: the real loop (``mptrain.loop.train_loop``) with everything a run builds;
+- ``bare``: the dozen canonical lines (autocast forward, scaled backward, step, update, zero_grad)
+  on the same model, optimizer, schedule and tensor-indexed batches;
+- ``bare+DataLoader``: the same lines fed by a per-sample ``torch.utils.data.DataLoader``;
+- Lightning / Accelerate, when installed (``pip install .[bench]``), on the same model and data.
+
+Prints a table of step times and ratios to the bare loop; --out writes JSON with hardware/versions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import datetime as dt
+import importlib.util
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
+from mptrain.config import to_run_config
+from mptrain.hardware import hardware_info, software_versions
+from mptrain.loop import LoopState, train_loop
+from mptrain.precision import resolve_precision
+from mptrain.run import build_components, seed_everything
+
+CPU = torch.device("cpu")
+
+
+def compose(*overrides: str):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
+        return to_run_config(hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides)))
+
+
+def time_mptrain(parts, policy, steps: int, warmup: int) -> float:
+    """Seconds per optimizer step of mptrain's loop (its own stopwatch: eval excluded)."""
+    settings = dataclasses.replace(
+        parts.settings,
+        total_steps=warmup + steps,
+        throughput_warmup_steps=warmup,
+        eval_every=10**9,
+    )
+    state = LoopState()
+    train_loop(
+        parts.model,
+        parts.data,
+        parts.optimizer,
+        parts.scheduler,
+        parts.scaler,
+        policy,
+        settings,
+        CPU,
+        state,
+    )
+    return state.measured_time_s / state.measured_steps
+
+
+def bare_loop(
+    model, optimizer, scheduler, batches: Callable, dtype, steps: int, warmup: int
+) -> float:
+    """The canonical AMP loop. Returns seconds per step after warm-up."""
+    scaler = torch.amp.GradScaler("cpu", enabled=dtype == torch.float16)
+    it = batches()
+    start = None
+    for step in range(warmup + steps):
+        if step == warmup:
+            start = time.perf_counter()
+        try:
+            x, y = next(it)
+        except StopIteration:
+            it = batches()
+            x, y = next(it)
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            loss = F.cross_entropy(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+    return (time.perf_counter() - start) / steps
+
+
+def dataloader_batches(data, batch_size: int) -> Callable:
+    images = torch.cat([x for x, _ in data.train.batches(0)])
+    labels = torch.cat([y for _, y in data.train.batches(0)])
+    dataset = torch.utils.data.TensorDataset(images, labels)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, shuffle=True, drop_last=True
+    )
+    return lambda: iter(loader)
+
+
+def lightning_step_time(
+    model, lr: float, data, batch_size: int, precision: str, steps: int
+) -> float | None:
+    if importlib.util.find_spec("lightning") is None:
+        return None
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return F.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=lr)
+
+    images = torch.cat([x for x, _ in data.train.batches(0)])
+    labels = torch.cat([y for _, y in data.train.batches(0)])
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(images, labels),
+        batch_size=batch_size,
+        shuffle=True,
+        drop_last=True,
+    )
+    trainer = L.Trainer(
+        accelerator="cpu",
+        precision="bf16-mixed" if precision == "bf16" else "32-true",
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    start = time.perf_counter()
+    trainer.fit(Module(), loader)
+    return (time.perf_counter() - start) / steps
+
+
+def accelerate_step_time(
+    model, lr: float, data, batch_size: int, precision: str, steps: int
+) -> float | None:
+    if importlib.util.find_spec("accelerate") is None:
+        return None
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16" if precision == "bf16" else "no")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    net, optimizer = accelerator.prepare(model, optimizer)
+    batches = list(data.train.batches(0))
+    start = None
+    for step in range(steps + 5):
+        if step == 5:
+            start = time.perf_counter()
+        x, y = batches[step % len(batches)]
+        with accelerator.autocast():
+            loss = F.cross_entropy(net(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    return (time.perf_counter() - start) / steps
+
+
+CASES = [
+    (model, dataset, precision)
+    for model in ("mlp", "cnn", "vit")
+    for dataset in ("digits", "synthetic")
+    for precision in ("fp32", "bf16")
+]
+SYNTHETIC = ("dataset.image_size=32", "dataset.num_train=4096")
+
+
+def run_case(model: str, dataset: str, precision: str, steps: int, reps: int, warmup: int) -> dict:
+    extra = SYNTHETIC if dataset == "synthetic" else ()
+    cfg = compose(
+        f"model={model}",
+        f"dataset={dataset}",
+        f"precision={precision}",
+        "device=cpu",
+        "progress=false",
+        "scheduler=constant",
+        *extra,
+    )
+    policy = resolve_precision(cfg.precision, CPU)
+    seed_everything(0)
+    parts = build_components(cfg, CPU, policy)
+    initial_model = copy.deepcopy(parts.model.state_dict())
+    dtype = policy.autocast_dtype
+    times: dict[str, list[float]] = {"mptrain": [], "bare": [], "bare+DataLoader": []}
+    loader = dataloader_batches(parts.data, cfg.batch_size)
+    for _ in range(reps):  # alternate, so drift on a shared machine hits every variant alike
+        parts.model.load_state_dict(initial_model)
+        times["mptrain"].append(time_mptrain(parts, policy, steps, warmup))
+        for name, batches in (
+            ("bare", lambda: iter(parts.data.train.batches(0))),
+            ("bare+DataLoader", loader),
+        ):
+            net = copy.deepcopy(parts.model)
+            optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.optimizer.lr)
+            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+            times[name].append(bare_loop(net, optimizer, scheduler, batches, dtype, steps, warmup))
+    result = {k: statistics.median(v) for k, v in times.items()}
+    for name, fn in (("lightning", lightning_step_time), ("accelerate", accelerate_step_time)):
+        t = fn(
+            copy.deepcopy(parts.model),
+            cfg.optimizer.lr,
+            parts.data,
+            cfg.batch_size,
+            precision,
+            steps,
+        )
+        if t is not None:
+            result[name] = t
+    return {"model": model, "dataset": dataset, "precision": precision, "step_s": result}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--models", default="mlp,cnn,vit")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    models = set(args.models.split(","))
+    rows = [
+        run_case(m, d, p, args.steps, args.reps, args.warmup) for m, d, p in CASES if m in models
+    ]
+    print(
+        f"{'case':<26}{'mptrain ms':>12}{'bare ms':>10}{'ratio':>8}{'DataLoader ms':>15}{'bare/DL':>9}  peers"
+    )
+    for r in rows:
+        t = r["step_s"]
+        peers = "  ".join(
+            f"{k} {t[k] / t['bare']:.2f}x" for k in ("lightning", "accelerate") if k in t
+        )
+        print(
+            f"{r['model'] + ' ' + r['dataset'] + ' ' + r['precision']:<26}"
+            f"{1000 * t['mptrain']:>12.2f}{1000 * t['bare']:>10.2f}{t['mptrain'] / t['bare']:>8.3f}"
+            f"{1000 * t['bare+DataLoader']:>15.2f}{t['bare+DataLoader'] / t['mptrain']:>9.2f}  {peers}"
+        )
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(
+            json.dumps(
+                {
+                    "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+                    "hardware": hardware_info(CPU),
+                    "versions": software_versions(),
+                    "steps": args.steps,
+                    "reps": args.reps,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
