@@ -464,8 +464,8 @@ def _watch_scale(
         for observer in observers:
             observer.on_warning(message)
     if health.diverged:
-        if s.find_culprit:
-            _search_culprit(model, images, labels, policy, new_scale, state)
+        if s.find_culprit:  # re-run at the scale that overflowed, not the backed-off one
+            _search_culprit(model, images, labels, policy, scale, state)
         state.diverged_reason = health.diverged + _culprit_text(state)
     return new_scale
 

@@ -72,7 +72,7 @@ class ScaleHealth:
             self.consecutive_backoffs += 1
         elif grew:
             self.consecutive_backoffs = 0
-        self.recent_skips = [*self.recent_skips[-(s.warn_window - 1) :], skipped]
+        self.recent_skips = [*self.recent_skips, skipped][-s.warn_window :]
         if self.consecutive_backoffs >= s.warn_consecutive_backoffs:
             raised.append(
                 self._warn_once(
@@ -182,33 +182,51 @@ def find_culprit(
     found: dict[str, Any] = {}
     largest_before = [0.0]
 
-    def forward_hook(name: str) -> Callable[..., None]:
-        def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-            outs = _tensors(output)
-            if "forward" in found:
-                return
-            if _nonfinite(outs):
-                ins = _tensors(inputs)
-                dtype = next((t.dtype for t in outs if t.is_floating_point()), None)
-                has_inf = any(bool(torch.isinf(t).any()) for t in outs if t.is_floating_point())
-                if dtype == torch.float16 and has_inf:
-                    kind = "overflow: a value exceeded FP16's maximum 65504; BF16 (FP32's range) fixes it"
-                elif not _nonfinite(ins):
-                    kind = "invalid operation: NaN/inf produced from finite inputs"
-                else:
-                    kind = "non-finite input propagated"
-                found["forward"] = {
-                    "module": name,
-                    "module_type": type(module).__name__,
-                    "dtype": str(dtype).replace("torch.", ""),
-                    "largest_finite_before": largest_before[0],
-                    "largest_finite_input": _max_finite(ins),
-                    "kind": kind,
-                }
-            else:
-                largest_before[0] = max(largest_before[0], _max_finite(outs))
+    names = {m: n for n, m in model.named_modules()}
+    stack: list[nn.Module] = []
 
-        return hook
+    def record_forward(
+        module: nn.Module, where: str, ins: list[torch.Tensor], outs: list[torch.Tensor]
+    ) -> None:
+        dtype = next((t.dtype for t in outs if t.is_floating_point()), None)
+        has_inf = any(bool(torch.isinf(t).any()) for t in outs if t.is_floating_point())
+        own_params = list(module.parameters(recurse=False))
+        if own_params and _nonfinite(own_params):
+            kind = "non-finite parameters: an earlier update already diverged"
+        elif dtype == torch.float16 and has_inf:
+            kind = "overflow: a value exceeded FP16's maximum 65504; BF16 (FP32's range) fixes it"
+        elif not _nonfinite(ins):
+            kind = "invalid operation: NaN/inf produced from finite inputs"
+        else:
+            kind = "non-finite input propagated"
+        found["forward"] = {
+            "module": where,
+            "module_type": type(module).__name__,
+            "dtype": str(dtype).replace("torch.", ""),
+            "largest_finite_before": largest_before[0],
+            "largest_finite_input": _max_finite(ins),
+            "kind": kind,
+        }
+
+    def pre_hook(module: nn.Module, inputs: Any) -> None:
+        ins = _tensors(inputs)
+        if "forward" not in found and stack and _nonfinite(ins):
+            # Non-finite input to a module whose predecessors all produced finite outputs: the
+            # value was computed in the enclosing module's own forward, between its submodules.
+            parent = stack[-1]
+            record_forward(parent, names[parent] or "(model)", [], ins)
+            found["forward"]["kind"] += " (computed in this module's own forward code)"
+        stack.append(module)
+
+    def forward_hook(module: nn.Module, inputs: Any, output: Any) -> None:
+        stack.pop()
+        if "forward" in found:
+            return
+        outs = _tensors(output)
+        if _nonfinite(outs):
+            record_forward(module, names[module] or "(model)", _tensors(inputs), outs)
+        else:
+            largest_before[0] = max(largest_before[0], _max_finite(outs))
 
     def gradient_hook(name: str, module: nn.Module) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
@@ -234,7 +252,8 @@ def find_culprit(
 
     leaves = [(n, m) for n, m in model.named_modules() if n and not list(m.children())]
     with preserved_state(model):
-        handles = [m.register_forward_hook(forward_hook(n)) for n, m in leaves]
+        handles = [m.register_forward_pre_hook(pre_hook) for m in model.modules()]
+        handles += [m.register_forward_hook(forward_hook) for m in model.modules()]
         handles += [m.register_forward_hook(backward_hook(n)) for n, m in leaves]
         try:
             model.zero_grad(set_to_none=True)
@@ -243,6 +262,8 @@ def find_culprit(
             loss = nn.functional.cross_entropy(logits.float(), labels)
             if "forward" not in found and torch.isfinite(loss):
                 (loss * loss_scale).backward()
+                if "backward" not in found:
+                    _check_weight_gradients(model, names, found)
         finally:
             for h in handles:
                 h.remove()
@@ -254,6 +275,20 @@ def find_culprit(
         "loss": float(loss.detach()),
         "loss_scale": loss_scale,
     }
+
+
+def _check_weight_gradients(model: nn.Module, names: dict[nn.Module, str], found: dict) -> None:
+    """Output gradients were finite: a weight gradient (e.g. dW's batch sum) may still overflow."""
+    for module in model.modules():
+        for pname, p in module.named_parameters(recurse=False):
+            if p.grad is not None and _nonfinite([p.grad]):
+                found["backward"] = {
+                    "module": f"{names[module]}.{pname}" if names[module] else pname,
+                    "module_type": type(module).__name__,
+                    "dtype": str(p.grad.dtype).replace("torch.", ""),
+                    "largest_finite_grad_output": _max_finite([p.grad]),
+                }
+                return
 
 
 def describe_culprit(culprit: dict[str, Any] | None) -> str:
@@ -473,7 +508,6 @@ def range_probe(
     headroom of activations below 65504. Ends with a verdict. Model state is restored.
     """
     stats: dict[str, dict[str, float]] = {}
-    leaves = [(n, m) for n, m in model.named_modules() if n and not list(m.children())]
 
     def entry(name: str) -> dict[str, float]:
         return stats.setdefault(
@@ -513,17 +547,21 @@ def range_probe(
 
         return hook
 
-    with preserved_state(model):
-        handles = [m.register_forward_hook(fwd(n)) for n, m in leaves]
-        handles += [m.register_forward_hook(bwd(n)) for n, m in leaves]
-        try:
-            for images, labels in batches:
-                model.zero_grad(set_to_none=True)
-                loss = nn.functional.cross_entropy(model(images.float()).float(), labels)
-                loss.backward()
-        finally:
-            for h in handles:
-                h.remove()
+    # Probe an FP32 copy: the true magnitudes, whatever dtype the run keeps its weights in.
+    rng = torch.get_rng_state()
+    probe_model = copy.deepcopy(model).float()
+    leaves = [(n, m) for n, m in probe_model.named_modules() if n and not list(m.children())]
+    handles = [m.register_forward_hook(fwd(n)) for n, m in leaves]
+    handles += [m.register_forward_hook(bwd(n)) for n, m in leaves]
+    try:
+        for images, labels in batches:
+            probe_model.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(probe_model(images.float()).float(), labels)
+            loss.backward()
+    finally:
+        for h in handles:
+            h.remove()
+        torch.set_rng_state(rng)
     layers = []
     total = under = under_scaled = 0
     for name, e in stats.items():

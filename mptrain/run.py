@@ -315,6 +315,12 @@ def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPoli
                 f"precision=fp8: no Linear layer of model={cfg.model.name} can run in FP8 "
                 "(first/last kept, or dimensions not multiples of 16); see fp8.include/exclude"
             )
+    if cfg.numerics.fp32_modules and not policy.master_weights:
+        raise ConfigError(
+            f"numerics.fp32_modules: precision={policy.name} keeps its weights in "
+            f"{str(policy.param_dtype).replace('torch.', '')}, so no layer can run in FP32; "
+            "use a mixed precision (fp16, bf16) instead"
+        )
     fp32_modules = keep_in_fp32(model, list(cfg.numerics.fp32_modules), device.type)
     if cfg.numerics.fp32_modules and not fp32_modules:
         raise ConfigError(
