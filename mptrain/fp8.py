@@ -91,18 +91,24 @@ class TensorScaler(nn.Module):
         return scale_from_amax(amax, self.dtype, self.recipe.margin)
 
     @torch.no_grad()
-    def cast(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Quantize ``x``; return (FP8 tensor, the scale used). Updates history and counters.
+    def cast(self, x: torch.Tensor, update: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Quantize ``x``; return (FP8 tensor, the scale used).
 
         Dynamic: scale from this tensor's amax. Delayed: the scale computed from earlier amaxes is
-        used now, then the history takes this amax and the next scale is computed. Everything stays
-        on the device: no host synchronisation.
+        used now, then the history takes this amax and the next scale is computed. With
+        ``update=False`` (evaluation) history, counters and the delayed scale are left alone.
+        Everything stays on the device: no host synchronisation.
         """
         magnitude = x.detach().abs().float()
         amax = magnitude.max()
         if self.recipe.scaling == "dynamic":
-            self.scale.copy_(scale_from_amax(amax, self.dtype, self.recipe.margin))
-        scale = self.scale.clone()
+            scale = scale_from_amax(amax, self.dtype, self.recipe.margin)
+            if update:
+                self.scale.copy_(scale)
+        else:
+            scale = self.scale.clone()
+        if not update:
+            return quantize(x, scale, self.dtype), scale
         self.saturated += (magnitude * scale > SATURATION_THRESHOLD[self.dtype]).sum()
         self.seen += magnitude.numel()
         self.amax_history.copy_(torch.roll(self.amax_history, 1))
@@ -172,9 +178,12 @@ class _Float8LinearFunction(torch.autograd.Function):
         module: Float8Linear,
         out_dtype: torch.dtype,
     ) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        x_fp8, x_scale = module.input_scaler.cast(rows)
-        w_fp8, w_scale = module.weight_scaler.cast(weight)
+        # Row-major operands whatever the caller's layout (a transposed input, a batch-of-one
+        # view): the GEMM rules below hold for every input nn.Linear accepts.
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        update = module.training
+        x_fp8, x_scale = module.input_scaler.cast(rows, update)
+        w_fp8, w_scale = module.weight_scaler.cast(weight.contiguous(), update)
         real = module.recipe.real_gemm
         # y = x Wᵀ: x row-major (M×K), Wᵀ column-major (K×N) is W stored row-major.
         out = fp8_gemm(x_fp8, x_scale, w_fp8.t(), w_scale, out_dtype, real)
@@ -194,7 +203,7 @@ class _Float8LinearFunction(torch.autograd.Function):
         x_fp8, x_scale, w_fp8, w_scale = ctx.saved_tensors
         module: Float8Linear = ctx.module
         real = module.recipe.real_gemm
-        g = grad_out.reshape(-1, grad_out.shape[-1])
+        g = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()
         g_fp8, g_scale = module.grad_scaler.cast(g)
         # dx = dy W: dy row-major (M×N), W column-major (N×K).
         w_col = w_fp8.t().contiguous().t()

@@ -127,6 +127,11 @@ def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[
             f"{required}; found {_device_words(device)}. Use fp8.emulate=null to emulate, or bf16"
         )
     if cfg.backend == "torchao":
+        if cfg.emulate:
+            raise ConfigError(
+                "fp8.emulate=true: the torchao backend always runs real FP8 GEMMs; "
+                "use fp8.backend=builtin to emulate"
+            )
         _check_torchao(available, device, required)
     real = available and cfg.emulate is not True
     recipe = FP8Recipe(

@@ -1,0 +1,707 @@
+"""precision=fp8: quantization, scaling, Float8Linear numerics and layouts, layer selection,
+the precision policy and end-to-end runs.
+
+On the CPU every FP8 GEMM is emulated (FP8 cast, FP32 matmul); the tests marked ``gpu`` compare the
+real ``torch._scaled_mm`` path against that emulation on an FP8-capable GPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import math
+from collections import OrderedDict
+
+import pytest
+import torch
+from conftest import requires_cuda, tiny_run
+from torch import nn
+
+from mptrain import run as run_module
+from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ScalerConfig, ViTConfig
+from mptrain.fp8 import (
+    E4M3,
+    E5M2,
+    FP8_MAX,
+    Float8Linear,
+    FP8Recipe,
+    TensorScaler,
+    apply_fp8,
+    check_gemm_operands,
+    choose_layers,
+    convert_to_fp8,
+    dequantize,
+    fp8_gemm,
+    fp8_gemm_available,
+    quantize,
+    scale_from_amax,
+)
+from mptrain.models import build_vit
+from mptrain.precision import resolve_precision
+from mptrain.run import train
+
+CPU = torch.device("cpu")
+GPU = torch.device("cuda", 0)
+FORMATS = {"hybrid": (E4M3, E5M2), "e4m3": (E4M3, E4M3)}
+FP8_PRECISION = PrecisionConfig(
+    name="fp8", autocast_dtype="bfloat16", scaler=ScalerConfig(enabled=False)
+)
+
+requires_fp8_gpu = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)),
+    reason="needs a GPU of compute capability >= 8.9 (torch._scaled_mm)",
+)
+
+
+# ------------------------------------------------------------------------------------ helpers
+def sqnr_db(reference: torch.Tensor, output: torch.Tensor) -> float:
+    """Signal-to-quantization-noise ratio of ``output`` against ``reference``, in dB."""
+    ref, out = reference.double(), output.double()
+    return 10 * math.log10(ref.pow(2).sum().item() / (ref - out).pow(2).sum().item())
+
+
+def recipe(fmt: str = "hybrid", **kwargs) -> FP8Recipe:
+    forward, backward = FORMATS[fmt]
+    return FP8Recipe(forward_dtype=forward, backward_dtype=backward, **kwargs)
+
+
+def with_amax(amax: float) -> torch.Tensor:
+    """A small tensor whose absolute maximum is ``amax`` (a negative entry included)."""
+    return torch.tensor([amax, -amax / 2, amax / 4])
+
+
+def cast_sequence(scaler: TensorScaler, amaxes: list[float]) -> list[float]:
+    """Cast one tensor per amax; return the scale each cast used."""
+    return [scaler.cast(with_amax(a))[1].item() for a in amaxes]
+
+
+def fp8_mlp(fp8_recipe: FP8Recipe, seed: int = 0) -> nn.Sequential:
+    """32 -> 64 -> 64 -> 16, every Linear converted to Float8Linear."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16)
+    )
+    choices = choose_layers(model, include=[], exclude=[], keep_first_last=False)
+    return convert_to_fp8(model, choices, fp8_recipe)
+
+
+def scalers(model: nn.Module) -> dict[str, TensorScaler]:
+    return {n: m for n, m in model.named_modules() if isinstance(m, TensorScaler)}
+
+
+def selection_model() -> nn.Sequential:
+    """Linear layers with known names (registration order = this order); never run forward."""
+    return nn.Sequential(
+        OrderedDict(
+            embed=nn.Linear(32, 64),
+            attn_qkv=nn.Linear(64, 192),
+            attn_proj=nn.Linear(64, 64),
+            odd=nn.Linear(64, 40),  # 40 is not a multiple of 16
+            mlp_fc=nn.Linear(64, 128),
+            head=nn.Linear(128, 16),
+        )
+    )
+
+
+def reasons(choices) -> dict[str, str]:
+    return {c.name: c.reason for c in choices}
+
+
+def converted(choices) -> set[str]:
+    return {c.name for c in choices if c.converted}
+
+
+# ------------------------------------------------------------------------- 1. quantization
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("scale", [None, 7.3], ids=["amax-scale", "fixed-scale"])
+def test_quantize_equals_torch_cast_of_clamped_scaled_values(dtype, scale):
+    torch.manual_seed(0)
+    x = torch.randn(4096) * 3
+    scale = scale_from_amax(x.abs().max(), dtype) if scale is None else torch.tensor(scale)
+    limit = FP8_MAX[dtype]
+    q = quantize(x, scale, dtype)
+    expected = (x * scale).clamp(-limit, limit).to(dtype)
+    assert q.dtype == dtype
+    assert torch.equal(q.view(torch.uint8), expected.view(torch.uint8))
+    assert torch.equal(dequantize(q, scale), expected.float() / scale)
+    assert not torch.equal(dequantize(q, scale), x), "nothing was rounded: not an FP8 cast"
+
+
+@pytest.mark.parametrize(("dtype", "limit"), [(E4M3, 448.0), (E5M2, 57344.0)], ids=["e4m3", "e5m2"])
+def test_quantize_saturates_huge_finite_values_to_the_format_max(dtype, limit):
+    x = torch.tensor([limit * 1.01, -limit * 1.01, 1e6, -1e6, 1e30, -1e30, 3.0e38, -3.0e38])
+    out = quantize(x, torch.tensor(1.0), dtype).float()
+    assert torch.equal(out, torch.sign(x) * limit)
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("amax", [1.0, 1e30, 0.0], ids=["amax-1", "amax-1e30", "amax-0"])
+def test_quantize_of_finite_values_is_never_nan_or_inf(dtype, amax):
+    x = torch.tensor([0.0, -0.0, 1e-45, -1e-40, 1e-10, -1e-10, 1.0, 1e30, -1e30])
+    scale = scale_from_amax(torch.tensor(amax), dtype)
+    out = dequantize(quantize(x, scale, dtype), scale)
+    assert torch.isfinite(out).all(), out
+    assert out[0] == 0 and out[1] == 0
+
+
+# ----------------------------------------------------------------------- 2. scale_from_amax
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_scale_maps_amax_onto_the_format_max(dtype):
+    amax = torch.tensor(3.7)
+    scale = scale_from_amax(amax, dtype)
+    assert scale.dtype == torch.float32
+    assert (amax * scale).item() == pytest.approx(FP8_MAX[dtype], rel=1e-6)
+    assert quantize(amax.reshape(1), scale, dtype).float().item() == FP8_MAX[dtype]
+
+
+@pytest.mark.parametrize("margin", [1, 2, 5])
+def test_margin_divides_the_scale_by_a_power_of_two(margin):
+    amax = torch.tensor(0.37)
+    assert scale_from_amax(amax, E4M3, margin) == scale_from_amax(amax, E4M3) / 2**margin
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_zero_amax_gives_a_finite_positive_scale(dtype):
+    scale = scale_from_amax(torch.tensor(0.0), dtype)
+    assert torch.isfinite(scale) and scale > 0
+
+
+# --------------------------------------------------------- 3. Float8Linear against FP32 Linear
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize("fmt", ["hybrid", "e4m3"])
+def test_float8_linear_forward_and_gradients_match_fp32_linear(fmt, autocast):
+    torch.manual_seed(0)
+    reference = nn.Linear(64, 48)
+    layer = Float8Linear.from_linear(copy.deepcopy(reference), recipe(fmt))
+    x = torch.randn(3, 7, 64)  # 21 rows: the weight-gradient GEMM pads K to 32
+    assert x[..., 0].numel() % 16
+    grad_out = torch.randn(3, 7, 48)
+
+    x_ref = x.clone().requires_grad_()
+    y_ref = reference(x_ref)
+    y_ref.backward(grad_out)
+    x_fp8 = x.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        y = layer(x_fp8)
+    y.backward(grad_out.to(y.dtype))
+
+    assert y.dtype == (torch.bfloat16 if autocast else torch.float32)
+    assert y.shape == y_ref.shape and x_fp8.grad.dtype == torch.float32
+    assert sqnr_db(y_ref, y) >= 18
+    assert sqnr_db(x_ref.grad, x_fp8.grad) >= 17
+    assert sqnr_db(reference.weight.grad, layer.weight.grad) >= 17
+    # The bias gradient is the unquantized sum of the incoming gradient (BF16 under autocast).
+    torch.testing.assert_close(layer.bias.grad, grad_out.to(y.dtype).float().sum((0, 1)))
+    # The gradient was cast in the format's backward dtype: its scale maps amax onto that max.
+    backward_dtype = FORMATS[fmt][1]
+    g_amax = grad_out.to(y.dtype).abs().max()
+    assert layer.grad_scaler.dtype == backward_dtype
+    assert layer.grad_scaler.scale.item() == pytest.approx(
+        FP8_MAX[backward_dtype] / g_amax.item(), rel=1e-6
+    )
+
+
+def test_float8_linear_computes_exact_products_of_its_quantized_operands():
+    """Forward and dW are dequant(x) dequant(W)ᵀ and dequant(dy)ᵀ dequant(x), padding included."""
+    torch.manual_seed(1)
+    layer = Float8Linear(32, 48, bias=True, recipe=recipe("hybrid"))
+    x = torch.randn(5, 32)  # 5 rows: the dW GEMM pads K from 5 to 16
+    grad_out = torch.randn(5, 48)
+    y = layer(x)
+    y.backward(grad_out)
+
+    def dequantized(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        scale = scale_from_amax(t.abs().max(), dtype)
+        return dequantize(quantize(t, scale, dtype), scale).double()
+
+    xq, wq = dequantized(x, E4M3), dequantized(layer.weight.detach(), E4M3)
+    gq = dequantized(grad_out, E5M2)
+    torch.testing.assert_close(y.double(), xq @ wq.T + layer.bias.double(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(layer.weight.grad.double(), gq.T @ xq, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- 4. layout and alignment rules
+def row_major(rows: int, cols: int, dtype: torch.dtype = E4M3) -> torch.Tensor:
+    return torch.randn(rows, cols).to(dtype)
+
+
+def column_major(rows: int, cols: int, dtype: torch.dtype = E4M3) -> torch.Tensor:
+    return torch.randn(cols, rows).to(dtype).t()
+
+
+def test_gemm_accepts_the_scaled_mm_layout_with_any_row_count():
+    a, b = row_major(5, 32), column_major(32, 48, E5M2)
+    check_gemm_operands(a, b)
+    one = torch.tensor(1.0)
+    out = fp8_gemm(a, one, b, one, torch.float32, real=False)
+    assert out.shape == (5, 48)
+    torch.testing.assert_close(out, a.float() @ b.float())
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "message"),
+    [
+        (row_major(8, 20), column_major(20, 32), "K=20"),
+        (row_major(8, 32), column_major(32, 24), "N=24"),
+        (column_major(8, 32), column_major(32, 32), "first operand must be row-major"),
+        (row_major(8, 32), row_major(32, 32), "second operand must be column-major"),
+        (row_major(8, 32, E5M2), column_major(32, 32, E5M2), "E5M2 x E5M2"),
+        (row_major(8, 32), column_major(16, 32), "inner dimensions differ"),
+    ],
+    ids=["K-unaligned", "N-unaligned", "a-column-major", "b-row-major", "e5m2-e5m2", "K-mismatch"],
+)
+def test_gemm_rejects_what_scaled_mm_rejects(a, b, message):
+    with pytest.raises(ValueError, match=message):
+        check_gemm_operands(a, b)
+    with pytest.raises(ValueError, match=message):
+        fp8_gemm(a, torch.tensor(1.0), b, torch.tensor(1.0), torch.float32, real=False)
+
+
+@pytest.mark.parametrize(
+    ("in_features", "out_features", "message"),
+    [(20, 32, "in_features=20"), (32, 10, "out_features=10")],
+)
+def test_float8_linear_rejects_features_not_multiples_of_16(in_features, out_features, message):
+    with pytest.raises(ValueError, match=message):
+        Float8Linear(in_features, out_features, bias=True, recipe=recipe())
+
+
+def test_float8_linear_accepts_a_transposed_input_like_nn_linear():
+    torch.manual_seed(0)
+    reference = nn.Linear(32, 16)
+    layer = Float8Linear.from_linear(copy.deepcopy(reference), recipe())
+    x = torch.randn(32, 24).t()  # (24, 32), column-major
+    assert sqnr_db(reference(x), layer(x)) >= 18
+
+
+def test_float8_linear_accepts_a_transposed_output_gradient():
+    torch.manual_seed(0)
+    layer = Float8Linear(32, 16, bias=True, recipe=recipe())
+    x = torch.randn(24, 32, requires_grad=True)
+    weights = torch.randn(16, 24)
+    (layer(x).t().contiguous() * weights).sum().backward()  # dy arrives as weights.t()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+def test_vit_with_fp8_patch_embedding_runs_a_single_image():
+    torch.manual_seed(0)
+    model = build_vit(ViTConfig(patch_size=4), 1, 8, 10)
+    choices = choose_layers(model, include=[], exclude=[], keep_first_last=False)
+    assert "patch_embed" in converted(choices)
+    convert_to_fp8(model, choices, recipe())
+    assert model(torch.randn(2, 1, 8, 8)).shape == (2, 10)  # a batch of two works
+    assert model(torch.randn(1, 1, 8, 8)).shape == (1, 10)
+
+
+# ------------------------------------------------------------------------ 5. delayed scaling
+AMAXES = [1.0, 2.0, 8.0, 0.5, 0.5, 0.5, 0.5]
+
+
+def delayed_scaler(dtype: torch.dtype = E4M3, **kwargs) -> TensorScaler:
+    options = {"amax_history_len": 4, "amax_compute_algo": "max", "margin": 0, **kwargs}
+    return TensorScaler(dtype, FP8Recipe(scaling="delayed", **options))
+
+
+def test_delayed_scale_comes_from_the_history_before_each_cast():
+    scaler = delayed_scaler()
+    histories = []
+    used = []
+    for amax in AMAXES:
+        used.append(scaler.cast(with_amax(amax))[1].item())
+        histories.append(scaler.amax_history.tolist())
+    # First cast: scale 1 (empty history); then 448 / max(history before the cast).
+    assert used == [1.0, 448.0, 224.0, 56.0, 56.0, 56.0, 56.0]
+    assert histories == [
+        [1.0, 0.0, 0.0, 0.0],
+        [2.0, 1.0, 0.0, 0.0],
+        [8.0, 2.0, 1.0, 0.0],
+        [0.5, 8.0, 2.0, 1.0],
+        [0.5, 0.5, 8.0, 2.0],
+        [0.5, 0.5, 0.5, 8.0],
+        [0.5, 0.5, 0.5, 0.5],  # the 8 rolled out
+    ]
+    assert scaler.scale.item() == 896.0  # what the next cast will use
+    assert scaler.seen.item() == 3 * len(AMAXES)
+
+
+def test_most_recent_uses_only_the_latest_amax():
+    scaler = delayed_scaler(amax_compute_algo="most_recent")
+    assert cast_sequence(scaler, AMAXES) == [1.0, 448.0, 224.0, 56.0, 896.0, 896.0, 896.0]
+
+
+def test_margin_halves_the_delayed_scale():
+    plain = cast_sequence(delayed_scaler(), AMAXES)
+    with_margin = cast_sequence(delayed_scaler(margin=1), AMAXES)
+    assert with_margin[0] == 1.0  # the initial scale is not derived from a history
+    assert with_margin[1:] == [s / 2 for s in plain[1:]]
+
+
+def test_delayed_scaling_counts_values_beyond_the_stale_scale_as_saturated():
+    scaler = delayed_scaler()
+    scaler.cast(torch.tensor([1.0, -0.5, 0.25, 0.1]))  # sets the scale to 448 / 1
+    assert scaler.saturated.item() == 0
+    q, scale = scaler.cast(torch.tensor([100.0, -50.0, 25.0, 1.0]))
+    assert scale.item() == 448.0
+    assert scaler.saturated.item() == 3  # 100, 50 and 25 exceed 448 / 448; 1.0 fits exactly
+    assert scaler.seen.item() == 8
+    assert q.float().tolist() == [448.0, -448.0, 448.0, 448.0]
+
+
+def test_dynamic_scaling_never_counts_saturation():
+    scaler = TensorScaler(E4M3, FP8Recipe(scaling="dynamic", amax_history_len=4))
+    used = [scaler.cast(torch.tensor([a, -a / 2, a / 4]))[1].item() for a in (1.0, 100.0)]
+    assert used == pytest.approx([448.0, 4.48])
+    assert scaler.saturated.item() == 0 and scaler.seen.item() == 6
+
+
+# ---------------------------------------------------------------- 6. checkpoint round trip
+def test_scaler_state_round_trips_through_a_checkpoint(tmp_path):
+    delayed = recipe("hybrid", scaling="delayed", amax_history_len=4)
+    model = fp8_mlp(delayed, seed=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    torch.manual_seed(1)
+    for step in range(4):
+        x = torch.randn(24, 32) * (50 if step == 3 else 1)  # last step saturates the input scale
+        model(x).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+
+    fresh = fp8_mlp(delayed, seed=2)
+    fresh.load_state_dict(torch.load(tmp_path / "model.pt"))
+
+    saved, loaded = scalers(model), scalers(fresh)
+    assert saved.keys() == loaded.keys() and len(saved) == 9
+    for name, scaler in saved.items():
+        for buffer in ("scale", "amax_history", "saturated", "seen"):
+            assert torch.equal(getattr(scaler, buffer), getattr(loaded[name], buffer)), name
+        assert scaler.seen.item() > 0 and scaler.scale.item() != 1.0, name
+    assert saved["0.input_scaler"].saturated.item() > 0
+    x = torch.randn(24, 32)
+    assert torch.equal(model(x), fresh(x))
+
+
+# ------------------------------------------------------------------------ 7. layer selection
+def test_first_and_last_linear_stay_unconverted_by_default():
+    choices = choose_layers(selection_model(), include=[], exclude=[], keep_first_last=True)
+    assert [c.name for c in choices] == ["embed", "attn_qkv", "attn_proj", "odd", "mlp_fc", "head"]
+    r = reasons(choices)
+    assert r["embed"] == r["head"] == "first/last layer kept in BF16"
+    assert converted(choices) == {"attn_qkv", "attn_proj", "mlp_fc"}
+
+
+def test_unaligned_layers_are_skipped_with_the_reason():
+    choices = choose_layers(selection_model(), include=[], exclude=[], keep_first_last=True)
+    odd = next(c for c in choices if c.name == "odd")
+    assert not odd.converted
+    assert odd.reason == "dimensions 64x40 not multiples of 16"
+    assert (odd.in_features, odd.out_features) == (64, 40)
+
+
+def test_include_patterns_select_only_matching_layers():
+    choices = choose_layers(selection_model(), include=["attn_*"], exclude=[], keep_first_last=True)
+    assert converted(choices) == {"attn_qkv", "attn_proj"}
+    assert reasons(choices)["mlp_fc"] == "not matched by fp8.include"
+
+
+def test_exclude_patterns_keep_matching_layers():
+    choices = choose_layers(selection_model(), include=[], exclude=["*proj"], keep_first_last=True)
+    assert converted(choices) == {"attn_qkv", "mlp_fc"}
+    assert reasons(choices)["attn_proj"] == "matched by fp8.exclude"
+
+
+def test_keep_first_last_false_converts_aligned_first_and_last():
+    choices = choose_layers(selection_model(), include=[], exclude=[], keep_first_last=False)
+    assert converted(choices) == {"embed", "attn_qkv", "attn_proj", "mlp_fc", "head"}
+    assert reasons(choices)["odd"] == "dimensions 64x40 not multiples of 16"
+
+
+def test_apply_fp8_on_the_vit_converts_the_blocks_and_keeps_embedding_and_head():
+    torch.manual_seed(0)
+    model = build_vit(ViTConfig(), 1, 8, 10)
+    section = apply_fp8(
+        model, recipe(), torch.randn(2, 1, 8, 8), include=[], exclude=[], keep_first_last=True
+    )
+    layers = {row["name"]: row for row in section["layers"]}
+    block_layers = [n for n in layers if n.startswith("blocks.")]
+    assert len(block_layers) == 4 * ViTConfig().depth
+    for name in block_layers:
+        assert name.rsplit(".", 1)[-1] in ("qkv", "proj", "0", "3"), name
+        assert layers[name]["converted"] and isinstance(model.get_submodule(name), Float8Linear)
+    for name in ("patch_embed", "head"):
+        assert not layers[name]["converted"]
+        assert layers[name]["reason"] == "first/last layer kept in BF16"
+        assert type(model.get_submodule(name)) is nn.Linear
+    assert 0.5 < section["converted_linear_flops_share"] < 1
+    assert sum(row["flops_share"] for row in layers.values()) == pytest.approx(1.0)
+    assert section["converted_linear_flops_share"] == pytest.approx(
+        sum(layers[n]["flops_share"] for n in block_layers)
+    )
+    assert section["emulated"] is True and section["scaling"] == "dynamic"
+    assert model(torch.randn(2, 1, 8, 8)).shape == (2, 10)
+
+
+def test_conversion_keeps_the_parameter_objects_an_optimizer_holds():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 16))
+    before = list(model.parameters())
+    optimizer = torch.optim.SGD(before, lr=0.1)
+    apply_fp8(model, recipe(), torch.randn(2, 16), include=[], exclude=[], keep_first_last=True)
+    assert isinstance(model[2], Float8Linear)
+    after = list(model.parameters())
+    assert len(after) == len(before) and all(a is b for a, b in zip(after, before, strict=True))
+
+    weight_before = model[2].weight.detach().clone()
+    model(torch.randn(8, 16)).square().mean().backward()
+    optimizer.step()
+    assert model[2].weight.grad is not None
+    assert not torch.equal(model[2].weight.detach(), weight_before)
+
+
+# ------------------------------------------------------------------------ 8. precision policy
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """Pretend a CUDA device of a chosen compute capability is present (torch._scaled_mm too)."""
+
+    def install(capability: tuple[int, int]) -> None:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "FakeGPU")
+
+    return install
+
+
+def test_fp8_on_cpu_is_emulated_and_labelled():
+    policy = resolve_precision(FP8_PRECISION, CPU, FP8Config())
+    assert (policy.name, policy.label, policy.emulated) == ("fp8", "fp8 (emulated)", True)
+    assert policy.autocast_dtype is torch.bfloat16
+    assert not policy.scaler_enabled
+    assert (policy.fp8.forward_dtype, policy.fp8.backward_dtype) == (E4M3, E5M2)
+    assert policy.fp8.real_gemm is False
+    assert any("emulated" in note for note in policy.notes)
+    assert "fp8 (emulated)" in policy.describe()
+
+
+def test_fp8_format_e4m3_casts_gradients_to_e4m3():
+    policy = resolve_precision(FP8_PRECISION, CPU, FP8Config(format="e4m3", scaling="delayed"))
+    assert (policy.fp8.forward_dtype, policy.fp8.backward_dtype) == (E4M3, E4M3)
+    assert policy.fp8.scaling == "delayed"
+
+
+def test_emulate_false_on_cpu_names_the_required_and_found_hardware():
+    with pytest.raises(ConfigError, match=r"fp8\.emulate") as err:
+        resolve_precision(FP8_PRECISION, CPU, FP8Config(emulate=False))
+    assert "8.9" in str(err.value) and "CPU" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("capability", "available"), [((9, 0), True), ((8, 9), True), ((8, 6), False), ((8, 0), False)]
+)
+def test_fp8_gemm_available_needs_compute_capability_8_9(fake_gpu, capability, available):
+    fake_gpu(capability)
+    assert fp8_gemm_available(GPU) is available
+    assert fp8_gemm_available(CPU) is False
+
+
+def test_fp8_on_an_fp8_gpu_uses_real_gemms(fake_gpu):
+    fake_gpu((9, 0))
+    policy = resolve_precision(FP8_PRECISION, GPU, FP8Config())
+    assert policy.fp8.real_gemm is True
+    assert (policy.name, policy.label, policy.emulated) == ("fp8", "fp8", False)
+    assert not any("emulated" in note for note in policy.notes)
+    assert "torch._scaled_mm" in policy.describe()
+
+
+def test_emulate_true_on_an_fp8_gpu_still_emulates(fake_gpu):
+    fake_gpu((9, 0))
+    policy = resolve_precision(FP8_PRECISION, GPU, FP8Config(emulate=True))
+    assert policy.label == "fp8 (emulated)" and policy.fp8.real_gemm is False
+    assert any("fp8.emulate=true" in note for note in policy.notes)
+
+
+def test_fp8_on_an_ampere_gpu_emulates_and_says_why(fake_gpu):
+    fake_gpu((8, 0))
+    policy = resolve_precision(FP8_PRECISION, GPU, FP8Config())
+    assert policy.label == "fp8 (emulated)"
+    assert any("GPU compute capability 8.0" in note for note in policy.notes)
+
+
+def test_emulate_false_on_an_ampere_gpu_raises_naming_its_capability(fake_gpu):
+    fake_gpu((8, 0))
+    with pytest.raises(ConfigError, match=r"fp8\.emulate") as err:
+        resolve_precision(FP8_PRECISION, GPU, FP8Config(emulate=False))
+    assert "8.0" in str(err.value) and "8.9" in str(err.value)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchao") is not None, reason="torchao installed")
+def test_torchao_backend_without_torchao_raises():
+    with pytest.raises(ConfigError, match="torchao is not installed"):
+        resolve_precision(FP8_PRECISION, CPU, FP8Config(backend="torchao"))
+
+
+# ------------------------------------------------------------------------------ 9. end to end
+def val_accuracy(tmp_path, name: str, *overrides: str) -> float:
+    report = train(tiny_run(*overrides), tmp_path / name)
+    assert report["status"] == "completed"
+    return report["evaluation"]["final_val_accuracy"]
+
+
+def test_fp8_run_reports_emulation_and_its_fp8_layers(tmp_path):
+    report = train(tiny_run("precision=fp8", "max_steps=6", "log_every=3"), tmp_path)
+    assert report["status"] == "completed" and report["training"]["steps"] == 6
+    p = report["precision"]
+    assert (p["requested"], p["effective"], p["label"], p["emulated"]) == (
+        "fp8",
+        "fp8",
+        "fp8 (emulated)",
+        True,
+    )
+    assert p["autocast_dtype"] == "bfloat16" and p["loss_scaling"] is False
+    assert report["throughput"]["comparable"] is False
+
+    fp8 = report["fp8"]
+    assert fp8["emulated"] is True and fp8["gemm"].startswith("emulated")
+    assert (fp8["forward_dtype"], fp8["backward_dtype"]) == ("float8_e4m3fn", "float8_e5m2")
+    # mlp on digits: Linear 64->256 (kept, first), 256->256 (FP8), 256->10 (kept, last)
+    layers = {row["name"]: row for row in fp8["layers"]}
+    assert [n for n, row in layers.items() if row["converted"]] == ["3"]
+    assert layers["1"]["reason"] == layers["5"]["reason"] == "first/last layer kept in BF16"
+    flops = {"1": 64 * 256, "3": 256 * 256, "5": 256 * 10}
+    assert fp8["converted_linear_flops_share"] == pytest.approx(flops["3"] / sum(flops.values()))
+    (stats,) = fp8["final_layer_stats"]
+    assert stats["name"] == "3"
+    for role in ("input", "weight", "grad"):
+        assert math.isfinite(stats[f"{role}_scale"]) and stats[f"{role}_scale"] > 0
+        assert stats[f"{role}_amax"] > 0
+        assert 0 <= stats[f"{role}_saturated_fraction"] <= 1
+    assert report["evaluation"]["final_val_accuracy"] > 0.3
+
+
+def test_fp8_mlp_accuracy_is_within_3_points_of_bf16(tmp_path):
+    fp8 = val_accuracy(tmp_path, "fp8", "precision=fp8", "epochs=3")
+    bf16 = val_accuracy(tmp_path, "bf16", "precision=bf16", "epochs=3")
+    assert bf16 > 0.9, "the BF16 baseline did not learn: the comparison would say nothing"
+    assert fp8 >= bf16 - 0.03, (fp8, bf16)
+
+
+def test_fp8_vit_accuracy_is_within_5_points_of_bf16(tmp_path):
+    vit = (
+        "model=vit",
+        "model.depth=2",
+        "epochs=6",
+        "scheduler.warmup_epochs=1",
+        "optimizer.lr=2e-3",
+    )
+    fp8 = val_accuracy(tmp_path, "fp8", "precision=fp8", *vit)
+    bf16 = val_accuracy(tmp_path, "bf16", "precision=bf16", *vit)
+    assert bf16 > 0.6, "the BF16 baseline did not learn: the comparison would say nothing"
+    assert fp8 >= bf16 - 0.05, (fp8, bf16)
+
+
+def test_fp8_with_delayed_scaling_trains(tmp_path):
+    report = train(tiny_run("precision=fp8", "fp8.scaling=delayed", "max_steps=12"), tmp_path)
+    assert report["status"] == "completed"
+    assert report["fp8"]["scaling"] == "delayed"
+    assert report["evaluation"]["final_val_accuracy"] > 0.5
+    (stats,) = report["fp8"]["final_layer_stats"]
+    assert all(math.isfinite(stats[f"{r}_scale"]) for r in ("input", "weight", "grad"))
+
+
+def test_model_without_convertible_linear_stops_with_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="no Linear layer"):
+        train(tiny_run("precision=fp8", "model=cnn", "max_steps=2"), tmp_path)
+
+
+# --------------------------------------------------------------------- 10. FP32 master state
+def test_parameters_and_optimizer_state_stay_fp32_after_fp8_training(tmp_path, monkeypatch):
+    seen = {}
+    real_loop = run_module.train_loop
+
+    def recording_loop(model, data, optimizer, *args, **kwargs):
+        seen.update(model=model, optimizer=optimizer)
+        return real_loop(model, data, optimizer, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "train_loop", recording_loop)
+    train(tiny_run("precision=fp8", "max_steps=4"), tmp_path)
+
+    model, optimizer = seen["model"], seen["optimizer"]
+    assert any(isinstance(m, Float8Linear) for m in model.modules())
+    for name, param in model.named_parameters():
+        assert param.dtype == torch.float32, name
+    states = [s for s in optimizer.state.values() if s]
+    assert len(states) == len(list(model.parameters()))
+    for state in states:
+        for key, value in state.items():
+            assert value.dtype == torch.float32, key
+
+
+# ------------------------------------------------------------------------------- GPU checks
+@pytest.mark.gpu
+@requires_cuda
+@requires_fp8_gpu
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize(
+    ("a_dtype", "b_dtype"), [(E4M3, E4M3), (E5M2, E4M3), (E4M3, E5M2)], ids=["44", "54", "45"]
+)
+def test_scaled_mm_matches_the_emulated_gemm(a_dtype, b_dtype, out_dtype):
+    torch.manual_seed(0)
+    a_hp, b_hp = torch.randn(40, 64, device=GPU), torch.randn(48, 64, device=GPU)
+    a_scale = scale_from_amax(a_hp.abs().max(), a_dtype)
+    b_scale = scale_from_amax(b_hp.abs().max(), b_dtype)
+    a = quantize(a_hp, a_scale, a_dtype)
+    b = quantize(b_hp, b_scale, b_dtype).t()  # (64, 48) column-major
+    real = fp8_gemm(a, a_scale, b, b_scale, out_dtype, real=True)
+    emulated = fp8_gemm(a, a_scale, b, b_scale, out_dtype, real=False)
+    assert real.dtype == emulated.dtype == out_dtype
+    atol = 1e-3 * emulated.float().abs().max().item()
+    torch.testing.assert_close(real.float(), emulated.float(), rtol=2**-7, atol=atol)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@requires_fp8_gpu
+@pytest.mark.parametrize("fmt", ["hybrid", "e4m3"])
+def test_real_float8_linear_matches_emulated_under_bf16_autocast(fmt):
+    torch.manual_seed(0)
+    base = nn.Linear(64, 48).to(GPU)
+    layers = {
+        real: Float8Linear.from_linear(copy.deepcopy(base), recipe(fmt, real_gemm=real))
+        for real in (True, False)
+    }
+    x = torch.randn(3, 7, 64, device=GPU)
+    grad_out = torch.randn(3, 7, 48, device=GPU, dtype=torch.bfloat16)
+    results = {}
+    for real, layer in layers.items():
+        xi = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = layer(xi)
+        y.backward(grad_out)
+        results[real] = (y.float(), xi.grad, layer.weight.grad)
+    for got, want in zip(results[True], results[False], strict=True):
+        atol = 1e-3 * want.abs().max().item()
+        torch.testing.assert_close(got, want, rtol=2**-7, atol=atol)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@requires_fp8_gpu
+def test_fp8_policy_uses_real_gemms_on_this_gpu():
+    policy = resolve_precision(FP8_PRECISION, GPU, FP8Config(emulate=False))
+    assert policy.fp8.real_gemm is True and policy.label == "fp8"
+
+
+def test_evaluation_leaves_fp8_scaling_state_alone():
+    """Delayed scaling: eval forwards must not push validation amaxes into the history."""
+    from mptrain.fp8 import E4M3, E5M2, Float8Linear, FP8Recipe
+
+    recipe = FP8Recipe(
+        forward_dtype=E4M3, backward_dtype=E5M2, scaling="delayed", amax_history_len=4
+    )
+    layer = Float8Linear(32, 32, bias=True, recipe=recipe)
+    layer(torch.randn(8, 32)).sum().backward()
+    before = {k: v.clone() for k, v in layer.state_dict().items() if "scaler" in k}
+    layer.eval()
+    with torch.no_grad():
+        layer(100 * torch.randn(8, 32))
+    after = {k: v for k, v in layer.state_dict().items() if "scaler" in k}
+    assert all(torch.equal(before[k], after[k]) for k in before)
