@@ -49,7 +49,7 @@ def bench_precisions(device: torch.device, model_has_convs: bool) -> list[tuple[
     return rows
 
 
-def _precision_config(name: str, base: PrecisionConfig) -> PrecisionConfig:
+def precision_config(name: str, base: PrecisionConfig) -> PrecisionConfig:
     scaler = ScalerConfig(**{**dataclasses.asdict(base.scaler), "enabled": name == "fp16"})
     return PrecisionConfig(
         name="fp32" if name == "tf32" else name,
@@ -109,7 +109,7 @@ def run_bench(
         if skip:
             row["skipped"] = skip
         else:
-            run_cfg = dataclasses.replace(cfg, precision=_precision_config(name, cfg.precision))
+            run_cfg = dataclasses.replace(cfg, precision=precision_config(name, cfg.precision))
             try:
                 row.update(measure(run_cfg, device, warmup, steps))
             except ConfigError as exc:
