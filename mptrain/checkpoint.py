@@ -29,6 +29,13 @@ import numpy as np
 import torch
 
 from mptrain.config import ConfigError, RunConfig
+from mptrain.distributed import (
+    DistContext,
+    load_model_state,
+    load_optimizer_state,
+    model_state,
+    optimizer_state,
+)
 from mptrain.loop import LoopState, ScaleStats
 from mptrain.numerics import ScaleHealth
 
@@ -169,7 +176,9 @@ class Checkpointer:
         every_epoch: bool,
         keep_last: int,
         keep_best: bool,
+        dist: DistContext | None = None,
     ) -> None:
+        self.dist = dist or DistContext()
         self.directory = directory
         self.parts = parts
         self.cfg = cfg
@@ -181,37 +190,46 @@ class Checkpointer:
         self.saved: list[Path] = []
         self.steps: set[int] = set()  # steps saved by this run
         self.best: tuple[float, Path] | None = None
-        directory.mkdir(parents=True, exist_ok=True)
-        remove_stray_temporaries(directory)
+        if self.dist.is_main:
+            directory.mkdir(parents=True, exist_ok=True)
+            remove_stray_temporaries(directory)
 
     def payload(self, state: LoopState) -> dict[str, Any]:
         p = self.parts
         return {
             "format_version": FORMAT_VERSION,
-            "model": p.model.state_dict(),
-            "optimizer": p.optimizer.state_dict(),
+            "model": model_state(p.model, self.dist),
+            "optimizer": optimizer_state(p.model, p.optimizer, self.dist),
             "scheduler": p.scheduler.state_dict(),
             "scaler": p.scaler.state_dict() if p.scaler.is_enabled() else None,
             "loop": _loop_state(state),
             "rng": rng_states(),
             "signature": self.signature,
+            "world_size": self.dist.world_size,
             "config": dataclasses.asdict(self.cfg),
         }
 
     def save(self, state: LoopState) -> Path:
-        """Write ``step_<N>.pt`` atomically, then move ``latest.json`` to it; prune old ones."""
+        """Write ``step_<N>.pt`` atomically, then move ``latest.json`` to it; prune old ones.
+
+        Distributed: every rank gathers (a collective under FSDP); only rank 0 writes.
+        """
         path = self.directory / f"step_{state.step:08d}.pt"
-        atomic_torch_save(self.payload(state), path)
+        payload = self.payload(state)
+        if not self.dist.is_main:
+            self.steps.add(state.step)
+            return path
+        atomic_torch_save(payload, path)
         _atomic_json({"checkpoint": path.name, "step": state.step}, self.directory / LATEST)
+        self.steps.add(state.step)
         if path not in self.saved:
             self.saved.append(path)
-        self.steps.add(state.step)
         best = state.best_eval
         is_new_best = best is not None and best["step"] == state.step
         improved = is_new_best and (self.best is None or best["val_accuracy"] > self.best[0])
         if self.keep_best and improved:
             best_path = self.directory / "best.pt"
-            atomic_torch_save(self.payload(state), best_path)
+            atomic_torch_save(payload, best_path)
             self.best = (best["val_accuracy"], best_path)
         self._prune()
         return path
@@ -325,11 +343,17 @@ def check_compatible(
 
 
 def restore(
-    payload: dict[str, Any], parts: Trainables, state: LoopState, health_settings: Any, path: Path
+    payload: dict[str, Any],
+    parts: Trainables,
+    state: LoopState,
+    health_settings: Any,
+    path: Path,
+    dist: DistContext | None = None,
 ) -> None:
     """Load every saved state into the freshly built objects and the loop state."""
-    parts.model.load_state_dict(payload["model"])
-    parts.optimizer.load_state_dict(payload["optimizer"])
+    dist = dist or DistContext()
+    load_model_state(parts.model, payload["model"], dist)
+    load_optimizer_state(parts.model, parts.optimizer, payload["optimizer"], dist)
     parts.scheduler.load_state_dict(payload["scheduler"])
     if parts.scaler.is_enabled():
         if payload["scaler"] is None:

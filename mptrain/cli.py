@@ -14,6 +14,7 @@ Exit codes: 0 all jobs completed, 1 a job failed or diverged, 2 bad input, 130 i
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import is_dataclass
@@ -179,6 +180,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     if argv[:1] == ["bench"]:
         bench_main(argv[1:])
         return
+    if int(os.environ.get("RANK", "0")) > 0:
+        # torchrun workers other than rank 0: Hydra must not write a second config/log copy.
+        argv += [
+            "hydra.output_subdir=null",
+            "hydra/job_logging=disabled",
+            "hydra/hydra_logging=disabled",
+        ]
     overrides, multirun, informational = _parse_command_line(argv)
     if not informational:
         try:

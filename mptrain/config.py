@@ -226,10 +226,19 @@ class BenchConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Used when launched by torchrun (WORLD_SIZE > 1)."""
+
+    strategy: str = "ddp"  # ddp | fsdp
+    reduce_dtype: str = "float32"  # FSDP gradient reduction dtype
+
+
+@dataclass
 class DebugConfig:
     # Steps (1-based optimizer steps) whose gradients get an inf after backward: exercises the
     # loss scaler's skip path on purpose (tests, checking a setup). Empty in every real run.
     inject_inf_grad_steps: list[int] = field(default_factory=list)
+    inject_inf_grad_rank: int | None = None  # distributed: inject on this rank only
 
 
 @dataclass
@@ -265,6 +274,7 @@ class RunConfig:
     resume: str | None = None
     resume_allow_changes: bool = False
     bench: BenchConfig = field(default_factory=BenchConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
 
 
@@ -586,6 +596,18 @@ def validate(run: RunConfig) -> None:
     _at_least("checkpoint.every_steps", run.checkpoint.every_steps, 1, allow_none=True)
     _at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)
     _at_least("bench.warmup_steps", run.bench.warmup_steps, 1)
+    _require(
+        run.distributed.strategy in ("ddp", "fsdp"),
+        "distributed.strategy",
+        run.distributed.strategy,
+        "ddp or fsdp",
+    )
+    _require(
+        run.distributed.reduce_dtype in PARAM_DTYPES,
+        "distributed.reduce_dtype",
+        run.distributed.reduce_dtype,
+        "float32 (default), bfloat16 or float16",
+    )
     _at_least("bench.steps", run.bench.steps, 1)
     _require(
         all(s >= 1 for s in run.debug.inject_inf_grad_steps),

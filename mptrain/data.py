@@ -83,6 +83,39 @@ def _epoch_generator(
     return torch.Generator(device=device).manual_seed(_stream_seed(seed, epoch, stream))
 
 
+def shard_length(n: int, rank: int, world: int, drop_uneven: bool) -> int:
+    """Samples rank ``rank`` gets of ``n``; with ``drop_uneven`` every rank gets the same count."""
+    if drop_uneven:
+        return n // world
+    return len(range(rank, n, world))
+
+
+def epoch_indices(
+    n: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    rank: int = 0,
+    world: int = 1,
+    drop_uneven: bool = True,
+) -> torch.Tensor:
+    """This rank's sample indices for ``epoch``: its stride of the epoch's permutation.
+
+    Ranks never overlap; with ``drop_uneven`` (training) the permutation is cut to a multiple of
+    the world size so every rank runs the same number of steps.
+    """
+    order = (
+        torch.randperm(n, generator=_epoch_generator(seed, epoch, ORDER_STREAM))
+        if shuffle
+        else torch.arange(n)
+    )
+    if world > 1:
+        if drop_uneven:
+            order = order[: (n // world) * world]
+        order = order[rank::world]
+    return order
+
+
 def random_crop_flip(
     images: torch.Tensor, padding: int, flip: bool, generator: torch.Generator
 ) -> torch.Tensor:
@@ -126,8 +159,11 @@ class TensorBatches:
         std: tuple[float, ...] | None = None,
         crop_padding: int = 0,
         flip: bool = False,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         self.device = device
+        self.rank, self.world = rank, world
         resident = device.type == "cuda" and images.nbytes <= MAX_DEVICE_RESIDENT_BYTES
         storage = device if resident else torch.device("cpu")
         if device.type == "cuda" and not resident:
@@ -143,7 +179,7 @@ class TensorBatches:
         self.std = torch.tensor(std, device=device).view(shape) if std else None
         self.crop_padding = crop_padding
         self.flip = flip
-        n = len(self.labels)
+        n = shard_length(len(self.labels), rank, world, drop_uneven=drop_last)
         self.num_batches = n // batch_size if drop_last else -(-n // batch_size)
         where = "on the GPU" if resident else "in host memory"
         self.feed = f"tensor-indexed ({where})"
@@ -162,20 +198,29 @@ class TensorBatches:
         return images
 
     def batches(self, epoch: int) -> Iterator[Batch]:
-        n = len(self.labels)
         storage = self.images.device
         generator = None
         if self.shuffle:
-            generator = _epoch_generator(self.seed, epoch, AUGMENT_STREAM, self.device)
-            order_generator = _epoch_generator(self.seed, epoch, ORDER_STREAM)
-            order = torch.randperm(n, generator=order_generator).to(storage)
+            # Per-rank augmentation stream: ranks see different samples, so different crops.
+            generator = _epoch_generator(self.seed + self.rank, epoch, AUGMENT_STREAM, self.device)
+        sharded = self.shuffle or self.world > 1
+        if sharded:
+            order = epoch_indices(
+                len(self.labels),
+                self.shuffle,
+                self.seed,
+                epoch,
+                self.rank,
+                self.world,
+                self.drop_last,
+            ).to(storage)
         for b in range(self.num_batches):
-            if self.shuffle:
-                index = order[b * self.batch_size : (b + 1) * self.batch_size]
+            window = slice(b * self.batch_size, (b + 1) * self.batch_size)
+            if sharded:
+                index = order[window]
                 images, labels = self.images[index], self.labels[index]
-            else:
-                images = self.images[b * self.batch_size : (b + 1) * self.batch_size]
-                labels = self.labels[b * self.batch_size : (b + 1) * self.batch_size]
+            else:  # contiguous slices: no gather needed
+                images, labels = self.images[window], self.labels[window]
             yield self._prepare(images, generator), labels.to(self.device, non_blocking=True)
 
 
@@ -192,15 +237,18 @@ class LoaderBatches:
         drop_last: bool,
         num_workers: int,
         seed: int = 0,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         self.dataset = dataset
+        self.rank, self.world = rank, world
         self.device = device
         self.batch_size = batch_size
         self.shuffle = shuffle
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.seed = seed
-        n = len(dataset)  # type: ignore[arg-type]
+        n = shard_length(len(dataset), rank, world, drop_uneven=drop_last)  # type: ignore[arg-type]
         self.num_batches = n // batch_size if drop_last else -(-n // batch_size)
         self.feed = f"DataLoader ({num_workers} workers)"
 
@@ -210,14 +258,16 @@ class LoaderBatches:
     def batches(self, epoch: int) -> Iterator[Batch]:
         if isinstance(self.dataset, SeededTransforms):
             self.dataset.epoch = epoch  # before the loader pickles the dataset into its workers
+        indices = epoch_indices(
+            len(self.dataset), self.shuffle, self.seed, epoch, self.rank, self.world, self.drop_last
+        )
         loader = torch.utils.data.DataLoader(
             self.dataset,
             batch_size=self.batch_size,
-            shuffle=self.shuffle,
+            sampler=indices.tolist(),  # this rank's order for this epoch
             drop_last=self.drop_last,
             num_workers=self.num_workers,
             pin_memory=self.device.type == "cuda",
-            generator=_epoch_generator(self.seed, epoch, ORDER_STREAM) if self.shuffle else None,
             persistent_workers=False,
         )
         for images, labels in loader:
@@ -423,10 +473,14 @@ def build_data(
     *,
     seed: int,
     num_workers: int,
+    rank: int = 0,
+    world: int = 1,
 ) -> DataBundle:
     """Load the configured dataset and wrap it in the feed that suits it."""
     if isinstance(cfg, ImageFolderConfig):
-        return _build_imagefolder(cfg, batch_size, eval_batch_size, device, seed, num_workers)
+        return _build_imagefolder(
+            cfg, batch_size, eval_batch_size, device, seed, num_workers, rank, world
+        )
     arrays = load_arrays(cfg)
     _check_labels(arrays.train_labels, arrays.num_classes, "training")
     _check_labels(arrays.val_labels, arrays.num_classes, "validation")
@@ -447,6 +501,8 @@ def build_data(
         std=arrays.std,
         crop_padding=4 if augment else 0,
         flip=augment and cfg.name.startswith("cifar"),
+        rank=rank,
+        world=world,
     )
     val = TensorBatches(
         arrays.val_images,
@@ -457,6 +513,8 @@ def build_data(
         drop_last=False,
         mean=arrays.mean,
         std=arrays.std,
+        rank=rank,
+        world=world,
     )
     _, channels, height, _ = arrays.train_images.shape
     return DataBundle(
@@ -482,6 +540,8 @@ def _build_imagefolder(
     device: torch.device,
     seed: int,
     num_workers: int,
+    rank: int = 0,
+    world: int = 1,
 ) -> DataBundle:
     from torchvision import datasets, transforms
 
@@ -536,9 +596,18 @@ def _build_imagefolder(
         drop_last=True,
         num_workers=num_workers,
         seed=seed,
+        rank=rank,
+        world=world,
     )
     val = LoaderBatches(
-        val_set, eval_batch_size, device, shuffle=False, drop_last=False, num_workers=num_workers
+        val_set,
+        eval_batch_size,
+        device,
+        shuffle=False,
+        drop_last=False,
+        num_workers=num_workers,
+        rank=rank,
+        world=world,
     )
     return DataBundle(
         train=train,

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mptrain.data import Batch, BatchSource, DataBundle
+from mptrain.distributed import DistContext, all_reduce_sum, broadcast_flag, no_sync
 from mptrain.numerics import HealthSettings, ScaleHealth, describe_culprit, find_culprit
 from mptrain.precision import PrecisionPolicy
 
@@ -65,6 +66,8 @@ class LoopSettings:
     inject_inf_grad_steps: frozenset[int] = frozenset()
     health: HealthSettings = field(default_factory=HealthSettings)
     find_culprit: bool = True
+    inject_inf_grad_rank: int | None = None  # with inject_inf_grad_steps: only this rank
+    dist: DistContext = field(default_factory=DistContext)
 
 
 @dataclass
@@ -186,9 +189,17 @@ def to_model_input(
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, batches: BatchSource, policy: PrecisionPolicy, channels_last: bool = False
+    model: nn.Module,
+    batches: BatchSource,
+    policy: PrecisionPolicy,
+    channels_last: bool = False,
+    dist: DistContext | None = None,
 ) -> tuple[float, float]:
-    """Mean cross-entropy and top-1 accuracy over ``batches`` (same autocast policy as training)."""
+    """Mean cross-entropy and top-1 accuracy over ``batches`` (same autocast policy as training).
+
+    Distributed: each rank evaluates its shard; the sums are all-reduced, so every rank returns
+    the figures of the whole validation set.
+    """
     was_training = model.training
     model.eval()
     loss_sum, correct, count = None, None, 0
@@ -202,9 +213,19 @@ def evaluate(
         correct = batch_correct if correct is None else correct + batch_correct
         count += len(labels)
     model.train(was_training)
-    if count == 0:
+    sums = [
+        float(loss_sum) if loss_sum is not None else 0.0,
+        float(correct) if correct is not None else 0.0,
+        float(count),
+    ]
+    loss_total, correct_total, count_total = all_reduce_sum(
+        sums,
+        dist or DistContext(),
+        loss_sum.device if loss_sum is not None else torch.device("cpu"),
+    )
+    if count_total == 0:
         return math.nan, math.nan
-    return loss_sum.item() / count, correct.item() / count
+    return loss_total / count_total, correct_total / count_total
 
 
 def gradient_norm(model: nn.Module) -> torch.Tensor:
@@ -241,11 +262,28 @@ class _UpdateProbe:
         return lost / moved if moved else 0.0
 
 
-def _inject_inf_grad(model: nn.Module) -> None:
-    for p in model.parameters():
-        if p.grad is not None:
-            p.grad.view(-1)[0] = math.inf
-            return
+def _inject_inf_into_shard(model: nn.Module) -> None:
+    """FSDP assigns reduce-scattered gradient shards without running tensor hooks: put the inf
+    into this rank's local shard, as a rank-local overflow would appear to the scaler."""
+    first = next(p for p in model.parameters() if p.requires_grad)
+    grad = first.grad.to_local() if hasattr(first.grad, "to_local") else first.grad
+    grad.view(-1)[0] = math.inf
+
+
+def _inject_inf_grad(model: nn.Module) -> torch.utils.hooks.RemovableHandle:
+    """Make the next backward produce an inf in the first parameter's gradient.
+
+    A tensor hook acts before the gradient is accumulated, hence before DDP averages it across
+    ranks: an inf injected on one rank reaches every rank, as a real overflow would.
+    """
+    first = next(p for p in model.parameters() if p.requires_grad)
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        grad = grad.clone()
+        grad.view(-1)[0] = math.inf
+        return grad
+
+    return first.register_hook(hook)
 
 
 @dataclass
@@ -289,7 +327,7 @@ def train_loop(
         state.scale = ScaleStats(initial=scale, final=scale, min=scale, max=scale)
     if state.health is None:
         state.health = ScaleHealth(s.health)
-    samples_per_step = data.train.batch_size * s.grad_accum_steps
+    samples_per_step = data.train.batch_size * s.grad_accum_steps * s.dist.world_size
     stopwatch = _Stopwatch(device, state)
     interval = _Interval(torch.zeros((), device=device))
     model.train()
@@ -297,19 +335,25 @@ def train_loop(
 
     while state.step < s.total_steps:
         done_in_epoch = state.step - state.epoch * s.steps_per_epoch  # > 0 after a resume
+        if not 0 <= done_in_epoch < s.steps_per_epoch:
+            # Resumed with another epoch length (another world size or batch layout): place the
+            # run by its step count. Exact resume needs the same layout; the report notes it.
+            state.epoch, done_in_epoch = divmod(state.step, s.steps_per_epoch)
         skip = done_in_epoch * s.grad_accum_steps
         micro_batches = itertools.islice(data.train.batches(state.epoch), skip, None)
         while done_in_epoch < s.steps_per_epoch and state.step < s.total_steps:
             if state.step == s.throughput_warmup_steps:
                 stopwatch.start()
             # 1. forward + backward over the micro-batches of one effective batch
+            inject = state.step + 1 in s.inject_inf_grad_steps and s.inject_inf_grad_rank in (
+                None,
+                s.dist.rank,
+            )
             images, labels, step_loss = _forward_backward(
-                model, micro_batches, loss_fn, scaler, policy, s, state, stopwatch
+                model, micro_batches, loss_fn, scaler, policy, s, state, stopwatch, inject
             )
             interval.loss += step_loss
             state.step += 1
-            if state.step in s.inject_inf_grad_steps:
-                _inject_inf_grad(model)
             # 2-6. unscale, clip, step (skipped on inf/NaN), update the scale, zero the grads
             logged = state.step % s.log_every == 0 or state.step == s.total_steps
             step = _optimizer_step(model, params, optimizer, scheduler, scaler, s, logged)
@@ -358,7 +402,10 @@ def train_loop(
                 interval.started = time.perf_counter()
             if checkpoint is not None:
                 checkpoint(state, end_of_epoch)
-            if stop_requested():
+            stop = stop_requested()
+            if s.dist.enabled:  # every rank must stop after the same step: agree every log row
+                stop = logged and broadcast_flag(stop, s.dist, stopwatch.device)
+            if stop:
                 state.stopped = True
                 return _finish(stopwatch, state)
     return _finish(stopwatch, state)
@@ -378,20 +425,32 @@ def _forward_backward(
     s: LoopSettings,
     state: LoopState,
     stopwatch: _Stopwatch,
+    inject_inf: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Accumulate one effective batch's scaled gradients; return the last micro-batch and the loss."""
+    """Accumulate one effective batch's scaled gradients; return the last micro-batch and the loss.
+
+    Distributed: the gradient all-reduce runs only with the last micro-batch's backward.
+    """
     step_loss = torch.zeros((), device=stopwatch.device)
-    for _ in range(s.grad_accum_steps):
+    for micro in range(s.grad_accum_steps):
+        last = micro == s.grad_accum_steps - 1
         wait_start = time.perf_counter()
         images, labels = next(micro_batches)
         if stopwatch.running:
             state.data_wait_s += time.perf_counter() - wait_start
         images = to_model_input(images, policy, s.channels_last)
-        with policy.autocast():
-            # Logits to FP32 for the loss: a no-op under autocast and in FP32, and keeps the
-            # softmax of "pure" low-precision runs in FP32 as well.
-            loss = loss_fn(model(images).float(), labels) / s.grad_accum_steps
-        scaler.scale(loss).backward()  # outside autocast
+        sharded = s.dist.enabled and s.dist.strategy == "fsdp"
+        handle = _inject_inf_grad(model) if inject_inf and last and not sharded else None
+        with no_sync(model, skip_reduce=not last):
+            with policy.autocast():
+                # Logits to FP32 for the loss: a no-op under autocast and in FP32, and keeps the
+                # softmax of "pure" low-precision runs in FP32 as well.
+                loss = loss_fn(model(images).float(), labels) / s.grad_accum_steps
+            scaler.scale(loss).backward()  # outside autocast
+        if handle is not None:
+            handle.remove()
+        if inject_inf and last and sharded:
+            _inject_inf_into_shard(model)
         step_loss += loss.detach()
     return images, labels, step_loss
 
@@ -456,6 +515,8 @@ def _watch_scale(
         state.scale.record(state.step, new_scale)
     health = state.health
     loss_finite = bool(torch.isfinite(step_loss))  # the device already synced in scaler.step()
+    if s.dist.enabled:  # one decision for all ranks, or they would part ways at a collective
+        loss_finite = not broadcast_flag(not loss_finite, s.dist, step_loss.device)
     if not loss_finite and not health.nonfinite_loss_steps and s.find_culprit:
         _search_culprit(model, images, labels, policy, 1.0, state)
     for message in health.observe(
@@ -541,7 +602,9 @@ def _run_eval(
     """Evaluate with the throughput stopwatch paused: evaluation time is not training time."""
     running = stopwatch.running
     stopwatch.stop()
-    val_loss, val_accuracy = evaluate(model, data.val, policy, settings.channels_last)
+    val_loss, val_accuracy = evaluate(
+        model, data.val, policy, settings.channels_last, settings.dist
+    )
     row = {
         "kind": "eval",
         "step": state.step,

@@ -23,6 +23,7 @@ import torch
 
 from mptrain import hardware
 from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ScalerConfig
+from mptrain.distributed import DistContext, build_scaler_for
 from mptrain.fp8 import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Recipe, fp8_gemm_available
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -214,13 +215,17 @@ def resolve_precision(
     )
 
 
-def build_grad_scaler(policy: PrecisionPolicy) -> torch.amp.GradScaler:
+def build_grad_scaler(
+    policy: PrecisionPolicy, dist: DistContext | None = None
+) -> torch.amp.GradScaler:
     """A GradScaler for the policy's real device type; enabled exactly when the policy scales.
 
-    Raises RuntimeError if torch disabled a scaler that was asked for (the warn-and-disable path).
+    Under FSDP the sharded variant (inf flag all-reduced across ranks). Raises RuntimeError if
+    torch disabled a scaler that was asked for (the warn-and-disable path).
     """
     s = policy.scaler
-    scaler = torch.amp.GradScaler(
+    scaler = build_scaler_for(
+        dist or DistContext(),
         policy.device_type,
         init_scale=s.init_scale,
         growth_factor=s.growth_factor,

@@ -33,6 +33,7 @@ from mptrain.checkpoint import (
 )
 from mptrain.config import ConfigError, RunConfig
 from mptrain.data import DataBundle, build_data
+from mptrain.distributed import DistContext, init_distributed, shutdown, unwrap, wrap_model
 from mptrain.fp8 import apply_fp8, fp8_layer_stats
 from mptrain.loop import LoopSettings, LoopState, to_model_input, train_loop
 from mptrain.metrics import MetricsLog, read_metrics
@@ -129,6 +130,7 @@ class _RunFacts:
     resumed: dict[str, Any] | None = None
     checkpointer: Checkpointer | None = None
     stop: GracefulStop | None = None
+    dist: DistContext = dataclasses.field(default_factory=DistContext)
     state: LoopState = dataclasses.field(default_factory=LoopState)
 
 
@@ -218,7 +220,7 @@ def _base_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str,
             "num_val": data.num_val if data else None,
             "batch_size": cfg.batch_size,
             "grad_accum_steps": cfg.grad_accum_steps,
-            "effective_batch_size": cfg.batch_size * cfg.grad_accum_steps,
+            "effective_batch_size": cfg.batch_size * cfg.grad_accum_steps * facts.dist.world_size,
         },
         "training": {
             "steps": state.step,
@@ -260,6 +262,7 @@ def _base_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str,
             "peak_bytes": hardware.peak_memory_bytes(device) if facts.memory_kind else None,
             "kind": facts.memory_kind,
         },
+        "distributed": facts.dist.describe(),
         "resumed": facts.resumed,
         "checkpoints": _checkpoint_section(facts),
         "recipe": None,  # filled in below, from the evaluation figures
@@ -282,8 +285,18 @@ class Components:
     fp32_modules: list[str] = dataclasses.field(default_factory=list)
 
 
-def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPolicy) -> Components:
-    """Data, model (FP32 parameters on ``device``), optimizer, schedule, scaler, loop settings."""
+def build_components(
+    cfg: RunConfig,
+    device: torch.device,
+    policy: PrecisionPolicy,
+    dist: DistContext | None = None,
+) -> Components:
+    """Data, model (FP32 parameters on ``device``), optimizer, schedule, scaler, loop settings.
+
+    Distributed (``dist``): this rank's data shard, and the model wrapped in DDP or FSDP2 before
+    the optimizer is built on its (possibly sharded) parameters.
+    """
+    dist = dist or DistContext()
     if cfg.debug.inject_inf_grad_steps and not policy.scaler_enabled:
         raise ConfigError(
             "debug.inject_inf_grad_steps: needs a precision with loss scaling (fp16); "
@@ -296,6 +309,8 @@ def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPoli
         device,
         seed=cfg.seed,
         num_workers=cfg.num_workers,
+        rank=dist.rank,
+        world=dist.world_size,
     )
     model = build_model(cfg.model, data.in_channels, data.image_size, data.num_classes).to(device)
     fp8_section = None
@@ -331,6 +346,9 @@ def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPoli
         model = model.to(policy.param_dtype)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
+    num_parameters = count_parameters(model)
+    # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
+    model = wrap_model(model, dist, device, policy.autocast_dtype)
     steps_per_epoch, total_steps = plan_steps(cfg, data)
     optimizer = build_optimizer(cfg.optimizer, model, device)
     settings = LoopSettings(
@@ -351,16 +369,19 @@ def build_components(cfg: RunConfig, device: torch.device, policy: PrecisionPoli
             warn_window=cfg.numerics.warn_window,
             max_consecutive_nonfinite_loss=cfg.numerics.max_consecutive_nonfinite_loss,
         ),
-        find_culprit=cfg.numerics.find_culprit,
+        # The re-run of a batch would call collectives on some ranks only: single process only.
+        find_culprit=cfg.numerics.find_culprit and not dist.enabled,
+        inject_inf_grad_rank=cfg.debug.inject_inf_grad_rank,
+        dist=dist,
     )
     return Components(
         model=torch.compile(model) if cfg.compile else model,
         data=data,
         optimizer=optimizer,
         scheduler=build_scheduler(cfg.scheduler, optimizer, steps_per_epoch, total_steps),
-        scaler=build_grad_scaler(policy),
+        scaler=build_grad_scaler(policy, dist),
         settings=settings,
-        num_parameters=count_parameters(model),
+        num_parameters=num_parameters,
         fp8=fp8_section,
         fp32_modules=fp32_modules,
     )
@@ -392,11 +413,16 @@ def _diagnose_before_training(
 
 def _setup_and_train(facts: _RunFacts, console: Console) -> None:
     cfg = facts.cfg
-    seed_everything(cfg.seed)
-    facts.device = device = hardware.resolve_device(cfg.device)
+    dist = facts.dist
+    seed_everything(cfg.seed)  # the same initial weights on every rank
+    facts.device = device = _device_for(cfg.device, dist)
     facts.policy = policy = resolve_precision(cfg.precision, device, cfg.fp8)
     facts.tf32 = apply_tf32(policy.allow_tf32)
-    parts = build_components(cfg, device, policy)
+    if dist.enabled and (cfg.audit or cfg.probe):
+        raise ConfigError("audit/probe: run them in a single process, not under torchrun")
+    parts = build_components(cfg, device, policy, dist)
+    if dist.enabled:
+        seed_everything(cfg.seed + dist.rank)  # per-rank dropout and other randomness
     facts.data = parts.data
     facts.num_parameters = parts.num_parameters
     facts.fp8 = parts.fp8
@@ -412,7 +438,7 @@ def _setup_and_train(facts: _RunFacts, console: Console) -> None:
     facts.fp32_modules = parts.fp32_modules
     _diagnose_before_training(cfg, parts, policy, facts.output_dir, console)
     trainables = Trainables(
-        getattr(parts.model, "_orig_mod", parts.model),  # the uncompiled module's state_dict
+        parts.model if dist.strategy == "fsdp" else unwrap(parts.model),
         parts.optimizer,
         parts.scheduler,
         parts.scaler,
@@ -431,14 +457,19 @@ def _setup_and_train(facts: _RunFacts, console: Console) -> None:
             every_epoch=cfg.checkpoint.every_epoch,
             keep_last=cfg.checkpoint.keep_last,
             keep_best=cfg.checkpoint.keep_best,
+            dist=dist,
         )
         facts.checkpointer = checkpointer
     facts.memory_kind = hardware.reset_peak_memory(device)
-    metrics = MetricsLog(facts.output_dir / METRICS_JSONL)
+    # Only rank 0 writes metrics and shows progress.
+    metrics = MetricsLog(facts.output_dir / METRICS_JSONL) if dist.is_main else None
     try:
         with (
             ProgressDisplay(
-                parts.settings.total_steps, f"{policy.name} {cfg.model.name}", console, cfg.progress
+                parts.settings.total_steps,
+                f"{policy.name} {cfg.model.name}",
+                console,
+                cfg.progress and dist.is_main,
             ) as display,
             GracefulStop() as stop,
         ):
@@ -453,14 +484,22 @@ def _setup_and_train(facts: _RunFacts, console: Console) -> None:
                 parts.settings,
                 device,
                 facts.state,
-                observers=(metrics, display),
+                observers=(metrics, display) if metrics else (display,),
                 checkpoint=checkpointer.after_step if checkpointer else None,
                 stop_requested=stop.requested,
             )
             if facts.state.stopped and checkpointer and facts.state.step not in checkpointer.steps:
                 checkpointer.save(facts.state)  # still inside the handlers: a 2nd signal waits
     finally:
-        metrics.close()
+        if metrics:
+            metrics.close()
+
+
+def _device_for(request: str, dist: DistContext) -> torch.device:
+    device = hardware.resolve_device(request)
+    if dist.enabled and device.type == "cuda":
+        return torch.device("cuda", dist.local_rank)  # one GPU per process
+    return device
 
 
 def run_signature(cfg: RunConfig, policy: PrecisionPolicy) -> dict[str, Any]:
@@ -493,7 +532,15 @@ def _resume(
         return {"requested": cfg.resume, "from": None, "note": "no checkpoint found; started fresh"}
     path, payload, notes = found
     allowed = check_compatible(payload, signature, path, cfg.resume_allow_changes)
-    restore(payload, trainables, facts.state, settings.health, path)
+    saved_world = payload.get("world_size", 1)
+    if saved_world != facts.dist.world_size:
+        notes.append(
+            f"saved at world size {saved_world}, resumed at {facts.dist.world_size}: weights, "
+            "optimizer and scaler state load as saved; the data position is placed by step count"
+        )
+    restore(payload, trainables, facts.state, settings.health, path, facts.dist)
+    if facts.dist.enabled:  # rank 0's RNG was saved: give each rank its own stream again
+        seed_everything(cfg.seed + facts.dist.rank + facts.state.step)
     for note in notes:
         console.print(f"[yellow]resume:[/yellow] {note}")
     console.print(f"resumed from {path} at step {facts.state.step}")
@@ -515,12 +562,24 @@ def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> d
     outside training; report: interrupted).
     """
     console = console or Console()
-    check_output_dir(output_dir)
+    dist = init_distributed(cfg.device, cfg.distributed.strategy, cfg.distributed.reduce_dtype)
+    try:
+        return _train(cfg, output_dir, console, dist)
+    finally:
+        shutdown(dist)
+
+
+def _train(cfg: RunConfig, output_dir: Path, console: Console, dist: DistContext) -> dict[str, Any]:
+    if dist.is_main:
+        check_output_dir(output_dir)
+    else:
+        console = Console(quiet=True)  # rank 0 speaks for the job
     facts = _RunFacts(
         cfg=cfg,
         output_dir=output_dir,
         started_at=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         start_time=time.perf_counter(),
+        dist=dist,
     )
     status, reason = "completed", None
     try:
@@ -552,6 +611,8 @@ def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> d
 
 def _finish(facts: _RunFacts, status: str, reason: str | None, console: Console) -> dict[str, Any]:
     report = build_report(facts, status, reason)
+    if not facts.dist.is_main:
+        return report  # only rank 0 writes
     metrics_path = facts.output_dir / METRICS_JSONL
     if metrics_path.is_file():
         title = f"{report['precision']['label'] or facts.cfg.precision.name} {facts.cfg.model.name}"

@@ -145,7 +145,7 @@ def test_divergence_stops_the_run_with_status_diverged(tmp_path):
 
 def test_crash_mid_run_writes_a_failed_report(tmp_path, monkeypatch):
     def exploding_loop(
-        model, data, optimizer, scheduler, scaler, policy, settings, device, state, observers
+        model, data, optimizer, scheduler, scaler, policy, settings, device, state, observers, **_
     ):
         state.step = 3
         raise RuntimeError("boom at step 3")
@@ -162,7 +162,7 @@ def test_crash_mid_run_writes_a_failed_report(tmp_path, monkeypatch):
 
 def test_interrupt_writes_an_interrupted_report(tmp_path, monkeypatch):
     def interrupted_loop(
-        model, data, optimizer, scheduler, scaler, policy, settings, device, state, observers
+        model, data, optimizer, scheduler, scaler, policy, settings, device, state, observers, **_
     ):
         state.step = 2
         raise KeyboardInterrupt
