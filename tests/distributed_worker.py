@@ -1,0 +1,55 @@
+"""Run by tests/test_distributed.py under torchrun: one mptrain job, then each rank dumps its state.
+
+    python -m torch.distributed.run --nproc_per_node=2 tests/distributed_worker.py OUT override...
+
+Wraps mptrain.run.train_loop to save, per rank, the final parameters, the loss scale and the
+skipped steps into OUT/rank<N>.pt, so the test can check that ranks agree.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from conftest import compose_run
+
+from mptrain import run as run_module
+from mptrain.distributed import model_state
+
+real_loop = run_module.train_loop
+
+
+def dumping_loop(model, data, optimizer, scheduler, scaler, policy, settings, device, state, **kw):
+    result = real_loop(
+        model, data, optimizer, scheduler, scaler, policy, settings, device, state, **kw
+    )
+    rank = int(os.environ.get("RANK", "0"))
+    full = model_state(model, settings.dist)  # collective under FSDP
+    torch.save(
+        {
+            "params": {k: v.detach().cpu().clone() for k, v in full.items()},
+            "scale": scaler.get_scale() if scaler.is_enabled() else None,
+            "skipped": list(state.skipped_steps),
+            "steps": state.step,
+            "samples_seen": state.samples_seen,
+        },
+        Path(os.environ["MPTRAIN_TEST_OUT"]) / f"rank{rank}.pt",
+    )
+    return result
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    os.environ["MPTRAIN_TEST_OUT"] = str(out)
+    run_module.train_loop = dumping_loop
+    cfg = compose_run("device=cpu", "progress=false", *sys.argv[2:])
+    run_module.train(cfg, out / "run")
+
+
+if __name__ == "__main__":
+    main()

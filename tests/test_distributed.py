@@ -1,0 +1,118 @@
+"""Data-parallel training with 2 Gloo processes on the CPU (launched with torchrun)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_run
+
+from mptrain.checkpoint import load_checkpoint
+from mptrain.run import train
+
+WORKER = Path(__file__).parent / "distributed_worker.py"
+
+
+def torchrun(out: Path, *overrides: str, nproc: int = 2) -> list[dict]:
+    """Run the worker on ``nproc`` ranks; return each rank's dumped state."""
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={nproc}", str(WORKER), str(out), *overrides,
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
+
+
+def params_close(a: dict, b: dict, **tol) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], **tol)
+
+
+def test_ddp_two_ranks_of_16_match_one_process_of_32_in_fp32(tmp_path):
+    common = ("model=mlp", "precision=fp32", "max_steps=8", "optimizer=sgd", "scheduler=constant")
+    ranks = torchrun(tmp_path / "ddp", *common, "batch_size=16")
+    single = torchrun(tmp_path / "single", *common, "batch_size=32", nproc=1)[0]
+
+    # Each rank took its own 16 of the same 32 samples: DDP's averaged gradient equals the
+    # single process's gradient of the mean over 32 (close, not bitwise: summation order).
+    params_close(ranks[0]["params"], ranks[1]["params"], rtol=0, atol=0)
+    params_close(ranks[0]["params"], single["params"], rtol=1e-5, atol=1e-6)
+    assert ranks[0]["samples_seen"] == single["samples_seen"] == 8 * 32
+    report = json.loads((tmp_path / "ddp" / "run" / "report.json").read_text())
+    assert report["distributed"] == {
+        "world_size": 2,
+        "rank": 0,
+        "backend": "gloo",
+        "strategy": "ddp",
+        "reduce_dtype": "float32",
+    }
+    assert report["data"]["effective_batch_size"] == 32
+
+
+def test_inf_on_rank_1_only_makes_both_ranks_skip_and_back_off(tmp_path):
+    ranks = torchrun(
+        tmp_path,
+        "model=mlp",
+        "precision=fp16",
+        "max_steps=6",
+        "debug.inject_inf_grad_steps=[3]",
+        "debug.inject_inf_grad_rank=1",
+    )
+    for state in ranks:
+        assert state["skipped"] == [3]
+        assert state["scale"] == 65536.0 / 2
+    params_close(ranks[0]["params"], ranks[1]["params"], rtol=0, atol=0)
+
+
+def test_only_rank_0_writes(tmp_path):
+    torchrun(tmp_path, "model=mlp", "precision=bf16", "max_steps=4", "checkpoint.every_steps=2")
+    run_dir = tmp_path / "run"
+    written = sorted(p.name for p in run_dir.iterdir())
+    assert written == ["checkpoints", "curves.png", "metrics.jsonl", "report.json", "report.md"]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in rows if r["kind"] == "eval"]) == 1  # one writer, not two
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*.pt")) == [
+        "step_00000002.pt",
+        "step_00000004.pt",
+    ]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_fsdp_trains_and_its_checkpoint_resumes_in_one_process(tmp_path, precision):
+    ranks = torchrun(
+        tmp_path,
+        "model=mlp",
+        f"precision={precision}",
+        "distributed.strategy=fsdp",
+        "max_steps=6",
+        "checkpoint.every_steps=3",
+        *(
+            ["debug.inject_inf_grad_steps=[2]", "debug.inject_inf_grad_rank=1"]
+            if precision == "fp16"
+            else []
+        ),
+    )
+    # The full state dict is gathered on rank 0 only; ranks agree on every step's outcome.
+    assert ranks[1]["params"] == {}
+    assert ranks[0]["scale"] == ranks[1]["scale"]
+    if precision == "fp16":  # the sharded scaler agreed: both ranks skipped step 2
+        assert [r["skipped"] for r in ranks] == [[2], [2]]
+        assert ranks[0]["scale"] == 65536.0 / 2
+    run_dir = tmp_path / "run"
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["status"] == "completed" and report["distributed"]["strategy"] == "fsdp"
+    saved = load_checkpoint(run_dir / "checkpoints" / "step_00000006.pt")
+    params_close(saved["model"], ranks[0]["params"], rtol=0, atol=0)
+
+    # A different world size (1) loads the full state dict and trains on.
+    cfg = tiny_run(f"precision={precision}", "max_steps=9", f"resume={run_dir}")
+    resumed = train(cfg, tmp_path / "resumed")
+    assert resumed["status"] == "completed" and resumed["resumed"]["step"] == 6
+    assert any("world size 2" in note for note in resumed["resumed"]["notes"])
