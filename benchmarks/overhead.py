@@ -35,9 +35,9 @@ import torch.nn.functional as F
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
 from mptrain.config import to_run_config
 from mptrain.hardware import hardware_info, software_versions
-from mptrain.loop import LoopState, train_loop
+from mptrain.loop import LoopState
 from mptrain.precision import resolve_precision
-from mptrain.run import build_components, seed_everything
+from mptrain.run import build_components, seed_everything, train_components
 
 CPU = torch.device("cpu")
 
@@ -59,17 +59,7 @@ def time_mptrain(parts, policy, steps: int, warmup: int) -> float:
         eval_every=10**9,
     )
     state = LoopState()
-    train_loop(
-        parts.model,
-        parts.data,
-        parts.optimizer,
-        parts.scheduler,
-        parts.scaler,
-        policy,
-        settings,
-        CPU,
-        state,
-    )
+    train_components(parts, policy, CPU, state, settings)
     return state.measured_time_s / state.measured_steps
 
 

@@ -21,11 +21,12 @@ from rich.table import Table
 
 from mptrain import hardware
 from mptrain.config import ConfigError, PrecisionConfig, RunConfig, ScalerConfig
+from mptrain.fileio import atomic_write_text
 from mptrain.fp8 import fp8_gemm_available
-from mptrain.loop import LoopState, train_loop
+from mptrain.loop import LoopState
 from mptrain.precision import apply_tf32, resolve_precision
-from mptrain.report import atomic_write_text, fmt_bytes, fmt_pct
-from mptrain.run import build_components, seed_everything
+from mptrain.report import fmt_bytes, fmt_pct
+from mptrain.run import build_components, seed_everything, train_components
 
 _DTYPE = {"fp32": None, "tf32": None, "fp16": "float16", "bf16": "bfloat16", "fp8": "bfloat16"}
 
@@ -74,17 +75,7 @@ def measure(cfg: RunConfig, device: torch.device, warmup: int, steps: int) -> di
     )
     hardware.reset_peak_memory(device)
     state = LoopState()
-    train_loop(
-        parts.model,
-        parts.data,
-        parts.optimizer,
-        parts.scheduler,
-        parts.scaler,
-        policy,
-        settings,
-        device,
-        state,
-    )
+    train_components(parts, policy, device, state, settings)
     return {
         "samples_per_s": state.samples_per_s,
         "step_time_ms": 1000 * state.measured_time_s / state.measured_steps

@@ -17,10 +17,8 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
-import os
 import random
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,6 +34,7 @@ from mptrain.distributed import (
     model_state,
     optimizer_state,
 )
+from mptrain.fileio import atomic_write
 from mptrain.loop import LoopState, ScaleStats
 from mptrain.numerics import ScaleHealth
 
@@ -50,30 +49,12 @@ class CheckpointError(RuntimeError):
 
 
 # ------------------------------------------------------------------------------------ writing
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """``torch.save`` so that ``path`` is either absent/old or complete, never partial."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        atomic_write(path, lambda f: torch.save(obj, f), binary=True)
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
             raise CheckpointError(
                 f"no space left on device while writing checkpoint {path}; the previous "
                 "checkpoint is intact"
@@ -82,16 +63,7 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
 
 
 def _atomic_json(obj: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda f: json.dump(obj, f))
 
 
 def rng_states() -> dict[str, Any]:

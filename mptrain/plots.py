@@ -5,10 +5,10 @@ matplotlib runs headless (Agg backend); figures are written atomically next to t
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from mptrain.fileio import atomic_write
 
 RUN_PNG = "curves.png"
 SWEEP_PNG = "sweep_loss.png"
@@ -24,13 +24,9 @@ def _pyplot() -> Any:
 
 
 def _save(fig: Any, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    atomic_write(
+        path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"), binary=True
+    )
 
 
 def _series(rows: list[dict[str, Any]], kind: str, key: str) -> tuple[list[int], list[float]]:

@@ -8,32 +8,18 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from mptrain.fileio import atomic_write_text
+
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 METRICS_JSONL = "metrics.jsonl"
 FAILURE_JSON = "failure.json"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that ``path`` holds either the old or the new content."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def clean_json(value: Any) -> Any:

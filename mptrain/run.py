@@ -34,6 +34,7 @@ from mptrain.checkpoint import (
 from mptrain.config import ConfigError, RunConfig
 from mptrain.data import DataBundle, build_data
 from mptrain.distributed import DistContext, init_distributed, shutdown, unwrap, wrap_model
+from mptrain.fileio import atomic_write_text
 from mptrain.fp8 import apply_fp8, fp8_layer_stats
 from mptrain.loop import LoopSettings, LoopState, to_model_input, train_loop
 from mptrain.metrics import MetricsLog, read_metrics
@@ -51,7 +52,7 @@ from mptrain.plots import RUN_PNG, plot_run
 from mptrain.precision import PrecisionPolicy, apply_tf32, build_grad_scaler, resolve_precision
 from mptrain.progress import ProgressDisplay
 from mptrain.recipe import recipe_verdict
-from mptrain.report import METRICS_JSONL, atomic_write_text, clean_json, print_summary, write_report
+from mptrain.report import METRICS_JSONL, clean_json, print_summary, write_report
 from mptrain.signals import GracefulStop
 
 
@@ -387,6 +388,29 @@ def build_components(
     )
 
 
+def train_components(
+    parts: Components,
+    policy: PrecisionPolicy,
+    device: torch.device,
+    state: LoopState,
+    settings: LoopSettings | None = None,
+    **loop_options: Any,
+) -> LoopState:
+    """:func:`~mptrain.loop.train_loop` over what :func:`build_components` made."""
+    return train_loop(
+        parts.model,
+        parts.data,
+        parts.optimizer,
+        parts.scheduler,
+        parts.scaler,
+        policy,
+        settings or parts.settings,
+        device,
+        state,
+        **loop_options,
+    )
+
+
 def _diagnose_before_training(
     cfg: RunConfig, parts: Components, policy: PrecisionPolicy, output_dir: Path, console: Console
 ) -> None:
@@ -474,14 +498,9 @@ def _setup_and_train(facts: _RunFacts, console: Console) -> None:
             GracefulStop() as stop,
         ):
             facts.stop = stop
-            train_loop(
-                parts.model,
-                parts.data,
-                parts.optimizer,
-                parts.scheduler,
-                parts.scaler,
+            train_components(
+                parts,
                 policy,
-                parts.settings,
                 device,
                 facts.state,
                 observers=(metrics, display) if metrics else (display,),

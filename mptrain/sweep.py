@@ -22,13 +22,13 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from mptrain.fileio import atomic_write_text
 from mptrain.metrics import read_metrics
 from mptrain.plots import SWEEP_PNG, plot_sweep
 from mptrain.report import (
     FAILURE_JSON,
     METRICS_JSONL,
     REPORT_JSON,
-    atomic_write_text,
     fmt_bytes,
     fmt_pct,
 )

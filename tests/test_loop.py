@@ -10,9 +10,9 @@ import torch
 from conftest import tiny_run
 
 from mptrain.config import RunConfig
-from mptrain.loop import LoopState, gradient_norm, train_loop
+from mptrain.loop import LoopState, gradient_norm
 from mptrain.precision import PrecisionPolicy, resolve_precision
-from mptrain.run import build_components, seed_everything
+from mptrain.run import build_components, seed_everything, train_components
 
 CPU = torch.device("cpu")
 
@@ -55,18 +55,7 @@ def run_loop(cfg: RunConfig, policy: PrecisionPolicy | None = None):
     parts = build_components(cfg, CPU, policy)
     recorder = StepRecorder(parts)
     state = LoopState()
-    train_loop(
-        parts.model,
-        parts.data,
-        parts.optimizer,
-        parts.scheduler,
-        parts.scaler,
-        policy,
-        parts.settings,
-        CPU,
-        state,
-        observers=(recorder,),
-    )
+    train_components(parts, policy, CPU, state, observers=(recorder,))
     return state, recorder, parts
 
 
