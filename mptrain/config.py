@@ -261,6 +261,7 @@ class RunConfig:
     device: str = "auto"
     eval_every: int | None = None
     log_every: int = 10
+    probe_every: int | None = 50
     throughput_warmup_steps: int = 5
     channels_last: bool = False
     compile: bool = False
@@ -582,6 +583,7 @@ def validate(run: RunConfig) -> None:
     )
     _at_least("eval_every", run.eval_every, 1, allow_none=True)
     _at_least("log_every", run.log_every, 1)
+    _at_least("probe_every", run.probe_every, 1, allow_none=True)
     _at_least("throughput_warmup_steps", run.throughput_warmup_steps, 0)
     _at_least("num_workers", run.num_workers, 0)
     n = run.numerics

@@ -66,6 +66,7 @@ class LoopSettings:
     inject_inf_grad_steps: frozenset[int] = frozenset()
     health: HealthSettings = field(default_factory=HealthSettings)
     find_culprit: bool = True
+    probe_every: int | None = 50  # gradient/update probe cadence (costs a parameter copy)
     inject_inf_grad_rank: int | None = None  # with inject_inf_grad_steps: only this rank
     dist: DistContext = field(default_factory=DistContext)
 
@@ -113,7 +114,7 @@ class LoopState:
     measured_samples: int = 0
     measured_time_s: float = 0.0
     data_wait_s: float = 0.0
-    # Gradient/update probes, taken every log_every steps (see _UpdateProbe).
+    # Gradient/update probes, taken every probe_every steps (see _UpdateProbe).
     probes: int = 0
     zero_grad_fraction_sum: float = 0.0
     updates_lost_fraction_sum: float = 0.0
@@ -238,7 +239,7 @@ class _UpdateProbe:
     """Measures, around one optimizer step, how many gradients are zero and how many non-zero
     gradients left their parameter unchanged (the update rounded away in the parameter's dtype).
 
-    Costs a copy of the parameters, so the loop takes it only every ``log_every`` steps.
+    Costs a copy of the parameters, so the loop takes it only every ``probe_every`` steps.
     """
 
     def __init__(self, params: list[torch.Tensor]) -> None:
@@ -356,7 +357,14 @@ def train_loop(
             state.step += 1
             # 2-6. unscale, clip, step (skipped on inf/NaN), update the scale, zero the grads
             logged = state.step % s.log_every == 0 or state.step == s.total_steps
-            step = _optimizer_step(model, params, optimizer, scheduler, scaler, s, logged)
+            probed = s.probe_every is not None and state.step % s.probe_every == 0
+            step = _optimizer_step(model, params, optimizer, scheduler, scaler, s, logged, probed)
+            if step.zero_grads is not None:
+                state.probes += 1
+                state.zero_grad_fraction_sum += step.zero_grads
+            if step.updates_lost is not None:
+                state.update_probes += 1
+                state.updates_lost_fraction_sum += step.updates_lost
             if scale is not None:
                 scale = _watch_scale(
                     scaler,
@@ -470,6 +478,7 @@ def _optimizer_step(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler,
     s: LoopSettings,
+    norm_now: bool,
     probe_now: bool,
 ) -> _StepOutcome:
     """unscale -> clip -> step -> update -> (scheduler unless skipped) -> zero_grad."""
@@ -477,7 +486,7 @@ def _optimizer_step(
     grad_norm = None
     if s.clip_grad_norm is not None:
         grad_norm = torch.nn.utils.clip_grad_norm_(params, s.clip_grad_norm)
-    elif probe_now:
+    elif norm_now:
         grad_norm = gradient_norm(model)
     probe = _UpdateProbe(params) if probe_now else None
     scale_before = scaler.get_scale() if scaler.is_enabled() else None
@@ -543,12 +552,6 @@ def _log(
     now = time.perf_counter()
     mean_loss = (interval.loss / interval.steps).item()  # the logging sync point
     state.last_train_loss = mean_loss
-    if step.zero_grads is not None:
-        state.probes += 1
-        state.zero_grad_fraction_sum += step.zero_grads
-    if step.updates_lost is not None:
-        state.update_probes += 1
-        state.updates_lost_fraction_sum += step.updates_lost
     row = {
         "kind": "train",
         "step": state.step,

@@ -135,7 +135,7 @@ def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
             (
                 "gradient probes",
                 f"zero gradients {fmt_pct(t['zero_grad_fraction'])}, updates lost "
-                f"to rounding {fmt_pct(t['updates_lost_fraction'])} (averages every log_every steps)",
+                f"to rounding {fmt_pct(t['updates_lost_fraction'])} (averages of probes every probe_every steps)",
             )
         )
     rows += [("note", n) for n in p["notes"]]

@@ -233,7 +233,7 @@ def _base_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str,
             "loss_scale": scale,
             "final_train_loss": state.last_train_loss,
             "clip_grad_norm": cfg.clip_grad_norm,
-            # Averages over the probes taken every log_every steps.
+            # Averages over the probes taken every probe_every steps.
             "zero_grad_fraction": state.zero_grad_fraction,
             "updates_lost_fraction": state.updates_lost_fraction,
         },
@@ -360,6 +360,7 @@ def build_components(
         label_smoothing=cfg.label_smoothing,
         eval_every=cfg.eval_every,
         log_every=cfg.log_every,
+        probe_every=cfg.probe_every,
         throughput_warmup_steps=cfg.throughput_warmup_steps,
         channels_last=cfg.channels_last,
         inject_inf_grad_steps=frozenset(cfg.debug.inject_inf_grad_steps),

@@ -223,7 +223,7 @@ def render_markdown(rows: list[dict[str, Any]], title: str, figure: str | None) 
         "Δ acc, speed and memory compare each run with the completed FP32 run of otherwise identical "
         "config (— where there is none). Speed is training samples/s after warm-up, evaluation "
         "excluded; emulated FP8 gets no speed ratio. Zero grads and updates lost are averages of "
-        "the probes taken every log_every steps.",
+        "the probes taken every probe_every steps.",
     ]
     if figure:
         lines += ["", f"![training loss]({figure})"]
