@@ -53,12 +53,16 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
     """``torch.save`` so that ``path`` is either absent/old or complete, never partial."""
     try:
         atomic_write(path, lambda f: torch.save(obj, f), binary=True)
-    except OSError as exc:
-        if exc.errno == errno.ENOSPC:
-            raise CheckpointError(
-                f"no space left on device while writing checkpoint {path}; the previous "
-                "checkpoint is intact"
-            ) from exc
+    except Exception as exc:
+        # torch.save wraps a failed write in a RuntimeError: look through the chain for ENOSPC.
+        cause: BaseException | None = exc
+        while cause is not None:
+            if isinstance(cause, OSError) and cause.errno == errno.ENOSPC:
+                raise CheckpointError(
+                    f"no space left on device while writing checkpoint {path}; the previous "
+                    "checkpoint is intact"
+                ) from exc
+            cause = cause.__cause__ or cause.__context__
         raise
 
 
@@ -165,6 +169,8 @@ class Checkpointer:
         if self.dist.is_main:
             directory.mkdir(parents=True, exist_ok=True)
             remove_stray_temporaries(directory)
+            # Files of an earlier (interrupted) run of this directory count towards keep_last.
+            self.saved = list(reversed(candidates(directory)))
 
     def payload(self, state: LoopState) -> dict[str, Any]:
         p = self.parts
@@ -196,13 +202,8 @@ class Checkpointer:
         self.steps.add(state.step)
         if path not in self.saved:
             self.saved.append(path)
-        best = state.best_eval
-        is_new_best = best is not None and best["step"] == state.step
-        improved = is_new_best and (self.best is None or best["val_accuracy"] > self.best[0])
-        if self.keep_best and improved:
-            best_path = self.directory / "best.pt"
-            atomic_torch_save(payload, best_path)
-            self.best = (best["val_accuracy"], best_path)
+        if self._new_best(state):
+            self._save_best(payload, state)
         self._prune()
         return path
 
@@ -217,6 +218,20 @@ class Checkpointer:
         )
         if due:
             self.save(state)
+        elif self._new_best(state):
+            self._save_best(self.payload(state), state)
+
+    def _new_best(self, state: LoopState) -> bool:
+        best = state.best_eval
+        if not self.keep_best or best is None or best["step"] != state.step:
+            return False
+        return self.best is None or best["val_accuracy"] > self.best[0]
+
+    def _save_best(self, payload: dict[str, Any], state: LoopState) -> None:
+        if self.dist.is_main:
+            best_path = self.directory / "best.pt"
+            atomic_torch_save(payload, best_path)
+            self.best = (state.best_eval["val_accuracy"], best_path)
 
 
 def remove_stray_temporaries(directory: Path) -> list[Path]:

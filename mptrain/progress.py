@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from mptrain.loop import LoopState
@@ -56,4 +57,4 @@ class ProgressDisplay:
 
     def on_warning(self, message: str) -> None:
         # Printed whether or not the bar is shown: a warning must reach the user once.
-        self._progress.console.print(f"[yellow]warning:[/yellow] {message}")
+        self._progress.console.print(f"[yellow]warning:[/yellow] {escape(message)}")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from mptrain.fileio import atomic_write_text
@@ -213,6 +214,6 @@ def print_summary(console: Console, report: dict[str, Any], report_path: Path) -
     table.add_column(style="bold")
     table.add_column()
     for key, value in summary_rows(report):
-        table.add_row(key, value)
-    table.add_row("report", str(report_path))
+        table.add_row(key, escape(value))  # values are text, never rich markup
+    table.add_row("report", escape(str(report_path)))
     console.print(table)

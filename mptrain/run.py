@@ -508,8 +508,11 @@ def _setup_and_train(facts: _RunFacts, console: Console) -> None:
                 checkpoint=checkpointer.after_step if checkpointer else None,
                 stop_requested=stop.requested,
             )
-            if facts.state.stopped and checkpointer and facts.state.step not in checkpointer.steps:
-                checkpointer.save(facts.state)  # still inside the handlers: a 2nd signal waits
+            ended = facts.state.stopped or facts.state.step == parts.settings.total_steps
+            if ended and checkpointer and facts.state.step not in checkpointer.steps:
+                # The final state (or the interrupted one) is always saved; still inside the
+                # signal handlers, so a second signal waits for the write.
+                checkpointer.save(facts.state)
     finally:
         if metrics:
             metrics.close()
@@ -620,7 +623,12 @@ def _train(cfg: RunConfig, output_dir: Path, console: Console, dist: DistContext
         import signal
 
         name = signal.Signals(facts.stop.signum).name
-        reason = f"{name} at step {facts.state.step}; checkpoint written, resume with resume=auto"
+        saved = facts.checkpointer is not None and facts.state.step in facts.checkpointer.steps
+        reason = f"{name} at step {facts.state.step}; " + (
+            "checkpoint written, resume with resume=auto"
+            if saved
+            else "no checkpoint (checkpoint.enabled=false): progress is lost"
+        )
         report = _finish(facts, "interrupted", reason, console)
         raise RunInterrupted(facts.stop.exit_code, report)
     report = _finish(facts, status, reason, console)
@@ -633,11 +641,15 @@ def _finish(facts: _RunFacts, status: str, reason: str | None, console: Console)
     report = build_report(facts, status, reason)
     if not facts.dist.is_main:
         return report  # only rank 0 writes
+    json_path, _ = write_report(facts.output_dir, report)  # first: the report must exist
     metrics_path = facts.output_dir / METRICS_JSONL
     if metrics_path.is_file():
         title = f"{report['precision']['label'] or facts.cfg.precision.name} {facts.cfg.model.name}"
-        plot_run(read_metrics(metrics_path), title, facts.output_dir / RUN_PNG)
-        report["figure"] = RUN_PNG
-    json_path, _ = write_report(facts.output_dir, report)
+        try:
+            plot_run(read_metrics(metrics_path), title, facts.output_dir / RUN_PNG)
+            report["figure"] = RUN_PNG
+            write_report(facts.output_dir, report)
+        except Exception as exc:  # a figure is not worth losing the run over; say so
+            console.print(f"[yellow]warning:[/yellow] curves.png not written: {exc}")
     print_summary(console, report, json_path)
     return report
