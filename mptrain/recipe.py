@@ -3,7 +3,9 @@
 A recipe is ``recipes/NAME.yaml``: an overlay on the defaults (Hydra package ``_global_``) whose
 ``recipe`` block names its source, the exact command and the expected result. A run reproduces the
 recipe only when it ran the recipe's full schedule: every key the recipe sets still has the
-recipe's value (seed, device and display settings aside). Otherwise the verdict is "not comparable"
+recipe's value. Exceptions: settings that do not change the computation
+(:data:`~mptrain.config.NON_TRAINING_KEYS`: seed, device, display, data location, checkpoints) and
+the precision, which a recipe names as its default but which runs are meant to vary and compare. Otherwise the verdict is "not comparable"
 and says which keys differ.
 """
 
@@ -14,20 +16,7 @@ import math
 from importlib.resources import files
 from typing import Any
 
-from mptrain.config import RunConfig
-
-# Keys a recipe may set that do not change what the result means.
-_FREE_KEYS = {
-    "seed",
-    "device",
-    "progress",
-    "log_every",
-    "eval_every",
-    "num_workers",
-    "compile",
-    "dataset.root",
-    "dataset.download",
-}
+from mptrain.config import RunConfig, flatten, is_non_training_key
 
 
 def recipe_files() -> dict[str, Any]:
@@ -41,15 +30,6 @@ def load_recipes() -> dict[str, Any]:
     from omegaconf import OmegaConf
 
     return {name: OmegaConf.create(path.read_text()) for name, path in recipe_files().items()}
-
-
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): node}
 
 
 def _group_choices(defaults: list[Any]) -> dict[str, str]:
@@ -79,14 +59,16 @@ def schedule_differences(cfg: RunConfig, recipe: dict[str, Any]) -> list[str]:
     """``key=value (recipe: value)`` for every recipe key the run changed."""
     wanted = _group_choices(recipe.get("defaults", []))
     wanted.update(
-        _flatten({k: v for k, v in recipe.items() if k not in ("defaults", "recipe", "hydra")})
+        flatten({k: v for k, v in recipe.items() if k not in ("defaults", "recipe", "hydra")})
     )
     wanted.setdefault("max_steps", None)  # a step limit the recipe does not set cuts it short
-    actual = _flatten(dataclasses.asdict(cfg))
+    actual = flatten(dataclasses.asdict(cfg))
     return [
         f"{key}={actual.get(key)!r} (recipe: {value!r})"
         for key, value in wanted.items()
-        if key not in _FREE_KEYS and not _same(actual.get(key), value)
+        if key != "precision.name"
+        and not is_non_training_key(key)
+        and not _same(actual.get(key), value)
     ]
 
 

@@ -12,7 +12,6 @@ After a Hydra multirun, :class:`SweepSummaryCallback` writes ``sweep.md``, ``swe
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from mptrain.config import flatten, is_non_training_key
 from mptrain.fileio import atomic_write_text
 from mptrain.metrics import read_metrics
 from mptrain.plots import SWEEP_PNG, plot_sweep
@@ -34,8 +34,6 @@ from mptrain.report import (
 )
 
 SWEEP_MD, SWEEP_JSON = "sweep.md", "sweep.json"
-# Config keys that do not change what is being compared.
-_IGNORED_KEYS = ("precision", "fp8", "progress", "log_every", "device", "num_workers", "recipe")
 
 
 @dataclass
@@ -84,11 +82,19 @@ def _job_order(directory: Path) -> tuple[int, str]:
 
 
 def _shorten_labels(runs: list[RunRecord]) -> None:
-    """Keep only the overrides that differ between runs (what the comparison is about)."""
+    """Keep only the overrides that differ between runs (what the comparison is about), and
+    prefix labels that would still collide (two sweeps of the same jobs) with their directory."""
     split = [run.label.split(" ") for run in runs]
     common = set.intersection(*(set(s) for s in split)) if len(split) > 1 else set()
     for run, parts in zip(runs, split, strict=True):
         run.label = " ".join(p for p in parts if p not in common) or run.label
+    counts: dict[str, int] = {}
+    for run in runs:
+        counts[run.label] = counts.get(run.label, 0) + 1
+    for run in runs:
+        if counts[run.label] > 1:
+            where = f"{run.directory.parent.name}/{run.directory.name}"
+            run.label = where if run.label == run.directory.name else f"{where}: {run.label}"
 
 
 def find_runs(paths: list[Path]) -> list[RunRecord]:
@@ -114,10 +120,17 @@ def find_runs(paths: list[Path]) -> list[RunRecord]:
 
 
 def _comparison_key(report: dict[str, Any]) -> str:
-    config = copy.deepcopy(report.get("config", {}))
-    for key in _IGNORED_KEYS:
-        config.pop(key, None)
-    return json.dumps(config, sort_keys=True)
+    """The config minus the precision and everything that does not change the computation.
+
+    The seed stays: in a sweep over seeds and precisions each run pairs with its own seed's FP32.
+    """
+    config = flatten(report.get("config", {}))
+    kept = {
+        k: v
+        for k, v in config.items()
+        if k == "seed" or (not k.startswith(("precision.", "fp8.")) and not is_non_training_key(k))
+    }
+    return json.dumps(kept, sort_keys=True)
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:
@@ -240,8 +253,11 @@ def render_markdown(rows: list[dict[str, Any]], title: str, figure: str | None) 
 def print_table(console: Console, rows: list[dict[str, Any]], title: str) -> None:
     columns = _columns(rows)
     table = Table(title=title)
-    for _, header in columns:
-        table.add_column(header, overflow="fold")
+    for key, header in columns:
+        if key == "run":  # labels stay whole; the figures' columns give way
+            table.add_column(header, no_wrap=True)
+        else:
+            table.add_column(header, overflow="fold")
     for row in rows:
         table.add_row(*(_cell(row, k) for k, _ in columns))
     console.print(table)

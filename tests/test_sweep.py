@@ -1,0 +1,595 @@
+"""Comparing finished runs: the table a ``-m`` precision sweep ends with, and ``mptrain-compare``.
+
+CPU-only. Two real multiruns run as subprocesses (``python -m mptrain -m ...``), one where every job
+completes and one where a job fails at run time; everything else compares tiny in-process runs
+(model=mlp, a few steps) made once per module, or run directories assembled by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_run
+from omegaconf import OmegaConf
+
+from mptrain import sweep
+from mptrain.report import FAILURE_JSON, REPORT_JSON, write_failure
+from mptrain.run import RunFailed, train
+
+TIMEOUT_S = 240
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+NO_REPORT = "no report.json (the job ended before training)"
+
+
+# ----------------------------------------------------------------------------------------- helpers
+def run_command(cwd: Path, *command: str) -> subprocess.CompletedProcess:
+    """Run a command in ``cwd``; no HYDRA_FULL_ERROR (tracebacks) and no inherited terminal size."""
+    drop = ("HYDRA_FULL_ERROR", "COLUMNS", "LINES")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    return subprocess.run(
+        list(command),
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,  # no terminal anywhere: rich's default width, not the tty's
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
+
+
+def mptrain(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return run_command(cwd, sys.executable, "-m", "mptrain", *args)
+
+
+def describe(result: subprocess.CompletedProcess) -> str:
+    return f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+def is_png(path: Path) -> bool:
+    return path.is_file() and path.read_bytes()[:8] == PNG_MAGIC
+
+
+def md_table(text: str) -> list[dict[str, str]]:
+    """The rows of the (first) Markdown table in ``text``, each as {header: cell}."""
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    header, separator, *rows = cells
+    assert all(set(c) <= set("-:") for c in separator), lines[1]
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+def md_headers(text: str) -> list[str]:
+    first = next(line for line in text.splitlines() if line.startswith("|"))
+    return [c.strip() for c in first.strip().strip("|").split("|")]
+
+
+def read_report(directory: Path) -> dict:
+    return json.loads((directory / REPORT_JSON).read_text(encoding="utf-8"))
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """Hydra's job directories (<number>_<overrides>), in job order."""
+    jobs = [p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()]
+    return sorted(jobs, key=lambda p: int(p.name.split("_", 1)[0]))
+
+
+def fake_job(sweep_dir: Path, number: int, overrides: list[str]) -> Path:
+    """A job directory as Hydra leaves it before the task runs: .hydra/overrides.yaml only."""
+    job = sweep_dir / f"{number}_{','.join(overrides)}"
+    (job / ".hydra").mkdir(parents=True)
+    OmegaConf.save(OmegaConf.create(overrides), job / ".hydra" / "overrides.yaml")
+    return job
+
+
+# ------------------------------------------------------------------- precision sweep (subprocess)
+@pytest.fixture(scope="module")
+def precision_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    cwd = tmp_path_factory.mktemp("precision_sweep")
+    result = mptrain(
+        cwd,
+        "-m",
+        "precision=fp32,bf16,fp16",
+        "model=mlp",
+        "max_steps=8",
+        "log_every=4",
+        "probe_every=4",  # zero gradients / updates lost: every column of the table is filled
+        "progress=false",
+        "hydra.sweep.dir=sweep",
+    )
+    return result, cwd / "sweep"
+
+
+@pytest.fixture(scope="module")
+def sweep_rows(precision_sweep) -> list[dict]:
+    result, sweep_dir = precision_sweep
+    assert result.returncode == 0, describe(result)
+    data = json.loads((sweep_dir / sweep.SWEEP_JSON).read_text(encoding="utf-8"))
+    return data["runs"]
+
+
+def test_precision_sweep_exits_0_and_writes_the_comparison(precision_sweep):
+    result, sweep_dir = precision_sweep
+    assert result.returncode == 0, describe(result)
+    assert (sweep_dir / "sweep.md").is_file()
+    assert (sweep_dir / "sweep.json").is_file()
+    assert is_png(sweep_dir / "sweep_loss.png")
+
+
+def test_sweep_json_has_one_row_per_job_in_job_order(precision_sweep, sweep_rows):
+    _, sweep_dir = precision_sweep
+    # The overrides common to every job (model, max_steps, ...) are left out of the labels.
+    assert [r["run"] for r in sweep_rows] == ["precision=fp32", "precision=bf16", "precision=fp16"]
+    assert [r["precision"] for r in sweep_rows] == ["fp32", "bf16", "fp16"]
+    assert [r["status"] for r in sweep_rows] == ["completed"] * 3
+    assert [Path(r["directory"]).name for r in sweep_rows] == [j.name for j in job_dirs(sweep_dir)]
+
+
+def test_fp32_row_is_its_own_baseline(sweep_rows):
+    fp32 = sweep_rows[0]
+    assert fp32["accuracy_delta"] == 0
+    assert fp32["throughput_ratio"] == 1.0
+    assert fp32["memory_ratio"] == 1.0
+    assert Path(fp32["baseline"]).name == Path(fp32["directory"]).name
+
+
+@pytest.mark.parametrize("index", [1, 2], ids=["bf16", "fp16"])
+def test_mixed_precision_rows_are_compared_with_the_fp32_job(sweep_rows, index):
+    fp32, row = sweep_rows[0], sweep_rows[index]
+    assert Path(row["baseline"]).name == Path(fp32["directory"]).name
+    assert isinstance(row["accuracy_delta"], float)
+    assert row["accuracy_delta"] == pytest.approx(
+        row["final_val_accuracy"] - fp32["final_val_accuracy"]
+    )
+    assert row["throughput_ratio"] > 0
+    assert row["throughput_ratio"] == pytest.approx(row["samples_per_s"] / fp32["samples_per_s"])
+    assert row["memory_ratio"] > 0
+    assert row["memory_ratio"] == pytest.approx(
+        row["peak_memory_bytes"] / fp32["peak_memory_bytes"]
+    )
+
+
+def test_only_the_fp16_row_has_a_loss_scale(sweep_rows):
+    assert [r["final_loss_scale"] for r in sweep_rows] == [None, None, 65536]
+    assert [r["skipped_steps"] for r in sweep_rows] == [0, 0, 0]
+
+
+def test_every_row_has_the_gradient_probes(sweep_rows):
+    for row in sweep_rows:
+        assert 0 <= row["zero_grad_fraction"] < 1
+        assert 0 <= row["updates_lost_fraction"] <= 1
+
+
+def test_sweep_md_shows_the_table_and_the_figure(precision_sweep, sweep_rows):
+    _, sweep_dir = precision_sweep
+    text = (sweep_dir / "sweep.md").read_text(encoding="utf-8")
+    rows = md_table(text)
+    assert [r["run"] for r in rows] == [r["run"] for r in sweep_rows]
+    fp32, bf16, fp16 = rows
+    assert (fp32["Δ acc vs fp32"], fp32["speed vs fp32"], fp32["memory vs fp32"]) == (
+        "+0.00 pt",
+        "1.00×",
+        "1.00×",
+    )
+    assert bf16["Δ acc vs fp32"].endswith(" pt") and bf16["speed vs fp32"].endswith("×")
+    assert (fp32["final scale"], bf16["final scale"], fp16["final scale"]) == ("—", "—", "65536")
+    assert list(fp32) == [header for _, header in sweep.COLUMNS]  # every column has a value
+    for md_row, json_row in zip(rows, sweep_rows, strict=True):
+        assert md_row["val acc"] == f"{100 * json_row['final_val_accuracy']:.2f}%"
+    assert "![training loss](sweep_loss.png)" in text
+
+
+def test_each_job_has_its_curves_and_a_report_md_showing_them(precision_sweep):
+    _, sweep_dir = precision_sweep
+    jobs = job_dirs(sweep_dir)
+    assert len(jobs) == 3
+    for job in jobs:
+        assert is_png(job / "curves.png"), job
+        assert "](curves.png)" in (job / "report.md").read_text(encoding="utf-8"), job
+        assert read_report(job)["figure"] == "curves.png"
+
+
+def printed_table(result: subprocess.CompletedProcess) -> str:
+    """The comparison table the sweep printed last (after every job's own summary)."""
+    out = result.stdout
+    end = out.index("comparison written to sweep/sweep.md")
+    return out[out.rindex("sweep sweep", 0, end) : end]
+
+
+def test_sweep_prints_the_table(precision_sweep, sweep_rows):
+    result, _ = precision_sweep
+    out = printed_table(result)
+    for header in ("status", "precision", "val acc", "skipped"):
+        assert header in out
+    assert out.count("completed") == 3
+    for row in sweep_rows:
+        assert f"{100 * row['final_val_accuracy']:.2f}%" in out
+    assert "65536" in out
+
+
+def test_printed_table_shows_each_run_label_whole(precision_sweep, sweep_rows):
+    result, _ = precision_sweep
+    table = printed_table(result)
+    for row in sweep_rows:
+        assert row["run"] in table, table
+
+
+# ----------------------------------------------------------- sweep with a failing job (subprocess)
+@pytest.fixture(scope="module")
+def failing_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    # cifar10's files are absent under the default root `data`: found at run time, not preflight.
+    cwd = tmp_path_factory.mktemp("failing_sweep")
+    result = mptrain(
+        cwd,
+        "-m",
+        "dataset=digits,cifar10",
+        "model=mlp",
+        "max_steps=4",
+        "progress=false",
+        "hydra.sweep.dir=sweep",
+    )
+    return result, cwd / "sweep"
+
+
+def test_sweep_with_a_failed_job_exits_1(failing_sweep):
+    result, _ = failing_sweep
+    assert result.returncode == 1, describe(result)
+    assert "1 job(s) did not complete" in result.stderr
+
+
+def test_sweep_md_still_lists_every_job_with_the_failure_reason(failing_sweep):
+    _, sweep_dir = failing_sweep
+    rows = md_table((sweep_dir / "sweep.md").read_text(encoding="utf-8"))
+    assert [r["run"] for r in rows] == ["dataset=digits", "dataset=cifar10"]
+    digits, cifar = rows
+    assert digits["status"] == "completed"
+    assert cifar["status"].startswith("failed: ")
+    assert "data/cifar-10-batches-py" in cifar["status"]
+
+
+def test_sweep_json_records_the_failed_job_and_its_reason(failing_sweep):
+    _, sweep_dir = failing_sweep
+    digits, cifar = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))["runs"]
+    assert digits["status"] == "completed" and digits["final_val_accuracy"] > 0
+    assert cifar["status"] == "failed"
+    assert "data/cifar-10-batches-py" in cifar["reason"]
+    failed_job = job_dirs(sweep_dir)[1]
+    assert not (failed_job / REPORT_JSON).exists()
+    failure = json.loads((failed_job / FAILURE_JSON).read_text(encoding="utf-8"))
+    assert failure == {"status": "failed", "reason": cifar["reason"]}
+
+
+# ------------------------------------------------------------------------- in-process tiny runs
+RUNS = {
+    # name: overrides (on top of tiny_run's model=mlp, device=cpu); separate directories, as if
+    # made on different days
+    "fp32_monday": ("precision=fp32",),
+    "bf16_tuesday": ("precision=bf16",),
+    "fp32_seed1": ("precision=fp32", "seed=1"),
+    "bf16_seed1": ("precision=bf16", "seed=1"),
+    "bf16_batch32": ("precision=bf16", "batch_size=32"),
+    "fp8": ("precision=fp8",),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("runs")
+    dirs = {}
+    for name, overrides in RUNS.items():
+        dirs[name] = root / name
+        train(tiny_run(*overrides, "max_steps=6", "log_every=2"), dirs[name])
+    dirs["diverged"] = root / "diverged"
+    with pytest.raises(RunFailed):
+        train(
+            tiny_run(
+                "precision=fp32", "max_steps=60", "optimizer=sgd", "optimizer.lr=1e6", "log_every=2"
+            ),
+            dirs["diverged"],
+        )
+    return dirs
+
+
+def rows_by_label(paths: list[Path]) -> dict[str, dict]:
+    return {row["run"]: row for row in sweep.compare(sweep.find_runs(paths))}
+
+
+def test_compare_main_compares_runs_made_on_different_days(runs, tmp_path, capsys):
+    out = tmp_path / "comparison"
+    sweep.compare_main([str(runs["fp32_monday"]), str(runs["bf16_tuesday"]), "--out", str(out)])
+
+    data = json.loads((out / "sweep.json").read_text(encoding="utf-8"))
+    assert data["title"] == "comparison of 2 runs"
+    fp32, bf16 = data["runs"]
+    assert (fp32["run"], bf16["run"]) == ("fp32_monday", "bf16_tuesday")
+    base, other = read_report(runs["fp32_monday"]), read_report(runs["bf16_tuesday"])
+    assert bf16["baseline"] == str(runs["fp32_monday"])
+    assert bf16["accuracy_delta"] == pytest.approx(
+        other["evaluation"]["final_val_accuracy"] - base["evaluation"]["final_val_accuracy"]
+    )
+    assert bf16["throughput_ratio"] == pytest.approx(
+        other["throughput"]["samples_per_s"] / base["throughput"]["samples_per_s"]
+    )
+    assert bf16["memory_ratio"] == pytest.approx(
+        other["memory"]["peak_bytes"] / base["memory"]["peak_bytes"]
+    )
+    text = (out / "sweep.md").read_text(encoding="utf-8")
+    assert [r["run"] for r in md_table(text)] == ["fp32_monday", "bf16_tuesday"]
+    # No FP16 run: the loss-scale column is left out; the comparison columns are there.
+    headers = md_headers(text)
+    assert "final scale" not in headers and "Δ acc vs fp32" in headers
+    assert is_png(out / "sweep_loss.png")
+    printed = "".join(capsys.readouterr().out.split())  # rich may wrap the long path
+    assert "".join(f"comparison written to {out / 'sweep.md'}".split()) in printed
+
+
+def test_mptrain_compare_console_script(runs, tmp_path):
+    script = Path(sys.executable).parent / "mptrain-compare"
+    assert script.is_file(), f"no console script at {script}"
+
+    result = run_command(
+        tmp_path, str(script), str(runs["fp32_monday"]), str(runs["bf16_tuesday"]), "--out", "cmp"
+    )
+
+    assert result.returncode == 0, describe(result)
+    rows = md_table((tmp_path / "cmp" / "sweep.md").read_text(encoding="utf-8"))
+    assert [r["run"] for r in rows] == ["fp32_monday", "bf16_tuesday"]
+    assert rows[0]["Δ acc vs fp32"] == "+0.00 pt" and rows[1]["Δ acc vs fp32"].endswith(" pt")
+    assert "comparison written to" in result.stdout
+
+
+def test_compare_refuses_a_directory_that_is_neither_a_run_nor_a_sweep(tmp_path, capsys):
+    notes = tmp_path / "notes"
+    (notes / "drafts").mkdir(parents=True)
+    (notes / "readme.txt").write_text("not a run\n")
+    out = tmp_path / "out"
+
+    with pytest.raises(SystemExit) as exc:
+        sweep.compare_main([str(notes), "--out", str(out)])
+
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mptrain-compare: error: ")
+    assert str(notes) in err and "neither a run directory nor a sweep" in err
+    assert not out.exists(), "nothing is written for bad input"
+
+
+def test_compare_refuses_a_missing_path(runs, tmp_path, capsys):
+    missing = tmp_path / "no_such_run"
+    with pytest.raises(SystemExit) as exc:
+        sweep.compare_main([str(runs["fp32_monday"]), str(missing), "--out", str(tmp_path / "o")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert str(missing) in err and "no such directory" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_each_run_is_paired_with_the_fp32_run_of_identical_config(runs):
+    order = ["fp32_monday", "bf16_seed1", "fp32_seed1", "bf16_batch32"]
+    rows = rows_by_label([runs[name] for name in order])
+
+    bf16 = rows["bf16_seed1"]
+    assert bf16["baseline"] == str(runs["fp32_seed1"])  # same seed, not the first fp32 run
+    seed1 = read_report(runs["fp32_seed1"])["evaluation"]["final_val_accuracy"]
+    assert bf16["accuracy_delta"] == bf16["final_val_accuracy"] - seed1
+    assert rows["fp32_monday"]["baseline"] == str(runs["fp32_monday"])
+    assert rows["fp32_seed1"]["baseline"] == str(runs["fp32_seed1"])
+    # batch_size 32: no fp32 run with that config, so no ratios at all.
+    other = rows["bf16_batch32"]
+    assert "baseline" not in other
+    assert [other.get(k) for k in ("accuracy_delta", "throughput_ratio", "memory_ratio")] == [
+        None,
+        None,
+        None,
+    ]
+    assert other["final_val_accuracy"] is not None
+
+    md = {r["run"]: r for r in md_table(sweep.render_markdown(list(rows.values()), "t", None))}
+    cells = md["bf16_batch32"]
+    assert (cells["Δ acc vs fp32"], cells["speed vs fp32"], cells["memory vs fp32"]) == (
+        "—",
+        "—",
+        "—",
+    )
+    assert md["bf16_seed1"]["Δ acc vs fp32"].endswith(" pt")
+
+
+def test_emulated_fp8_gets_an_accuracy_delta_but_no_speed_ratio(runs):
+    report = read_report(runs["fp8"])
+    assert report["precision"]["emulated"] is True  # CPU: no FP8 hardware
+
+    rows = rows_by_label([runs["fp32_monday"], runs["fp8"]])
+
+    fp8 = rows["fp8"]
+    assert fp8["precision"] == report["precision"]["label"]
+    assert fp8["baseline"] == str(runs["fp32_monday"])
+    assert fp8["throughput_ratio"] is None
+    assert fp8["samples_per_s"] > 0  # measured, just not compared
+    base = rows["fp32_monday"]["final_val_accuracy"]
+    assert fp8["accuracy_delta"] == pytest.approx(fp8["final_val_accuracy"] - base)
+    assert fp8["memory_ratio"] > 0
+    md = {r["run"]: r for r in md_table(sweep.render_markdown(list(rows.values()), "t", None))}
+    assert md["fp8"]["speed vs fp32"] == "—"
+    assert md["fp8"]["Δ acc vs fp32"].endswith(" pt")
+
+
+def test_failed_and_diverged_runs_appear_with_their_reason(runs, tmp_path):
+    # A crashed fp32 run: a real report, rewritten as train() writes it for an exception.
+    crashed = tmp_path / "fp32_crashed"
+    shutil.copytree(runs["fp32_monday"], crashed)
+    report = read_report(crashed)
+    report.update(status="failed", reason="RuntimeError: boom | at step 3")
+    (crashed / REPORT_JSON).write_text(json.dumps(report), encoding="utf-8")
+    diverged_reason = read_report(runs["diverged"])["reason"]
+    assert "loss became" in diverged_reason
+
+    runs_ = sweep.find_runs([runs["diverged"], crashed, runs["bf16_tuesday"]])
+    rows = {row["run"]: row for row in sweep.compare(runs_)}
+
+    assert (rows["diverged"]["status"], rows["diverged"]["reason"]) == ("diverged", diverged_reason)
+    assert rows["fp32_crashed"]["status"] == "failed"
+    assert rows["fp32_crashed"]["reason"] == "RuntimeError: boom | at step 3"
+    # Neither the diverged nor the crashed fp32 run is a baseline for the bf16 run.
+    assert "baseline" not in rows["bf16_tuesday"]
+    assert "baseline" not in rows["diverged"]
+    md = {r["run"]: r for r in md_table(sweep.render_markdown(list(rows.values()), "t", None))}
+    assert md["diverged"]["status"] == f"diverged: {diverged_reason}".replace("|", "/")
+    assert md["fp32_crashed"]["status"] == "failed: RuntimeError: boom / at step 3"
+    assert md["bf16_tuesday"]["status"] == "completed"
+
+
+def test_jobs_without_a_report_show_why(runs, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    completed = fake_job(sweep_dir, 0, ["precision=fp32"])
+    for name in ("report.json", "metrics.jsonl"):
+        shutil.copy(runs["fp32_monday"] / name, completed / name)
+    bad_input = fake_job(sweep_dir, 1, ["precision=fp16"])
+    write_failure(bad_input, "dataset.root='x': files not found at x/foo")
+    fake_job(sweep_dir, 2, ["precision=bf16"])  # killed before train() got anywhere
+
+    found = sweep.find_runs([sweep_dir])
+    rows = sweep.compare(found)
+
+    assert [r["run"] for r in rows] == ["precision=fp32", "precision=fp16", "precision=bf16"]
+    assert [r["status"] for r in rows] == ["completed", "failed", "failed"]
+    assert rows[1]["reason"] == "dataset.root='x': files not found at x/foo"
+    assert rows[2]["reason"] == NO_REPORT
+    md = md_table(sweep.render_markdown(rows, "t", None))
+    assert md[1]["status"] == "failed: dataset.root='x': files not found at x/foo"
+    assert md[2]["status"] == f"failed: {NO_REPORT}"
+    assert md[1]["val acc"] == md[2]["val acc"] == "—"
+
+
+def test_sweep_jobs_are_ordered_by_job_number_not_by_name(tmp_path):
+    for number in (10, 2, 0, 11, 1):
+        fake_job(tmp_path, number, [f"seed={number}", "model=mlp"])
+    labels = [run.label for run in sweep.find_runs([tmp_path])]
+    assert labels == ["seed=0", "seed=1", "seed=2", "seed=10", "seed=11"]
+
+
+def test_comparing_two_sweeps_of_the_same_jobs_keeps_every_curve(
+    precision_sweep, tmp_path, monkeypatch
+):
+    _, sweep_dir = precision_sweep
+    day1, day2 = tmp_path / "day1", tmp_path / "day2"
+    for day in (day1, day2):
+        for job in job_dirs(sweep_dir):
+            shutil.copytree(job, day / job.name)
+    plotted = {}
+
+    def record_plot(curves, title, path):
+        plotted.update(curves)
+        return path
+
+    monkeypatch.setattr(sweep, "plot_sweep", record_plot)
+    rows = sweep.write_comparison(
+        sweep.find_runs([day1, day2]), tmp_path, "two days", sweep._wide_console()
+    )
+
+    assert len(rows) == 6
+    assert len(plotted) == 6, f"curves plotted: {sorted(plotted)}"
+    assert len({r["run"] for r in rows}) == 6, [r["run"] for r in rows]
+
+
+def write_fake_cifar10(root: Path) -> None:
+    """The same small CIFAR-10 file set (random pixels, 16 images per batch file) under ``root``."""
+    rng = np.random.default_rng(0)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        entry = {
+            b"data": rng.integers(0, 256, (16, 3072), dtype=np.uint8),
+            b"labels": [int(x) for x in rng.integers(0, 10, 16)],
+        }
+        (folder / name).write_bytes(pickle.dumps(entry, protocol=2))
+
+
+@pytest.fixture(scope="module")
+def two_machines(tmp_path_factory) -> dict[str, Path]:
+    """An fp32 run on machine A and a bf16 run on machine B: same files, kept in another place."""
+    root = tmp_path_factory.mktemp("machines")
+    dirs = {}
+    for name, precision in (("fp32_machine_a", "fp32"), ("bf16_machine_b", "bf16")):
+        data = root / f"data_{name.rsplit('_', 1)[1]}"
+        write_fake_cifar10(data)
+        dirs[name] = root / name
+        cfg = tiny_run(
+            f"precision={precision}",
+            "dataset=cifar10",
+            f"dataset.root={data}",
+            "batch_size=16",
+            "max_steps=3",
+        )
+        train(cfg, dirs[name])
+    return dirs
+
+
+def test_runs_on_two_machines_differ_only_in_precision_and_data_root(two_machines):
+    configs = [read_report(d)["config"] for d in two_machines.values()]
+    roots = [c["dataset"]["root"] for c in configs]
+    assert roots[0] != roots[1]
+    assert [c["precision"]["name"] for c in configs] == ["fp32", "bf16"]
+    for c in configs:
+        del c["precision"], c["dataset"]["root"]
+    assert configs[0] == configs[1]
+
+
+def test_runs_whose_data_lives_elsewhere_are_still_compared(two_machines):
+    runs_ = sweep.find_runs(list(two_machines.values()))
+    fp32, bf16 = sweep.compare(runs_)
+    assert fp32["status"] == bf16["status"] == "completed"
+    assert bf16.get("baseline") == str(two_machines["fp32_machine_a"])
+    assert bf16.get("accuracy_delta") is not None
+
+
+# ----------------------------------------------------------------------------------- rendering
+def test_render_markdown_omits_columns_that_are_all_empty():
+    rows = [
+        {
+            "run": "a",
+            "status": "completed",
+            "precision": "bf16",
+            "final_val_accuracy": 0.5,
+            "skipped_steps": 0,
+            "final_loss_scale": None,
+            "zero_grad_fraction": None,
+            "peak_memory_bytes": 2048,
+        },
+        {"run": "b", "status": "failed", "reason": "boom"},
+    ]
+    text = sweep.render_markdown(rows, "only some columns", None)
+    assert text.startswith("# only some columns\n")
+    assert md_headers(text) == ["run", "status", "precision", "val acc", "skipped"]
+    assert md_table(text)[1] == {
+        "run": "b",
+        "status": "failed: boom",
+        "precision": "—",
+        "val acc": "—",
+        "skipped": "—",
+    }
+    assert "![training loss]" not in text  # no figure given
+    assert "Peak memory: a: 2.0 KiB" in text
+
+    rows[1].update(status="completed", reason=None, final_loss_scale=1024.0)
+    text = sweep.render_markdown(rows, "t", "sweep_loss.png")
+    assert md_headers(text) == ["run", "status", "precision", "val acc", "skipped", "final scale"]
+    assert [r["final scale"] for r in md_table(text)] == ["—", "1024"]
+    assert "![training loss](sweep_loss.png)" in text
+
+
+def test_summary_callback_does_nothing_without_runs(tmp_path):
+    callback = sweep.SweepSummaryCallback()
+    missing = tmp_path / "missing"
+    callback.on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(missing)}}}))
+    assert not missing.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    callback.on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(empty)}}}))
+    assert list(empty.iterdir()) == []
