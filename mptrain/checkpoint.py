@@ -340,7 +340,14 @@ def restore(
     """Load every saved state into the freshly built objects and the loop state."""
     dist = dist or DistContext()
     load_model_state(parts.model, payload["model"], dist)
+    # The implementation (fused / foreach) is this run's choice, not the checkpoint's: a state
+    # saved under FSDP (foreach) must not turn this run's fused optimizer into another one.
+    implementation = [
+        {k: g[k] for k in ("fused", "foreach") if k in g} for g in parts.optimizer.param_groups
+    ]
     load_optimizer_state(parts.model, parts.optimizer, payload["optimizer"], dist)
+    for group, keep in zip(parts.optimizer.param_groups, implementation, strict=True):
+        group.update(keep)
     parts.scheduler.load_state_dict(payload["scheduler"])
     if parts.scaler.is_enabled():
         if payload["scaler"] is None:

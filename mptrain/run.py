@@ -47,7 +47,7 @@ from mptrain.numerics import (
     render_audit,
     render_probe,
 )
-from mptrain.optim import build_optimizer, build_scheduler
+from mptrain.optim import build_optimizer, build_scheduler, optimizer_implementation
 from mptrain.plots import RUN_PNG, plot_run
 from mptrain.precision import PrecisionPolicy, apply_tf32, build_grad_scaler, resolve_precision
 from mptrain.progress import ProgressDisplay
@@ -132,6 +132,7 @@ class _RunFacts:
     checkpointer: Checkpointer | None = None
     stop: GracefulStop | None = None
     dist: DistContext = dataclasses.field(default_factory=DistContext)
+    optimizer_impl: str | None = None
     state: LoopState = dataclasses.field(default_factory=LoopState)
 
 
@@ -208,6 +209,10 @@ def _base_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str,
         "hardware": hardware.hardware_info(device),
         "versions": hardware.software_versions(),
         "seed": cfg.seed,
+        "optimizer": {
+            "name": cfg.optimizer.name,
+            "implementation": facts.optimizer_impl,
+        },
         "model": {
             "name": cfg.model.name,
             "parameters": facts.num_parameters,
@@ -351,7 +356,7 @@ def build_components(
     # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
     model = wrap_model(model, dist, device, policy.autocast_dtype)
     steps_per_epoch, total_steps = plan_steps(cfg, data)
-    optimizer = build_optimizer(cfg.optimizer, model, device)
+    optimizer = build_optimizer(cfg.optimizer, model, device, fused=dist.strategy != "fsdp")
     settings = LoopSettings(
         total_steps=total_steps,
         steps_per_epoch=steps_per_epoch,
@@ -461,6 +466,7 @@ def _setup_and_train(facts: _RunFacts, console: Console) -> None:
     for note in policy.notes:
         console.print(f"[yellow]note:[/yellow] {note}")
     facts.fp32_modules = parts.fp32_modules
+    facts.optimizer_impl = optimizer_implementation(parts.optimizer)
     _diagnose_before_training(cfg, parts, policy, facts.output_dir, console)
     trainables = Trainables(
         parts.model if dist.strategy == "fsdp" else unwrap(parts.model),
