@@ -14,6 +14,7 @@ import re
 
 import pytest
 import yaml
+from conftest import scalar_key_lines, yaml_leaf_paths
 from hydra import compose, initialize_config_module
 
 from mptrain import cli
@@ -166,45 +167,9 @@ def test_imagefolder_without_root_names_the_missing_key():
 
 
 # ------------------------------------------------------------------------------- YAML key comments
-KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
-
 # Keys that may go without a comment: an option's ``name`` (it repeats the file name, checked by
 # test_every_group_option_composes_to_its_typed_schema) and Hydra's own output-directory patterns.
 UNCOMMENTED_KEYS: set[str] = set()  # every key carries a comment
-
-
-def scalar_key_lines(text: str) -> dict[str, str]:
-    """Dotted path -> the rest of the line (value and comment) of every key with a value on its line.
-
-    Keys that open a block (``scaler:``, ``debug:``, ``hydra:``) and list items are left out.
-    """
-    found: dict[str, str] = {}
-    stack: list[tuple[int, str]] = []  # (indent, key) of the open blocks
-    for line in text.splitlines():
-        match = KEY_LINE.match(line)
-        if match is None:
-            continue  # blank, comment, list item
-        indent, key, rest = len(match["indent"]), match["key"], match["rest"].strip()
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        path = ".".join([*(k for _, k in stack), key])
-        if rest == "" or rest.startswith("#"):
-            stack.append((indent, key))
-        else:
-            found[path] = rest
-    return found
-
-
-def yaml_leaf_paths(node: dict, prefix: str = "") -> set[str]:
-    paths = set()
-    for key, value in node.items():
-        if not prefix and key == "defaults":
-            continue
-        if isinstance(value, dict):
-            paths |= yaml_leaf_paths(value, f"{prefix}{key}.")
-        else:
-            paths.add(f"{prefix}{key}")
-    return paths
 
 
 @pytest.mark.parametrize("relative", yaml_files())

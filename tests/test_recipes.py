@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import compose_run
+from conftest import compose_run, scalar_key_lines, yaml_leaf_paths
 from hydra import compose, initialize_config_module
 
 from mptrain.config import RunConfig
@@ -73,44 +73,6 @@ def evaluation(accuracy: float | None) -> dict[str, Any]:
         "best_step": 330,
         "history": [],
     }
-
-
-KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z_][\w-]*):(?P<rest>.*)$")
-
-
-def scalar_key_lines(text: str) -> dict[str, str]:
-    """Dotted path -> rest of the line (value and comment) of every key with a value on its line.
-
-    Keys that open a block (``recipe:``, ``hydra:``) and list items (``defaults``) are left out;
-    the same line scan as tests/test_config.py uses for conf/.
-    """
-    found: dict[str, str] = {}
-    stack: list[tuple[int, str]] = []  # (indent, key) of the open blocks
-    for line in text.splitlines():
-        match = KEY_LINE.match(line)
-        if match is None:
-            continue  # blank, comment, list item
-        indent, key, rest = len(match["indent"]), match["key"], match["rest"].strip()
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        path = ".".join([*(k for _, k in stack), key])
-        if rest == "" or rest.startswith("#"):
-            stack.append((indent, key))
-        else:
-            found[path] = rest
-    return found
-
-
-def yaml_leaf_paths(node: dict, prefix: str = "") -> set[str]:
-    paths = set()
-    for key, value in node.items():
-        if not prefix and key == "defaults":
-            continue
-        if isinstance(value, dict):
-            paths |= yaml_leaf_paths(value, f"{prefix}{key}.")
-        else:
-            paths.add(f"{prefix}{key}")
-    return paths
 
 
 # ---------------------------------------------------------------------------------- recipe files
