@@ -36,6 +36,7 @@ from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
 from mptrain.config import to_run_config
 from mptrain.hardware import hardware_info, software_versions
 from mptrain.loop import LoopState
+from mptrain.optim import build_optimizer
 from mptrain.precision import resolve_precision
 from mptrain.run import build_components, seed_everything, train_components
 
@@ -215,8 +216,8 @@ def run_case(model: str, dataset: str, precision: str, steps: int, reps: int, wa
             ("bare+DataLoader", loader),
         ):
             net = copy.deepcopy(parts.model)
-            # The same optimizer implementation as mptrain's (fused): this measures the runner.
-            optimizer = torch.optim.AdamW(net.parameters(), lr=cfg.optimizer.lr, fused=True)
+            # The same optimizer as mptrain's (fused AdamW, no decay on biases): the same work.
+            optimizer = build_optimizer(cfg.optimizer, net, CPU)
             scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
             times[name].append(bare_loop(net, optimizer, scheduler, batches, dtype, steps, warmup))
     result = {k: statistics.median(v) for k, v in times.items()}

@@ -439,7 +439,7 @@ def _forward_backward(
 
     Distributed: the gradient all-reduce runs only with the last micro-batch's backward.
     """
-    step_loss = torch.zeros((), device=stopwatch.device)
+    step_loss = None
     for micro in range(s.grad_accum_steps):
         last = micro == s.grad_accum_steps - 1
         wait_start = time.perf_counter()
@@ -453,13 +453,15 @@ def _forward_backward(
             with policy.autocast():
                 # Logits to FP32 for the loss: a no-op under autocast and in FP32, and keeps the
                 # softmax of "pure" low-precision runs in FP32 as well.
-                loss = loss_fn(model(images).float(), labels) / s.grad_accum_steps
+                loss = loss_fn(model(images).float(), labels)
+                if s.grad_accum_steps > 1:
+                    loss = loss / s.grad_accum_steps
             scaler.scale(loss).backward()  # outside autocast
         if handle is not None:
             handle.remove()
         if inject_inf and last and sharded:
             _inject_inf_into_shard(model)
-        step_loss += loss.detach()
+        step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
     return images, labels, step_loss
 
 
