@@ -90,6 +90,12 @@ def shard_length(n: int, rank: int, world: int, drop_uneven: bool) -> int:
     return len(range(rank, n, world))
 
 
+def batch_count(n: int, batch_size: int, rank: int, world: int, drop_last: bool) -> int:
+    """Batches per epoch of this rank's shard: full batches only with ``drop_last``."""
+    shard = shard_length(n, rank, world, drop_uneven=drop_last)
+    return shard // batch_size if drop_last else -(-shard // batch_size)
+
+
 def epoch_indices(
     n: int,
     shuffle: bool,
@@ -179,8 +185,7 @@ class TensorBatches:
         self.std = torch.tensor(std, device=device).view(shape) if std else None
         self.crop_padding = crop_padding
         self.flip = flip
-        n = shard_length(len(self.labels), rank, world, drop_uneven=drop_last)
-        self.num_batches = n // batch_size if drop_last else -(-n // batch_size)
+        self.num_batches = batch_count(len(self.labels), batch_size, rank, world, drop_last)
         where = "on the GPU" if resident else "in host memory"
         self.feed = f"tensor-indexed ({where})"
 
@@ -248,8 +253,7 @@ class LoaderBatches:
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.seed = seed
-        n = shard_length(len(dataset), rank, world, drop_uneven=drop_last)  # type: ignore[arg-type]
-        self.num_batches = n // batch_size if drop_last else -(-n // batch_size)
+        self.num_batches = batch_count(len(dataset), batch_size, rank, world, drop_last)  # type: ignore[arg-type]
         self.feed = f"DataLoader ({num_workers} workers)"
 
     def __len__(self) -> int:

@@ -34,9 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mptrain.config import NumericsConfig
 from mptrain.data import Batch, BatchSource, DataBundle
 from mptrain.distributed import DistContext, all_reduce_sum, broadcast_flag, no_sync
-from mptrain.numerics import HealthSettings, ScaleHealth, describe_culprit, find_culprit
+from mptrain.numerics import ScaleHealth, describe_culprit, find_culprit
 from mptrain.precision import PrecisionPolicy
 
 
@@ -64,7 +65,7 @@ class LoopSettings:
     throughput_warmup_steps: int = 5
     channels_last: bool = False
     inject_inf_grad_steps: frozenset[int] = frozenset()
-    health: HealthSettings = field(default_factory=HealthSettings)
+    health: NumericsConfig = field(default_factory=NumericsConfig)
     find_culprit: bool = True
     probe_every: int | None = 50  # gradient/update probe cadence (costs a parameter copy)
     inject_inf_grad_rank: int | None = None  # with inject_inf_grad_steps: only this rank

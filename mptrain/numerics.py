@@ -22,20 +22,13 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mptrain.config import NumericsConfig
+
 FP16_MAX = 65504.0
 FP16_MIN_SUBNORMAL = 2.0**-24  # ~5.96e-8: smaller magnitudes flush to zero in FP16
 
 
 # ------------------------------------------------------------------------------ loss-scale health
-@dataclass
-class HealthSettings:
-    min_loss_scale: float = 1.0
-    warn_consecutive_backoffs: int = 5
-    warn_skip_rate: float = 0.25
-    warn_window: int = 200
-    max_consecutive_nonfinite_loss: int = 5
-
-
 @dataclass
 class ScaleHealth:
     """Watches the loss scale and the loss, step by step; says when to warn and when to stop.
@@ -44,7 +37,7 @@ class ScaleHealth:
     A warning is raised at most once per kind; ``diverged`` is set with a reason to stop the run.
     """
 
-    settings: HealthSettings
+    settings: NumericsConfig  # min_loss_scale, warn_* and max_consecutive_nonfinite_loss
     consecutive_backoffs: int = 0
     consecutive_nonfinite_loss: int = 0
     nonfinite_loss_steps: list[int] = field(default_factory=list)

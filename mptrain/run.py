@@ -40,7 +40,6 @@ from mptrain.loop import LoopSettings, LoopState, to_model_input, train_loop
 from mptrain.metrics import MetricsLog, read_metrics
 from mptrain.models import build_model, count_parameters
 from mptrain.numerics import (
-    HealthSettings,
     audit_step,
     keep_in_fp32,
     range_probe,
@@ -369,13 +368,7 @@ def build_components(
         throughput_warmup_steps=cfg.throughput_warmup_steps,
         channels_last=cfg.channels_last,
         inject_inf_grad_steps=frozenset(cfg.debug.inject_inf_grad_steps),
-        health=HealthSettings(
-            min_loss_scale=cfg.numerics.min_loss_scale,
-            warn_consecutive_backoffs=cfg.numerics.warn_consecutive_backoffs,
-            warn_skip_rate=cfg.numerics.warn_skip_rate,
-            warn_window=cfg.numerics.warn_window,
-            max_consecutive_nonfinite_loss=cfg.numerics.max_consecutive_nonfinite_loss,
-        ),
+        health=cfg.numerics,
         # The re-run of a batch would call collectives on some ranks only: single process only.
         find_culprit=cfg.numerics.find_culprit and not dist.enabled,
         inject_inf_grad_rank=cfg.debug.inject_inf_grad_rank,

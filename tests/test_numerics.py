@@ -24,11 +24,10 @@ from conftest import tiny_run
 from torch import nn
 
 from mptrain import run as run_module
-from mptrain.config import ConfigError
+from mptrain.config import ConfigError, NumericsConfig
 from mptrain.metrics import read_metrics
 from mptrain.numerics import (
     FP16_MIN_SUBNORMAL,
-    HealthSettings,
     ScaleHealth,
     audit_step,
     describe_culprit,
@@ -256,7 +255,7 @@ def test_overflow_inside_a_container_forward_is_not_blamed_on_the_next_leaf():
 
 # ---------------------------------------------------------------------------- loss-scale health
 def health(**overrides) -> ScaleHealth:
-    return ScaleHealth(HealthSettings(**overrides))
+    return ScaleHealth(NumericsConfig(**overrides))
 
 
 def test_consecutive_backoffs_warn_exactly_once():
