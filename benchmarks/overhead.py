@@ -3,14 +3,17 @@
     python benchmarks/overhead.py [--steps 60] [--reps 5] [--out benchmarks/results/overhead.json]
 
 For each model (mlp, cnn, vit) x dataset (digits, synthetic 3x16x16) x precision (fp32, bf16), in
-one process and alternating, median over ``--reps`` repetitions of ``--steps`` optimizer steps
-(after warm-up, evaluation excluded):
+one process, median over ``--reps`` repetitions of ``--steps`` optimizer steps (after warm-up,
+evaluation excluded). The variants alternate, in reversed order every other repetition, and each
+one starts from the same freshly built components (same seed, empty optimizer state):
 
-- ``mptrain``: the real loop (``mptrain.loop.train_loop``) with everything a run builds;
+- ``mptrain``: the real loop (``mptrain.loop.train_loop``) with everything a run builds, its
+  metrics rows (loss, gradient norm) written to a metrics.jsonl and its periodic probes;
 - ``bare``: the dozen canonical lines (autocast forward, scaled backward, step, update, zero_grad)
   on the same model, optimizer, schedule and tensor-indexed batches;
 - ``bare+DataLoader``: the same lines fed by a per-sample ``torch.utils.data.DataLoader``;
-- Lightning / Accelerate, when installed (``pip install .[bench]``), on the same model and data.
+- Lightning / Accelerate, when installed (``pip install .[bench]``), on the same model and data
+  (one run each, after the repetitions).
 
 Prints a table of step times and ratios to the bare loop; --out writes JSON with hardware/versions.
 """
@@ -25,6 +28,7 @@ import importlib.util
 import json
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,7 +40,7 @@ from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
 from mptrain.config import to_run_config
 from mptrain.hardware import hardware_info, software_versions
 from mptrain.loop import LoopState
-from mptrain.optim import build_optimizer
+from mptrain.metrics import MetricsLog
 from mptrain.precision import resolve_precision
 from mptrain.run import build_components, seed_everything, train_components
 
@@ -52,7 +56,12 @@ def compose(*overrides: str):
 
 
 def time_mptrain(parts, policy, steps: int, warmup: int) -> float:
-    """Seconds per optimizer step of mptrain's loop (its own stopwatch: eval excluded)."""
+    """Seconds per optimizer step of mptrain's loop (its own stopwatch: eval excluded).
+
+    With what every run has: loss/grad-norm rows every ``log_every`` steps written to a
+    metrics.jsonl, probes every ``probe_every`` steps, the stop check. Not included: periodic
+    checkpoints (disk I/O at epoch ends, off in the peers' runs too) and the terminal display.
+    """
     settings = dataclasses.replace(
         parts.settings,
         total_steps=warmup + steps,
@@ -60,7 +69,12 @@ def time_mptrain(parts, policy, steps: int, warmup: int) -> float:
         eval_every=10**9,
     )
     state = LoopState()
-    train_components(parts, policy, CPU, state, settings)
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = MetricsLog(Path(tmp) / "metrics.jsonl")
+        try:
+            train_components(parts, policy, CPU, state, settings, observers=(metrics,))
+        finally:
+            metrics.close()
     return state.measured_time_s / state.measured_steps
 
 
@@ -202,24 +216,45 @@ def run_case(model: str, dataset: str, precision: str, steps: int, reps: int, wa
         *extra,
     )
     policy = resolve_precision(cfg.precision, CPU)
-    seed_everything(0)
-    parts = build_components(cfg, CPU, policy)
-    initial_model = copy.deepcopy(parts.model.state_dict())
-    dtype = policy.autocast_dtype
-    times: dict[str, list[float]] = {"mptrain": [], "bare": [], "bare+DataLoader": []}
-    loader = dataloader_batches(parts.data, cfg.batch_size)
-    for _ in range(reps):  # alternate, so drift on a shared machine hits every variant alike
-        parts.model.load_state_dict(initial_model)
-        times["mptrain"].append(time_mptrain(parts, policy, steps, warmup))
-        for name, batches in (
-            ("bare", lambda: iter(parts.data.train.batches(0))),
-            ("bare+DataLoader", loader),
-        ):
-            net = copy.deepcopy(parts.model)
-            # The same optimizer as mptrain's (fused AdamW, no decay on biases): the same work.
-            optimizer = build_optimizer(cfg.optimizer, net, CPU)
-            scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-            times[name].append(bare_loop(net, optimizer, scheduler, batches, dtype, steps, warmup))
+
+    def fresh():
+        """Everything a run builds, from the same seed: every variant of every repetition starts
+        from the same weights and an empty optimizer state. (Carrying AdamW state across
+        repetitions lets first moments of always-zero gradients decay into subnormal floats, which
+        slows this CPU's fused AdamW by ~15 % and would bias whichever variant inherits them.)"""
+        seed_everything(0)
+        return build_components(cfg, CPU, policy)
+
+    def run_bare(feed: str) -> float:
+        parts = fresh()  # mptrain's own model, optimizer (fused AdamW, no-decay group), schedule
+        batches = (
+            (lambda: iter(parts.data.train.batches(0)))
+            if feed == "bare"
+            else dataloader_batches(parts.data, cfg.batch_size)
+        )
+        return bare_loop(
+            parts.model,
+            parts.optimizer,
+            parts.scheduler,
+            batches,
+            policy.autocast_dtype,
+            steps,
+            warmup,
+        )
+
+    variants = {
+        "mptrain": lambda: time_mptrain(fresh(), policy, steps, warmup),
+        "bare": lambda: run_bare("bare"),
+        "bare+DataLoader": lambda: run_bare("bare+DataLoader"),
+    }
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for rep in range(reps):
+        # Alternate, reversing the order every other repetition, so drift on a shared machine
+        # hits every variant alike.
+        order = list(variants) if rep % 2 == 0 else list(reversed(variants))
+        for name in order:
+            times[name].append(variants[name]())
+    parts = fresh()
     result = {k: statistics.median(v) for k, v in times.items()}
     for name, fn in (("lightning", lightning_step_time), ("accelerate", accelerate_step_time)):
         t = fn(

@@ -222,8 +222,10 @@ class Checkpointer:
             self._save_best(self.payload(state), state)
 
     def _new_best(self, state: LoopState) -> bool:
+        if not self.keep_best or not state.evals or state.evals[-1]["step"] != state.step:
+            return False  # no evaluation at this step (checked first: this runs every step)
         best = state.best_eval
-        if not self.keep_best or best is None or best["step"] != state.step:
+        if best["step"] != state.step:
             return False
         return self.best is None or best["val_accuracy"] > self.best[0]
 

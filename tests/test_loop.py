@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_run
 
 from mptrain.config import RunConfig
-from mptrain.loop import LoopState, gradient_norm
+from mptrain.loop import LoopState, _UpdateProbe, gradient_norm
 from mptrain.precision import PrecisionPolicy, resolve_precision
 from mptrain.run import build_components, seed_everything, train_components
 
@@ -171,6 +171,34 @@ def test_gradient_norm_is_fp32_l2_norm():
     model.weight.grad = torch.full((2, 3), 2.0)
     model.bias.grad = torch.tensor([1.0, 1.0])
     assert math.isclose(float(gradient_norm(model)), math.sqrt(6 * 4 + 2), rel_tol=1e-6)
+
+
+def test_gradient_norm_of_bf16_gradients_is_accumulated_in_fp32():
+    model = torch.nn.Linear(256, 256, bias=False).to(torch.bfloat16)
+    model.weight.grad = torch.full((256, 256), 0.01, dtype=torch.bfloat16)
+    norm = gradient_norm(model)
+    assert norm.dtype == torch.float32
+    expected = 256 * float(torch.tensor(0.01, dtype=torch.bfloat16))
+    assert math.isclose(float(norm), expected, rel_tol=1e-5)
+
+
+def test_update_probe_counts_zero_gradients_and_updates_rounded_away():
+    """bf16 parameters at 1.0 (spacing 2**-7 above, 2**-8 below): an SGD update of 1e-4 rounds
+    away, one of 0.5 does not; zero gradients and a parameter without a gradient count as zero."""
+    weight = torch.nn.Parameter(torch.ones(8, dtype=torch.bfloat16))
+    unused = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
+    weight.grad = torch.tensor([0, 0, 1e-4, 1e-4, 1e-4, 0.5, 0.5, float("nan")]).bfloat16()
+    probe = _UpdateProbe([weight, unused])
+    assert probe.zero_grad_fraction() == 1 - 6 / 10
+    with torch.no_grad():
+        weight -= weight.grad  # lr 1: 3 updates of 1e-4 are lost; 0.5 and NaN change the value
+    assert math.isclose(probe.updates_lost_fraction(), 3 / 6)
+
+
+def test_update_probe_without_gradients():
+    probe = _UpdateProbe([torch.nn.Parameter(torch.ones(3))])
+    assert probe.zero_grad_fraction() == 1.0
+    assert probe.updates_lost_fraction() == 0.0
 
 
 def test_eval_every_and_logging_rows():
