@@ -260,8 +260,8 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     eval_every: int | None = None
-    log_every: int = 10
-    probe_every: int | None = 50
+    log_every: int = 25
+    probe_every: int | None = 100
     throughput_warmup_steps: int = 5
     channels_last: bool = False
     compile: bool = False

@@ -27,7 +27,7 @@ import functools
 import itertools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -62,13 +62,13 @@ class LoopSettings:
     clip_grad_norm: float | None = None
     label_smoothing: float = 0.0
     eval_every: int | None = None  # None: at the end of every epoch
-    log_every: int = 10
+    log_every: int = 25
     throughput_warmup_steps: int = 5
     channels_last: bool = False
     inject_inf_grad_steps: frozenset[int] = frozenset()
     health: NumericsConfig = field(default_factory=NumericsConfig)
     find_culprit: bool = True
-    probe_every: int | None = 50  # gradient/update probe cadence (costs a parameter copy)
+    probe_every: int | None = 100  # gradient/update probe cadence (costs a parameter copy)
     inject_inf_grad_rank: int | None = None  # with inject_inf_grad_steps: only this rank
     dist: DistContext = field(default_factory=DistContext)
 
@@ -231,15 +231,20 @@ def evaluate(
     return loss_total / count_total, correct_total / count_total
 
 
-def gradient_norm(model: nn.Module) -> torch.Tensor:
-    """L2 norm of all gradients, computed in FP32 (a device tensor: reading it syncs)."""
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+def gradient_norm(params: Iterable[torch.Tensor]) -> torch.Tensor:
+    """L2 norm of the parameters' gradients, computed in FP32 (a device tensor: reading it syncs).
+
+    Pass a list made once: walking ``model.parameters()`` costs more than the norm for small
+    models.
+    """
+    grads = [p.grad for p in params if p.grad is not None]
     if grads and all(type(g) is torch.Tensor for g in grads):
         # One multi-tensor kernel: get_total_norm() runs a norm per tensor on the CPU (3x slower
         # for a small MLP). Sharded (DTensor) gradients keep torch's own reduction across ranks.
         norms = torch._foreach_norm(grads, 2.0, dtype=torch.float32)
         return torch.linalg.vector_norm(torch.stack(norms))
-    return torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a plain tensor
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -331,8 +336,8 @@ class _Interval:
     def steps(self) -> int:
         return len(self.losses)
 
-    def mean_loss(self) -> float:
-        return float(torch.stack(self.losses).mean())
+    def mean_loss(self) -> torch.Tensor:
+        return torch.stack(self.losses).mean()
 
     def restart(self) -> None:
         self.losses.clear()
@@ -397,7 +402,7 @@ def train_loop(
             # 2-6. unscale, clip, step (skipped on inf/NaN), update the scale, zero the grads
             logged = state.step % s.log_every == 0 or state.step == s.total_steps
             probed = s.probe_every is not None and state.step % s.probe_every == 0
-            step = _optimizer_step(model, params, optimizer, scheduler, scaler, s, logged, probed)
+            step = _optimizer_step(params, optimizer, scheduler, scaler, s, logged, probed)
             if step.zero_grads is not None:
                 state.probes += 1
                 state.zero_grad_fraction_sum += step.zero_grads
@@ -512,7 +517,6 @@ class _StepOutcome:
 
 
 def _optimizer_step(
-    model: nn.Module,
     params: list[torch.Tensor],
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
@@ -524,10 +528,10 @@ def _optimizer_step(
     """unscale -> clip -> step -> update -> (scheduler unless skipped) -> zero_grad."""
     scaler.unscale_(optimizer)  # gradients are now true FP32 gradients (no-op without scaling)
     grad_norm = None
+    if s.clip_grad_norm is not None or norm_now:
+        grad_norm = gradient_norm(params)
     if s.clip_grad_norm is not None:
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, s.clip_grad_norm)
-    elif norm_now:
-        grad_norm = gradient_norm(model)
+        torch.nn.utils.clip_grads_with_norm_(params, s.clip_grad_norm, grad_norm)
     probe = _UpdateProbe(params) if probe_now else None
     scale_before = scaler.get_scale() if scaler.is_enabled() else None
     scaler.step(optimizer)  # skipped when any gradient holds inf/NaN (syncs to read the flag)
@@ -590,7 +594,11 @@ def _log(
     observers: tuple[LoopObserver, ...],
 ) -> None:
     now = time.perf_counter()
-    mean_loss = interval.mean_loss()  # the logging sync point
+    # The logging sync point: one device read for the loss and the gradient norm together.
+    device_values = [interval.mean_loss().float()]
+    if step.grad_norm is not None:
+        device_values.append(step.grad_norm)
+    mean_loss, *grad_norm = torch.stack(device_values).tolist()
     state.last_train_loss = mean_loss
     row = {
         "kind": "train",
@@ -599,7 +607,7 @@ def _log(
         "loss": mean_loss,
         "lr": optimizer.param_groups[0]["lr"],
         "loss_scale": scale,
-        "grad_norm": float(step.grad_norm) if step.grad_norm is not None else None,
+        "grad_norm": grad_norm[0] if grad_norm else None,
         "skipped": step.skipped,
         "skipped_total": len(state.skipped_steps),
         "zero_grad_fraction": step.zero_grads,

@@ -170,13 +170,15 @@ def test_gradient_norm_is_fp32_l2_norm():
     model = torch.nn.Linear(3, 2)
     model.weight.grad = torch.full((2, 3), 2.0)
     model.bias.grad = torch.tensor([1.0, 1.0])
-    assert math.isclose(float(gradient_norm(model)), math.sqrt(6 * 4 + 2), rel_tol=1e-6)
+    assert math.isclose(
+        float(gradient_norm(model.parameters())), math.sqrt(6 * 4 + 2), rel_tol=1e-6
+    )
 
 
 def test_gradient_norm_of_bf16_gradients_is_accumulated_in_fp32():
     model = torch.nn.Linear(256, 256, bias=False).to(torch.bfloat16)
     model.weight.grad = torch.full((256, 256), 0.01, dtype=torch.bfloat16)
-    norm = gradient_norm(model)
+    norm = gradient_norm(model.parameters())
     assert norm.dtype == torch.float32
     expected = 256 * float(torch.tensor(0.01, dtype=torch.bfloat16))
     assert math.isclose(float(norm), expected, rel_tol=1e-5)
