@@ -15,7 +15,8 @@ one starts from the same freshly built components (same seed, empty optimizer st
 - Lightning / Accelerate, when installed (``pip install .[bench]``), on the same model and data
   (one run each, after the repetitions).
 
-Prints a table of step times and ratios to the bare loop; --out writes JSON with hardware/versions.
+Prints a table of median step times and the median of the per-repetition ratios mptrain / bare
+(with its interquartile range); --out writes JSON with every repetition, hardware and versions.
 """
 
 from __future__ import annotations
@@ -267,7 +268,25 @@ def run_case(model: str, dataset: str, precision: str, steps: int, reps: int, wa
         )
         if t is not None:
             result[name] = t
-    return {"model": model, "dataset": dataset, "precision": precision, "step_s": result}
+    return {
+        "model": model,
+        "dataset": dataset,
+        "precision": precision,
+        "step_s": result,
+        # Per repetition, each variant against the bare loop timed next to it: the pairs cancel
+        # the slow drifts of a shared machine, so their median is the figure to read.
+        "ratio_to_bare": {
+            name: paired_ratio(times[name], times["bare"]) for name in times if name != "bare"
+        },
+        "reps_step_s": times,
+    }
+
+
+def paired_ratio(variant: list[float], bare: list[float]) -> dict[str, float]:
+    """Median and quartiles of the per-repetition ratios variant / bare."""
+    ratios = [v / b for v, b in zip(variant, bare, strict=True)]
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+    return {"median": statistics.median(ratios), "q1": q1, "q3": q3}
 
 
 def main() -> int:
@@ -283,17 +302,19 @@ def main() -> int:
         run_case(m, d, p, args.steps, args.reps, args.warmup) for m, d, p in CASES if m in models
     ]
     print(
-        f"{'case':<26}{'mptrain ms':>12}{'bare ms':>10}{'ratio':>8}{'DataLoader ms':>15}{'bare/DL':>9}  peers"
+        f"{'case':<24}{'mptrain ms':>11}{'bare ms':>9}{'mptrain/bare (IQR)':>22}"
+        f"{'DataLoader ms':>15}{'DL/mptrain':>12}  peers / bare"
     )
     for r in rows:
-        t = r["step_s"]
+        t, paired = r["step_s"], r["ratio_to_bare"]["mptrain"]
         peers = "  ".join(
             f"{k} {t[k] / t['bare']:.2f}x" for k in ("lightning", "accelerate") if k in t
         )
+        iqr = f"{paired['median']:.3f} ({paired['q1']:.2f}-{paired['q3']:.2f})"
         print(
-            f"{r['model'] + ' ' + r['dataset'] + ' ' + r['precision']:<26}"
-            f"{1000 * t['mptrain']:>12.2f}{1000 * t['bare']:>10.2f}{t['mptrain'] / t['bare']:>8.3f}"
-            f"{1000 * t['bare+DataLoader']:>15.2f}{t['bare+DataLoader'] / t['mptrain']:>9.2f}  {peers}"
+            f"{r['model'] + ' ' + r['dataset'] + ' ' + r['precision']:<24}"
+            f"{1000 * t['mptrain']:>11.2f}{1000 * t['bare']:>9.2f}{iqr:>22}"
+            f"{1000 * t['bare+DataLoader']:>15.2f}{t['bare+DataLoader'] / t['mptrain']:>12.2f}  {peers}"
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

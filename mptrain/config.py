@@ -260,7 +260,7 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     eval_every: int | None = None
-    log_every: int = 25
+    log_every: int = 50
     probe_every: int | None = 100
     throughput_warmup_steps: int = 5
     channels_last: bool = False

@@ -62,7 +62,7 @@ class LoopSettings:
     clip_grad_norm: float | None = None
     label_smoothing: float = 0.0
     eval_every: int | None = None  # None: at the end of every epoch
-    log_every: int = 25
+    log_every: int = 50
     throughput_warmup_steps: int = 5
     channels_last: bool = False
     inject_inf_grad_steps: frozenset[int] = frozenset()
