@@ -329,8 +329,8 @@ class _Interval:
     them in one go.
     """
 
+    started: float  # time.perf_counter() at the interval's start, evaluations excluded
     losses: list[torch.Tensor] = field(default_factory=list)
-    started: float = field(default_factory=time.perf_counter)
 
     @property
     def steps(self) -> int:
@@ -374,7 +374,7 @@ def train_loop(
         state.health = ScaleHealth(s.health)
     samples_per_step = data.train.batch_size * s.grad_accum_steps * s.dist.world_size
     stopwatch = _Stopwatch(device, state)
-    interval = _Interval()
+    interval = _Interval(started=time.perf_counter())
     model.train()
     optimizer.zero_grad(set_to_none=True)
 
@@ -449,8 +449,11 @@ def train_loop(
             periodic = s.eval_every is not None and state.step % s.eval_every == 0
             epoch_eval = s.eval_every is None and end_of_epoch
             if periodic or epoch_eval or state.step == s.total_steps:
+                eval_started = time.perf_counter()
                 _run_eval(model, data, policy, s, state, stopwatch, observers)
-                interval.started = time.perf_counter()
+                # Evaluation is not training time: the row's samples/s must not count it (it
+                # used to restart the interval here, dropping the steps before the evaluation).
+                interval.started += time.perf_counter() - eval_started
             if checkpoint is not None:
                 checkpoint(state, end_of_epoch)
             stop = stop_requested()

@@ -211,3 +211,31 @@ def test_eval_every_and_logging_rows():
     assert all(0.0 <= e["val_accuracy"] <= 1.0 for e in state.evals)
     assert state.measured_steps == 9 - 2  # throughput_warmup_steps=2
     assert state.samples_per_s and state.samples_per_s > 0
+
+
+def test_row_samples_per_s_counts_training_time_only(monkeypatch):
+    """A fake clock that moves 1 s per training step and 1000 s per evaluation: every row must
+    read exactly batch_size samples/s, though evaluations fall between rows."""
+    import mptrain.loop as loop
+
+    clock = [0.0]
+    forward_backward, evaluate = loop._forward_backward, loop.evaluate
+
+    def step_then_tick(*args, **kwargs):
+        result = forward_backward(*args, **kwargs)
+        clock[0] += 1.0
+        return result
+
+    def evaluate_then_tick(*args, **kwargs):
+        result = evaluate(*args, **kwargs)
+        clock[0] += 1000.0
+        return result
+
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(loop, "_forward_backward", step_then_tick)
+    monkeypatch.setattr(loop, "evaluate", evaluate_then_tick)
+    cfg = tiny_run("precision=fp32", "max_steps=12", "log_every=6", "eval_every=3")
+    state, rec, _ = run_loop(cfg)
+    assert [r["step"] for r in rec.log_rows] == [6, 12]
+    assert [r["samples_per_s"] for r in rec.log_rows] == [cfg.batch_size] * 2
+    assert state.samples_per_s == cfg.batch_size
