@@ -301,8 +301,7 @@ def _inject_inf_into_shard(model: nn.Module) -> None:
     """FSDP assigns reduce-scattered gradient shards without running tensor hooks: put the inf
     into this rank's local shard, as a rank-local overflow would appear to the scaler."""
     first = next(p for p in model.parameters() if p.requires_grad)
-    grad = first.grad.to_local() if hasattr(first.grad, "to_local") else first.grad
-    grad.view(-1)[0] = math.inf
+    _local(first.grad).view(-1)[0] = math.inf
 
 
 def _inject_inf_grad(model: nn.Module) -> torch.utils.hooks.RemovableHandle:
