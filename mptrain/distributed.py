@@ -120,9 +120,9 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def no_sync(model: nn.Module, skip_reduce: bool) -> contextlib.AbstractContextManager[Any]:
-    """Skip DDP's gradient all-reduce on the non-final micro-batches of an accumulation."""
-    if skip_reduce and isinstance(model, nn.parallel.DistributedDataParallel):
+def no_sync(model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """Skip DDP's gradient all-reduce (for the non-final micro-batches of an accumulation)."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
         return model.no_sync()
     return contextlib.nullcontext()
 

@@ -10,7 +10,7 @@ import torch
 from conftest import tiny_run
 
 from mptrain.config import RunConfig
-from mptrain.loop import LoopState, _UpdateProbe, gradient_norm
+from mptrain.loop import LoopState, _UpdateProbe, clear_grads, gradient_norm
 from mptrain.precision import PrecisionPolicy, resolve_precision
 from mptrain.run import build_components, seed_everything, train_components
 
@@ -36,6 +36,7 @@ class StepRecorder:
             ],
             "lr": opt.param_groups[0]["lr"],
             "scale": self.parts.scaler.get_scale() if self.parts.scaler.is_enabled() else None,
+            "grads": [p.grad for p in self.parts.model.parameters()],
         }
 
     def on_log(self, row: dict) -> None:
@@ -164,6 +165,25 @@ def test_parameters_and_optimizer_state_stay_fp32_in_mixed_precision():
             for key, value in state.items():
                 if torch.is_tensor(value) and value.is_floating_point() and key != "step":
                     assert value.dtype == torch.float32, (precision, key, value.dtype)
+
+
+def test_clear_grads_frees_the_optimizer_gradients_like_zero_grad():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    frozen = model[1].bias  # not in the optimizer: zero_grad() leaves it alone, and so must we
+    groups = [{"params": [model[0].weight]}, {"params": [model[0].bias, model[1].weight]}]
+    optimizer = torch.optim.SGD(groups, lr=0.1)
+    model(torch.randn(5, 4)).sum().backward()
+
+    clear_grads(optimizer)
+
+    assert [p.grad for g in groups for p in g["params"]] == [None, None, None]
+    assert frozen.grad is not None
+
+
+def test_every_step_ends_with_gradients_freed():
+    for extra in ("grad_accum_steps=1", "grad_accum_steps=3"):
+        _, rec, _ = run_loop(tiny_run("precision=fp16", "max_steps=3", extra))
+        assert all(g is None for after in rec.after.values() for g in after["grads"]), extra
 
 
 def test_gradient_norm_is_fp32_l2_norm():
