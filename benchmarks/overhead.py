@@ -12,25 +12,29 @@ one starts from the same freshly built components (same seed, empty optimizer st
 - ``bare``: the dozen canonical lines (autocast forward, scaled backward, step, update, zero_grad)
   on the same model, optimizer, schedule and tensor-indexed batches;
 - ``bare+DataLoader``: the same lines fed by a per-sample ``torch.utils.data.DataLoader``;
-- Lightning / Accelerate, when installed (``pip install .[bench]``), on the same model and data
-  (one run each, after the repetitions).
+- ``lightning`` (``Trainer.fit``, ``precision="bf16-mixed"/"32-true"``) and ``accelerate``
+  (``prepare`` + ``accelerator.backward``, ``mixed_precision="bf16"/"no"``), when installed
+  (``pip install .[bench]``): the same model, optimizer, schedule and tensor-indexed batches.
 
-Prints a table of median step times and the median of the per-repetition ratios mptrain / bare
-(with its interquartile range); --out writes JSON with every repetition, hardware and versions.
+Prints a table of median step times, the medians of the per-repetition ratios mptrain / bare and
+peer / mptrain (with interquartile ranges) and what each loop adds per step over the bare one, in
+microseconds (median of the paired differences: the figure to read for the ``linear`` overhead
+floor); --out writes JSON with every repetition, hardware and versions.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import datetime as dt
 import importlib.util
 import json
+import logging
 import statistics
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -114,91 +118,120 @@ def dataloader_batches(data, batch_size: int) -> Callable:
     return lambda: iter(loader)
 
 
-def lightning_step_time(
-    model, lr: float, data, batch_size: int, precision: str, steps: int
-) -> float | None:
-    if importlib.util.find_spec("lightning") is None:
-        return None
+class Epochs:
+    """mptrain's tensor-indexed batches as an iterable, one epoch per ``iter()``: the peers are fed
+    exactly what mptrain and the bare loop train on (Lightning's ``fit`` takes any iterable)."""
+
+    def __init__(self, source) -> None:
+        self.source = source
+        self.epoch = 0
+
+    def __iter__(self):
+        batches = self.source.batches(self.epoch)
+        self.epoch += 1
+        return batches
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+
+def lightning_loop(parts, precision: str, steps: int, warmup: int) -> float:
+    """Lightning's ``Trainer.fit`` on the same model, optimizer, schedule and batches."""
     import lightning as L
+
+    # Lightning's banners and its own deprecation warnings, on every fit: not ours to fix.
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", module=r"lightning\.")
 
     class Module(L.LightningModule):
         def __init__(self) -> None:
             super().__init__()
-            self.net = model
+            self.net = parts.model
 
         def training_step(self, batch, _):
             x, y = batch
             return F.cross_entropy(self.net(x), y)
 
         def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=lr, fused=True)
+            schedule = {"scheduler": parts.scheduler, "interval": "step"}
+            return {"optimizer": parts.optimizer, "lr_scheduler": schedule}
 
     class StepTimer(L.Callback):
-        """Times the steps after warm-up, as the other loops are timed (no Trainer set-up)."""
+        """Times the optimizer steps after warm-up, as the other loops are timed."""
 
         def __init__(self) -> None:
             self.start = self.end = None
 
-        def on_train_batch_start(self, trainer, module, batch, batch_idx):
-            if trainer.global_step == 5 and self.start is None:
+        def on_train_batch_start(self, trainer, *_):
+            if trainer.global_step == warmup and self.start is None:
                 self.start = time.perf_counter()
 
-        def on_train_end(self, trainer, module):
-            self.end = time.perf_counter()
+        def on_train_batch_end(self, trainer, *_):
+            if trainer.global_step == warmup + steps:
+                self.end = time.perf_counter()
 
     timer = StepTimer()
-
-    images = torch.cat([x for x, _ in data.train.batches(0)])
-    labels = torch.cat([y for _, y in data.train.batches(0)])
-    loader = torch.utils.data.DataLoader(
-        torch.utils.data.TensorDataset(images, labels),
-        batch_size=batch_size,
-        shuffle=True,
-        drop_last=True,
-    )
     trainer = L.Trainer(
         accelerator="cpu",
         precision="bf16-mixed" if precision == "bf16" else "32-true",
-        max_steps=steps + 5,
+        max_steps=warmup + steps,
         logger=False,
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        num_sanity_val_steps=0,
         callbacks=[timer],
     )
-    trainer.fit(Module(), loader)
+    trainer.fit(Module(), Epochs(parts.data.train))
     return (timer.end - timer.start) / steps
 
 
-def accelerate_step_time(
-    model, lr: float, data, batch_size: int, precision: str, steps: int
-) -> float | None:
-    if importlib.util.find_spec("accelerate") is None:
-        return None
+def accelerate_loop(parts, precision: str, steps: int, warmup: int) -> float:
+    """Accelerate's canonical loop (``prepare``, ``accelerator.backward``) on the same parts."""
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
     AcceleratorState._reset_state(True)  # a process-wide singleton: one precision per instance
     accelerator = Accelerator(cpu=True, mixed_precision="bf16" if precision == "bf16" else "no")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
-    net, optimizer = accelerator.prepare(model, optimizer)
-    batches = list(data.train.batches(0))
+    # prepare() wraps the forward in autocast and returns FP32 outputs under mixed precision.
+    model, optimizer, scheduler = accelerator.prepare(parts.model, parts.optimizer, parts.scheduler)
+    epochs = Epochs(parts.data.train)
+    batches = iter(epochs)
     start = None
-    for step in range(steps + 5):
-        if step == 5:
+    for step in range(warmup + steps):
+        if step == warmup:
             start = time.perf_counter()
-        x, y = batches[step % len(batches)]
-        with accelerator.autocast():
-            loss = F.cross_entropy(net(x), y)
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            batches = iter(epochs)
+            x, y = next(batches)
+        loss = F.cross_entropy(model(x), y)
         accelerator.backward(loss)
         optimizer.step()
+        scheduler.step()
         optimizer.zero_grad()
     return (time.perf_counter() - start) / steps
 
 
+PEERS = {
+    name: loop
+    for name, loop in (("lightning", lightning_loop), ("accelerate", accelerate_loop))
+    if importlib.util.find_spec(name) is not None
+}
+
+
+# "linear" (one Linear layer, a ~0.3 ms step) is the overhead floor: with almost no compute to
+# hide behind, what a loop adds per step shows in microseconds above the machine's noise.
+MODELS = {
+    "linear": ("model=mlp", "model.hidden_sizes=[]"),
+    "mlp": ("model=mlp",),
+    "cnn": ("model=cnn",),
+    "vit": ("model=vit",),
+}
 CASES = [
     (model, dataset, precision)
-    for model in ("mlp", "cnn", "vit")
+    for model in MODELS
     for dataset in ("digits", "synthetic")
     for precision in ("fp32", "bf16")
 ]
@@ -208,7 +241,7 @@ SYNTHETIC = ("dataset.image_size=16", "dataset.num_train=4096")
 def run_case(model: str, dataset: str, precision: str, steps: int, reps: int, warmup: int) -> dict:
     extra = SYNTHETIC if dataset == "synthetic" else ()
     cfg = compose(
-        f"model={model}",
+        *MODELS[model],
         f"dataset={dataset}",
         f"precision={precision}",
         "device=cpu",
@@ -248,6 +281,8 @@ def run_case(model: str, dataset: str, precision: str, steps: int, reps: int, wa
         "bare": lambda: run_bare("bare"),
         "bare+DataLoader": lambda: run_bare("bare+DataLoader"),
     }
+    for name, loop in PEERS.items():
+        variants[name] = lambda loop=loop: loop(fresh(), precision, steps, warmup)
     times: dict[str, list[float]] = {name: [] for name in variants}
     for rep in range(reps):
         # Alternate, reversing the order every other repetition, so drift on a shared machine
@@ -255,28 +290,22 @@ def run_case(model: str, dataset: str, precision: str, steps: int, reps: int, wa
         order = list(variants) if rep % 2 == 0 else list(reversed(variants))
         for name in order:
             times[name].append(variants[name]())
-    parts = fresh()
-    result = {k: statistics.median(v) for k, v in times.items()}
-    for name, fn in (("lightning", lightning_step_time), ("accelerate", accelerate_step_time)):
-        t = fn(
-            copy.deepcopy(parts.model),
-            cfg.optimizer.lr,
-            parts.data,
-            cfg.batch_size,
-            precision,
-            steps,
-        )
-        if t is not None:
-            result[name] = t
     return {
         "model": model,
         "dataset": dataset,
         "precision": precision,
-        "step_s": result,
+        "step_s": {name: statistics.median(t) for name, t in times.items()},
         # Per repetition, each variant against the bare loop timed next to it: the pairs cancel
         # the slow drifts of a shared machine, so their median is the figure to read.
         "ratio_to_bare": {
             name: paired_ratio(times[name], times["bare"]) for name in times if name != "bare"
+        },
+        "ratio_to_mptrain": {name: paired_ratio(times[name], times["mptrain"]) for name in PEERS},
+        # What each loop adds per step, in seconds: readable where the step is tiny.
+        "added_s_per_step": {
+            name: statistics.median(v - b for v, b in zip(times[name], times["bare"], strict=True))
+            for name in times
+            if name != "bare"
         },
         "reps_step_s": times,
     }
@@ -289,32 +318,41 @@ def paired_ratio(variant: list[float], bare: list[float]) -> dict[str, float]:
     return {"median": statistics.median(ratios), "q1": q1, "q3": q3}
 
 
+def fmt_ratio(q: dict[str, float]) -> str:
+    return f"{q['median']:.3f} ({q['q1']:.2f}-{q['q3']:.2f})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--models", default="mlp,cnn,vit")
+    parser.add_argument("--models", default=",".join(MODELS), help="of " + ",".join(MODELS))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     models = set(args.models.split(","))
+    if models - set(MODELS):
+        parser.error(
+            f"--models: unknown {sorted(models - set(MODELS))}; choose from {list(MODELS)}"
+        )
     rows = [
         run_case(m, d, p, args.steps, args.reps, args.warmup) for m, d, p in CASES if m in models
     ]
     print(
-        f"{'case':<24}{'mptrain ms':>11}{'bare ms':>9}{'mptrain/bare (IQR)':>22}"
-        f"{'DataLoader ms':>15}{'DL/mptrain':>12}  peers / bare"
+        f"{'case':<22}{'mptrain ms':>11}{'bare ms':>9}{'mptrain/bare (IQR)':>21}{'+us/step':>10}"
+        f"{'DataLoader/mptrain':>20}  peers / mptrain (IQR), +us/step over bare"
     )
     for r in rows:
-        t, paired = r["step_s"], r["ratio_to_bare"]["mptrain"]
+        t, added = r["step_s"], r["added_s_per_step"]
         peers = "  ".join(
-            f"{k} {t[k] / t['bare']:.2f}x" for k in ("lightning", "accelerate") if k in t
+            f"{name} {fmt_ratio(q)} {1e6 * added[name]:+.0f}"
+            for name, q in r["ratio_to_mptrain"].items()
         )
-        iqr = f"{paired['median']:.3f} ({paired['q1']:.2f}-{paired['q3']:.2f})"
         print(
-            f"{r['model'] + ' ' + r['dataset'] + ' ' + r['precision']:<24}"
-            f"{1000 * t['mptrain']:>11.2f}{1000 * t['bare']:>9.2f}{iqr:>22}"
-            f"{1000 * t['bare+DataLoader']:>15.2f}{t['bare+DataLoader'] / t['mptrain']:>12.2f}  {peers}"
+            f"{r['model'] + ' ' + r['dataset'] + ' ' + r['precision']:<22}"
+            f"{1000 * t['mptrain']:>11.2f}{1000 * t['bare']:>9.2f}"
+            f"{fmt_ratio(r['ratio_to_bare']['mptrain']):>21}{1e6 * added['mptrain']:>+10.0f}"
+            f"{t['bare+DataLoader'] / t['mptrain']:>20.2f}  {peers}"
         )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
