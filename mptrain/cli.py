@@ -155,7 +155,11 @@ def _parse_command_line(argv: Sequence[str]) -> tuple[list[str], bool, bool]:
 
 
 def bench_main(overrides: list[str]) -> None:
-    """``mptrain bench [overrides]``: time every precision for the configured model and data."""
+    """``mptrain bench [overrides]``: time every precision for the configured model and data.
+
+    Writes bench.md and bench.json to ``outputs/bench/<date>/<time>_<model>_<dataset>``, or to
+    ``hydra.run.dir=DIR`` when given.
+    """
     import datetime as dt
 
     from hydra import compose, initialize_config_module
@@ -164,14 +168,33 @@ def bench_main(overrides: list[str]) -> None:
     from mptrain.bench import run_bench
 
     try:
+        run_dir, overrides = _split_bench_run_dir(overrides)
         preflight(overrides, multirun=False)
         with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
             cfg = to_run_config(compose(config_name=CONFIG_NAME, overrides=overrides))
         stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-        output_dir = Path("outputs") / "bench" / f"{stamp}_{cfg.model.name}_{cfg.dataset.name}"
-        run_bench(cfg, output_dir, cfg.bench.warmup_steps, cfg.bench.steps, Console())
+        default_dir = Path("outputs") / "bench" / f"{stamp}_{cfg.model.name}_{cfg.dataset.name}"
+        run_bench(cfg, run_dir or default_dir, cfg.bench.warmup_steps, cfg.bench.steps, Console())
     except ConfigError as exc:
         _fail(str(exc))
+
+
+def _split_bench_run_dir(overrides: list[str]) -> tuple[Path | None, list[str]]:
+    """(``hydra.run.dir`` if given, the config overrides). bench is one job without Hydra's
+    launcher: any other Hydra option or flag would be ignored, so it is refused."""
+    run_dir, config_overrides = None, []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key == "hydra.run.dir" and value:
+            run_dir = Path(value)
+        elif key.startswith("-") or key.lstrip("+~").startswith("hydra"):
+            raise ConfigError(
+                f"{override}: mptrain bench takes config overrides (key=value) and "
+                "hydra.run.dir=DIR only"
+            )
+        else:
+            config_overrides.append(override)
+    return run_dir, config_overrides
 
 
 def main(argv: Sequence[str] | None = None) -> None:
