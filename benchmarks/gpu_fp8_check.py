@@ -8,10 +8,14 @@ For one NVIDIA GPU of compute capability >= 8.9 (H100/H200/L4/RTX 40xx); runs in
    ``torch._scaled_mm`` and by the emulation (FP8 values in FP32, FP32 matmul, one rescale). The two
    must agree to BF16 rounding: both see the same FP8 operands.
 2. Training: a Linear-heavy MLP (hidden 4096) on synthetic class-prototype data, BF16 autocast vs
-   precision=fp8 (real GEMMs), same seed and data; prints samples/s of both (after warm-up, CUDA
-   events) and the loss curves' mean absolute difference.
+   precision=fp8 (real GEMMs), same seed and data; prints samples/s of both (after warm-up,
+   timed between device synchronisations) and the loss curves' mean absolute difference.
 
 Prints a JSON document with the date, hardware and versions; --out also writes it to a file.
+
+``--device cpu --gemm-shapes 64x128x256 --steps 4 --warmup 2 --batch 64 --width 64`` runs the same
+code on a CPU in seconds, through torch's CPU ``_scaled_mm`` (a correctness smoke run, not FP8
+hardware: the test suite runs it so the script is known to work before GPU time is spent on it).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import datetime as dt
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -37,7 +42,12 @@ from mptrain.fp8 import (
     quantize,
     scale_from_amax,
 )
-from mptrain.hardware import hardware_info, software_versions
+from mptrain.hardware import (
+    hardware_info,
+    peak_memory_bytes,
+    reset_peak_memory,
+    software_versions,
+)
 from mptrain.models import build_mlp
 
 
@@ -46,9 +56,9 @@ def sqnr_db(reference: torch.Tensor, other: torch.Tensor) -> float:
     return float(10 * torch.log10(reference.float().pow(2).sum() / noise.clamp(min=1e-30)))
 
 
-def gemm_agreement(device: torch.device) -> list[dict]:
+def gemm_agreement(device: torch.device, shapes: list[tuple[int, int, int]]) -> list[dict]:
     rows = []
-    for m, k, n in ((128, 256, 512), (1000, 2048, 4096), (4096, 4096, 4096)):
+    for m, k, n in shapes:
         for a_dtype in (E4M3, E5M2):
             a = torch.randn(m, k, device=device)
             b = torch.randn(n, k, device=device) * 0.02  # weight-like, stored (N, K) row-major
@@ -92,28 +102,42 @@ def train_throughput(
     generator = torch.Generator(device=device).manual_seed(1)
     prototypes = torch.randn(classes, in_features, device=device, generator=generator)
     losses = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    reset_peak_memory(device)
+    start = None
     for step in range(steps):
         if step == warmup:
-            start.record()
+            synchronize(device)
+            start = time.perf_counter()
         labels = torch.randint(0, classes, (batch,), device=device, generator=generator)
         x = prototypes[labels] + torch.randn(batch, in_features, device=device, generator=generator)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             loss = F.cross_entropy(model(x.view(batch, 1, 32, 32)), labels)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
-    end.record()
-    torch.cuda.synchronize()
-    seconds = start.elapsed_time(end) / 1000
+    synchronize(device)
+    seconds = time.perf_counter() - start
     return {
         "precision": "fp8" if fp8 else "bf16",
         "samples_per_s": (steps - warmup) * batch / seconds,
         "losses": [float(v) for v in losses],
         "converted_flops_share": section["converted_linear_flops_share"] if section else None,
-        "peak_memory_bytes": torch.cuda.max_memory_allocated(device),
+        "peak_memory_bytes": peak_memory_bytes(device),
     }
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """ "MxKxN,MxKxN" -> [(M, K, N), ...]."""
+    shapes = [tuple(int(d) for d in shape.split("x")) for shape in text.split(",")]
+    if any(len(shape) != 3 for shape in shapes):
+        raise ValueError(text)
+    return shapes  # type: ignore[return-value]
 
 
 def main() -> int:
@@ -122,21 +146,34 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=8192)
     parser.add_argument("--width", type=int, default=4096)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--gemm-shapes", default="128x256x512,1000x2048x4096,4096x4096x4096")
+    parser.add_argument("--device", default="cuda", help="cuda (the check) | cpu (a smoke run)")
     args = parser.parse_args()
-    device = torch.device("cuda")
-    if not torch.cuda.is_available() or not fp8_gemm_available(device):
-        print("needs an NVIDIA GPU of compute capability >= 8.9", file=sys.stderr)
+    try:
+        shapes = parse_shapes(args.gemm_shapes)
+    except ValueError:
+        parser.error(f"--gemm-shapes {args.gemm_shapes!r}: expected MxKxN[,MxKxN...]")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not (torch.cuda.is_available() and fp8_gemm_available(device)):
+        print(
+            "needs an NVIDIA GPU of compute capability >= 8.9 (or --device cpu for a smoke run)",
+            file=sys.stderr,
+        )
         return 2
     result = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "hardware": hardware_info(device),
         "versions": software_versions(),
-        "gemm_agreement": gemm_agreement(device),
+        "note": None
+        if device.type == "cuda"
+        else "CPU smoke run: torch's CPU _scaled_mm, not FP8 hardware; the speeds mean nothing",
+        "gemm_agreement": gemm_agreement(device, shapes),
     }
-    runs = []
-    for fp8 in (False, True):
-        torch.cuda.reset_peak_memory_stats(device)
-        runs.append(train_throughput(device, fp8, args.steps, 20, args.batch, args.width))
+    runs = [
+        train_throughput(device, fp8, args.steps, args.warmup, args.batch, args.width)
+        for fp8 in (False, True)
+    ]
     bf16, fp8 = runs
     diffs = [abs(a - b) for a, b in zip(bf16["losses"], fp8["losses"], strict=True)]
     result["training"] = {

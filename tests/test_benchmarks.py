@@ -1,0 +1,93 @@
+"""The scripts in benchmarks/ run end to end on a CPU in seconds (smoke runs: figures are not
+checked, only that each script works and writes what BENCHMARKS.md reads). The GPU scripts run their
+``--device cpu`` mode, so they are known to work before any GPU time is spent on them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+TIMEOUT_S = 300
+
+
+def run_script(name: str, *args: str, cwd: Path) -> dict:
+    out = cwd / "result.json"
+    command = [sys.executable, str(BENCHMARKS / name), *args, "--out", str(out)]
+    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    return json.loads(out.read_text())
+
+
+def test_overhead_benchmark_pairs_every_variant_with_the_bare_loop(tmp_path):
+    doc = run_script(
+        "overhead.py", "--models", "linear", "--steps", "3", "--warmup", "2", "--reps", "2",
+        cwd=tmp_path,
+    )  # fmt: skip
+
+    cases = [(r["model"], r["dataset"], r["precision"]) for r in doc["rows"]]
+    assert cases == [
+        ("linear", dataset, precision)
+        for dataset in ("digits", "synthetic")
+        for precision in ("fp32", "bf16")
+    ]
+    for row in doc["rows"]:
+        variants = set(row["reps_step_s"])
+        assert {"mptrain", "bare", "bare+DataLoader"} <= variants
+        assert all(len(times) == 2 and min(times) > 0 for times in row["reps_step_s"].values())
+        assert set(row["ratio_to_bare"]) == variants - {"bare"}
+        paired = row["ratio_to_bare"]["mptrain"]
+        ratios = [
+            m / b
+            for m, b in zip(row["reps_step_s"]["mptrain"], row["reps_step_s"]["bare"], strict=True)
+        ]
+        assert math.isclose(paired["median"], sum(ratios) / 2)  # median of two
+        assert set(row["added_s_per_step"]) == variants - {"bare"}
+    assert doc["hardware"]["device"] == "cpu" and doc["versions"]["torch"]
+
+
+def test_resnet50_script_smoke_run_on_cpu(tmp_path):
+    doc = run_script(
+        "gpu_resnet50.py", "--device", "cpu", "--batch", "2", "--image-size", "32",
+        "--steps", "1", "--warmup", "1", "--precisions", "fp32,bf16", cwd=tmp_path,
+    )  # fmt: skip
+
+    assert [r["precision"] for r in doc["rows"]] == ["fp32", "bf16"]
+    assert all(r["samples_per_s"] > 0 for r in doc["rows"])
+    assert doc["rows"][0]["vs_fp32"] == 1.0
+    assert "vs_tf32" not in doc["rows"][0]  # no TF32 row to compare with
+    assert "32 px, batch 2" in doc["benchmark"]
+
+
+def test_fp8_script_smoke_run_on_cpu(tmp_path):
+    doc = run_script(
+        "gpu_fp8_check.py", "--device", "cpu", "--gemm-shapes", "64x128x256", "--steps", "4",
+        "--warmup", "2", "--batch", "64", "--width", "64", cwd=tmp_path,
+    )  # fmt: skip
+
+    assert "not FP8 hardware" in doc["note"]
+    gemms = doc["gemm_agreement"]
+    assert [g["a_dtype"] for g in gemms] == ["float8_e4m3fn", "float8_e5m2"]
+    # torch._scaled_mm and the emulation multiply the same FP8 operands: they agree far beyond
+    # what FP8 itself keeps of the FP32 product.
+    assert all(g["real_vs_emulated_sqnr_db"] > 60 for g in gemms)
+    assert all(10 < g["real_vs_fp32_sqnr_db"] < 40 for g in gemms)
+    training = doc["training"]
+    assert training["all_losses_finite"]
+    assert 0 < training["converted_flops_share"] < 1  # first and last layers stay in BF16
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
+def test_gpu_scripts_need_a_gpu_or_say_so(tmp_path):
+    for name in ("gpu_resnet50.py", "gpu_fp8_check.py"):
+        command = [sys.executable, str(BENCHMARKS / name)]
+        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, name
+        assert "--device cpu" in result.stderr, name
