@@ -150,6 +150,8 @@ def main() -> int:
     parser.add_argument("--gemm-shapes", default="128x256x512,1000x2048x4096,4096x4096x4096")
     parser.add_argument("--device", default="cuda", help="cuda (the check) | cpu (a smoke run)")
     args = parser.parse_args()
+    if not 0 <= args.warmup < args.steps:
+        parser.error(f"--warmup {args.warmup} --steps {args.steps}: need 0 <= warmup < steps")
     try:
         shapes = parse_shapes(args.gemm_shapes)
     except ValueError:

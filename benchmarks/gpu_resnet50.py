@@ -41,6 +41,8 @@ def main() -> int:
     parser.add_argument("--device", default="cuda", help="cuda (the benchmark) | cpu (a smoke run)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    if args.steps < 1 or args.warmup < 1 or args.batch < 1:
+        parser.error("--steps, --warmup and --batch must be >= 1")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("needs a CUDA GPU (or --device cpu for a smoke run)", file=sys.stderr)

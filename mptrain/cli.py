@@ -158,43 +158,53 @@ def bench_main(overrides: list[str]) -> None:
     """``mptrain bench [overrides]``: time every precision for the configured model and data.
 
     Writes bench.md and bench.json to ``outputs/bench/<date>/<time>_<model>_<dataset>``, or to
-    ``hydra.run.dir=DIR`` when given.
+    ``hydra.run.dir=DIR`` when given (parsed and resolved by Hydra: quotes, ``${now:...}``).
     """
     import datetime as dt
 
     from hydra import compose, initialize_config_module
+    from omegaconf import open_dict
     from rich.console import Console
 
     from mptrain.bench import run_bench
 
     try:
-        run_dir, overrides = _split_bench_run_dir(overrides)
-        preflight(overrides, multirun=False)
+        _refuse_hydra_options(overrides)
+        config_overrides = [o for o in overrides if not o.startswith(_RUN_DIR)]
+        preflight(config_overrides, multirun=False)
         with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-            cfg = to_run_config(compose(config_name=CONFIG_NAME, overrides=overrides))
+            composed = compose(
+                config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True
+            )
+        run_dir = composed.hydra.run.dir if len(config_overrides) < len(overrides) else None
+        if run_dir == "":
+            raise ConfigError("hydra.run.dir=: empty; give the directory bench should write to")
+        with open_dict(composed):
+            del composed["hydra"]
+        cfg = to_run_config(composed)
         stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
         default_dir = Path("outputs") / "bench" / f"{stamp}_{cfg.model.name}_{cfg.dataset.name}"
-        run_bench(cfg, run_dir or default_dir, cfg.bench.warmup_steps, cfg.bench.steps, Console())
+        output_dir = Path(run_dir) if run_dir is not None else default_dir
+        run_bench(cfg, output_dir, cfg.bench.warmup_steps, cfg.bench.steps, Console())
     except ConfigError as exc:
         _fail(str(exc))
 
 
-def _split_bench_run_dir(overrides: list[str]) -> tuple[Path | None, list[str]]:
-    """(``hydra.run.dir`` if given, the config overrides). bench is one job without Hydra's
-    launcher: any other Hydra option or flag would be ignored, so it is refused."""
-    run_dir, config_overrides = None, []
+_RUN_DIR = "hydra.run.dir="
+
+
+def _refuse_hydra_options(overrides: list[str]) -> None:
+    """bench is one job without Hydra's launcher: any Hydra option or flag other than
+    ``hydra.run.dir`` would be ignored, so it is refused."""
     for override in overrides:
-        key, _, value = override.partition("=")
-        if key == "hydra.run.dir" and value:
-            run_dir = Path(value)
-        elif key.startswith("-") or key.lstrip("+~").startswith("hydra"):
+        key = override.partition("=")[0]
+        if override.startswith(_RUN_DIR):
+            continue
+        if key.startswith("-") or key.lstrip("+~").startswith("hydra"):
             raise ConfigError(
                 f"{override}: mptrain bench takes config overrides (key=value) and "
                 "hydra.run.dir=DIR only"
             )
-        else:
-            config_overrides.append(override)
-    return run_dir, config_overrides
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -93,7 +93,8 @@ def test_run_bench_measures_every_cpu_precision_and_writes_its_files(tmp_path, m
     assert "vs fp32" in console.export_text()
 
 
-def test_bench_command_writes_to_hydra_run_dir(tmp_path):
+def test_bench_command_writes_to_hydra_run_dir_as_hydra_parses_it(tmp_path):
+    # Hydra's own parsing: quotes are removed and ${now:...} is resolved.
     result = run_mptrain(
         tmp_path,
         "bench",
@@ -102,11 +103,12 @@ def test_bench_command_writes_to_hydra_run_dir(tmp_path):
         "device=cpu",
         "bench.warmup_steps=1",
         "bench.steps=2",
-        "hydra.run.dir=here",
+        "hydra.run.dir='my runs/bench_${now:%Y}'",
     )
 
     assert result.returncode == 0, describe(result)
-    rows = json.loads((tmp_path / "here" / "bench.json").read_text())["rows"]
+    (written,) = (tmp_path / "my runs").glob("bench_20*/bench.json")
+    rows = json.loads(written.read_text())["rows"]
     assert rows[0]["precision"] == "fp32" and rows[0]["samples_per_s"] > 0
     assert not (tmp_path / "outputs").exists()
 
@@ -118,6 +120,7 @@ def test_bench_command_writes_to_hydra_run_dir(tmp_path):
         (["bench.steps=0"], "bench.steps=0"),
         (["-m", "model=mlp"], "-m:"),
         (["hydra.job.chdir=true"], "hydra.job.chdir=true:"),
+        (["hydra.run.dir="], "hydra.run.dir=: empty"),
     ],
 )
 def test_bench_command_refuses_bad_input_in_one_line(tmp_path, args, named):

@@ -5,6 +5,7 @@ checked, only that each script works and writes what BENCHMARKS.md reads). The G
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import subprocess
@@ -38,9 +39,11 @@ def test_overhead_benchmark_pairs_every_variant_with_the_bare_loop(tmp_path):
         for dataset in ("digits", "synthetic")
         for precision in ("fp32", "bf16")
     ]
+    peers = {name for name in ("lightning", "accelerate") if importlib.util.find_spec(name)}
     for row in doc["rows"]:
         variants = set(row["reps_step_s"])
-        assert {"mptrain", "bare", "bare+DataLoader"} <= variants
+        assert variants == {"mptrain", "bare", "bare+DataLoader"} | peers
+        assert set(row["ratio_to_mptrain"]) == peers
         assert all(len(times) == 2 and min(times) > 0 for times in row["reps_step_s"].values())
         assert set(row["ratio_to_bare"]) == variants - {"bare"}
         paired = row["ratio_to_bare"]["mptrain"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import warnings
@@ -9,6 +10,7 @@ import warnings
 import torch
 from conftest import tiny_run
 
+import mptrain.loop
 from mptrain.config import RunConfig
 from mptrain.loop import LoopState, _UpdateProbe, clear_grads, gradient_norm
 from mptrain.precision import PrecisionPolicy, resolve_precision
@@ -184,6 +186,22 @@ def test_every_step_ends_with_gradients_freed():
     for extra in ("grad_accum_steps=1", "grad_accum_steps=3"):
         _, rec, _ = run_loop(tiny_run("precision=fp16", "max_steps=3", extra))
         assert all(g is None for after in rec.after.values() for g in after["grads"]), extra
+
+
+def test_gradient_reduction_is_skipped_on_every_micro_batch_but_the_last(monkeypatch):
+    calls = []
+
+    def recording_no_sync(model):
+        calls.append(model)
+        return contextlib.nullcontext()
+
+    monkeypatch.setattr(mptrain.loop, "no_sync", recording_no_sync)
+    run_loop(tiny_run("precision=fp32", "max_steps=2", "grad_accum_steps=3"))
+    assert len(calls) == 2 * 2  # micro-batches 1 and 2 of 3, in each of the 2 steps
+
+    calls.clear()
+    run_loop(tiny_run("precision=fp32", "max_steps=2", "grad_accum_steps=1"))
+    assert calls == []
 
 
 def test_gradient_norm_is_fp32_l2_norm():
