@@ -1,8 +1,13 @@
-"""Shared helpers: compose the real YAML configs (Hydra compose API) into typed RunConfigs."""
+"""Shared helpers: compose the real YAML configs (Hydra compose API) into typed RunConfigs; run
+the ``mptrain`` command line as a subprocess."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +27,37 @@ def tiny_run(*overrides: str) -> RunConfig:
     """A CPU run of a few steps on digits with a Linear-only model (fast in every precision)."""
     base = ("model=mlp", "device=cpu", "progress=false", "throughput_warmup_steps=2")
     return compose_run(*base, *overrides)
+
+
+SUBPROCESS_TIMEOUT_S = 180
+
+
+def run_command(
+    cwd: Path, *command: str, timeout: float = SUBPROCESS_TIMEOUT_S
+) -> subprocess.CompletedProcess:
+    """Run a command in ``cwd``; no HYDRA_FULL_ERROR (tracebacks) and no inherited terminal size."""
+    drop = ("HYDRA_FULL_ERROR", "COLUMNS", "LINES")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    return subprocess.run(
+        list(command),
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,  # no terminal anywhere: rich's default width, not the tty's
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_mptrain(
+    cwd: Path, *args: str, timeout: float = SUBPROCESS_TIMEOUT_S
+) -> subprocess.CompletedProcess:
+    """``python -m mptrain *args`` in ``cwd`` (see :func:`run_command`)."""
+    return run_command(cwd, sys.executable, "-m", "mptrain", *args, timeout=timeout)
+
+
+def describe(result: subprocess.CompletedProcess) -> str:
+    return f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

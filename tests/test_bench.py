@@ -9,9 +9,8 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_run
+from conftest import describe, run_mptrain, tiny_run
 from rich.console import Console
-from test_cli import describe, run_mptrain
 
 from mptrain import bench, hardware
 from mptrain.config import PrecisionConfig

@@ -8,27 +8,31 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import describe, run_command
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 TIMEOUT_S = 300
 
 
-def run_script(name: str, *args: str, cwd: Path) -> dict:
+def run_script(name: str, *args: str, cwd: Path, timeout: float = TIMEOUT_S):
+    return run_command(cwd, sys.executable, str(BENCHMARKS / name), *args, timeout=timeout)
+
+
+def run_to_json(name: str, *args: str, cwd: Path) -> dict:
+    """Run a benchmark script with ``--out``; the JSON document it wrote."""
     out = cwd / "result.json"
-    command = [sys.executable, str(BENCHMARKS / name), *args, "--out", str(out)]
-    result = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    result = run_script(name, *args, "--out", str(out), cwd=cwd)
+    assert result.returncode == 0, describe(result)
     return json.loads(out.read_text())
 
 
 def test_overhead_benchmark_pairs_every_variant_with_the_bare_loop(tmp_path):
-    doc = run_script(
+    doc = run_to_json(
         "overhead.py", "--models", "linear", "--steps", "3", "--warmup", "2", "--reps", "2",
         cwd=tmp_path,
     )  # fmt: skip
@@ -57,7 +61,7 @@ def test_overhead_benchmark_pairs_every_variant_with_the_bare_loop(tmp_path):
 
 
 def test_resnet50_script_smoke_run_on_cpu(tmp_path):
-    doc = run_script(
+    doc = run_to_json(
         "gpu_resnet50.py", "--device", "cpu", "--batch", "2", "--image-size", "32",
         "--steps", "1", "--warmup", "1", "--precisions", "fp32,bf16", cwd=tmp_path,
     )  # fmt: skip
@@ -70,7 +74,7 @@ def test_resnet50_script_smoke_run_on_cpu(tmp_path):
 
 
 def test_fp8_script_smoke_run_on_cpu(tmp_path):
-    doc = run_script(
+    doc = run_to_json(
         "gpu_fp8_check.py", "--device", "cpu", "--gemm-shapes", "64x128x256", "--steps", "4",
         "--warmup", "2", "--batch", "64", "--width", "64", cwd=tmp_path,
     )  # fmt: skip
@@ -90,7 +94,6 @@ def test_fp8_script_smoke_run_on_cpu(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
 def test_gpu_scripts_need_a_gpu_or_say_so(tmp_path):
     for name in ("gpu_resnet50.py", "gpu_fp8_check.py"):
-        command = [sys.executable, str(BENCHMARKS / name)]
-        result = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        result = run_script(name, cwd=tmp_path, timeout=60)
         assert result.returncode == 2, name
         assert "--device cpu" in result.stderr, name

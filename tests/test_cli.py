@@ -8,30 +8,15 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-
-TIMEOUT_S = 180
+from conftest import describe, run_command, run_mptrain
 
 
 # ----------------------------------------------------------------------------------------- helpers
-def run_mptrain(cwd: Path, *args: str, program: list[str] | None = None):
-    """Run mptrain in ``cwd`` without HYDRA_FULL_ERROR (which would make Hydra print tracebacks)."""
-    env = {k: v for k, v in os.environ.items() if k != "HYDRA_FULL_ERROR"}
-    command = [*(program or [sys.executable, "-m", "mptrain"]), *args]
-    return subprocess.run(
-        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT_S
-    )
-
-
-def describe(result: subprocess.CompletedProcess) -> str:
-    return f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-
-
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
@@ -154,7 +139,7 @@ def test_console_script_help_exits_0(tmp_path):
     script = Path(sys.executable).parent / "mptrain"
     assert script.is_file(), f"no console script at {script}"
 
-    result = run_mptrain(tmp_path, "--help", program=[str(script)])
+    result = run_command(tmp_path, str(script), "--help")
 
     assert result.returncode == 0, describe(result)
     assert "== Configuration groups ==" in result.stdout

@@ -8,7 +8,6 @@ completes and one where a job fails at run time; everything else compares tiny i
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_run
+from conftest import describe, run_command, run_mptrain, tiny_run
 from omegaconf import OmegaConf
 
 from mptrain import sweep
@@ -30,29 +29,6 @@ NO_REPORT = "no report.json (the job ended before training)"
 
 
 # ----------------------------------------------------------------------------------------- helpers
-def run_command(cwd: Path, *command: str) -> subprocess.CompletedProcess:
-    """Run a command in ``cwd``; no HYDRA_FULL_ERROR (tracebacks) and no inherited terminal size."""
-    drop = ("HYDRA_FULL_ERROR", "COLUMNS", "LINES")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    return subprocess.run(
-        list(command),
-        cwd=cwd,
-        env=env,
-        stdin=subprocess.DEVNULL,  # no terminal anywhere: rich's default width, not the tty's
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-    )
-
-
-def mptrain(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    return run_command(cwd, sys.executable, "-m", "mptrain", *args)
-
-
-def describe(result: subprocess.CompletedProcess) -> str:
-    return f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
-
-
 def is_png(path: Path) -> bool:
     return path.is_file() and path.read_bytes()[:8] == PNG_MAGIC
 
@@ -93,7 +69,7 @@ def fake_job(sweep_dir: Path, number: int, overrides: list[str]) -> Path:
 @pytest.fixture(scope="module")
 def precision_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     cwd = tmp_path_factory.mktemp("precision_sweep")
-    result = mptrain(
+    result = run_mptrain(
         cwd,
         "-m",
         "precision=fp32,bf16,fp16",
@@ -103,6 +79,7 @@ def precision_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path
         "probe_every=4",  # zero gradients / updates lost: every column of the table is filled
         "progress=false",
         "hydra.sweep.dir=sweep",
+        timeout=TIMEOUT_S,
     )
     return result, cwd / "sweep"
 
@@ -226,7 +203,7 @@ def test_printed_table_shows_each_run_label_whole(precision_sweep, sweep_rows):
 def failing_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     # cifar10's files are absent under the default root `data`: found at run time, not preflight.
     cwd = tmp_path_factory.mktemp("failing_sweep")
-    result = mptrain(
+    result = run_mptrain(
         cwd,
         "-m",
         "dataset=digits,cifar10",
@@ -234,6 +211,7 @@ def failing_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
         "max_steps=4",
         "progress=false",
         "hydra.sweep.dir=sweep",
+        timeout=TIMEOUT_S,
     )
     return result, cwd / "sweep"
 
@@ -335,7 +313,13 @@ def test_mptrain_compare_console_script(runs, tmp_path):
     assert script.is_file(), f"no console script at {script}"
 
     result = run_command(
-        tmp_path, str(script), str(runs["fp32_monday"]), str(runs["bf16_tuesday"]), "--out", "cmp"
+        tmp_path,
+        str(script),
+        str(runs["fp32_monday"]),
+        str(runs["bf16_tuesday"]),
+        "--out",
+        "cmp",
+        timeout=TIMEOUT_S,
     )
 
     assert result.returncode == 0, describe(result)
