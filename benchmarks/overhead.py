@@ -2,9 +2,9 @@
 
     python benchmarks/overhead.py [--steps 60] [--reps 5] [--out benchmarks/results/overhead.json]
 
-For each model (mlp, cnn, vit) x dataset (digits, synthetic 3x16x16) x precision (fp32, bf16), in
-one process, median over ``--reps`` repetitions of ``--steps`` optimizer steps (after warm-up,
-evaluation excluded). The variants alternate, in reversed order every other repetition, and each
+For each model (linear, mlp, cnn, vit) x dataset (digits, synthetic 3x16x16) x precision (fp32,
+bf16), in one process, median over ``--reps`` repetitions of ``--steps`` optimizer steps (after
+warm-up, evaluation excluded). The variants alternate, in reversed order every other repetition, and each
 one starts from the same freshly built components (same seed, empty optimizer state):
 
 - ``mptrain``: the real loop (``mptrain.loop.train_loop``) with everything a run builds, its

@@ -5,8 +5,8 @@ A recipe is ``recipes/NAME.yaml``: an overlay on the defaults (Hydra package ``_
 recipe only when it ran the recipe's full schedule: every key the recipe sets still has the
 recipe's value. Exceptions: settings that do not change the computation
 (:data:`~mptrain.config.NON_TRAINING_KEYS`: seed, device, display, data location, checkpoints) and
-the precision, which a recipe names as its default but which runs are meant to vary and compare. Otherwise the verdict is "not comparable"
-and says which keys differ.
+the precision, which a recipe names as its default but which runs are meant to vary and compare.
+Otherwise the verdict is "not comparable" and says which keys differ.
 """
 
 from __future__ import annotations

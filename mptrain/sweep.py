@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,9 +89,7 @@ def _shorten_labels(runs: list[RunRecord]) -> None:
     common = set.intersection(*(set(s) for s in split)) if len(split) > 1 else set()
     for run, parts in zip(runs, split, strict=True):
         run.label = " ".join(p for p in parts if p not in common) or run.label
-    counts: dict[str, int] = {}
-    for run in runs:
-        counts[run.label] = counts.get(run.label, 0) + 1
+    counts = Counter(run.label for run in runs)
     for run in runs:
         if counts[run.label] > 1:
             where = f"{run.directory.parent.name}/{run.directory.name}"
