@@ -9,7 +9,9 @@ order of epoch ``e`` is a function of (seed, e), and the step count says how far
 Writes are atomic: ``torch.save`` to a temporary file in the same directory, flush, fsync, rename;
 only then does ``latest.json`` move to it (written the same way). A crash or kill at any moment
 leaves the previous checkpoint and pointer loadable; stray temporary files are removed on the next
-start. Resuming in FP32 on a CPU reproduces an uninterrupted run bit for bit.
+start. Resuming in FP32 on a CPU reproduces an uninterrupted run bit for bit. ``best.pt``, when
+the best evaluation falls on a saved step, is a hard link to that step's file: no second write and
+no second copy on disk, and pruning the step leaves ``best.pt`` whole.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import errno
 import json
 import random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +37,7 @@ from mptrain.distributed import (
     model_state,
     optimizer_state,
 )
-from mptrain.fileio import atomic_write
+from mptrain.fileio import atomic_link, atomic_write
 from mptrain.loop import LoopState, ScaleStats
 from mptrain.numerics import ScaleHealth
 
@@ -203,7 +206,8 @@ class Checkpointer:
         if path not in self.saved:
             self.saved.append(path)
         if self._new_best(state):
-            self._save_best(payload, state)
+            # The same state: a second name for the file just written, not a second write.
+            self._record_best(state, lambda best_path: atomic_link(path, best_path))
         self._prune()
         return path
 
@@ -219,7 +223,8 @@ class Checkpointer:
         if due:
             self.save(state)
         elif self._new_best(state):
-            self._save_best(self.payload(state), state)
+            payload = self.payload(state)  # every rank: a collective under FSDP
+            self._record_best(state, lambda best_path: atomic_torch_save(payload, best_path))
 
     def _new_best(self, state: LoopState) -> bool:
         if not self.keep_best or not state.evals or state.evals[-1]["step"] != state.step:
@@ -229,10 +234,11 @@ class Checkpointer:
             return False
         return self.best is None or best["val_accuracy"] > self.best[0]
 
-    def _save_best(self, payload: dict[str, Any], state: LoopState) -> None:
+    def _record_best(self, state: LoopState, write: Callable[[Path], None]) -> None:
+        """Rank 0: ``write(best.pt)`` and remember the accuracy it holds."""
         if self.dist.is_main:
             best_path = self.directory / "best.pt"
-            atomic_torch_save(payload, best_path)
+            write(best_path)
             self.best = (state.best_eval["val_accuracy"], best_path)
 
 

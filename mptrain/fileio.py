@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -20,18 +22,14 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[IO[Any]], None], *, binary: bool = False) -> None:
-    """Call ``write(file)`` on a temporary file in ``path``'s directory, fsync it, rename it over
-    ``path`` and fsync the directory. On any failure the temporary file is removed and ``path``
-    is untouched."""
+@contextlib.contextmanager
+def _replacing(path: Path) -> Iterator[tuple[int, str]]:
+    """Yield ``(fd, name)`` of a new temporary file in ``path``'s directory for the caller to fill;
+    then rename it over ``path`` and fsync the directory. On any failure the temporary file is
+    removed and ``path`` is untouched."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(
-            fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})
-        ) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+        yield fd, tmp
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
@@ -39,5 +37,36 @@ def atomic_write(path: Path, write: Callable[[IO[Any]], None], *, binary: bool =
         raise
 
 
+def atomic_write(path: Path, write: Callable[[IO[Any]], None], *, binary: bool = False) -> None:
+    """Call ``write(file)`` on a temporary file in ``path``'s directory, fsync it, rename it over
+    ``path`` and fsync the directory. On any failure the temporary file is removed and ``path``
+    is untouched."""
+    with (
+        _replacing(path) as (fd, _),
+        os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f,
+    ):
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda f: f.write(text))
+
+
+def atomic_link(source: Path, path: Path) -> None:
+    """Make ``path`` a second name of ``source``'s bytes, replacing ``path`` atomically.
+
+    A hard link costs no write and no space; where the file system has none (or ``source`` is on
+    another one) the bytes are copied. Either way ``path`` survives ``source``'s later deletion
+    and a reader sees the old ``path`` or the new one, never a part.
+    """
+    with _replacing(path) as (fd, tmp):
+        os.close(fd)
+        os.unlink(tmp)  # os.link refuses an existing name
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())

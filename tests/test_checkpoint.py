@@ -40,6 +40,7 @@ from mptrain.checkpoint import (
     remove_stray_temporaries,
 )
 from mptrain.config import ConfigError
+from mptrain.fileio import atomic_link
 from mptrain.loop import LoopState
 from mptrain.metrics import MetricsLog, read_metrics
 from mptrain.run import RunFailed, RunInterrupted, train
@@ -955,6 +956,62 @@ def test_best_checkpoint_is_kept_whatever_the_eval_cadence(tmp_path):
     assert report["checkpoints"]["best"] == str(out / "checkpoints" / "best.pt")
     best = load_checkpoint(out / "checkpoints" / "best.pt")
     assert best["loop"]["step"] == report["evaluation"]["best_step"]
+
+
+def test_best_checkpoint_on_a_saved_step_is_a_link_that_outlives_pruning(tmp_path, monkeypatch):
+    """Every evaluation falls on a save: best.pt is never serialised separately, is the same file
+    as its step checkpoint while that exists, and still loads after keep_last=1 pruned it."""
+    writes = []
+    real_save = torch.save
+
+    def counting_save(obj, f, *args, **kwargs):
+        writes.append(obj["loop"]["step"])
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", counting_save)
+    out = tmp_path / "run"
+    cfg = tiny_run(
+        "precision=fp32",
+        "max_steps=15",
+        "eval_every=5",
+        "checkpoint.every_steps=5",
+        "checkpoint.keep_last=1",
+    )
+    report = train(cfg, out)
+    assert writes == [5, 10, 15]  # one torch.save per step; none for best.pt
+    ckpts = out / "checkpoints"
+    assert step_files(out) == [step_name(15)]
+    best_step = report["evaluation"]["best_step"]
+    best = load_checkpoint(ckpts / "best.pt")
+    assert best["loop"]["step"] == best_step
+    assert best["loop"]["evals"][-1]["val_accuracy"] == report["evaluation"]["best_val_accuracy"]
+    if best_step == 15:
+        assert (ckpts / "best.pt").samefile(ckpts / step_name(15))
+    else:  # its step file was pruned; the link keeps the bytes
+        assert (ckpts / "best.pt").stat().st_nlink == 1
+    assert not temporaries(ckpts)
+
+
+def test_atomic_link_replaces_atomically_and_copies_where_links_are_refused(tmp_path, monkeypatch):
+    source, target = tmp_path / "step.pt", tmp_path / "best.pt"
+    source.write_bytes(b"new state")
+    target.write_bytes(b"old state")
+    atomic_link(source, target)
+    assert target.samefile(source) and target.read_bytes() == b"new state"
+    source.unlink()  # pruned: the other name keeps the bytes
+    assert target.read_bytes() == b"new state"
+
+    def no_links(src, dst):
+        raise OSError(errno.EPERM, "hard links not supported")
+
+    monkeypatch.setattr(os, "link", no_links)
+    source.write_bytes(b"newer state")
+    atomic_link(source, target)
+    assert not target.samefile(source) and target.read_bytes() == b"newer state"
+
+    with pytest.raises(FileNotFoundError):
+        atomic_link(tmp_path / "missing.pt", target)
+    assert target.read_bytes() == b"newer state" and not temporaries(tmp_path)
 
 
 def test_interrupt_without_checkpoints_does_not_claim_a_checkpoint(tmp_path, monkeypatch):
