@@ -47,6 +47,7 @@ from mptrain.hardware import (
     peak_memory_bytes,
     reset_peak_memory,
     software_versions,
+    synchronize,
 )
 from mptrain.models import build_mlp
 
@@ -125,11 +126,6 @@ def train_throughput(
         "converted_flops_share": section["converted_linear_flops_share"] if section else None,
         "peak_memory_bytes": peak_memory_bytes(device),
     }
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:

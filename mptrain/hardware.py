@@ -1,6 +1,7 @@
-"""What this machine is: device selection, CPU/GPU capabilities and software versions.
+"""What this machine is: device selection, CPU/GPU capabilities and software versions, and the
+device-side helpers of measurement (synchronisation, peak memory).
 
-Everything here is read-only inspection. Capability queries are small functions so tests can replace
+Everything else here is read-only inspection. Capability queries are small functions so tests can replace
 them (the way torchtune tests hardware paths on CPU): :func:`cpu_has_native_bf16` and
 :func:`cuda_capability`.
 """
@@ -176,6 +177,13 @@ def software_versions() -> dict[str, Any]:
         "git_commit": _git_commit(),
         "platform": platform.platform(),
     }
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued kernels (CUDA); a no-op on the CPU, which runs eagerly. Timers
+    call it at their start and stop so an interval covers the kernels, not just their launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def reset_peak_memory(device: torch.device) -> str:

@@ -39,6 +39,7 @@ from torch import nn
 from mptrain.config import NumericsConfig
 from mptrain.data import Batch, BatchSource, DataBundle
 from mptrain.distributed import DistContext, all_reduce_sum, broadcast_flag, no_sync
+from mptrain.hardware import synchronize
 from mptrain.numerics import ScaleHealth, describe_culprit, find_culprit
 from mptrain.precision import PrecisionPolicy
 
@@ -150,11 +151,6 @@ class LoopState:
         return max(self.evals, key=lambda e: e["val_accuracy"], default=None)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class _Stopwatch:
     """Accumulates training time after warm-up; pauses around evaluation.
 
@@ -168,12 +164,12 @@ class _Stopwatch:
         self.started_at: float | None = None
 
     def start(self) -> None:
-        _sync(self.device)
+        synchronize(self.device)
         self.started_at = time.perf_counter()
 
     def stop(self) -> None:
         if self.started_at is not None:
-            _sync(self.device)
+            synchronize(self.device)
             self.state.measured_time_s += time.perf_counter() - self.started_at
             self.started_at = None
 
