@@ -4,8 +4,8 @@
 
 For each model (linear, mlp, cnn, vit) x dataset (digits, synthetic 3x16x16) x precision (fp32,
 bf16), in one process, median over ``--reps`` repetitions of ``--steps`` optimizer steps (after
-warm-up, evaluation excluded). The variants alternate, in reversed order every other repetition, and each
-one starts from the same freshly built components (same seed, empty optimizer state):
+warm-up, evaluation excluded). The variants alternate, in reversed order every other repetition,
+and each one starts from the same freshly built components (same seed, empty optimizer state):
 
 - ``mptrain``: the real loop (``mptrain.loop.train_loop``) with everything a run builds, its
   metrics rows (loss, gradient norm) written to a metrics.jsonl and its periodic probes;
@@ -35,7 +35,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -83,21 +83,23 @@ def time_mptrain(parts, policy, steps: int, warmup: int) -> float:
     return state.measured_time_s / state.measured_steps
 
 
+def endless(new_epoch: Callable[[], Iterator]) -> Iterator:
+    """Batches without end: ``new_epoch()`` again whenever an epoch runs out (epochs not empty)."""
+    while True:
+        yield from new_epoch()
+
+
 def bare_loop(
     model, optimizer, scheduler, batches: Callable, dtype, steps: int, warmup: int
 ) -> float:
     """The canonical AMP loop. Returns seconds per step after warm-up."""
     scaler = torch.amp.GradScaler("cpu", enabled=dtype == torch.float16)
-    it = batches()
+    feed = endless(batches)
     start = None
     for step in range(warmup + steps):
         if step == warmup:
             start = time.perf_counter()
-        try:
-            x, y = next(it)
-        except StopIteration:
-            it = batches()
-            x, y = next(it)
+        x, y = next(feed)
         with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             loss = F.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
@@ -196,16 +198,12 @@ def accelerate_loop(parts, precision: str, steps: int, warmup: int) -> float:
     # prepare() wraps the forward in autocast and returns FP32 outputs under mixed precision.
     model, optimizer, scheduler = accelerator.prepare(parts.model, parts.optimizer, parts.scheduler)
     epochs = Epochs(parts.data.train)
-    batches = iter(epochs)
+    feed = endless(lambda: iter(epochs))
     start = None
     for step in range(warmup + steps):
         if step == warmup:
             start = time.perf_counter()
-        try:
-            x, y = next(batches)
-        except StopIteration:
-            batches = iter(epochs)
-            x, y = next(batches)
+        x, y = next(feed)
         loss = F.cross_entropy(model(x), y)
         accelerator.backward(loss)
         optimizer.step()
