@@ -74,7 +74,7 @@ def main() -> int:
         run_cfg = dataclasses.replace(cfg, precision=precision_config(name, cfg.precision))
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        row = measure(run_cfg, device, args.warmup, args.steps)
+        row = measure(run_cfg, args.warmup, args.steps)
         row["precision"] = name
         rows.append(row)
         print(

@@ -41,13 +41,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from mptrain.build import prepare_run
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
 from mptrain.config import to_run_config
 from mptrain.hardware import hardware_info, software_versions
-from mptrain.loop import LoopState
+from mptrain.loop import LoopHooks, train_loop
 from mptrain.metrics import MetricsLog
-from mptrain.precision import resolve_precision
-from mptrain.run import build_components, seed_everything, train_components
 
 CPU = torch.device("cpu")
 
@@ -60,27 +59,21 @@ def compose(*overrides: str):
         return to_run_config(hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides)))
 
 
-def time_mptrain(parts, policy, steps: int, warmup: int) -> float:
+def time_mptrain(run, steps: int, warmup: int) -> float:
     """Seconds per optimizer step of mptrain's loop (its own stopwatch: eval excluded).
 
     With what every run has: loss/grad-norm rows every ``log_every`` steps written to a
     metrics.jsonl, probes every ``probe_every`` steps, the stop check. Not included: periodic
     checkpoints (disk I/O at epoch ends, off in the peers' runs too) and the terminal display.
     """
-    settings = dataclasses.replace(
-        parts.settings,
-        total_steps=warmup + steps,
-        throughput_warmup_steps=warmup,
-        eval_every=10**9,
-    )
-    state = LoopState()
     with tempfile.TemporaryDirectory() as tmp:
         metrics = MetricsLog(Path(tmp) / "metrics.jsonl")
         try:
-            train_components(parts, policy, CPU, state, settings, observers=(metrics,))
+            train_loop(run, LoopHooks(observers=(metrics,)))
         finally:
             metrics.close()
-    return state.measured_time_s / state.measured_steps
+    throughput = run.monitor.throughput
+    return throughput.measured_time_s / throughput.measured_steps
 
 
 def endless(new_epoch: Callable[[], Iterator]) -> Iterator:
@@ -247,15 +240,21 @@ def run_case(model: str, dataset: str, precision: str, steps: int, reps: int, wa
         "scheduler=constant",
         *extra,
     )
-    policy = resolve_precision(cfg.precision, CPU)
+    # The timed length: warm-up + steps, evaluation only at the end (outside the stopwatch).
+    cfg = dataclasses.replace(
+        cfg,
+        max_steps=warmup + steps,
+        epochs=None,
+        throughput_warmup_steps=warmup,
+        eval_every=10**9,
+    )
 
     def fresh():
         """Everything a run builds, from the same seed: every variant of every repetition starts
         from the same weights and an empty optimizer state. (Carrying AdamW state across
         repetitions lets first moments of always-zero gradients decay into subnormal floats, which
         slows this CPU's fused AdamW by ~15 % and would bias whichever variant inherits them.)"""
-        seed_everything(0)
-        return build_components(cfg, CPU, policy)
+        return prepare_run(cfg)
 
     def run_bare(feed: str) -> float:
         parts = fresh()  # mptrain's own model, optimizer (fused AdamW, no-decay group), schedule
@@ -269,13 +268,13 @@ def run_case(model: str, dataset: str, precision: str, steps: int, reps: int, wa
             parts.optimizer,
             parts.scheduler,
             batches,
-            policy.autocast_dtype,
+            parts.policy.autocast_dtype,
             steps,
             warmup,
         )
 
     variants = {
-        "mptrain": lambda: time_mptrain(fresh(), policy, steps, warmup),
+        "mptrain": lambda: time_mptrain(fresh(), steps, warmup),
         "bare": lambda: run_bare("bare"),
         "bare+DataLoader": lambda: run_bare("bare+DataLoader"),
     }

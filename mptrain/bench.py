@@ -1,8 +1,8 @@
 """``mptrain bench [overrides]``: what each precision buys for the configured model and data here.
 
 For every precision the device runs natively — FP32, BF16 and FP16 (and TF32 and FP8 on GPUs
-that have them) — the configured model is built fresh and trained for ``bench_steps`` optimizer steps
-after ``bench_warmup`` warm-up steps through the same loop as a normal run (evaluation excluded). The
+that have them) — the configured model is built fresh and trained for ``bench.steps`` optimizer steps
+after ``bench.warmup_steps`` warm-up steps through the same loop as a normal run (evaluation excluded). The
 table shows training samples/s, the ratio to FP32 (and to TF32 on GPUs), peak memory, the fraction
 of time spent waiting for data, and the host syncs per step the precision needs. Emulated FP8 and
 FP16 convolutions on a CPU are skipped: their speed says nothing useful (the table says so).
@@ -20,13 +20,12 @@ from rich.console import Console
 from rich.table import Table
 
 from mptrain import hardware
+from mptrain.build import prepare_run
 from mptrain.config import ConfigError, PrecisionConfig, RunConfig, ScalerConfig
 from mptrain.fileio import atomic_write_text
 from mptrain.fp8 import fp8_gemm_available
-from mptrain.loop import LoopState
-from mptrain.precision import apply_tf32, resolve_precision
+from mptrain.loop import train_loop
 from mptrain.report import fmt_bytes, fmt_pct
-from mptrain.run import build_components, seed_everything, train_components
 
 _DTYPE = {"fp32": None, "tf32": None, "fp16": "float16", "bf16": "bfloat16", "fp8": "bfloat16"}
 
@@ -60,32 +59,30 @@ def precision_config(name: str, base: PrecisionConfig) -> PrecisionConfig:
     )
 
 
-def measure(cfg: RunConfig, device: torch.device, warmup: int, steps: int) -> dict[str, Any]:
+def measure(cfg: RunConfig, warmup: int, steps: int) -> dict[str, Any]:
     """Train ``warmup + steps`` optimizer steps of ``cfg`` and return the measured figures."""
-    seed_everything(cfg.seed)
-    policy = resolve_precision(cfg.precision, device, cfg.fp8)
-    apply_tf32(policy.allow_tf32)
-    cfg = dataclasses.replace(cfg, max_steps=warmup + steps, epochs=None, eval_every=None)
-    parts = build_components(cfg, device, policy)
-    settings = dataclasses.replace(
-        parts.settings,
+    cfg = dataclasses.replace(
+        cfg,
+        max_steps=warmup + steps,
+        epochs=None,
         throughput_warmup_steps=warmup,
         log_every=max(steps, 1),
         eval_every=10**9,  # only the final evaluation, which the stopwatch excludes
     )
-    hardware.reset_peak_memory(device)
-    state = LoopState()
-    train_components(parts, policy, device, state, settings)
+    run = prepare_run(cfg)
+    train_loop(run)
+    throughput = run.monitor.throughput
     return {
-        "samples_per_s": state.samples_per_s,
-        "step_time_ms": 1000 * state.measured_time_s / state.measured_steps
-        if state.measured_steps
+        "samples_per_s": throughput.samples_per_s,
+        "step_time_ms": 1000 * throughput.measured_time_s / throughput.measured_steps
+        if throughput.measured_steps
         else None,
-        "peak_memory_bytes": hardware.peak_memory_bytes(device),
-        "data_wait_fraction": state.data_wait_fraction,
-        # GradScaler.step reads the inf flag (one sync); nothing else syncs between log rows.
-        "host_syncs_per_step": 1 if policy.scaler_enabled else 0,
-        "label": policy.label,
+        "peak_memory_bytes": run.monitor.peak_memory_bytes,
+        "data_wait_fraction": throughput.data_wait_fraction,
+        # GradScaler.step reads the inf flag, the loop the new scale and the monitor the loss's
+        # finiteness; nothing else syncs between log rows (see mptrain.loop).
+        "host_syncs_per_step": 3 if run.policy.scaler_enabled else 0,
+        "label": run.policy.label,
     }
 
 
@@ -102,7 +99,7 @@ def run_bench(
         else:
             run_cfg = dataclasses.replace(cfg, precision=precision_config(name, cfg.precision))
             try:
-                row.update(measure(run_cfg, device, warmup, steps))
+                row.update(measure(run_cfg, warmup, steps))
             except ConfigError as exc:
                 row["skipped"] = str(exc)
         rows.append(row)

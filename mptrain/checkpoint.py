@@ -19,27 +19,27 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
-import random
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from mptrain.config import ConfigError, RunConfig
 from mptrain.distributed import (
-    DistContext,
     load_model_state,
     load_optimizer_state,
     model_state,
     optimizer_state,
 )
 from mptrain.fileio import atomic_link, atomic_write
-from mptrain.loop import LoopState, ScaleStats
-from mptrain.numerics import ScaleHealth
+from mptrain.loop import LoopState
+from mptrain.seeding import restore_rng_states, rng_states
+
+if TYPE_CHECKING:
+    from mptrain.build import Run
+    from mptrain.precision import PrecisionPolicy
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest.json"
@@ -73,99 +73,19 @@ def _atomic_json(obj: Any, path: Path) -> None:
     atomic_write(path, lambda f: json.dump(obj, f))
 
 
-def rng_states() -> dict[str, Any]:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-    }
-
-
-def restore_rng_states(states: dict[str, Any]) -> None:
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
-    if states.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def _loop_state(state: LoopState) -> dict[str, Any]:
-    return {
-        "step": state.step,
-        "epoch": state.epoch,
-        "samples_seen": state.samples_seen,
-        "skipped_steps": list(state.skipped_steps),
-        "scale": dataclasses.asdict(state.scale) if state.scale else None,
-        "evals": list(state.evals),
-        "last_train_loss": state.last_train_loss,
-        "health": dataclasses.asdict(state.health) if state.health else None,
-        "probes": [
-            state.probes,
-            state.zero_grad_fraction_sum,
-            state.update_probes,
-            state.updates_lost_fraction_sum,
-        ],
-    }
-
-
-def _restore_loop_state(saved: dict[str, Any], state: LoopState, health: Any) -> None:
-    state.step, state.epoch = saved["step"], saved["epoch"]
-    state.samples_seen = saved["samples_seen"]
-    state.skipped_steps = list(saved["skipped_steps"])
-    if saved["scale"]:
-        scale = dict(saved["scale"])
-        scale["changes"] = [tuple(c) for c in scale["changes"]]
-        state.scale = ScaleStats(**scale)
-    state.evals = list(saved["evals"])
-    state.last_train_loss = saved["last_train_loss"]
-    if saved["health"]:
-        h = dict(saved["health"])
-        h["settings"] = health
-        state.health = ScaleHealth(**h)
-    (
-        state.probes,
-        state.zero_grad_fraction_sum,
-        state.update_probes,
-        state.updates_lost_fraction_sum,
-    ) = saved["probes"]
-
-
-@dataclass
-class Trainables:
-    """The objects whose state a checkpoint captures."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-
-
 class Checkpointer:
     """Saves checkpoints on the configured cadence, keeps the last K and the best, atomically."""
 
-    def __init__(
-        self,
-        directory: Path,
-        parts: Trainables,
-        cfg: RunConfig,
-        signature: dict[str, Any],
-        *,
-        every_steps: int | None,
-        every_epoch: bool,
-        keep_last: int,
-        keep_best: bool,
-        dist: DistContext | None = None,
-    ) -> None:
-        self.dist = dist or DistContext()
+    def __init__(self, directory: Path, run: Run, signature: dict[str, Any]) -> None:
+        self.run = run
+        self.dist = run.dist
         self.directory = directory
-        self.parts = parts
-        self.cfg = cfg
         self.signature = signature
-        self.every_steps = every_steps
-        self.every_epoch = every_epoch
-        self.keep_last = keep_last
-        self.keep_best = keep_best
+        c = run.cfg.checkpoint
+        self.every_steps = c.every_steps
+        self.every_epoch = c.every_epoch
+        self.keep_last = c.keep_last
+        self.keep_best = c.keep_best
         self.saved: list[Path] = []
         self.steps: set[int] = set()  # steps saved by this run
         self.best: tuple[float, Path] | None = None
@@ -176,18 +96,19 @@ class Checkpointer:
             self.saved = list(reversed(candidates(directory)))
 
     def payload(self, state: LoopState) -> dict[str, Any]:
-        p = self.parts
+        run = self.run
+        model = run.checkpoint_model
         return {
             "format_version": FORMAT_VERSION,
-            "model": model_state(p.model, self.dist),
-            "optimizer": optimizer_state(p.model, p.optimizer, self.dist),
-            "scheduler": p.scheduler.state_dict(),
-            "scaler": p.scaler.state_dict() if p.scaler.is_enabled() else None,
-            "loop": _loop_state(state),
+            "model": model_state(model, self.dist),
+            "optimizer": optimizer_state(model, run.optimizer, self.dist),
+            "scheduler": run.scheduler.state_dict(),
+            "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
+            "loop": {**state.state_dict(), **run.monitor.state_dict()},
             "rng": rng_states(),
             "signature": self.signature,
             "world_size": self.dist.world_size,
-            "config": dataclasses.asdict(self.cfg),
+            "config": dataclasses.asdict(run.cfg),
         }
 
     def save(self, state: LoopState) -> Path:
@@ -337,32 +258,42 @@ def check_compatible(
     return differences
 
 
-def restore(
-    payload: dict[str, Any],
-    parts: Trainables,
-    state: LoopState,
-    health_settings: Any,
-    path: Path,
-    dist: DistContext | None = None,
-) -> None:
-    """Load every saved state into the freshly built objects and the loop state."""
-    dist = dist or DistContext()
-    load_model_state(parts.model, payload["model"], dist)
+def restore(payload: dict[str, Any], run: Run, path: Path) -> None:
+    """Load every saved state into the freshly built run: components, loop state, monitor, RNGs."""
+    model, optimizer = run.checkpoint_model, run.optimizer
+    load_model_state(model, payload["model"], run.dist)
     # The implementation (fused / foreach) is this run's choice, not the checkpoint's: a state
     # saved under FSDP (foreach) must not turn this run's fused optimizer into another one.
     implementation = [
-        {k: g[k] for k in ("fused", "foreach") if k in g} for g in parts.optimizer.param_groups
+        {k: g[k] for k in ("fused", "foreach") if k in g} for g in optimizer.param_groups
     ]
-    load_optimizer_state(parts.model, parts.optimizer, payload["optimizer"], dist)
-    for group, keep in zip(parts.optimizer.param_groups, implementation, strict=True):
+    load_optimizer_state(model, optimizer, payload["optimizer"], run.dist)
+    for group, keep in zip(optimizer.param_groups, implementation, strict=True):
         group.update(keep)
-    parts.scheduler.load_state_dict(payload["scheduler"])
-    if parts.scaler.is_enabled():
+    run.scheduler.load_state_dict(payload["scheduler"])
+    if run.scaler.is_enabled():
         if payload["scaler"] is None:
             raise ConfigError(
                 f"resume: {path} holds no loss-scaler state (saved without loss scaling); an FP16 "
                 "run cannot start from an empty scaler. Resume with the checkpoint's precision"
             )
-        parts.scaler.load_state_dict(payload["scaler"])
-    _restore_loop_state(payload["loop"], state, health_settings)
+        run.scaler.load_state_dict(payload["scaler"])
+    run.state.load_state_dict(payload["loop"])
+    run.monitor.load_state_dict(payload["loop"])
     restore_rng_states(payload["rng"])
+
+
+def run_signature(cfg: RunConfig, policy: PrecisionPolicy) -> dict[str, Any]:
+    """What a checkpoint must agree on to be resumed: precision, model, data and batch layout."""
+    dataset = {
+        k: v for k, v in dataclasses.asdict(cfg.dataset).items() if k not in ("root", "download")
+    }
+    return {
+        "precision": policy.name,
+        "model": dataclasses.asdict(cfg.model),
+        "dataset": dataset,
+        "batch_size": cfg.batch_size,
+        "grad_accum_steps": cfg.grad_accum_steps,
+        "seed": cfg.seed,
+        "fp8": dataclasses.asdict(cfg.fp8) if policy.fp8 is not None else None,
+    }

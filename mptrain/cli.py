@@ -133,14 +133,14 @@ def hydra_app(cfg: DictConfig) -> float | None:
         write_failure(output_dir, str(exc))  # so the sweep summary shows the job and why
         return None
     except RunInterrupted as exc:
-        print(f"mptrain: {exc.report['reason']} (report in {output_dir})", file=sys.stderr)
+        print(f"mptrain: {exc.report.reason} (report in {output_dir})", file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
     except RunFailed as exc:
         if not multirun:
             _fail(f"run {exc.status}: {exc.reason} (report in {output_dir})", code=1)
         _failed_jobs.append(f"{output_dir}: {exc.status}: {exc.reason}")
         return None
-    return report["evaluation"]["final_val_accuracy"]
+    return report.evaluation.final_val_accuracy
 
 
 def _parse_command_line(argv: Sequence[str]) -> tuple[list[str], bool, bool]:

@@ -312,50 +312,6 @@ DATASET_NAMES = (
 SCHEDULER_NAMES = ("constant", "cosine", "multistep")
 
 
-# Dotted config keys (or key prefixes) that do not change what a run computes: where the data
-# lives, what is displayed or logged, checkpoint and resume mechanics, diagnostics, benchmarks.
-# Comparisons (sweeps, recipe verdicts) ignore them.
-NON_TRAINING_KEYS = (
-    "seed",
-    "device",
-    "progress",
-    "log_every",
-    "probe_every",
-    "eval_every",
-    "num_workers",
-    "compile",
-    "audit",
-    "probe",
-    "probe_batches",
-    "resume",
-    "resume_allow_changes",
-    "checkpoint",
-    "bench",
-    "debug",
-    "recipe",
-    "dataset.root",
-    "dataset.download",
-    "numerics.find_culprit",
-    "numerics.warn_consecutive_backoffs",
-    "numerics.warn_skip_rate",
-    "numerics.warn_window",
-)
-
-
-def is_non_training_key(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in NON_TRAINING_KEYS)
-
-
-def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a.b": value} for a nested dict."""
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix.rstrip("."): node}
-
-
 def register_schemas() -> None:
     """Register the run schema and every group-option schema in Hydra's ConfigStore (idempotent)."""
     from hydra.core.config_store import ConfigStore

@@ -12,6 +12,9 @@ Two feeds, chosen by where the data lives:
 Both yield ``(images, labels)`` already on the training device, and are deterministic given
 ``(seed, epoch)``: the data order of epoch ``e`` does not depend on what ran before it.
 
+Entry point: :func:`build_data` with the dataset config and a :class:`BatchLayout`;
+:data:`DATASET_LOADERS` maps each ``dataset.name`` to the function that loads it.
+
 Raw files are only read from ``root``; nothing downloads unless ``download=true`` is set. A missing
 dataset raises :class:`~mptrain.config.ConfigError` naming the path and how to get the files.
 """
@@ -19,7 +22,7 @@ dataset raises :class:`~mptrain.config.ConfigError` naming the path and how to g
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,11 +45,15 @@ MAX_DEVICE_RESIDENT_BYTES = 2 << 30
 
 
 class BatchSource(Protocol):
+    """What the training loop reads: batches per epoch, their size, and a name for the feed."""
+
     num_batches: int
     batch_size: int
     feed: str
 
-    def batches(self, epoch: int) -> Iterator[Batch]: ...
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        """This rank's ``(images, labels)`` batches of ``epoch``, on the training device."""
+        ...
 
 
 @dataclass
@@ -63,6 +70,24 @@ class DataBundle:
     description: str
 
 
+@dataclass(frozen=True)
+class BatchLayout:
+    """How the batches are cut and where they go, whatever the dataset.
+
+    ``batch_size`` for training (full batches only), ``eval_batch_size`` for validation; ``seed``
+    fixes the training order and augmentation; ``num_workers`` serves file-backed data; this process
+    is rank ``rank`` of ``world`` and gets its own shard.
+    """
+
+    batch_size: int
+    eval_batch_size: int
+    device: torch.device
+    seed: int
+    num_workers: int
+    rank: int = 0
+    world: int = 1
+
+
 # ------------------------------------------------------------------------------------------ feeds
 # Independent random streams per (seed, epoch): the data order and the augmentation must not
 # share draws (a crop offset would otherwise repeat the index that chose the sample).
@@ -70,7 +95,8 @@ ORDER_STREAM, AUGMENT_STREAM = 0, 1
 
 
 def _stream_seed(seed: int, epoch: int, stream: int, index: int = 0) -> int:
-    # SeedSequence mixes the four numbers into well-separated seeds, identically on every platform.
+    """A 63-bit seed for sample ``index`` of ``stream`` in ``epoch``, the same on every platform."""
+    # SeedSequence mixes the four numbers into well-separated seeds.
     entropy = [seed % 2**32, epoch, stream, index]
     return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1)
 
@@ -78,8 +104,11 @@ def _stream_seed(seed: int, epoch: int, stream: int, index: int = 0) -> int:
 def _epoch_generator(
     seed: int, epoch: int, stream: int, device: torch.device | str = "cpu"
 ) -> torch.Generator:
-    # One generator per (seed, epoch, stream): an epoch's data never depends on earlier epochs, so
-    # a run resumed at epoch e sees the same batches as an uninterrupted one.
+    """A fresh generator on ``device`` seeded by (seed, epoch, stream) alone.
+
+    An epoch's data never depends on earlier epochs, so a run resumed at epoch e sees the same
+    batches as an uninterrupted one.
+    """
     return torch.Generator(device=device).manual_seed(_stream_seed(seed, epoch, stream))
 
 
@@ -190,9 +219,11 @@ class TensorBatches:
         self.feed = f"tensor-indexed ({where})"
 
     def __len__(self) -> int:
+        """Batches per epoch."""
         return self.num_batches
 
     def _prepare(self, images: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+        """On the device, as float in [0, 1]; augmented when a generator is given; normalised."""
         images = images.to(self.device, non_blocking=True)
         if images.dtype == torch.uint8:
             images = images.float().div_(255)
@@ -203,6 +234,7 @@ class TensorBatches:
         return images
 
     def batches(self, epoch: int) -> Iterator[Batch]:
+        """This rank's batches of ``epoch``: shuffled and augmented when training, else in order."""
         storage = self.images.device
         generator = None
         if self.shuffle:
@@ -257,9 +289,11 @@ class LoaderBatches:
         self.feed = f"DataLoader ({num_workers} workers)"
 
     def __len__(self) -> int:
+        """Batches per epoch."""
         return self.num_batches
 
     def batches(self, epoch: int) -> Iterator[Batch]:
+        """This rank's batches of ``epoch``, decoded by a fresh DataLoader's workers."""
         if isinstance(self.dataset, SeededTransforms):
             self.dataset.epoch = epoch  # before the loader pickles the dataset into its workers
         indices = epoch_indices(
@@ -295,9 +329,11 @@ class SeededTransforms(torch.utils.data.Dataset):
         self.epoch = 0
 
     def __len__(self) -> int:
+        """Samples in the wrapped dataset."""
         return len(self.dataset)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
+        """Sample ``index`` transformed with its own (seed, epoch, index) seed, and its label."""
         image, label = self.dataset[index]
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(_stream_seed(self.seed, self.epoch, AUGMENT_STREAM, index))
@@ -316,6 +352,10 @@ class ArrayDataset:
     num_classes: int
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+
+
+# What a dataset's loader returns, from its config: in-memory arrays or image folders.
+DatasetLoader = Callable[[Any], "ArrayDataset | FolderDataset"]
 
 
 def load_digits_arrays(cfg: DigitsConfig) -> ArrayDataset:
@@ -350,6 +390,7 @@ def make_synthetic_arrays(cfg: SyntheticConfig) -> ArrayDataset:
     prototypes = torch.randn(cfg.num_classes, *shape, generator=generator)
 
     def sample(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` noisy prototype images and their labels, drawn from the shared generator."""
         labels = torch.randint(0, cfg.num_classes, (n,), generator=generator)
         images = prototypes[labels] + cfg.noise * torch.randn(n, *shape, generator=generator)
         return images, labels
@@ -390,6 +431,7 @@ _MNIST_FILES = {
 
 
 def _missing(cfg: TorchvisionDatasetConfig, expected: Path) -> ConfigError:
+    """The error for a dataset file absent at ``expected``: where to put it, or how to download it."""
     return ConfigError(
         f"dataset.root={cfg.root!r}: {cfg.name} files not found at {expected}; copy them there, "
         f"or run once with dataset.download=true on a machine with internet access"
@@ -411,6 +453,7 @@ def load_cifar_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
     base = Path(cfg.root) / folder
 
     def read(files: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images (N, 3, 32, 32) uint8 and labels of ``files``, concatenated in that order."""
         images, labels = [], []
         for name in files:
             path = base / name
@@ -435,6 +478,7 @@ def load_mnist_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
     raw = Path(cfg.root) / _TORCHVISION_CLASSES[cfg.name] / "raw"
 
     def read(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images (N, 1, 28, 28) uint8 and labels of ``split`` (train | val)."""
         image_file, label_file = (raw / name for name in _MNIST_FILES[split])
         for path in (image_file, label_file):
             if not path.is_file():
@@ -449,113 +493,41 @@ def load_mnist_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
     return ArrayDataset(train_images, train_labels, val_images, val_labels, 10, mean, std)
 
 
-def load_arrays(cfg: Any) -> ArrayDataset:
-    if isinstance(cfg, DigitsConfig):
-        return load_digits_arrays(cfg)
-    if isinstance(cfg, SyntheticConfig):
-        return make_synthetic_arrays(cfg)
-    if cfg.download:
-        _download(cfg)
-    if cfg.name.startswith("cifar"):
-        return load_cifar_arrays(cfg)
-    return load_mnist_arrays(cfg)
+def _with_download(read: Callable[[TorchvisionDatasetConfig], ArrayDataset]) -> DatasetLoader:
+    """``read`` preceded by torchvision's download when the config sets ``download=true``."""
+
+    def load(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
+        """Download the files into ``cfg.root`` if asked to, then read them from there."""
+        if cfg.download:
+            _download(cfg)
+        return read(cfg)
+
+    return load
 
 
-def _check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
-    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise ConfigError(
-            f"dataset: {where} labels span {int(labels.min())}..{int(labels.max())}, "
-            f"outside 0..{num_classes - 1}"
-        )
-
-
-def build_data(
-    cfg: Any,
-    batch_size: int,
-    eval_batch_size: int,
-    device: torch.device,
-    *,
-    seed: int,
-    num_workers: int,
-    rank: int = 0,
-    world: int = 1,
-) -> DataBundle:
-    """Load the configured dataset and wrap it in the feed that suits it."""
-    if isinstance(cfg, ImageFolderConfig):
-        return _build_imagefolder(
-            cfg, batch_size, eval_batch_size, device, seed, num_workers, rank, world
-        )
-    arrays = load_arrays(cfg)
-    _check_labels(arrays.train_labels, arrays.num_classes, "training")
-    _check_labels(arrays.val_labels, arrays.num_classes, "validation")
-    if len(arrays.train_labels) < batch_size:
-        raise ConfigError(
-            f"batch_size={batch_size}: larger than the {len(arrays.train_labels)} training samples"
-        )
-    augment = getattr(cfg, "augment", False)
-    train = TensorBatches(
-        arrays.train_images,
-        arrays.train_labels,
-        batch_size,
-        device,
-        shuffle=True,
-        drop_last=True,
-        seed=seed,
-        mean=arrays.mean,
-        std=arrays.std,
-        crop_padding=4 if augment else 0,
-        flip=augment and cfg.name.startswith("cifar"),
-        rank=rank,
-        world=world,
-    )
-    val = TensorBatches(
-        arrays.val_images,
-        arrays.val_labels,
-        eval_batch_size,
-        device,
-        shuffle=False,
-        drop_last=False,
-        mean=arrays.mean,
-        std=arrays.std,
-        rank=rank,
-        world=world,
-    )
-    _, channels, height, _ = arrays.train_images.shape
-    return DataBundle(
-        train=train,
-        val=val,
-        num_classes=arrays.num_classes,
-        in_channels=channels,
-        image_size=height,
-        num_train=len(arrays.train_labels),
-        num_val=len(arrays.val_labels),
-        description=f"{cfg.name}: {len(arrays.train_labels)} train / {len(arrays.val_labels)} val, "
-        f"{channels}x{height}x{height}, {arrays.num_classes} classes",
-    )
-
-
+# ----------------------------------------------------------------------------------- imagefolder
 _IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-def _build_imagefolder(
-    cfg: ImageFolderConfig,
-    batch_size: int,
-    eval_batch_size: int,
-    device: torch.device,
-    seed: int,
-    num_workers: int,
-    rank: int = 0,
-    world: int = 1,
-) -> DataBundle:
-    from torchvision import datasets, transforms
+@dataclass
+class FolderDataset:
+    """A file-backed dataset: torchvision ImageFolders decoded per sample by the loader workers.
 
-    root = Path(cfg.root)
-    for split in (cfg.train_dir, cfg.val_dir):
-        if not (root / split).is_dir():
-            raise ConfigError(
-                f"dataset.root={cfg.root!r}: no directory {root / split} "
-                "(expected root/<split>/<class>/<image> folders)"
-            )
+    ``train`` has no transform of its own: :func:`build_data` wraps it with ``train_transform``
+    seeded per (seed, epoch, sample). ``val`` carries its deterministic evaluation transform.
+    """
+
+    train: Any  # torchvision.datasets.ImageFolder
+    val: Any  # torchvision.datasets.ImageFolder
+    train_transform: Any
+
+
+def _imagefolder_transforms(cfg: ImageFolderConfig) -> tuple[Any, Any]:
+    """(train, val) transforms: resize + centre crop for validation; a random resized crop and
+    horizontal flip for training when ``augment``, else the validation transform. Both end with
+    ImageNet normalisation."""
+    from torchvision import transforms
+
     normalize = transforms.Normalize(_IMAGENET_MEAN, _IMAGENET_STD)
     val_transform = transforms.Compose(
         [
@@ -565,62 +537,175 @@ def _build_imagefolder(
             normalize,
         ]
     )
-    train_transform = (
-        transforms.Compose(
-            [
-                transforms.RandomResizedCrop(cfg.image_size),
-                transforms.RandomHorizontalFlip(),
-                transforms.ToTensor(),
-                normalize,
-            ]
-        )
-        if cfg.augment
-        else val_transform
+    if not cfg.augment:
+        return val_transform, val_transform
+    train_transform = transforms.Compose(
+        [
+            transforms.RandomResizedCrop(cfg.image_size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            normalize,
+        ]
     )
+    return train_transform, val_transform
+
+
+def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
+    """root/<train_dir>/<class>/<image> and root/<val_dir>/...; ConfigError when a split is
+    missing, holds no class folders or images, or the two splits hold different classes."""
+    from torchvision import datasets
+
+    root = Path(cfg.root)
+    for split in (cfg.train_dir, cfg.val_dir):
+        if not (root / split).is_dir():
+            raise ConfigError(
+                f"dataset.root={cfg.root!r}: no directory {root / split} "
+                "(expected root/<split>/<class>/<image> folders)"
+            )
+    train_transform, val_transform = _imagefolder_transforms(cfg)
     try:
         train_folder = datasets.ImageFolder(str(root / cfg.train_dir))
         val_set = datasets.ImageFolder(str(root / cfg.val_dir), transform=val_transform)
     except FileNotFoundError as exc:  # a split without class folders or without images
         raise ConfigError(f"dataset.root={cfg.root!r}: {exc}") from exc
-    train_set = SeededTransforms(train_folder, train_transform, seed)
     if train_folder.classes != val_set.classes:
         raise ConfigError(
             f"dataset.root={cfg.root!r}: {cfg.train_dir}/ and {cfg.val_dir}/ hold different classes"
         )
-    if len(train_set) < batch_size:
+    return FolderDataset(train_folder, val_set, train_transform)
+
+
+# ------------------------------------------------------------------------------------ entry point
+# The one list of dataset names: dataset.name -> the function that loads that dataset from its
+# config. ArrayDataset results are fed from memory, FolderDataset results from files.
+DATASET_LOADERS: dict[str, DatasetLoader] = {
+    "digits": load_digits_arrays,
+    "synthetic": make_synthetic_arrays,
+    "cifar10": _with_download(load_cifar_arrays),
+    "cifar100": _with_download(load_cifar_arrays),
+    "mnist": _with_download(load_mnist_arrays),
+    "fashion_mnist": _with_download(load_mnist_arrays),
+    "imagefolder": load_image_folders,
+}
+
+
+def load_dataset(cfg: Any) -> ArrayDataset | FolderDataset:
+    """Load the dataset ``cfg.name`` names, through :data:`DATASET_LOADERS`."""
+    loader = DATASET_LOADERS.get(cfg.name)
+    if loader is None:
         raise ConfigError(
-            f"batch_size={batch_size}: larger than the {len(train_set)} training images"
+            f"dataset.name={cfg.name!r}: expected one of {', '.join(DATASET_LOADERS)}"
         )
-    channels = 3
-    train = LoaderBatches(
-        train_set,
-        batch_size,
-        device,
+    return loader(cfg)
+
+
+def build_data(cfg: Any, layout: BatchLayout) -> DataBundle:
+    """Load the configured dataset and wrap it in the feed that suits it: in-memory tensors for an
+    :class:`ArrayDataset`, a DataLoader for a :class:`FolderDataset`. ConfigError for missing
+    files, labels outside the classes, or a training set smaller than one batch."""
+    dataset = load_dataset(cfg)
+    if isinstance(dataset, FolderDataset):
+        return _folder_bundle(cfg, dataset, layout)
+    return _array_bundle(cfg, dataset, layout)
+
+
+def _check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:
+    """ConfigError unless every label lies in 0..num_classes-1."""
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise ConfigError(
+            f"dataset: {where} labels span {int(labels.min())}..{int(labels.max())}, "
+            f"outside 0..{num_classes - 1}"
+        )
+
+
+def _check_batch_size(batch_size: int, available: int, what: str) -> None:
+    """ConfigError when one training batch needs more than the ``available`` ``what``."""
+    if available < batch_size:
+        raise ConfigError(f"batch_size={batch_size}: larger than the {available} {what}")
+
+
+def _array_bundle(cfg: Any, arrays: ArrayDataset, layout: BatchLayout) -> DataBundle:
+    """Tensor-indexed feeds of an in-memory dataset; with ``cfg.augment`` training batches get
+    4-pixel crops, and on CIFAR horizontal flips too."""
+    _check_labels(arrays.train_labels, arrays.num_classes, "training")
+    _check_labels(arrays.val_labels, arrays.num_classes, "validation")
+    num_train, num_val = len(arrays.train_labels), len(arrays.val_labels)
+    _check_batch_size(layout.batch_size, num_train, "training samples")
+    augment = getattr(cfg, "augment", False)
+    _, channels, height, _ = arrays.train_images.shape
+    return _bundle(
+        TensorBatches,
+        (arrays.train_images, arrays.train_labels),
+        (arrays.val_images, arrays.val_labels),
+        layout,
+        (arrays.num_classes, channels, height),
+        f"{cfg.name}: {num_train} train / {num_val} val, "
+        f"{channels}x{height}x{height}, {arrays.num_classes} classes",
+        {"crop_padding": 4 if augment else 0, "flip": augment and cfg.name.startswith("cifar")},
+        mean=arrays.mean,
+        std=arrays.std,
+    )
+
+
+def _folder_bundle(
+    cfg: ImageFolderConfig, folders: FolderDataset, layout: BatchLayout
+) -> DataBundle:
+    """DataLoader feeds of an image folder; training samples transformed with per-sample seeds."""
+    train_set = SeededTransforms(folders.train, folders.train_transform, layout.seed)
+    _check_batch_size(layout.batch_size, len(train_set), "training images")
+    num_classes = len(folders.train.classes)
+    return _bundle(
+        LoaderBatches,
+        (train_set,),
+        (folders.val,),
+        layout,
+        (num_classes, 3, cfg.image_size),
+        f"imagefolder {Path(cfg.root)}: {len(train_set)} train / {len(folders.val)} val, "
+        f"{num_classes} classes, {cfg.image_size} px crops",
+        {},
+        num_workers=layout.num_workers,
+    )
+
+
+def _bundle(
+    feed: Callable[..., BatchSource],
+    train: tuple[Any, ...],
+    val: tuple[Any, ...],
+    layout: BatchLayout,
+    shape: tuple[int, int, int],
+    description: str,
+    train_options: dict[str, Any],
+    **shared: Any,
+) -> DataBundle:
+    """A DataBundle of two ``feed`` sources (TensorBatches or LoaderBatches) on this rank's shard.
+
+    ``train``/``val``: the leading data arguments of ``feed``; the last one's length is the sample
+    count (labels, or the dataset). ``shape``: (num_classes, in_channels, image_size). Training is
+    shuffled with ``layout.seed``, keeps full batches only and gets ``train_options``; validation
+    keeps every sample in order; both get ``shared``.
+    """
+    where = {"rank": layout.rank, "world": layout.world, **shared}
+    train_feed = feed(
+        *train,
+        layout.batch_size,
+        layout.device,
         shuffle=True,
         drop_last=True,
-        num_workers=num_workers,
-        seed=seed,
-        rank=rank,
-        world=world,
+        seed=layout.seed,
+        **train_options,
+        **where,
     )
-    val = LoaderBatches(
-        val_set,
-        eval_batch_size,
-        device,
-        shuffle=False,
-        drop_last=False,
-        num_workers=num_workers,
-        rank=rank,
-        world=world,
+    val_feed = feed(
+        *val, layout.eval_batch_size, layout.device, shuffle=False, drop_last=False, **where
     )
+    num_classes, in_channels, image_size = shape
     return DataBundle(
-        train=train,
-        val=val,
-        num_classes=len(train_folder.classes),
-        in_channels=channels,
-        image_size=cfg.image_size,
-        num_train=len(train_set),
-        num_val=len(val_set),
-        description=f"imagefolder {root}: {len(train_set)} train / {len(val_set)} val, "
-        f"{len(train_folder.classes)} classes, {cfg.image_size} px crops",
+        train=train_feed,
+        val=val_feed,
+        num_classes=num_classes,
+        in_channels=in_channels,
+        image_size=image_size,
+        num_train=len(train[-1]),
+        num_val=len(val[-1]),
+        description=description,
     )

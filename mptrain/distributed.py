@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mptrain.dtypes import DTYPES
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -98,9 +100,8 @@ def wrap_model(
     if ctx.strategy == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        reduce = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
         policy = MixedPrecisionPolicy(
-            param_dtype=param_dtype, reduce_dtype=reduce[ctx.reduce_dtype]
+            param_dtype=param_dtype, reduce_dtype=DTYPES[ctx.reduce_dtype]
         )
         for module in list(model.modules())[1:]:
             if any(p.requires_grad for p in module.parameters(recurse=False)) and isinstance(

@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mptrain.dtypes import dtype_name
+
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 FP8_MAX = {E4M3: torch.finfo(E4M3).max, E5M2: torch.finfo(E5M2).max}  # 448, 57344
@@ -263,7 +265,7 @@ class Float8Linear(nn.Linear):
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        fmt = f"{self.recipe.forward_dtype}/{self.recipe.backward_dtype}".replace("torch.", "")
+        fmt = f"{dtype_name(self.recipe.forward_dtype)}/{dtype_name(self.recipe.backward_dtype)}"
         gemm = "scaled_mm" if self.recipe.real_gemm else "emulated"
         return f"{super().extra_repr()}, fp8={fmt}, scaling={self.recipe.scaling}, gemm={gemm}"
 
@@ -404,8 +406,8 @@ def apply_fp8(
         "backend": backend,
         "gemm": "torch._scaled_mm" if recipe.real_gemm else "emulated (FP8 cast, FP32 matmul)",
         "emulated": not recipe.real_gemm,
-        "forward_dtype": str(recipe.forward_dtype).replace("torch.", ""),
-        "backward_dtype": str(recipe.backward_dtype).replace("torch.", ""),
+        "forward_dtype": dtype_name(recipe.forward_dtype),
+        "backward_dtype": dtype_name(recipe.backward_dtype),
         "scaling": recipe.scaling,
         "amax_history_len": recipe.amax_history_len,
         "amax_compute_algo": recipe.amax_compute_algo,

@@ -53,6 +53,7 @@ def cpu_flags() -> frozenset[str]:
 
 
 def cpu_model_name() -> str:
+    """The CPU's marketing name from /proc/cpuinfo, else what ``platform`` knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -68,6 +69,7 @@ def cpu_has_native_bf16() -> bool:
 
 
 def cuda_capability(device: torch.device) -> tuple[int, int]:
+    """(major, minor) compute capability of a CUDA device; tests replace it to fake a GPU."""
     return torch.cuda.get_device_capability(device)
 
 
@@ -76,18 +78,22 @@ def cuda_has_native_bf16(device: torch.device) -> bool:
     return cuda_capability(device) >= (8, 0)
 
 
-def _cuda_driver_version() -> str | None:
+def _command_output(args: list[str], timeout: float) -> str | None:
+    """Standard output of the command ``args``; None when it cannot start, exits non-zero or
+    runs longer than ``timeout`` seconds."""
     try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        )
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=True)
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip().splitlines()[0] if out.stdout.strip() else None
+    return done.stdout
+
+
+def _cuda_driver_version() -> str | None:
+    """The NVIDIA driver version nvidia-smi reports for the first GPU; None without nvidia-smi."""
+    out = _command_output(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], timeout=10
+    )
+    return out.strip().splitlines()[0] if out and out.strip() else None
 
 
 def hardware_info(device: torch.device) -> dict[str, Any]:
@@ -120,6 +126,7 @@ def hardware_info(device: torch.device) -> dict[str, Any]:
 
 
 def _package_version(name: str) -> str | None:
+    """The installed version of distribution ``name``; None when it is not installed."""
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
@@ -132,36 +139,21 @@ def _git_commit() -> str | None:
     None for an installed wheel, even one inside some other repository's virtual environment.
     """
     source_dir = Path(__file__).resolve().parent
-    try:
-        top = subprocess.run(
-            ["git", "-C", str(source_dir), "rev-parse", "--show-toplevel"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        )
-        if Path(top.stdout.strip()).resolve() != source_dir.parent:
-            return None
-        out = subprocess.run(
-            ["git", "-C", str(source_dir), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        )
-        dirty = subprocess.run(
-            ["git", "-C", str(source_dir), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError):
+    git = ["git", "-C", str(source_dir)]
+    top = _command_output([*git, "rev-parse", "--show-toplevel"], timeout=5)
+    if top is None or Path(top.strip()).resolve() != source_dir.parent:
         return None
-    return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    head = _command_output([*git, "rev-parse", "HEAD"], timeout=5)
+    if head is None:
+        return None
+    dirty = _command_output([*git, "status", "--porcelain", "--untracked-files=no"], timeout=5)
+    if dirty is None:
+        return None
+    return head.strip() + ("-dirty" if dirty.strip() else "")
 
 
 def software_versions() -> dict[str, Any]:
+    """Versions of Python, torch and friends, CUDA/cuDNN, mptrain and its git commit, and the OS."""
     import mptrain
 
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
@@ -204,6 +196,7 @@ def reset_peak_memory(device: torch.device) -> str:
 
 
 def peak_memory_bytes(device: torch.device) -> int | None:
+    """The peak :func:`reset_peak_memory` started measuring, in bytes (CUDA allocator or CPU RSS)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
     try:

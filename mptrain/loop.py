@@ -1,6 +1,6 @@
 """The training loop: one explicit AMP loop for every precision, and evaluation.
 
-Per optimizer step (``grad_accum_steps`` micro-batches), in this order:
+Per optimizer step (:func:`take_step`, ``grad_accum_steps`` micro-batches), in this order:
 
 1. for each micro-batch: forward and loss under ``policy.autocast()``; the loss divided by the
    number of micro-batches; ``scaler.scale(loss).backward()`` outside autocast. One loss scale
@@ -13,9 +13,15 @@ Per optimizer step (``grad_accum_steps`` micro-batches), in this order:
    steps. A skipped step is recorded and does *not* advance the LR scheduler.
 6. gradients set to ``None`` (``optimizer.zero_grad(set_to_none=True)``, see :func:`clear_grads`).
 
-Host-device synchronisation: with loss scaling, ``scaler.step`` reads the inf flag (one sync per
-step that PyTorch's scaler needs anyway) and the loop reads the new scale right after it. Losses are
-summed on the device and read only every ``log_every`` steps and at evaluations.
+Around the step, :func:`train_loop` hands the outcome to the run's
+:class:`~mptrain.monitor.Monitor` (measurements, logging, health, divergence), then evaluates,
+checkpoints and stops when due.
+
+Host-device synchronisation per step with loss scaling (FP16): three reads — ``scaler.step``
+reads the inf flag (PyTorch's scaler needs it anyway), the loop reads the new scale after
+``scaler.update()`` (a skip is a scale that went down), and the monitor reads whether the loss
+was finite. Without loss scaling: none. Losses stay on the device and are read every
+``log_every`` steps and at evaluations.
 
 :class:`LoopState` is mutated in place, so a caller that catches an exception or an interrupt still
 has the figures of the steps that ran.
@@ -24,169 +30,268 @@ has the figures of the steps that ran.
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mptrain.config import NumericsConfig
-from mptrain.data import Batch, BatchSource, DataBundle
+from mptrain.data import Batch, BatchSource
 from mptrain.distributed import DistContext, all_reduce_sum, broadcast_flag, no_sync
-from mptrain.hardware import synchronize
-from mptrain.numerics import ScaleHealth, describe_culprit, find_culprit
-from mptrain.precision import PrecisionPolicy
+from mptrain.monitor import LoopObserver, StepOutcome
+from mptrain.precision import PrecisionPolicy, to_model_input
+
+if TYPE_CHECKING:
+    from mptrain.build import Run
 
 _NO_CONTEXT = contextlib.nullcontext()  # reusable (and re-entrant): no per-step allocation
 
 
-class LoopObserver(Protocol):
-    """Receives what the loop measured: the metrics log and the progress display implement it."""
-
-    def on_step(self, state: LoopState) -> None: ...
-
-    def on_log(self, row: dict[str, Any]) -> None: ...
-
-    def on_eval(self, row: dict[str, Any]) -> None: ...
-
-    def on_warning(self, message: str) -> None: ...
-
-
 @dataclass(frozen=True)
 class LoopSettings:
+    """The loop's schedule: how long, how the batch is split, and what is due when."""
+
     total_steps: int
     steps_per_epoch: int
     grad_accum_steps: int = 1
     clip_grad_norm: float | None = None
-    label_smoothing: float = 0.0
     eval_every: int | None = None  # None: at the end of every epoch
     log_every: int = 50
-    throughput_warmup_steps: int = 5
-    channels_last: bool = False
-    inject_inf_grad_steps: frozenset[int] = frozenset()
-    health: NumericsConfig = field(default_factory=NumericsConfig)
-    find_culprit: bool = True
     probe_every: int | None = 100  # gradient/update probe cadence (costs a parameter copy)
-    inject_inf_grad_rank: int | None = None  # with inject_inf_grad_steps: only this rank
+    channels_last: bool = False
     dist: DistContext = field(default_factory=DistContext)
 
 
 @dataclass
-class ScaleStats:
-    initial: float
-    final: float
-    min: float
-    max: float
-    backoffs: int = 0
-    growths: int = 0
-    changes: list[tuple[int, float]] = field(default_factory=list)  # (step, new scale)
-
-    def record(self, step: int, scale: float) -> None:
-        if scale < self.final:
-            self.backoffs += 1
-        elif scale > self.final:
-            self.growths += 1
-        else:
-            return
-        self.final = scale
-        self.min = min(self.min, scale)
-        self.max = max(self.max, scale)
-        self.changes.append((step, scale))
-
-
-@dataclass
 class LoopState:
-    """Counters and measurements of a run so far."""
+    """Where the run is: counters, skipped steps and evaluations (measurements: the monitor)."""
 
     step: int = 0  # optimizer steps attempted (applied + skipped)
     epoch: int = 0
     samples_seen: int = 0
     skipped_steps: list[int] = field(default_factory=list)
-    scale: ScaleStats | None = None
     evals: list[dict[str, Any]] = field(default_factory=list)
     last_train_loss: float | None = None
-    diverged_reason: str | None = None
     stopped: bool = False  # stopped on request (a signal) after finishing a step
-    health: ScaleHealth | None = None
-    culprit: dict[str, Any] | None = None  # first non-finite module, when one was searched for
-    # Throughput window (after warm-up, evaluation excluded).
-    measured_steps: int = 0
-    measured_samples: int = 0
-    measured_time_s: float = 0.0
-    data_wait_s: float = 0.0
-    # Gradient/update probes, taken every probe_every steps (see _UpdateProbe).
-    probes: int = 0
-    zero_grad_fraction_sum: float = 0.0
-    updates_lost_fraction_sum: float = 0.0
-    update_probes: int = 0
-
-    @property
-    def samples_per_s(self) -> float | None:
-        if self.measured_time_s <= 0:
-            return None
-        return self.measured_samples / self.measured_time_s
-
-    @property
-    def data_wait_fraction(self) -> float | None:
-        if self.measured_time_s <= 0:
-            return None
-        return self.data_wait_s / self.measured_time_s
-
-    @property
-    def zero_grad_fraction(self) -> float | None:
-        return self.zero_grad_fraction_sum / self.probes if self.probes else None
-
-    @property
-    def updates_lost_fraction(self) -> float | None:
-        return self.updates_lost_fraction_sum / self.update_probes if self.update_probes else None
 
     @property
     def best_eval(self) -> dict[str, Any] | None:
         return max(self.evals, key=lambda e: e["val_accuracy"], default=None)
 
+    def advance(self, skipped: bool, samples: int, steps_per_epoch: int) -> bool:
+        """Count one finished optimizer step; True when it ended an epoch."""
+        self.step += 1
+        if skipped:
+            self.skipped_steps.append(self.step)
+        self.samples_seen += samples
+        end_of_epoch = self.step % steps_per_epoch == 0
+        if end_of_epoch:
+            self.epoch += 1
+        return end_of_epoch
 
-class _Stopwatch:
-    """Accumulates training time after warm-up; pauses around evaluation.
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "samples_seen": self.samples_seen,
+            "skipped_steps": list(self.skipped_steps),
+            "evals": list(self.evals),
+            "last_train_loss": self.last_train_loss,
+        }
 
-    On CUDA it synchronises at each start/stop so the interval covers the kernels, not just their
-    launch; it runs only at warm-up end, around evaluations and at the end of the run.
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.step, self.epoch = saved["step"], saved["epoch"]
+        self.samples_seen = saved["samples_seen"]
+        self.skipped_steps = list(saved["skipped_steps"])
+        self.evals = list(saved["evals"])
+        self.last_train_loss = saved["last_train_loss"]
+
+
+def _never_stop() -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class LoopHooks:
+    """What the caller plugs into the loop: observers, the checkpoint call, the stop request."""
+
+    observers: tuple[LoopObserver, ...] = ()
+    checkpoint: Callable[[LoopState, bool], None] | None = None  # (state, end_of_epoch)
+    stop_requested: Callable[[], bool] = _never_stop
+
+
+def train_loop(run: Run, hooks: LoopHooks = LoopHooks()) -> LoopState:
+    """Train until ``total_steps`` optimizer steps have been attempted (see module doc).
+
+    Starts from ``run.state`` (a resumed run continues mid-epoch from its step). After every step:
+    the monitor records it (metrics every ``log_every``), evaluation on schedule,
+    ``hooks.checkpoint(state, end_of_epoch)``, and a stop (``state.stopped``) when
+    ``hooks.stop_requested()`` says so, e.g. after a signal. Stops early when the monitor finds
+    the run diverged (``run.monitor.diverged_reason``).
     """
+    s, state, monitor = run.settings, run.state, run.monitor
+    params = [p for p in run.model.parameters() if p.requires_grad]
+    samples_per_step = monitor.settings.samples_per_step
+    monitor.begin(run.scaler, run.optimizer, hooks.observers)
+    run.model.train()
+    clear_grads(run.optimizer)
+    for micro_batches in _step_batches(run.data.train, s, state):
+        monitor.before_step(state.step)
+        logged = _every(state.step + 1, s.log_every) or state.step + 1 == s.total_steps
+        probed = _every(state.step + 1, s.probe_every)
+        outcome = take_step(run, params, micro_batches, logged, probed)
+        end_of_epoch = state.advance(outcome.skipped, samples_per_step, s.steps_per_epoch)
+        monitor.after_step(state, outcome, logged)
+        if monitor.diverged_reason:
+            break  # the last checkpoint stays the last good state
+        if _eval_due(s, state.step, end_of_epoch):
+            with monitor.paused():
+                _evaluate_into(run, state)
+        if hooks.checkpoint is not None:
+            hooks.checkpoint(state, end_of_epoch)
+        if _stop_agreed(hooks.stop_requested(), logged, s.dist, run.device):
+            state.stopped = True
+            break
+    monitor.end()
+    return state
 
-    def __init__(self, device: torch.device, state: LoopState) -> None:
-        self.device = device
-        self.state = state
-        self.started_at: float | None = None
 
-    def start(self) -> None:
-        synchronize(self.device)
-        self.started_at = time.perf_counter()
-
-    def stop(self) -> None:
-        if self.started_at is not None:
-            synchronize(self.device)
-            self.state.measured_time_s += time.perf_counter() - self.started_at
-            self.started_at = None
-
-    @property
-    def running(self) -> bool:
-        return self.started_at is not None
+def _every(step: int, interval: int | None) -> bool:
+    return interval is not None and step % interval == 0
 
 
-def to_model_input(
-    images: torch.Tensor, policy: PrecisionPolicy, channels_last: bool
-) -> torch.Tensor:
-    """Inputs in the parameters' dtype ("pure" low precision) and memory format."""
-    if policy.param_dtype != torch.float32:
-        images = images.to(policy.param_dtype)
-    if channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
-    return images
+def _eval_due(s: LoopSettings, step: int, end_of_epoch: bool) -> bool:
+    if step == s.total_steps:
+        return True
+    return _every(step, s.eval_every) if s.eval_every is not None else end_of_epoch
+
+
+def _stop_agreed(requested: bool, logged: bool, dist: DistContext, device: torch.device) -> bool:
+    """Every rank must stop after the same step: distributed runs agree at every log row."""
+    if not dist.enabled:
+        return requested
+    return logged and broadcast_flag(requested, dist, device)
+
+
+def _step_batches(
+    train: BatchSource, s: LoopSettings, state: LoopState
+) -> Iterator[Iterator[Batch]]:
+    """Per remaining optimizer step, the iterator its micro-batches come from, until total_steps.
+
+    The run is placed by its step count: epoch ``step // steps_per_epoch``, and within it the
+    data order of that epoch past the micro-batches already used. A run resumed with another
+    epoch length (another world size or batch layout) is placed the same way; exact resume needs
+    the same layout, and the report notes a change.
+    """
+    state.epoch, done = divmod(state.step, s.steps_per_epoch)
+    epoch = state.epoch
+    while state.step < s.total_steps:
+        micro_batches = itertools.islice(train.batches(epoch), done * s.grad_accum_steps, None)
+        for _ in range(done, s.steps_per_epoch):
+            if state.step >= s.total_steps:
+                return
+            yield micro_batches
+        epoch, done = epoch + 1, 0
+
+
+def _evaluate_into(run: Run, state: LoopState) -> None:
+    s = run.settings
+    val_loss, val_accuracy = evaluate(run.model, run.data.val, run.policy, s.channels_last, s.dist)
+    row = {
+        "kind": "eval",
+        "step": state.step,
+        "epoch": state.epoch,
+        "val_loss": val_loss,
+        "val_accuracy": val_accuracy,
+    }
+    state.evals.append(row)
+    run.monitor.record_eval(row)
+
+
+def take_step(
+    run: Run,
+    params: list[torch.Tensor],
+    micro_batches: Iterator[Batch],
+    norm_now: bool = False,
+    probe_now: bool = False,
+) -> StepOutcome:
+    """One optimizer step over ``grad_accum_steps`` micro-batches (steps 1-6 of the module doc).
+
+    ``norm_now``: compute the gradient norm even without clipping (for the metrics row);
+    ``probe_now``: measure zero gradients and updates lost to rounding around the update.
+    """
+    loss, batch, data_wait_s = _forward_backward(run, micro_batches)
+    return _optimizer_step(
+        run,
+        params,
+        norm_now,
+        probe_now,
+        StepOutcome(
+            loss, skipped=False, scale=None, grad_norm=None, batch=batch, data_wait_s=data_wait_s
+        ),
+    )
+
+
+def _forward_backward(
+    run: Run, micro_batches: Iterator[Batch]
+) -> tuple[torch.Tensor, Batch, float]:
+    """Accumulate one effective batch's scaled gradients: (loss, last micro-batch, data wait).
+
+    DDP: the gradient all-reduce runs only with the last micro-batch's backward (``no_sync``
+    before it). FSDP reduce-scatters every micro-batch's gradients: the same sums, more traffic.
+    """
+    model, policy, scaler, loss_fn = run.model, run.policy, run.scaler, run.loss_fn
+    accum, channels_last = run.settings.grad_accum_steps, run.settings.channels_last
+    step_loss, data_wait_s = None, 0.0
+    for micro in range(accum):
+        wait_start = time.perf_counter()
+        images, labels = next(micro_batches)
+        data_wait_s += time.perf_counter() - wait_start
+        images = to_model_input(images, policy, channels_last)
+        with _NO_CONTEXT if micro == accum - 1 else no_sync(model):
+            with policy.autocast():
+                # Logits to FP32 for the loss: CPU autocast would run cross_entropy's log-softmax
+                # in BF16, and "pure" low-precision runs would too. A no-op in FP32.
+                loss = loss_fn(model(images).float(), labels)
+                if accum > 1:
+                    loss = loss / accum
+            scaler.scale(loss).backward()  # outside autocast
+        step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+    return step_loss, (images, labels), data_wait_s
+
+
+def _optimizer_step(
+    run: Run, params: list[torch.Tensor], norm_now: bool, probe_now: bool, outcome: StepOutcome
+) -> StepOutcome:
+    """unscale -> clip -> step -> update -> (scheduler unless skipped) -> clear grads."""
+    optimizer, scaler, clip = run.optimizer, run.scaler, run.settings.clip_grad_norm
+    scaled = scaler.is_enabled()
+    if scaled:
+        scaler.unscale_(optimizer)  # gradients are now true FP32 gradients
+    if clip is not None or norm_now:
+        outcome.grad_norm = gradient_norm(params)
+    if clip is not None:
+        torch.nn.utils.clip_grads_with_norm_(params, clip, outcome.grad_norm)
+    probe = UpdateProbe(params) if probe_now else None
+    scaler.step(optimizer)  # skipped when any gradient holds inf/NaN (syncs to read the flag)
+    scaler.update()
+    if scaled:
+        # A skip always backs the scale off: the scale before is the monitor's last reading.
+        outcome.scale = scaler.get_scale()  # a host read, after step()'s own sync
+        outcome.skipped = outcome.scale < run.monitor.scale
+    if not outcome.skipped:
+        run.scheduler.step()
+    if probe is not None:
+        outcome.zero_grads = probe.zero_grad_fraction()
+        if not outcome.skipped:
+            outcome.updates_lost = probe.updates_lost_fraction()
+    clear_grads(optimizer)
+    return outcome
 
 
 @torch.no_grad()
@@ -246,14 +351,14 @@ def gradient_norm(params: Iterable[torch.Tensor]) -> torch.Tensor:
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a plain tensor
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
     """This rank's shard of a DTensor (FSDP); the tensor itself otherwise."""
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def _flat_fp32(tensors: list[torch.Tensor]) -> torch.Tensor:
     """One new FP32 vector holding all ``tensors`` (this rank's shards)."""
-    return torch.cat([_local(t).detach().reshape(-1).float() for t in tensors])
+    return torch.cat([local_shard(t).detach().reshape(-1).float() for t in tensors])
 
 
 def _nonzero_mask_(x: torch.Tensor) -> torch.Tensor:
@@ -264,7 +369,7 @@ def _nonzero_mask_(x: torch.Tensor) -> torch.Tensor:
     return x.abs_().nan_to_num_(1.0).sign_()  # sign(NaN) is 0 on the CPU: map NaN first
 
 
-class _UpdateProbe:
+class UpdateProbe:
     """Measures, around one optimizer step, how many gradients are zero and how many non-zero
     gradients left their parameter unchanged (the update rounded away in the parameter's dtype).
 
@@ -276,7 +381,7 @@ class _UpdateProbe:
 
     def __init__(self, params: list[torch.Tensor]) -> None:
         self.params = [p for p in params if p.grad is not None]
-        self.total = sum(_local(p).numel() for p in params)  # no gradient counts as zero
+        self.total = sum(local_shard(p).numel() for p in params)  # no gradient counts as zero
         self.moved_mask = self.before = None
         self.moved = 0.0
         if self.params:
@@ -296,396 +401,9 @@ class _UpdateProbe:
         return 1.0 - float(torch.dot(self.moved_mask, changed)) / self.moved
 
 
-def _inject_inf_into_shard(model: nn.Module) -> None:
-    """FSDP assigns reduce-scattered gradient shards without running tensor hooks: put the inf
-    into this rank's local shard, as a rank-local overflow would appear to the scaler."""
-    first = next(p for p in model.parameters() if p.requires_grad)
-    _local(first.grad).view(-1)[0] = math.inf
-
-
-def _inject_inf_grad(model: nn.Module) -> torch.utils.hooks.RemovableHandle:
-    """Make the next backward produce an inf in the first parameter's gradient.
-
-    A tensor hook acts before the gradient is accumulated, hence before DDP averages it across
-    ranks: an inf injected on one rank reaches every rank, as a real overflow would.
-    """
-    first = next(p for p in model.parameters() if p.requires_grad)
-
-    def hook(grad: torch.Tensor) -> torch.Tensor:
-        grad = grad.clone()
-        grad.view(-1)[0] = math.inf
-        return grad
-
-    return first.register_hook(hook)
-
-
-@dataclass
-class _Interval:
-    """Losses and timing since the last metrics row; read (one device sync) when a row is logged.
-
-    The per-step losses stay on the device as a list (appending costs no kernel); the row sums
-    them in one go.
-    """
-
-    started: float  # time.perf_counter() at the interval's start, evaluations excluded
-    losses: list[torch.Tensor] = field(default_factory=list)
-
-    @property
-    def steps(self) -> int:
-        return len(self.losses)
-
-    def mean_loss(self) -> torch.Tensor:
-        return torch.stack(self.losses).mean()
-
-    def restart(self) -> None:
-        self.losses.clear()
-        self.started = time.perf_counter()
-
-
-def train_loop(
-    model: nn.Module,
-    data: DataBundle,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler,
-    policy: PrecisionPolicy,
-    settings: LoopSettings,
-    device: torch.device,
-    state: LoopState,
-    observers: tuple[LoopObserver, ...] = (),
-    checkpoint: Callable[[LoopState, bool], None] | None = None,
-    stop_requested: Callable[[], bool] = lambda: False,
-) -> LoopState:
-    """Train until ``settings.total_steps`` optimizer steps have been attempted (see module doc).
-
-    Starts from ``state`` (a resumed run continues mid-epoch from ``state.step``). After every
-    step: metrics every ``log_every``, evaluation on schedule, ``checkpoint(state, end_of_epoch)``,
-    and a stop (``state.stopped``) when ``stop_requested()`` says so, e.g. after a signal.
-    """
-    s = settings
-    loss_fn = functools.partial(F.cross_entropy, label_smoothing=s.label_smoothing)
-    params = [p for p in model.parameters() if p.requires_grad]
-    scale = scaler.get_scale() if scaler.is_enabled() else None
-    if state.scale is None and scale is not None:
-        state.scale = ScaleStats(initial=scale, final=scale, min=scale, max=scale)
-    if state.health is None:
-        state.health = ScaleHealth(s.health)
-    samples_per_step = data.train.batch_size * s.grad_accum_steps * s.dist.world_size
-    stopwatch = _Stopwatch(device, state)
-    interval = _Interval(started=time.perf_counter())
-    distributed = s.dist.enabled
-    model.train()
-    clear_grads(optimizer)
-
-    while state.step < s.total_steps:
-        done_in_epoch = state.step - state.epoch * s.steps_per_epoch  # > 0 after a resume
-        if not 0 <= done_in_epoch < s.steps_per_epoch:
-            # Resumed with another epoch length (another world size or batch layout): place the
-            # run by its step count. Exact resume needs the same layout; the report notes it.
-            state.epoch, done_in_epoch = divmod(state.step, s.steps_per_epoch)
-        skip = done_in_epoch * s.grad_accum_steps
-        micro_batches = itertools.islice(data.train.batches(state.epoch), skip, None)
-        while done_in_epoch < s.steps_per_epoch and state.step < s.total_steps:
-            if state.step == s.throughput_warmup_steps:
-                stopwatch.start()
-            # 1. forward + backward over the micro-batches of one effective batch
-            inject = _inject_now(s, state.step + 1)
-            images, labels, step_loss = _forward_backward(
-                model, micro_batches, loss_fn, scaler, policy, s, state, stopwatch, inject
-            )
-            interval.losses.append(step_loss)
-            state.step += 1
-            # 2-6. unscale, clip, step (skipped on inf/NaN), update the scale, zero the grads
-            logged = state.step % s.log_every == 0 or state.step == s.total_steps
-            probed = s.probe_every is not None and state.step % s.probe_every == 0
-            step = _optimizer_step(params, optimizer, scheduler, scaler, s, logged, probed)
-            if step.zero_grads is not None:
-                state.probes += 1
-                state.zero_grad_fraction_sum += step.zero_grads
-            if step.updates_lost is not None:
-                state.update_probes += 1
-                state.updates_lost_fraction_sum += step.updates_lost
-            if scale is not None:
-                scale = _watch_scale(
-                    scaler,
-                    scale,
-                    step_loss,
-                    step,
-                    model,
-                    images,
-                    labels,
-                    policy,
-                    s,
-                    state,
-                    observers,
-                )
-            if step.skipped:
-                state.skipped_steps.append(state.step)
-            state.samples_seen += samples_per_step
-            if stopwatch.running:
-                state.measured_steps += 1
-                state.measured_samples += samples_per_step
-            done_in_epoch += 1
-            end_of_epoch = done_in_epoch == s.steps_per_epoch
-            if end_of_epoch:
-                state.epoch += 1
-            if not state.diverged_reason and logged:
-                _log(interval, state, step, scale, optimizer, samples_per_step, observers)
-                if not math.isfinite(state.last_train_loss) and scale is None:
-                    if s.find_culprit:
-                        _search_culprit(model, images, labels, policy, 1.0, state)
-                    state.diverged_reason = (
-                        f"training loss became {state.last_train_loss} by step {state.step} "
-                        f"({policy.name}, no loss scaler to skip the update)" + _culprit_text(state)
-                    )
-            for observer in observers:
-                observer.on_step(state)
-            if state.diverged_reason:
-                return _finish(stopwatch, state)  # the last checkpoint stays the last good state
-            periodic = s.eval_every is not None and state.step % s.eval_every == 0
-            epoch_eval = s.eval_every is None and end_of_epoch
-            if periodic or epoch_eval or state.step == s.total_steps:
-                eval_started = time.perf_counter()
-                _run_eval(model, data, policy, s, state, stopwatch, observers)
-                # Evaluation is not training time: the row's samples/s must not count it (it
-                # used to restart the interval here, dropping the steps before the evaluation).
-                interval.started += time.perf_counter() - eval_started
-            if checkpoint is not None:
-                checkpoint(state, end_of_epoch)
-            stop = stop_requested()
-            if distributed:  # every rank must stop after the same step: agree every log row
-                stop = logged and broadcast_flag(stop, s.dist, stopwatch.device)
-            if stop:
-                state.stopped = True
-                return _finish(stopwatch, state)
-    return _finish(stopwatch, state)
-
-
-def _inject_now(s: LoopSettings, step: int) -> bool:
-    """Fault injection (tests): an inf gradient at this step, on this rank?"""
-    return step in s.inject_inf_grad_steps and s.inject_inf_grad_rank in (None, s.dist.rank)
-
-
-def _finish(stopwatch: _Stopwatch, state: LoopState) -> LoopState:
-    stopwatch.stop()
-    return state
-
-
-def _sharded(s: LoopSettings) -> bool:
-    """FSDP: gradients arrive as per-rank shards (fault injection must target the shard)."""
-    return s.dist.enabled and s.dist.strategy == "fsdp"
-
-
-def _forward_backward(
-    model: nn.Module,
-    micro_batches: Iterator[Batch],
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    scaler: torch.amp.GradScaler,
-    policy: PrecisionPolicy,
-    s: LoopSettings,
-    state: LoopState,
-    stopwatch: _Stopwatch,
-    inject_inf: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Accumulate one effective batch's scaled gradients; return the last micro-batch and the loss.
-
-    DDP: the gradient all-reduce runs only with the last micro-batch's backward (``no_sync``
-    before it). FSDP reduce-scatters every micro-batch's gradients: the same sums, more traffic.
-    """
-    accumulating = s.grad_accum_steps > 1
-    sharded = _sharded(s)
-    inject_hook, inject_shard = inject_inf and not sharded, inject_inf and sharded
-    step_loss = None
-    for micro in range(s.grad_accum_steps):
-        last = micro == s.grad_accum_steps - 1
-        wait_start = time.perf_counter()
-        images, labels = next(micro_batches)
-        if stopwatch.running:
-            state.data_wait_s += time.perf_counter() - wait_start
-        images = to_model_input(images, policy, s.channels_last)
-        handle = _inject_inf_grad(model) if inject_hook and last else None
-        with _NO_CONTEXT if last else no_sync(model):
-            with policy.autocast():
-                # Logits to FP32 for the loss: CPU autocast would run cross_entropy's log-softmax
-                # in BF16, and "pure" low-precision runs would too. A no-op in FP32.
-                loss = loss_fn(model(images).float(), labels)
-                if accumulating:
-                    loss = loss / s.grad_accum_steps
-            scaler.scale(loss).backward()  # outside autocast
-        if handle is not None:
-            handle.remove()
-        if inject_shard and last:
-            _inject_inf_into_shard(model)
-        step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-    return images, labels, step_loss
-
-
-@dataclass
-class _StepOutcome:
-    skipped: bool
-    grad_norm: torch.Tensor | None
-    zero_grads: float | None = None
-    updates_lost: float | None = None
-
-
-def _optimizer_step(
-    params: list[torch.Tensor],
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler,
-    s: LoopSettings,
-    norm_now: bool,
-    probe_now: bool,
-) -> _StepOutcome:
-    """unscale -> clip -> step -> update -> (scheduler unless skipped) -> clear grads."""
-    if scaler.is_enabled():
-        scaler.unscale_(optimizer)  # gradients are now true FP32 gradients
-    grad_norm = None
-    if s.clip_grad_norm is not None or norm_now:
-        grad_norm = gradient_norm(params)
-    if s.clip_grad_norm is not None:
-        torch.nn.utils.clip_grads_with_norm_(params, s.clip_grad_norm, grad_norm)
-    probe = _UpdateProbe(params) if probe_now else None
-    scale_before = scaler.get_scale() if scaler.is_enabled() else None
-    scaler.step(optimizer)  # skipped when any gradient holds inf/NaN (syncs to read the flag)
-    scaler.update()
-    # A skip always backs the scale off; reading it costs nothing more after step()'s sync.
-    skipped = scale_before is not None and scaler.get_scale() < scale_before
-    if not skipped:
-        scheduler.step()
-    outcome = _StepOutcome(skipped, grad_norm)
-    if probe is not None:
-        outcome.zero_grads = probe.zero_grad_fraction()
-        if not skipped:
-            outcome.updates_lost = probe.updates_lost_fraction()
-    clear_grads(optimizer)
-    return outcome
-
-
 def clear_grads(optimizer: torch.optim.Optimizer) -> None:
     """``optimizer.zero_grad(set_to_none=True)`` without its profiler scope: ~1 us instead of
     ~11 us per call on a 2-core Xeon, a few percent of a one-Linear model's whole step there."""
     for group in optimizer.param_groups:
         for p in group["params"]:
             p.grad = None
-
-
-def _watch_scale(
-    scaler: torch.amp.GradScaler,
-    scale: float,
-    step_loss: torch.Tensor,
-    step: _StepOutcome,
-    model: nn.Module,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    policy: PrecisionPolicy,
-    s: LoopSettings,
-    state: LoopState,
-    observers: tuple[LoopObserver, ...],
-) -> float:
-    """Record the new scale, feed the health monitor, warn once, flag divergence. Returns it."""
-    new_scale = scaler.get_scale()
-    if new_scale != scale:
-        state.scale.record(state.step, new_scale)
-    health = state.health
-    loss_finite = bool(torch.isfinite(step_loss))  # the device already synced in scaler.step()
-    if s.dist.enabled:  # one decision for all ranks, or they would part ways at a collective
-        loss_finite = not broadcast_flag(not loss_finite, s.dist, step_loss.device)
-    if not loss_finite and not health.nonfinite_loss_steps and s.find_culprit:
-        _search_culprit(model, images, labels, policy, 1.0, state)
-    for message in health.observe(
-        state.step, step.skipped, new_scale, new_scale > scale, loss_finite
-    ):
-        for observer in observers:
-            observer.on_warning(message)
-    if health.diverged:
-        if s.find_culprit:  # re-run at the scale that overflowed, not the backed-off one
-            _search_culprit(model, images, labels, policy, scale, state)
-        state.diverged_reason = health.diverged + _culprit_text(state)
-    return new_scale
-
-
-def _log(
-    interval: _Interval,
-    state: LoopState,
-    step: _StepOutcome,
-    scale: float | None,
-    optimizer: torch.optim.Optimizer,
-    samples_per_step: int,
-    observers: tuple[LoopObserver, ...],
-) -> None:
-    now = time.perf_counter()
-    # The logging sync point: one device read for the loss and the gradient norm together.
-    device_values = [interval.mean_loss().float()]
-    if step.grad_norm is not None:
-        device_values.append(step.grad_norm)
-    mean_loss, *grad_norm = torch.stack(device_values).tolist()
-    state.last_train_loss = mean_loss
-    row = {
-        "kind": "train",
-        "step": state.step,
-        "epoch": state.epoch,
-        "loss": mean_loss,
-        "lr": optimizer.param_groups[0]["lr"],
-        "loss_scale": scale,
-        "grad_norm": grad_norm[0] if grad_norm else None,
-        "skipped": step.skipped,
-        "skipped_total": len(state.skipped_steps),
-        "zero_grad_fraction": step.zero_grads,
-        "updates_lost_fraction": step.updates_lost,
-        "samples_per_s": interval.steps * samples_per_step / (now - interval.started),
-    }
-    for observer in observers:
-        observer.on_log(row)
-    interval.restart()
-
-
-def _search_culprit(
-    model: nn.Module,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    policy: PrecisionPolicy,
-    loss_scale: float,
-    state: LoopState,
-) -> None:
-    """Name the first module that produced a non-finite value on this batch (once per run)."""
-    if state.culprit is None:
-        found = find_culprit(model, images, labels, policy.autocast, loss_scale)
-        state.culprit = found or {"forward": None, "backward": None, "reproduced": False}
-
-
-def _culprit_text(state: LoopState) -> str:
-    if state.culprit is None:
-        return ""
-    if state.culprit.get("reproduced") is False:
-        return "; " + describe_culprit(None)
-    return "; " + describe_culprit(state.culprit)
-
-
-def _run_eval(
-    model: nn.Module,
-    data: DataBundle,
-    policy: PrecisionPolicy,
-    settings: LoopSettings,
-    state: LoopState,
-    stopwatch: _Stopwatch,
-    observers: tuple[LoopObserver, ...],
-) -> None:
-    """Evaluate with the throughput stopwatch paused: evaluation time is not training time."""
-    running = stopwatch.running
-    stopwatch.stop()
-    val_loss, val_accuracy = evaluate(
-        model, data.val, policy, settings.channels_last, settings.dist
-    )
-    row = {
-        "kind": "eval",
-        "step": state.step,
-        "epoch": state.epoch,
-        "val_loss": val_loss,
-        "val_accuracy": val_accuracy,
-    }
-    state.evals.append(row)
-    for observer in observers:
-        observer.on_eval(row)
-    if running:
-        stopwatch.start()

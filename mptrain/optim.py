@@ -47,9 +47,7 @@ def optimizer_implementation(optimizer: torch.optim.Optimizer) -> str:
     return "foreach" if optimizer.defaults.get("foreach") else "single-tensor"
 
 
-def build_optimizer(
-    cfg: Any, model: nn.Module, device: torch.device, fused: bool = True
-) -> torch.optim.Optimizer:
+def build_optimizer(cfg: Any, model: nn.Module, fused: bool = True) -> torch.optim.Optimizer:
     """SGD or AdamW over ``model``'s parameters; fused kernels unless ``fused=False`` (FSDP's
     sharded parameters take the foreach implementation)."""
     groups = parameter_groups(model, cfg.weight_decay, cfg.decay_norm_and_bias)

@@ -16,17 +16,19 @@ Rules (no silent fallbacks):
 from __future__ import annotations
 
 import contextlib
+import fnmatch
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch import nn
 
 from mptrain import hardware
 from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ScalerConfig
 from mptrain.distributed import DistContext, build_scaler_for
+from mptrain.dtypes import DTYPES, dtype_name
 from mptrain.fp8 import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Recipe, fp8_gemm_available
-
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ class PrecisionPolicy:
 
     def describe(self) -> str:
         scaling = "dynamic loss scaling" if self.scaler_enabled else "no loss scaling"
-        dtype = str(self.autocast_dtype).replace("torch.", "") if self.autocast_dtype else "none"
+        dtype = dtype_name(self.autocast_dtype) or "none"
         if self.fp8 is not None:
             gemm = "torch._scaled_mm" if self.fp8.real_gemm else "emulated GEMMs"
             return f"{self.label} (FP8 Linear layers via {gemm}, autocast {dtype} elsewhere)"
@@ -189,14 +191,14 @@ def resolve_precision(
         dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
         scaler = ScalerConfig(**{**vars(cfg.scaler), "enabled": name == "fp16"})
     else:
-        dtype = _DTYPES.get(cfg.autocast_dtype) if cfg.autocast_dtype else None
+        dtype = DTYPES.get(cfg.autocast_dtype) if cfg.autocast_dtype else None
         name = cfg.name
         reason = "requested"
         scaler = cfg.scaler
     notes = _check_supported(name, device)
     if dtype == torch.float16 and not scaler.enabled:
         notes += ("FP16 without loss scaling: small gradients may underflow to zero",)
-    param_dtype = {"float32": torch.float32, **_DTYPES}[cfg.param_dtype]
+    param_dtype = DTYPES[cfg.param_dtype]
     if param_dtype != torch.float32:
         notes += (
             f"pure {name.split('_')[0].upper()}: no FP32 master weights; parameters, updates and "
@@ -213,6 +215,17 @@ def resolve_precision(
         notes=notes,
         param_dtype=param_dtype,
     )
+
+
+def to_model_input(
+    images: torch.Tensor, policy: PrecisionPolicy, channels_last: bool
+) -> torch.Tensor:
+    """Inputs in the parameters' dtype ("pure" low precision) and memory format."""
+    if policy.param_dtype != torch.float32:
+        images = images.to(policy.param_dtype)
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images
 
 
 def build_grad_scaler(
@@ -273,3 +286,31 @@ def apply_tf32(allow_tf32: bool) -> dict[str, Any]:
         "cudnn_conv": "tf32" if torch.backends.cudnn.allow_tf32 else "ieee",
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }
+
+
+def keep_in_fp32(model: nn.Module, patterns: list[str], device_type: str) -> list[str]:
+    """Run the modules matching ``patterns`` outside autocast, in FP32. Returns their names.
+
+    The module's own forward is wrapped on the instance: parameters and state_dict keys are
+    unchanged. Floating-point inputs are cast to FP32; the output stays FP32.
+    """
+    matched = []
+    for name, module in model.named_modules():
+        if name and any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            original = module.forward
+
+            def forward(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
+                args = tuple(
+                    a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args
+                )
+                with torch.autocast(device_type, enabled=False):
+                    return _original(*args, **kwargs)
+
+            module.forward = forward  # type: ignore[method-assign]
+            matched.append(name)
+    return matched
+
+
+# ------------------------------------------------------------------------------ transitional re-export
+# The diagnostics moved to mptrain.diagnose; these names stay importable from here until every
+# caller imports them from mptrain.diagnose. Remove this block then.

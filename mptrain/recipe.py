@@ -4,7 +4,7 @@ A recipe is ``recipes/NAME.yaml``: an overlay on the defaults (Hydra package ``_
 ``recipe`` block names its source, the exact command and the expected result. A run reproduces the
 recipe only when it ran the recipe's full schedule: every key the recipe sets still has the
 recipe's value. Exceptions: settings that do not change the computation
-(:data:`~mptrain.config.NON_TRAINING_KEYS`: seed, device, display, data location, checkpoints) and
+(:data:`~mptrain.compare.NON_TRAINING_KEYS`: seed, device, display, data location, checkpoints) and
 the precision, which a recipe names as its default but which runs are meant to vary and compare.
 Otherwise the verdict is "not comparable" and says which keys differ.
 """
@@ -16,7 +16,9 @@ import math
 from importlib.resources import files
 from typing import Any
 
-from mptrain.config import RunConfig, flatten, is_non_training_key
+from mptrain.compare import flatten, is_non_training_key
+from mptrain.config import RunConfig
+from mptrain.report import EvaluationSection, RecipeSection
 
 
 def recipe_files() -> dict[str, Any]:
@@ -73,23 +75,15 @@ def schedule_differences(cfg: RunConfig, recipe: dict[str, Any]) -> list[str]:
 
 
 def recipe_verdict(
-    cfg: RunConfig, status: str, evaluation: dict[str, Any]
-) -> dict[str, Any] | None:
+    cfg: RunConfig, status: str, evaluation: EvaluationSection
+) -> RecipeSection | None:
     """The report's ``recipe`` section: expected result, actual, and met / not met / not comparable."""
     if cfg.recipe.name is None:
         return None
     from omegaconf import OmegaConf
 
     expected = cfg.recipe.expected
-    actual = evaluation.get(expected.metric)
-    section = {
-        "name": cfg.recipe.name,
-        "source": cfg.recipe.source,
-        "command": cfg.recipe.command,
-        "expected": dataclasses.asdict(expected),
-        "actual": actual,
-        "note": cfg.recipe.note,
-    }
+    actual = getattr(evaluation, expected.metric, None)
     path = recipe_files().get(cfg.recipe.name)
     recipe = OmegaConf.to_container(OmegaConf.create(path.read_text())) if path else {}
     differences = schedule_differences(cfg, recipe)
@@ -103,6 +97,13 @@ def recipe_verdict(
         verdict = "met"
     else:
         verdict = "not met"
-    section["verdict"] = verdict
-    section["met"] = verdict == "met" if not verdict.startswith("not comparable") else None
-    return section
+    return RecipeSection(
+        name=cfg.recipe.name,
+        source=cfg.recipe.source,
+        command=cfg.recipe.command,
+        expected=dataclasses.asdict(expected),
+        actual=actual,
+        note=cfg.recipe.note,
+        verdict=verdict,
+        met=verdict == "met" if not verdict.startswith("not comparable") else None,
+    )

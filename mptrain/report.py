@@ -1,4 +1,9 @@
-"""The run report: report.json (for machines), report.md (for people), and the terminal summary.
+"""The run report: its schema, report.json (for machines), report.md (for people), the summary.
+
+:class:`RunReport` declares every section as a dataclass; a run builds it once, at the end, from
+explicit values (:mod:`mptrain.run`). report.json is its :meth:`~RunReport.to_dict` form with a
+``schema_version``; readers (sweep comparison, ``mptrain-compare``, recipe verdicts) get it back
+with :func:`load_report`, where an unknown or missing key fails loudly, naming it.
 
 Both files are written atomically (temporary file in the same directory, fsync, rename), so a
 reader never sees half a report, and a report from an earlier write survives a failed one.
@@ -6,8 +11,11 @@ reader never sees half a report, and a report from an earlier write survives a f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +29,201 @@ REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 METRICS_JSONL = "metrics.jsonl"
 FAILURE_JSON = "failure.json"
+SCHEMA_VERSION = 1
 
 
+# ---------------------------------------------------------------------------------------- schema
+@dataclass
+class PrecisionSection:
+    """What was asked for and what ran (``effective`` is None when it was never resolved)."""
+
+    requested: str
+    effective: str | None = None
+    label: str | None = None  # "fp8 (emulated)" where FP8 GEMMs were emulated
+    emulated: bool | None = None
+    autocast_dtype: str | None = None
+    loss_scaling: bool | None = None
+    scaler: dict[str, Any] | None = None  # enabled, init_scale, growth/backoff, growth_interval
+    reason: str = "not resolved"  # the user's choice, or how auto decided
+    notes: list[str] = field(default_factory=list)
+    master_weights_dtype: str | None = None
+    master_weights: bool | None = None
+
+
+@dataclass
+class OptimizerSection:
+    name: str
+    implementation: str | None  # fused | foreach | single-tensor
+
+
+@dataclass
+class ModelSection:
+    name: str
+    parameters: int | None
+    channels_last: bool
+    compile: bool
+
+
+@dataclass
+class DataSection:
+    description: str
+    feed: str | None
+    num_train: int | None
+    num_val: int | None
+    batch_size: int
+    grad_accum_steps: int
+    effective_batch_size: int
+
+
+@dataclass
+class TrainingSection:
+    steps: int
+    total_steps: int | None
+    steps_per_epoch: int | None
+    epochs_completed: int
+    samples_seen: int
+    skipped_steps: dict[str, Any]  # {"count": n, "steps": [...]}
+    loss_scale: dict[str, Any] | None  # initial, final, min, max, backoffs, growths, changes
+    final_train_loss: float | None
+    clip_grad_norm: float | None
+    # Averages over the probes taken every probe_every steps.
+    zero_grad_fraction: float | None
+    updates_lost_fraction: float | None
+
+
+@dataclass
+class NumericsSection:
+    nonfinite_loss_steps: dict[str, Any] | None = None  # {"count": n, "steps": first 100}
+    warnings: list[dict[str, Any]] | None = None
+    min_loss_scale: float | None = None
+    culprit: dict[str, Any] | None = None  # the first module with a non-finite value
+    fp32_modules: list[str] = field(default_factory=list)
+
+
+@dataclass
+class EvaluationSection:
+    final_val_accuracy: float | None
+    final_val_loss: float | None
+    best_val_accuracy: float | None
+    best_step: int | None
+    history: list[dict[str, Any]]
+
+
+@dataclass
+class ThroughputSection:
+    samples_per_s: float | None
+    measured_steps: int
+    measured_time_s: float
+    warmup_steps: int
+    data_wait_fraction: float | None
+    excludes: str = "warm-up steps and evaluation"
+    comparable: bool = True  # False for emulated FP8: its speed says nothing about FP8 hardware
+
+
+@dataclass
+class MemorySection:
+    peak_bytes: int | None
+    kind: str | None  # what the peak measures (CUDA allocator, process RSS, ...)
+
+
+@dataclass
+class CheckpointsSection:
+    directory: str
+    kept: list[str]
+    latest: str | None
+    best: str | None
+
+
+@dataclass
+class RecipeSection:
+    """A reference recipe's expected result, the run's figure and the verdict."""
+
+    name: str
+    source: str
+    command: str
+    expected: dict[str, Any]  # metric, value, tolerance, hardware, data
+    actual: float | None
+    note: str
+    verdict: str  # met | not met | not comparable: why
+    met: bool | None  # None when not comparable
+
+
+@dataclass
+class RunReport:
+    """report.json's schema: one dataclass per section, in the file's order."""
+
+    status: str  # completed | diverged | failed | interrupted
+    reason: str | None
+    output_dir: str
+    started_at: str
+    finished_at: str
+    wall_time_s: float
+    precision: PrecisionSection
+    tf32: dict[str, Any] | None
+    fp8: dict[str, Any] | None
+    hardware: dict[str, Any]
+    versions: dict[str, Any]
+    seed: int
+    optimizer: OptimizerSection
+    model: ModelSection
+    data: DataSection
+    training: TrainingSection
+    numerics: NumericsSection
+    evaluation: EvaluationSection
+    throughput: ThroughputSection
+    memory: MemorySection
+    distributed: dict[str, Any]
+    resumed: dict[str, Any] | None
+    checkpoints: CheckpointsSection | None
+    recipe: RecipeSection | None
+    config: dict[str, Any]  # the resolved config (dataclasses.asdict of the RunConfig)
+    figure: str | None = None  # curves.png, once written
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """report.json's content (non-finite floats are made strict JSON when written)."""
+        return dataclasses.asdict(self)
+
+
+class ReportError(ValueError):
+    """A report.json that does not match this mptrain's schema; the message names the key."""
+
+
+def load_report(path: Path) -> RunReport:
+    """Read a report.json written by :func:`write_report`; raise ReportError naming a bad key."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ReportError(
+            f"{path}: schema_version {version!r}, this mptrain reads {SCHEMA_VERSION}"
+        )
+    return _from_dict(RunReport, data, str(path))
+
+
+def _from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ReportError(f"{where}: unknown key {unknown[0]!r} in {cls.__name__}")
+    values = {}
+    for name, value in data.items():
+        section = _section_type(hints[name])
+        nested = section is not None and isinstance(value, dict)
+        values[name] = _from_dict(section, value, f"{where}: {name}") if nested else value
+    try:
+        return cls(**values)
+    except TypeError as exc:  # a missing key
+        raise ReportError(f"{where}: {exc}") from exc
+
+
+def _section_type(hint: Any) -> type | None:
+    """The dataclass a field holds (``X`` or ``X | None``), or None for plain values."""
+    candidates = typing.get_args(hint) or (hint,)
+    return next((c for c in candidates if dataclasses.is_dataclass(c)), None)
+
+
+# ------------------------------------------------------------------------------------ writing
 def clean_json(value: Any) -> Any:
     """Make a value strict-JSON: non-finite floats become strings ("nan", "inf")."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -34,9 +235,9 @@ def clean_json(value: Any) -> Any:
     return value
 
 
-def write_report(output_dir: Path, report: dict[str, Any]) -> tuple[Path, Path]:
+def write_report(output_dir: Path, report: RunReport) -> tuple[Path, Path]:
     json_path, md_path = output_dir / REPORT_JSON, output_dir / REPORT_MD
-    atomic_write_text(json_path, json.dumps(clean_json(report), indent=2) + "\n")
+    atomic_write_text(json_path, json.dumps(clean_json(report.to_dict()), indent=2) + "\n")
     atomic_write_text(md_path, render_markdown(report))
     return json_path, md_path
 
@@ -68,8 +269,8 @@ def fmt_num(x: float | None, spec: str = ".4g") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def _skipped_text(training: dict[str, Any]) -> str:
-    skipped = training["skipped_steps"]
+def _skipped_text(training: TrainingSection) -> str:
+    skipped = training.skipped_steps
     if not skipped["count"]:
         return "0"
     steps = ", ".join(map(str, skipped["steps"][:20]))
@@ -86,70 +287,67 @@ def _scale_text(scale: dict[str, Any] | None) -> str:
     )
 
 
-def summary_rows(report: dict[str, Any]) -> list[tuple[str, str]]:
+def _precision_text(p: PrecisionSection) -> str:
+    label = p.label or p.effective
+    ran = label if p.requested == p.effective else f"{label} (requested {p.requested})"
+    scaling = "on" if p.loss_scaling else "off"
+    return f"{ran}; autocast {p.autocast_dtype or 'none'}; loss scaling {scaling}"
+
+
+def summary_rows(report: RunReport) -> list[tuple[str, str]]:
     """The key figures, in the order the terminal summary and report.md show them."""
-    p, t, e = report["precision"], report["training"], report["evaluation"]
-    thr, mem = report["throughput"], report["memory"]
-    label = p.get("label") or p["effective"]
-    precision = (
-        label if p["requested"] == p["effective"] else f"{label} (requested {p['requested']})"
-    )
+    p, t, e = report.precision, report.training, report.evaluation
+    thr, mem = report.throughput, report.memory
     rows = [
-        ("status", report["status"] + (f": {report['reason']}" if report.get("reason") else "")),
-        (
-            "precision",
-            f"{precision}; autocast {p['autocast_dtype'] or 'none'}; "
-            f"loss scaling {'on' if p['loss_scaling'] else 'off'}",
-        ),
-        ("precision choice", p["reason"]),
-        ("device", report["hardware"]["device"]),
-        ("model / data", f"{report['model']['name']} / {report['data']['description']}"),
-        ("steps", f"{t['steps']} of {t['total_steps']} ({t['epochs_completed']} epochs)"),
+        ("status", report.status + (f": {report.reason}" if report.reason else "")),
+        ("precision", _precision_text(p)),
+        ("precision choice", p.reason),
+        ("device", report.hardware["device"]),
+        ("model / data", f"{report.model.name} / {report.data.description}"),
+        ("steps", f"{t.steps} of {t.total_steps} ({t.epochs_completed} epochs)"),
         ("skipped steps", _skipped_text(t)),
-        ("loss scale", _scale_text(t["loss_scale"])),
-        ("final val accuracy", fmt_pct(e["final_val_accuracy"])),
-        ("best val accuracy", f"{fmt_pct(e['best_val_accuracy'])} (step {e['best_step']})"),
-        ("final val loss", fmt_num(e["final_val_loss"])),
-        ("final train loss", fmt_num(t["final_train_loss"])),
+        ("loss scale", _scale_text(t.loss_scale)),
+        ("final val accuracy", fmt_pct(e.final_val_accuracy)),
+        ("best val accuracy", f"{fmt_pct(e.best_val_accuracy)} (step {e.best_step})"),
+        ("final val loss", fmt_num(e.final_val_loss)),
+        ("final train loss", fmt_num(t.final_train_loss)),
         (
             "throughput",
-            f"{fmt_num(thr['samples_per_s'], '.1f')} samples/s "
-            f"({thr['measured_steps']} steps after {thr['warmup_steps']} warm-up, eval excluded)",
+            f"{fmt_num(thr.samples_per_s, '.1f')} samples/s "
+            f"({thr.measured_steps} steps after {thr.warmup_steps} warm-up, eval excluded)",
         ),
-        ("data wait", fmt_pct(thr["data_wait_fraction"])),
-        ("peak memory", f"{fmt_bytes(mem['peak_bytes'])} ({mem['kind']})"),
-        ("wall time", f"{report['wall_time_s']:.1f} s"),
+        ("data wait", fmt_pct(thr.data_wait_fraction)),
+        ("peak memory", f"{fmt_bytes(mem.peak_bytes)} ({mem.kind})"),
+        ("wall time", f"{report.wall_time_s:.1f} s"),
     ]
-    recipe = report.get("recipe")
-    if recipe:
-        exp = recipe["expected"]
+    if report.recipe:
+        r, exp = report.recipe, report.recipe.expected
         rows.append(
             (
                 "recipe",
-                f"{recipe['name']}: expected {exp['metric']} {exp['value']} ± "
-                f"{exp['tolerance']}, got {fmt_num(recipe['actual'])}: {recipe['verdict']}",
+                f"{r.name}: expected {exp['metric']} {exp['value']} ± "
+                f"{exp['tolerance']}, got {fmt_num(r.actual)}: {r.verdict}",
             )
         )
-    t = report["training"]
-    if t.get("zero_grad_fraction") is not None:
+    if t.zero_grad_fraction is not None:
         rows.append(
             (
                 "gradient probes",
-                f"zero gradients {fmt_pct(t['zero_grad_fraction'])}, updates lost "
-                f"to rounding {fmt_pct(t['updates_lost_fraction'])} (averages of probes every probe_every steps)",
+                f"zero gradients {fmt_pct(t.zero_grad_fraction)}, updates lost "
+                f"to rounding {fmt_pct(t.updates_lost_fraction)} (averages of probes every probe_every steps)",
             )
         )
-    rows += [("note", n) for n in p["notes"]]
+    rows += [("note", n) for n in p.notes]
     return rows
 
 
-def render_markdown(report: dict[str, Any]) -> str:
-    v, hw = report["versions"], report["hardware"]
+def render_markdown(report: RunReport) -> str:
+    v, hw = report.versions, report.hardware
     lines = [
-        f"# mptrain run report — {report['status']}",
+        f"# mptrain run report — {report.status}",
         "",
-        f"Run directory: `{report['output_dir']}`  ",
-        f"Started {report['started_at']}, finished {report['finished_at']}.",
+        f"Run directory: `{report.output_dir}`  ",
+        f"Started {report.started_at}, finished {report.finished_at}.",
         "",
         "## Summary",
         "",
@@ -175,9 +373,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         )
     else:
         lines.append("- GPU: none used")
-    lines += [f"- TF32: {json.dumps(report['tf32'])}", "", "## Software", ""]
+    lines += [f"- TF32: {json.dumps(report.tf32)}", "", "## Software", ""]
     lines += [f"- {k}: {val}" for k, val in v.items()]
-    evals = report["evaluation"]["history"]
+    evals = report.evaluation.history
     if evals:
         lines += [
             "",
@@ -191,12 +389,12 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{fmt_pct(e['val_accuracy'])} |"
             for e in evals
         ]
-    if report.get("figure"):
+    if report.figure:
         lines += [
             "",
             "## Curves",
             "",
-            f"![training loss, validation accuracy, loss scale]({report['figure']})",
+            f"![training loss, validation accuracy, loss scale]({report.figure})",
         ]
     lines += [
         "",
@@ -209,8 +407,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def print_summary(console: Console, report: dict[str, Any], report_path: Path) -> None:
-    table = Table(title=f"mptrain — {report['status']}", show_header=False, box=None)
+def print_summary(console: Console, report: RunReport, report_path: Path) -> None:
+    table = Table(title=f"mptrain — {report.status}", show_header=False, box=None)
     table.add_column(style="bold")
     table.add_column()
     for key, value in summary_rows(report):

@@ -1,7 +1,12 @@
-"""One training run from a typed config: build every component, train, write the report.
+"""One training run from a typed config: build it, train it, write its report.
 
 :func:`train` is what the CLI calls for each Hydra job and what tests call directly. It takes plain
 objects (a :class:`~mptrain.config.RunConfig` and an output directory) and never sees OmegaConf.
+A :class:`_Job` follows the run through its life, in this order:
+
+    resolve device and precision -> build (mptrain.build) -> audit / probe when asked ->
+    resume when asked -> checkpointer -> train_loop (metrics, progress, signals) -> final
+    checkpoint -> report.json / report.md / curves.png
 
 Whatever happens after the output directory is known — completion, divergence, an interrupt, an
 exception — a report is written with the matching status before the exception (if any) propagates.
@@ -11,54 +16,61 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import os
-import random
+import signal
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from rich.console import Console
 
 from mptrain import hardware
+from mptrain.build import Run, build_run, resolve_run
 from mptrain.checkpoint import (
     CHECKPOINT_DIR,
     Checkpointer,
-    Trainables,
     check_compatible,
     resolve_resume,
     restore,
+    run_signature,
 )
 from mptrain.config import ConfigError, RunConfig
-from mptrain.data import DataBundle, build_data
-from mptrain.distributed import DistContext, init_distributed, shutdown, unwrap, wrap_model
-from mptrain.fileio import atomic_write_text
-from mptrain.fp8 import apply_fp8, fp8_layer_stats
-from mptrain.loop import LoopSettings, LoopState, to_model_input, train_loop
+from mptrain.diagnose import write_diagnostics
+from mptrain.distributed import DistContext, init_distributed, shutdown
+from mptrain.dtypes import dtype_name
+from mptrain.fp8 import fp8_layer_stats
+from mptrain.loop import LoopHooks, LoopState, train_loop
 from mptrain.metrics import MetricsLog, read_metrics
-from mptrain.models import build_model, count_parameters
-from mptrain.numerics import (
-    audit_step,
-    keep_in_fp32,
-    range_probe,
-    render_audit,
-    render_probe,
-)
-from mptrain.optim import build_optimizer, build_scheduler, optimizer_implementation
+from mptrain.optim import optimizer_implementation
 from mptrain.plots import RUN_PNG, plot_run
-from mptrain.precision import PrecisionPolicy, apply_tf32, build_grad_scaler, resolve_precision
+from mptrain.precision import PrecisionPolicy
 from mptrain.progress import ProgressDisplay
 from mptrain.recipe import recipe_verdict
-from mptrain.report import METRICS_JSONL, clean_json, print_summary, write_report
+from mptrain.report import (
+    METRICS_JSONL,
+    CheckpointsSection,
+    DataSection,
+    EvaluationSection,
+    MemorySection,
+    ModelSection,
+    NumericsSection,
+    OptimizerSection,
+    PrecisionSection,
+    RunReport,
+    ThroughputSection,
+    TrainingSection,
+    print_summary,
+    write_report,
+)
+from mptrain.seeding import seed_everything
 from mptrain.signals import GracefulStop
 
 
 class RunInterrupted(RuntimeError):
     """Raised by :func:`train` after a SIGINT/SIGTERM stop: checkpoint and report are written."""
 
-    def __init__(self, exit_code: int, report: dict[str, Any]) -> None:
+    def __init__(self, exit_code: int, report: RunReport) -> None:
         super().__init__(f"interrupted (exit code {exit_code})")
         self.exit_code = exit_code
         self.report = report
@@ -67,17 +79,30 @@ class RunInterrupted(RuntimeError):
 class RunFailed(RuntimeError):
     """Raised by :func:`train` after the report was written with status failed or diverged."""
 
-    def __init__(self, status: str, reason: str, report: dict[str, Any]) -> None:
+    def __init__(self, status: str, reason: str, report: RunReport) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
         self.report = report
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)  # also seeds every CUDA device
+def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> RunReport:
+    """Run one job and write its report into ``output_dir``; return the report.
+
+    Raises ConfigError (bad input found before training: no report is written), RunFailed (the
+    run diverged or crashed; the report says why), RunInterrupted (SIGINT/SIGTERM during training:
+    the step finished, a checkpoint and the report written), or KeyboardInterrupt (an interrupt
+    outside training; report: interrupted).
+    """
+    dist = init_distributed(cfg.device, cfg.distributed.strategy, cfg.distributed.reduce_dtype)
+    try:
+        if dist.is_main:
+            check_output_dir(output_dir)
+        # Rank 0 speaks for the job.
+        console = (console or Console()) if dist.is_main else Console(quiet=True)
+        return _Job(cfg, output_dir, dist, console).execute()
+    finally:
+        shutdown(dist)
 
 
 def check_output_dir(output_dir: Path) -> None:
@@ -92,563 +117,295 @@ def check_output_dir(output_dir: Path) -> None:
         raise ConfigError(f"output directory {output_dir}: not writable by this user")
 
 
-def plan_steps(cfg: RunConfig, data: DataBundle) -> tuple[int, int]:
-    """(optimizer steps per epoch, total optimizer steps) for the configured length."""
-    steps_per_epoch = data.train.num_batches // cfg.grad_accum_steps
-    if steps_per_epoch < 1:
-        raise ConfigError(
-            f"grad_accum_steps={cfg.grad_accum_steps}: batch_size x grad_accum_steps = "
-            f"{cfg.batch_size * cfg.grad_accum_steps} exceeds the {data.num_train} training samples"
+class _Job:
+    """One job's life (see the module doc); always ends with a report once it has started."""
+
+    def __init__(
+        self, cfg: RunConfig, output_dir: Path, dist: DistContext, console: Console
+    ) -> None:
+        self.cfg, self.output_dir, self.dist, self.console = cfg, output_dir, dist, console
+        self.started_at = _now()
+        self.start_time = time.perf_counter()
+        self.policy: PrecisionPolicy | None = None
+        self.run: Run | None = None
+        self.resumed: dict[str, Any] | None = None
+        self.checkpointer: Checkpointer | None = None
+        self.stop: GracefulStop | None = None
+
+    @property
+    def state(self) -> LoopState:
+        return self.run.state if self.run is not None else LoopState()
+
+    def execute(self) -> RunReport:
+        try:
+            self._prepare()
+            self._train()
+        except ConfigError:
+            raise
+        except KeyboardInterrupt:
+            self._report("interrupted", f"interrupted at step {self.state.step}")
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            raise RunFailed("failed", reason, self._report("failed", reason)) from exc
+        return self._conclude()
+
+    def _prepare(self) -> None:
+        cfg = self.cfg
+        device, self.policy, tf32 = resolve_run(cfg, self.dist)
+        self.run = run = build_run(cfg, device, self.policy, tf32, self.dist)
+        self._announce()
+        write_diagnostics(run, self.output_dir, self.console)
+        if cfg.resume:
+            self.resumed = self._resume()
+        if cfg.checkpoint.enabled:
+            signature = run_signature(cfg, self.policy)
+            self.checkpointer = Checkpointer(self.output_dir / CHECKPOINT_DIR, run, signature)
+
+    def _announce(self) -> None:
+        run, policy = self.run, self.policy
+        auto = "" if policy.requested == policy.name else f" (auto: {policy.reason})"
+        self.console.print(
+            f"[bold]mptrain[/bold] {self.cfg.model.name} on {run.data.description} | "
+            f"{policy.describe()}{auto} | {run.device}"
         )
-    limits = []
-    if cfg.epochs is not None:
-        limits.append(cfg.epochs * steps_per_epoch)
-    if cfg.max_steps is not None:
-        limits.append(cfg.max_steps)
-    return steps_per_epoch, min(limits)
+        for note in policy.notes:
+            self.console.print(f"[yellow]note:[/yellow] {note}")
 
-
-@dataclasses.dataclass
-class _RunFacts:
-    """What is known about the run so far; the report is built from whatever got filled in."""
-
-    cfg: RunConfig
-    output_dir: Path
-    started_at: str
-    start_time: float
-    device: torch.device | None = None
-    policy: PrecisionPolicy | None = None
-    tf32: dict[str, Any] | None = None
-    data: DataBundle | None = None
-    num_parameters: int | None = None
-    total_steps: int | None = None
-    steps_per_epoch: int | None = None
-    memory_kind: str | None = None
-    fp8: dict[str, Any] | None = None
-    model: torch.nn.Module | None = None
-    fp32_modules: list[str] = dataclasses.field(default_factory=list)
-    resumed: dict[str, Any] | None = None
-    checkpointer: Checkpointer | None = None
-    stop: GracefulStop | None = None
-    dist: DistContext = dataclasses.field(default_factory=DistContext)
-    optimizer_impl: str | None = None
-    state: LoopState = dataclasses.field(default_factory=LoopState)
-
-
-def _precision_section(facts: _RunFacts) -> dict[str, Any]:
-    p = facts.policy
-    if p is None:
+    def _resume(self) -> dict[str, Any]:
+        cfg, run, dist = self.cfg, self.run, self.dist
+        found = resolve_resume(cfg.resume, self.output_dir)
+        if found is None:
+            self.console.print("resume=auto: no checkpoint in this run directory; starting fresh")
+            return {
+                "requested": cfg.resume,
+                "from": None,
+                "note": "no checkpoint found; started fresh",
+            }
+        path, payload, notes = found
+        allowed = check_compatible(
+            payload, run_signature(cfg, self.policy), path, cfg.resume_allow_changes
+        )
+        saved_world = payload.get("world_size", 1)
+        if saved_world != dist.world_size:
+            notes.append(
+                f"saved at world size {saved_world}, resumed at {dist.world_size}: weights, "
+                "optimizer and scaler state load as saved; the data position is placed by step count"
+            )
+        restore(payload, run, path)
+        if dist.enabled:  # rank 0's RNG was saved: give each rank its own stream again
+            seed_everything(cfg.seed + dist.rank + run.state.step)
+        for note in notes:
+            self.console.print(f"[yellow]resume:[/yellow] {note}")
+        self.console.print(f"resumed from {path} at step {run.state.step}")
         return {
-            "requested": facts.cfg.precision.name,
-            "effective": None,
-            "autocast_dtype": None,
-            "loss_scaling": None,
-            "scaler": None,
-            "label": None,
-            "emulated": None,
-            "reason": "not resolved",
-            "notes": [],
+            "requested": cfg.resume,
+            "from": str(path),
+            "step": run.state.step,
+            "allowed_differences": allowed,
+            "notes": notes,
         }
-    return {
-        "requested": p.requested,
-        "effective": p.name,
-        "label": p.label,
-        "emulated": p.emulated,
-        "autocast_dtype": str(p.autocast_dtype).replace("torch.", "") if p.autocast_dtype else None,
-        "loss_scaling": p.scaler_enabled,
-        "scaler": dataclasses.asdict(p.scaler),
-        "reason": p.reason,
-        "notes": list(p.notes),
-        "master_weights_dtype": str(p.param_dtype).replace("torch.", ""),
-        "master_weights": p.master_weights,
-    }
+
+    def _train(self) -> None:
+        cfg, run, checkpointer = self.cfg, self.run, self.checkpointer
+        # Only rank 0 writes metrics and shows progress.
+        metrics = MetricsLog(self.output_dir / METRICS_JSONL) if self.dist.is_main else None
+        show = cfg.progress and self.dist.is_main
+        label = f"{self.policy.name} {cfg.model.name}"
+        try:
+            with (
+                ProgressDisplay(run.settings.total_steps, label, self.console, show) as display,
+                GracefulStop() as stop,
+            ):
+                self.stop = stop
+                hooks = LoopHooks(
+                    observers=(metrics, display) if metrics else (display,),
+                    checkpoint=checkpointer.after_step if checkpointer else None,
+                    stop_requested=stop.requested,
+                )
+                state = train_loop(run, hooks)
+                ended = state.stopped or state.step == run.settings.total_steps
+                if ended and checkpointer and state.step not in checkpointer.steps:
+                    # The final state (or the interrupted one) is always saved; still inside the
+                    # signal handlers, so a second signal waits for the write.
+                    checkpointer.save(state)
+        finally:
+            if metrics:
+                metrics.close()
+
+    def _conclude(self) -> RunReport:
+        """Report the run's outcome; raise for anything but a completed run."""
+        state, diverged = self.run.state, self.run.monitor.diverged_reason
+        if state.stopped and self.stop is not None:
+            name = signal.Signals(self.stop.signum).name
+            saved = self.checkpointer is not None and state.step in self.checkpointer.steps
+            reason = f"{name} at step {state.step}; " + (
+                "checkpoint written, resume with resume=auto"
+                if saved
+                else "no checkpoint (checkpoint.enabled=false): progress is lost"
+            )
+            raise RunInterrupted(self.stop.exit_code, self._report("interrupted", reason))
+        if diverged:
+            raise RunFailed("diverged", diverged, self._report("diverged", diverged))
+        return self._report("completed", None)
+
+    def _report(self, status: str, reason: str | None) -> RunReport:
+        """Build the report; rank 0 writes report.json, report.md and the curves."""
+        report = assemble_report(self, status, reason)
+        if not self.dist.is_main:
+            return report  # only rank 0 writes
+        json_path, _ = write_report(self.output_dir, report)  # first: the report must exist
+        metrics_path = self.output_dir / METRICS_JSONL
+        if metrics_path.is_file():
+            title = f"{report.precision.label or self.cfg.precision.name} {self.cfg.model.name}"
+            try:
+                plot_run(read_metrics(metrics_path), title, self.output_dir / RUN_PNG)
+                report.figure = RUN_PNG
+                write_report(self.output_dir, report)
+            except Exception as exc:  # a figure is not worth losing the run over; say so
+                self.console.print(f"[yellow]warning:[/yellow] curves.png not written: {exc}")
+        print_summary(self.console, report, json_path)
+        return report
 
 
-def _checkpoint_section(facts: _RunFacts) -> dict[str, Any] | None:
-    c = facts.checkpointer
+def _now() -> str:
+    return dt.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+# ------------------------------------------------------------------------------ the report
+def assemble_report(job: _Job, status: str, reason: str | None) -> RunReport:
+    """The report from what the job got to: every section, whatever stage it stopped at."""
+    cfg, run, state = job.cfg, job.run, job.state
+    device = run.device if run else torch.device("cpu")
+    evaluation = _evaluation_section(state)
+    return RunReport(
+        status=status,
+        reason=reason,
+        output_dir=str(job.output_dir),
+        started_at=job.started_at,
+        finished_at=_now(),
+        wall_time_s=time.perf_counter() - job.start_time,
+        precision=_precision_section(cfg, job.policy),
+        tf32=run.tf32 if run else None,
+        fp8={**run.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
+        if run and run.fp8
+        else None,
+        hardware=hardware.hardware_info(device),
+        versions=hardware.software_versions(),
+        seed=cfg.seed,
+        optimizer=OptimizerSection(
+            cfg.optimizer.name, optimizer_implementation(run.optimizer) if run else None
+        ),
+        model=ModelSection(
+            cfg.model.name, run.num_parameters if run else None, cfg.channels_last, cfg.compile
+        ),
+        data=_data_section(cfg, run, job.dist),
+        training=_training_section(cfg, run, state),
+        numerics=_numerics_section(run),
+        evaluation=evaluation,
+        throughput=_throughput_section(cfg, run, job.policy),
+        memory=MemorySection(
+            run.monitor.peak_memory_bytes if run else None, run.monitor.memory_kind if run else None
+        ),
+        distributed=job.dist.describe(),
+        resumed=job.resumed,
+        checkpoints=_checkpoints_section(job.checkpointer),
+        recipe=recipe_verdict(cfg, status, evaluation),
+        config=dataclasses.asdict(cfg),
+    )
+
+
+def _precision_section(cfg: RunConfig, p: PrecisionPolicy | None) -> PrecisionSection:
+    if p is None:
+        return PrecisionSection(requested=cfg.precision.name)
+    return PrecisionSection(
+        requested=p.requested,
+        effective=p.name,
+        label=p.label,
+        emulated=p.emulated,
+        autocast_dtype=dtype_name(p.autocast_dtype),
+        loss_scaling=p.scaler_enabled,
+        scaler=dataclasses.asdict(p.scaler),
+        reason=p.reason,
+        notes=list(p.notes),
+        master_weights_dtype=dtype_name(p.param_dtype),
+        master_weights=p.master_weights,
+    )
+
+
+def _data_section(cfg: RunConfig, run: Run | None, dist: DistContext) -> DataSection:
+    data = run.data if run else None
+    return DataSection(
+        description=data.description if data else cfg.dataset.name,
+        feed=data.train.feed if data else None,
+        num_train=data.num_train if data else None,
+        num_val=data.num_val if data else None,
+        batch_size=cfg.batch_size,
+        grad_accum_steps=cfg.grad_accum_steps,
+        effective_batch_size=cfg.batch_size * cfg.grad_accum_steps * dist.world_size,
+    )
+
+
+def _training_section(cfg: RunConfig, run: Run | None, state: LoopState) -> TrainingSection:
+    monitor = run.monitor if run else None
+    scale = monitor.scale_stats if monitor else None
+    return TrainingSection(
+        steps=state.step,
+        total_steps=run.settings.total_steps if run else None,
+        steps_per_epoch=run.settings.steps_per_epoch if run else None,
+        epochs_completed=state.epoch,
+        samples_seen=state.samples_seen,
+        skipped_steps={"count": len(state.skipped_steps), "steps": state.skipped_steps},
+        loss_scale=dataclasses.asdict(scale) if scale else None,
+        final_train_loss=state.last_train_loss,
+        clip_grad_norm=cfg.clip_grad_norm,
+        zero_grad_fraction=monitor.probes.zero_grad_fraction if monitor else None,
+        updates_lost_fraction=monitor.probes.updates_lost_fraction if monitor else None,
+    )
+
+
+def _numerics_section(run: Run | None) -> NumericsSection:
+    if run is None:
+        return NumericsSection()
+    return NumericsSection(
+        **run.monitor.health.summary(),
+        culprit=run.monitor.culprit,
+        fp32_modules=run.fp32_modules,
+    )
+
+
+def _evaluation_section(state: LoopState) -> EvaluationSection:
+    best, final = state.best_eval, state.evals[-1] if state.evals else None
+    return EvaluationSection(
+        final_val_accuracy=final["val_accuracy"] if final else None,
+        final_val_loss=final["val_loss"] if final else None,
+        best_val_accuracy=best["val_accuracy"] if best else None,
+        best_step=best["step"] if best else None,
+        history=state.evals,
+    )
+
+
+def _throughput_section(
+    cfg: RunConfig, run: Run | None, policy: PrecisionPolicy | None
+) -> ThroughputSection:
+    throughput = run.monitor.throughput if run else None
+    return ThroughputSection(
+        samples_per_s=throughput.samples_per_s if throughput else None,
+        measured_steps=throughput.measured_steps if throughput else 0,
+        measured_time_s=throughput.measured_time_s if throughput else 0.0,
+        warmup_steps=cfg.throughput_warmup_steps,
+        data_wait_fraction=throughput.data_wait_fraction if throughput else None,
+        # Emulated FP8 runs FP32 matmuls: its speed says nothing about FP8 hardware.
+        comparable=not (policy is not None and policy.emulated),
+    )
+
+
+def _checkpoints_section(c: Checkpointer | None) -> CheckpointsSection | None:
     if c is None:
         return None
-    return {
-        "directory": str(c.directory),
-        "kept": [str(p) for p in c.saved],
-        "latest": str(c.saved[-1]) if c.saved else None,
-        "best": str(c.best[1]) if c.best else None,
-    }
-
-
-def _fp8_section(facts: _RunFacts) -> dict[str, Any] | None:
-    if facts.fp8 is None:
-        return None
-    stats = fp8_layer_stats(facts.model) if facts.model is not None else []
-    return {**facts.fp8, "final_layer_stats": stats}
-
-
-def build_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str, Any]:
-    report = _base_report(facts, status, reason)
-    report["recipe"] = recipe_verdict(facts.cfg, status, report["evaluation"])
-    return report
-
-
-def _base_report(facts: _RunFacts, status: str, reason: str | None) -> dict[str, Any]:
-    cfg, state, data = facts.cfg, facts.state, facts.data
-    device = facts.device or torch.device("cpu")
-    best = state.best_eval
-    final = state.evals[-1] if state.evals else None
-    scale = dataclasses.asdict(state.scale) if state.scale else None
-    return {
-        "status": status,
-        "reason": reason,
-        "output_dir": str(facts.output_dir),
-        "started_at": facts.started_at,
-        "finished_at": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "wall_time_s": time.perf_counter() - facts.start_time,
-        "precision": _precision_section(facts),
-        "tf32": facts.tf32,
-        "fp8": _fp8_section(facts),
-        "hardware": hardware.hardware_info(device),
-        "versions": hardware.software_versions(),
-        "seed": cfg.seed,
-        "optimizer": {
-            "name": cfg.optimizer.name,
-            "implementation": facts.optimizer_impl,
-        },
-        "model": {
-            "name": cfg.model.name,
-            "parameters": facts.num_parameters,
-            "channels_last": cfg.channels_last,
-            "compile": cfg.compile,
-        },
-        "data": {
-            "description": data.description if data else cfg.dataset.name,
-            "feed": data.train.feed if data else None,
-            "num_train": data.num_train if data else None,
-            "num_val": data.num_val if data else None,
-            "batch_size": cfg.batch_size,
-            "grad_accum_steps": cfg.grad_accum_steps,
-            "effective_batch_size": cfg.batch_size * cfg.grad_accum_steps * facts.dist.world_size,
-        },
-        "training": {
-            "steps": state.step,
-            "total_steps": facts.total_steps,
-            "steps_per_epoch": facts.steps_per_epoch,
-            "epochs_completed": state.epoch,
-            "samples_seen": state.samples_seen,
-            "skipped_steps": {"count": len(state.skipped_steps), "steps": state.skipped_steps},
-            "loss_scale": scale,
-            "final_train_loss": state.last_train_loss,
-            "clip_grad_norm": cfg.clip_grad_norm,
-            # Averages over the probes taken every probe_every steps.
-            "zero_grad_fraction": state.zero_grad_fraction,
-            "updates_lost_fraction": state.updates_lost_fraction,
-        },
-        "numerics": {
-            **(state.health.summary() if state.health else {}),
-            "culprit": state.culprit,
-            "fp32_modules": facts.fp32_modules,
-        },
-        "evaluation": {
-            "final_val_accuracy": final["val_accuracy"] if final else None,
-            "final_val_loss": final["val_loss"] if final else None,
-            "best_val_accuracy": best["val_accuracy"] if best else None,
-            "best_step": best["step"] if best else None,
-            "history": state.evals,
-        },
-        "throughput": {
-            "samples_per_s": state.samples_per_s,
-            "measured_steps": state.measured_steps,
-            "measured_time_s": state.measured_time_s,
-            "warmup_steps": cfg.throughput_warmup_steps,
-            "data_wait_fraction": state.data_wait_fraction,
-            "excludes": "warm-up steps and evaluation",
-            # Emulated FP8 runs FP32 matmuls: its speed says nothing about FP8 hardware.
-            "comparable": not (facts.policy is not None and facts.policy.emulated),
-        },
-        "memory": {
-            "peak_bytes": hardware.peak_memory_bytes(device) if facts.memory_kind else None,
-            "kind": facts.memory_kind,
-        },
-        "distributed": facts.dist.describe(),
-        "resumed": facts.resumed,
-        "checkpoints": _checkpoint_section(facts),
-        "recipe": None,  # filled in below, from the evaluation figures
-        "config": dataclasses.asdict(cfg),
-    }
-
-
-@dataclasses.dataclass
-class Components:
-    """Everything the loop needs, built from the config by :func:`build_components`."""
-
-    model: torch.nn.Module  # what the loop calls (torch.compile'd when compile=true)
-    data: DataBundle
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    settings: LoopSettings
-    num_parameters: int
-    fp8: dict[str, Any] | None = None  # the report's fp8 section (converted layers, FLOPs share)
-    fp32_modules: list[str] = dataclasses.field(default_factory=list)
-
-
-def build_components(
-    cfg: RunConfig,
-    device: torch.device,
-    policy: PrecisionPolicy,
-    dist: DistContext | None = None,
-) -> Components:
-    """Data, model (FP32 parameters on ``device``), optimizer, schedule, scaler, loop settings.
-
-    Distributed (``dist``): this rank's data shard, and the model wrapped in DDP or FSDP2 before
-    the optimizer is built on its (possibly sharded) parameters.
-    """
-    dist = dist or DistContext()
-    if cfg.debug.inject_inf_grad_steps and not policy.scaler_enabled:
-        raise ConfigError(
-            "debug.inject_inf_grad_steps: needs a precision with loss scaling (fp16); "
-            f"{policy.name} has no scaler to skip the step"
-        )
-    data = build_data(
-        cfg.dataset,
-        cfg.batch_size,
-        cfg.eval_batch_size,
-        device,
-        seed=cfg.seed,
-        num_workers=cfg.num_workers,
-        rank=dist.rank,
-        world=dist.world_size,
+    return CheckpointsSection(
+        directory=str(c.directory),
+        kept=[str(p) for p in c.saved],
+        latest=str(c.saved[-1]) if c.saved else None,
+        best=str(c.best[1]) if c.best else None,
     )
-    model = build_model(cfg.model, data.in_channels, data.image_size, data.num_classes).to(device)
-    fp8_section = None
-    if policy.fp8 is not None:
-        sample, _ = next(iter(data.val.batches(0)))
-        fp8_section = apply_fp8(
-            model,
-            policy.fp8,
-            sample[:2],
-            include=list(cfg.fp8.include),
-            exclude=list(cfg.fp8.exclude),
-            keep_first_last=cfg.fp8.keep_first_last,
-            backend=cfg.fp8.backend,
-        )
-        if not any(layer["converted"] for layer in fp8_section["layers"]):
-            raise ConfigError(
-                f"precision=fp8: no Linear layer of model={cfg.model.name} can run in FP8 "
-                "(first/last kept, or dimensions not multiples of 16); see fp8.include/exclude"
-            )
-    if cfg.numerics.fp32_modules and not policy.master_weights:
-        raise ConfigError(
-            f"numerics.fp32_modules: precision={policy.name} keeps its weights in "
-            f"{str(policy.param_dtype).replace('torch.', '')}, so no layer can run in FP32; "
-            "use a mixed precision (fp16, bf16) instead"
-        )
-    fp32_modules = keep_in_fp32(model, list(cfg.numerics.fp32_modules), device.type)
-    if cfg.numerics.fp32_modules and not fp32_modules:
-        raise ConfigError(
-            f"numerics.fp32_modules={list(cfg.numerics.fp32_modules)}: no module name matches; "
-            f"names look like {', '.join(n for n, _ in list(model.named_modules())[1:6])}"
-        )
-    if not policy.master_weights:  # "pure" low precision: no FP32 copy of the weights
-        model = model.to(policy.param_dtype)
-    if cfg.channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    num_parameters = count_parameters(model)
-    # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
-    model = wrap_model(model, dist, device, policy.autocast_dtype)
-    steps_per_epoch, total_steps = plan_steps(cfg, data)
-    optimizer = build_optimizer(cfg.optimizer, model, device, fused=dist.strategy != "fsdp")
-    settings = LoopSettings(
-        total_steps=total_steps,
-        steps_per_epoch=steps_per_epoch,
-        grad_accum_steps=cfg.grad_accum_steps,
-        clip_grad_norm=cfg.clip_grad_norm,
-        label_smoothing=cfg.label_smoothing,
-        eval_every=cfg.eval_every,
-        log_every=cfg.log_every,
-        probe_every=cfg.probe_every,
-        throughput_warmup_steps=cfg.throughput_warmup_steps,
-        channels_last=cfg.channels_last,
-        inject_inf_grad_steps=frozenset(cfg.debug.inject_inf_grad_steps),
-        health=cfg.numerics,
-        # The re-run of a batch would call collectives on some ranks only: single process only.
-        find_culprit=cfg.numerics.find_culprit and not dist.enabled,
-        inject_inf_grad_rank=cfg.debug.inject_inf_grad_rank,
-        dist=dist,
-    )
-    return Components(
-        model=torch.compile(model) if cfg.compile else model,
-        data=data,
-        optimizer=optimizer,
-        scheduler=build_scheduler(cfg.scheduler, optimizer, steps_per_epoch, total_steps),
-        scaler=build_grad_scaler(policy, dist),
-        settings=settings,
-        num_parameters=num_parameters,
-        fp8=fp8_section,
-        fp32_modules=fp32_modules,
-    )
-
-
-def train_components(
-    parts: Components,
-    policy: PrecisionPolicy,
-    device: torch.device,
-    state: LoopState,
-    settings: LoopSettings | None = None,
-    **loop_options: Any,
-) -> LoopState:
-    """:func:`~mptrain.loop.train_loop` over what :func:`build_components` made."""
-    return train_loop(
-        parts.model,
-        parts.data,
-        parts.optimizer,
-        parts.scheduler,
-        parts.scaler,
-        policy,
-        settings or parts.settings,
-        device,
-        state,
-        **loop_options,
-    )
-
-
-def _diagnose_before_training(
-    cfg: RunConfig, parts: Components, policy: PrecisionPolicy, output_dir: Path, console: Console
-) -> None:
-    """audit=true / probe=true: trace one step, or probe FP16 ranges; the model is left untouched."""
-    if not (cfg.audit or cfg.probe):
-        return
-    batches = parts.data.train.batches(0)
-    first = [next(batches) for _ in range(cfg.probe_batches if cfg.probe else 1)]
-    first = [(to_model_input(x, policy, cfg.channels_last), y) for x, y in first]
-    if cfg.audit:
-        audit = audit_step(
-            parts.model, *first[0], policy.autocast, parts.optimizer, mixed=policy.master_weights
-        )
-        atomic_write_text(output_dir / "audit.json", json.dumps(audit, indent=2) + "\n")
-        atomic_write_text(output_dir / "audit.md", render_audit(audit))
-        flags = len(audit["flagged_ops"]) + len(audit["state_flags"])
-        console.print(f"audit: {len(audit['ops'])} op kinds traced, {flags} flagged -> audit.md")
-    if cfg.probe:
-        probe = range_probe(parts.model, first, policy.scaler.init_scale)
-        atomic_write_text(output_dir / "probe.json", json.dumps(clean_json(probe), indent=2) + "\n")
-        atomic_write_text(output_dir / "probe.md", render_probe(probe))
-        console.print(f"FP16 range probe: {probe['verdict']} -> probe.md")
-
-
-def _setup_and_train(facts: _RunFacts, console: Console) -> None:
-    cfg = facts.cfg
-    dist = facts.dist
-    seed_everything(cfg.seed)  # the same initial weights on every rank
-    facts.device = device = _device_for(cfg.device, dist)
-    facts.policy = policy = resolve_precision(cfg.precision, device, cfg.fp8)
-    facts.tf32 = apply_tf32(policy.allow_tf32)
-    if dist.enabled and (cfg.audit or cfg.probe):
-        raise ConfigError("audit/probe: run them in a single process, not under torchrun")
-    parts = build_components(cfg, device, policy, dist)
-    if dist.enabled:
-        seed_everything(cfg.seed + dist.rank)  # per-rank dropout and other randomness
-    facts.data = parts.data
-    facts.num_parameters = parts.num_parameters
-    facts.fp8 = parts.fp8
-    facts.model = parts.model
-    facts.steps_per_epoch = parts.settings.steps_per_epoch
-    facts.total_steps = parts.settings.total_steps
-    console.print(
-        f"[bold]mptrain[/bold] {cfg.model.name} on {parts.data.description} | {policy.describe()}"
-        f"{'' if policy.requested == policy.name else f' (auto: {policy.reason})'} | {device}"
-    )
-    for note in policy.notes:
-        console.print(f"[yellow]note:[/yellow] {note}")
-    facts.fp32_modules = parts.fp32_modules
-    facts.optimizer_impl = optimizer_implementation(parts.optimizer)
-    _diagnose_before_training(cfg, parts, policy, facts.output_dir, console)
-    trainables = Trainables(
-        parts.model if dist.strategy == "fsdp" else unwrap(parts.model),
-        parts.optimizer,
-        parts.scheduler,
-        parts.scaler,
-    )
-    signature = run_signature(cfg, policy)
-    if cfg.resume:
-        facts.resumed = _resume(cfg, facts, trainables, signature, parts.settings, console)
-    checkpointer = None
-    if cfg.checkpoint.enabled:
-        checkpointer = Checkpointer(
-            facts.output_dir / CHECKPOINT_DIR,
-            trainables,
-            cfg,
-            signature,
-            every_steps=cfg.checkpoint.every_steps,
-            every_epoch=cfg.checkpoint.every_epoch,
-            keep_last=cfg.checkpoint.keep_last,
-            keep_best=cfg.checkpoint.keep_best,
-            dist=dist,
-        )
-        facts.checkpointer = checkpointer
-    facts.memory_kind = hardware.reset_peak_memory(device)
-    # Only rank 0 writes metrics and shows progress.
-    metrics = MetricsLog(facts.output_dir / METRICS_JSONL) if dist.is_main else None
-    try:
-        with (
-            ProgressDisplay(
-                parts.settings.total_steps,
-                f"{policy.name} {cfg.model.name}",
-                console,
-                cfg.progress and dist.is_main,
-            ) as display,
-            GracefulStop() as stop,
-        ):
-            facts.stop = stop
-            train_components(
-                parts,
-                policy,
-                device,
-                facts.state,
-                observers=(metrics, display) if metrics else (display,),
-                checkpoint=checkpointer.after_step if checkpointer else None,
-                stop_requested=stop.requested,
-            )
-            ended = facts.state.stopped or facts.state.step == parts.settings.total_steps
-            if ended and checkpointer and facts.state.step not in checkpointer.steps:
-                # The final state (or the interrupted one) is always saved; still inside the
-                # signal handlers, so a second signal waits for the write.
-                checkpointer.save(facts.state)
-    finally:
-        if metrics:
-            metrics.close()
-
-
-def _device_for(request: str, dist: DistContext) -> torch.device:
-    device = hardware.resolve_device(request)
-    if dist.enabled and device.type == "cuda":
-        return torch.device("cuda", dist.local_rank)  # one GPU per process
-    return device
-
-
-def run_signature(cfg: RunConfig, policy: PrecisionPolicy) -> dict[str, Any]:
-    """What a checkpoint must agree on to be resumed: precision, model, data and batch layout."""
-    dataset = {
-        k: v for k, v in dataclasses.asdict(cfg.dataset).items() if k not in ("root", "download")
-    }
-    return {
-        "precision": policy.name,
-        "model": dataclasses.asdict(cfg.model),
-        "dataset": dataset,
-        "batch_size": cfg.batch_size,
-        "grad_accum_steps": cfg.grad_accum_steps,
-        "seed": cfg.seed,
-        "fp8": dataclasses.asdict(cfg.fp8) if policy.fp8 is not None else None,
-    }
-
-
-def _resume(
-    cfg: RunConfig,
-    facts: _RunFacts,
-    trainables: Trainables,
-    signature: dict[str, Any],
-    settings: LoopSettings,
-    console: Console,
-) -> dict[str, Any]:
-    found = resolve_resume(cfg.resume, facts.output_dir)
-    if found is None:
-        console.print("resume=auto: no checkpoint in this run directory; starting fresh")
-        return {"requested": cfg.resume, "from": None, "note": "no checkpoint found; started fresh"}
-    path, payload, notes = found
-    allowed = check_compatible(payload, signature, path, cfg.resume_allow_changes)
-    saved_world = payload.get("world_size", 1)
-    if saved_world != facts.dist.world_size:
-        notes.append(
-            f"saved at world size {saved_world}, resumed at {facts.dist.world_size}: weights, "
-            "optimizer and scaler state load as saved; the data position is placed by step count"
-        )
-    restore(payload, trainables, facts.state, settings.health, path, facts.dist)
-    if facts.dist.enabled:  # rank 0's RNG was saved: give each rank its own stream again
-        seed_everything(cfg.seed + facts.dist.rank + facts.state.step)
-    for note in notes:
-        console.print(f"[yellow]resume:[/yellow] {note}")
-    console.print(f"resumed from {path} at step {facts.state.step}")
-    return {
-        "requested": cfg.resume,
-        "from": str(path),
-        "step": facts.state.step,
-        "allowed_differences": allowed,
-        "notes": notes,
-    }
-
-
-def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> dict[str, Any]:
-    """Run one job and write its report into ``output_dir``; return the report.
-
-    Raises ConfigError (bad input found before training: no report is written), RunFailed (the
-    run diverged or crashed; the report says why), RunInterrupted (SIGINT/SIGTERM during training:
-    the step finished, a checkpoint and the report written), or KeyboardInterrupt (an interrupt
-    outside training; report: interrupted).
-    """
-    console = console or Console()
-    dist = init_distributed(cfg.device, cfg.distributed.strategy, cfg.distributed.reduce_dtype)
-    try:
-        return _train(cfg, output_dir, console, dist)
-    finally:
-        shutdown(dist)
-
-
-def _train(cfg: RunConfig, output_dir: Path, console: Console, dist: DistContext) -> dict[str, Any]:
-    if dist.is_main:
-        check_output_dir(output_dir)
-    else:
-        console = Console(quiet=True)  # rank 0 speaks for the job
-    facts = _RunFacts(
-        cfg=cfg,
-        output_dir=output_dir,
-        started_at=dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-        start_time=time.perf_counter(),
-        dist=dist,
-    )
-    status, reason = "completed", None
-    try:
-        _setup_and_train(facts, console)
-    except ConfigError:
-        raise
-    except KeyboardInterrupt:
-        status, reason = "interrupted", f"interrupted at step {facts.state.step}"
-        _finish(facts, status, reason, console)
-        raise
-    except Exception as exc:
-        status, reason = "failed", f"{type(exc).__name__}: {exc}"
-        report = _finish(facts, status, reason, console)
-        raise RunFailed(status, reason, report) from exc
-    if facts.state.diverged_reason:
-        status, reason = "diverged", facts.state.diverged_reason
-    if facts.state.stopped and facts.stop is not None:
-        import signal
-
-        name = signal.Signals(facts.stop.signum).name
-        saved = facts.checkpointer is not None and facts.state.step in facts.checkpointer.steps
-        reason = f"{name} at step {facts.state.step}; " + (
-            "checkpoint written, resume with resume=auto"
-            if saved
-            else "no checkpoint (checkpoint.enabled=false): progress is lost"
-        )
-        report = _finish(facts, "interrupted", reason, console)
-        raise RunInterrupted(facts.stop.exit_code, report)
-    report = _finish(facts, status, reason, console)
-    if status != "completed":
-        raise RunFailed(status, reason or status, report)
-    return report
-
-
-def _finish(facts: _RunFacts, status: str, reason: str | None, console: Console) -> dict[str, Any]:
-    report = build_report(facts, status, reason)
-    if not facts.dist.is_main:
-        return report  # only rank 0 writes
-    json_path, _ = write_report(facts.output_dir, report)  # first: the report must exist
-    metrics_path = facts.output_dir / METRICS_JSONL
-    if metrics_path.is_file():
-        title = f"{report['precision']['label'] or facts.cfg.precision.name} {facts.cfg.model.name}"
-        try:
-            plot_run(read_metrics(metrics_path), title, facts.output_dir / RUN_PNG)
-            report["figure"] = RUN_PNG
-            write_report(facts.output_dir, report)
-        except Exception as exc:  # a figure is not worth losing the run over; say so
-            console.print(f"[yellow]warning:[/yellow] curves.png not written: {exc}")
-    print_summary(console, report, json_path)
-    return report

@@ -19,10 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
 from rich.console import Console
 from rich.table import Table
 
-from mptrain.config import flatten, is_non_training_key
+from mptrain.compare import flatten, is_non_training_key
 from mptrain.fileio import atomic_write_text
 from mptrain.metrics import read_metrics
 from mptrain.plots import SWEEP_PNG, plot_sweep
@@ -30,8 +31,11 @@ from mptrain.report import (
     FAILURE_JSON,
     METRICS_JSONL,
     REPORT_JSON,
+    ReportError,
+    RunReport,
     fmt_bytes,
     fmt_pct,
+    load_report,
 )
 
 SWEEP_MD, SWEEP_JSON = "sweep.md", "sweep.json"
@@ -43,7 +47,7 @@ class RunRecord:
 
     directory: Path
     label: str  # the job's overrides, or the directory name
-    report: dict[str, Any] | None
+    report: RunReport | None
     reason: str | None = None  # why there is no usable report
     row: dict[str, Any] = field(default_factory=dict)
 
@@ -71,8 +75,8 @@ def load_run(directory: Path) -> RunRecord:
             directory, label, None, reason="no report.json (the job ended before training)"
         )
     try:
-        return RunRecord(directory, label, json.loads(path.read_text()))
-    except (OSError, json.JSONDecodeError) as exc:
+        return RunRecord(directory, label, load_report(path))
+    except (OSError, json.JSONDecodeError, ReportError) as exc:
         return RunRecord(directory, label, None, reason=f"unreadable report.json: {exc}")
 
 
@@ -118,12 +122,12 @@ def find_runs(paths: list[Path]) -> list[RunRecord]:
     return runs
 
 
-def _comparison_key(report: dict[str, Any]) -> str:
+def _comparison_key(report: RunReport) -> str:
     """The config minus the precision and everything that does not change the computation.
 
     The seed stays: in a sweep over seeds and precisions each run pairs with its own seed's FP32.
     """
-    config = flatten(report.get("config", {}))
+    config = flatten(report.config)
     kept = {
         k: v
         for k, v in config.items()
@@ -140,49 +144,53 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 
 def compare(runs: list[RunRecord]) -> list[dict[str, Any]]:
     """One row per run with its figures and, where an FP32 twin exists, the ratios against it."""
-    baselines: dict[str, dict[str, Any]] = {}
+    baselines: dict[str, RunReport] = {}
     for run in runs:
         r = run.report
-        if r and r["status"] == "completed" and r["precision"]["effective"] == "fp32":
+        if r and r.status == "completed" and r.precision.effective == "fp32":
             baselines.setdefault(_comparison_key(r), r)
     rows = []
     for run in runs:
-        r = run.report
         row: dict[str, Any] = {"run": run.label, "directory": str(run.directory)}
-        if r is None:
+        if run.report is None:
             row.update(status="failed", reason=run.reason)
-            rows.append(row)
-            continue
-        p, t, e = r["precision"], r["training"], r["evaluation"]
-        thr, mem = r["throughput"], r["memory"]
-        scale = t.get("loss_scale")
-        row.update(
-            status=r["status"],
-            reason=r.get("reason"),
-            precision=p.get("label") or p["effective"],
-            final_val_accuracy=e["final_val_accuracy"],
-            samples_per_s=thr["samples_per_s"],
-            peak_memory_bytes=mem["peak_bytes"],
-            skipped_steps=t["skipped_steps"]["count"],
-            final_loss_scale=scale["final"] if scale else None,
-            zero_grad_fraction=t.get("zero_grad_fraction"),
-            updates_lost_fraction=t.get("updates_lost_fraction"),
-        )
-        base = baselines.get(_comparison_key(r))
-        if base is not None:
-            base_acc = base["evaluation"]["final_val_accuracy"]
-            acc = e["final_val_accuracy"]
-            row["baseline"] = base["output_dir"]
-            row["accuracy_delta"] = None if acc is None or base_acc is None else acc - base_acc
-            comparable = thr.get("comparable", True) and base["throughput"].get("comparable", True)
-            row["throughput_ratio"] = (
-                _ratio(thr["samples_per_s"], base["throughput"]["samples_per_s"])
-                if comparable
-                else None
-            )
-            row["memory_ratio"] = _ratio(mem["peak_bytes"], base["memory"]["peak_bytes"])
+        else:
+            row.update(_figures(run.report))
+            base = baselines.get(_comparison_key(run.report))
+            if base is not None:
+                row.update(_against_baseline(run.report, base))
         rows.append(row)
     return rows
+
+
+def _figures(r: RunReport) -> dict[str, Any]:
+    t, scale = r.training, r.training.loss_scale
+    return {
+        "status": r.status,
+        "reason": r.reason,
+        "precision": r.precision.label or r.precision.effective,
+        "final_val_accuracy": r.evaluation.final_val_accuracy,
+        "samples_per_s": r.throughput.samples_per_s,
+        "peak_memory_bytes": r.memory.peak_bytes,
+        "skipped_steps": t.skipped_steps["count"],
+        "final_loss_scale": scale["final"] if scale else None,
+        "zero_grad_fraction": t.zero_grad_fraction,
+        "updates_lost_fraction": t.updates_lost_fraction,
+    }
+
+
+def _against_baseline(r: RunReport, base: RunReport) -> dict[str, Any]:
+    """Accuracy delta, throughput and memory ratios against the FP32 twin ``base``."""
+    acc, base_acc = r.evaluation.final_val_accuracy, base.evaluation.final_val_accuracy
+    comparable = r.throughput.comparable and base.throughput.comparable
+    return {
+        "baseline": base.output_dir,
+        "accuracy_delta": None if acc is None or base_acc is None else acc - base_acc,
+        "throughput_ratio": _ratio(r.throughput.samples_per_s, base.throughput.samples_per_s)
+        if comparable
+        else None,
+        "memory_ratio": _ratio(r.memory.peak_bytes, base.memory.peak_bytes),
+    }
 
 
 # ---------------------------------------------------------------------------------- rendering
@@ -289,12 +297,6 @@ def write_comparison(
 def _wide_console() -> Console:
     # The table has up to 11 columns: give it room even when output is not a terminal.
     return Console(width=max(140, Console().width))
-
-
-try:
-    from hydra.experimental.callback import Callback
-except ImportError:  # pragma: no cover - hydra-core < 1.2
-    Callback = object  # type: ignore[misc,assignment]
 
 
 class SweepSummaryCallback(Callback):

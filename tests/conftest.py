@@ -99,3 +99,10 @@ def yaml_leaf_paths(node: dict, prefix: str = "") -> set[str]:
         else:
             paths.add(f"{prefix}{key}")
     return paths
+
+
+def train(cfg: RunConfig, output_dir: Path) -> dict:
+    """:func:`mptrain.run.train`, returning report.json's content (what these tests read)."""
+    from mptrain.run import train as run_train
+
+    return run_train(cfg, output_dir).to_dict()

@@ -24,12 +24,11 @@ from mptrain.distributed import model_state
 real_loop = run_module.train_loop
 
 
-def dumping_loop(model, data, optimizer, scheduler, scaler, policy, settings, device, state, **kw):
-    result = real_loop(
-        model, data, optimizer, scheduler, scaler, policy, settings, device, state, **kw
-    )
+def dumping_loop(run, hooks):
+    state = real_loop(run, hooks)
+    scaler = run.scaler
     rank = int(os.environ.get("RANK", "0"))
-    full = model_state(model, settings.dist)  # collective under FSDP
+    full = model_state(run.model, run.dist)  # collective under FSDP
     torch.save(
         {
             "params": {k: v.detach().cpu().clone() for k, v in full.items()},
@@ -40,7 +39,7 @@ def dumping_loop(model, data, optimizer, scheduler, scaler, policy, settings, de
         },
         Path(os.environ["MPTRAIN_TEST_OUT"]) / f"rank{rank}.pt",
     )
-    return result
+    return state
 
 
 def main() -> None:

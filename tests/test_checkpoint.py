@@ -26,14 +26,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_run
+from conftest import tiny_run, train
 
 from mptrain import run as run_module
+from mptrain.build import prepare_run
 from mptrain.checkpoint import (
     LATEST,
     Checkpointer,
     CheckpointError,
-    Trainables,
     atomic_torch_save,
     candidates,
     load_checkpoint,
@@ -43,7 +43,7 @@ from mptrain.config import ConfigError
 from mptrain.fileio import atomic_link
 from mptrain.loop import LoopState
 from mptrain.metrics import MetricsLog, read_metrics
-from mptrain.run import RunFailed, RunInterrupted, train
+from mptrain.run import RunFailed, RunInterrupted
 
 STEPS_PER_EPOCH = 22  # digits, batch 64
 
@@ -133,11 +133,11 @@ class FinalState:
         self.scaler: dict | None = None
         real_loop = run_module.train_loop
 
-        def capturing_loop(model, data, optimizer, scheduler, scaler, *args, **kwargs):
-            state = real_loop(model, data, optimizer, scheduler, scaler, *args, **kwargs)
-            self.model = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            self.optimizer = copy.deepcopy(optimizer.state_dict())
-            self.scaler = scaler.state_dict()
+        def capturing_loop(run, hooks):
+            state = real_loop(run, hooks)
+            self.model = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+            self.optimizer = copy.deepcopy(run.optimizer.state_dict())
+            self.scaler = run.scaler.state_dict()
             return state
 
         monkeypatch.setattr(run_module, "train_loop", capturing_loop)
@@ -167,7 +167,7 @@ def run_stopped_at(
 def assert_interrupted_at(err: RunInterrupted, out: Path, step: int, code: int, name: str) -> None:
     assert err.exit_code == code
     on_disk = read_report(out)
-    assert on_disk["status"] == err.report["status"] == "interrupted"
+    assert on_disk["status"] == err.report.to_dict()["status"] == "interrupted"
     assert on_disk["reason"].startswith(f"{name} at step {step}")
     assert on_disk["training"]["steps"] == step
     assert latest_target(out) == step_name(step)
@@ -488,27 +488,24 @@ def test_crash_during_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, 
 def test_stray_temporaries_are_removed_by_a_new_checkpointer(tmp_path):
     directory = tmp_path / "checkpoints"
     directory.mkdir()
-    model = torch.nn.Linear(3, 2)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    parts = Trainables(
-        model,
-        optimizer,
-        torch.optim.lr_scheduler.ConstantLR(optimizer, factor=1.0),
-        torch.amp.GradScaler("cpu", enabled=False),
+    cfg = tiny_run(
+        "max_steps=1",
+        "checkpoint.every_steps=1",
+        "checkpoint.every_epoch=false",
+        "checkpoint.keep_best=false",
     )
-    cfg = tiny_run("max_steps=1")
-    cadence = {"every_steps": 1, "every_epoch": False, "keep_last": 2, "keep_best": False}
-    first = Checkpointer(directory, parts, cfg, {"sig": 1}, **cadence)
+    run = prepare_run(cfg)
+    first = Checkpointer(directory, run, {"sig": 1})
     good = first.save(LoopState(step=3))
     strays = [directory / f".{step_name(5)}.abc.tmp", directory / f".{LATEST}.x1y2.tmp"]
     for stray in strays:
         stray.write_bytes(b"partial")
     before = sha256(good)
 
-    Checkpointer(directory, parts, cfg, {"sig": 1}, **cadence)
+    Checkpointer(directory, run, {"sig": 1})
     assert not any(s.exists() for s in strays)
     assert sha256(good) == before and latest_target(tmp_path) == good.name
-    assert_same_tensors(load_checkpoint(good)["model"], model.state_dict(), "model")
+    assert_same_tensors(load_checkpoint(good)["model"], run.model.state_dict(), "model")
     assert remove_stray_temporaries(directory) == []
 
 
@@ -909,7 +906,7 @@ def test_unwritable_output_directory_is_found_before_training(tmp_path, monkeypa
     def must_not_build(*args, **kwargs):
         raise AssertionError("training was set up for an unwritable output directory")
 
-    monkeypatch.setattr(run_module, "build_components", must_not_build)
+    monkeypatch.setattr(run_module, "build_run", must_not_build)
     out = blocker / "run"
     with pytest.raises(ConfigError, match="output directory") as err:
         train(tiny_run("max_steps=2"), out)
@@ -1022,7 +1019,7 @@ def test_interrupt_without_checkpoints_does_not_claim_a_checkpoint(tmp_path, mon
     assert read_report(out)["status"] == "interrupted"
     assert read_report(out)["training"]["steps"] == 5
     assert not (out / "checkpoints").exists()
-    assert "checkpoint written" not in err.report["reason"]
+    assert "checkpoint written" not in err.report.to_dict()["reason"]
 
 
 def test_atomic_save_never_leaves_a_partial_file(tmp_path, monkeypatch):

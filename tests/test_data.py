@@ -16,13 +16,14 @@ import torch
 
 from mptrain import data
 from mptrain.config import (
+    DATASET_NAMES,
     ConfigError,
     DigitsConfig,
     ImageFolderConfig,
     SyntheticConfig,
     TorchvisionDatasetConfig,
 )
-from mptrain.data import TensorBatches, build_data, random_crop_flip
+from mptrain.data import BatchLayout, TensorBatches, build_data, random_crop_flip
 
 CPU = torch.device("cpu")
 
@@ -38,14 +39,11 @@ PUBLISHED_STATS = {
 
 # ----------------------------------------------------------------------------------------- helpers
 def build(cfg, batch_size: int = 2, eval_batch_size: int = 4, seed: int = 0) -> data.DataBundle:
-    return build_data(
-        cfg,
-        batch_size=batch_size,
-        eval_batch_size=eval_batch_size,
-        device=CPU,
-        seed=seed,
-        num_workers=0,
+    """build_data on the CPU, without worker processes, as the only rank."""
+    layout = BatchLayout(
+        batch_size=batch_size, eval_batch_size=eval_batch_size, device=CPU, seed=seed, num_workers=0
     )
+    return build_data(cfg, layout)
 
 
 def collect(source, epoch: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -695,3 +693,20 @@ def test_imagefolder_batch_size_larger_than_training_set_raises_config_error(tmp
     cfg = ImageFolderConfig(root=str(tmp_path), image_size=32, resize_size=36)
     with pytest.raises(ConfigError, match="batch_size=5"):
         build(cfg, batch_size=5)
+
+
+# ------------------------------------------------------------------------------- loader table
+def test_every_configurable_dataset_name_has_a_loader():
+    assert sorted(data.DATASET_LOADERS) == sorted(DATASET_NAMES)
+
+
+def test_unknown_dataset_name_raises_config_error():
+    with pytest.raises(ConfigError, match=r"dataset\.name='svhn'"):
+        build(TorchvisionDatasetConfig(name="svhn"))
+
+
+def test_batch_layout_is_immutable():
+    layout = BatchLayout(batch_size=2, eval_batch_size=4, device=CPU, seed=0, num_workers=0)
+    assert (layout.rank, layout.world) == (0, 1)
+    with pytest.raises(AttributeError):
+        layout.batch_size = 3

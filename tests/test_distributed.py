@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_run
+from conftest import tiny_run, train
 
 from mptrain.checkpoint import load_checkpoint
-from mptrain.run import train
 
 WORKER = Path(__file__).parent / "distributed_worker.py"
 

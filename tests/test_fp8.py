@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from conftest import requires_cuda, tiny_run
+from conftest import requires_cuda, tiny_run, train
 from torch import nn
 
 from mptrain import run as run_module
@@ -38,7 +38,6 @@ from mptrain.fp8 import (
 )
 from mptrain.models import build_vit
 from mptrain.precision import resolve_precision
-from mptrain.run import train
 
 CPU = torch.device("cpu")
 GPU = torch.device("cuda", 0)
@@ -617,9 +616,9 @@ def test_parameters_and_optimizer_state_stay_fp32_after_fp8_training(tmp_path, m
     seen = {}
     real_loop = run_module.train_loop
 
-    def recording_loop(model, data, optimizer, *args, **kwargs):
-        seen.update(model=model, optimizer=optimizer)
-        return real_loop(model, data, optimizer, *args, **kwargs)
+    def recording_loop(run, hooks):
+        seen.update(model=run.model, optimizer=run.optimizer)
+        return real_loop(run, hooks)
 
     monkeypatch.setattr(run_module, "train_loop", recording_loop)
     train(tiny_run("precision=fp8", "max_steps=4"), tmp_path)

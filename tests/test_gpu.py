@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import compose_run, requires_cuda
+from conftest import compose_run, requires_cuda, train
 
 from mptrain.config import PrecisionConfig, ScalerConfig
 from mptrain.precision import build_grad_scaler, resolve_precision
-from mptrain.run import train
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 

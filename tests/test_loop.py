@@ -11,10 +11,11 @@ import torch
 from conftest import tiny_run
 
 import mptrain.loop
+from mptrain.build import build_run, resolve_run
 from mptrain.config import RunConfig
-from mptrain.loop import LoopState, _UpdateProbe, clear_grads, gradient_norm
+from mptrain.distributed import DistContext
+from mptrain.loop import LoopHooks, LoopState, UpdateProbe, clear_grads, gradient_norm, train_loop
 from mptrain.precision import PrecisionPolicy, resolve_precision
-from mptrain.run import build_components, seed_everything, train_components
 
 CPU = torch.device("cpu")
 
@@ -52,14 +53,13 @@ class StepRecorder:
 
 
 def run_loop(cfg: RunConfig, policy: PrecisionPolicy | None = None):
-    """Build the run's components and train; returns (state, recorder, components)."""
-    seed_everything(cfg.seed)
-    policy = policy or resolve_precision(cfg.precision, CPU)
-    parts = build_components(cfg, CPU, policy)
-    recorder = StepRecorder(parts)
-    state = LoopState()
-    train_components(parts, policy, CPU, state, observers=(recorder,))
-    return state, recorder, parts
+    """Build the run (with ``policy`` instead of the resolved one) and train it;
+    returns (state, recorder, run)."""
+    device, resolved, tf32 = resolve_run(cfg, DistContext())
+    run = build_run(cfg, device, policy or resolved, tf32, DistContext())
+    recorder = StepRecorder(run)
+    train_loop(run, LoopHooks(observers=(recorder,)))
+    return run.state, recorder, run
 
 
 def tensors_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
@@ -74,7 +74,7 @@ def test_inf_gradient_skips_the_step_and_halves_the_scale():
         "scheduler.warmup_epochs=0.1",
         "debug.inject_inf_grad_steps=[3]",
     )
-    state, rec, _ = run_loop(cfg)
+    state, rec, run = run_loop(cfg)
 
     assert state.skipped_steps == [3]
     before, during, after = rec.after[2], rec.after[3], rec.after[4]
@@ -86,7 +86,8 @@ def test_inf_gradient_skips_the_step_and_halves_the_scale():
     assert after["lr"] != during["lr"], "the scheduler stopped advancing after the skip"
     assert during["scale"] == before["scale"] * 0.5
     assert not tensors_equal(after["params"], during["params"]), "training did not resume"
-    assert state.scale.backoffs == 1 and state.scale.changes == [(3, before["scale"] * 0.5)]
+    scale = run.monitor.scale_stats
+    assert scale.backoffs == 1 and scale.changes == [(3, before["scale"] * 0.5)]
 
 
 def test_skip_on_first_step_does_not_trigger_scheduler_order_warning():
@@ -106,7 +107,7 @@ def test_scale_grows_after_growth_interval_clean_steps():
         "precision.scaler.init_scale=1024",
         "precision.scaler.growth_interval=3",
     )
-    state, rec, _ = run_loop(cfg)
+    state, rec, run = run_loop(cfg)
     assert state.skipped_steps == []
     assert [rec.after[s]["scale"] for s in range(1, 8)] == [
         1024,
@@ -117,7 +118,8 @@ def test_scale_grows_after_growth_interval_clean_steps():
         4096,
         4096,
     ]
-    assert state.scale.growths == 2 and state.scale.final == 4096 and state.scale.max == 4096
+    scale = run.monitor.scale_stats
+    assert scale.growths == 2 and scale.final == 4096 and scale.max == 4096
 
 
 def test_clipping_after_unscale_equals_fp32_clipping():
@@ -228,7 +230,7 @@ def test_update_probe_counts_zero_gradients_and_updates_rounded_away():
     weight = torch.nn.Parameter(torch.ones(8, dtype=torch.bfloat16))
     unused = torch.nn.Parameter(torch.ones(2, dtype=torch.bfloat16))
     weight.grad = torch.tensor([0, 0, 1e-4, 1e-4, 1e-4, 0.5, 0.5, float("nan")]).bfloat16()
-    probe = _UpdateProbe([weight, unused])
+    probe = UpdateProbe([weight, unused])
     assert probe.zero_grad_fraction() == 1 - 6 / 10
     with torch.no_grad():
         weight -= weight.grad  # lr 1: 3 updates of 1e-4 are lost; 0.5 and NaN change the value
@@ -236,19 +238,20 @@ def test_update_probe_counts_zero_gradients_and_updates_rounded_away():
 
 
 def test_update_probe_without_gradients():
-    probe = _UpdateProbe([torch.nn.Parameter(torch.ones(3))])
+    probe = UpdateProbe([torch.nn.Parameter(torch.ones(3))])
     assert probe.zero_grad_fraction() == 1.0
     assert probe.updates_lost_fraction() == 0.0
 
 
 def test_eval_every_and_logging_rows():
     cfg = tiny_run("precision=bf16", "max_steps=9", "eval_every=4", "log_every=3")
-    state, rec, _ = run_loop(cfg)
+    state, rec, run = run_loop(cfg)
     assert [e["step"] for e in state.evals] == [4, 8, 9]
     assert [r["step"] for r in rec.log_rows] == [3, 6, 9]
     assert all(0.0 <= e["val_accuracy"] <= 1.0 for e in state.evals)
-    assert state.measured_steps == 9 - 2  # throughput_warmup_steps=2
-    assert state.samples_per_s and state.samples_per_s > 0
+    throughput = run.monitor.throughput
+    assert throughput.measured_steps == 9 - 2  # throughput_warmup_steps=2
+    assert throughput.samples_per_s and throughput.samples_per_s > 0
 
 
 def test_row_samples_per_s_counts_training_time_only(monkeypatch):
@@ -273,7 +276,7 @@ def test_row_samples_per_s_counts_training_time_only(monkeypatch):
     monkeypatch.setattr(loop, "_forward_backward", step_then_tick)
     monkeypatch.setattr(loop, "evaluate", evaluate_then_tick)
     cfg = tiny_run("precision=fp32", "max_steps=12", "log_every=6", "eval_every=3")
-    state, rec, _ = run_loop(cfg)
+    _, rec, run = run_loop(cfg)
     assert [r["step"] for r in rec.log_rows] == [6, 12]
     assert [r["samples_per_s"] for r in rec.log_rows] == [cfg.batch_size] * 2
-    assert state.samples_per_s == cfg.batch_size
+    assert run.monitor.throughput.samples_per_s == cfg.batch_size

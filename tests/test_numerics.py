@@ -20,24 +20,24 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_run
+from conftest import tiny_run, train
 from torch import nn
 
-from mptrain import run as run_module
+from mptrain import build as build_module
 from mptrain.config import ConfigError, NumericsConfig
-from mptrain.metrics import read_metrics
-from mptrain.numerics import (
+from mptrain.diagnose import (
     FP16_MIN_SUBNORMAL,
-    ScaleHealth,
     audit_step,
     describe_culprit,
     find_culprit,
-    keep_in_fp32,
     range_probe,
     render_audit,
     render_probe,
 )
-from mptrain.run import RunFailed, train
+from mptrain.metrics import read_metrics
+from mptrain.monitor import ScaleHealth
+from mptrain.precision import keep_in_fp32
+from mptrain.run import RunFailed
 
 FP16 = lambda: torch.autocast("cpu", dtype=torch.float16)  # noqa: E731
 BF16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
@@ -370,7 +370,7 @@ def test_higher_min_loss_scale_stops_earlier(tmp_path):
     cfg = tiny_run("precision=fp16", "max_steps=40", ALWAYS_INF, "numerics.min_loss_scale=1024")
     with pytest.raises(RunFailed) as err:
         train(cfg, tmp_path)
-    report = err.value.report
+    report = err.value.report.to_dict()
     assert report["status"] == "diverged" and "collapsed to 1024" in report["reason"]
     assert report["training"]["steps"] == 6  # 65536 / 2^6 = 1024
     assert report["training"]["loss_scale"]["final"] == 1024.0
@@ -405,11 +405,11 @@ def test_command_line_collapse_exits_1_with_the_report(tmp_path):
 
 
 def test_collapse_from_a_real_backward_overflow_names_the_module(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_module, "build_model", lambda *args: grad_amplifier())
+    monkeypatch.setattr(build_module, "build_model", lambda *args: grad_amplifier())
     cfg = tiny_run("precision=fp16", "max_steps=20", "numerics.min_loss_scale=1024")
     with pytest.raises(RunFailed) as err:
         train(cfg, tmp_path)
-    report = err.value.report
+    report = err.value.report.to_dict()
     assert "collapsed to 1024" in report["reason"]  # the overflow is real: every step skipped
     assert report["training"]["skipped_steps"]["steps"] == [1, 2, 3, 4, 5, 6]
     backward = report["numerics"]["culprit"]["backward"]
@@ -418,7 +418,7 @@ def test_collapse_from_a_real_backward_overflow_names_the_module(tmp_path, monke
 
 # ------------------------------------------------------------------ end to end: forward overflow
 def test_forward_overflow_in_a_run_names_the_culprit(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_module, "build_model", lambda *args: blowup_mlp(in_features=64))
+    monkeypatch.setattr(build_module, "build_model", lambda *args: blowup_mlp(in_features=64))
     cfg = tiny_run("precision=fp16", "max_steps=30")
     with pytest.raises(RunFailed) as err:
         train(cfg, tmp_path)
@@ -439,7 +439,7 @@ def test_forward_overflow_in_a_run_names_the_culprit(tmp_path, monkeypatch):
 
 
 def test_the_same_run_in_bf16_trains(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_module, "build_model", lambda *args: blowup_mlp(in_features=64))
+    monkeypatch.setattr(build_module, "build_model", lambda *args: blowup_mlp(in_features=64))
     report = train(tiny_run("precision=bf16", "max_steps=5"), tmp_path)
     assert report["status"] == "completed" and report["numerics"]["culprit"] is None
     assert math.isfinite(report["training"]["final_train_loss"])

@@ -16,13 +16,13 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import compose_run, scalar_key_lines, yaml_leaf_paths
+from conftest import compose_run, scalar_key_lines, train, yaml_leaf_paths
 from hydra import compose, initialize_config_module
 
 from mptrain.config import RunConfig
 from mptrain.metrics import read_metrics
 from mptrain.recipe import recipe_files, recipe_verdict, schedule_differences
-from mptrain.run import train
+from mptrain.report import EvaluationSection
 from mptrain.sweep import compare, find_runs
 
 RECIPES = recipe_files()
@@ -64,15 +64,15 @@ def compose_recipe(name: str, *overrides: str) -> RunConfig:
     return compose_run(f"recipe={name}", *NEEDS.get(name, ()), *overrides)
 
 
-def evaluation(accuracy: float | None) -> dict[str, Any]:
+def evaluation(accuracy: float | None) -> EvaluationSection:
     """An evaluation section as the report has it."""
-    return {
-        "final_val_accuracy": accuracy,
-        "final_val_loss": 0.05,
-        "best_val_accuracy": accuracy,
-        "best_step": 330,
-        "history": [],
-    }
+    return EvaluationSection(
+        final_val_accuracy=accuracy,
+        final_val_loss=0.05,
+        best_val_accuracy=accuracy,
+        best_step=330,
+        history=[],
+    )
 
 
 # ---------------------------------------------------------------------------------- recipe files
@@ -207,19 +207,19 @@ def digits_cfg() -> RunConfig:
 
 def test_full_schedule_reaching_the_band_is_met(digits_cfg):
     section = recipe_verdict(digits_cfg, "completed", evaluation(358 / 360))
-    assert section["verdict"] == "met" and section["met"] is True
-    assert section["name"] == "digits_cnn"
-    assert section["actual"] == 358 / 360
-    assert section["expected"]["value"] == 0.997 and section["expected"]["tolerance"] == 0.005
-    assert section["command"] == "mptrain recipe=digits_cnn"
-    assert section["source"] == digits_cfg.recipe.source
+    assert section.verdict == "met" and section.met is True
+    assert section.name == "digits_cnn"
+    assert section.actual == 358 / 360
+    assert section.expected["value"] == 0.997 and section.expected["tolerance"] == 0.005
+    assert section.command == "mptrain recipe=digits_cnn"
+    assert section.source == digits_cfg.recipe.source
 
 
 def test_below_the_band_is_not_met(digits_cfg):
     # 357/360 = 99.17%: one image below value - tolerance (99.2%).
     section = recipe_verdict(digits_cfg, "completed", evaluation(357 / 360))
-    assert section["verdict"] == "not met" and section["met"] is False
-    assert recipe_verdict(digits_cfg, "completed", evaluation(0.5))["verdict"] == "not met"
+    assert section.verdict == "not met" and section.met is False
+    assert recipe_verdict(digits_cfg, "completed", evaluation(0.5)).verdict == "not met"
 
 
 @pytest.mark.parametrize(
@@ -229,7 +229,7 @@ def test_below_the_band_is_not_met(digits_cfg):
 )
 def test_seed_display_and_precision_keep_the_run_comparable(overrides):
     cfg = compose_run("recipe=digits_cnn", *QUIET, *overrides)
-    assert recipe_verdict(cfg, "completed", evaluation(1.0))["verdict"] == "met"
+    assert recipe_verdict(cfg, "completed", evaluation(1.0)).verdict == "met"
 
 
 @pytest.mark.parametrize(
@@ -245,16 +245,16 @@ def test_seed_display_and_precision_keep_the_run_comparable(overrides):
 def test_a_shortened_or_changed_schedule_is_not_comparable(overrides, named):
     cfg = compose_run("recipe=digits_cnn", *QUIET, *overrides)
     section = recipe_verdict(cfg, "completed", evaluation(1.0))  # accuracy cannot rescue it
-    assert section["verdict"].startswith("not comparable: ")
-    assert named in section["verdict"]
-    assert section["met"] is None
+    assert section.verdict.startswith("not comparable: ")
+    assert named in section.verdict
+    assert section.met is None
 
 
 @pytest.mark.parametrize("status", ["failed", "diverged", "interrupted"])
 def test_a_run_that_did_not_complete_is_not_comparable(digits_cfg, status):
     section = recipe_verdict(digits_cfg, status, evaluation(1.0))
-    assert section["verdict"] == f"not comparable: the run {status}"
-    assert section["met"] is None
+    assert section.verdict == f"not comparable: the run {status}"
+    assert section.met is None
 
 
 def test_no_recipe_no_verdict():

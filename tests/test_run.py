@@ -6,11 +6,11 @@ import json
 
 import pytest
 import torch
-from conftest import compose_run, tiny_run
+from conftest import compose_run, tiny_run, train
 
 from mptrain import run as run_module
 from mptrain.metrics import read_metrics
-from mptrain.run import RunFailed, train
+from mptrain.run import RunFailed
 
 EXPECTED = {
     "fp32": (None, False),
@@ -144,10 +144,8 @@ def test_divergence_stops_the_run_with_status_diverged(tmp_path):
 
 
 def test_crash_mid_run_writes_a_failed_report(tmp_path, monkeypatch):
-    def exploding_loop(
-        model, data, optimizer, scheduler, scaler, policy, settings, device, state, observers, **_
-    ):
-        state.step = 3
+    def exploding_loop(run, hooks):
+        run.state.step = 3
         raise RuntimeError("boom at step 3")
 
     monkeypatch.setattr(run_module, "train_loop", exploding_loop)
@@ -161,10 +159,8 @@ def test_crash_mid_run_writes_a_failed_report(tmp_path, monkeypatch):
 
 
 def test_interrupt_writes_an_interrupted_report(tmp_path, monkeypatch):
-    def interrupted_loop(
-        model, data, optimizer, scheduler, scaler, policy, settings, device, state, observers, **_
-    ):
-        state.step = 2
+    def interrupted_loop(run, hooks):
+        run.state.step = 2
         raise KeyboardInterrupt
 
     monkeypatch.setattr(run_module, "train_loop", interrupted_loop)

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import describe, run_command, run_mptrain, tiny_run
+from conftest import describe, run_command, run_mptrain, tiny_run, train
 from omegaconf import OmegaConf
 
 from mptrain import sweep
 from mptrain.report import FAILURE_JSON, REPORT_JSON, write_failure
-from mptrain.run import RunFailed, train
+from mptrain.run import RunFailed
 
 TIMEOUT_S = 240
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

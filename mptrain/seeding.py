@@ -1,0 +1,39 @@
+"""Every random number generator a run uses: seeding them, and saving and restoring their states.
+
+Python's ``random``, NumPy's global generator, torch's CPU generator and every CUDA device's. The
+data order does not depend on them (each epoch has its own generator, see :mod:`mptrain.data`);
+weights initialisation, dropout and anything a user's code draws does.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def rng_states() -> dict[str, Any]:
+    """The state of every generator (CUDA only where CUDA is available)."""
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def restore_rng_states(states: dict[str, Any]) -> None:
+    """Put back what :func:`rng_states` returned."""
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if states.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
