@@ -27,8 +27,8 @@ import torch
 
 from mptrain.bench import measure, precision_config
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-from mptrain.config import to_run_config
 from mptrain.hardware import hardware_info, software_versions
+from mptrain.registry import register_configs, to_run_config
 
 
 def main() -> int:
@@ -67,6 +67,7 @@ def main() -> int:
         f"device={device.type}",
         "progress=false",
     ]
+    register_configs()  # explicit: importing mptrain registers nothing
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
         cfg = to_run_config(compose(config_name=CONFIG_NAME, overrides=overrides))
     rows = []

@@ -43,10 +43,10 @@ import torch.nn.functional as F
 
 from mptrain.build import prepare_run
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-from mptrain.config import to_run_config
 from mptrain.hardware import hardware_info, software_versions
 from mptrain.loop import LoopHooks, train_loop
 from mptrain.metrics import MetricsLog
+from mptrain.registry import register_configs, to_run_config
 
 CPU = torch.device("cpu")
 
@@ -55,6 +55,7 @@ def compose(*overrides: str):
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
 
+    register_configs()  # explicit: importing mptrain registers nothing
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
         return to_run_config(hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides)))
 

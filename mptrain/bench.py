@@ -21,13 +21,12 @@ from rich.table import Table
 
 from mptrain import hardware
 from mptrain.build import prepare_run
-from mptrain.config import ConfigError, PrecisionConfig, RunConfig, ScalerConfig
+from mptrain.config import ConfigError, PrecisionConfig, RunConfig
 from mptrain.fileio import atomic_write_text
 from mptrain.fp8 import fp8_gemm_available
 from mptrain.loop import train_loop
+from mptrain.models import CONVOLUTIONAL
 from mptrain.report import fmt_bytes, fmt_pct
-
-_DTYPE = {"fp32": None, "tf32": None, "fp16": "float16", "bf16": "bfloat16", "fp8": "bfloat16"}
 
 
 def bench_precisions(device: torch.device, model_has_convs: bool) -> list[tuple[str, str | None]]:
@@ -50,11 +49,11 @@ def bench_precisions(device: torch.device, model_has_convs: bool) -> list[tuple[
 
 
 def precision_config(name: str, base: PrecisionConfig) -> PrecisionConfig:
-    scaler = ScalerConfig(**{**dataclasses.asdict(base.scaler), "enabled": name == "fp16"})
+    """The precision config bench times for ``name`` (``tf32``: fp32 with TF32 allowed), keeping
+    the user's loss-scaler numbers."""
     return PrecisionConfig(
         name="fp32" if name == "tf32" else name,
-        autocast_dtype=_DTYPE[name],
-        scaler=scaler,
+        scaler=dataclasses.replace(base.scaler),
         allow_tf32=name == "tf32",
     )
 
@@ -90,7 +89,7 @@ def run_bench(
     cfg: RunConfig, output_dir: Path, warmup: int, steps: int, console: Console
 ) -> list[dict[str, Any]]:
     device = hardware.resolve_device(cfg.device)
-    has_convs = cfg.model.name in ("cnn", "resnet18", "resnet50")
+    has_convs = cfg.model.name in CONVOLUTIONAL
     rows = []
     for name, skip in bench_precisions(device, has_convs):
         row: dict[str, Any] = {"precision": name}

@@ -14,22 +14,20 @@ refused by :func:`check_run` with a :class:`~mptrain.config.ConfigError` before 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from mptrain import hardware
+from mptrain.components import Run
 from mptrain.config import ConfigError, RunConfig
 from mptrain.data import BatchLayout, DataBundle, build_data
 from mptrain.diagnose import find_culprit
-from mptrain.distributed import DistContext, unwrap, wrap_model
+from mptrain.distributed import DistContext, wrap_model
 from mptrain.dtypes import dtype_name
 from mptrain.faults import InfGradInjector
 from mptrain.fp8 import apply_fp8
-from mptrain.loop import LoopSettings, LoopState
 from mptrain.models import build_model, count_parameters
 from mptrain.monitor import Monitor, MonitorSettings
 from mptrain.optim import build_optimizer, build_scheduler
@@ -41,34 +39,7 @@ from mptrain.precision import (
     resolve_precision,
 )
 from mptrain.seeding import seed_everything
-
-
-@dataclass
-class Run:
-    """A run ready to train: its components, its decisions, and its progress (``state``)."""
-
-    cfg: RunConfig
-    device: torch.device
-    policy: PrecisionPolicy
-    dist: DistContext
-    tf32: dict[str, Any]  # the TF32 flags as set (report)
-    data: DataBundle
-    model: torch.nn.Module  # what the loop calls (wrapped, torch.compile'd when compile=true)
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (FP32 logits, labels)
-    settings: LoopSettings
-    monitor: Monitor
-    num_parameters: int
-    fp8: dict[str, Any] | None = None  # the report's fp8 section (converted layers, FLOPs share)
-    fp32_modules: list[str] = field(default_factory=list)
-    state: LoopState = field(default_factory=LoopState)
-
-    @property
-    def checkpoint_model(self) -> torch.nn.Module:
-        """The module whose state a checkpoint holds: FSDP's sharded one, else the user's."""
-        return self.model if self.dist.strategy == "fsdp" else unwrap(self.model)
+from mptrain.state import LoopSettings
 
 
 def prepare_run(cfg: RunConfig, dist: DistContext | None = None) -> Run:

@@ -34,11 +34,11 @@ from mptrain.distributed import (
     optimizer_state,
 )
 from mptrain.fileio import atomic_link, atomic_write
-from mptrain.loop import LoopState
 from mptrain.seeding import restore_rng_states, rng_states
+from mptrain.state import LoopState
 
 if TYPE_CHECKING:
-    from mptrain.build import Run
+    from mptrain.components import Run
     from mptrain.precision import PrecisionPolicy
 
 CHECKPOINT_DIR = "checkpoints"

@@ -23,13 +23,12 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from mptrain.config import ConfigError, accepted_keys, register_schemas, to_run_config
+from mptrain.config import ConfigError
+from mptrain.registry import accepted_keys, register_configs, to_run_config
 
 CONFIG_MODULE = "mptrain.conf"
 CONFIG_NAME = "config"
 HYDRA_VERSION_BASE = "1.3"
-
-register_schemas()
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -210,6 +209,7 @@ def _refuse_hydra_options(overrides: list[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point (``mptrain``) and ``python -m mptrain``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    register_configs()
     if argv[:1] == ["bench"]:
         bench_main(argv[1:])
         return

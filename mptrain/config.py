@@ -1,20 +1,22 @@
 """Typed configuration: the dataclass schemas behind every Hydra config group, and their validation.
 
 Hydra composes YAML from ``conf/`` on top of these schemas (registered in the ConfigStore by
-:func:`register_schemas`), so an unknown key or a value of the wrong type fails at compose time,
-naming the key. Range checks that types cannot express (``lr > 0``, ``0 < backoff_factor < 1``) live
-in :func:`validate`, which raises :class:`ConfigError` with a one-line message of the form
-``key=value: what is accepted``.
+:func:`mptrain.registry.register_configs`), so an unknown key or a value of the wrong type fails at
+compose time, naming the key. Config groups are typed with base schemas (``model: ModelConfig``,
+as Hydra's structured-config tutorial types ``db: DBConfig``); each option's schema subclasses it.
+Range checks that types cannot express (``lr > 0``, ``0 < backoff_factor < 1``) live beside the
+schemas, in each option's ``validate()`` and in :func:`validate`, which raise :class:`ConfigError`
+with a one-line message of the form ``key=value: what is accepted``.
 
-Nothing below the CLI sees OmegaConf: :func:`to_run_config` converts a composed config into these
-plain dataclasses once, at the edge.
+This module imports neither torch nor OmegaConf: :func:`mptrain.registry.to_run_config` converts a
+composed config into these plain dataclasses once, at the CLI edge.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,16 +28,13 @@ class ConfigError(ValueError):
 
 
 # --------------------------------------------------------------------------------------- precision
-PRECISION_NAMES = ("auto", "fp32", "fp16", "bf16", "fp8", "fp16_noscale", "fp16_pure", "bf16_pure")
-AUTOCAST_DTYPES = ("float16", "bfloat16")
-PARAM_DTYPES = ("float32", "float16", "bfloat16")
+REDUCE_DTYPES = ("float32", "float16", "bfloat16")
 
 
 @dataclass
 class ScalerConfig:
-    """Dynamic loss scaling (torch.amp.GradScaler). Only FP16 needs it."""
+    """Dynamic loss scaling (torch.amp.GradScaler), for the precisions that scale (fp16)."""
 
-    enabled: bool = False
     init_scale: float = 65536.0
     growth_factor: float = 2.0
     backoff_factor: float = 0.5
@@ -44,13 +43,11 @@ class ScalerConfig:
 
 @dataclass
 class PrecisionConfig:
+    """A precision by name (what each runs: mptrain.precision.PRECISIONS) and its tunables."""
+
     name: str = "auto"
-    autocast_dtype: str | None = None  # float16 | bfloat16 | None (no autocast: true FP32)
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     allow_tf32: bool = False
-    # float32: FP32 master weights (every mixed recipe). float16/bfloat16: "pure" low-precision
-    # training, parameters, gradients, updates and optimizer state in that dtype (no master copy).
-    param_dtype: str = "float32"
 
 
 @dataclass
@@ -69,29 +66,64 @@ class FP8Config:
     exclude: list[str] = field(default_factory=list)
 
 
+# ---------------------------------------------------------------------------------- group options
+@dataclass(frozen=True)
+class Option:
+    """A config-group option as a registry lists it: its schema and what builds from it."""
+
+    schema: type
+    build: Callable[..., Any]
+
+
 # ------------------------------------------------------------------------------------------ models
 @dataclass
-class MLPConfig:
+class ModelConfig:
+    """Base of every model schema; ``name`` is the option's (mptrain.models.MODELS)."""
+
+    name: str = MISSING
+
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+
+
+@dataclass
+class MLPConfig(ModelConfig):
     name: str = "mlp"
     hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
     dropout: float = 0.0
 
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        sizes = self.hidden_sizes
+        _require(all(h >= 1 for h in sizes), "model.hidden_sizes", sizes, "sizes >= 1")
+        _check_dropout(self.dropout)
+
 
 @dataclass
-class CNNConfig:
+class CNNConfig(ModelConfig):
     name: str = "cnn"
     widths: list[int] = field(default_factory=lambda: [32, 64, 128])
     dropout: float = 0.0
 
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        _require(
+            len(self.widths) >= 1 and all(w >= 1 for w in self.widths),
+            "model.widths",
+            self.widths,
+            "a non-empty list of channel counts >= 1",
+        )
+        _check_dropout(self.dropout)
+
 
 @dataclass
-class ResNetConfig:
+class ResNetConfig(ModelConfig):
     name: str = "resnet18"
     small_stem: bool | None = None  # None: small stem when the input is at most 32 px
 
 
 @dataclass
-class ViTConfig:
+class ViTConfig(ModelConfig):
     name: str = "vit"
     patch_size: int = 2
     dim: int = 64
@@ -100,17 +132,44 @@ class ViTConfig:
     mlp_ratio: float = 4.0
     dropout: float = 0.0
 
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        for key in ("patch_size", "dim", "depth", "heads"):
+            _at_least(f"model.{key}", getattr(self, key), 1)
+        _require(
+            self.dim % self.heads == 0,
+            "model.dim",
+            self.dim,
+            f"must be divisible by model.heads={self.heads}",
+        )
+        _positive("model.mlp_ratio", self.mlp_ratio)
+        _check_dropout(self.dropout)
+
 
 # ---------------------------------------------------------------------------------------- datasets
 @dataclass
-class DigitsConfig:
+class DatasetConfig:
+    """Base of every dataset schema; ``name`` is the option's (mptrain.data.DATASETS)."""
+
+    name: str = MISSING
+
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+
+
+@dataclass
+class DigitsConfig(DatasetConfig):
     name: str = "digits"
     val_size: int = 360
     split_seed: int = 0
 
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        _require(0 < self.val_size < 1797, "dataset.val_size", self.val_size, "must be in 1..1796")
+
 
 @dataclass
-class SyntheticConfig:
+class SyntheticConfig(DatasetConfig):
     name: str = "synthetic"
     num_train: int = 2048
     num_val: int = 512
@@ -120,9 +179,16 @@ class SyntheticConfig:
     noise: float = 1.0
     data_seed: int = 0
 
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        for key in ("num_train", "num_val", "channels", "image_size"):
+            _at_least(f"dataset.{key}", getattr(self, key), 1)
+        _at_least("dataset.num_classes", self.num_classes, 2)
+        _require(self.noise >= 0, "dataset.noise", self.noise, "must be >= 0")
+
 
 @dataclass
-class TorchvisionDatasetConfig:
+class TorchvisionDatasetConfig(DatasetConfig):
     name: str = "cifar10"
     root: str = "data"
     download: bool = False
@@ -130,7 +196,7 @@ class TorchvisionDatasetConfig:
 
 
 @dataclass
-class ImageFolderConfig:
+class ImageFolderConfig(DatasetConfig):
     name: str = "imagefolder"
     root: str = MISSING
     train_dir: str = "train"
@@ -139,10 +205,32 @@ class ImageFolderConfig:
     resize_size: int = 256
     augment: bool = True
 
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        _at_least("dataset.image_size", self.image_size, 1)
+        _at_least("dataset.resize_size", self.resize_size, self.image_size)
+
 
 # -------------------------------------------------------------------------------------- optimizers
 @dataclass
-class SGDConfig:
+class OptimizerConfig:
+    """Base of every optimizer schema: what every optimizer takes."""
+
+    name: str = MISSING
+    lr: float = MISSING
+    weight_decay: float = 0.0
+    decay_norm_and_bias: bool = False
+
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        _positive("optimizer.lr", self.lr)
+        _require(
+            self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, "must be >= 0"
+        )
+
+
+@dataclass
+class SGDConfig(OptimizerConfig):
     name: str = "sgd"
     lr: float = 0.1
     momentum: float = 0.9
@@ -150,9 +238,20 @@ class SGDConfig:
     weight_decay: float = 5e-4
     decay_norm_and_bias: bool = False
 
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        super().validate()
+        _require(self.momentum >= 0, "optimizer.momentum", self.momentum, "must be >= 0")
+        _require(
+            not self.nesterov or self.momentum > 0,
+            "optimizer.nesterov",
+            self.nesterov,
+            "needs momentum > 0",
+        )
+
 
 @dataclass
-class AdamWConfig:
+class AdamWConfig(OptimizerConfig):
     name: str = "adamw"
     lr: float = 3e-3
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
@@ -160,15 +259,54 @@ class AdamWConfig:
     weight_decay: float = 0.01
     decay_norm_and_bias: bool = False
 
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        super().validate()
+        _require(
+            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
+            "optimizer.betas",
+            self.betas,
+            "two values in [0, 1)",
+        )
+        _positive("optimizer.eps", self.eps)
+
 
 @dataclass
 class SchedulerConfig:
+    """The LR schedule by name (mptrain.optim.SCHEDULES), with linear warm-up for all."""
+
     name: str = "cosine"
     warmup_epochs: float = 0.0
     warmup_start_factor: float = 0.1
     min_lr_factor: float = 0.0
     milestones: list[float] = field(default_factory=list)
     gamma: float = 0.1
+
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        _require(
+            self.warmup_epochs >= 0, "scheduler.warmup_epochs", self.warmup_epochs, "must be >= 0"
+        )
+        _require(
+            0 < self.warmup_start_factor <= 1,
+            "scheduler.warmup_start_factor",
+            self.warmup_start_factor,
+            "must be in (0, 1]",
+        )
+        _require(
+            0 <= self.min_lr_factor <= 1,
+            "scheduler.min_lr_factor",
+            self.min_lr_factor,
+            "must be in [0, 1]",
+        )
+        _require(0 < self.gamma <= 1, "scheduler.gamma", self.gamma, "must be in (0, 1]")
+        _require(
+            list(self.milestones) == sorted(self.milestones)
+            and all(m > 0 for m in self.milestones),
+            "scheduler.milestones",
+            self.milestones,
+            "increasing epoch numbers > 0",
+        )
 
 
 # ----------------------------------------------------------------------------------------- recipe
@@ -244,9 +382,9 @@ class DebugConfig:
 @dataclass
 class RunConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
-    model: Any = MISSING
-    dataset: Any = MISSING
-    optimizer: Any = MISSING
+    model: ModelConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    optimizer: OptimizerConfig = MISSING
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     fp8: FP8Config = field(default_factory=FP8Config)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
@@ -279,88 +417,11 @@ class RunConfig:
     debug: DebugConfig = field(default_factory=DebugConfig)
 
 
-# Schema per config-group option: the YAML file of an option names its schema in its defaults list
-# as ``/<name>@_here_``.
-GROUP_SCHEMAS: dict[str, dict[str, type]] = {
-    "precision": {"precision_schema": PrecisionConfig},
-    "model": {
-        "mlp_schema": MLPConfig,
-        "cnn_schema": CNNConfig,
-        "resnet_schema": ResNetConfig,
-        "vit_schema": ViTConfig,
-    },
-    "dataset": {
-        "digits_schema": DigitsConfig,
-        "synthetic_schema": SyntheticConfig,
-        "torchvision_schema": TorchvisionDatasetConfig,
-        "imagefolder_schema": ImageFolderConfig,
-    },
-    "optimizer": {"sgd_schema": SGDConfig, "adamw_schema": AdamWConfig},
-    "scheduler": {"scheduler_schema": SchedulerConfig},
-}
-
-MODEL_NAMES = ("mlp", "cnn", "resnet18", "resnet50", "vit")
-DATASET_NAMES = (
-    "digits",
-    "synthetic",
-    "cifar10",
-    "cifar100",
-    "mnist",
-    "fashion_mnist",
-    "imagefolder",
-)
-SCHEDULER_NAMES = ("constant", "cosine", "multistep")
-
-
-def register_schemas() -> None:
-    """Register the run schema and every group-option schema in Hydra's ConfigStore (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    store.store(name="run_schema", node=RunConfig)
-    from mptrain.recipe import load_recipes
-
-    for name, node in load_recipes().items():
-        store.store(group="recipe", name=name, node=node, package="_global_")
-    # At the root rather than in <group>/, so schemas are neither options nor listed as groups.
-    for schemas in GROUP_SCHEMAS.values():
-        for name, schema in schemas.items():
-            store.store(name=name, node=schema)
-
-
-def to_run_config(cfg: Any) -> RunConfig:
-    """Convert a composed OmegaConf config into plain dataclasses and validate it."""
-    from omegaconf import OmegaConf
-
-    _reject_unknown_keys(cfg)
-    run = OmegaConf.to_object(cfg)
-    if not isinstance(run, RunConfig):
-        raise ConfigError("config: the primary config must use run_schema in its defaults list")
-    validate(run)
-    return run
-
-
-def accepted_keys(schema: type) -> str:
-    return ", ".join(f.name for f in dataclasses.fields(schema))
-
-
-def _reject_unknown_keys(node: Any, path: str = "") -> None:
-    """Refuse keys a schema does not declare. Hydra's ``+key=value`` adds them past the schema."""
-    from omegaconf import DictConfig, OmegaConf
-
-    schema = OmegaConf.get_type(node)
-    declared = (
-        {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
-    )
-    for key in node:
-        if declared is not None and key not in declared:
-            raise ConfigError(f"{path}{key}: unknown key; accepted keys: {accepted_keys(schema)}")
-        child = node._get_node(key)
-        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
-            _reject_unknown_keys(child, f"{path}{key}.")
-
-
 # ------------------------------------------------------------------------------------- validation
+def _check_dropout(dropout: float) -> None:
+    _require(0 <= dropout < 1, "model.dropout", dropout, "must be in [0, 1)")
+
+
 def _require(ok: bool, key: str, value: object, accepted: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r}: {accepted}")
@@ -384,59 +445,7 @@ def _at_least(key: str, value: int | None, minimum: int, *, allow_none: bool = F
 
 
 def validate_precision(p: PrecisionConfig) -> None:
-    _require(
-        p.name in PRECISION_NAMES, "precision.name", p.name, f"one of {', '.join(PRECISION_NAMES)}"
-    )
-    _require(
-        p.autocast_dtype is None or p.autocast_dtype in AUTOCAST_DTYPES,
-        "precision.autocast_dtype",
-        p.autocast_dtype,
-        "null (no autocast), float16 or bfloat16",
-    )
-    if p.name == "auto":
-        _require(
-            p.autocast_dtype is None,
-            "precision.autocast_dtype",
-            p.autocast_dtype,
-            "must stay null with precision=auto (auto chooses the dtype); pick fp16 or bf16 instead",
-        )
-    _require(
-        p.param_dtype in PARAM_DTYPES,
-        "precision.param_dtype",
-        p.param_dtype,
-        "float32, float16 or bfloat16",
-    )
-    expected = {
-        "fp32": None,
-        "fp16": "float16",
-        "bf16": "bfloat16",
-        "fp8": "bfloat16",
-        "fp16_noscale": "float16",
-        "fp16_pure": None,
-        "bf16_pure": None,
-    }
-    if p.name in expected:
-        _require(
-            p.autocast_dtype == expected[p.name],
-            "precision.autocast_dtype",
-            p.autocast_dtype,
-            f"precision={p.name} runs autocast dtype {expected[p.name]}; choose another precision "
-            "instead of changing its dtype",
-        )
-    pure = {"fp16_pure": "float16", "bf16_pure": "bfloat16"}.get(p.name, "float32")
-    _require(
-        p.param_dtype == pure,
-        "precision.param_dtype",
-        p.param_dtype,
-        f"precision={p.name} keeps parameters in {pure}; choose another precision instead",
-    )
-    if p.name in ("fp16_noscale", "fp16_pure", "bf16_pure"):
-        _require(
-            not p.scaler.enabled,
-            "precision.scaler.enabled",
-            p.scaler.enabled,
-            f"precision={p.name} runs without loss scaling by definition; use fp16 for scaling",
-        )
+    """The scaler's numbers (the name is checked against the precision table at the CLI edge)."""
     s = p.scaler
     _positive("precision.scaler.init_scale", s.init_scale)
     _require(s.growth_factor > 1, "precision.scaler.growth_factor", s.growth_factor, "must be > 1")
@@ -449,7 +458,7 @@ def validate_precision(p: PrecisionConfig) -> None:
     _at_least("precision.scaler.growth_interval", s.growth_interval, 1)
 
 
-def validate_fp8(f: FP8Config, precision: PrecisionConfig) -> None:
+def validate_fp8(f: FP8Config) -> None:
     _require(f.format in ("hybrid", "e4m3"), "fp8.format", f.format, "hybrid or e4m3")
     _require(f.scaling in ("dynamic", "delayed"), "fp8.scaling", f.scaling, "dynamic or delayed")
     _at_least("fp8.amax_history_len", f.amax_history_len, 1)
@@ -461,105 +470,14 @@ def validate_fp8(f: FP8Config, precision: PrecisionConfig) -> None:
     )
     _require(f.margin >= 0, "fp8.margin", f.margin, "must be an integer >= 0")
     _require(f.backend in ("builtin", "torchao"), "fp8.backend", f.backend, "builtin or torchao")
-    if precision.name == "fp8":
-        _require(
-            not precision.scaler.enabled,
-            "precision.scaler.enabled",
-            precision.scaler.enabled,
-            "precision=fp8 scales each FP8 tensor itself and runs BF16 elsewhere: no loss scaler",
-        )
-
-
-def _validate_model(m: Any) -> None:
-    _require(m.name in MODEL_NAMES, "model.name", m.name, f"one of {', '.join(MODEL_NAMES)}")
-    if isinstance(m, MLPConfig):
-        _require(
-            all(h >= 1 for h in m.hidden_sizes), "model.hidden_sizes", m.hidden_sizes, "sizes >= 1"
-        )
-    if isinstance(m, CNNConfig):
-        _require(
-            len(m.widths) >= 1 and all(w >= 1 for w in m.widths),
-            "model.widths",
-            m.widths,
-            "a non-empty list of channel counts >= 1",
-        )
-    if isinstance(m, ViTConfig):
-        _at_least("model.patch_size", m.patch_size, 1)
-        _at_least("model.dim", m.dim, 1)
-        _at_least("model.depth", m.depth, 1)
-        _at_least("model.heads", m.heads, 1)
-        _require(
-            m.dim % m.heads == 0, "model.dim", m.dim, f"must be divisible by model.heads={m.heads}"
-        )
-        _positive("model.mlp_ratio", m.mlp_ratio)
-    if hasattr(m, "dropout"):
-        _require(0 <= m.dropout < 1, "model.dropout", m.dropout, "must be in [0, 1)")
-
-
-def _validate_dataset(d: Any) -> None:
-    _require(d.name in DATASET_NAMES, "dataset.name", d.name, f"one of {', '.join(DATASET_NAMES)}")
-    if isinstance(d, DigitsConfig):
-        _require(0 < d.val_size < 1797, "dataset.val_size", d.val_size, "must be in 1..1796")
-    if isinstance(d, SyntheticConfig):
-        for key in ("num_train", "num_val", "channels", "image_size"):
-            _at_least(f"dataset.{key}", getattr(d, key), 1)
-        _at_least("dataset.num_classes", d.num_classes, 2)
-        _require(d.noise >= 0, "dataset.noise", d.noise, "must be >= 0")
-    if isinstance(d, ImageFolderConfig):
-        _at_least("dataset.image_size", d.image_size, 1)
-        _at_least("dataset.resize_size", d.resize_size, d.image_size)
-
-
-def _validate_optimizer(o: Any) -> None:
-    _require(o.name in ("sgd", "adamw"), "optimizer.name", o.name, "one of sgd, adamw")
-    _positive("optimizer.lr", o.lr)
-    _require(o.weight_decay >= 0, "optimizer.weight_decay", o.weight_decay, "must be >= 0")
-    if isinstance(o, SGDConfig):
-        _require(o.momentum >= 0, "optimizer.momentum", o.momentum, "must be >= 0")
-        _require(
-            not o.nesterov or o.momentum > 0, "optimizer.nesterov", o.nesterov, "needs momentum > 0"
-        )
-    if isinstance(o, AdamWConfig):
-        _require(
-            len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
-            "optimizer.betas",
-            o.betas,
-            "two values in [0, 1)",
-        )
-        _positive("optimizer.eps", o.eps)
-
-
-def _validate_scheduler(s: SchedulerConfig) -> None:
-    _require(
-        s.name in SCHEDULER_NAMES, "scheduler.name", s.name, f"one of {', '.join(SCHEDULER_NAMES)}"
-    )
-    _require(s.warmup_epochs >= 0, "scheduler.warmup_epochs", s.warmup_epochs, "must be >= 0")
-    _require(
-        0 < s.warmup_start_factor <= 1,
-        "scheduler.warmup_start_factor",
-        s.warmup_start_factor,
-        "must be in (0, 1]",
-    )
-    _require(
-        0 <= s.min_lr_factor <= 1, "scheduler.min_lr_factor", s.min_lr_factor, "must be in [0, 1]"
-    )
-    _require(0 < s.gamma <= 1, "scheduler.gamma", s.gamma, "must be in (0, 1]")
-    _require(
-        list(s.milestones) == sorted(s.milestones) and all(m > 0 for m in s.milestones),
-        "scheduler.milestones",
-        s.milestones,
-        "increasing epoch numbers > 0",
-    )
 
 
 def validate(run: RunConfig) -> None:
     """Check every range and cross-key rule; raise :class:`ConfigError` on the first violation."""
     validate_precision(run.precision)
-    validate_fp8(run.fp8, run.precision)
-    _validate_model(run.model)
-    _validate_dataset(run.dataset)
-    _validate_optimizer(run.optimizer)
-    _validate_scheduler(run.scheduler)
+    validate_fp8(run.fp8)
+    for group in (run.model, run.dataset, run.optimizer, run.scheduler):
+        group.validate()  # each schema's own range rules
     _require(
         run.epochs is not None or run.max_steps is not None,
         "epochs",
@@ -605,7 +523,7 @@ def validate(run: RunConfig) -> None:
         "ddp or fsdp",
     )
     _require(
-        run.distributed.reduce_dtype in PARAM_DTYPES,
+        run.distributed.reduce_dtype in REDUCE_DTYPES,
         "distributed.reduce_dtype",
         run.distributed.reduce_dtype,
         "float32 (default), bfloat16 or float16",

@@ -13,7 +13,7 @@ Both yield ``(images, labels)`` already on the training device, and are determin
 ``(seed, epoch)``: the data order of epoch ``e`` does not depend on what ran before it.
 
 Entry point: :func:`build_data` with the dataset config and a :class:`BatchLayout`;
-:data:`DATASET_LOADERS` maps each ``dataset.name`` to the function that loads it.
+:data:`DATASETS` maps each ``dataset.name`` to its schema and the function that loads it.
 
 Raw files are only read from ``root``; nothing downloads unless ``download=true`` is set. A missing
 dataset raises :class:`~mptrain.config.ConfigError` naming the path and how to get the files.
@@ -34,6 +34,7 @@ from mptrain.config import (
     ConfigError,
     DigitsConfig,
     ImageFolderConfig,
+    Option,
     SyntheticConfig,
     TorchvisionDatasetConfig,
 )
@@ -576,27 +577,26 @@ def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
 
 
 # ------------------------------------------------------------------------------------ entry point
-# The one list of dataset names: dataset.name -> the function that loads that dataset from its
-# config. ArrayDataset results are fed from memory, FolderDataset results from files.
-DATASET_LOADERS: dict[str, DatasetLoader] = {
-    "digits": load_digits_arrays,
-    "synthetic": make_synthetic_arrays,
-    "cifar10": _with_download(load_cifar_arrays),
-    "cifar100": _with_download(load_cifar_arrays),
-    "mnist": _with_download(load_mnist_arrays),
-    "fashion_mnist": _with_download(load_mnist_arrays),
-    "imagefolder": load_image_folders,
+# The one list of datasets: dataset.name -> its schema and the function that loads it. Each name
+# is also an option file conf/dataset/<name>.yaml (a test keeps the two in step). ArrayDataset
+# results are fed from memory, FolderDataset results from files.
+DATASETS: dict[str, Option] = {
+    "digits": Option(DigitsConfig, load_digits_arrays),
+    "synthetic": Option(SyntheticConfig, make_synthetic_arrays),
+    "cifar10": Option(TorchvisionDatasetConfig, _with_download(load_cifar_arrays)),
+    "cifar100": Option(TorchvisionDatasetConfig, _with_download(load_cifar_arrays)),
+    "mnist": Option(TorchvisionDatasetConfig, _with_download(load_mnist_arrays)),
+    "fashion_mnist": Option(TorchvisionDatasetConfig, _with_download(load_mnist_arrays)),
+    "imagefolder": Option(ImageFolderConfig, load_image_folders),
 }
 
 
 def load_dataset(cfg: Any) -> ArrayDataset | FolderDataset:
-    """Load the dataset ``cfg.name`` names, through :data:`DATASET_LOADERS`."""
-    loader = DATASET_LOADERS.get(cfg.name)
-    if loader is None:
-        raise ConfigError(
-            f"dataset.name={cfg.name!r}: expected one of {', '.join(DATASET_LOADERS)}"
-        )
-    return loader(cfg)
+    """Load the dataset ``cfg.name`` names, through :data:`DATASETS`."""
+    option = DATASETS.get(cfg.name)
+    if option is None:
+        raise ConfigError(f"dataset.name={cfg.name!r}: expected one of {', '.join(DATASETS)}")
+    return option.build(cfg)
 
 
 def build_data(cfg: Any, layout: BatchLayout) -> DataBundle:

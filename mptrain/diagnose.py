@@ -2,7 +2,7 @@
 
 This module owns three tools and the hook scaffolding they share:
 
-- the culprit finder (:func:`find_culprit`, :func:`describe_culprit`): re-runs one batch and
+- the culprit finder (:func:`find_culprit`; :func:`mptrain.monitor.describe_culprit` words it): re-runs one batch and
   names the first module whose output or gradient went non-finite;
 - the autocast audit (:func:`audit_step`, :func:`render_audit`): traces one forward + backward
   and tables the dtype every ATen op really ran in, flagging low-precision ops and state that
@@ -37,7 +37,7 @@ from torch.utils.hooks import RemovableHandle
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from mptrain.build import Run
+    from mptrain.components import Run
 
 from mptrain.dtypes import dtype_name
 from mptrain.fileio import atomic_write_text
@@ -288,24 +288,6 @@ def _check_weight_gradients(model: nn.Module, names: dict[nn.Module, str], found
                 where = f"{names[module]}.{pname}" if names[module] else pname
                 found["backward"] = _backward_entry(where, module, p.grad)
                 return
-
-
-def describe_culprit(culprit: dict[str, Any] | None) -> str:
-    """One line for a :func:`find_culprit` result: the forward culprit if any, else the backward."""
-    if culprit is None:
-        return "re-running the batch gave finite values (the failure did not reproduce)"
-    fwd, bwd = culprit.get("forward"), culprit.get("backward")
-    if fwd:
-        return (
-            f"forward: first non-finite output at {fwd['module']} ({fwd['module_type']}, "
-            f"{fwd['dtype']}); largest finite value before it {fwd['largest_finite_before']:.4g}; "
-            f"{fwd['kind']}"
-        )
-    return (
-        f"backward: first non-finite gradient at {bwd['module']} ({bwd['module_type']}, "
-        f"{bwd['dtype']}) with loss scale {culprit['loss_scale']:g}; largest finite incoming "
-        f"gradient {bwd['largest_finite_grad_output']:.4g}"
-    )
 
 
 # ------------------------------------------------------------------------------ autocast audit

@@ -121,6 +121,11 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP); the tensor itself otherwise."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def no_sync(model: nn.Module) -> contextlib.AbstractContextManager[Any]:
     """Skip DDP's gradient all-reduce (for the non-final micro-batches of an accumulation)."""
     if isinstance(model, nn.parallel.DistributedDataParallel):

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mptrain.loop import local_shard
+from mptrain.distributed import local_shard
 
 
 class InfGradInjector:

@@ -34,82 +34,23 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from mptrain.data import Batch, BatchSource
-from mptrain.distributed import DistContext, all_reduce_sum, broadcast_flag, no_sync
+from mptrain.distributed import DistContext, all_reduce_sum, broadcast_flag, local_shard, no_sync
 from mptrain.monitor import LoopObserver, StepOutcome
 from mptrain.precision import PrecisionPolicy, to_model_input
+from mptrain.state import LoopSettings, LoopState
 
 if TYPE_CHECKING:
-    from mptrain.build import Run
+    from mptrain.components import Run
 
 _NO_CONTEXT = contextlib.nullcontext()  # reusable (and re-entrant): no per-step allocation
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """The loop's schedule: how long, how the batch is split, and what is due when."""
-
-    total_steps: int
-    steps_per_epoch: int
-    grad_accum_steps: int = 1
-    clip_grad_norm: float | None = None
-    eval_every: int | None = None  # None: at the end of every epoch
-    log_every: int = 50
-    probe_every: int | None = 100  # gradient/update probe cadence (costs a parameter copy)
-    channels_last: bool = False
-    dist: DistContext = field(default_factory=DistContext)
-
-
-@dataclass
-class LoopState:
-    """Where the run is: counters, skipped steps and evaluations (measurements: the monitor)."""
-
-    step: int = 0  # optimizer steps attempted (applied + skipped)
-    epoch: int = 0
-    samples_seen: int = 0
-    skipped_steps: list[int] = field(default_factory=list)
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    last_train_loss: float | None = None
-    stopped: bool = False  # stopped on request (a signal) after finishing a step
-
-    @property
-    def best_eval(self) -> dict[str, Any] | None:
-        return max(self.evals, key=lambda e: e["val_accuracy"], default=None)
-
-    def advance(self, skipped: bool, samples: int, steps_per_epoch: int) -> bool:
-        """Count one finished optimizer step; True when it ended an epoch."""
-        self.step += 1
-        if skipped:
-            self.skipped_steps.append(self.step)
-        self.samples_seen += samples
-        end_of_epoch = self.step % steps_per_epoch == 0
-        if end_of_epoch:
-            self.epoch += 1
-        return end_of_epoch
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "epoch": self.epoch,
-            "samples_seen": self.samples_seen,
-            "skipped_steps": list(self.skipped_steps),
-            "evals": list(self.evals),
-            "last_train_loss": self.last_train_loss,
-        }
-
-    def load_state_dict(self, saved: dict[str, Any]) -> None:
-        self.step, self.epoch = saved["step"], saved["epoch"]
-        self.samples_seen = saved["samples_seen"]
-        self.skipped_steps = list(saved["skipped_steps"])
-        self.evals = list(saved["evals"])
-        self.last_train_loss = saved["last_train_loss"]
 
 
 def _never_stop() -> bool:
@@ -349,11 +290,6 @@ def gradient_norm(params: Iterable[torch.Tensor]) -> torch.Tensor:
         return torch.linalg.vector_norm(torch.stack(norms))
     norm = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
     return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # a plain tensor
-
-
-def local_shard(tensor: torch.Tensor) -> torch.Tensor:
-    """This rank's shard of a DTensor (FSDP); the tensor itself otherwise."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def _flat_fp32(tensors: list[torch.Tensor]) -> torch.Tensor:

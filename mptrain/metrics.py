@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from mptrain.loop import LoopState
+from mptrain.state import LoopState
 
 
 def _jsonable(value: Any) -> Any:

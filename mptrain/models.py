@@ -1,19 +1,25 @@
 """Model builders: a registry from model name to a function of plain arguments.
 
 Every builder takes ``(cfg, in_channels, image_size, num_classes)`` and returns an ``nn.Module``
-whose parameters are FP32; precision is applied by autocast at run time, never by casting weights.
+whose parameters are FP32; the precision recipe is applied afterwards (mptrain.build: autocast at
+run time, FP8 layers, and for the "pure" precisions a cast of the whole model).
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mptrain.config import CNNConfig, ConfigError, MLPConfig, ResNetConfig, ViTConfig
+from mptrain.config import (
+    CNNConfig,
+    ConfigError,
+    MLPConfig,
+    ModelConfig,
+    Option,
+    ResNetConfig,
+    ViTConfig,
+)
 
 
 def build_mlp(cfg: MLPConfig, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
@@ -156,18 +162,21 @@ def build_vit(cfg: ViTConfig, in_channels: int, image_size: int, num_classes: in
     )
 
 
-MODEL_BUILDERS: dict[str, Callable[..., nn.Module]] = {
-    "mlp": build_mlp,
-    "cnn": build_cnn,
-    "resnet18": build_resnet,
-    "resnet50": build_resnet,
-    "vit": build_vit,
+# The one list of models: model.name -> its schema and builder. Each name is also an option file
+# conf/model/<name>.yaml (a test keeps the two in step).
+MODELS: dict[str, Option] = {
+    "mlp": Option(MLPConfig, build_mlp),
+    "cnn": Option(CNNConfig, build_cnn),
+    "resnet18": Option(ResNetConfig, build_resnet),
+    "resnet50": Option(ResNetConfig, build_resnet),
+    "vit": Option(ViTConfig, build_vit),
 }
+CONVOLUTIONAL = frozenset({"cnn", "resnet18", "resnet50"})  # FP16 convolutions crawl on CPUs
 
 
-def build_model(cfg: Any, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+def build_model(cfg: ModelConfig, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
     """Build the configured model (FP32 parameters) for the dataset's shape."""
-    return MODEL_BUILDERS[cfg.name](cfg, in_channels, image_size, num_classes)
+    return MODELS[cfg.name].build(cfg, in_channels, image_size, num_classes)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -29,11 +29,10 @@ import torch
 
 from mptrain import hardware
 from mptrain.config import NumericsConfig
-from mptrain.diagnose import describe_culprit
 from mptrain.distributed import DistContext, broadcast_flag
 
 if TYPE_CHECKING:
-    from mptrain.loop import LoopState
+    from mptrain.state import LoopState
 
 # find(images, labels, loss_scale) -> the culprit description, or None when the batch re-ran finite
 CulpritFinder = Callable[[torch.Tensor, torch.Tensor, float], "dict[str, Any] | None"]
@@ -464,3 +463,21 @@ class Monitor:
             health = {k: v for k, v in saved["health"].items() if k != "settings"}
             self.health = ScaleHealth(settings=self.settings.health, **health)  # this run's limits
         self.probes = Probes(*saved["probes"])
+
+
+def describe_culprit(culprit: dict[str, Any] | None) -> str:
+    """One line for a :func:`find_culprit` result: the forward culprit if any, else the backward."""
+    if culprit is None:
+        return "re-running the batch gave finite values (the failure did not reproduce)"
+    fwd, bwd = culprit.get("forward"), culprit.get("backward")
+    if fwd:
+        return (
+            f"forward: first non-finite output at {fwd['module']} ({fwd['module_type']}, "
+            f"{fwd['dtype']}); largest finite value before it {fwd['largest_finite_before']:.4g}; "
+            f"{fwd['kind']}"
+        )
+    return (
+        f"backward: first non-finite gradient at {bwd['module']} ({bwd['module_type']}, "
+        f"{bwd['dtype']}) with loss scale {culprit['loss_scale']:g}; largest finite incoming "
+        f"gradient {bwd['largest_finite_grad_output']:.4g}"
+    )

@@ -6,6 +6,8 @@ every precision: :meth:`PrecisionPolicy.autocast` is a no-op context for FP32 an
 built disabled for BF16/FP32 (its calls are then pass-throughs).
 
 Rules (no silent fallbacks):
+- :data:`PRECISIONS` is the one table of what each precision runs (autocast dtype, parameter
+  dtype, loss scaling); configs name a precision and tune only its scaler numbers and TF32.
 - ``auto`` picks BF16 where the device executes it natively, FP16 on CUDA GPUs without BF16, FP32
   otherwise, and records why.
 - A precision the device cannot run raises :class:`ConfigError` naming what to use instead.
@@ -27,8 +29,34 @@ from torch import nn
 from mptrain import hardware
 from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ScalerConfig
 from mptrain.distributed import DistContext, build_scaler_for
-from mptrain.dtypes import DTYPES, dtype_name
+from mptrain.dtypes import dtype_name
 from mptrain.fp8 import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Recipe, fp8_gemm_available
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    """What a precision runs: the one table validation, resolution, bench and tests read."""
+
+    autocast_dtype: torch.dtype | None  # None: no autocast
+    param_dtype: torch.dtype  # float32: FP32 master weights; else "pure" low-precision training
+    loss_scaling: bool  # dynamic loss scaling (torch.amp.GradScaler)
+    family: str  # what the device must execute natively: fp32 | fp16 | bf16
+    summary: str  # one line for people
+
+
+AUTO = "auto"  # resolved to fp32, fp16 or bf16 for the device (see _auto_choice)
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+PRECISIONS: dict[str, PrecisionSpec] = {
+    "fp32": PrecisionSpec(None, F32, False, "fp32", "FP32 throughout: the baseline"),
+    "fp16": PrecisionSpec(
+        F16, F32, True, "fp16", "FP16 autocast, FP32 master weights, loss scaling"
+    ),
+    "bf16": PrecisionSpec(BF16, F32, False, "bf16", "BF16 autocast, FP32 master weights"),
+    "fp8": PrecisionSpec(BF16, F32, False, "bf16", "FP8 Linear layers, BF16 autocast elsewhere"),
+    "fp16_noscale": PrecisionSpec(F16, F32, False, "fp16", "FP16 autocast without loss scaling"),
+    "fp16_pure": PrecisionSpec(None, F16, False, "fp16", "FP16 weights and state, no master copy"),
+    "bf16_pure": PrecisionSpec(None, BF16, False, "bf16", "BF16 weights and state, no master copy"),
+}
 
 
 @dataclass(frozen=True)
@@ -36,9 +64,10 @@ class PrecisionPolicy:
     """The precision a run actually uses. ``requested`` is what the user asked for."""
 
     requested: str
-    name: str  # fp32 | fp16 | bf16 | fp8: what runs
+    name: str  # a key of PRECISIONS: what runs
     autocast_dtype: torch.dtype | None
-    scaler: ScalerConfig
+    loss_scaling: bool
+    scaler: ScalerConfig  # the loss scaler's numbers (used when loss_scaling)
     allow_tf32: bool
     device_type: str
     reason: str  # why this precision: the user's choice, or how auto decided
@@ -62,7 +91,7 @@ class PrecisionPolicy:
 
     @property
     def scaler_enabled(self) -> bool:
-        return self.scaler.enabled
+        return self.loss_scaling
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Context for forward and loss: torch.autocast with the policy dtype, or nothing (FP32)."""
@@ -91,12 +120,6 @@ def _auto_choice(device: torch.device) -> tuple[str, str]:
     if hardware.cpu_has_native_bf16():
         return "bf16", "CPU executes BF16 natively (AVX512-BF16/AMX-BF16)"
     return "fp32", "CPU has no native BF16 and FP16 CPU kernels are slow: FP32"
-
-
-def _check_supported(name: str, device: torch.device) -> tuple[str, ...]:
-    """Raise for a precision the device cannot run; return notes on ones that run slowly."""
-    family = "fp16" if name.startswith("fp16") else "bf16" if name.startswith("bf16") else name
-    return _check_family(family, name, device)
 
 
 def _check_family(family: str, name: str, device: torch.device) -> tuple[str, ...]:
@@ -172,48 +195,35 @@ def resolve_precision(
     cfg: PrecisionConfig, device: torch.device, fp8: FP8Config | None = None
 ) -> PrecisionPolicy:
     """Decide the run's precision for ``device``. Raises ConfigError if it cannot run there."""
-    if cfg.name == "fp8":
-        notes = _check_supported("bf16", device)  # FP8 runs the rest of the model in BF16
-        recipe, fp8_notes = resolve_fp8(fp8 or FP8Config(), device)
-        return PrecisionPolicy(
-            requested="fp8",
-            name="fp8",
-            autocast_dtype=torch.bfloat16,
-            scaler=cfg.scaler,
-            allow_tf32=cfg.allow_tf32,
-            device_type=device.type,
-            reason="requested",
-            notes=notes + fp8_notes,
-            fp8=recipe,
-        )
-    if cfg.name == "auto":
+    if cfg.name == AUTO:
         name, reason = _auto_choice(device)
-        dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
-        scaler = ScalerConfig(**{**vars(cfg.scaler), "enabled": name == "fp16"})
     else:
-        dtype = DTYPES.get(cfg.autocast_dtype) if cfg.autocast_dtype else None
-        name = cfg.name
-        reason = "requested"
-        scaler = cfg.scaler
-    notes = _check_supported(name, device)
-    if dtype == torch.float16 and not scaler.enabled:
+        name, reason = cfg.name, "requested"
+    spec = PRECISIONS[name]
+    notes = _check_family(spec.family, name, device)
+    recipe = None
+    if name == "fp8":
+        recipe, fp8_notes = resolve_fp8(fp8 or FP8Config(), device)
+        notes += fp8_notes
+    if spec.autocast_dtype == torch.float16 and not spec.loss_scaling:
         notes += ("FP16 without loss scaling: small gradients may underflow to zero",)
-    param_dtype = DTYPES[cfg.param_dtype]
-    if param_dtype != torch.float32:
+    if spec.param_dtype != torch.float32:
         notes += (
-            f"pure {name.split('_')[0].upper()}: no FP32 master weights; parameters, updates and "
+            f"pure {spec.family.upper()}: no FP32 master weights; parameters, updates and "
             "optimizer state are low precision",
         )
     return PrecisionPolicy(
         requested=cfg.name,
         name=name,
-        autocast_dtype=dtype,
-        scaler=scaler,
+        autocast_dtype=spec.autocast_dtype,
+        loss_scaling=spec.loss_scaling,
+        scaler=cfg.scaler,
         allow_tf32=cfg.allow_tf32,
         device_type=device.type,
         reason=reason,
         notes=notes,
-        param_dtype=param_dtype,
+        fp8=recipe,
+        param_dtype=spec.param_dtype,
     )
 
 
@@ -237,6 +247,7 @@ def build_grad_scaler(
     torch disabled a scaler that was asked for (the warn-and-disable path).
     """
     s = policy.scaler
+    enabled = policy.loss_scaling
     scaler = build_scaler_for(
         dist or DistContext(),
         policy.device_type,
@@ -244,9 +255,9 @@ def build_grad_scaler(
         growth_factor=s.growth_factor,
         backoff_factor=s.backoff_factor,
         growth_interval=s.growth_interval,
-        enabled=s.enabled,
+        enabled=enabled,
     )
-    if s.enabled and not scaler.is_enabled():
+    if enabled and not scaler.is_enabled():
         raise RuntimeError(
             f"torch disabled the loss scaler for device type {policy.device_type!r}; "
             "FP16 would run unscaled. Use precision=bf16 or fp32."

@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from mptrain.loop import LoopState
+from mptrain.state import LoopState
 
 
 class ProgressDisplay:

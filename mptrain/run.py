@@ -26,7 +26,7 @@ import torch
 from rich.console import Console
 
 from mptrain import hardware
-from mptrain.build import Run, build_run, resolve_run
+from mptrain.build import build_run, resolve_run
 from mptrain.checkpoint import (
     CHECKPOINT_DIR,
     Checkpointer,
@@ -35,12 +35,13 @@ from mptrain.checkpoint import (
     restore,
     run_signature,
 )
+from mptrain.components import Run
 from mptrain.config import ConfigError, RunConfig
 from mptrain.diagnose import write_diagnostics
 from mptrain.distributed import DistContext, init_distributed, shutdown
 from mptrain.dtypes import dtype_name
 from mptrain.fp8 import fp8_layer_stats
-from mptrain.loop import LoopHooks, LoopState, train_loop
+from mptrain.loop import LoopHooks, train_loop
 from mptrain.metrics import MetricsLog, read_metrics
 from mptrain.optim import optimizer_implementation
 from mptrain.plots import RUN_PNG, plot_run
@@ -65,6 +66,7 @@ from mptrain.report import (
 )
 from mptrain.seeding import seed_everything
 from mptrain.signals import GracefulStop
+from mptrain.state import LoopState
 
 
 class RunInterrupted(RuntimeError):
@@ -325,7 +327,7 @@ def _precision_section(cfg: RunConfig, p: PrecisionPolicy | None) -> PrecisionSe
         emulated=p.emulated,
         autocast_dtype=dtype_name(p.autocast_dtype),
         loss_scaling=p.scaler_enabled,
-        scaler=dataclasses.asdict(p.scaler),
+        scaler={"enabled": p.loss_scaling, **dataclasses.asdict(p.scaler)},
         reason=p.reason,
         notes=list(p.notes),
         master_weights_dtype=dtype_name(p.param_dtype),

@@ -13,8 +13,12 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-import mptrain.cli  # noqa: F401  (registers the schemas in Hydra's ConfigStore)
-from mptrain.config import RunConfig, to_run_config
+from mptrain.config import RunConfig
+from mptrain.registry import register_configs, to_run_config
+
+# Hydra's ConfigStore needs mptrain's schemas and recipes before any test composes: importing
+# mptrain registers nothing by itself.
+register_configs()
 
 
 def compose_run(*overrides: str) -> RunConfig:

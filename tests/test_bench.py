@@ -55,9 +55,9 @@ def test_precision_config_per_bench_row():
     fp16 = bench.precision_config("fp16", base)
     bf16 = bench.precision_config("bf16", base)
 
-    assert (tf32.name, tf32.allow_tf32, tf32.autocast_dtype) == ("fp32", True, None)
-    assert fp16.autocast_dtype == "float16" and fp16.scaler.enabled
-    assert bf16.autocast_dtype == "bfloat16" and not bf16.scaler.enabled
+    assert (tf32.name, tf32.allow_tf32) == ("fp32", True)
+    assert (fp16.name, fp16.allow_tf32, bf16.name) == ("fp16", False, "bf16")
+    assert fp16.scaler == base.scaler and fp16.scaler is not base.scaler
     assert not bench.precision_config("fp32", base).allow_tf32
 
 

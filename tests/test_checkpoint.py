@@ -41,9 +41,9 @@ from mptrain.checkpoint import (
 )
 from mptrain.config import ConfigError
 from mptrain.fileio import atomic_link
-from mptrain.loop import LoopState
 from mptrain.metrics import MetricsLog, read_metrics
 from mptrain.run import RunFailed, RunInterrupted
+from mptrain.state import LoopState
 
 STEPS_PER_EPOCH = 22  # digits, batch 64
 

@@ -19,19 +19,16 @@ from hydra import compose, initialize_config_module
 
 from mptrain import cli
 from mptrain.config import (
-    DATASET_NAMES,
-    GROUP_SCHEMAS,
-    MODEL_NAMES,
-    PRECISION_NAMES,
-    SCHEDULER_NAMES,
     ConfigError,
     PrecisionConfig,
     RunConfig,
     ScalerConfig,
     ViTConfig,
-    to_run_config,
     validate,
 )
+from mptrain.precision import PRECISIONS
+from mptrain.registry import group_options as registered_options
+from mptrain.registry import schema_node_name, to_run_config
 
 CONF = importlib.resources.files("mptrain.conf")
 
@@ -125,22 +122,13 @@ GROUP_OPTIONS = [(group, option) for group in config_groups() for option in grou
 
 
 # ------------------------------------------------------------------------------- groups and options
-def test_config_groups_are_the_ones_with_schemas():
-    assert config_groups() == sorted(GROUP_SCHEMAS)
+def test_config_groups_are_the_registered_ones():
+    assert config_groups() == sorted(registered_options())
 
 
-@pytest.mark.parametrize(
-    ("group", "names"),
-    [
-        ("precision", PRECISION_NAMES),
-        ("model", MODEL_NAMES),
-        ("dataset", DATASET_NAMES),
-        ("optimizer", ("sgd", "adamw")),
-        ("scheduler", SCHEDULER_NAMES),
-    ],
-)
-def test_group_options_match_the_names_validation_accepts(group, names):
-    assert set(group_options(group)) == set(names)
+@pytest.mark.parametrize("group", sorted(registered_options()))
+def test_group_option_files_are_the_options_of_the_table(group):
+    assert set(group_options(group)) == set(registered_options()[group])
 
 
 @pytest.mark.parametrize(
@@ -149,8 +137,9 @@ def test_group_options_match_the_names_validation_accepts(group, names):
 def test_every_group_option_composes_to_its_typed_schema(group, option):
     schema_names = load_option(group, option)["defaults"]
     assert len(schema_names) == 1, f"{group}/{option}.yaml must name exactly one schema"
-    # Defaults entries read /<schema name>@_here_.
-    expected_type = GROUP_SCHEMAS[group][schema_names[0].split("@")[0].rsplit("/", 1)[-1]]
+    # Defaults entries read /<option>_<group>_schema@_here_: the option's own schema node.
+    assert schema_names[0].split("@")[0] == "/" + schema_node_name(group, option)
+    expected_type = registered_options()[group][option].schema
 
     run = compose_run(f"{group}={option}", *REQUIRED_OVERRIDES.get((group, option), []))
 
@@ -192,45 +181,29 @@ def test_every_yaml_key_with_a_value_carries_a_comment(relative):
 
 # ------------------------------------------------------------------------------ precision options
 SCALER_SETTINGS = {"init_scale": 65536.0, "growth_factor": 2.0, "backoff_factor": 0.5}
-PRECISION_SPEC = {
-    # name: (autocast_dtype, scaler.enabled, param_dtype); auto's scaler is used only if it
-    # resolves to fp16
-    "auto": (None, True, "float32"),
-    "fp32": (None, False, "float32"),
-    "fp16": ("float16", True, "float32"),
-    "bf16": ("bfloat16", False, "float32"),
-    "fp8": ("bfloat16", False, "float32"),  # FP8 Linear layers + BF16 autocast, no loss scaler
-    "fp16_noscale": ("float16", False, "float32"),
-    "fp16_pure": (None, False, "float16"),
-    "bf16_pure": (None, False, "bfloat16"),
-}
+SCALED = {"auto", "fp16"}  # the options whose YAML states the scaler's numbers (auto: if fp16)
 
 
-def test_every_precision_option_has_a_spec():
-    assert set(group_options("precision")) == set(PRECISION_SPEC)
+def test_every_precision_option_is_in_the_table():
+    assert set(group_options("precision")) == {"auto", *PRECISIONS}
 
 
-@pytest.mark.parametrize("name", sorted(PRECISION_SPEC))
-def test_precision_yaml_states_every_scaler_setting(name):
-    dtype, enabled, param_dtype = PRECISION_SPEC[name]
+@pytest.mark.parametrize("name", sorted(["auto", *PRECISIONS]))
+def test_precision_yaml_holds_only_tunables(name):
     option = load_option("precision", name)
-    assert option["name"] == name
-    assert option["autocast_dtype"] == dtype
-    assert option["param_dtype"] == param_dtype
+    assert set(option) == {"defaults", "allow_tf32"} | ({"scaler"} if name in SCALED else set())
     assert option["allow_tf32"] is False
-    assert option["scaler"] == {"enabled": enabled, **SCALER_SETTINGS, "growth_interval": 2000}
+    if name in SCALED:
+        assert option["scaler"] == {**SCALER_SETTINGS, "growth_interval": 2000}
 
 
-@pytest.mark.parametrize("name", sorted(PRECISION_SPEC))
-def test_composed_precision_matches_the_spec(name):
-    dtype, enabled, param_dtype = PRECISION_SPEC[name]
+@pytest.mark.parametrize("name", sorted(["auto", *PRECISIONS]))
+def test_composed_precision_is_named_and_has_the_default_scaler(name):
     precision = compose_run(f"precision={name}").precision
     assert precision == PrecisionConfig(
         name=name,
-        autocast_dtype=dtype,
-        scaler=ScalerConfig(enabled=enabled, **SCALER_SETTINGS, growth_interval=2000),
+        scaler=ScalerConfig(**SCALER_SETTINGS, growth_interval=2000),
         allow_tf32=False,
-        param_dtype=param_dtype,
     )
     assert type(precision.scaler.growth_interval) is int
 
@@ -304,16 +277,6 @@ OUT_OF_RANGE = [
         ["model=vit", "model.heads=3"],
         {"model": ViTConfig(heads=3)},
         r"^model\.dim=64: .*model\.heads=3",
-    ),
-    (
-        "fp16-with-bf16-autocast",
-        ["precision=fp16", "precision.autocast_dtype=bfloat16"],
-        {
-            "precision": PrecisionConfig(
-                name="fp16", autocast_dtype="bfloat16", scaler=ScalerConfig(enabled=True)
-            )
-        },
-        r"^precision\.autocast_dtype='bfloat16': precision=fp16 ",
     ),
 ]
 OUT_OF_RANGE_IDS = [case[0] for case in OUT_OF_RANGE]
@@ -391,18 +354,33 @@ def test_cuda_device_index_must_be_a_number(default_run, device):
     [
         ("optimizer.lr=inf",),
         ("precision.scaler.init_scale=inf",),
-        ("precision.autocast_dtype=float16",),
     ],
-    ids=["lr-inf", "init-scale-inf", "auto-with-dtype"],
+    ids=["lr-inf", "init-scale-inf"],
 )
-def test_infinite_values_and_auto_dtype_are_refused(overrides):
+def test_infinite_values_are_refused(overrides):
     key = overrides[0].split("=")[0]
     assert preflight_error(*overrides).startswith(f"{key}=")
 
 
 def test_schemas_are_not_selectable_as_options():
-    message = preflight_error("model=mlp_schema")
-    assert message.startswith("model=mlp_schema: unknown option")
+    message = preflight_error("model=mlp_model_schema")
+    assert message.startswith("model=mlp_model_schema: unknown option")
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        ("precision.autocast_dtype=bfloat16", r"^precision\.autocast_dtype: unknown key"),
+        ("model.name=vit", r"^model\.name='vit': names another option .*model=vit$"),
+        ("precision.name=fp12", r"^precision\.name='fp12': one of auto, fp32, fp16, bf16"),
+        ("scheduler.name=linear", r"^scheduler\.name='linear': one of constant, cosine"),
+    ],
+    ids=["fixed-dtype-key", "model-name-of-another-option", "precision-name", "scheduler-name"],
+)
+def test_what_an_option_fixes_cannot_be_overridden(override, pattern):
+    message = preflight_error(override)
+    assert_one_line(message)
+    assert re.search(pattern, message), message
 
 
 # ------------------------------------------------------------------------- compose error messages

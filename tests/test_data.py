@@ -16,7 +16,6 @@ import torch
 
 from mptrain import data
 from mptrain.config import (
-    DATASET_NAMES,
     ConfigError,
     DigitsConfig,
     ImageFolderConfig,
@@ -696,8 +695,11 @@ def test_imagefolder_batch_size_larger_than_training_set_raises_config_error(tmp
 
 
 # ------------------------------------------------------------------------------- loader table
-def test_every_configurable_dataset_name_has_a_loader():
-    assert sorted(data.DATASET_LOADERS) == sorted(DATASET_NAMES)
+def test_every_dataset_option_file_is_a_dataset_of_the_table():
+    options = sorted(
+        p.stem for p in (Path(__file__).parents[1] / "conf" / "dataset").glob("*.yaml")
+    )
+    assert sorted(data.DATASETS) == options
 
 
 def test_unknown_dataset_name_raises_config_error():

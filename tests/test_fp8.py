@@ -18,7 +18,7 @@ from conftest import requires_cuda, tiny_run, train
 from torch import nn
 
 from mptrain import run as run_module
-from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ScalerConfig, ViTConfig
+from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ViTConfig
 from mptrain.fp8 import (
     E4M3,
     E5M2,
@@ -42,9 +42,7 @@ from mptrain.precision import resolve_precision
 CPU = torch.device("cpu")
 GPU = torch.device("cuda", 0)
 FORMATS = {"hybrid": (E4M3, E5M2), "e4m3": (E4M3, E4M3)}
-FP8_PRECISION = PrecisionConfig(
-    name="fp8", autocast_dtype="bfloat16", scaler=ScalerConfig(enabled=False)
-)
+FP8_PRECISION = PrecisionConfig(name="fp8")
 
 requires_fp8_gpu = pytest.mark.skipif(
     not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)),

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import compose_run, requires_cuda, train
 
-from mptrain.config import PrecisionConfig, ScalerConfig
+from mptrain.config import PrecisionConfig
 from mptrain.precision import build_grad_scaler, resolve_precision
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
@@ -17,7 +17,7 @@ def gpu_run(*overrides: str):
 
 
 def test_fp16_scaler_is_a_cuda_scaler_and_enabled():
-    cfg = PrecisionConfig(name="fp16", autocast_dtype="float16", scaler=ScalerConfig(enabled=True))
+    cfg = PrecisionConfig(name="fp16")
     scaler = build_grad_scaler(resolve_precision(cfg, torch.device("cuda")))
     assert scaler.is_enabled() and scaler._device == "cuda"
 

@@ -14,8 +14,9 @@ import mptrain.loop
 from mptrain.build import build_run, resolve_run
 from mptrain.config import RunConfig
 from mptrain.distributed import DistContext
-from mptrain.loop import LoopHooks, LoopState, UpdateProbe, clear_grads, gradient_norm, train_loop
+from mptrain.loop import LoopHooks, UpdateProbe, clear_grads, gradient_norm, train_loop
 from mptrain.precision import PrecisionPolicy, resolve_precision
+from mptrain.state import LoopState
 
 CPU = torch.device("cpu")
 
@@ -128,7 +129,8 @@ def test_clipping_after_unscale_equals_fp32_clipping():
     reference_state, reference, _ = run_loop(cfg)
     scaled_policy = dataclasses.replace(
         resolve_precision(cfg.precision, CPU),
-        scaler=dataclasses.replace(cfg.precision.scaler, enabled=True, init_scale=2.0**16),
+        loss_scaling=True,
+        scaler=dataclasses.replace(cfg.precision.scaler, init_scale=2.0**16),
     )
     scaled_state, scaled, _ = run_loop(cfg, scaled_policy)
 

@@ -28,14 +28,13 @@ from mptrain.config import ConfigError, NumericsConfig
 from mptrain.diagnose import (
     FP16_MIN_SUBNORMAL,
     audit_step,
-    describe_culprit,
     find_culprit,
     range_probe,
     render_audit,
     render_probe,
 )
 from mptrain.metrics import read_metrics
-from mptrain.monitor import ScaleHealth
+from mptrain.monitor import ScaleHealth, describe_culprit
 from mptrain.precision import keep_in_fp32
 from mptrain.run import RunFailed
 

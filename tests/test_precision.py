@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mptrain import hardware
-from mptrain.config import ConfigError, PrecisionConfig, ScalerConfig
+from mptrain.config import ConfigError, PrecisionConfig
 from mptrain.precision import apply_tf32, build_grad_scaler, resolve_precision
 
 CPU = torch.device("cpu")
@@ -14,10 +14,7 @@ GPU = torch.device("cuda", 0)
 
 
 def precision(name: str) -> PrecisionConfig:
-    dtype = {"fp32": None, "fp16": "float16", "bf16": "bfloat16", "auto": None}[name]
-    return PrecisionConfig(
-        name=name, autocast_dtype=dtype, scaler=ScalerConfig(enabled=name == "fp16")
-    )
+    return PrecisionConfig(name=name)
 
 
 @pytest.fixture
@@ -89,9 +86,7 @@ def test_fp16_on_cpu_carries_a_slowness_note():
 
 
 def test_fp16_without_scaling_is_flagged():
-    cfg = precision("fp16")
-    cfg.scaler.enabled = False
-    policy = resolve_precision(cfg, CPU)
+    policy = resolve_precision(precision("fp16_noscale"), CPU)
     assert not policy.scaler_enabled
     assert any("underflow" in note for note in policy.notes)
 

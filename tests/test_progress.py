@@ -6,8 +6,8 @@ import io
 
 from rich.console import Console
 
-from mptrain.loop import LoopState
 from mptrain.progress import ProgressDisplay
+from mptrain.state import LoopState
 
 
 def _terminal() -> Console:

@@ -1,0 +1,111 @@
+"""What a config may name, and how a composed config becomes a checked :class:`RunConfig`.
+
+The component tables are the only lists of names: :data:`mptrain.precision.PRECISIONS`,
+:data:`mptrain.models.MODELS`, :data:`mptrain.data.DATASETS`, :data:`mptrain.optim.OPTIMIZERS`
+and :data:`mptrain.optim.SCHEDULES`. From them :func:`register_configs` stores, in Hydra's
+ConfigStore, the run schema and one schema node per option (``<option>_<group>_schema``, its
+``name`` preset), which each ``conf/<group>/<option>.yaml`` names in its defaults list; and the
+reference recipes (``recipes/*.yaml``) as the ``recipe`` group. Registration is explicit: the CLI,
+the tests and the benchmarks call it before composing; importing mptrain registers nothing.
+
+:func:`to_run_config` is the CLI edge: it refuses keys no schema declares, converts the composed
+OmegaConf config into plain dataclasses once, checks the names against the tables, and runs the
+range rules of :mod:`mptrain.config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from mptrain.config import (
+    ConfigError,
+    Option,
+    PrecisionConfig,
+    RunConfig,
+    validate,
+)
+from mptrain.data import DATASETS
+from mptrain.models import MODELS
+from mptrain.optim import OPTIMIZERS, SCHEDULES
+from mptrain.precision import AUTO, PRECISIONS
+from mptrain.recipe import load_recipes
+
+
+def group_options() -> dict[str, dict[str, Option]]:
+    """Every config group's options: group -> option name -> (schema, builder)."""
+    precisions = {name: Option(PrecisionConfig, None) for name in (AUTO, *PRECISIONS)}
+    return {
+        "precision": precisions,
+        "model": MODELS,
+        "dataset": DATASETS,
+        "optimizer": OPTIMIZERS,
+        "scheduler": SCHEDULES,
+    }
+
+
+def schema_node_name(group: str, option: str) -> str:
+    """The ConfigStore name of an option's schema node, e.g. ``resnet18_model_schema``."""
+    return f"{option}_{group}_schema"
+
+
+def register_configs() -> None:
+    """Store the run schema, every option's schema node and the recipes (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    store.store(name="run_schema", node=RunConfig)
+    # At the root rather than in <group>/, so schemas are neither options nor listed as groups.
+    for group, options in group_options().items():
+        for option, entry in options.items():
+            store.store(name=schema_node_name(group, option), node=entry.schema(name=option))
+    for name, node in load_recipes().items():
+        store.store(group="recipe", name=name, node=node, package="_global_")
+
+
+def to_run_config(cfg: Any) -> RunConfig:
+    """Convert a composed OmegaConf config into plain dataclasses, check names and ranges."""
+    from omegaconf import OmegaConf
+
+    _reject_unknown_keys(cfg)
+    run = OmegaConf.to_object(cfg)
+    if not isinstance(run, RunConfig):
+        raise ConfigError("config: the primary config must use run_schema in its defaults list")
+    check_names(run)
+    validate(run)
+    return run
+
+
+def check_names(run: RunConfig) -> None:
+    """Each group's ``name`` must be an option of its table, and the one its schema belongs to
+    (``model.name=vit`` over ``model=cnn`` would build a ViT from a CNN's settings)."""
+    for group, options in group_options().items():
+        node = getattr(run, group)
+        entry = options.get(node.name)
+        if entry is None:
+            raise ConfigError(f"{group}.name={node.name!r}: one of {', '.join(options)}")
+        if type(node) is not entry.schema:
+            raise ConfigError(
+                f"{group}.name={node.name!r}: names another option than this {group}'s "
+                f"settings ({type(node).__name__}); choose it with {group}={node.name}"
+            )
+
+
+def accepted_keys(schema: type) -> str:
+    return ", ".join(f.name for f in dataclasses.fields(schema))
+
+
+def _reject_unknown_keys(node: Any, path: str = "") -> None:
+    """Refuse keys a schema does not declare. Hydra's ``+key=value`` adds them past the schema."""
+    from omegaconf import DictConfig, OmegaConf
+
+    schema = OmegaConf.get_type(node)
+    declared = (
+        {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
+    )
+    for key in node:
+        if declared is not None and key not in declared:
+            raise ConfigError(f"{path}{key}: unknown key; accepted keys: {accepted_keys(schema)}")
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            _reject_unknown_keys(child, f"{path}{key}.")
