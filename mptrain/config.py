@@ -472,6 +472,16 @@ def validate_fp8(f: FP8Config) -> None:
     _require(f.backend in ("builtin", "torchao"), "fp8.backend", f.backend, "builtin or torchao")
 
 
+def _validate_numerics(n: NumericsConfig) -> None:
+    _positive("numerics.min_loss_scale", n.min_loss_scale)
+    _at_least("numerics.warn_consecutive_backoffs", n.warn_consecutive_backoffs, 1)
+    _require(
+        0 < n.warn_skip_rate <= 1, "numerics.warn_skip_rate", n.warn_skip_rate, "must be in (0, 1]"
+    )
+    _at_least("numerics.warn_window", n.warn_window, 1)
+    _at_least("numerics.max_consecutive_nonfinite_loss", n.max_consecutive_nonfinite_loss, 1)
+
+
 def validate(run: RunConfig) -> None:
     """Check every range and cross-key rule; raise :class:`ConfigError` on the first violation."""
     validate_precision(run.precision)
@@ -504,14 +514,7 @@ def validate(run: RunConfig) -> None:
     _at_least("probe_every", run.probe_every, 1, allow_none=True)
     _at_least("throughput_warmup_steps", run.throughput_warmup_steps, 0)
     _at_least("num_workers", run.num_workers, 0)
-    n = run.numerics
-    _positive("numerics.min_loss_scale", n.min_loss_scale)
-    _at_least("numerics.warn_consecutive_backoffs", n.warn_consecutive_backoffs, 1)
-    _require(
-        0 < n.warn_skip_rate <= 1, "numerics.warn_skip_rate", n.warn_skip_rate, "must be in (0, 1]"
-    )
-    _at_least("numerics.warn_window", n.warn_window, 1)
-    _at_least("numerics.max_consecutive_nonfinite_loss", n.max_consecutive_nonfinite_loss, 1)
+    _validate_numerics(run.numerics)
     _at_least("probe_batches", run.probe_batches, 1)
     _at_least("checkpoint.every_steps", run.checkpoint.every_steps, 1, allow_none=True)
     _at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)

@@ -181,7 +181,7 @@ class TensorBatches:
     full batches are served.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (a constructor: the feed's settings, named)
         self,
         images: torch.Tensor,
         labels: torch.Tensor,
@@ -265,7 +265,7 @@ class TensorBatches:
 class LoaderBatches:
     """Batches from a DataLoader with worker processes (file-backed data)."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (a constructor: the feed's settings, named)
         self,
         dataset: torch.utils.data.Dataset,
         batch_size: int,

@@ -2,8 +2,8 @@
 
 This module owns three tools and the hook scaffolding they share:
 
-- the culprit finder (:func:`find_culprit`; :func:`mptrain.monitor.describe_culprit` words it): re-runs one batch and
-  names the first module whose output or gradient went non-finite;
+- the culprit finder (:func:`find_culprit`): re-runs one batch and names the first module whose
+  output or gradient went non-finite (:func:`mptrain.monitor.describe_culprit` words it);
 - the autocast audit (:func:`audit_step`, :func:`render_audit`): traces one forward + backward
   and tables the dtype every ATen op really ran in, flagging low-precision ops and state that
   the mixed-precision recipe wants in FP32;
@@ -11,9 +11,10 @@ This module owns three tools and the hook scaffolding they share:
   activations sit below FP16's maximum and how many gradient values FP16 would flush to zero.
 
 Every tool leaves the model as it found it (parameters, buffers, gradients, training flag and
-RNG state), so running one never changes what training computes. Per-step health
-(``ScaleHealth``) and per-layer FP32 overrides (``keep_in_fp32``) live in :mod:`mptrain.numerics`;
-this module does not import it.
+RNG state), so running one never changes what training computes. :func:`write_diagnostics` runs
+the audit and the probe before training when ``audit=true`` / ``probe=true``. Per-step health
+(``ScaleHealth``) lives in :mod:`mptrain.monitor`, per-layer FP32 (``keep_in_fp32``, which changes
+the computation) in :mod:`mptrain.precision`.
 """
 
 from __future__ import annotations

@@ -70,6 +70,8 @@ def quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.
 
 
 def dequantize(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The real values an FP8 tensor stands for: the definition :func:`fp8_gemm` computes with
+    (folded into one rescale of the product there) and the reference the tests compare with."""
     return x_fp8.float() / scale
 
 

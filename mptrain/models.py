@@ -110,7 +110,7 @@ class TransformerBlock(nn.Module):
 class VisionTransformer(nn.Module):
     """ViT: Linear patch embedding, class token, learned positions, pre-norm blocks, Linear head."""
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (a constructor: the architecture's hyperparameters)
         self,
         in_channels: int,
         image_size: int,

@@ -254,11 +254,13 @@ def write_failure(output_dir: Path, reason: str) -> Path:
 def fmt_bytes(n: int | None) -> str:
     if n is None:
         return "n/a"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"
+    if abs(n) < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB"):
         n /= 1024
-    return str(n)
+        if abs(n) < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
 
 
 def fmt_pct(x: float | None) -> str:
@@ -341,6 +343,24 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
     return rows
 
 
+def _hardware_lines(hw: dict[str, Any]) -> list[str]:
+    cpu, gpu = hw["cpu"], hw.get("gpu")
+    lines = [
+        f"- CPU: {cpu['model']}, {cpu['logical_cores']} logical cores, torch threads "
+        f"{cpu['torch_threads']}, capability {cpu['torch_cpu_capability']}; native BF16: "
+        f"{cpu['native_bf16']} (AVX512-BF16 {cpu['avx512_bf16']}, AMX-BF16 {cpu['amx_bf16']}), "
+        f"AVX512-FP16 {cpu['avx512_fp16']}",
+    ]
+    if gpu:
+        lines.append(
+            f"- GPU: {gpu['name']} (compute capability {gpu['compute_capability']}, "
+            f"{fmt_bytes(gpu['memory_bytes'])}, driver {gpu['driver']}, {gpu['count']} visible)"
+        )
+    else:
+        lines.append("- GPU: none used")
+    return lines
+
+
 def render_markdown(report: RunReport) -> str:
     v, hw = report.versions, report.hardware
     lines = [
@@ -355,24 +375,7 @@ def render_markdown(report: RunReport) -> str:
         "|---|---|",
     ]
     lines += [f"| {k} | {str(val).replace('|', '/')} |" for k, val in summary_rows(report)]
-    cpu = hw["cpu"]
-    lines += [
-        "",
-        "## Hardware",
-        "",
-        f"- CPU: {cpu['model']}, {cpu['logical_cores']} logical cores, torch threads "
-        f"{cpu['torch_threads']}, capability {cpu['torch_cpu_capability']}; native BF16: "
-        f"{cpu['native_bf16']} (AVX512-BF16 {cpu['avx512_bf16']}, AMX-BF16 {cpu['amx_bf16']}), "
-        f"AVX512-FP16 {cpu['avx512_fp16']}",
-    ]
-    gpu = hw.get("gpu")
-    if gpu:
-        lines.append(
-            f"- GPU: {gpu['name']} (compute capability {gpu['compute_capability']}, "
-            f"{fmt_bytes(gpu['memory_bytes'])}, driver {gpu['driver']}, {gpu['count']} visible)"
-        )
-    else:
-        lines.append("- GPU: none used")
+    lines += ["", "## Hardware", "", *_hardware_lines(hw)]
     lines += [f"- TF32: {json.dumps(report.tf32)}", "", "## Software", ""]
     lines += [f"- {k}: {val}" for k, val in v.items()]
     evals = report.evaluation.history

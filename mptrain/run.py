@@ -141,7 +141,7 @@ class _Job:
     def execute(self) -> RunReport:
         try:
             self._prepare()
-            self._train()
+            self._loop()
         except ConfigError:
             raise
         except KeyboardInterrupt:
@@ -208,7 +208,7 @@ class _Job:
             "notes": notes,
         }
 
-    def _train(self) -> None:
+    def _loop(self) -> None:
         cfg, run, checkpointer = self.cfg, self.run, self.checkpointer
         # Only rank 0 writes metrics and shows progress.
         metrics = MetricsLog(self.output_dir / METRICS_JSONL) if self.dist.is_main else None

@@ -19,11 +19,9 @@ class GracefulStop:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.count = 0
         self._previous: dict[int, object] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        self.count += 1
         if self.signum is None:
             self.signum = signum
 
