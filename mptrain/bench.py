@@ -80,7 +80,7 @@ def measure(cfg: RunConfig, warmup: int, steps: int) -> dict[str, Any]:
         "data_wait_fraction": throughput.data_wait_fraction,
         # GradScaler.step reads the inf flag, the loop the new scale and the monitor the loss's
         # finiteness; nothing else syncs between log rows (see mptrain.loop).
-        "host_syncs_per_step": 3 if run.policy.scaler_enabled else 0,
+        "host_syncs_per_step": 3 if run.policy.loss_scaling else 0,
         "label": run.policy.label,
     }
 

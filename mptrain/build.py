@@ -1,14 +1,17 @@
 """Building a run: everything the training loop needs, from a typed config.
 
-:func:`prepare_run` is the one setup path — ``mptrain`` runs, ``mptrain bench``, the tests and
-the benchmarks all call it:
+:func:`prepare_run` is the one setup path — ``mptrain bench``, the tests and the benchmarks call
+it; ``mptrain`` runs call its two halves, :func:`resolve_run` and :func:`build_run`, so that a
+report written after a failed build still names the device, precision and TF32 flags:
 
-    seed -> device -> precision policy -> TF32 flags -> data -> model (FP8 conversion, FP32
-    islands, "pure" casts, channels_last, DDP/FSDP wrapping, torch.compile) -> optimizer ->
-    LR schedule -> loss scaler -> loop settings -> monitor -> fault injection (debug only)
+    seed -> device -> precision policy -> TF32 flags | data -> model (FP8 conversion, FP32
+    islands, "pure" casts, channels_last, DDP/FSDP wrapping) -> optimizer -> LR schedule ->
+    torch.compile -> loss scaler -> loop settings -> monitor -> fault injection (debug only)
 
-and returns a :class:`Run`; :func:`mptrain.loop.train_loop` trains it. Inputs that cannot run are
-refused by :func:`check_run` with a :class:`~mptrain.config.ConfigError` before anything is built.
+and returns a :class:`Run`; :func:`mptrain.loop.train_loop` trains it. Combinations that cannot
+run are refused by :func:`check_run` before anything is built; what only the built objects reveal
+(no FP8-eligible layer, no module matching ``numerics.fp32_modules``, a batch larger than the
+dataset, missing files) raises :class:`~mptrain.config.ConfigError` during the build.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ def _device_for(request: str, dist: DistContext) -> torch.device:
 
 def check_run(cfg: RunConfig, policy: PrecisionPolicy, dist: DistContext) -> None:
     """Refuse combinations that cannot run, before anything is built."""
-    if cfg.debug.inject_inf_grad_steps and not policy.scaler_enabled:
+    if cfg.debug.inject_inf_grad_steps and not policy.loss_scaling:
         raise ConfigError(
             "debug.inject_inf_grad_steps: needs a precision with loss scaling (fp16); "
             f"{policy.name} has no scaler to skip the step"

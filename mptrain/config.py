@@ -8,8 +8,9 @@ Range checks that types cannot express (``lr > 0``, ``0 < backoff_factor < 1``) 
 schemas, in each option's ``validate()`` and in :func:`validate`, which raise :class:`ConfigError`
 with a one-line message of the form ``key=value: what is accepted``.
 
-This module imports neither torch nor OmegaConf: :func:`mptrain.registry.to_run_config` converts a
-composed config into these plain dataclasses once, at the CLI edge.
+This module imports no torch, and from OmegaConf only its ``MISSING`` marker:
+:func:`mptrain.registry.to_run_config` converts a composed config into these plain dataclasses
+once, at the CLI edge.
 """
 
 from __future__ import annotations

@@ -595,7 +595,7 @@ def load_dataset(cfg: Any) -> ArrayDataset | FolderDataset:
     """Load the dataset ``cfg.name`` names, through :data:`DATASETS`."""
     option = DATASETS.get(cfg.name)
     if option is None:
-        raise ConfigError(f"dataset.name={cfg.name!r}: expected one of {', '.join(DATASETS)}")
+        raise ConfigError(f"dataset.name={cfg.name!r}: one of {', '.join(DATASETS)}")
     return option.build(cfg)
 
 

@@ -89,10 +89,6 @@ class PrecisionPolicy:
         """What ran, for people: "fp8 (emulated)" when the FP8 GEMMs were emulated."""
         return f"{self.name} (emulated)" if self.emulated else self.name
 
-    @property
-    def scaler_enabled(self) -> bool:
-        return self.loss_scaling
-
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         """Context for forward and loss: torch.autocast with the policy dtype, or nothing (FP32)."""
         if self.autocast_dtype is None:
@@ -100,7 +96,7 @@ class PrecisionPolicy:
         return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
 
     def describe(self) -> str:
-        scaling = "dynamic loss scaling" if self.scaler_enabled else "no loss scaling"
+        scaling = "dynamic loss scaling" if self.loss_scaling else "no loss scaling"
         dtype = dtype_name(self.autocast_dtype) or "none"
         if self.fp8 is not None:
             gemm = "torch._scaled_mm" if self.fp8.real_gemm else "emulated GEMMs"
@@ -320,8 +316,3 @@ def keep_in_fp32(model: nn.Module, patterns: list[str], device_type: str) -> lis
             module.forward = forward  # type: ignore[method-assign]
             matched.append(name)
     return matched
-
-
-# ------------------------------------------------------------------------------ transitional re-export
-# The diagnostics moved to mptrain.diagnose; these names stay importable from here until every
-# caller imports them from mptrain.diagnose. Remove this block then.

@@ -2,8 +2,9 @@
 
 :class:`RunReport` declares every section as a dataclass; a run builds it once, at the end, from
 explicit values (:mod:`mptrain.run`). report.json is its :meth:`~RunReport.to_dict` form with a
-``schema_version``; readers (sweep comparison, ``mptrain-compare``, recipe verdicts) get it back
-with :func:`load_report`, where an unknown or missing key fails loudly, naming it.
+``schema_version``; readers of report.json files (sweep comparison, ``mptrain-compare``) get it
+back with :func:`load_report`, where an unknown or missing key fails loudly, naming it. Reports
+written before ``schema_version`` existed (the same sections) load as version 0.
 
 Both files are written atomically (temporary file in the same directory, fsync, rename), so a
 reader never sees half a report, and a report from an earlier write survives a failed one.
@@ -181,8 +182,12 @@ class RunReport:
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict[str, Any]:
-        """report.json's content (non-finite floats are made strict JSON when written)."""
-        return dataclasses.asdict(self)
+        """report.json's content (non-finite floats are made strict JSON when written); ``figure``
+        only once there is one."""
+        content = dataclasses.asdict(self)
+        if content["figure"] is None:
+            del content["figure"]
+        return content
 
 
 class ReportError(ValueError):
@@ -192,8 +197,8 @@ class ReportError(ValueError):
 def load_report(path: Path) -> RunReport:
     """Read a report.json written by :func:`write_report`; raise ReportError naming a bad key."""
     data = json.loads(path.read_text(encoding="utf-8"))
-    version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    version = data.setdefault("schema_version", 0)  # 0: written before the field existed
+    if version not in (0, SCHEMA_VERSION):
         raise ReportError(
             f"{path}: schema_version {version!r}, this mptrain reads {SCHEMA_VERSION}"
         )

@@ -128,7 +128,10 @@ class _Job:
         self.cfg, self.output_dir, self.dist, self.console = cfg, output_dir, dist, console
         self.started_at = _now()
         self.start_time = time.perf_counter()
+        # Decided before the build, so a report of a failed build still names them.
+        self.device = torch.device("cpu")
         self.policy: PrecisionPolicy | None = None
+        self.tf32: dict[str, Any] | None = None
         self.run: Run | None = None
         self.resumed: dict[str, Any] | None = None
         self.checkpointer: Checkpointer | None = None
@@ -154,8 +157,8 @@ class _Job:
 
     def _prepare(self) -> None:
         cfg = self.cfg
-        device, self.policy, tf32 = resolve_run(cfg, self.dist)
-        self.run = run = build_run(cfg, device, self.policy, tf32, self.dist)
+        self.device, self.policy, self.tf32 = resolve_run(cfg, self.dist)
+        self.run = run = build_run(cfg, self.device, self.policy, self.tf32, self.dist)
         self._announce()
         write_diagnostics(run, self.output_dir, self.console)
         if cfg.resume:
@@ -278,7 +281,6 @@ def _now() -> str:
 def assemble_report(job: _Job, status: str, reason: str | None) -> RunReport:
     """The report from what the job got to: every section, whatever stage it stopped at."""
     cfg, run, state = job.cfg, job.run, job.state
-    device = run.device if run else torch.device("cpu")
     evaluation = _evaluation_section(state)
     return RunReport(
         status=status,
@@ -288,11 +290,11 @@ def assemble_report(job: _Job, status: str, reason: str | None) -> RunReport:
         finished_at=_now(),
         wall_time_s=time.perf_counter() - job.start_time,
         precision=_precision_section(cfg, job.policy),
-        tf32=run.tf32 if run else None,
+        tf32=job.tf32,
         fp8={**run.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
         if run and run.fp8
         else None,
-        hardware=hardware.hardware_info(device),
+        hardware=hardware.hardware_info(job.device),
         versions=hardware.software_versions(),
         seed=cfg.seed,
         optimizer=OptimizerSection(
@@ -326,7 +328,7 @@ def _precision_section(cfg: RunConfig, p: PrecisionPolicy | None) -> PrecisionSe
         label=p.label,
         emulated=p.emulated,
         autocast_dtype=dtype_name(p.autocast_dtype),
-        loss_scaling=p.scaler_enabled,
+        loss_scaling=p.loss_scaling,
         scaler={"enabled": p.loss_scaling, **dataclasses.asdict(p.scaler)},
         reason=p.reason,
         notes=list(p.notes),

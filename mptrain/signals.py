@@ -11,7 +11,7 @@ class GracefulStop:
     """While active, SIGINT and SIGTERM only record that a stop was requested.
 
     The training loop polls :meth:`requested` after each step. A second signal during the final
-    save is recorded too and does not interrupt the write. Outside the main thread (where Python
+    save does not interrupt the write (the first signal's number is the one reported). Outside the main thread (where Python
     cannot install handlers) it does nothing.
     """
 

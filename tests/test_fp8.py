@@ -472,7 +472,7 @@ def test_fp8_on_cpu_is_emulated_and_labelled():
     policy = resolve_precision(FP8_PRECISION, CPU, FP8Config())
     assert (policy.name, policy.label, policy.emulated) == ("fp8", "fp8 (emulated)", True)
     assert policy.autocast_dtype is torch.bfloat16
-    assert not policy.scaler_enabled
+    assert not policy.loss_scaling
     assert (policy.fp8.forward_dtype, policy.fp8.backward_dtype) == (E4M3, E5M2)
     assert policy.fp8.real_gemm is False
     assert any("emulated" in note for note in policy.notes)

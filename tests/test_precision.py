@@ -36,14 +36,14 @@ def test_auto_picks_bf16_on_cpu_with_native_bf16(monkeypatch):
         "bf16",
         torch.bfloat16,
     )
-    assert not policy.scaler_enabled
+    assert not policy.loss_scaling
     assert "BF16" in policy.reason
 
 
 def test_auto_picks_fp32_on_cpu_without_native_bf16(monkeypatch):
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
     policy = resolve_precision(precision("auto"), CPU)
-    assert (policy.name, policy.autocast_dtype, policy.scaler_enabled) == ("fp32", None, False)
+    assert (policy.name, policy.autocast_dtype, policy.loss_scaling) == ("fp32", None, False)
 
 
 @pytest.mark.parametrize(
@@ -58,7 +58,7 @@ def test_auto_picks_fp32_on_cpu_without_native_bf16(monkeypatch):
 def test_auto_on_gpus(fake_gpu, capability, expected, scaled):
     fake_gpu(capability)
     policy = resolve_precision(precision("auto"), GPU)
-    assert policy.name == expected and policy.scaler_enabled is scaled
+    assert policy.name == expected and policy.loss_scaling is scaled
     assert f"{capability[0]}.{capability[1]}" in policy.reason
     if scaled:  # auto's fp16 keeps the configured scaler settings
         assert policy.scaler.init_scale == 65536.0 and policy.scaler.growth_interval == 2000
@@ -87,7 +87,7 @@ def test_fp16_on_cpu_carries_a_slowness_note():
 
 def test_fp16_without_scaling_is_flagged():
     policy = resolve_precision(precision("fp16_noscale"), CPU)
-    assert not policy.scaler_enabled
+    assert not policy.loss_scaling
     assert any("underflow" in note for note in policy.notes)
 
 

@@ -177,3 +177,18 @@ def test_unwritable_output_directory_fails_before_training(tmp_path):
 
     with pytest.raises(ConfigError, match="output directory"):
         train(tiny_run("max_steps=2"), blocker / "run")
+
+
+def test_a_build_that_crashes_still_reports_device_precision_and_tf32(tmp_path, monkeypatch):
+    def crashing_build(*args, **kwargs):
+        raise RuntimeError("out of memory while building")
+
+    monkeypatch.setattr(run_module, "build_run", crashing_build)
+    with pytest.raises(RunFailed):
+        train(tiny_run("precision=bf16", "max_steps=2"), tmp_path)
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk["status"] == "failed" and "out of memory" in on_disk["reason"]
+    assert on_disk["precision"]["effective"] == "bf16"
+    assert on_disk["tf32"]["allow_tf32"] is False
+    assert on_disk["hardware"]["device"] == "cpu"
+    assert on_disk["schema_version"] == 1 and "figure" not in on_disk

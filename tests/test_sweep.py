@@ -577,3 +577,19 @@ def test_summary_callback_does_nothing_without_runs(tmp_path):
     empty.mkdir()
     callback.on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(empty)}}}))
     assert list(empty.iterdir()) == []
+
+
+def test_a_report_written_before_schema_version_loads_as_version_0(runs, tmp_path):
+    """report.json files of earlier mptrain versions (no schema_version) are still compared."""
+    from mptrain.report import load_report
+
+    source = next(iter(runs.values())) / REPORT_JSON
+    legacy = json.loads(source.read_text())
+    del legacy["schema_version"]
+    path = tmp_path / REPORT_JSON
+    path.write_text(json.dumps(legacy))
+    assert load_report(path).schema_version == 0
+    legacy["trainning"] = {}
+    path.write_text(json.dumps(legacy))
+    with pytest.raises(ValueError, match="unknown key 'trainning'"):
+        load_report(path)
