@@ -262,10 +262,10 @@ def test_row_samples_per_s_counts_training_time_only(monkeypatch):
     import mptrain.loop as loop
 
     clock = [0.0]
-    forward_backward, evaluate = loop._forward_backward, loop.evaluate
+    take_step, evaluate = loop.take_step, loop.evaluate
 
     def step_then_tick(*args, **kwargs):
-        result = forward_backward(*args, **kwargs)
+        result = take_step(*args, **kwargs)
         clock[0] += 1.0
         return result
 
@@ -275,7 +275,7 @@ def test_row_samples_per_s_counts_training_time_only(monkeypatch):
         return result
 
     monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(loop, "_forward_backward", step_then_tick)
+    monkeypatch.setattr(loop, "take_step", step_then_tick)
     monkeypatch.setattr(loop, "evaluate", evaluate_then_tick)
     cfg = tiny_run("precision=fp32", "max_steps=12", "log_every=6", "eval_every=3")
     _, rec, run = run_loop(cfg)
