@@ -9,7 +9,8 @@
    :class:`~mptrain.config.RunConfig` and calls :func:`mptrain.run.train` with the job's output
    directory.
 
-Exit codes: 0 all jobs completed, 1 a job failed or diverged, 2 bad input, 130 interrupted.
+Exit codes: 0 all jobs completed, 1 a job failed or diverged, 2 bad input, 130 interrupted (SIGINT),
+143 terminated (SIGTERM, from the moment the process starts).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from omegaconf import DictConfig
 
 from mptrain.config import ConfigError
 from mptrain.registry import accepted_keys, register_configs, to_run_config
+from mptrain.signals import Terminated, terminate_like_interrupt
 
 CONFIG_MODULE = "mptrain.conf"
 CONFIG_NAME = "config"
@@ -209,6 +211,7 @@ def _refuse_hydra_options(overrides: list[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point (``mptrain``) and ``python -m mptrain``."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    terminate_like_interrupt()  # SIGTERM during setup ends the run like Ctrl-C (report, 143)
     register_configs()
     if argv[:1] == ["bench"]:
         bench_main(argv[1:])
@@ -229,9 +232,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     sys.argv = [sys.argv[0], *argv]
     try:
         hydra_app()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         print("mptrain: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(exc.exit_code if isinstance(exc, Terminated) else 130) from None
     if _failed_jobs:
         print(f"mptrain: {len(_failed_jobs)} job(s) did not complete:", file=sys.stderr)
         for line in _failed_jobs:

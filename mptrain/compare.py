@@ -26,6 +26,7 @@ NON_TRAINING_KEYS = (
     "probe_batches",
     "resume",
     "resume_allow_changes",
+    "overwrite",
     "checkpoint",
     "bench",
     "debug",

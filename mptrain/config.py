@@ -413,6 +413,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     resume: str | None = None
     resume_allow_changes: bool = False
+    overwrite: bool = False
     bench: BenchConfig = field(default_factory=BenchConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)

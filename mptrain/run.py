@@ -64,8 +64,9 @@ from mptrain.report import (
     print_summary,
     write_report,
 )
+from mptrain.rundir import RunDirLock, check_no_other_run
 from mptrain.seeding import seed_everything
-from mptrain.signals import GracefulStop
+from mptrain.signals import GracefulStop, Terminated
 from mptrain.state import LoopState
 
 
@@ -98,11 +99,17 @@ def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> R
     """
     dist = init_distributed(cfg.device, cfg.distributed.strategy, cfg.distributed.reduce_dtype)
     try:
-        if dist.is_main:
-            check_output_dir(output_dir)
-        # Rank 0 speaks for the job.
-        console = (console or Console()) if dist.is_main else Console(quiet=True)
-        return _Job(cfg, output_dir, dist, console).execute()
+        if not dist.is_main:  # rank 0 speaks for the job and owns its directory
+            return _Job(cfg, output_dir, dist, Console(quiet=True)).execute()
+        check_output_dir(output_dir)
+        console = console or Console()
+        with RunDirLock(output_dir) as lock:
+            if lock.stale_note:
+                console.print(f"[yellow]note:[/yellow] {lock.stale_note}")
+            overwritten = check_no_other_run(output_dir, cfg.resume, cfg.overwrite)
+            if overwritten:
+                console.print(f"[yellow]note:[/yellow] {overwritten}")
+            return _Job(cfg, output_dir, dist, console).execute()
     finally:
         shutdown(dist)
 
@@ -147,8 +154,10 @@ class _Job:
             self._loop()
         except ConfigError:
             raise
-        except KeyboardInterrupt:
-            self._report("interrupted", f"interrupted at step {self.state.step}")
+        except KeyboardInterrupt as exc:
+            name = "SIGTERM" if isinstance(exc, Terminated) else "interrupted"
+            where = f"at step {self.state.step}" if self.run else "before training"
+            self._report("interrupted", f"{name} {where}")
             raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"

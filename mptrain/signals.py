@@ -7,12 +7,34 @@ import threading
 from types import FrameType, TracebackType
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM outside training: raised like Ctrl-C's KeyboardInterrupt, so both signals end a run
+    alike (an ``interrupted`` report, then exit 128 + the signal number)."""
+
+    signum = signal.SIGTERM
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def _raise_terminated(signum: int, frame: FrameType | None) -> None:
+    raise Terminated
+
+
+def terminate_like_interrupt() -> None:
+    """From now on (outside :class:`GracefulStop`), SIGTERM raises :class:`Terminated` instead of
+    killing the process silently. Call it first thing in the entry point (main thread only)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
+
+
 class GracefulStop:
     """While active, SIGINT and SIGTERM only record that a stop was requested.
 
     The training loop polls :meth:`requested` after each step. A second signal during the final
-    save does not interrupt the write (the first signal's number is the one reported). Outside the main thread (where Python
-    cannot install handlers) it does nothing.
+    save does not interrupt the write (the first signal's number is the one reported). Outside
+    the main thread (where Python cannot install handlers) it does nothing.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -1,0 +1,144 @@
+"""Reliability under faults (issue 14): a run owns its directory, never overwrites another run,
+and every signal ends it the same way. Each test reproduces a case that failed before."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import describe, run_command, run_mptrain, tiny_run, train
+
+from mptrain import run as run_module
+from mptrain.config import ConfigError
+from mptrain.rundir import LOCK_NAME, RunDirLock
+from mptrain.signals import Terminated, terminate_like_interrupt
+
+QUIET = ("progress=false", "device=cpu")
+
+
+def write_lock(directory: Path, pid: int, host: str | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / LOCK_NAME
+    owner = {"pid": pid, "host": host or socket.gethostname(), "started_at": "2026-11-30T12:00:00"}
+    path.write_text(json.dumps(owner))
+    return path
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and was reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+# ------------------------------------------------------------------------- one run per directory
+def test_a_second_run_in_a_used_directory_is_refused_naming_the_holder(tmp_path):
+    """The holder is alive on this host (this test process): the second run exits 2, one line."""
+    out = tmp_path / "run"
+    write_lock(out, os.getpid())
+    result = run_mptrain(tmp_path, "max_steps=2", "epochs=null", *QUIET, f"hydra.run.dir={out}")
+    assert result.returncode == 2, describe(result)
+    message = result.stderr.strip()
+    assert "\n" not in message and "Traceback" not in result.stderr
+    assert f"in use by another run (pid {os.getpid()} on {socket.gethostname()}" in message
+    assert not (out / "report.json").exists() and not (out / "metrics.jsonl").exists()
+
+
+def test_a_lock_from_another_host_is_refused(tmp_path):
+    write_lock(tmp_path, 1, host="some-other-node")
+    with pytest.raises(ConfigError, match=r"in use by another run \(pid 1 on some-other-node"):
+        train(tiny_run("max_steps=1"), tmp_path)
+
+
+def test_a_stale_lock_is_reported_and_taken_over(tmp_path, capsys):
+    pid = dead_pid()
+    write_lock(tmp_path, pid)
+    report = train(tiny_run("max_steps=2"), tmp_path)
+    assert report["status"] == "completed"
+    assert f"took over a stale lock of a run that is gone (pid {pid}" in capsys.readouterr().out
+    assert not (tmp_path / LOCK_NAME).exists(), "the lock outlived its run"
+
+
+def test_the_lock_is_released_when_the_run_fails(tmp_path, monkeypatch):
+    def crash(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(run_module, "train_loop", crash)
+    with pytest.raises(run_module.RunFailed):
+        train(tiny_run("max_steps=2"), tmp_path)
+    assert not (tmp_path / LOCK_NAME).exists()
+    with RunDirLock(tmp_path):  # free again
+        assert (tmp_path / LOCK_NAME).is_file()
+
+
+# ------------------------------------------------------------------ never over another run's work
+def test_a_fresh_run_refuses_a_directory_with_another_runs_checkpoints(tmp_path):
+    train(tiny_run("max_steps=4", "checkpoint.every_steps=2"), tmp_path)
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    with pytest.raises(ConfigError, match=r"holds another run's checkpoints .*resume=auto.*overwrite=true"):
+        train(tiny_run("max_steps=4", "checkpoint.every_steps=2"), tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == kept
+
+
+def test_overwrite_true_starts_over_and_says_so(tmp_path, capsys):
+    train(tiny_run("max_steps=4", "checkpoint.every_steps=2"), tmp_path)
+    report = train(tiny_run("max_steps=2", "overwrite=true"), tmp_path)
+    assert report["status"] == "completed" and report["training"]["steps"] == 2
+    assert "overwrite=true: deleted 2 checkpoint(s) of the previous run" in capsys.readouterr().out
+    assert [p.name for p in (tmp_path / "checkpoints").glob("step_*.pt")] == ["step_00000002.pt"]
+
+
+def test_resume_auto_is_still_allowed_over_its_own_checkpoints(tmp_path):
+    train(tiny_run("max_steps=2", "checkpoint.every_steps=2"), tmp_path)
+    report = train(tiny_run("max_steps=4", "resume=auto", "resume_allow_changes=true"), tmp_path)
+    assert report["status"] == "completed" and report["resumed"]["step"] == 2
+
+
+# ----------------------------------------------------------------------------- signals in setup
+@pytest.fixture
+def sigterm_raises():
+    previous = signal.getsignal(signal.SIGTERM)
+    terminate_like_interrupt()
+    yield
+    signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_while_building_writes_an_interrupted_report(tmp_path, monkeypatch, sigterm_raises):
+    def build_then_terminated(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(run_module, "build_run", build_then_terminated)
+    with pytest.raises(Terminated):
+        train(tiny_run("max_steps=2"), tmp_path)
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk["status"] == "interrupted" and on_disk["reason"] == "SIGTERM before training"
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_during_setup_ends_the_command_alike(tmp_path, sig, code):
+    """SIGTERM during setup used to kill the process silently (-15, no report)."""
+    script = textwrap.dedent(
+        f"""
+        import signal, sys
+        import mptrain.run
+        from mptrain import cli
+
+        def build_then_signal(*args, **kwargs):
+            signal.raise_signal({int(sig)})
+
+        mptrain.run.build_run = build_then_signal
+        cli.main(["max_steps=2", "epochs=null", "progress=false", "hydra.run.dir={tmp_path / "run"}"])
+        """
+    )
+    result = run_command(tmp_path, sys.executable, "-c", script)
+    assert result.returncode == code, describe(result)
+    assert "Traceback" not in result.stderr
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "interrupted"
