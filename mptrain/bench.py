@@ -24,7 +24,7 @@ from mptrain.build import prepare_run
 from mptrain.config import ConfigError, PrecisionConfig, RunConfig
 from mptrain.fileio import atomic_write_text
 from mptrain.fp8 import fp8_gemm_available
-from mptrain.loop import train_loop
+from mptrain.loop import host_reads_per_step, train_loop
 from mptrain.models import CONVOLUTIONAL
 from mptrain.report import fmt_bytes, fmt_pct
 
@@ -78,9 +78,7 @@ def measure(cfg: RunConfig, warmup: int, steps: int) -> dict[str, Any]:
         else None,
         "peak_memory_bytes": run.monitor.peak_memory_bytes,
         "data_wait_fraction": throughput.data_wait_fraction,
-        # GradScaler.step reads the inf flag, the loop the new scale and the monitor the loss's
-        # finiteness; nothing else syncs between log rows (see mptrain.loop).
-        "host_syncs_per_step": 3 if run.policy.loss_scaling else 0,
+        "host_syncs_per_step": host_reads_per_step(run),  # see mptrain.loop
         "label": run.policy.label,
     }
 

@@ -188,6 +188,18 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     return payload
 
 
+def quarantine(path: Path) -> str:
+    """Rename a checkpoint that does not load to ``<name>.corrupt``: kept for inspection, never
+    counted as a checkpoint again (keep_last counts loadable ones, pruning cannot keep it in
+    place of a good one). Returns what was done, for the run's notes."""
+    target = path.with_name(path.name + ".corrupt")
+    try:
+        path.replace(target)
+    except OSError as exc:
+        return f"could not quarantine it ({exc.strerror})"
+    return f"quarantined as {target.name}"
+
+
 def candidates(directory: Path) -> list[Path]:
     """Checkpoints in a run's checkpoint directory, newest first (latest.json's target first)."""
     files = sorted(
@@ -223,7 +235,7 @@ def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any],
             try:
                 return path, load_checkpoint(path), notes
             except CheckpointError as exc:
-                notes.append(f"skipped {exc}")
+                notes.append(f"skipped {exc}; {quarantine(path)}")
         return None
     path = Path(resume)
     if path.is_dir():

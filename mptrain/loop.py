@@ -17,10 +17,10 @@ Around the step, :func:`train_loop` hands the outcome to the run's
 :class:`~mptrain.monitor.Monitor` (measurements, logging, health, divergence), then evaluates,
 checkpoints and stops when due.
 
-Host-device synchronisation per step with loss scaling (FP16): three reads — ``scaler.step``
-reads the inf flag (PyTorch's scaler needs it anyway), the loop reads the new scale after
-``scaler.update()`` (a skip is a scale that went down), and the monitor reads whether the loss
-was finite. Without loss scaling: none. Losses stay on the device and are read every
+Host-device synchronisation per step with loss scaling (FP16, see :func:`host_reads_per_step`):
+the loop reads the scaler's inf flag (whether the step was skipped) and the new scale, the monitor
+whether the loss was finite, and ``scaler.step`` reads the flag itself unless the optimizer is
+fused (it then takes the flag on the device). Without loss scaling: none. Losses stay on the device and are read every
 ``log_every`` steps and at evaluations.
 
 :class:`LoopState` is mutated in place, so a caller that catches an exception or an interrupt still
@@ -214,6 +214,7 @@ def _optimizer_step(
     scaled = scaler.is_enabled()
     if scaled:
         scaler.unscale_(optimizer)  # gradients are now true FP32 gradients
+        found_inf = found_inf_flags(scaler, optimizer)  # what scaler.step() will skip on
     if clip is not None or norm_now:
         outcome.grad_norm = gradient_norm(params)
     if clip is not None:
@@ -222,9 +223,10 @@ def _optimizer_step(
     scaler.step(optimizer)  # skipped when any gradient holds inf/NaN (syncs to read the flag)
     scaler.update()
     if scaled:
-        # A skip always backs the scale off: the scale before is the monitor's last reading.
-        outcome.scale = scaler.get_scale()  # a host read, after step()'s own sync
-        outcome.skipped = outcome.scale < run.monitor.scale
+        # The scaler's own inf flag, not a drop of the scale: a backoff_factor near 1 can leave
+        # the scale unchanged after a skip. Host reads: the flag, then the new scale.
+        outcome.skipped = bool(sum(found_inf))
+        outcome.scale = scaler.get_scale()
     if not outcome.skipped:
         run.scheduler.step()
     if probe is not None:
@@ -335,6 +337,25 @@ class UpdateProbe:
             return 0.0
         changed = _nonzero_mask_(_flat_fp32(self.params) - self.before)
         return 1.0 - float(torch.dot(self.moved_mask, changed)) / self.moved
+
+
+def found_inf_flags(
+    scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer
+) -> list[torch.Tensor]:
+    """The per-device inf/NaN flags ``scaler.unscale_(optimizer)`` just computed (and
+    ``scaler.step`` skips on; under FSDP already all-reduced across ranks). Device tensors, not
+    read here. GradScaler keeps them in ``_per_optimizer_states`` until ``update()``: torch has no
+    public accessor, ``_found_inf_per_device`` is the one its own ``step`` uses."""
+    return list(scaler._found_inf_per_device(optimizer).values())
+
+
+def host_reads_per_step(run: Run) -> int:
+    """Device-to-host reads per step that loss scaling adds (nothing else reads between log rows):
+    the inf flag, the new scale and the loss's finiteness, plus ``scaler.step``'s own read of the
+    flag unless the optimizer takes it on the device (fused optimizers)."""
+    if not run.scaler.is_enabled():
+        return 0
+    return 3 if getattr(run.optimizer, "_step_supports_amp_scaling", False) else 4
 
 
 def clear_grads(optimizer: torch.optim.Optimizer) -> None:

@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from mptrain.fileio import atomic_write_text
 from mptrain.state import LoopState
 
 
@@ -42,6 +43,20 @@ class MetricsLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def truncate_after(path: Path, step: int) -> int:
+    """Drop every row from the first one past ``step`` on (a resumed run logs those steps again);
+    rows are chronological, so warnings logged after that point go too. Atomic. Returns the number
+    of rows dropped."""
+    if not path.is_file():
+        return 0
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    rows = [json.loads(line) for line in lines if line.strip()]
+    keep = next((i for i, row in enumerate(rows) if row.get("step", 0) > step), len(rows))
+    if keep < len(rows):
+        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows[:keep]))
+    return len(rows) - keep
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

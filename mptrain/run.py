@@ -42,7 +42,7 @@ from mptrain.distributed import DistContext, init_distributed, shutdown
 from mptrain.dtypes import dtype_name
 from mptrain.fp8 import fp8_layer_stats
 from mptrain.loop import LoopHooks, train_loop
-from mptrain.metrics import MetricsLog, read_metrics
+from mptrain.metrics import MetricsLog, read_metrics, truncate_after
 from mptrain.optim import optimizer_implementation
 from mptrain.plots import RUN_PNG, plot_run
 from mptrain.precision import PrecisionPolicy
@@ -207,6 +207,10 @@ class _Job:
                 "optimizer and scaler state load as saved; the data position is placed by step count"
             )
         restore(payload, run, path)
+        if dist.is_main:  # the steps after the checkpoint will be logged again
+            dropped = truncate_after(self.output_dir / METRICS_JSONL, run.state.step)
+            if dropped:
+                notes.append(f"metrics.jsonl: {dropped} row(s) after step {run.state.step} removed")
         if dist.enabled:  # rank 0's RNG was saved: give each rank its own stream again
             seed_everything(cfg.seed + dist.rank + run.state.step)
         for note in notes:

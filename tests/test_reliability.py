@@ -16,6 +16,7 @@ import pytest
 from conftest import describe, run_command, run_mptrain, tiny_run, train
 
 from mptrain import run as run_module
+from mptrain.checkpoint import load_checkpoint
 from mptrain.config import ConfigError
 from mptrain.rundir import LOCK_NAME, RunDirLock
 from mptrain.signals import Terminated, terminate_like_interrupt
@@ -82,7 +83,9 @@ def test_the_lock_is_released_when_the_run_fails(tmp_path, monkeypatch):
 def test_a_fresh_run_refuses_a_directory_with_another_runs_checkpoints(tmp_path):
     train(tiny_run("max_steps=4", "checkpoint.every_steps=2"), tmp_path)
     kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    with pytest.raises(ConfigError, match=r"holds another run's checkpoints .*resume=auto.*overwrite=true"):
+    with pytest.raises(
+        ConfigError, match=r"holds another run's checkpoints .*resume=auto.*overwrite=true"
+    ):
         train(tiny_run("max_steps=4", "checkpoint.every_steps=2"), tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == kept
 
@@ -142,3 +145,61 @@ def test_a_signal_during_setup_ends_the_command_alike(tmp_path, sig, code):
     assert "Traceback" not in result.stderr
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["status"] == "interrupted"
+
+
+# ---------------------------------------------------------------------------- skips and resumes
+def test_a_skip_is_seen_even_when_the_backoff_leaves_the_scale_unchanged(tmp_path):
+    """backoff_factor 0.99999999 rounds to the same FP32 scale: the old scale comparison saw 0
+    skips and advanced the LR on the skipped step."""
+    cfg = tiny_run(
+        "precision=fp16",
+        "max_steps=5",
+        "log_every=1",
+        "precision.scaler.backoff_factor=0.99999999",
+        "debug.inject_inf_grad_steps=[3]",
+        "scheduler=cosine",
+    )
+    report = train(cfg, tmp_path)
+    assert report["training"]["skipped_steps"] == {"count": 1, "steps": [3]}
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lr = {row["step"]: row["lr"] for row in rows if row["kind"] == "train"}
+    assert lr[3] == lr[2], "the scheduler advanced on the skipped step"
+    assert lr[4] != lr[3]
+
+
+def metric_steps(directory: Path) -> list[int]:
+    rows = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
+    return [row["step"] for row in rows if row["kind"] == "train"]
+
+
+def test_resume_after_a_kill_between_checkpoints_logs_each_step_once(tmp_path):
+    """A kill after step 5 with the last checkpoint at step 4: steps 5.. are logged again after
+    resume=auto, and used to appear twice in metrics.jsonl (and the curves)."""
+    common = ("log_every=1", "checkpoint.every_steps=2", "checkpoint.every_epoch=false")
+    train(tiny_run("max_steps=5", *common), tmp_path)
+    checkpoints = tmp_path / "checkpoints"
+    (checkpoints / "step_00000005.pt").unlink()  # as if killed before the final save
+    (checkpoints / "latest.json").write_text(json.dumps({"checkpoint": "step_00000004.pt"}))
+    report = train(
+        tiny_run("max_steps=7", "resume=auto", "resume_allow_changes=true", *common), tmp_path
+    )
+    assert report["resumed"]["step"] == 4
+    assert metric_steps(tmp_path) == [1, 2, 3, 4, 5, 6, 7]
+    assert any("row(s) after step 4 removed" in note for note in report["resumed"]["notes"])
+
+
+def test_a_corrupt_newest_checkpoint_is_quarantined_not_kept_in_place_of_a_good_one(tmp_path):
+    common = ("checkpoint.every_steps=2", "checkpoint.every_epoch=false", "checkpoint.keep_last=2")
+    train(tiny_run("max_steps=6", *common), tmp_path)
+    checkpoints = tmp_path / "checkpoints"
+    newest = checkpoints / "step_00000006.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated
+    report = train(
+        tiny_run("max_steps=8", "resume=auto", "resume_allow_changes=true", *common), tmp_path
+    )
+    assert report["resumed"]["step"] == 4
+    assert (checkpoints / "step_00000006.pt.corrupt").is_file()
+    kept = sorted(p.name for p in checkpoints.glob("step_*.pt"))
+    assert kept == ["step_00000006.pt", "step_00000008.pt"]  # both written by the resumed run
+    for path in checkpoints.glob("step_*.pt"):
+        load_checkpoint(path)  # every kept checkpoint loads
