@@ -543,8 +543,10 @@ def test_truncated_checkpoint_is_named_and_auto_falls_back(tmp_path):
     report = train(tiny_run(*overrides, "resume=auto"), out)
     resumed = report["resumed"]
     assert resumed["from"] == str(ckpts / step_name(8)) and resumed["step"] == 8
-    assert len(resumed["notes"]) == 1
+    assert len(resumed["notes"]) == 2
     assert resumed["notes"][0].startswith("skipped") and str(newest) in resumed["notes"][0]
+    assert resumed["notes"][0].endswith(f"quarantined as {step_name(12)}.corrupt")
+    assert resumed["notes"][1] == "metrics.jsonl: 2 row(s) after step 8 removed"
     assert read_report(out)["resumed"]["notes"] == resumed["notes"]
     redone = load_checkpoint(newest)
     assert_same_tensors(redone["model"], original["model"], "re-created step 12")
