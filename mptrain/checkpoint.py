@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import json
+import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: loadable with torch.load(weights_only=True)
 _NAME = re.compile(r"step_(\d+)\.pt$")
 
 
@@ -172,17 +173,32 @@ def remove_stray_temporaries(directory: Path) -> list[Path]:
 
 
 # ------------------------------------------------------------------------------------ reading
+def _unreadable(path: Path, exc: Exception) -> CheckpointError:
+    return CheckpointError(
+        f"checkpoint {path}: unreadable ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
+        "it may be truncated or corrupt"
+    )
+
+
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    """Load a checkpoint; a truncated or corrupt file raises CheckpointError naming it."""
+    """Load a checkpoint safely: ``torch.load(weights_only=True)``, which unpickles tensors and
+    plain Python types only, so a checkpoint from an untrusted source cannot run code. A
+    truncated or corrupt file, or one that needs more than that, raises CheckpointError naming it.
+    """
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        payload = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError as exc:
         raise CheckpointError(f"checkpoint {path}: no such file") from exc
-    except Exception as exc:
+    except pickle.UnpicklingError as exc:
+        if "Unsupported global" not in str(exc):  # torch's words for a refused object
+            raise _unreadable(path, exc) from exc
         raise CheckpointError(
-            f"checkpoint {path}: unreadable ({type(exc).__name__}: {str(exc).splitlines()[0]}); "
-            "it may be truncated or corrupt"
+            f"checkpoint {path}: refused: it holds objects other than tensors and plain Python "
+            "types, which could run code when loaded (mptrain checkpoints never do: written by "
+            "something else, or by an mptrain older than checkpoint format 2)"
         ) from exc
+    except Exception as exc:
+        raise _unreadable(path, exc) from exc
     if not isinstance(payload, dict) or payload.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {path}: not an mptrain checkpoint of this version")
     return payload
@@ -246,7 +262,10 @@ def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any],
         path = found[0]
     if not path.exists():
         raise ConfigError(f"resume={resume!r}: no such file or directory")
-    return path, load_checkpoint(path), []
+    try:
+        return path, load_checkpoint(path), []
+    except CheckpointError as exc:  # the user named this file: bad input, before training
+        raise ConfigError(f"resume={resume!r}: {exc}") from exc
 
 
 def check_compatible(

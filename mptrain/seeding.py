@@ -21,10 +21,18 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_states() -> dict[str, Any]:
-    """The state of every generator (CUDA only where CUDA is available)."""
+    """The state of every generator (CUDA only where CUDA is available), in tensors and plain
+    Python types only, so a checkpoint holding it loads with ``torch.load(weights_only=True)``."""
+    name, keys, position, has_gauss, cached_gaussian = np.random.get_state()
     return {
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": (
+            name,
+            torch.from_numpy(keys.astype(np.int64)),
+            position,
+            has_gauss,
+            cached_gaussian,
+        ),
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
     }
@@ -32,8 +40,10 @@ def rng_states() -> dict[str, Any]:
 
 def restore_rng_states(states: dict[str, Any]) -> None:
     """Put back what :func:`rng_states` returned."""
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    random.setstate(tuple(states["python"]))
+    name, keys, position, has_gauss, cached_gaussian = states["numpy"]
+    keys = np.asarray(keys.numpy() if torch.is_tensor(keys) else keys, dtype=np.uint32)
+    np.random.set_state((name, keys, position, has_gauss, cached_gaussian))
     torch.set_rng_state(states["torch"])
     if states.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])

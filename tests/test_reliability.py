@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import describe, run_command, run_mptrain, tiny_run, train
 
 from mptrain import run as run_module
@@ -203,3 +204,32 @@ def test_a_corrupt_newest_checkpoint_is_quarantined_not_kept_in_place_of_a_good_
     assert kept == ["step_00000006.pt", "step_00000008.pt"]  # both written by the resumed run
     for path in checkpoints.glob("step_*.pt"):
         load_checkpoint(path)  # every kept checkpoint loads
+
+
+# --------------------------------------------------------------------------------- safe loading
+class _RunsCodeWhenUnpickled:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_nothing_runs(tmp_path):
+    """resume=PATH used torch.load(weights_only=False): a crafted file could run code."""
+    source = tmp_path / "source"
+    train(tiny_run("max_steps=2"), source)
+    payload = load_checkpoint(source / "checkpoints" / "step_00000002.pt")
+    marker = tmp_path / "code_ran"
+    payload["scheduler"]["evil"] = _RunsCodeWhenUnpickled(marker)
+    crafted = tmp_path / "step_00000002.pt"
+    torch.save(payload, crafted)
+    with pytest.raises(ConfigError, match=r"refused: it holds objects other than tensors"):
+        train(tiny_run("max_steps=4", f"resume={crafted}"), tmp_path / "run")
+    assert not marker.exists(), "unpickling the checkpoint ran code"
+
+
+def test_checkpoints_load_with_weights_only(tmp_path):
+    train(tiny_run("precision=fp16", "max_steps=2"), tmp_path)
+    payload = torch.load(tmp_path / "checkpoints" / "step_00000002.pt", weights_only=True)
+    assert payload["format_version"] == 2 and payload["loop"]["step"] == 2
