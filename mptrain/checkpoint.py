@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mptrain.compare import flatten, is_non_training_key
 from mptrain.config import ConfigError, RunConfig
 from mptrain.distributed import (
     load_model_state,
@@ -271,15 +272,14 @@ def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any],
 def check_compatible(
     payload: dict[str, Any], signature: dict[str, Any], path: Path, allow_changes: bool
 ) -> list[str]:
-    """Refuse a resume whose precision, model or data settings differ, unless allowed.
-
-    Returns the differences that were allowed (recorded in the report).
-    """
+    """Refuse a resume whose training settings differ from the checkpoint's, listing every
+    difference, unless allowed. Returns the differences that were allowed (recorded in the
+    report; :func:`restore` applies them)."""
     saved = payload["signature"]
     differences = [
-        f"{key}: checkpoint {saved.get(key)!r}, now {value!r}"
-        for key, value in signature.items()
-        if saved.get(key) != value
+        f"{key}: checkpoint {saved.get(key)!r}, now {signature.get(key)!r}"
+        for key in dict.fromkeys([*signature, *saved])  # both key sets, in order
+        if saved.get(key) != signature.get(key)
     ]
     if differences and not allow_changes:
         raise ConfigError(
@@ -289,19 +289,28 @@ def check_compatible(
     return differences
 
 
-def restore(payload: dict[str, Any], run: Run, path: Path) -> None:
-    """Load every saved state into the freshly built run: components, loop state, monitor, RNGs."""
+def restore(payload: dict[str, Any], run: Run, path: Path) -> list[str]:
+    """Load every saved state into the freshly built run: components, loop state, monitor, RNGs.
+
+    This run's optimizer and schedule settings win over the checkpoint's (they equal them unless
+    ``resume_allow_changes=true`` allowed a change): the saved optimizer state brings its own
+    hyperparameters, which are replaced by the configured ones. Returns notes for the report.
+    """
     model, optimizer = run.checkpoint_model, run.optimizer
     load_model_state(model, payload["model"], run.dist)
-    # The implementation (fused / foreach) is this run's choice, not the checkpoint's: a state
-    # saved under FSDP (foreach) must not turn this run's fused optimizer into another one.
-    implementation = [
-        {k: g[k] for k in ("fused", "foreach") if k in g} for g in optimizer.param_groups
-    ]
-    load_optimizer_state(model, optimizer, payload["optimizer"], run.dist)
-    for group, keep in zip(optimizer.param_groups, implementation, strict=True):
-        group.update(keep)
-    run.scheduler.load_state_dict(payload["scheduler"])
+    notes = []
+    saved_optimizer = payload["config"]["optimizer"]["name"]
+    if saved_optimizer == run.cfg.optimizer.name:
+        configured = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        load_optimizer_state(model, optimizer, payload["optimizer"], run.dist)
+        for group, settings in zip(optimizer.param_groups, configured, strict=True):
+            group.update(settings)  # this run's hyperparameters and implementation (fused...)
+    else:
+        notes.append(
+            f"optimizer changed ({saved_optimizer} -> {run.cfg.optimizer.name}): its state "
+            "(moments, momentum) starts fresh; weights, schedule position and scaler are resumed"
+        )
+    _restore_schedule(run.scheduler, payload["scheduler"])
     if run.scaler.is_enabled():
         if payload["scaler"] is None:
             raise ConfigError(
@@ -312,19 +321,40 @@ def restore(payload: dict[str, Any], run: Run, path: Path) -> None:
     run.state.load_state_dict(payload["loop"])
     run.monitor.load_state_dict(payload["loop"])
     restore_rng_states(payload["rng"])
+    return notes
+
+
+def _restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict[str, Any]) -> None:
+    """The schedule's position (applied steps) from the checkpoint; its peak lr and shape from
+    this run's config, and the optimizer's lr set to where that schedule is now."""
+    base_lrs = list(scheduler.base_lrs)
+    scheduler.load_state_dict(saved)
+    scheduler.base_lrs = base_lrs
+    step = scheduler.last_epoch
+    groups = scheduler.optimizer.param_groups
+    for group, base, factor in zip(groups, base_lrs, scheduler.lr_lambdas, strict=True):
+        group["initial_lr"] = base
+        group["lr"] = base * factor(step)
+    scheduler._last_lr = [group["lr"] for group in groups]
 
 
 def run_signature(cfg: RunConfig, policy: PrecisionPolicy) -> dict[str, Any]:
-    """What a checkpoint must agree on to be resumed: precision, model, data and batch layout."""
-    dataset = {
-        k: v for k, v in dataclasses.asdict(cfg.dataset).items() if k not in ("root", "download")
-    }
-    return {
-        "precision": policy.name,
-        "model": dataclasses.asdict(cfg.model),
-        "dataset": dataset,
-        "batch_size": cfg.batch_size,
-        "grad_accum_steps": cfg.grad_accum_steps,
-        "seed": cfg.seed,
-        "fp8": dataclasses.asdict(cfg.fp8) if policy.fp8 is not None else None,
-    }
+    """What a checkpoint must agree on to be resumed: every training setting, flattened
+    (``optimizer.lr``, ``scheduler.name``, ``batch_size``, ...), with the precision that ran.
+
+    Settings that do not change what a run computes (:data:`mptrain.compare.NON_TRAINING_KEYS`)
+    are left out, and so are the FP8 settings unless the run is FP8, and the distributed ones.
+    """
+    settings = flatten(dataclasses.asdict(cfg))
+    # The seed too: it orders the data and draws dropout (sweeps pair runs across seeds, so
+    # the comparison policy leaves it out).
+    signature: dict[str, Any] = {"precision": policy.name, "seed": cfg.seed}
+    for key, value in settings.items():
+        fp8_unused = key.startswith("fp8.") and policy.fp8 is None
+        # distributed.*: how the work is spread; a change of world size or strategy is resumed
+        # by design (full state dicts) and noted separately.
+        where = key.startswith(("precision.name", "distributed."))
+        if where or fp8_unused or is_non_training_key(key):
+            continue
+        signature[key] = value
+    return signature

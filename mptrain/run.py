@@ -206,7 +206,7 @@ class _Job:
                 f"saved at world size {saved_world}, resumed at {dist.world_size}: weights, "
                 "optimizer and scaler state load as saved; the data position is placed by step count"
             )
-        restore(payload, run, path)
+        notes += restore(payload, run, path)
         if dist.is_main:  # the steps after the checkpoint will be logged again
             dropped = truncate_after(self.output_dir / METRICS_JSONL, run.state.step)
             if dropped:

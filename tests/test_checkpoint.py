@@ -712,23 +712,22 @@ def test_precision_change_is_refused_unless_allowed(tmp_path, bf16_run):
     )
     assert report["status"] == "completed" and report["training"]["steps"] == 9
     assert report["resumed"]["step"] == 6
-    assert report["resumed"]["allowed_differences"] == ["precision: checkpoint 'bf16', now 'fp32'"]
-    assert read_report(new_dir)["resumed"]["allowed_differences"] == [
-        "precision: checkpoint 'bf16', now 'fp32'"
-    ]
+    allowed = ["precision: checkpoint 'bf16', now 'fp32'", "max_steps: checkpoint 6, now 9"]
+    assert report["resumed"]["allowed_differences"] == allowed
+    assert read_report(new_dir)["resumed"]["allowed_differences"] == allowed
     # The history of the bf16 part came along.
     assert [e["step"] for e in report["evaluation"]["history"]] == [6, 9]
 
 
 @pytest.mark.parametrize(
     ("override", "key"),
-    [("model.hidden_sizes=[128]", "model"), ("batch_size=32", "batch_size")],
+    [("model.hidden_sizes=[128]", "model.hidden_sizes"), ("batch_size=32", "batch_size")],
 )
 def test_model_or_data_change_is_refused(tmp_path, bf16_run, override, key):
     hashes = {p.name: sha256(p) for p in (bf16_run / "checkpoints").iterdir()}
     new_dir = tmp_path / "changed"
     with pytest.raises(ConfigError) as err:
-        train(tiny_run("precision=bf16", override, f"resume={bf16_run}"), new_dir)
+        train(tiny_run("precision=bf16", "max_steps=6", override, f"resume={bf16_run}"), new_dir)
     assert f"{key}: checkpoint" in str(err.value) and "resume_allow_changes" in str(err.value)
     assert "precision" not in str(err.value).split("settings (")[1]
     assert_refused_cleanly(new_dir, bf16_run, hashes)
@@ -800,8 +799,10 @@ def test_checkpoint_contents_pruning_best_and_report(tmp_path, monkeypatch):
     assert rng["numpy"][0] == "MT19937" and rng["numpy"][1].shape == (624,)  # a tensor
     assert rng["torch"].dtype == torch.uint8 and rng["cuda"] is None  # CPU-only
     assert payload["signature"]["precision"] == "fp32"
-    assert payload["signature"]["model"]["hidden_sizes"] == [256, 256]
+    assert payload["signature"]["model.hidden_sizes"] == [256, 256]
     assert payload["signature"]["batch_size"] == 64
+    assert payload["signature"]["optimizer.lr"] == 0.003 and "seed" in payload["signature"]
+    assert "log_every" not in payload["signature"] and "fp8.format" not in payload["signature"]
     assert payload["config"] == dataclasses.asdict(cfg)
 
     # best.pt: the state of the best evaluation (evaluations at 22 and 30 are both saves).

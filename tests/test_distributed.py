@@ -111,7 +111,9 @@ def test_fsdp_trains_and_its_checkpoint_resumes_in_one_process(tmp_path, precisi
     params_close(saved["model"], ranks[0]["params"], rtol=0, atol=0)
 
     # A different world size (1) loads the full state dict and trains on.
-    cfg = tiny_run(f"precision={precision}", "max_steps=9", f"resume={run_dir}")
+    cfg = tiny_run(
+        f"precision={precision}", "max_steps=9", f"resume={run_dir}", "resume_allow_changes=true"
+    )
     resumed = train(cfg, tmp_path / "resumed")
     assert resumed["status"] == "completed" and resumed["resumed"]["step"] == 6
     assert any("world size 2" in note for note in resumed["resumed"]["notes"])

@@ -233,3 +233,48 @@ def test_checkpoints_load_with_weights_only(tmp_path):
     train(tiny_run("precision=fp16", "max_steps=2"), tmp_path)
     payload = torch.load(tmp_path / "checkpoints" / "step_00000002.pt", weights_only=True)
     assert payload["format_version"] == 2 and payload["loop"]["step"] == 2
+
+
+# ------------------------------------------------------------------ resume compares every setting
+def logged_lr(directory: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (directory / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row["lr"] for row in rows if row["kind"] == "train"}
+
+
+def test_resume_refuses_a_changed_learning_rate_listing_it(tmp_path):
+    """A new optimizer.lr used to be ignored on resume while report.json claimed it."""
+    common = ("max_steps=2", "scheduler=constant", "checkpoint.every_steps=2")
+    train(tiny_run(*common), tmp_path)
+    with pytest.raises(ConfigError, match=r"optimizer\.lr: checkpoint 0\.003, now 0\.01") as err:
+        train(
+            tiny_run("max_steps=4", "scheduler=constant", "resume=auto", "optimizer.lr=0.01"),
+            tmp_path,
+        )
+    assert "max_steps: checkpoint 2, now 4" in str(err.value)
+    assert "resume_allow_changes=true" in str(err.value)
+
+
+def test_an_allowed_learning_rate_change_is_applied_for_real(tmp_path):
+    common = ("scheduler=constant", "log_every=1", "checkpoint.every_steps=2")
+    train(tiny_run("max_steps=2", *common), tmp_path)
+    report = train(
+        tiny_run(
+            "max_steps=4", *common, "resume=auto", "resume_allow_changes=true", "optimizer.lr=0.01"
+        ),
+        tmp_path,
+    )
+    assert logged_lr(tmp_path) == {1: 0.003, 2: 0.003, 3: 0.01, 4: 0.01}
+    assert "optimizer.lr: checkpoint 0.003, now 0.01" in report["resumed"]["allowed_differences"]
+
+
+def test_a_changed_optimizer_is_refused_then_starts_fresh_when_allowed(tmp_path):
+    """optimizer=sgd on an AdamW checkpoint crashed with KeyError: 'momentum'."""
+    train(tiny_run("max_steps=2", "checkpoint.every_steps=2"), tmp_path)
+    with pytest.raises(ConfigError, match=r"optimizer\.name: checkpoint 'adamw', now 'sgd'"):
+        train(tiny_run("max_steps=2", "resume=auto", "optimizer=sgd"), tmp_path)
+    report = train(
+        tiny_run("max_steps=4", "resume=auto", "resume_allow_changes=true", "optimizer=sgd"),
+        tmp_path,
+    )
+    assert report["status"] == "completed" and report["training"]["steps"] == 4
+    assert any("optimizer changed (adamw -> sgd)" in note for note in report["resumed"]["notes"])
