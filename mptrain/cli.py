@@ -20,12 +20,14 @@ import sys
 from collections.abc import Sequence
 from dataclasses import is_dataclass
 from pathlib import Path
+from typing import Any
 
 import hydra
 from omegaconf import DictConfig
 
 from mptrain.config import ConfigError
 from mptrain.registry import accepted_keys, register_configs, to_run_config
+from mptrain.rundir import check_creatable
 from mptrain.signals import Terminated, terminate_like_interrupt
 
 CONFIG_MODULE = "mptrain.conf"
@@ -83,22 +85,27 @@ def job_overrides(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
 
 
 def preflight(overrides: Sequence[str], multirun: bool) -> int:
-    """Compose and validate every job's config; raise ConfigError for the first bad one.
-
-    Returns the number of jobs. Hydra's own keys (``hydra.*``) are left to Hydra.
-    """
+    """Compose and validate every job's config, and check that the output directory can be
+    created; raise ConfigError for the first bad one. Returns the number of jobs."""
     from hydra import compose, initialize_config_module
+    from omegaconf import open_dict
 
     try:
         jobs = job_overrides(overrides, multirun)
     except Exception as exc:  # parse errors of the sweep syntax
         raise ConfigError(describe_compose_error(exc)) from exc
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-        for job in jobs:
+        for number, job in enumerate(jobs):
             try:
-                cfg = compose(config_name=CONFIG_NAME, overrides=job)
+                cfg = compose(config_name=CONFIG_NAME, overrides=job, return_hydra_config=True)
+                output = cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir
+                with open_dict(cfg):
+                    del cfg["hydra"]
             except Exception as exc:
                 raise ConfigError(describe_compose_error(exc)) from exc
+            if number == 0:  # Hydra creates it next, with a traceback if it cannot
+                key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+                check_creatable(Path(output), key)
             try:
                 to_run_config(cfg)
             except ConfigError:
@@ -210,6 +217,41 @@ def _refuse_hydra_options(overrides: list[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point (``mptrain``) and ``python -m mptrain``."""
+    sys.stdout = _ClosedPipeSafe(sys.stdout)
+    _main(argv)
+    sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe prints a traceback
+
+
+class _ClosedPipeSafe:
+    """stdout that ends the command quietly (exit 141, 128 + SIGPIPE, as a shell tool killed by
+    it) when its reader went away (``mptrain --help | head``). SystemExit passes through Hydra's
+    own handler, which would print the BrokenPipeError's traceback."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._give_up()
+        return 0
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._give_up()
+
+    def _give_up(self) -> None:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())  # nothing more to lose
+        raise SystemExit(141)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def _main(argv: Sequence[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     terminate_like_interrupt()  # SIGTERM during setup ends the run like Ctrl-C (report, 143)
     register_configs()

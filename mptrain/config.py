@@ -195,6 +195,10 @@ class TorchvisionDatasetConfig(DatasetConfig):
     download: bool = False
     augment: bool = True
 
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        _check_path("dataset.root", self.root)
+
 
 @dataclass
 class ImageFolderConfig(DatasetConfig):
@@ -205,9 +209,12 @@ class ImageFolderConfig(DatasetConfig):
     image_size: int = 224
     resize_size: int = 256
     augment: bool = True
+    skip_bad_files: bool = False  # true: skip images that do not decode (counted in the report)
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
+        if self.root is not MISSING:
+            _check_path("dataset.root", self.root)
         _at_least("dataset.image_size", self.image_size, 1)
         _at_least("dataset.resize_size", self.resize_size, self.image_size)
 
@@ -226,7 +233,10 @@ class OptimizerConfig:
         """Range rules of this option's keys; ConfigError naming the first violation."""
         _positive("optimizer.lr", self.lr)
         _require(
-            self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, "must be >= 0"
+            0 <= self.weight_decay < math.inf,
+            "optimizer.weight_decay",
+            self.weight_decay,
+            "must be >= 0 and finite",
         )
 
 
@@ -242,7 +252,12 @@ class SGDConfig(OptimizerConfig):
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
         super().validate()
-        _require(self.momentum >= 0, "optimizer.momentum", self.momentum, "must be >= 0")
+        _require(
+            0 <= self.momentum < math.inf,
+            "optimizer.momentum",
+            self.momentum,
+            "must be >= 0 and finite",
+        )
         _require(
             not self.nesterov or self.momentum > 0,
             "optimizer.nesterov",
@@ -420,6 +435,21 @@ class RunConfig:
 
 
 # ------------------------------------------------------------------------------------- validation
+FP32_MAX = 3.4028234663852886e38  # the loss scale is an FP32 tensor
+NAME_MAX, PATH_MAX = 255, 4096  # Linux limits on one path component and on a whole path (bytes)
+
+
+def _check_path(key: str, path: str) -> None:
+    """A path the file system could hold: no name over NAME_MAX bytes, at most PATH_MAX bytes."""
+    longest = max((len(part.encode()) for part in path.split("/")), default=0)
+    _require(
+        longest <= NAME_MAX and len(path.encode()) <= PATH_MAX,
+        key,
+        path if len(path) <= 80 else f"{path[:40]}...({len(path)} characters)",
+        f"longer than the file system allows ({NAME_MAX} bytes per name, {PATH_MAX} per path)",
+    )
+
+
 def _check_dropout(dropout: float) -> None:
     _require(0 <= dropout < 1, "model.dropout", dropout, "must be in [0, 1)")
 
@@ -449,8 +479,18 @@ def _at_least(key: str, value: int | None, minimum: int, *, allow_none: bool = F
 def validate_precision(p: PrecisionConfig) -> None:
     """The scaler's numbers (the name is checked against the precision table at the CLI edge)."""
     s = p.scaler
-    _positive("precision.scaler.init_scale", s.init_scale)
-    _require(s.growth_factor > 1, "precision.scaler.growth_factor", s.growth_factor, "must be > 1")
+    _require(
+        0 < s.init_scale <= FP32_MAX,
+        "precision.scaler.init_scale",
+        s.init_scale,
+        f"must be > 0 and at most FP32's largest value {FP32_MAX:.4g}",
+    )
+    _require(
+        1 < s.growth_factor < math.inf,
+        "precision.scaler.growth_factor",
+        s.growth_factor,
+        "must be > 1 and finite",
+    )
     _require(
         0 < s.backoff_factor < 1,
         "precision.scaler.backoff_factor",
@@ -498,6 +538,14 @@ def validate(run: RunConfig) -> None:
     )
     _at_least("epochs", run.epochs, 1, allow_none=True)
     _at_least("max_steps", run.max_steps, 1, allow_none=True)
+    _require(
+        -(2**63) <= run.seed < 2**64,
+        "seed",
+        run.seed,
+        "must fit in 64 bits (torch.manual_seed's range: -2**63 .. 2**64 - 1)",
+    )
+    if run.resume not in (None, "auto"):
+        _check_path("resume", run.resume)
     _at_least("batch_size", run.batch_size, 1)
     _at_least("eval_batch_size", run.eval_batch_size, 1)
     _at_least("grad_accum_steps", run.grad_accum_steps, 1)
@@ -518,9 +566,15 @@ def validate(run: RunConfig) -> None:
     _at_least("num_workers", run.num_workers, 0)
     _validate_numerics(run.numerics)
     _at_least("probe_batches", run.probe_batches, 1)
+    _validate_mechanics(run)
+
+
+def _validate_mechanics(run: RunConfig) -> None:
+    """Checkpoints, bench, distributed and debug: how the run is carried out."""
     _at_least("checkpoint.every_steps", run.checkpoint.every_steps, 1, allow_none=True)
     _at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)
     _at_least("bench.warmup_steps", run.bench.warmup_steps, 1)
+    _at_least("bench.steps", run.bench.steps, 1)
     _require(
         run.distributed.strategy in ("ddp", "fsdp"),
         "distributed.strategy",
@@ -533,7 +587,6 @@ def validate(run: RunConfig) -> None:
         run.distributed.reduce_dtype,
         "float32 (default), bfloat16 or float16",
     )
-    _at_least("bench.steps", run.bench.steps, 1)
     _require(
         all(s >= 1 for s in run.debug.inject_inf_grad_steps),
         "debug.inject_inf_grad_steps",

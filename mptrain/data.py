@@ -288,6 +288,7 @@ class LoaderBatches:
         self.seed = seed
         self.num_batches = batch_count(len(dataset), batch_size, rank, world, drop_last)  # type: ignore[arg-type]
         self.feed = f"DataLoader ({num_workers} workers)"
+        self.bad_files = 0  # samples skipped because their file did not decode (skip_bad_files)
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -295,8 +296,10 @@ class LoaderBatches:
 
     def batches(self, epoch: int) -> Iterator[Batch]:
         """This rank's batches of ``epoch``, decoded by a fresh DataLoader's workers."""
-        if isinstance(self.dataset, SeededTransforms):
-            self.dataset.epoch = epoch  # before the loader pickles the dataset into its workers
+        seeded = getattr(self.dataset, "dataset", self.dataset)  # inside SkipBadFiles
+        if isinstance(seeded, SeededTransforms):
+            seeded.epoch = epoch  # before the loader pickles the dataset into its workers
+        skipping = isinstance(self.dataset, SkipBadFiles)
         indices = epoch_indices(
             len(self.dataset), self.shuffle, self.seed, epoch, self.rank, self.world, self.drop_last
         )
@@ -308,8 +311,16 @@ class LoaderBatches:
             num_workers=self.num_workers,
             pin_memory=self.device.type == "cuda",
             persistent_workers=False,
+            collate_fn=collate_skipping_bad if skipping else None,
         )
-        for images, labels in loader:
+        for batch in loader:
+            if skipping:
+                images, labels, bad = batch
+                self.bad_files += bad
+                if images is None:
+                    continue  # every file of this batch was bad
+            else:
+                images, labels = batch
             yield (
                 images.to(self.device, non_blocking=True),
                 labels.to(self.device, non_blocking=True),
@@ -460,10 +471,17 @@ def load_cifar_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
             path = base / name
             if not path.is_file():
                 raise _missing(cfg, path)
-            with path.open("rb") as f:
-                entry = pickle.load(f, encoding="bytes")
-            images.append(np.asarray(entry[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
-            labels.extend(entry[label_key])
+            try:
+                with path.open("rb") as f:
+                    entry = pickle.load(f, encoding="bytes")
+                images.append(np.asarray(entry[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
+                labels.extend(entry[label_key])
+            except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError) as exc:
+                raise ConfigError(
+                    f"dataset.root={cfg.root!r}: {path} is not a readable {cfg.name} batch file "
+                    f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'truncated'}); "
+                    "copy it again, or re-download with dataset.download=true"
+                ) from exc
         return torch.from_numpy(np.concatenate(images)), torch.tensor(labels, dtype=torch.long)
 
     train_images, train_labels = read(train_files)
@@ -565,8 +583,10 @@ def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
             )
     train_transform, val_transform = _imagefolder_transforms(cfg)
     try:
-        train_folder = datasets.ImageFolder(str(root / cfg.train_dir))
-        val_set = datasets.ImageFolder(str(root / cfg.val_dir), transform=val_transform)
+        train_folder = datasets.ImageFolder(str(root / cfg.train_dir), loader=load_image)
+        val_set = datasets.ImageFolder(
+            str(root / cfg.val_dir), transform=val_transform, loader=load_image
+        )
     except FileNotFoundError as exc:  # a split without class folders or without images
         raise ConfigError(f"dataset.root={cfg.root!r}: {exc}") from exc
     if train_folder.classes != val_set.classes:
@@ -574,6 +594,59 @@ def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
             f"dataset.root={cfg.root!r}: {cfg.train_dir}/ and {cfg.val_dir}/ hold different classes"
         )
     return FolderDataset(train_folder, val_set, train_transform)
+
+
+class BadDataFile(RuntimeError):
+    """A data file that does not decode; the message is one line naming it.
+
+    Raised in a DataLoader worker, it reaches the main process re-created with the worker's
+    traceback in its message; ``str()`` still gives the one line."""
+
+    def __str__(self) -> str:
+        last = str(self.args[0]).rstrip().splitlines()[-1] if self.args else ""
+        return last.split(f"{type(self).__name__}: ", 1)[-1]
+
+
+def load_image(path: str) -> Any:
+    """An RGB PIL image, or BadDataFile naming ``path`` and what is wrong with it (truncated, not
+    an image, unreadable)."""
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f:
+            image = Image.open(f)
+            return image.convert("RGB")  # decodes now: a truncated file fails here
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise BadDataFile(f"{path}: {str(exc).splitlines()[0] or type(exc).__name__}") from exc
+
+
+class SkipBadFiles(torch.utils.data.Dataset):
+    """``dataset.skip_bad_files=true``: a sample whose file does not decode becomes None, which
+    :func:`collate_skipping_bad` drops and counts."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.dataset[index]
+        except BadDataFile:
+            return None
+
+    def __getattr__(self, name: str) -> Any:  # epoch, classes, ... of the wrapped dataset
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+def collate_skipping_bad(samples: list[Any]) -> tuple[Any, ...]:
+    """The default collation of the samples that decoded, and how many did not."""
+    good = [s for s in samples if s is not None]
+    images, labels = torch.utils.data.default_collate(good) if good else (None, None)
+    return images, labels, len(samples) - len(good)
 
 
 # ------------------------------------------------------------------------------------ entry point
@@ -652,12 +725,15 @@ def _folder_bundle(
 ) -> DataBundle:
     """DataLoader feeds of an image folder; training samples transformed with per-sample seeds."""
     train_set = SeededTransforms(folders.train, folders.train_transform, layout.seed)
+    val_set = folders.val
+    if cfg.skip_bad_files:
+        train_set, val_set = SkipBadFiles(train_set), SkipBadFiles(val_set)
     _check_batch_size(layout.batch_size, len(train_set), "training images")
     num_classes = len(folders.train.classes)
     return _bundle(
         LoaderBatches,
         (train_set,),
-        (folders.val,),
+        (val_set,),
         layout,
         (num_classes, 3, cfg.image_size),
         f"imagefolder {Path(cfg.root)}: {len(train_set)} train / {len(folders.val)} val, "

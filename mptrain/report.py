@@ -74,6 +74,7 @@ class DataSection:
     batch_size: int
     grad_accum_steps: int
     effective_batch_size: int
+    skipped_bad_files: int | None = None  # dataset.skip_bad_files=true: files that did not decode
 
 
 @dataclass

@@ -37,6 +37,7 @@ from mptrain.checkpoint import (
 )
 from mptrain.components import Run
 from mptrain.config import ConfigError, RunConfig
+from mptrain.data import DataBundle
 from mptrain.diagnose import write_diagnostics
 from mptrain.distributed import DistContext, init_distributed, shutdown
 from mptrain.dtypes import dtype_name
@@ -190,12 +191,9 @@ class _Job:
         cfg, run, dist = self.cfg, self.run, self.dist
         found = resolve_resume(cfg.resume, self.output_dir)
         if found is None:
-            self.console.print("resume=auto: no checkpoint in this run directory; starting fresh")
-            return {
-                "requested": cfg.resume,
-                "from": None,
-                "note": "no checkpoint found; started fresh",
-            }
+            note = f"{no_checkpoint_hint(self.output_dir)}; started fresh"
+            self.console.print(f"resume=auto: {note}")
+            return {"requested": cfg.resume, "from": None, "note": note}
         path, payload, notes = found
         allowed = check_compatible(
             payload, run_signature(cfg, self.policy), path, cfg.resume_allow_changes
@@ -251,6 +249,12 @@ class _Job:
             if metrics:
                 metrics.close()
 
+    def _kept(self) -> str:
+        """What a run that could not write its report still leaves behind."""
+        c = self.checkpointer
+        checkpoint = f"checkpoint {c.saved[-1]} (intact)" if c and c.saved else "no checkpoint"
+        return f"{checkpoint}, {METRICS_JSONL}"
+
     def _conclude(self) -> RunReport:
         """Report the run's outcome; raise for anything but a completed run."""
         state, diverged = self.run.state, self.run.monitor.diverged_reason
@@ -272,7 +276,11 @@ class _Job:
         report = assemble_report(self, status, reason)
         if not self.dist.is_main:
             return report  # only rank 0 writes
-        json_path, _ = write_report(self.output_dir, report)  # first: the report must exist
+        try:
+            json_path, _ = write_report(self.output_dir, report)  # first: the report must exist
+        except OSError as exc:  # e.g. a full disk: say what survived, in one line
+            reason = f"report.json not written ({exc.strerror or exc}); kept: {self._kept()}"
+            raise RunFailed("failed", reason, report) from exc
         metrics_path = self.output_dir / METRICS_JSONL
         if metrics_path.is_file():
             title = f"{report.precision.label or self.cfg.precision.name} {self.cfg.model.name}"
@@ -284,6 +292,22 @@ class _Job:
                 self.console.print(f"[yellow]warning:[/yellow] curves.png not written: {exc}")
         print_summary(self.console, report, json_path)
         return report
+
+
+def no_checkpoint_hint(output_dir: Path) -> str:
+    """Why resume=auto found nothing, and the run it may have meant: resume=auto continues the run
+    of the directory it is given, and without hydra.run.dir each command gets a new one."""
+    found = sorted(
+        (p.parent.parent for p in output_dir.parent.parent.glob("*/*/checkpoints/latest.json")),
+        key=lambda run_dir: (run_dir / CHECKPOINT_DIR / "latest.json").stat().st_mtime,
+    )
+    message = f"no checkpoint in {output_dir}"
+    if found:
+        message += (
+            f" (a new run directory); the most recent resumable run is {found[-1]}: "
+            f"mptrain resume=auto hydra.run.dir={found[-1]}"
+        )
+    return message
 
 
 def _now() -> str:
@@ -360,7 +384,14 @@ def _data_section(cfg: RunConfig, run: Run | None, dist: DistContext) -> DataSec
         batch_size=cfg.batch_size,
         grad_accum_steps=cfg.grad_accum_steps,
         effective_batch_size=cfg.batch_size * cfg.grad_accum_steps * dist.world_size,
+        skipped_bad_files=_bad_files(cfg, data),
     )
+
+
+def _bad_files(cfg: RunConfig, data: DataBundle | None) -> int | None:
+    if data is None or not getattr(cfg.dataset, "skip_bad_files", False):
+        return None
+    return data.train.bad_files + data.val.bad_files
 
 
 def _training_section(cfg: RunConfig, run: Run | None, state: LoopState) -> TrainingSection:

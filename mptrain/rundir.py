@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import socket
+import tempfile
 from pathlib import Path
 from types import TracebackType
 
@@ -94,6 +95,43 @@ class RunDirLock:
         if self._held:
             self.path.unlink(missing_ok=True)
             self._held = False
+
+
+NAME_MAX, PATH_MAX = 255, 4096  # Linux limits on one path component and a whole path (bytes)
+
+
+def check_creatable(path: Path, key: str) -> None:
+    """Refuse, before anything runs, a directory that cannot be created or written: an existing
+    file, a component or path longer than the file system allows, a read-only or virtual file
+    system (/proc). Creates nothing (a probe directory is made and removed in the nearest
+    existing ancestor)."""
+    too_long = next((p for p in path.parts if len(os.fsencode(p)) > NAME_MAX), None)
+    if too_long is not None or len(os.fsencode(str(path.absolute()))) > PATH_MAX:
+        what = f"a name of {len(os.fsencode(too_long))} bytes" if too_long else "the path"
+        raise ConfigError(
+            f"{key}={_short(path)}: {what} is longer than the file system allows "
+            f"({NAME_MAX} bytes per name, {PATH_MAX} per path)"
+        )
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"{key}={_short(path)}: exists and is not a directory")
+        ancestor = path
+    else:
+        ancestor = next(p for p in path.absolute().parents if p.exists())
+        if not ancestor.is_dir():
+            raise ConfigError(f"{key}={_short(path)}: {ancestor} is not a directory")
+    try:
+        probe = tempfile.mkdtemp(prefix=".mptrain-probe-", dir=ancestor)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"{key}={_short(path)}: cannot create directories in {ancestor} ({exc.strerror})"
+        ) from exc
+
+
+def _short(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]} ({len(text)} characters)"
 
 
 def check_no_other_run(output_dir: Path, resume: str | None, overwrite: bool) -> str | None:

@@ -278,3 +278,163 @@ def test_a_changed_optimizer_is_refused_then_starts_fresh_when_allowed(tmp_path)
     )
     assert report["status"] == "completed" and report["training"]["steps"] == 4
     assert any("optimizer changed (adamw -> sgd)" in note for note in report["resumed"]["notes"])
+
+
+# ------------------------------------------------------------ one line, exit 2, never a traceback
+def one_line_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, describe(result)
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mptrain: error: "), describe(result)
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    ("make_dir", "expected"),
+    [
+        (
+            lambda tmp: (tmp / "a_file").write_text("x") and tmp / "a_file",
+            "exists and is not a directory",
+        ),
+        (lambda tmp: Path("/proc/mptrain_run"), "cannot create directories in /proc"),
+        (lambda tmp: tmp / ("n" * 300), "longer than the file system allows"),
+    ],
+    ids=["existing-file", "proc", "name-too-long"],
+)
+def test_an_unusable_run_directory_is_one_line(tmp_path, make_dir, expected):
+    run_dir = make_dir(tmp_path)
+    result = run_mptrain(tmp_path, "max_steps=1", "epochs=null", *QUIET, f"hydra.run.dir={run_dir}")
+    assert expected in one_line_error(result)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("seed=99999999999999999999", "seed=99999999999999999999: must fit in 64 bits"),
+        ("precision.scaler.init_scale=1e39", "at most FP32's largest value"),
+        ("optimizer.weight_decay=inf", "optimizer.weight_decay=inf: must be >= 0 and finite"),
+        ("dataset.root=" + "r" * 5000, "dataset.root='rrrr"),
+    ],
+    ids=["seed", "init-scale", "weight-decay", "long-root"],
+)
+def test_values_that_used_to_fail_mid_run_are_refused_up_front(tmp_path, override, expected):
+    extra = ("dataset=cifar10",) if override.startswith("dataset.root") else ()
+    result = run_mptrain(tmp_path, "max_steps=1", "epochs=null", *QUIET, *extra, override)
+    assert expected in one_line_error(result)
+    assert not list(tmp_path.glob("outputs/*/*/report.json")), "something trained"
+
+
+def test_help_into_a_closed_pipe_ends_quietly(tmp_path):
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    result = subprocess.run(
+        [sys.executable, "-m", "mptrain", "--help"],
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(write_end)
+    assert result.returncode == 141 and result.stderr == ""
+
+
+def test_resume_auto_in_a_new_directory_names_the_run_it_may_mean(tmp_path, capsys):
+    outputs = tmp_path / "outputs"
+    earlier = outputs / "2026-11-30" / "10-00-00_fp32_mlp_digits"
+    train(tiny_run("max_steps=2"), earlier)
+    capsys.readouterr()
+    report = train(tiny_run("max_steps=2", "resume=auto"), outputs / "2026-11-30" / "11-00-00_new")
+    assert report["resumed"]["from"] is None
+    note = report["resumed"]["note"]
+    assert note.startswith(f"no checkpoint in {outputs / '2026-11-30' / '11-00-00_new'}")
+    assert f"the most recent resumable run is {earlier}: mptrain resume=auto hydra.run.dir=" in note
+
+
+def test_a_full_disk_while_writing_the_report_says_what_was_kept(tmp_path, monkeypatch):
+    import errno
+
+    from mptrain import report as report_module
+
+    real_write = report_module.atomic_write_text
+
+    def full_disk(path, text):
+        if path.name == "report.json":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_write(path, text)
+
+    monkeypatch.setattr(report_module, "atomic_write_text", full_disk)
+    with pytest.raises(run_module.RunFailed) as err:
+        train(tiny_run("max_steps=2"), tmp_path)
+    reason = err.value.reason
+    assert "\n" not in reason and reason.startswith("report.json not written (No space left")
+    assert "checkpoints/step_00000002.pt (intact)" in reason
+
+
+# ---------------------------------------------------------------------------- bad data files
+def image_folders(root: Path, bad: dict[str, bytes]) -> None:
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for cls in ("cat", "dog"):
+            folder = root / split / cls
+            folder.mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (12, 12), (40 * i, 80, 120)).save(folder / f"{i}.png")
+    for name, content in bad.items():
+        (root / name).write_bytes(content)
+
+
+def test_a_text_file_named_jpg_stops_the_run_in_one_line_naming_it(tmp_path):
+    data = tmp_path / "data"
+    image_folders(data, {"train/cat/notes.jpg": b"not an image, just text\n"})
+    overrides = (
+        "dataset=imagefolder",
+        f"dataset.root={data}",
+        "dataset.image_size=8",
+        "dataset.resize_size=8",
+        "batch_size=9",
+        "max_steps=2",
+        "num_workers=1",
+    )
+    with pytest.raises(run_module.RunFailed) as err:
+        train(tiny_run(*overrides), tmp_path / "run")
+    reason = err.value.reason
+    assert "\n" not in reason and "notes.jpg" in reason and "cannot identify image file" in reason
+    on_disk = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert "Traceback" not in on_disk["reason"]
+
+
+def test_skip_bad_files_skips_and_counts_them(tmp_path):
+    data = tmp_path / "data"
+    png = data / "x.png"
+    image_folders(data, {"train/cat/notes.jpg": b"text", "val/dog/empty.png": b""})
+    overrides = (
+        "dataset=imagefolder",
+        f"dataset.root={data}",
+        "dataset.image_size=8",
+        "dataset.resize_size=8",
+        "batch_size=3",
+        "max_steps=3",
+        "num_workers=0",
+        "dataset.skip_bad_files=true",
+    )
+    report = train(tiny_run(*overrides), tmp_path / "run")
+    assert report["status"] == "completed"
+    assert report["data"]["skipped_bad_files"] >= 2  # the train file when drawn, the val file
+    assert not png.exists()
+
+
+def test_a_corrupt_cifar_batch_file_is_named(tmp_path):
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(b"\x80\x04garbage")
+    result = run_mptrain(
+        tmp_path,
+        "dataset=cifar10",
+        f"dataset.root={tmp_path}",
+        "max_steps=1",
+        "epochs=null",
+        *QUIET,
+    )
+    message = one_line_error(result)
+    assert "data_batch_1 is not a readable cifar10 batch file" in message
