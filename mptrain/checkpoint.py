@@ -53,6 +53,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be written or read; the message names the file."""
 
 
+class CheckpointRefused(CheckpointError):
+    """A file that loads but must not be used: unsafe to unpickle, or another format version.
+    Not corrupt, so never quarantined or silently skipped."""
+
+
 # ------------------------------------------------------------------------------------ writing
 def atomic_torch_save(obj: Any, path: Path) -> None:
     """``torch.save`` so that ``path`` is either absent/old or complete, never partial."""
@@ -193,7 +198,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except pickle.UnpicklingError as exc:
         if "Unsupported global" not in str(exc):  # torch's words for a refused object
             raise _unreadable(path, exc) from exc
-        raise CheckpointError(
+        raise CheckpointRefused(
             f"checkpoint {path}: refused: it holds objects other than tensors and plain Python "
             "types, which could run code when loaded (mptrain checkpoints never do: written by "
             "something else, or by an mptrain older than checkpoint format 2)"
@@ -201,7 +206,7 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except Exception as exc:
         raise _unreadable(path, exc) from exc
     if not isinstance(payload, dict) or payload.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {path}: not an mptrain checkpoint of this version")
+        raise CheckpointRefused(f"checkpoint {path}: not an mptrain checkpoint of this version")
     return payload
 
 
@@ -251,6 +256,8 @@ def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any],
         for path in candidates(directory):
             try:
                 return path, load_checkpoint(path), notes
+            except CheckpointRefused as exc:  # not corrupt: starting over would lose the run
+                raise ConfigError(f"resume=auto: {exc}") from exc
             except CheckpointError as exc:
                 notes.append(f"skipped {exc}; {quarantine(path)}")
         return None
@@ -302,7 +309,10 @@ def restore(payload: dict[str, Any], run: Run, path: Path) -> list[str]:
     saved_optimizer = payload["config"]["optimizer"]["name"]
     if saved_optimizer == run.cfg.optimizer.name:
         configured = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-        load_optimizer_state(model, optimizer, payload["optimizer"], run.dist)
+        try:
+            load_optimizer_state(model, optimizer, payload["optimizer"], run.dist)
+        except ValueError as exc:  # e.g. weight decay 0 <-> > 0 changed the parameter groups
+            notes.append(f"optimizer state not resumed ({exc}): it starts fresh")
         for group, settings in zip(optimizer.param_groups, configured, strict=True):
             group.update(settings)  # this run's hyperparameters and implementation (fused...)
     else:

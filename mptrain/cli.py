@@ -27,7 +27,7 @@ from omegaconf import DictConfig
 
 from mptrain.config import ConfigError
 from mptrain.registry import accepted_keys, register_configs, to_run_config
-from mptrain.rundir import check_creatable
+from mptrain.rundir import check_creatable, check_run_dir_free
 from mptrain.signals import Terminated, terminate_like_interrupt
 
 CONFIG_MODULE = "mptrain.conf"
@@ -107,11 +107,14 @@ def preflight(overrides: Sequence[str], multirun: bool) -> int:
                 key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
                 check_creatable(Path(output), key)
             try:
-                to_run_config(cfg)
+                run = to_run_config(cfg)
             except ConfigError:
                 raise
             except Exception as exc:
                 raise ConfigError(describe_compose_error(exc)) from exc
+            if number == 0 and not multirun and int(os.environ.get("RANK", "0")) == 0:
+                # Before Hydra rewrites the directory's .hydra/ record of another run.
+                check_run_dir_free(Path(output), run.resume, run.overwrite)
     return len(jobs)
 
 
@@ -218,14 +221,21 @@ def _refuse_hydra_options(overrides: list[str]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     """Console-script entry point (``mptrain``) and ``python -m mptrain``."""
     sys.stdout = _ClosedPipeSafe(sys.stdout)
-    _main(argv)
+    try:
+        _main(argv)
+    except (
+        KeyboardInterrupt
+    ) as exc:  # Ctrl-C, or SIGTERM (Terminated), outside a run's own handling
+        print("mptrain: interrupted", file=sys.stderr)
+        raise SystemExit(exc.exit_code if isinstance(exc, Terminated) else 130) from None
     sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe prints a traceback
 
 
 class _ClosedPipeSafe:
-    """stdout that ends the command quietly (exit 141, 128 + SIGPIPE, as a shell tool killed by
-    it) when its reader went away (``mptrain --help | head``). SystemExit passes through Hydra's
-    own handler, which would print the BrokenPipeError's traceback."""
+    """stdout that goes quiet when its reader went away (``mptrain --help | head``, a ``| tee``
+    that died): the rest of the output goes to /dev/null and the command carries on, so a run
+    still finishes, checkpoints and writes its report (a BrokenPipeError would end it, or print a
+    traceback from Hydra's handler)."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
@@ -235,7 +245,7 @@ class _ClosedPipeSafe:
             return self._stream.write(text)
         except BrokenPipeError:
             self._give_up()
-        return 0
+        return len(text)
 
     def flush(self) -> None:
         try:
@@ -244,8 +254,8 @@ class _ClosedPipeSafe:
             self._give_up()
 
     def _give_up(self) -> None:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())  # nothing more to lose
-        raise SystemExit(141)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        self._stream = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
@@ -272,11 +282,7 @@ def _main(argv: Sequence[str] | None) -> None:
         except ConfigError as exc:
             _fail(str(exc))
     sys.argv = [sys.argv[0], *argv]
-    try:
-        hydra_app()
-    except KeyboardInterrupt as exc:
-        print("mptrain: interrupted", file=sys.stderr)
-        raise SystemExit(exc.exit_code if isinstance(exc, Terminated) else 130) from None
+    hydra_app()
     if _failed_jobs:
         print(f"mptrain: {len(_failed_jobs)} job(s) did not complete:", file=sys.stderr)
         for line in _failed_jobs:

@@ -288,7 +288,9 @@ class LoaderBatches:
         self.seed = seed
         self.num_batches = batch_count(len(dataset), batch_size, rank, world, drop_last)  # type: ignore[arg-type]
         self.feed = f"DataLoader ({num_workers} workers)"
-        self.bad_files = 0  # samples skipped because their file did not decode (skip_bad_files)
+        # skip_bad_files: samples dropped because their file did not decode, counted each time
+        # one is read (every epoch and evaluation that reads it).
+        self.bad_files = 0
 
     def __len__(self) -> int:
         """Batches per epoch."""
@@ -296,10 +298,10 @@ class LoaderBatches:
 
     def batches(self, epoch: int) -> Iterator[Batch]:
         """This rank's batches of ``epoch``, decoded by a fresh DataLoader's workers."""
-        seeded = getattr(self.dataset, "dataset", self.dataset)  # inside SkipBadFiles
+        skipping = isinstance(self.dataset, SkipBadFiles)
+        seeded = self.dataset.dataset if skipping else self.dataset
         if isinstance(seeded, SeededTransforms):
             seeded.epoch = epoch  # before the loader pickles the dataset into its workers
-        skipping = isinstance(self.dataset, SkipBadFiles)
         indices = epoch_indices(
             len(self.dataset), self.shuffle, self.seed, epoch, self.rank, self.world, self.drop_last
         )
@@ -317,8 +319,8 @@ class LoaderBatches:
             if skipping:
                 images, labels, bad = batch
                 self.bad_files += bad
-                if images is None:
-                    continue  # every file of this batch was bad
+                if images is None:  # skipping the batch would shorten the epoch: stop instead
+                    raise BadDataFile(f"every file of a batch of {bad} failed to decode")
             else:
                 images, labels = batch
             yield (
@@ -617,7 +619,8 @@ def load_image(path: str) -> Any:
             image = Image.open(f)
             return image.convert("RGB")  # decodes now: a truncated file fails here
     except (OSError, ValueError, SyntaxError) as exc:
-        raise BadDataFile(f"{path}: {str(exc).splitlines()[0] or type(exc).__name__}") from exc
+        what = (str(exc).splitlines() or [""])[0] or type(exc).__name__
+        raise BadDataFile(f"{path}: {what}") from exc
 
 
 class SkipBadFiles(torch.utils.data.Dataset):

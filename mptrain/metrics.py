@@ -48,11 +48,16 @@ class MetricsLog:
 def truncate_after(path: Path, step: int) -> int:
     """Drop every row from the first one past ``step`` on (a resumed run logs those steps again);
     rows are chronological, so warnings logged after that point go too. Atomic. Returns the number
-    of rows dropped."""
+    of rows dropped. A partly written row (a kill, a full disk) counts as past ``step``."""
     if not path.is_file():
         return 0
-    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    rows = [json.loads(line) for line in lines if line.strip()]
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:  # a row cut short by a kill or a full disk: never complete, dropped
+            rows.append({"step": step + 1})
+    rows = [row for row in rows if row]
     keep = next((i for i, row in enumerate(rows) if row.get("step", 0) > step), len(rows))
     if keep < len(rows):
         atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows[:keep]))

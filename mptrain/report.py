@@ -74,7 +74,9 @@ class DataSection:
     batch_size: int
     grad_accum_steps: int
     effective_batch_size: int
-    skipped_bad_files: int | None = None  # dataset.skip_bad_files=true: files that did not decode
+    # dataset.skip_bad_files=true: samples dropped because their file did not decode, counted each
+    # time one was read (every epoch and evaluation)
+    skipped_bad_files: int | None = None
 
 
 @dataclass

@@ -192,6 +192,8 @@ class _Job:
         found = resolve_resume(cfg.resume, self.output_dir)
         if found is None:
             note = f"{no_checkpoint_hint(self.output_dir)}; started fresh"
+            if self.dist.is_main:  # a fresh start logs from step 1 again
+                truncate_after(self.output_dir / METRICS_JSONL, 0)
             self.console.print(f"resume=auto: {note}")
             return {"requested": cfg.resume, "from": None, "note": note}
         path, payload, notes = found
@@ -279,8 +281,12 @@ class _Job:
         try:
             json_path, _ = write_report(self.output_dir, report)  # first: the report must exist
         except OSError as exc:  # e.g. a full disk: say what survived, in one line
-            reason = f"report.json not written ({exc.strerror or exc}); kept: {self._kept()}"
-            raise RunFailed("failed", reason, report) from exc
+            lost = f"report.json not written ({exc.strerror or exc}); kept: {self._kept()}"
+            if status == "completed":
+                raise RunFailed("failed", lost, report) from exc
+            # Another outcome is under way (its exception propagates): only say what was lost.
+            self.console.print(f"[yellow]warning:[/yellow] {lost}")
+            return report
         metrics_path = self.output_dir / METRICS_JSONL
         if metrics_path.is_file():
             title = f"{report.precision.label or self.cfg.precision.name} {self.cfg.model.name}"
