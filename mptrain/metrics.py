@@ -51,17 +51,18 @@ def truncate_after(path: Path, step: int) -> int:
     of rows dropped. A partly written row (a kill, a full disk) counts as past ``step``."""
     if not path.is_file():
         return 0
-    rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:  # a row cut short by a kill or a full disk: never complete, dropped
-            rows.append({"step": step + 1})
-    rows = [row for row in rows if row]
-    keep = next((i for i, row in enumerate(rows) if row.get("step", 0) > step), len(rows))
-    if keep < len(rows):
-        atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows[:keep]))
-    return len(rows) - keep
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    keep = next((i for i, line in enumerate(lines) if _past(line, step)), len(lines))
+    if keep < len(lines):
+        atomic_write_text(path, "".join(line + "\n" for line in lines[:keep]))
+    return len(lines) - keep
+
+
+def _past(line: str, step: int) -> bool:
+    try:
+        return json.loads(line).get("step", 0) > step
+    except ValueError:  # a row cut short by a kill or a full disk: never complete, dropped
+        return True
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

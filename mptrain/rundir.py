@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import errno
 import fcntl
 import json
 import os
@@ -22,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 
 from mptrain.checkpoint import CHECKPOINT_DIR, LATEST, candidates
-from mptrain.config import ConfigError
+from mptrain.config import NAME_MAX, PATH_MAX, ConfigError
 from mptrain.report import METRICS_JSONL
 
 LOCK_NAME = ".mptrain.lock"
@@ -111,9 +110,6 @@ def check_run_dir_free(output_dir: Path, resume: str | None, overwrite: bool) ->
     check_no_other_run(output_dir, resume, overwrite, dry_run=True)
 
 
-NAME_MAX, PATH_MAX = 255, 4096  # Linux limits on one path component and a whole path (bytes)
-
-
 def check_creatable(path: Path, key: str) -> None:
     """Refuse, before anything runs, a directory that cannot be created or written: an existing
     file, a component or path longer than the file system allows, a read-only or virtual file
@@ -172,9 +168,5 @@ def check_no_other_run(
     if dry_run:
         return None
     for path in [*found, directory / LATEST, directory / "best.pt", output_dir / METRICS_JSONL]:
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as exc:
-            if exc.errno != errno.ENOENT:
-                raise
+        path.unlink(missing_ok=True)
     return f"overwrite=true: deleted {len(found)} checkpoint(s) of the previous run in {directory}"

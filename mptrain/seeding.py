@@ -42,7 +42,7 @@ def restore_rng_states(states: dict[str, Any]) -> None:
     """Put back what :func:`rng_states` returned."""
     random.setstate(tuple(states["python"]))
     name, keys, position, has_gauss, cached_gaussian = states["numpy"]
-    keys = np.asarray(keys.numpy() if torch.is_tensor(keys) else keys, dtype=np.uint32)
+    keys = keys.numpy().astype(np.uint32)  # stored as int64 (see rng_states)
     np.random.set_state((name, keys, position, has_gauss, cached_gaussian))
     torch.set_rng_state(states["torch"])
     if states.get("cuda") is not None and torch.cuda.is_available():
