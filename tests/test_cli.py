@@ -184,3 +184,21 @@ def test_sweep_writes_one_report_per_job_with_its_precision(sweep):
     ]
     assert [p["effective"] for p in precisions] == ["fp32", "bf16"]
     assert [p["requested"] for p in precisions] == ["fp32", "bf16"]
+
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# `python -m mptrain` from a checkout's root after a non-editable `pip install .`: the source tree's
+# mptrain/ comes first on sys.path and shadows the installed package (the editable finder here is
+# removed to be in that situation).
+_FROM_SOURCE_TREE = (
+    "import runpy, sys; "
+    "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in repr(f).lower()]; "
+    "sys.argv[0] = 'mptrain'; runpy.run_module('mptrain', run_name='__main__')"
+)
+
+
+def test_python_m_mptrain_works_from_the_repository_root():
+    result = run_command(REPO_ROOT, sys.executable, "-c", _FROM_SOURCE_TREE, "--cfg", "job")
+    assert result.returncode == 0, describe(result)
+    assert "model:" in result.stdout and "recipe:" in result.stdout
