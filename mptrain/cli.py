@@ -1,13 +1,16 @@
-"""The command line: the only place that knows about Hydra.
+"""The command line: Hydra's app and the subcommands.
 
 ``mptrain [overrides]`` and ``python -m mptrain [overrides]`` run :func:`main`, which
 
-1. composes the config for every job the command line describes (one, or each job of a ``-m``
-   sweep) and validates it, so bad input stops before anything trains with one line naming the
-   key and what is accepted (exit code 2);
+1. checks every job the command line describes, composed the way Hydra will compose it
+   (:mod:`mptrain.preflight`: the user's config directory and search path, each sweeper's jobs),
+   so bad input stops before anything trains with one line naming the key and what is accepted
+   (exit code 2), and pins the output directory it checked;
 2. hands over to the Hydra app, whose task converts the composed config into a typed
-   :class:`~mptrain.config.RunConfig` and calls :func:`mptrain.run.train` with the job's output
-   directory.
+   :class:`~mptrain.config.RunConfig` (relative paths taken from the launch directory) and calls
+   :func:`mptrain.run.train` with the job's output directory;
+3. after a sweep, reads every job's report: a job that did not complete makes the exit code 1,
+   whichever launcher ran it (joblib's worker processes, a cluster).
 
 Exit codes: 0 all jobs completed, 1 a job failed or diverged, 2 bad input, 130 interrupted (SIGINT),
 143 terminated (SIGTERM, from the moment the process starts).
@@ -18,7 +21,6 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +28,17 @@ import hydra
 from omegaconf import DictConfig
 
 from mptrain.config import ConfigError
-from mptrain.registry import accepted_keys, register_configs, to_run_config
-from mptrain.rundir import check_creatable, check_run_dir_free
+from mptrain.preflight import (
+    CONFIG_MODULE,
+    CONFIG_NAME,
+    Preflight,
+    check_command_line,
+    parse_command_line,
+    preflight,
+)
+from mptrain.registry import absolute_paths, register_configs, to_run_config
 from mptrain.signals import Terminated, terminate_like_interrupt
 
-CONFIG_MODULE = "mptrain.conf"
-CONFIG_NAME = "config"
 HYDRA_VERSION_BASE = "1.3"
 
 
@@ -40,92 +47,17 @@ def _fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
-def describe_compose_error(exc: Exception) -> str:
-    """One line for a Hydra/OmegaConf composition error, naming the key and what is accepted."""
-    from hydra.errors import MissingConfigException, OverrideParseException
-    from omegaconf.errors import (
-        ConfigAttributeError,
-        ConfigKeyError,
-        OmegaConfBaseException,
-        ValidationError,
-    )
-
-    if isinstance(exc, MissingConfigException) and exc.options is not None:
-        missing = exc.missing_cfg_file or "?"
-        group, _, option = missing.rpartition("/")
-        choices = ", ".join(o for o in sorted(exc.options) if not o.endswith("_schema"))
-        return f"{group}={option}: unknown option; choose one of {choices}"
-    if isinstance(exc, OverrideParseException):
-        return f"cannot parse override: {str(exc).splitlines()[0]}"
-    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
-    if isinstance(cause, OmegaConfBaseException):
-        key = getattr(cause, "full_key", None) or "?"
-        if isinstance(cause, ConfigKeyError | ConfigAttributeError):
-            schema = getattr(cause, "object_type", None)
-            accepted = f"; accepted keys: {accepted_keys(schema)}" if is_dataclass(schema) else ""
-            return f"{key}: unknown key{accepted}"
-        if isinstance(cause, ValidationError):
-            message = str(cause.msg).splitlines()[0] if hasattr(cause, "msg") else str(cause)
-            return f"{key}: {message}"
-        return f"{key}: {str(cause).splitlines()[0]}"
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return " ".join(lines) if lines else type(exc).__name__
-
-
-def job_overrides(overrides: Sequence[str], multirun: bool) -> list[list[str]]:
-    """The override list of every job the command line describes (expanding -m sweeps)."""
-    if not multirun:
-        return [list(overrides)]
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    batches = BasicSweeper.split_arguments(parsed, max_batch_size=None)
-    return [job for batch in batches for job in batch]
-
-
-def preflight(overrides: Sequence[str], multirun: bool) -> int:
-    """Compose and validate every job's config, and check that the output directory can be
-    created; raise ConfigError for the first bad one. Returns the number of jobs."""
-    from hydra import compose, initialize_config_module
-    from omegaconf import open_dict
-
-    try:
-        jobs = job_overrides(overrides, multirun)
-    except Exception as exc:  # parse errors of the sweep syntax
-        raise ConfigError(describe_compose_error(exc)) from exc
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-        for number, job in enumerate(jobs):
-            try:
-                cfg = compose(config_name=CONFIG_NAME, overrides=job, return_hydra_config=True)
-                output = cfg.hydra.sweep.dir if multirun else cfg.hydra.run.dir
-                with open_dict(cfg):
-                    del cfg["hydra"]
-            except Exception as exc:
-                raise ConfigError(describe_compose_error(exc)) from exc
-            if number == 0:  # Hydra creates it next, with a traceback if it cannot
-                key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-                check_creatable(Path(output), key)
-            try:
-                run = to_run_config(cfg)
-            except ConfigError:
-                raise
-            except Exception as exc:
-                raise ConfigError(describe_compose_error(exc)) from exc
-            if number == 0 and not multirun and int(os.environ.get("RANK", "0")) == 0:
-                # Before Hydra rewrites the directory's .hydra/ record of another run.
-                check_run_dir_free(Path(output), run.resume, run.overwrite)
-    return len(jobs)
-
-
-_failed_jobs: list[str] = []
-
-
 @hydra.main(
     config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME, version_base=HYDRA_VERSION_BASE
 )
 def hydra_app(cfg: DictConfig) -> float | None:
-    """One Hydra job: typed config in, report out. Returns the final validation accuracy."""
+    """One Hydra job: typed config in, report out. Returns the final validation accuracy (what a
+    sweeper such as Optuna maximises), or None for a job that did not complete.
+
+    A job of a sweep that fails says so and returns: the sweep goes on, and :func:`main` reads
+    every job's report afterwards to set the exit code (a launcher may run jobs in other
+    processes, so nothing is kept in this process's memory).
+    """
     from hydra.core.hydra_config import HydraConfig
 
     from mptrain.report import write_failure
@@ -135,12 +67,14 @@ def hydra_app(cfg: DictConfig) -> float | None:
     output_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode.name == "MULTIRUN"
     try:
-        report = train(to_run_config(cfg), output_dir)
+        # Relative paths are the user's, from where mptrain was launched (hydra.job.chdir=true
+        # moves the job into its output directory).
+        run = absolute_paths(to_run_config(cfg), Path(hydra_cfg.runtime.cwd))
+        report = train(run, output_dir)
     except ConfigError as exc:
         if not multirun:
             _fail(str(exc))
-        _failed_jobs.append(f"{output_dir}: {exc}")
-        print(f"mptrain: error: {exc}", file=sys.stderr)
+        print(f"mptrain: error: {output_dir}: {exc}", file=sys.stderr)
         write_failure(output_dir, str(exc))  # so the sweep summary shows the job and why
         return None
     except RunInterrupted as exc:
@@ -149,20 +83,9 @@ def hydra_app(cfg: DictConfig) -> float | None:
     except RunFailed as exc:
         if not multirun:
             _fail(f"run {exc.status}: {exc.reason} (report in {output_dir})", code=1)
-        _failed_jobs.append(f"{output_dir}: {exc.status}: {exc.reason}")
+        print(f"mptrain: error: {output_dir}: {exc.status}: {exc.reason}", file=sys.stderr)
         return None
     return report.evaluation.final_val_accuracy
-
-
-def _parse_command_line(argv: Sequence[str]) -> tuple[list[str], bool, bool]:
-    """(overrides, multirun, handled by Hydra alone: --help, --cfg, --info, ...)."""
-    from hydra._internal.utils import get_args_parser
-
-    args, _ = get_args_parser().parse_known_args(list(argv))
-    informational = bool(
-        args.help or args.hydra_help or args.cfg or args.info or args.shell_completion
-    )
-    return list(args.overrides), bool(args.multirun), informational
 
 
 def bench_main(overrides: list[str]) -> None:
@@ -182,7 +105,7 @@ def bench_main(overrides: list[str]) -> None:
     try:
         _refuse_hydra_options(overrides)
         config_overrides = [o for o in overrides if not o.startswith(_RUN_DIR)]
-        preflight(config_overrides, multirun=False)
+        check_command_line(config_overrides)
         with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
             composed = compose(
                 config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True
@@ -275,16 +198,43 @@ def _main(argv: Sequence[str] | None) -> None:
             "hydra/job_logging=disabled",
             "hydra/hydra_logging=disabled",
         ]
-    overrides, multirun, informational = _parse_command_line(argv)
-    if not informational:
+    args = parse_command_line(argv)
+    checked: Preflight | None = None
+    if not (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion):
         try:
-            preflight(overrides, multirun)
+            checked = preflight(args)
         except ConfigError as exc:
             _fail(str(exc))
+        # Hydra resolves ${now:...} again when it starts: pin the directory that was checked.
+        argv.append(_pinned(checked))
     sys.argv = [sys.argv[0], *argv]
     hydra_app()
-    if _failed_jobs:
-        print(f"mptrain: {len(_failed_jobs)} job(s) did not complete:", file=sys.stderr)
-        for line in _failed_jobs:
+    if checked is not None and checked.multirun:
+        _exit_if_jobs_failed(Path(checked.output_dir))
+
+
+def _pinned(checked: Preflight) -> str:
+    """The override fixing Hydra's output directory to the one the preflight checked."""
+    key = "hydra.sweep.dir" if checked.multirun else "hydra.run.dir"
+    quoted = checked.output_dir.replace("\\", "\\\\").replace("'", "\\'")
+    return f"{key}='{quoted}'"
+
+
+def _exit_if_jobs_failed(sweep_dir: Path) -> None:
+    """Exit 1 naming each job of the sweep whose report says it did not complete."""
+    from mptrain.sweep import find_runs
+
+    try:
+        runs = find_runs([sweep_dir])
+    except FileNotFoundError:  # no job wrote anything
+        runs = []
+    failed = [
+        f"{run.directory}: {run.reason or f'{run.report.status}: {run.report.reason}'}"
+        for run in runs
+        if run.report is None or run.report.status != "completed"
+    ]
+    if failed:
+        print(f"mptrain: {len(failed)} job(s) did not complete:", file=sys.stderr)
+        for line in failed:
             print(f"  {line}", file=sys.stderr)
         raise SystemExit(1)

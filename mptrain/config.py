@@ -67,6 +67,11 @@ class FP8Config:
     exclude: list[str] = field(default_factory=list)
 
 
+# Field metadata of the keys that hold a file-system path: relative ones are taken from the
+# directory mptrain was launched in (mptrain.registry.absolute_paths), whatever the job's cwd.
+PATH = {"path": True}
+
+
 # ---------------------------------------------------------------------------------- group options
 @dataclass(frozen=True)
 class Option:
@@ -191,7 +196,7 @@ class SyntheticConfig(DatasetConfig):
 @dataclass
 class TorchvisionDatasetConfig(DatasetConfig):
     name: str = "cifar10"
-    root: str = "data"
+    root: str = field(default="data", metadata=PATH)
     download: bool = False
     augment: bool = True
 
@@ -203,7 +208,7 @@ class TorchvisionDatasetConfig(DatasetConfig):
 @dataclass
 class ImageFolderConfig(DatasetConfig):
     name: str = "imagefolder"
-    root: str = MISSING
+    root: str = field(default=MISSING, metadata=PATH)
     train_dir: str = "train"
     val_dir: str = "val"
     image_size: int = 224
@@ -426,7 +431,7 @@ class RunConfig:
     probe_batches: int = 4
     numerics: NumericsConfig = field(default_factory=NumericsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    resume: str | None = None
+    resume: str | None = field(default=None, metadata=PATH)  # or "auto"
     resume_allow_changes: bool = False
     overwrite: bool = False
     bench: BenchConfig = field(default_factory=BenchConfig)

@@ -16,6 +16,7 @@ range rules of :mod:`mptrain.config`.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from mptrain.config import (
@@ -89,6 +90,24 @@ def check_names(run: RunConfig) -> None:
                 f"{group}.name={node.name!r}: names another option than this {group}'s "
                 f"settings ({type(node).__name__}); choose it with {group}={node.name}"
             )
+
+
+def absolute_paths(run: RunConfig, launch_dir: Path) -> RunConfig:
+    """``run`` with every relative path key (:data:`mptrain.config.PATH` metadata) joined to
+    ``launch_dir``, the directory mptrain was started in (``hydra.runtime.cwd``): a job moved
+    into its output directory (``hydra.job.chdir=true``) still finds the user's files."""
+    _absolute_paths(run, launch_dir)
+    return run
+
+
+def _absolute_paths(node: Any, launch_dir: Path) -> None:
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        if f.metadata.get("path") and isinstance(value, str) and value not in ("", "auto"):
+            path = Path(value).expanduser()
+            setattr(node, f.name, str(path if path.is_absolute() else launch_dir / path))
+        elif dataclasses.is_dataclass(value):
+            _absolute_paths(value, launch_dir)
 
 
 def accepted_keys(schema: type) -> str:

@@ -57,7 +57,7 @@ BAD_INPUTS = [
     ),
     pytest.param(
         ["dataset=cifar10"],
-        ["dataset.root='data'", "data/cifar-10-batches-py"],
+        ["dataset.root='", "/data/cifar-10-batches-py"],
         True,
         id="cifar10-files-missing",
     ),

@@ -27,6 +27,7 @@ from mptrain.config import (
     validate,
 )
 from mptrain.precision import PRECISIONS
+from mptrain.preflight import check_command_line, describe_compose_error
 from mptrain.registry import group_options as registered_options
 from mptrain.registry import schema_node_name, to_run_config
 
@@ -87,7 +88,7 @@ def raw_compose_error(*overrides: str) -> Exception:
 def preflight_error(*overrides: str, multirun: bool = False) -> str:
     """The ConfigError message preflight raises for these overrides (fails if it raises none)."""
     with pytest.raises(ConfigError) as info:
-        cli.preflight(list(overrides), multirun=multirun)
+        check_command_line([*(["-m"] if multirun else []), *overrides])
     return str(info.value)
 
 
@@ -294,7 +295,7 @@ def default_run(composed_default) -> RunConfig:
 
 def test_default_config_is_valid(default_run):
     validate(default_run)  # raises on a violation
-    assert cli.preflight([], multirun=False) == 1
+    assert check_command_line([]).jobs == [[]]
 
 
 @pytest.mark.parametrize(
@@ -333,7 +334,7 @@ def test_validate_rejects_out_of_range_value_in_typed_config(
     ids=str,
 )
 def test_values_just_inside_the_range_are_accepted(overrides):
-    assert cli.preflight(overrides, multirun=False) == 1
+    assert len(check_command_line(overrides).jobs) == 1
 
 
 @pytest.mark.parametrize("dim", [0, -4])
@@ -448,7 +449,7 @@ def test_unparseable_override_is_one_line():
     ],
 )
 def test_describe_compose_error_turns_hydra_exceptions_into_one_line(override, prefix):
-    message = cli.describe_compose_error(raw_compose_error(override))
+    message = describe_compose_error(raw_compose_error(override))
     assert_one_line(message)
     assert message.startswith(prefix)
 
@@ -456,8 +457,9 @@ def test_describe_compose_error_turns_hydra_exceptions_into_one_line(override, p
 # ------------------------------------------------------------------------------------------ sweeps
 def test_sweep_expands_to_every_combination():
     overrides = ["precision=fp32,fp16,bf16", "model=mlp,cnn"]
-    assert cli.preflight(overrides, multirun=True) == 6
-    jobs = {tuple(job) for job in cli.job_overrides(overrides, multirun=True)}
+    checked = check_command_line(["-m", *overrides])
+    assert len(checked.jobs) == 6
+    jobs = {tuple(job) for job in checked.jobs}
     expected = itertools.product(
         [f"precision={p}" for p in ("fp32", "fp16", "bf16")], ["model=mlp", "model=cnn"]
     )

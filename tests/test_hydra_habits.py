@@ -1,0 +1,197 @@
+"""Hydra habits users bring from other Hydra apps, run for real: their own config directory and
+search path, ``+experiment=NAME``, ``glob()`` sweeps, the joblib launcher, the Optuna sweeper and
+``hydra.job.chdir=true``. The plugins are the real ones (the test extra installs them)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import describe, run_mptrain
+
+from mptrain.config import ConfigError
+from mptrain.preflight import check_command_line
+
+TINY = (
+    "model=mlp",
+    "device=cpu",
+    "progress=false",
+    "epochs=null",
+    "max_steps=2",
+    "checkpoint.enabled=false",
+    "throughput_warmup_steps=0",
+)
+
+
+@pytest.fixture
+def user_conf(tmp_path: Path) -> Path:
+    """A user's config directory as lightning-hydra-template lays it out: an extra model option
+    and an experiment group (``# @package _global_`` overlays)."""
+    conf = tmp_path / "myconf"
+    (conf / "model").mkdir(parents=True)
+    (conf / "experiment").mkdir()
+    (conf / "model" / "mlp_wide.yaml").write_text("defaults:\n  - mlp\nhidden_sizes: [96, 96]\n")
+    (conf / "experiment" / "quick.yaml").write_text(
+        "# @package _global_\n"
+        "defaults:\n  - override /model: mlp_wide\n"
+        "epochs: null\nmax_steps: 2\nbatch_size: 32\n"
+    )
+    return conf
+
+
+def report_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "report.json").read_text())
+
+
+# ------------------------------------------------------------------------ the user's own configs
+def test_config_dir_option_trains_with_it(tmp_path, user_conf):
+    result = run_mptrain(tmp_path, "-cd", "myconf", *TINY, "model=mlp_wide", "hydra.run.dir=run")
+    assert result.returncode == 0, describe(result)
+    assert report_of(tmp_path / "run")["config"]["model"]["hidden_sizes"] == [96, 96]
+
+
+def test_experiment_overlay_from_the_user_config_dir(tmp_path, user_conf):
+    result = run_mptrain(
+        tmp_path,
+        "--config-dir",
+        str(user_conf),
+        "+experiment=quick",
+        "device=cpu",
+        "progress=false",
+        "checkpoint.enabled=false",
+        "hydra.run.dir=run",
+    )
+    assert result.returncode == 0, describe(result)
+    config = report_of(tmp_path / "run")["config"]
+    assert config["model"]["hidden_sizes"] == [96, 96]
+    assert (config["max_steps"], config["batch_size"]) == (2, 32)
+
+
+def test_searchpath_override_finds_the_user_options(user_conf):
+    searchpath = f"hydra.searchpath=[file://{user_conf}]"
+    assert check_command_line([searchpath, "model=mlp_wide"]).jobs == [
+        [searchpath, "model=mlp_wide"]
+    ]
+    with pytest.raises(ConfigError, match="model=mlp_wide: unknown option"):
+        check_command_line(["model=mlp_wide"])  # not found without the search path
+
+
+def test_a_user_option_with_a_bad_value_is_still_refused_early(tmp_path, user_conf):
+    result = run_mptrain(tmp_path, "-cd", "myconf", "model=mlp_wide", "model.dropout=2")
+    assert result.returncode == 2, describe(result)
+    assert result.stderr.strip() == "mptrain: error: model.dropout=2.0: must be in [0, 1)"
+
+
+# ----------------------------------------------------------------------------------- sweeps
+def test_glob_sweep_expands_against_the_config_options():
+    checked = check_command_line(["-m", "precision=glob(fp16*)", "model=mlp"])
+    precisions = sorted(job[0] for job in checked.jobs)
+    assert precisions == ["precision=fp16", "precision=fp16_noscale", "precision=fp16_pure"]
+
+
+def test_sweeper_params_in_a_config_are_expanded_and_checked(user_conf):
+    sweep = "# @package _global_\nhydra:\n  sweeper:\n    params:\n      batch_size: {}\n"
+    (user_conf / "experiment" / "batches.yaml").write_text(sweep.format("16,32"))
+    checked = check_command_line(["-m", "-cd", str(user_conf), "+experiment=batches"])
+    assert sorted(job[0] for job in checked.jobs) == ["batch_size=16", "batch_size=32"]
+    (user_conf / "experiment" / "batches.yaml").write_text(sweep.format("16,0"))
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        check_command_line(["-m", "-cd", str(user_conf), "+experiment=batches"])
+
+
+def test_joblib_sweep_whose_jobs_all_fail_exits_1(tmp_path):
+    # Absent CIFAR files are found when each job loads its data, in joblib's worker processes.
+    result = run_mptrain(
+        tmp_path,
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        *TINY,
+        "dataset=cifar10",
+        "seed=1,2",
+        "hydra.sweep.dir=sweep",
+    )
+    assert result.returncode == 1, describe(result)
+    assert "mptrain: 2 job(s) did not complete:" in result.stderr
+    assert result.stderr.count("cifar10 files not found") >= 2
+
+
+def test_optuna_minimising_accuracy_is_refused(tmp_path):
+    result = run_mptrain(
+        tmp_path, "-m", "hydra/sweeper=optuna", "optimizer.lr=interval(1e-4,1e-2)", *TINY
+    )
+    assert result.returncode == 2, describe(result)
+    assert "add hydra.sweeper.direction=maximize" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_optuna_searches_the_learning_rate_maximising_accuracy(tmp_path):
+    result = run_mptrain(
+        tmp_path,
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.direction=maximize",
+        "hydra.sweeper.n_trials=3",
+        "hydra.sweeper.sampler.seed=0",
+        "optimizer.lr=interval(1e-4,1e-2)",
+        *TINY,
+        "max_steps=10",
+        "hydra.sweep.dir=sweep",
+    )
+    assert result.returncode == 0, describe(result)
+    sweep = tmp_path / "sweep"
+    jobs = [report_of(d) for d in sorted(sweep.iterdir()) if (d / "report.json").is_file()]
+    assert len(jobs) == 3
+    lrs = {job["config"]["optimizer"]["lr"] for job in jobs}
+    assert len(lrs) == 3 and all(1e-4 <= lr <= 1e-2 for lr in lrs)
+    best = yaml.safe_load((sweep / "optimization_results.yaml").read_text())
+    accuracies = [job["evaluation"]["final_val_accuracy"] for job in jobs]
+    assert best["best_value"] == pytest.approx(max(accuracies))
+
+
+def test_optuna_values_outside_the_ranges_fail_that_job_not_the_check(tmp_path):
+    # The sweeper picks the values as it runs: the preflight checks the fixed ones; a trial with a
+    # bad value fails as a job, and the exit code says so.
+    result = run_mptrain(
+        tmp_path,
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.direction=maximize",
+        "hydra.sweeper.n_trials=1",
+        "label_smoothing=interval(1.5,2.0)",
+        *TINY,
+        "hydra.sweep.dir=sweep",
+    )
+    assert result.returncode == 1, describe(result)
+    assert "label_smoothing=" in result.stderr and "must be in [0, 1)" in result.stderr
+
+
+def test_sweep_syntax_needs_multirun():
+    with pytest.raises(ConfigError, match=r"seed=1,2: a sweep; run it with -m"):
+        check_command_line(["seed=1,2"])
+
+
+# ------------------------------------------------------------------------------- hydra.job.chdir
+def test_chdir_job_finds_relative_resume_and_data_paths(tmp_path):
+    first = run_mptrain(tmp_path, *TINY, "checkpoint.enabled=true", "hydra.run.dir=first")
+    assert first.returncode == 0, describe(first)
+    resumed = run_mptrain(
+        tmp_path,
+        *TINY,
+        "checkpoint.enabled=true",
+        "hydra.job.chdir=true",
+        "resume=first",
+        "resume_allow_changes=true",
+        "max_steps=4",
+        "hydra.run.dir=second",
+    )
+    assert resumed.returncode == 0, describe(resumed)
+    resume = report_of(tmp_path / "second")["resumed"]
+    assert resume["from"] == str(tmp_path / "first" / "checkpoints" / "step_00000002.pt")
+    missing = run_mptrain(
+        tmp_path, *TINY, "hydra.job.chdir=true", "dataset=mnist", "dataset.root=mydata"
+    )
+    assert missing.returncode == 2, describe(missing)
+    assert f"{tmp_path / 'mydata'}" in missing.stderr
