@@ -211,17 +211,20 @@ def _suggest(name: str, names: list[str]) -> str:
 def _with_optional_size(
     create: Any, size_key: str, size: Any, adaptations: list[str], **kwargs: Any
 ) -> nn.Module:
-    """``create(**kwargs, size_key=size)`` when the architecture takes an input size (ViTs build
-    their position table from it; recorded), else ``create(**kwargs)``. The class refuses an
-    unknown keyword before building anything, so the first try costs nothing."""
+    """``create(**kwargs, size_key=size)`` when the architecture's class names ``size_key`` in its
+    constructor (ViTs build their position table from it; recorded), else ``create(**kwargs)``.
+    The class is found by building on the meta device (no memory, no weights initialised); many
+    classes swallow unknown keywords in ``**kwargs``, so accepting the call proves nothing."""
     try:
-        model = create(**kwargs, **{size_key: size})
-    except TypeError as exc:
-        if f"'{size_key}'" not in str(exc):
-            raise
+        with torch.device("meta"):
+            probe = create(**kwargs)
+        takes_size = size_key in inspect.signature(type(probe).__init__).parameters
+    except Exception:  # an init that cannot run on meta: build without the size
+        takes_size = False
+    if not takes_size:
         return create(**kwargs)
     adaptations.append(f"{size_key}={size} passed for the dataset's images")
-    return model
+    return create(**kwargs, **{size_key: size})
 
 
 def adapt_first_conv(model: nn.Module, in_channels: int) -> list[str]:
