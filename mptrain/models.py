@@ -391,6 +391,17 @@ def has_convolutions(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
 
 
+def config_has_convolutions(cfg: ModelConfig) -> bool:
+    """Whether the configured model has convolutions, before the data is known (``mptrain bench``
+    skips FP16 on CPUs for them): builtin models by :data:`CONVOLUTIONAL`; torchvision, timm and
+    custom models built on the meta device (no memory, no weights initialised) for 3 x 224 x 224
+    images and 10 classes, and inspected."""
+    if not isinstance(cfg, TorchvisionModelConfig | TimmModelConfig | CustomModelConfig):
+        return cfg.name in CONVOLUTIONAL
+    with torch.device("meta"):
+        return has_convolutions(MODELS[cfg.name].build(cfg, 3, 224, 10))
+
+
 def build_model(cfg: ModelConfig, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
     """Build the configured model (FP32 parameters) for the dataset's shape, record what was built
     (:func:`model_facts`) and check it with a dummy forward pass (:func:`check_forward`)."""

@@ -24,7 +24,7 @@ from mptrain.config import (
     TorchvisionModelConfig,
 )
 from mptrain.data import BatchLayout, build_data
-from mptrain.models import build_model, model_facts
+from mptrain.models import build_model, config_has_convolutions, model_facts
 from mptrain.precision import resolve_precision
 from mptrain.report import load_report
 
@@ -138,6 +138,25 @@ def test_torchvision_vit_gets_the_dataset_image_size():
 def test_torchvision_vit_refuses_images_its_patches_do_not_tile():
     with pytest.raises(ConfigError, match=r"^model\.arch='vit_b_32': torchvision cannot build it"):
         build_model(TorchvisionModelConfig(arch="vit_b_32"), 1, 8, 10)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "convolutional"),
+    [
+        (TorchvisionModelConfig(arch="convnext_tiny"), True),
+        (TorchvisionModelConfig(arch="vit_b_16"), True),  # its patch embedding is a Conv2d
+        (
+            CustomModelConfig(
+                _target_="torch.nn.Linear", kwargs={"in_features": 4, "out_features": 2}
+            ),
+            False,
+        ),
+    ],
+    ids=["convnext", "vit", "linear"],
+)
+def test_bench_knows_convolutions_of_models_from_elsewhere_before_the_data(cfg, convolutional):
+    """mptrain bench skips FP16 on CPUs for convolutional models (they crawl there)."""
+    assert config_has_convolutions(cfg) is convolutional
 
 
 def test_unknown_torchvision_arch_suggests_close_names(tmp_path):
