@@ -17,6 +17,7 @@ as in any Hydra app. Two things differ from a plain ``instantiate`` call:
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import os
 import sys
@@ -34,20 +35,42 @@ def first_line(exc: BaseException) -> str:
 
 def locate(key: str, target: str) -> Any:
     """The object ``target`` names (``package.module.Name``), importable from the launch
-    directory too; ConfigError naming ``key`` when the module does not import or lacks the name."""
-    from hydra.utils import get_object
-
+    directory too; ConfigError naming ``key`` when no module of it imports, when importing it
+    fails inside (the user's error, named), or when the module lacks the name."""
     launch_dir = os.getcwd()
     if launch_dir not in sys.path and "" not in sys.path:
         sys.path.append(launch_dir)
-    try:
-        return get_object(target)
-    except Exception as exc:  # ImportError from the module itself, or hydra's lookup error
-        cause = exc.__cause__ or exc
-        raise ConfigError(
-            f"{key}={target!r}: cannot import it ({first_line(cause)}); the module must be "
-            f"installed or lie in the launch directory {launch_dir}"
-        ) from exc
+    parts = target.split(".")
+    for split in range(len(parts) - 1, 0, -1):  # the longest importable module prefix
+        module_name = ".".join(parts[:split])
+        try:
+            found: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and module_name.startswith(exc.name):
+                continue  # this prefix is no module: try a shorter one
+            raise _import_error(key, target, exc, launch_dir) from exc
+        except Exception as exc:  # the module's own code failed while importing
+            raise _import_error(key, target, exc, launch_dir) from exc
+        for depth, attribute in enumerate(parts[split:], start=split):
+            if not hasattr(found, attribute):
+                raise ConfigError(
+                    f"{key}={target!r}: {'.'.join(parts[:depth])} has no attribute {attribute!r}"
+                )
+            found = getattr(found, attribute)
+        return found
+    raise _import_error(
+        key, target, ModuleNotFoundError(f"No module named {parts[0]!r}"), launch_dir
+    )
+
+
+def _import_error(key: str, target: str, exc: BaseException, launch_dir: str) -> ConfigError:
+    """Where to put a module that was not found; the error itself for one that failed inside."""
+    where = (
+        f"; the module must be installed or lie in the launch directory {launch_dir}"
+        if isinstance(exc, ModuleNotFoundError)
+        else ""
+    )
+    return ConfigError(f"{key}={target!r}: cannot import it ({first_line(exc)}){where}")
 
 
 def accepted(call: Callable[..., Any]) -> tuple[set[str], bool]:

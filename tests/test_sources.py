@@ -206,6 +206,20 @@ def test_extra_keys_are_still_refused_by_every_other_option():
         compose_run("model=cnn", "+model.width=64")
 
 
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("tiny_net.Nope", "tiny_net has no attribute 'Nope'"),
+        ("broken.Net", "cannot import it (ValueError: broken on import)"),
+    ],
+)
+def test_a_target_that_does_not_resolve_says_why(launch_dir, target, message):
+    (launch_dir / "broken.py").write_text("raise ValueError('broken on import')\n")
+    with pytest.raises(ConfigError) as caught:
+        build_model(CustomModelConfig(_target_=target), 1, 8, 4)
+    assert str(caught.value) == f"model._target_={target!r}: {message}"
+
+
 def test_a_user_value_wins_over_the_dataset_fact(launch_dir):
     cfg = CustomModelConfig(_target_="tiny_net.TinyNet", kwargs={"width": 4, "num_classes": 3})
     with pytest.raises(ConfigError, match=r"returns \(2, 3\) .* \(2, 4\) logits"):
