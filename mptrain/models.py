@@ -282,7 +282,8 @@ def build_torchvision(
         )
     adaptations = [f"classifier built for {num_classes} classes (num_classes={num_classes})"]
     extra = _TORCHVISION_SINGLE_OUTPUT.get(arch, {})
-    adaptations += [f"{k}={v}" for k, v in extra.items() if k == "aux_logits"]
+    if extra:
+        adaptations.append("aux_logits=False (the training loop takes one output)")
     try:
         model = _with_optional_size(
             torchvision.models.get_model,
