@@ -25,7 +25,7 @@ from mptrain.config import ConfigError, PrecisionConfig, RunConfig
 from mptrain.fileio import atomic_write_text
 from mptrain.fp8 import fp8_gemm_available
 from mptrain.loop import host_reads_per_step, train_loop
-from mptrain.models import CONVOLUTIONAL
+from mptrain.models import config_has_convolutions
 from mptrain.report import fmt_bytes, fmt_pct
 
 
@@ -87,7 +87,7 @@ def run_bench(
     cfg: RunConfig, output_dir: Path, warmup: int, steps: int, console: Console
 ) -> list[dict[str, Any]]:
     device = hardware.resolve_device(cfg.device)
-    has_convs = cfg.model.name in CONVOLUTIONAL
+    has_convs = config_has_convolutions(cfg.model)  # FP16 convolutions crawl on CPUs
     rows = []
     for name, skip in bench_precisions(device, has_convs):
         row: dict[str, Any] = {"precision": name}

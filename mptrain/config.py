@@ -19,7 +19,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
@@ -152,6 +152,49 @@ class ViTConfig(ModelConfig):
         _check_dropout(self.dropout)
 
 
+@dataclass
+class TorchvisionModelConfig(ModelConfig):
+    """Any torchvision classification model by its registry name (torchvision.models.get_model)."""
+
+    name: str = "torchvision"
+    arch: str = "resnet18"
+
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        _require(bool(self.arch.strip()), "model.arch", self.arch, "a torchvision model name")
+
+
+@dataclass
+class TimmModelConfig(ModelConfig):
+    """Any timm model by name (timm.create_model, pretrained=False); needs mptrain[timm]."""
+
+    name: str = "timm"
+    arch: str = "resnet18"
+
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        _require(bool(self.arch.strip()), "model.arch", self.arch, "a timm model name")
+
+
+# Keys a custom option may add with Hydra's ``+model.width=64``: mptrain.registry.to_run_config
+# moves every key the schema does not declare into ``kwargs`` (the constructor's arguments).
+EXTRA_KEYS_FIELD = "kwargs"
+
+
+@dataclass
+class CustomModelConfig(ModelConfig):
+    """Any importable nn.Module, built by hydra.utils.instantiate from ``_target_`` and ``kwargs``."""
+
+    accepts_extra_keys: ClassVar[bool] = True
+    name: str = "custom"
+    _target_: str = MISSING
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        _check_target("model._target_", self._target_)
+
+
 # ---------------------------------------------------------------------------------------- datasets
 @dataclass
 class DatasetConfig:
@@ -222,6 +265,23 @@ class ImageFolderConfig(DatasetConfig):
             _check_path("dataset.root", self.root)
         _at_least("dataset.image_size", self.image_size, 1)
         _at_least("dataset.resize_size", self.resize_size, self.image_size)
+
+
+@dataclass
+class CustomDatasetConfig(DatasetConfig):
+    """Any importable callable returning ``(train, val)`` torch Datasets (see mptrain.data)."""
+
+    accepts_extra_keys: ClassVar[bool] = True
+    name: str = "custom"
+    _target_: str = MISSING
+    num_classes: int | None = None  # None: len(train.classes)
+    in_memory: bool | None = None  # None: tensor feed for TensorDatasets, DataLoader otherwise
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        _check_target("dataset._target_", self._target_)
+        _at_least("dataset.num_classes", self.num_classes, 2, allow_none=True)
 
 
 # -------------------------------------------------------------------------------------- optimizers
@@ -452,6 +512,16 @@ def _check_path(key: str, path: str) -> None:
         key,
         path if len(path) <= 80 else f"{path[:40]}...({len(path)} characters)",
         f"longer than the file system allows ({NAME_MAX} bytes per name, {PATH_MAX} per path)",
+    )
+
+
+def _check_target(key: str, target: str) -> None:
+    """A dotted import path: ``package.module.Name``."""
+    _require(
+        re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", target) is not None,
+        key,
+        target,
+        "a dotted import path such as my_pkg.MyNet (module, then the name in it)",
     )
 
 

@@ -3,9 +3,24 @@
 Every builder takes ``(cfg, in_channels, image_size, num_classes)`` and returns an ``nn.Module``
 whose parameters are FP32; the precision recipe is applied afterwards (mptrain.build: autocast at
 run time, FP8 layers, and for the "pure" precisions a cast of the whole model).
+
+Sources (the report's ``model.source``): ``builtin`` (mlp, cnn, resnet18/50, vit),
+``torchvision`` (any classification model of ``torchvision.models.get_model``, ``model.arch``),
+``timm`` (``timm.create_model``, ``model.arch``; the optional ``mptrain[timm]`` extra) and
+``custom`` (any importable nn.Module, ``model._target_``, see :mod:`mptrain.targets`). None loads
+pretrained weights. :func:`build_model` records what it built and how it adapted it to the data
+(:func:`model_facts`), and runs one FP32 forward pass of a dummy batch so that a model that cannot
+take the dataset's images, or does not return ``(batch, num_classes)`` logits, is a ConfigError
+before training starts.
 """
 
 from __future__ import annotations
+
+import difflib
+import inspect
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -14,12 +29,16 @@ from torch import nn
 from mptrain.config import (
     CNNConfig,
     ConfigError,
+    CustomModelConfig,
     MLPConfig,
     ModelConfig,
     Option,
     ResNetConfig,
+    TimmModelConfig,
+    TorchvisionModelConfig,
     ViTConfig,
 )
+from mptrain.targets import call_target, check_keys, first_line, locate, offered
 
 
 def build_mlp(cfg: MLPConfig, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
@@ -162,6 +181,195 @@ def build_vit(cfg: ViTConfig, in_channels: int, image_size: int, num_classes: in
     )
 
 
+# ------------------------------------------------------------------------- models from elsewhere
+@dataclass
+class ModelFacts:
+    """What :func:`build_model` built: where from, the class, and how it was fitted to the data."""
+
+    source: str  # builtin | torchvision | timm | custom
+    arch: str | None  # torchvision/timm model name, or the custom _target_; None for builtins
+    class_name: str = ""  # module.qualname of the built model
+    adaptations: list[str] = field(default_factory=list)
+    convolutional: bool = False
+
+
+# Facts per built model, without touching the user's object; gone with the model.
+_FACTS: weakref.WeakKeyDictionary[nn.Module, ModelFacts] = weakref.WeakKeyDictionary()
+
+
+def _recorded(model: nn.Module, facts: ModelFacts) -> nn.Module:
+    _FACTS[model] = facts
+    return model
+
+
+def _suggest(name: str, names: list[str]) -> str:
+    """``; did you mean a, b?`` for close matches of ``name``, or nothing."""
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def _with_optional_size(
+    create: Any, size_key: str, size: Any, adaptations: list[str], **kwargs: Any
+) -> nn.Module:
+    """``create(**kwargs, size_key=size)`` when the architecture's class names ``size_key`` in its
+    constructor (ViTs build their position table from it; recorded), else ``create(**kwargs)``.
+    The class is found by building on the meta device (no memory, no weights initialised); many
+    classes swallow unknown keywords in ``**kwargs``, so accepting the call proves nothing."""
+    try:
+        with torch.device("meta"):
+            probe = create(**kwargs)
+        takes_size = size_key in inspect.signature(type(probe).__init__).parameters
+    except Exception:  # an init that cannot run on meta: build without the size
+        takes_size = False
+    if not takes_size:
+        return create(**kwargs)
+    adaptations.append(f"{size_key}={size} passed for the dataset's images")
+    return create(**kwargs, **{size_key: size})
+
+
+def adapt_first_conv(model: nn.Module, in_channels: int) -> list[str]:
+    """Replace the first Conv2d when it does not take ``in_channels`` (same kernel, stride,
+    padding; fresh weights). Returns what was done; ConfigError when there is no Conv2d to adapt."""
+    first = next(((n, m) for n, m in model.named_modules() if isinstance(m, nn.Conv2d)), None)
+    if first is None:
+        if in_channels == 3:
+            return []
+        raise ConfigError(f"no Conv2d first layer to adapt to {in_channels} input channels")
+    name, conv = first
+    if conv.in_channels == in_channels:
+        return []
+    if conv.groups != 1:
+        raise ConfigError(
+            f"first Conv2d {name} is grouped; cannot adapt it to {in_channels} channels"
+        )
+    replacement = nn.Conv2d(
+        in_channels,
+        conv.out_channels,
+        conv.kernel_size,
+        stride=conv.stride,
+        padding=conv.padding,
+        dilation=conv.dilation,
+        bias=conv.bias is not None,
+        padding_mode=conv.padding_mode,
+    )
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name), child, replacement)
+    plural = "s" if in_channels != 1 else ""
+    return [f"{name} (Conv2d) replaced for {in_channels} input channel{plural}"]
+
+
+# torchvision models whose training-mode forward returns auxiliary outputs besides the logits:
+# the loop takes one tensor, so they are built without them.
+_TORCHVISION_SINGLE_OUTPUT = {
+    "inception_v3": {"aux_logits": False, "init_weights": True},
+    "googlenet": {"aux_logits": False, "init_weights": True},
+}
+
+
+def build_torchvision(
+    cfg: TorchvisionModelConfig, in_channels: int, image_size: int, num_classes: int
+) -> nn.Module:
+    """``torchvision.models.get_model(arch, weights=None, num_classes=...)``; ``image_size``
+    passed to the architectures that take it (ViTs); the first Conv2d adapted to the channels."""
+    import torchvision
+
+    arch = cfg.arch
+    names = torchvision.models.list_models(module=torchvision.models)
+    if arch not in names:
+        raise ConfigError(
+            f"model.arch={arch!r}: not a torchvision classification model{_suggest(arch, names)} "
+            "(torchvision.models.list_models(module=torchvision.models) lists them)"
+        )
+    adaptations = [f"classifier built for {num_classes} classes (num_classes={num_classes})"]
+    extra = _TORCHVISION_SINGLE_OUTPUT.get(arch, {})
+    if extra:
+        adaptations.append("aux_logits=False (the training loop takes one output)")
+    try:
+        model = _with_optional_size(
+            torchvision.models.get_model,
+            "image_size",
+            image_size,
+            adaptations,
+            name=arch,
+            weights=None,
+            num_classes=num_classes,
+            **extra,
+        )
+        adaptations += adapt_first_conv(model, in_channels)
+    except (ConfigError, TypeError, ValueError, AssertionError, RuntimeError) as exc:
+        raise ConfigError(
+            f"model.arch={arch!r}: torchvision cannot build it for {in_channels}x{image_size}x"
+            f"{image_size} images and {num_classes} classes ({first_line(exc)})"
+        ) from exc
+    return _recorded(model, ModelFacts("torchvision", arch, adaptations=adaptations))
+
+
+def build_timm(
+    cfg: TimmModelConfig, in_channels: int, image_size: int, num_classes: int
+) -> nn.Module:
+    """``timm.create_model(arch, pretrained=False, num_classes=..., in_chans=...)`` (timm adapts
+    the stem itself); ``img_size`` passed to the architectures that take it."""
+    try:
+        import timm
+    except ImportError as exc:
+        raise ConfigError(
+            "model=timm: timm is not installed; install it with pip install 'mptrain[timm]'"
+        ) from exc
+    arch = cfg.arch
+    if not timm.is_model(arch):
+        raise ConfigError(
+            f"model.arch={arch!r}: not a timm model{_suggest(arch, timm.list_models())} "
+            "(timm.list_models() lists them)"
+        )
+    adaptations = [
+        f"classifier built for {num_classes} classes (num_classes={num_classes})",
+        f"stem built for {in_channels} input channels (in_chans={in_channels})",
+    ]
+    try:
+        model = _with_optional_size(
+            timm.create_model,
+            "img_size",
+            image_size,
+            adaptations,
+            model_name=arch,
+            pretrained=False,
+            num_classes=num_classes,
+            in_chans=in_channels,
+        )
+    except (TypeError, ValueError, AssertionError, RuntimeError) as exc:
+        raise ConfigError(
+            f"model.arch={arch!r}: timm cannot build it for {in_channels}x{image_size}x"
+            f"{image_size} images and {num_classes} classes ({first_line(exc)})"
+        ) from exc
+    return _recorded(model, ModelFacts("timm", arch, adaptations=adaptations))
+
+
+def build_custom(
+    cfg: CustomModelConfig, in_channels: int, image_size: int, num_classes: int
+) -> nn.Module:
+    """``hydra.utils.instantiate`` of ``model._target_`` with ``model.kwargs`` (the ``+model.*``
+    keys), plus ``num_classes``, ``in_channels`` and ``image_size`` where the constructor takes
+    them and the user did not set them (the user's value wins)."""
+    key, target = "model._target_", cfg._target_
+    built = locate(key, target)
+    if inspect.isclass(built) and not issubclass(built, nn.Module):
+        raise ConfigError(f"{key}={target!r}: {built.__qualname__} is not a torch.nn.Module")
+    if not callable(built):
+        raise ConfigError(f"{key}={target!r}: a {type(built).__name__}, not an nn.Module class")
+    facts = {"num_classes": num_classes, "in_channels": in_channels, "image_size": image_size}
+    kwargs = offered(built, dict(cfg.kwargs), facts)
+    check_keys(key, target, built, kwargs)
+    model = call_target(key, target, kwargs)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{key}={target!r}: returned a {type(model).__name__}, not an nn.Module")
+    adaptations = [
+        f"{name}={value} passed from the dataset"
+        for name, value in kwargs.items()
+        if name in facts and name not in cfg.kwargs
+    ]
+    return _recorded(model, ModelFacts("custom", target, adaptations=adaptations))
+
+
 # The one list of models: model.name -> its schema and builder. Each name is also an option file
 # conf/model/<name>.yaml (a test keeps the two in step).
 MODELS: dict[str, Option] = {
@@ -170,13 +378,87 @@ MODELS: dict[str, Option] = {
     "resnet18": Option(ResNetConfig, build_resnet),
     "resnet50": Option(ResNetConfig, build_resnet),
     "vit": Option(ViTConfig, build_vit),
+    "torchvision": Option(TorchvisionModelConfig, build_torchvision),
+    "timm": Option(TimmModelConfig, build_timm),
+    "custom": Option(CustomModelConfig, build_custom),
 }
-CONVOLUTIONAL = frozenset({"cnn", "resnet18", "resnet50"})  # FP16 convolutions crawl on CPUs
+# Builtin models with convolutions (FP16 convolutions crawl on CPUs). Models from torchvision, timm
+# or user code are only known once built: has_convolutions(model) inspects the built model.
+CONVOLUTIONAL = frozenset({"cnn", "resnet18", "resnet50"})
+
+
+def has_convolutions(model: nn.Module) -> bool:
+    """Whether any layer of ``model`` is a convolution (1-D, 2-D or 3-D, transposed too)."""
+    return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
+
+
+def config_has_convolutions(cfg: ModelConfig) -> bool:
+    """Whether the configured model has convolutions, before the data is known (``mptrain bench``
+    skips FP16 on CPUs for them): builtin models by :data:`CONVOLUTIONAL`; torchvision, timm and
+    custom models built on the meta device (no memory, no weights initialised) for 3 x 224 x 224
+    images and 10 classes, and inspected."""
+    if not isinstance(cfg, TorchvisionModelConfig | TimmModelConfig | CustomModelConfig):
+        return cfg.name in CONVOLUTIONAL
+    with torch.device("meta"):
+        return has_convolutions(MODELS[cfg.name].build(cfg, 3, 224, 10))
 
 
 def build_model(cfg: ModelConfig, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """Build the configured model (FP32 parameters) for the dataset's shape."""
-    return MODELS[cfg.name].build(cfg, in_channels, image_size, num_classes)
+    """Build the configured model (FP32 parameters) for the dataset's shape, record what was built
+    (:func:`model_facts`) and check it with a dummy forward pass (:func:`check_forward`)."""
+    model = MODELS[cfg.name].build(cfg, in_channels, image_size, num_classes)
+    facts = _FACTS.get(model) or ModelFacts("builtin", None)
+    facts.class_name = f"{type(model).__module__}.{type(model).__qualname__}"
+    facts.convolutional = has_convolutions(model)
+    _recorded(model, facts)
+    check_forward(model, _model_key(cfg), in_channels, image_size, num_classes)
+    return model
+
+
+def _model_key(cfg: ModelConfig) -> str:
+    """The key that names what was built, for error messages: ``model.arch='resnet34'``, ..."""
+    if isinstance(cfg, CustomModelConfig):
+        return f"model._target_={cfg._target_!r}"
+    if isinstance(cfg, TorchvisionModelConfig | TimmModelConfig):
+        return f"model.arch={cfg.arch!r}"
+    return f"model={cfg.name}"
+
+
+def check_forward(
+    model: nn.Module, key: str, in_channels: int, image_size: int, num_classes: int
+) -> None:
+    """One FP32 forward pass of a zero batch of two images, in eval mode (no statistics change,
+    no random draws): ConfigError naming ``key`` unless it returns ``(2, num_classes)`` logits."""
+    was_training = model.training
+    model.eval()
+    shape = f"{in_channels}x{image_size}x{image_size}"
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(2, in_channels, image_size, image_size))
+    except Exception as exc:  # whatever the model raises: it cannot take this data
+        raise ConfigError(
+            f"{key}: a forward pass of the dataset's {shape} images failed ({first_line(exc)})"
+        ) from exc
+    finally:
+        model.train(was_training)
+    got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    if got != (2, num_classes):
+        raise ConfigError(
+            f"{key}: returns {got} for a batch of 2 {shape} images; mptrain needs one tensor "
+            f"of (batch, num_classes) = (2, {num_classes}) logits"
+        )
+
+
+def model_facts(model: nn.Module) -> ModelFacts | None:
+    """What :func:`build_model` recorded for ``model`` (seen through DDP and torch.compile)."""
+    for _ in range(4):  # DDP(compile(model)) and similar nestings
+        if model in _FACTS:
+            return _FACTS[model]
+        inner = getattr(model, "_orig_mod", None) or getattr(model, "module", None)
+        if not isinstance(inner, nn.Module):
+            return None
+        model = inner
+    return None
 
 
 def count_parameters(model: nn.Module) -> int:

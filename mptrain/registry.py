@@ -10,16 +10,20 @@ the tests and the benchmarks call it before composing; importing mptrain registe
 
 :func:`to_run_config` is the CLI edge: it refuses keys no schema declares, converts the composed
 OmegaConf config into plain dataclasses once, checks the names against the tables, and runs the
-range rules of :mod:`mptrain.config`.
+range rules of :mod:`mptrain.config`. One exception to the unknown-key rule: a schema with
+``accepts_extra_keys`` (``model=custom``, ``dataset=custom``) takes any key, and its undeclared
+keys (``+model.width=64``) are moved into its ``kwargs`` dict, the arguments of its ``_target_``.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from pathlib import Path
 from typing import Any
 
 from mptrain.config import (
+    EXTRA_KEYS_FIELD,
     ConfigError,
     Option,
     PrecisionConfig,
@@ -69,9 +73,12 @@ def to_run_config(cfg: Any) -> RunConfig:
     from omegaconf import OmegaConf
 
     _reject_unknown_keys(cfg)
+    cfg, extras = _take_extra_keys(cfg)
     run = OmegaConf.to_object(cfg)
     if not isinstance(run, RunConfig):
         raise ConfigError("config: the primary config must use run_schema in its defaults list")
+    for group, values in extras.items():
+        _add_extra_keys(getattr(run, group), group, values)
     check_names(run)
     validate(run)
     return run
@@ -122,9 +129,54 @@ def _reject_unknown_keys(node: Any, path: str = "") -> None:
     declared = (
         {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
     )
+    open_schema = getattr(schema, "accepts_extra_keys", False)
     for key in node:
-        if declared is not None and key not in declared:
+        if declared is not None and key not in declared and not open_schema:
             raise ConfigError(f"{path}{key}: unknown key; accepted keys: {accepted_keys(schema)}")
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
             _reject_unknown_keys(child, f"{path}{key}.")
+
+
+def _take_extra_keys(cfg: Any) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """(a copy of ``cfg`` without the undeclared keys of the groups whose schema accepts them,
+    those keys as plain values per group)."""
+    from omegaconf import DictConfig, OmegaConf, open_dict
+
+    extras: dict[str, dict[str, Any]] = {}
+    for group in group_options():
+        node = cfg.get(group) if isinstance(cfg, DictConfig) else None
+        schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
+        if not getattr(schema, "accepts_extra_keys", False):
+            continue
+        declared = {f.name for f in dataclasses.fields(schema)}
+        undeclared = [key for key in node if key not in declared]
+        if not undeclared:
+            continue
+        if not extras:
+            cfg = copy.deepcopy(cfg)  # the caller's config stays as Hydra composed it
+            node = cfg[group]
+        with open_dict(node):
+            extras[group] = {key: _plain(node, key) for key in undeclared}
+            for key in undeclared:
+                node.pop(key)
+    return cfg, extras
+
+
+def _plain(node: Any, key: str) -> Any:
+    """The value at ``node[key]`` as plain Python (dicts, lists, scalars), interpolations resolved."""
+    from omegaconf import Container, OmegaConf
+
+    value = node[key]
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, Container) else value
+
+
+def _add_extra_keys(group_config: Any, group: str, values: dict[str, Any]) -> None:
+    """Merge the ``+group.key`` values into the schema's kwargs; a key set both ways is refused."""
+    kwargs = getattr(group_config, EXTRA_KEYS_FIELD)
+    for key, value in values.items():
+        if key in kwargs:
+            raise ConfigError(
+                f"{group}.{key}: set twice, as {group}.{key} and {group}.{EXTRA_KEYS_FIELD}.{key}"
+            )
+        kwargs[key] = value

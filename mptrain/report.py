@@ -63,6 +63,13 @@ class ModelSection:
     parameters: int | None
     channels_last: bool
     compile: bool
+    # What was built (mptrain.models.ModelFacts); None in reports written before these existed,
+    # or when the run stopped before the model was built.
+    source: str | None = None  # builtin | torchvision | timm | custom
+    arch: str | None = None  # torchvision/timm model name, or the custom model._target_
+    class_name: str | None = None  # module.qualname of the built nn.Module
+    adaptations: list[str] | None = None  # e.g. "conv1 (Conv2d) replaced for 1 input channel"
+    convolutional: bool | None = None  # has Conv layers (FP16 convolutions crawl on CPUs)
 
 
 @dataclass
@@ -197,6 +204,12 @@ class ReportError(ValueError):
     """A report.json that does not match this mptrain's schema; the message names the key."""
 
 
+def _model_words(model: ModelSection) -> str:
+    """``custom tiny_net.TinyNet`` / ``torchvision resnet34 (conv1 ... replaced ...)`` / ``cnn``."""
+    words = model.name if model.arch is None else f"{model.name} {model.arch}"
+    return f"{words} ({'; '.join(model.adaptations)})" if model.adaptations else words
+
+
 def load_report(path: Path) -> RunReport:
     """Read a report.json written by :func:`write_report`; raise ReportError naming a bad key."""
     data = json.loads(path.read_text(encoding="utf-8"))
@@ -313,7 +326,7 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         ("precision", _precision_text(p)),
         ("precision choice", p.reason),
         ("device", report.hardware["device"]),
-        ("model / data", f"{report.model.name} / {report.data.description}"),
+        ("model / data", f"{_model_words(report.model)} / {report.data.description}"),
         ("steps", f"{t.steps} of {t.total_steps} ({t.epochs_completed} epochs)"),
         ("skipped steps", _skipped_text(t)),
         ("loss scale", _scale_text(t.loss_scale)),

@@ -44,6 +44,7 @@ from mptrain.dtypes import dtype_name
 from mptrain.fp8 import fp8_layer_stats
 from mptrain.loop import LoopHooks, train_loop
 from mptrain.metrics import MetricsLog, read_metrics, truncate_after
+from mptrain.models import model_facts
 from mptrain.optim import optimizer_implementation
 from mptrain.plots import RUN_PNG, plot_run
 from mptrain.precision import PrecisionPolicy
@@ -321,6 +322,19 @@ def _now() -> str:
 
 
 # ------------------------------------------------------------------------------ the report
+def _model_section(cfg: RunConfig, run: Run | None) -> ModelSection:
+    """The model's name and settings, and what was built (source, class, adaptations)."""
+    facts = model_facts(run.model) if run else None
+    built = dataclasses.asdict(facts) if facts else {}
+    return ModelSection(
+        cfg.model.name,
+        run.num_parameters if run else None,
+        cfg.channels_last,
+        cfg.compile,
+        **built,
+    )
+
+
 def assemble_report(job: _Job, status: str, reason: str | None) -> RunReport:
     """The report from what the job got to: every section, whatever stage it stopped at."""
     cfg, run, state = job.cfg, job.run, job.state
@@ -343,9 +357,7 @@ def assemble_report(job: _Job, status: str, reason: str | None) -> RunReport:
         optimizer=OptimizerSection(
             cfg.optimizer.name, optimizer_implementation(run.optimizer) if run else None
         ),
-        model=ModelSection(
-            cfg.model.name, run.num_parameters if run else None, cfg.channels_last, cfg.compile
-        ),
+        model=_model_section(cfg, run),
         data=_data_section(cfg, run, job.dist),
         training=_training_section(cfg, run, state),
         numerics=_numerics_section(run),

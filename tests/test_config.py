@@ -117,7 +117,11 @@ def set_path(run: RunConfig, dotted: str, value: object) -> None:
 
 
 # Options that cannot compose without a value the user must give (``???`` in their YAML).
-REQUIRED_OVERRIDES = {("dataset", "imagefolder"): ["dataset.root=/data/imagenet"]}
+REQUIRED_OVERRIDES = {
+    ("dataset", "imagefolder"): ["dataset.root=/data/imagenet"],
+    ("model", "custom"): ["model._target_=my_pkg.MyNet"],
+    ("dataset", "custom"): ["dataset._target_=my_pkg.make_data"],
+}
 
 GROUP_OPTIONS = [(group, option) for group in config_groups() for option in group_options(group)]
 
