@@ -5,8 +5,8 @@ objects (a :class:`~mptrain.config.RunConfig` and an output directory) and never
 A :class:`_Job` follows the run through its life, in this order:
 
     resolve device and precision -> build (mptrain.build) -> audit / probe when asked ->
-    resume when asked -> checkpointer -> train_loop (metrics, progress, signals) -> final
-    checkpoint -> report.json / report.md / curves.png
+    resume when asked -> checkpointer -> trackers -> train_loop (metrics, progress, trackers,
+    signals) -> final checkpoint -> report.json / report.md / curves.png -> trackers' artifacts
 
 Whatever happens after the output directory is known — completion, divergence, an interrupt, an
 exception — a report is written with the matching status before the exception (if any) propagates.
