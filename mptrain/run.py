@@ -293,11 +293,11 @@ class _Job:
             json_path, md_path = write_report(self.output_dir, report)  # first: it must exist
         except OSError as exc:  # e.g. a full disk: say what survived, in one line
             lost = f"report.json not written ({exc.strerror or exc}); kept: {self._kept()}"
+            self._finish_trackers("failed" if status == "completed" else status, [])
             if status == "completed":
                 raise RunFailed("failed", lost, report) from exc
             # Another outcome is under way (its exception propagates): only say what was lost.
             self.log.warn(lost)
-            self._finish_trackers(status, [])
             return report
         metrics_path = self.output_dir / METRICS_JSONL
         if metrics_path.is_file():

@@ -116,7 +116,7 @@ def mlflow_tracking_uri(setting: str | None) -> str:
     """``mlflow.tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else the file store ``./mlruns``;
     a plain path becomes an absolute ``file:`` URI (the run's id file stays valid from anywhere)."""
     uri = setting or os.environ.get("MLFLOW_TRACKING_URI") or "mlruns"
-    if "://" in uri or uri.startswith("file:"):
+    if ":" in uri or uri == "databricks":  # a URI (file:, sqlite:, http:, databricks://...)
         return uri
     return Path(uri).expanduser().resolve().as_uri()
 

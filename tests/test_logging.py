@@ -59,6 +59,8 @@ def test_piped_stdout_has_a_plain_line_per_log_row_and_evaluation(piped_run):
     assert [int(m[3]) for m in steps] == [0, 1, 1]  # skipped so far
     assert [int(m[1]) for m in map(EVAL_LINE.match, lines) if m] == [15, 30]
     assert "\x1b" not in result.stdout + result.stderr  # no escape codes
+    # Printed once: Hydra's console handler does not repeat the logged lines.
+    assert "[mptrain]" not in result.stdout + result.stderr
 
 
 def test_piped_stdout_keeps_long_paths_whole(piped_run):

@@ -199,3 +199,19 @@ def test_tracker_settings_are_not_training_settings():
     assert run_signature(plain, policy) == run_signature(tracked, policy)
     for key in ("logger", "tensorboard.log_dir", "mlflow.tracking_uri", "mlflow.run_name"):
         assert is_non_training_key(key)
+
+
+def test_a_tracker_that_cannot_start_stops_the_run_before_training(tmp_path):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a directory")
+    result = run_mptrain(
+        tmp_path,
+        "model=mlp",
+        "max_steps=2",
+        "logger=[mlflow]",
+        f"mlflow.tracking_uri={blocked}/mlruns",
+    )
+    assert result.returncode == 2, describe(result)
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"mptrain: error: mlflow.tracking_uri={(blocked / 'mlruns').as_uri()}: ")
+    assert not list(tmp_path.glob("outputs/*/*/report.json"))  # nothing trained
