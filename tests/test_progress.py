@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 
 from rich.console import Console
 
@@ -67,9 +68,12 @@ def test_without_a_terminal_each_row_and_evaluation_prints_one_plain_line():
     assert "\x1b" not in out.getvalue()
 
 
-def test_no_line_when_progress_is_off_or_the_bar_shows():
+def test_no_line_when_progress_is_off_or_the_bar_shows_but_the_log_records_it(caplog):
+    caplog.set_level(logging.INFO, logger="mptrain")
     for console, enabled in ((_terminal(), True), (Console(file=io.StringIO()), False)):
+        caplog.clear()
         display = ProgressDisplay(100, "fp16 mlp", console, enabled=enabled)
         with display:
             display.on_log(ROW)
         assert "train step=" not in console.file.getvalue()
+        assert [r.getMessage()[:20] for r in caplog.records] == ["train step=20/100 ep"]
