@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 # Dotted config keys (or key prefixes) that do not change what a run computes: where the data
-# lives, what is displayed or logged, checkpoint and resume mechanics, diagnostics, benchmarks.
+# lives, what is displayed or logged (trackers too), checkpoint and resume mechanics, diagnostics, benchmarks.
 # Comparisons (sweeps, recipe verdicts) ignore them.
 NON_TRAINING_KEYS = (
     "seed",
@@ -38,6 +38,10 @@ NON_TRAINING_KEYS = (
     "numerics.warn_consecutive_backoffs",
     "numerics.warn_skip_rate",
     "numerics.warn_window",
+    # experiment trackers: where the run is reported, not what it computes
+    "logger",
+    "tensorboard",
+    "mlflow",
 )
 
 

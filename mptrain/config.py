@@ -15,6 +15,7 @@ once, at the CLI edge.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from collections.abc import Callable
@@ -461,6 +462,27 @@ class DebugConfig:
 
 
 @dataclass
+class TensorBoardConfig:
+    """logger=[tensorboard]: scalars and the config as hparams (``pip install "mptrain[tensorboard]"``)."""
+
+    log_dir: str | None = None  # None: <run dir>/tensorboard
+
+
+@dataclass
+class MLflowConfig:
+    """logger=[mlflow]: params, metrics and the report as artifacts (``pip install "mptrain[mlflow]"``)."""
+
+    tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else the file store ./mlruns
+    experiment_name: str = "mptrain"
+    run_name: str | None = None  # None: the run directory's name
+
+
+# logger=[...]: each experiment tracker a config may name -> the package it needs (and the extra
+# that installs it, mptrain[<name>]).
+LOGGERS = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+
+
+@dataclass
 class RunConfig:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     model: ModelConfig = MISSING
@@ -497,6 +519,9 @@ class RunConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
+    logger: list[str] = field(default_factory=list)  # experiment trackers: names of LOGGERS
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
+    mlflow: MLflowConfig = field(default_factory=MLflowConfig)
 
 
 # ------------------------------------------------------------------------------------- validation
@@ -642,6 +667,7 @@ def validate(run: RunConfig) -> None:
     _validate_numerics(run.numerics)
     _at_least("probe_batches", run.probe_batches, 1)
     _validate_mechanics(run)
+    validate_loggers(run.logger)
 
 
 def _validate_mechanics(run: RunConfig) -> None:
@@ -668,3 +694,22 @@ def _validate_mechanics(run: RunConfig) -> None:
         run.debug.inject_inf_grad_steps,
         "optimizer step numbers >= 1",
     )
+
+
+def validate_loggers(names: list[str]) -> None:
+    """Every name in ``logger`` is a tracker of :data:`LOGGERS` whose package is installed."""
+    for name in names:
+        _require(
+            name in LOGGERS,
+            "logger",
+            names,
+            f"unknown logger {name!r}; one of {', '.join(LOGGERS)}",
+        )
+        package = LOGGERS[name]
+        _require(
+            importlib.util.find_spec(package) is not None,
+            "logger",
+            names,
+            f"{name} needs the {package} package, which is not installed: "
+            f'pip install "mptrain[{name}]"',
+        )

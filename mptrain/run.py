@@ -5,8 +5,8 @@ objects (a :class:`~mptrain.config.RunConfig` and an output directory) and never
 A :class:`_Job` follows the run through its life, in this order:
 
     resolve device and precision -> build (mptrain.build) -> audit / probe when asked ->
-    resume when asked -> checkpointer -> train_loop (metrics, progress, signals) -> final
-    checkpoint -> report.json / report.md / curves.png
+    resume when asked -> checkpointer -> trackers -> train_loop (metrics, progress, trackers,
+    signals) -> final checkpoint -> report.json / report.md / curves.png -> trackers' artifacts
 
 Whatever happens after the output directory is known — completion, divergence, an interrupt, an
 exception — a report is written with the matching status before the exception (if any) propagates.
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 
 from mptrain import hardware
 from mptrain.build import build_run, resolve_run
@@ -42,6 +43,7 @@ from mptrain.diagnose import write_diagnostics
 from mptrain.distributed import DistContext, init_distributed, shutdown
 from mptrain.dtypes import dtype_name
 from mptrain.fp8 import fp8_layer_stats
+from mptrain.joblog import JobLog, job_console
 from mptrain.loop import LoopHooks, train_loop
 from mptrain.metrics import MetricsLog, read_metrics, truncate_after
 from mptrain.models import model_facts
@@ -64,12 +66,14 @@ from mptrain.report import (
     ThroughputSection,
     TrainingSection,
     print_summary,
+    summary_rows,
     write_report,
 )
 from mptrain.rundir import RunDirLock, check_no_other_run
 from mptrain.seeding import seed_everything
 from mptrain.signals import GracefulStop, Terminated
 from mptrain.state import LoopState
+from mptrain.trackers import Trackers, start_trackers
 
 
 class RunInterrupted(RuntimeError):
@@ -102,16 +106,17 @@ def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> R
     dist = init_distributed(cfg.device, cfg.distributed.strategy, cfg.distributed.reduce_dtype)
     try:
         if not dist.is_main:  # rank 0 speaks for the job and owns its directory
-            return _Job(cfg, output_dir, dist, Console(quiet=True)).execute()
+            silent = JobLog(Console(quiet=True), enabled=False)
+            return _Job(cfg, output_dir, dist, silent).execute()
         check_output_dir(output_dir)
-        console = console or Console()
-        with RunDirLock(output_dir) as lock:
+        # What the job says goes to stdout once and into the job's log file (mptrain.joblog).
+        with JobLog(console or job_console()) as log, RunDirLock(output_dir) as lock:
             if lock.stale_note:
-                console.print(f"[yellow]note:[/yellow] {lock.stale_note}")
+                log.say(lock.stale_note, "note")
             overwritten = check_no_other_run(output_dir, cfg.resume, cfg.overwrite)
             if overwritten:
-                console.print(f"[yellow]note:[/yellow] {overwritten}")
-            return _Job(cfg, output_dir, dist, console).execute()
+                log.say(overwritten, "note")
+            return _Job(cfg, output_dir, dist, log).execute()
     finally:
         shutdown(dist)
 
@@ -131,10 +136,9 @@ def check_output_dir(output_dir: Path) -> None:
 class _Job:
     """One job's life (see the module doc); always ends with a report once it has started."""
 
-    def __init__(
-        self, cfg: RunConfig, output_dir: Path, dist: DistContext, console: Console
-    ) -> None:
-        self.cfg, self.output_dir, self.dist, self.console = cfg, output_dir, dist, console
+    def __init__(self, cfg: RunConfig, output_dir: Path, dist: DistContext, log: JobLog) -> None:
+        self.cfg, self.output_dir, self.dist = cfg, output_dir, dist
+        self.log, self.console = log, log.console
         self.started_at = _now()
         self.start_time = time.perf_counter()
         # Decided before the build, so a report of a failed build still names them.
@@ -145,6 +149,7 @@ class _Job:
         self.resumed: dict[str, Any] | None = None
         self.checkpointer: Checkpointer | None = None
         self.stop: GracefulStop | None = None
+        self.trackers: Trackers | None = None
 
     @property
     def state(self) -> LoopState:
@@ -181,12 +186,14 @@ class _Job:
     def _announce(self) -> None:
         run, policy = self.run, self.policy
         auto = "" if policy.requested == policy.name else f" (auto: {policy.reason})"
-        self.console.print(
-            f"[bold]mptrain[/bold] {self.cfg.model.name} on {run.data.description} | "
-            f"{policy.describe()}{auto} | {run.device}"
+        what = f"{self.cfg.model.name} on {run.data.description} | {policy.describe()}{auto}"
+        self.log.say(
+            f"mptrain {what} | {run.device} | run dir {self.output_dir}",
+            markup=f"[bold]mptrain[/bold] {escape(what)} | {run.device} | run dir "
+            f"{escape(str(self.output_dir))}",
         )
         for note in policy.notes:
-            self.console.print(f"[yellow]note:[/yellow] {note}")
+            self.log.say(note, "note")
 
     def _resume(self) -> dict[str, Any]:
         cfg, run, dist = self.cfg, self.run, self.dist
@@ -195,7 +202,7 @@ class _Job:
             note = f"{no_checkpoint_hint(self.output_dir)}; started fresh"
             if self.dist.is_main:  # a fresh start logs from step 1 again
                 truncate_after(self.output_dir / METRICS_JSONL, 0)
-            self.console.print(f"resume=auto: {note}")
+            self.log.say(note, "resume=auto")
             return {"requested": cfg.resume, "from": None, "note": note}
         path, payload, notes = found
         allowed = check_compatible(
@@ -215,8 +222,8 @@ class _Job:
         if dist.enabled:  # rank 0's RNG was saved: give each rank its own stream again
             seed_everything(cfg.seed + dist.rank + run.state.step)
         for note in notes:
-            self.console.print(f"[yellow]resume:[/yellow] {note}")
-        self.console.print(f"resumed from {path} at step {run.state.step}")
+            self.log.say(note, "resume")
+        self.log.say(f"resumed from {path} at step {run.state.step}")
         return {
             "requested": cfg.resume,
             "from": str(path),
@@ -231,14 +238,18 @@ class _Job:
         metrics = MetricsLog(self.output_dir / METRICS_JSONL) if self.dist.is_main else None
         show = cfg.progress and self.dist.is_main
         label = f"{self.policy.name} {cfg.model.name}"
+        total, start = run.settings.total_steps, run.state.step
+        if self.dist.is_main and cfg.logger:
+            self.trackers = start_trackers(cfg, self.output_dir, start, self.log.warn)
         try:
             with (
-                ProgressDisplay(run.settings.total_steps, label, self.console, show) as display,
+                ProgressDisplay(total, label, self.console, show, self.log, start) as display,
                 GracefulStop() as stop,
             ):
                 self.stop = stop
+                observers = (metrics, display, self.trackers)
                 hooks = LoopHooks(
-                    observers=(metrics, display) if metrics else (display,),
+                    observers=tuple(o for o in observers if o is not None),
                     checkpoint=checkpointer.after_step if checkpointer else None,
                     stop_requested=stop.requested,
                 )
@@ -280,13 +291,14 @@ class _Job:
         if not self.dist.is_main:
             return report  # only rank 0 writes
         try:
-            json_path, _ = write_report(self.output_dir, report)  # first: the report must exist
+            json_path, md_path = write_report(self.output_dir, report)  # first: it must exist
         except OSError as exc:  # e.g. a full disk: say what survived, in one line
             lost = f"report.json not written ({exc.strerror or exc}); kept: {self._kept()}"
+            self._finish_trackers("failed" if status == "completed" else status, [])
             if status == "completed":
                 raise RunFailed("failed", lost, report) from exc
             # Another outcome is under way (its exception propagates): only say what was lost.
-            self.console.print(f"[yellow]warning:[/yellow] {lost}")
+            self.log.warn(lost)
             return report
         metrics_path = self.output_dir / METRICS_JSONL
         if metrics_path.is_file():
@@ -296,9 +308,20 @@ class _Job:
                 report.figure = RUN_PNG
                 write_report(self.output_dir, report)
             except Exception as exc:  # a figure is not worth losing the run over; say so
-                self.console.print(f"[yellow]warning:[/yellow] curves.png not written: {exc}")
+                self.log.warn(f"curves.png not written: {exc}")
+        figure = self.output_dir / report.figure if report.figure else None
+        self._finish_trackers(status, [json_path, md_path, figure])
         print_summary(self.console, report, json_path)
+        for key, value in summary_rows(report):  # the outcome, also in the job's log file
+            self.log.record(f"summary: {key}: {value}")
+        self.log.record(f"report: {json_path}")
         return report
+
+    def _finish_trackers(self, status: str, artifacts: list[Path]) -> None:
+        """The outcome and the report files to the trackers; a failure there is only warned of."""
+        if self.trackers is not None:
+            self.trackers.finish(status, [p for p in artifacts if p is not None])
+            self.trackers = None
 
 
 def no_checkpoint_hint(output_dir: Path) -> str:

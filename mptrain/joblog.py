@@ -1,0 +1,107 @@
+"""What a job says, printed once to stdout and recorded in the job's log file.
+
+A run's story (the announce line, notes, warnings, progress lines, evaluations, the outcome) goes
+two ways:
+
+- to stdout through a rich :class:`~rich.console.Console`. On a terminal that is rich's usual
+  console (colours, the live progress bar); anywhere else (``> train.log``, ``| tee``, nohup,
+  SLURM) it is :func:`job_console`'s plain console: no escape codes, no wrapping at 80 columns, no
+  "…" inside a table cell, one line per message.
+- to the ``mptrain`` logger, whose records go only to the *file* handlers of the root logger
+  (Hydra's default ``hydra/job_logging`` writes ``<run dir>/<job name>.log``), never to a
+  stdout/stderr stream handler: the console already showed the line, so nothing appears twice.
+
+:class:`JobLog` attaches those handlers for one job and detaches them after it, so each job of a
+``-m`` sweep writes to its own log file (Hydra configures logging per job). torchrun ranks > 0 run
+with Hydra's logging disabled and a quiet console: they say nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from types import TracebackType
+
+from rich.console import Console
+from rich.markup import escape
+
+LOGGER = logging.getLogger("mptrain")
+# Wide enough that no line or table row wraps; rich lays a table out to its content, not to this.
+PLAIN_WIDTH = 100_000
+
+
+def job_console() -> Console:
+    """rich's console on a terminal; elsewhere one that writes each message as one plain line."""
+    console = Console()
+    if console.is_terminal:
+        return console
+    return Console(width=PLAIN_WIDTH, soft_wrap=True, highlight=False, emoji=False)
+
+
+def _is_console_stream(handler: logging.Handler) -> bool:
+    """A handler writing to stdout or stderr (Hydra's ``console`` handler, for one)."""
+    if isinstance(handler, logging.FileHandler):
+        return False
+    stream = getattr(handler, "stream", None)
+    return stream is not None and stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+
+
+class JobLog:
+    """One job's story (see the module doc). Disabled (ranks > 0), it prints and records nothing.
+
+    Use as a context manager around the job: inside it the ``mptrain`` logger writes to the root
+    logger's non-console handlers; outside it, the logger is as it was.
+    """
+
+    def __init__(self, console: Console, enabled: bool = True) -> None:
+        self.console = console
+        self.enabled = enabled
+        self._saved: tuple[bool, list[logging.Handler], int, bool] | None = None
+
+    def __enter__(self) -> JobLog:
+        if self.enabled:
+            logger = LOGGER
+            self._saved = (logger.propagate, list(logger.handlers), logger.level, logger.disabled)
+            handlers = [h for h in logging.getLogger().handlers if not _is_console_stream(h)]
+            logger.handlers = handlers
+            logger.propagate = False  # the root's console handler would print the line again
+            logger.setLevel(logging.INFO)
+            logger.disabled = False  # a dictConfig that disabled existing loggers: still record
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._saved is not None:
+            logger = LOGGER
+            logger.propagate, logger.handlers, level, logger.disabled = self._saved
+            logger.setLevel(level)
+            self._saved = None
+
+    def record(self, text: str, level: int = logging.INFO) -> None:
+        """Into the log file only (the terminal shows it another way, e.g. the live bar)."""
+        if self.enabled:
+            LOGGER.log(level, text)
+
+    def say(self, text: str, label: str | None = None, markup: str | None = None) -> None:
+        """Print ``label: text`` (the label in yellow on a terminal) and record it.
+
+        ``markup``: the console's rich-markup form of the same line, when it has one; ``text``
+        is always printed literally (paths and messages are never read as markup).
+        """
+        if not self.enabled:
+            return
+        shown = markup if markup is not None else escape(text)
+        if label:
+            shown = f"[yellow]{label}:[/yellow] {shown}"
+        self.console.print(shown)
+        self.record(f"{label}: {text}" if label else text)
+
+    def warn(self, text: str) -> None:
+        """A warning: printed once and recorded at WARNING level."""
+        if self.enabled:
+            self.console.print(f"[yellow]warning:[/yellow] {escape(text)}")
+            self.record(f"warning: {text}", logging.WARNING)

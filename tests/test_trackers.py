@@ -1,0 +1,217 @@
+"""Experiment trackers (logger=[tensorboard,mlflow]), read back with TensorBoard's and MLflow's own
+readers: what a run sends, a resumed run's curves, a tracker failing mid-run, and bad input."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from conftest import compose_run, describe, run_mptrain, tiny_run, train
+
+from mptrain.checkpoint import run_signature
+from mptrain.compare import is_non_training_key
+from mptrain.config import ConfigError
+from mptrain.precision import resolve_precision
+
+pytest.importorskip("tensorboard")
+pytest.importorskip("mlflow")
+
+from mlflow.tracking import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
+
+TRAIN_TAGS = (
+    "train/loss",
+    "train/lr",
+    "train/loss_scale",
+    "train/grad_norm",
+    "train/skipped_steps",
+    "train/samples_per_s",
+)
+
+
+@pytest.fixture(autouse=True)
+def _file_store(monkeypatch):
+    # MLflow 3 opens a file store only when allowed (mptrain allows it for its own runs).
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+
+
+def scalars(log_dir) -> dict[str, list[tuple[int, float]]]:
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def hparams_of(log_dir) -> dict[str, object]:
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    data = plugin_data_pb2.HParamsPluginData.FromString(content)
+    return {
+        k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
+        for k, v in data.session_start_info.hparams.items()
+    }
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    """`mptrain logger=[tensorboard,mlflow]` with every tracker default, in a fresh directory."""
+    cwd = tmp_path_factory.mktemp("trackers")
+    result = run_mptrain(
+        cwd,
+        "model=mlp",
+        "device=cpu",
+        "precision=fp16",
+        "max_steps=30",
+        "log_every=10",
+        "eval_every=15",
+        "debug.inject_inf_grad_steps=[12]",
+        "logger=[tensorboard,mlflow]",
+        "hydra.run.dir=run",
+    )
+    assert result.returncode == 0, describe(result)
+    return cwd
+
+
+def test_tensorboard_gets_every_scalar_at_global_steps_and_the_config(cli_run):
+    found = scalars(cli_run / "run" / "tensorboard")
+    for tag in TRAIN_TAGS:
+        assert [step for step, _ in found[tag]] == [10, 20, 30], tag
+    assert [step for step, _ in found["eval/val_accuracy"]] == [15, 30]
+    assert [value for _, value in found["train/loss_scale"]] == [65536, 32768, 32768]
+    assert [value for _, value in found["train/skipped_steps"]] == [0, 1, 1]
+    metrics = [json.loads(line) for line in (cli_run / "run" / "metrics.jsonl").open()]
+    final_eval = [row for row in metrics if row["kind"] == "eval"][-1]
+    assert found["eval/val_accuracy"][-1][1] == pytest.approx(final_eval["val_accuracy"])
+    hp = hparams_of(cli_run / "run" / "tensorboard")
+    assert (
+        hp["optimizer.name"] == "adamw" and hp["max_steps"] == 30 and hp["precision.name"] == "fp16"
+    )
+
+
+def test_mlflow_gets_params_metrics_artifacts_and_status_in_mlruns(cli_run):
+    client = MlflowClient((cli_run / "mlruns").as_uri())  # the default store: ./mlruns
+    experiment = client.get_experiment_by_name("mptrain")
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.info.run_name == "run"
+    assert run.data.tags["mptrain.run_dir"] == str((cli_run / "run").resolve())
+    params = run.data.params
+    assert params["precision.name"] == "fp16" and params["max_steps"] == "30"
+    assert (
+        params["debug.inject_inf_grad_steps"] == "[12]"
+        and params["logger"] == '["tensorboard", "mlflow"]'
+    )
+    for tag in TRAIN_TAGS:
+        assert [m.step for m in client.get_metric_history(run.info.run_id, tag)] == [10, 20, 30]
+    history = client.get_metric_history(run.info.run_id, "eval/val_accuracy")
+    report = json.loads((cli_run / "run" / "report.json").read_text())
+    assert [m.step for m in history] == [15, 30]
+    assert history[-1].value == pytest.approx(report["evaluation"]["final_val_accuracy"])
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"report.json", "report.md", "curves.png"} <= artifacts
+    saved = json.loads((cli_run / "run" / "mlflow_run.json").read_text())
+    assert saved["run_id"] == run.info.run_id
+
+
+def test_a_resumed_run_continues_the_same_curves(tmp_path):
+    store = (tmp_path / "mlruns").as_uri()
+    run_dir = tmp_path / "run"
+    common = (
+        "max_steps=30",
+        "log_every=5",
+        "logger=[tensorboard,mlflow]",
+        "checkpoint.keep_last=5",
+    )
+    train(tiny_run(*common, f"mlflow.tracking_uri={store}"), run_dir)
+    # Back to the end of the first epoch (step 22): steps 25 and 30 are logged again. Tracker
+    # settings may change at resume: they are not training settings.
+    resume = run_dir / "checkpoints" / "step_00000022.pt"
+    again = tiny_run(
+        *common, f"mlflow.tracking_uri={store}", "mlflow.run_name=x", f"resume={resume}"
+    )
+    report = train(again, run_dir)
+    assert report["resumed"]["step"] == 22
+
+    found = scalars(run_dir / "tensorboard")
+    assert [step for step, _ in found["train/loss"]] == [5, 10, 15, 20, 25, 30]
+    assert [step for step, _ in found["eval/val_accuracy"]] == [22, 30]
+
+    client = MlflowClient(store)
+    (run,) = client.search_runs([client.get_experiment_by_name("mptrain").experiment_id])
+    assert run.info.status == "FINISHED"  # one MLflow run: reopened, finished again
+    steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
+    assert sorted(steps) == [5, 10, 15, 20, 25, 25, 30, 30]  # MLflow keeps both attempts
+
+
+def test_a_tracker_failing_mid_run_is_dropped_with_one_warning(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def failing_log_batch(self, run_id, metrics=(), params=(), tags=()):
+        if metrics:
+            calls.append(run_id)
+            if len(calls) >= 2:  # the second metrics call: the store went away
+                raise OSError("tracking store unavailable")
+        return original(self, run_id, metrics=metrics, params=params, tags=tags)
+
+    original = MlflowClient.log_batch
+    monkeypatch.setattr(MlflowClient, "log_batch", failing_log_batch)
+    cfg = tiny_run(
+        "max_steps=20",
+        "log_every=5",
+        "logger=[mlflow,tensorboard]",
+        f"mlflow.tracking_uri={(tmp_path / 'mlruns').as_uri()}",
+    )
+    report = train(cfg, tmp_path / "run")
+    assert report["status"] == "completed" and report["training"]["steps"] == 20
+    out = capsys.readouterr().out
+    assert out.count("mlflow failed (OSError: tracking store unavailable)") == 1, out
+    assert len(calls) == 2  # no call after the failure
+    found = scalars(tmp_path / "run" / "tensorboard")  # the other tracker carries on
+    assert [step for step, _ in found["train/loss"]] == [5, 10, 15, 20]
+
+
+def test_unknown_logger_is_one_line_exit_2(tmp_path):
+    result = run_mptrain(tmp_path, "logger=[wandb]")
+    assert result.returncode == 2, describe(result)
+    (line,) = result.stderr.strip().splitlines()
+    assert "logger=['wandb']" in line and "tensorboard, mlflow" in line
+
+
+def test_a_missing_package_names_the_extra_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)  # as if it were not installed
+    with pytest.raises(ConfigError, match=r'logger=.*pip install "mptrain\[mlflow\]"') as info:
+        compose_run("logger=[tensorboard,mlflow]")
+    assert "\n" not in str(info.value)
+
+
+def test_tracker_settings_are_not_training_settings():
+    plain = compose_run("precision=fp32")
+    tracked = compose_run(
+        "precision=fp32",
+        "logger=[tensorboard]",
+        "tensorboard.log_dir=/tmp/tb",
+        "mlflow.experiment_name=other",
+    )
+    policy = resolve_precision(plain.precision, torch.device("cpu"), plain.fp8)
+    assert run_signature(plain, policy) == run_signature(tracked, policy)
+    for key in ("logger", "tensorboard.log_dir", "mlflow.tracking_uri", "mlflow.run_name"):
+        assert is_non_training_key(key)
+
+
+def test_a_tracker_that_cannot_start_stops_the_run_before_training(tmp_path):
+    blocked = tmp_path / "a_file"
+    blocked.write_text("not a directory")
+    result = run_mptrain(
+        tmp_path,
+        "model=mlp",
+        "max_steps=2",
+        "logger=[mlflow]",
+        f"mlflow.tracking_uri={blocked}/mlruns",
+    )
+    assert result.returncode == 2, describe(result)
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"mptrain: error: mlflow.tracking_uri={(blocked / 'mlruns').as_uri()}: ")
+    assert not list(tmp_path.glob("outputs/*/*/report.json"))  # nothing trained
