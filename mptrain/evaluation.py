@@ -129,10 +129,11 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], where: str) -
 
 
 # ---------------------------------------------------------------------------------- evaluation
-def check_data_fits(saved: dict[str, Any] | None, data: DataBundle, dataset: str) -> None:
-    """ConfigError unless ``data`` has the input shape and class count the model was built for."""
+def check_data_fits(saved: dict[str, Any] | None, data: DataBundle, dataset: str) -> list[str]:
+    """ConfigError unless ``data`` has the input shape and class count the model was built for.
+    Returns a note when the class names differ (the same count: it may be a renaming)."""
     if saved is None:  # a checkpoint from before data facts were saved: load_weights checks
-        return
+        return []
     built = (saved["in_channels"], saved["image_size"], saved["num_classes"])
     given = (data.in_channels, data.image_size, data.num_classes)
     if built != given:
@@ -141,6 +142,9 @@ def check_data_fits(saved: dict[str, Any] | None, data: DataBundle, dataset: str
             f"dataset={dataset}: {given[0]}x{given[1]}x{given[1]} inputs and {given[2]} classes; "
             f"the checkpoint's model takes {c}x{s}x{s} inputs and {n} classes"
         )
+    if None not in (saved["classes"], data.classes) and saved["classes"] != data.classes:
+        return [f"class names differ from training's: {saved['classes']} then, {data.classes} now"]
+    return []
 
 
 def run_eval(cfg: RunConfig, path: Path, payload: dict[str, Any]) -> dict[str, Any]:
@@ -157,7 +161,7 @@ def run_eval(cfg: RunConfig, path: Path, payload: dict[str, Any]) -> dict[str, A
         num_workers=cfg.num_workers,
     )
     data = build_data(cfg.dataset, layout)
-    check_data_fits(payload.get("data"), data, cfg.dataset.name)
+    notes = check_data_fits(payload.get("data"), data, cfg.dataset.name)
     model, fp8, _ = _build_model(cfg, data, device, policy)  # FP8 layers, FP32 islands, casts
     fresh = load_weights(model, payload["model"], f"resume={str(path)!r}")
     if fresh and policy.fp8 is not None and policy.fp8.scaling == "delayed":
@@ -169,6 +173,7 @@ def run_eval(cfg: RunConfig, path: Path, payload: dict[str, Any]) -> dict[str, A
     with torch.no_grad():
         val_loss, val_accuracy = evaluate(model, data.val, policy, cfg.channels_last)
     result = eval_result(cfg, path, payload, (val_loss, val_accuracy, data), (device, policy))
+    result["notes"] += notes
     if fp8 is not None:
         result["fp8_layers"] = [layer["name"] for layer in fp8["layers"] if layer["converted"]]
     return result

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import pickle
 import re
 import shlex
 import stat
@@ -302,3 +303,67 @@ def test_written_files_honour_the_umask(tmp_path, umask, mode):
         if stat.S_IMODE(p.stat().st_mode) != mode
     }
     assert wrong == {}
+
+
+# ------------------------------------------------------------------------ each dataset's facts
+def test_image_folder_facts_reproduce_the_validation_inputs_from_the_files(tmp_path):
+    from PIL import Image
+    from test_data import build, collect, write_image_folder
+
+    from mptrain.config import ImageFolderConfig
+
+    write_image_folder(tmp_path, {"train": {"cat": 2, "dog": 2}, "val": {"cat": 2, "dog": 2}})
+    bundle = build(ImageFolderConfig(root=str(tmp_path), image_size=32, resize_size=36))
+    assert bundle.classes == ["cat", "dog"]
+    prep = bundle.preprocessing
+    assert (prep["resize"], prep["center_crop"], prep["color"]) == (36, 32, "RGB")
+    files = sorted((tmp_path / "val").glob("*/*.png"))  # the order ImageFolder reads them in
+    raw = [Image.open(path) for path in files]
+    images, _ = collect(bundle.val)
+    torch.testing.assert_close(mptrain.preprocess(raw, prep), images)
+
+
+def test_torchvision_datasets_name_their_classes(tmp_path):
+    from test_data import build, tv_config, write_cifar10, write_cifar100, write_mnist
+
+    write_cifar10(tmp_path)
+    write_cifar100(tmp_path)
+    write_mnist(tmp_path, "FashionMNIST", seed=0)
+    write_mnist(tmp_path, "MNIST", seed=1)
+    cifar10 = build(tv_config("cifar10", tmp_path))
+    assert cifar10.classes[:2] == ["airplane", "automobile"] and len(cifar10.classes) == 10
+    assert cifar10.preprocessing["pixel_scale"] == 255.0 and len(cifar10.preprocessing["std"]) == 3
+    assert build(tv_config("cifar100", tmp_path)).classes is None  # no meta file written here
+    names = [f"class{i}".encode() for i in range(100)]
+    with (tmp_path / "cifar-100-python" / "meta").open("wb") as f:
+        pickle.dump({b"fine_label_names": names}, f)
+    assert build(tv_config("cifar100", tmp_path)).classes[99] == "class99"
+    assert build(tv_config("fashion_mnist", tmp_path)).classes[0] == "T-shirt/top"
+    assert build(tv_config("mnist", tmp_path)).classes == [str(i) for i in range(10)]
+
+
+def test_image_folder_run_loads_predicts_from_files_and_notes_renamed_classes(
+    tmp_path, no_run_figure
+):
+    from PIL import Image
+    from test_data import write_image_folder
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    write_image_folder(first, {"train": {"cat": 4, "dog": 4}, "val": {"cat": 2, "dog": 2}})
+    write_image_folder(second, {"train": {"bird": 4, "dog": 4}, "val": {"bird": 2, "dog": 2}})
+    shape = ("dataset.image_size=16", "dataset.resize_size=18", "num_workers=0", "batch_size=4")
+    cfg = tiny_run(
+        "dataset=imagefolder", f"dataset.root={first}", *shape, "epochs=null", "max_steps=2"
+    )
+    train(cfg, tmp_path / "run")
+
+    other = evaluate_in_process(
+        tmp_path, tmp_path / "eval", f"resume={tmp_path / 'run'}", f"dataset.root={second}"
+    )
+    assert other["samples"] == 4 and not other["same_data_as_training"]
+    assert any("class names differ" in note and "bird" in note for note in other["notes"])
+
+    model = mptrain.load_model(tmp_path / "run")
+    x = model.mptrain_preprocess(Image.open(first / "val" / "dog" / "0.png"))
+    assert x.shape == (1, 3, 16, 16) and model.mptrain_classes == ["cat", "dog"]
+    assert model(x).shape == (1, 2)
