@@ -51,6 +51,7 @@ from mptrain.fileio import atomic_write_text
 from mptrain.loop import evaluate
 from mptrain.models import MODELS, build_model
 from mptrain.report import clean_json
+from mptrain.rundir import check_creatable
 
 BEST = "best.pt"
 _FP8_BUFFERS = (".input_scaler.", ".weight_scaler.", ".grad_scaler.")  # Float8Linear's scalers
@@ -63,9 +64,9 @@ def find_checkpoint(resume: str | None, which: str = "latest") -> tuple[Path, di
     (or its checkpoints/) the newest that loads (``which="latest"``) or best.pt (``"best"``).
     ConfigError, one line, for anything else."""
     if resume in (None, "auto"):
+        given = "" if resume is None else f"={resume}"
         raise ConfigError(
-            f"resume={resume!r}: mptrain eval needs resume=PATH, a checkpoint file or a run "
-            "directory"
+            f"resume{given}: mptrain eval needs resume=PATH, a checkpoint file or a run directory"
         )
     path = Path(resume)
     if not path.exists():
@@ -297,6 +298,8 @@ def eval_main(overrides: list[str], describe_error: Callable[[Exception], str] =
         del composed["hydra"]
     _apply_saved(composed, payload["config"], user_keys, OmegaConf)
     cfg = _typed(composed, describe_error)
+    # Before evaluating (minutes on big data), and without creating anything.
+    check_creatable(Path(run_dir or "outputs/eval"), "hydra.run.dir" if run_dir else "outputs/eval")
     result = run_eval(cfg, path, payload)
     result["notes"] = notes + result["notes"]
     stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")

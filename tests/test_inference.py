@@ -70,7 +70,8 @@ def evaluate_in_process(cwd: Path, out: Path, *overrides: str) -> dict:
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            evaluation.eval_main([*overrides, "device=cpu", f"hydra.run.dir={out}"])
+            where = [] if any(o.startswith("hydra.run.dir=") for o in overrides) else [out]
+            evaluation.eval_main(["device=cpu", *(f"hydra.run.dir={w}" for w in where), *overrides])
     finally:
         os.chdir(before)
     return json.loads((out / "eval.json").read_text())
@@ -155,7 +156,8 @@ def test_best_and_explicit_file_and_skipped_unreadable(trained, tmp_path):
     [
         (["resume=missing"], "resume='missing': no such file or directory"),
         (["resume=empty"], "no checkpoint (step_*.pt) that loads in empty"),
-        ([], "mptrain eval needs resume=PATH"),
+        ([], "resume: mptrain eval needs resume=PATH"),
+        (["resume=outputs/digits-run", "hydra.run.dir=/proc/x"], "hydra.run.dir=/proc/x"),
         (["resume=outputs/digits-run", "dataset=synthetic"], "the checkpoint's model takes 1x8x8"),
         (["resume=outputs/digits-run", "eval.checkpoint=worst"], "eval.checkpoint='worst'"),
         (["resume=outputs/digits-run", "-m"], "takes config overrides"),
