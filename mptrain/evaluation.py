@@ -206,6 +206,8 @@ def eval_result(
         "device": str(device),
         "hardware": hardware.hardware_info(device),
         "eval_batch_size": cfg.eval_batch_size,
+        "compile": cfg.compile,
+        "channels_last": cfg.channels_last,
         "samples": data.num_val,
         "val_loss": val_loss,
         "val_accuracy": val_accuracy,
@@ -242,7 +244,9 @@ def render(result: dict[str, Any]) -> str:
         "",
         f"- checkpoint: {result['checkpoint']} (step {result['step']}, epoch {result['epoch']})",
         f"- precision: {result['precision_detail']}",
-        f"- device: {result['device']}",
+        f"- device: {result['device']}"
+        + (", torch.compile" if result["compile"] else "")
+        + (", channels_last" if result["channels_last"] else ""),
         f"- data: {result['data']}",
         f"- samples evaluated: {result['samples']} (batches of {result['eval_batch_size']})",
         f"- val loss: {result['val_loss']:.4f}",

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import describe, run_mptrain, tiny_run, train
+from conftest import describe, run_command, run_mptrain, tiny_run, train
 from torch import nn
 
 import mptrain
@@ -255,6 +255,19 @@ def test_load_model_returns_the_plain_fp32_architecture(tmp_path, no_run_figure,
     if precision == "fp8":
         assert any("_scaler." in k for k in payload["model"])
     assert model.mptrain_classes[3] == "3"
+
+
+def test_load_model_of_an_fsdp_run_of_two_processes(tmp_path):
+    """FSDP2 on 2 Gloo ranks: the checkpoint holds the gathered, unwrapped state."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "mptrain"]
+    args = ["model=mlp", *SHORT[:3], "max_steps=3", "precision=fp32", "distributed.strategy=fsdp"]
+    result = run_command(tmp_path, *command, *args, "hydra.run.dir=run")
+    assert result.returncode == 0, describe(result)
+    payload = load_checkpoint(tmp_path / "run" / "checkpoints" / "step_00000003.pt")
+    assert payload["world_size"] == 2
+    model = mptrain.load_model(tmp_path / "run")
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(value, payload["model"][key], rtol=0, atol=0)
 
 
 def test_load_weights_strips_compile_and_ddp_prefixes_and_refuses_other_models():
