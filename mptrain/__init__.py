@@ -13,3 +13,14 @@ __version__ = "0.1.0"
 _checkout = Path(__file__).resolve().parent.parent
 if (_checkout / "conf" / "__init__.py").is_file() and (_checkout / "recipes").is_dir():
     __path__.append(str(_checkout))
+
+# The Python API for trained models, imported on first use: `import mptrain` stays cheap (no torch).
+_LAZY = {"load_model", "load_model_info", "preprocess"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        from mptrain import evaluation
+
+        return getattr(evaluation, name)
+    raise AttributeError(f"module 'mptrain' has no attribute {name!r}")

@@ -3,7 +3,8 @@
 A checkpoint holds everything the next step depends on: model (FP8 scales and amax histories are
 buffers, so they come with it), optimizer, LR scheduler, loss scaler (scale and growth tracker),
 the loop's counters and history (step, epoch, skipped steps, scale history, evaluations), every RNG
-(python, numpy, torch CPU and CUDA) and the resolved config. The data position is implied: the
+(python, numpy, torch CPU and CUDA) and the resolved config; and, for using the trained model
+(:mod:`mptrain.evaluation`), the data facts: input shape, class names and preprocessing. The data position is implied: the
 order of epoch ``e`` is a function of (seed, e), and the step count says how far into it we are.
 
 Writes are atomic: ``torch.save`` to a temporary file in the same directory, flush, fsync, rename;
@@ -116,6 +117,7 @@ class Checkpointer:
             "signature": self.signature,
             "world_size": self.dist.world_size,
             "config": dataclasses.asdict(run.cfg),
+            "data": data_facts(run),
         }
 
     def save(self, state: LoopState) -> Path:
@@ -168,6 +170,21 @@ class Checkpointer:
             best_path = self.directory / "best.pt"
             write(best_path)
             self.best = (state.best_eval["val_accuracy"], best_path)
+
+
+def data_facts(run: Run) -> dict[str, Any]:
+    """What rebuilding and feeding the model needs beyond ``config`` (plain types only): the
+    shapes the model was built for, the class names in label order, and the preprocessing raw
+    inputs get (:func:`mptrain.data.preprocessing`); see :mod:`mptrain.evaluation`."""
+    data = run.data
+    return {
+        "num_classes": data.num_classes,
+        "in_channels": data.in_channels,
+        "image_size": data.image_size,
+        "classes": None if data.classes is None else list(data.classes),
+        "preprocessing": data.preprocessing,
+        "description": data.description,
+    }
 
 
 def remove_stray_temporaries(directory: Path) -> list[Path]:

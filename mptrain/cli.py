@@ -191,6 +191,14 @@ def _main(argv: Sequence[str] | None) -> None:
     if argv[:1] == ["bench"]:
         bench_main(argv[1:])
         return
+    if argv[:1] == ["eval"]:
+        from mptrain.evaluation import eval_main
+
+        try:
+            eval_main(argv[1:], describe_compose_error)
+        except ConfigError as exc:
+            _fail(str(exc))
+        return
     if int(os.environ.get("RANK", "0")) > 0:
         # torchrun workers other than rank 0: Hydra must not write a second config/log copy.
         argv += [

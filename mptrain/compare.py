@@ -30,6 +30,7 @@ NON_TRAINING_KEYS = (
     "overwrite",
     "checkpoint",
     "bench",
+    "eval",
     "debug",
     "recipe",
     "dataset.root",

@@ -446,6 +446,13 @@ class BenchConfig:
 
 
 @dataclass
+class EvalConfig:
+    """``mptrain eval resume=PATH``: which checkpoint of a run directory is evaluated."""
+
+    checkpoint: str = "latest"  # latest: the newest that loads | best: best.pt
+
+
+@dataclass
 class DistributedConfig:
     """Used when launched by torchrun (WORLD_SIZE > 1)."""
 
@@ -517,6 +524,7 @@ class RunConfig:
     resume_allow_changes: bool = False
     overwrite: bool = False
     bench: BenchConfig = field(default_factory=BenchConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     logger: list[str] = field(default_factory=list)  # experiment trackers: names of LOGGERS
@@ -676,6 +684,12 @@ def _validate_mechanics(run: RunConfig) -> None:
     _at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)
     _at_least("bench.warmup_steps", run.bench.warmup_steps, 1)
     _at_least("bench.steps", run.bench.steps, 1)
+    _require(
+        run.eval.checkpoint in ("latest", "best"),
+        "eval.checkpoint",
+        run.eval.checkpoint,
+        "latest (the newest checkpoint that loads) or best (best.pt)",
+    )
     _require(
         run.distributed.strategy in ("ddp", "fsdp"),
         "distributed.strategy",

@@ -84,6 +84,10 @@ class DataBundle:
     num_train: int
     num_val: int
     description: str
+    # What a user needs to feed new data to a trained model (saved in every checkpoint): the class
+    # names in label order, and the preprocessing raw inputs get (see :func:`preprocessing`).
+    classes: list[str] | None = None
+    preprocessing: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -381,6 +385,39 @@ class ArrayDataset:
     num_classes: int
     mean: tuple[float, ...] | None = None
     std: tuple[float, ...] | None = None
+    classes: list[str] | None = None  # names in label order
+    # Set by loaders that transform raw inputs before the feed (digits standardises them): what a
+    # user must apply to raw inputs. None: derived from the images' dtype and mean/std.
+    preprocessing: dict[str, Any] | None = None
+
+
+def preprocessing(
+    pixel_scale: float,
+    mean: tuple[float, ...] | None,
+    std: tuple[float, ...] | None,
+    shape: tuple[int, int],
+    **transforms: Any,
+) -> dict[str, Any]:
+    """The preprocessing a model's inputs had, in plain types (checkpoints hold it):
+    ``x = (raw / pixel_scale - mean[c]) / std[c]`` per channel ``c``, on NCHW float32 inputs of
+    ``shape`` = (channels, side); no mean/std: ``x = raw / pixel_scale``. ``transforms``: image
+    resizing applied first (imagefolder: ``resize``, ``center_crop``, ``color``)."""
+    channels, side = shape
+    return {
+        "layout": "NCHW",
+        "channels": channels,
+        "height": side,
+        "width": side,
+        "pixel_scale": float(pixel_scale),
+        "mean": None if mean is None else [float(m) for m in mean],
+        "std": None if std is None else [float(s) for s in std],
+        "resize": transforms.get("resize"),
+        "center_crop": transforms.get("center_crop"),
+        "color": transforms.get("color"),
+    }
+
+
+_DIGIT_NAMES = [str(i) for i in range(10)]
 
 
 # What a dataset's loader returns, from its config: in-memory arrays or image folders.
@@ -409,6 +446,9 @@ def load_digits_arrays(cfg: DigitsConfig) -> ArrayDataset:
         to_tensor(x_val),
         torch.from_numpy(y_val).long(),
         num_classes=10,
+        classes=_DIGIT_NAMES,
+        # Raw digits are 0..16 (load_digits().images), standardised above, before the feed.
+        preprocessing=preprocessing(16.0, (mean,), (std,), (1, 8)),
     )
 
 
@@ -426,7 +466,10 @@ def make_synthetic_arrays(cfg: SyntheticConfig) -> ArrayDataset:
 
     train_images, train_labels = sample(cfg.num_train)
     val_images, val_labels = sample(cfg.num_val)
-    return ArrayDataset(train_images, train_labels, val_images, val_labels, cfg.num_classes)
+    classes = [str(i) for i in range(cfg.num_classes)]
+    return ArrayDataset(
+        train_images, train_labels, val_images, val_labels, cfg.num_classes, classes=classes
+    )
 
 
 # Published per-channel statistics of the training sets.
@@ -504,7 +547,26 @@ def load_cifar_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
     train_images, train_labels = read(train_files)
     val_images, val_labels = read(val_files)
     mean, std = _STATS[cfg.name]
-    return ArrayDataset(train_images, train_labels, val_images, val_labels, num_classes, mean, std)
+    classes = _cifar_classes(base, cfg.name)
+    return ArrayDataset(
+        train_images, train_labels, val_images, val_labels, num_classes, mean, std, classes
+    )
+
+
+_CIFAR10_NAMES = [
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"
+]  # fmt: skip
+
+
+def _cifar_classes(base: Path, name: str) -> list[str] | None:
+    """CIFAR-10's names; CIFAR-100's from its ``meta`` file (None when the file is absent)."""
+    if name == "cifar10":
+        return _CIFAR10_NAMES
+    try:
+        with (base / "meta").open("rb") as f:
+            return [n.decode() for n in pickle.load(f, encoding="bytes")[b"fine_label_names"]]
+    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def load_mnist_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
@@ -526,7 +588,10 @@ def load_mnist_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
     train_images, train_labels = read("train")
     val_images, val_labels = read("val")
     mean, std = _STATS[cfg.name]
-    return ArrayDataset(train_images, train_labels, val_images, val_labels, 10, mean, std)
+    from torchvision.datasets import FashionMNIST
+
+    classes = list(FashionMNIST.classes) if cfg.name == "fashion_mnist" else _DIGIT_NAMES
+    return ArrayDataset(train_images, train_labels, val_images, val_labels, 10, mean, std, classes)
 
 
 def _with_download(read: Callable[[TorchvisionDatasetConfig], ArrayDataset]) -> DatasetLoader:
@@ -857,7 +922,7 @@ def _array_bundle(cfg: Any, arrays: ArrayDataset, layout: BatchLayout) -> DataBu
     _check_batch_size(layout.batch_size, num_train, "training samples")
     augment = getattr(cfg, "augment", False)
     _, channels, height, _ = arrays.train_images.shape
-    return _bundle(
+    bundle = _bundle(
         TensorBatches,
         (arrays.train_images, arrays.train_labels),
         (arrays.val_images, arrays.val_labels),
@@ -869,6 +934,13 @@ def _array_bundle(cfg: Any, arrays: ArrayDataset, layout: BatchLayout) -> DataBu
         mean=arrays.mean,
         std=arrays.std,
     )
+    bundle.classes = arrays.classes
+    # uint8 images are scaled to [0, 1] by the feed; float ones are fed as they are.
+    scale = 255.0 if arrays.train_images.dtype == torch.uint8 else 1.0
+    bundle.preprocessing = arrays.preprocessing or preprocessing(
+        scale, arrays.mean, arrays.std, (channels, height)
+    )
+    return bundle
 
 
 def _folder_bundle(
@@ -881,7 +953,7 @@ def _folder_bundle(
         train_set, val_set = SkipBadFiles(train_set), SkipBadFiles(val_set)
     _check_batch_size(layout.batch_size, len(train_set), "training images")
     num_classes = len(folders.train.classes)
-    return _bundle(
+    bundle = _bundle(
         LoaderBatches,
         (train_set,),
         (val_set,),
@@ -892,6 +964,17 @@ def _folder_bundle(
         {},
         num_workers=layout.num_workers,
     )
+    bundle.classes = list(folders.train.classes)  # the class folders' names, sorted
+    bundle.preprocessing = preprocessing(
+        255.0,  # ToTensor's scaling of 8-bit RGB
+        _IMAGENET_MEAN,
+        _IMAGENET_STD,
+        (3, cfg.image_size),
+        resize=cfg.resize_size,
+        center_crop=cfg.image_size,
+        color="RGB",
+    )
+    return bundle
 
 
 def _bundle(

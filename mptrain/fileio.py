@@ -1,4 +1,8 @@
-"""Atomic file writes: a reader sees the old file or the complete new one, never a part."""
+"""Atomic file writes: a reader sees the old file or the complete new one, never a part.
+
+Every file written here gets the permissions an ordinary ``open(path, "w")`` would give it:
+``0o666`` less the process umask (0644 under umask 022), not the 0600 of ``tempfile.mkstemp``.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +13,18 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
+
+
+def _read_umask() -> int:
+    """The process umask. ``os.umask`` can only be read by setting it, so it is set and put back at
+    once, here at import time (single-threaded) rather than on every write from any thread."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _read_umask()
+FILE_MODE = 0o666 & ~_UMASK  # what open() would create
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -29,6 +45,9 @@ def _replacing(path: Path) -> Iterator[tuple[int, str]]:
     removed and ``path`` is untouched."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes the file 0600 whatever the umask: readable by its owner only. Reports and
+        # checkpoints are meant to be shared like any other output, so the umask decides.
+        os.fchmod(fd, FILE_MODE)
         yield fd, tmp
         os.replace(tmp, path)
         _fsync_dir(path.parent)
