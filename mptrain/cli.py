@@ -31,6 +31,7 @@ from mptrain.config import ConfigError
 from mptrain.preflight import (
     CONFIG_MODULE,
     CONFIG_NAME,
+    HYDRA_VERSION_BASE,
     Preflight,
     check_command_line,
     parse_command_line,
@@ -38,8 +39,6 @@ from mptrain.preflight import (
 )
 from mptrain.registry import absolute_paths, register_configs, to_run_config
 from mptrain.signals import Terminated, terminate_like_interrupt
-
-HYDRA_VERSION_BASE = "1.3"
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -195,7 +194,7 @@ def _main(argv: Sequence[str] | None) -> None:
         from mptrain.evaluation import eval_main
 
         try:
-            eval_main(argv[1:], describe_compose_error)
+            eval_main(argv[1:])
         except ConfigError as exc:
             _fail(str(exc))
         return

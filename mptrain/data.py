@@ -847,16 +847,32 @@ def _custom_bundle(
     if data.in_memory:
         arrays = ArrayDataset(*_as_tensors(data.train), *_as_tensors(data.val), data.num_classes)
         bundle = _array_bundle(cfg, arrays, layout)
-        bundle.description = description
-        return bundle
-    _check_batch_size(layout.batch_size, len(data.train), "training samples")
+    else:
+        _check_batch_size(layout.batch_size, len(data.train), "training samples")
+        bundle = _custom_loader_bundle(data, layout)
+    bundle.description = description
+    bundle.classes = _custom_class_names(data)
+    return bundle
+
+
+def _custom_class_names(data: CustomDataset) -> list[str] | None:
+    """The training set's ``classes`` (checkpoints keep them), when it names every class."""
+    classes = getattr(data.train, "classes", None)
+    if isinstance(classes, list | tuple) and len(classes) == data.num_classes:
+        return [str(c) for c in classes]
+    return None
+
+
+def _custom_loader_bundle(data: CustomDataset, layout: BatchLayout) -> DataBundle:
+    """DataLoader workers over the user's datasets (preprocessing is the datasets' own)."""
+    channels, side, _ = data.sample_shape
     return _bundle(
         LoaderBatches,
         (data.train,),
         (data.val,),
         layout,
         (data.num_classes, channels, side),
-        description,
+        "",
         {},
         num_workers=layout.num_workers,
     )

@@ -26,7 +26,6 @@ import datetime as dt
 import functools
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +42,19 @@ from mptrain.checkpoint import (
     load_checkpoint,
 )
 from mptrain.compare import flatten
-from mptrain.config import ConfigError, RunConfig
+from mptrain.config import EXTRA_KEYS_FIELD, ConfigError, RunConfig
 from mptrain.data import BatchLayout, DataBundle, build_data
 from mptrain.distributed import DistContext
 from mptrain.dtypes import dtype_name
 from mptrain.fileio import atomic_write_text
 from mptrain.loop import evaluate
 from mptrain.models import MODELS, build_model
+from mptrain.preflight import (
+    CONFIG_MODULE,
+    CONFIG_NAME,
+    HYDRA_VERSION_BASE,
+    describe_compose_error,
+)
 from mptrain.report import clean_json
 from mptrain.rundir import check_creatable
 
@@ -267,8 +272,6 @@ def write_eval(result: dict[str, Any], output_dir: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ the command line
-# The same as mptrain.cli's (which imports this module: importing it back would be a cycle).
-_CONFIG_MODULE, _CONFIG_NAME, _VERSION_BASE = "mptrain.conf", "config", "1.3"
 _RUN_DIR = "hydra.run.dir="
 _GROUPS = ("model", "dataset", "precision")  # chosen from the checkpoint unless overridden
 # The checkpoint's settings an evaluation keeps (what the model and its inputs are, and how it
@@ -277,16 +280,15 @@ _CARRIED = ("model", "dataset", "precision.allow_tf32", "fp8", "numerics.fp32_mo
 _CARRIED += ("channels_last", "eval_batch_size")
 
 
-def eval_main(overrides: list[str], describe_error: Callable[[Exception], str] = str) -> None:
+def eval_main(overrides: list[str]) -> None:
     """``mptrain eval resume=PATH [overrides]``: evaluate, write the report, print the result.
 
     Writes to ``outputs/eval/<date>/<time>_<precision>_<model>_<dataset>`` or ``hydra.run.dir``.
-    ``describe_error`` turns a Hydra composition error into one line (mptrain.cli passes its own).
     Bad input raises ConfigError (one line; the CLI exits 2).
     """
     from omegaconf import OmegaConf, open_dict
 
-    user = _parse_overrides(overrides, describe_error)
+    user = _parse_overrides(overrides)
     which = user.get("eval.checkpoint", "latest")
     if which not in ("latest", "best"):
         raise ConfigError(
@@ -294,14 +296,14 @@ def eval_main(overrides: list[str], describe_error: Callable[[Exception], str] =
         )
     path, payload, notes = find_checkpoint(user.get("resume"), which)
     user_keys = set(user)
-    composed = _compose(_saved_choices(payload, user_keys) + overrides, describe_error)
+    composed = _compose(_saved_choices(payload, user_keys) + overrides)
     run_dir = composed.hydra.run.dir if any(o.startswith(_RUN_DIR) for o in overrides) else None
     if run_dir == "":
         raise ConfigError("hydra.run.dir=: empty; give the directory eval should write to")
     with open_dict(composed):
         del composed["hydra"]
     _apply_saved(composed, payload["config"], user_keys, OmegaConf)
-    cfg = _typed(composed, describe_error)
+    cfg = _typed(composed)
     # Before evaluating (minutes on big data), and without creating anything.
     check_creatable(Path(run_dir or "outputs/eval"), "hydra.run.dir" if run_dir else "outputs/eval")
     result = run_eval(cfg, path, payload)
@@ -314,9 +316,7 @@ def eval_main(overrides: list[str], describe_error: Callable[[Exception], str] =
     print(f"eval written to {output_dir / 'eval.md'}")
 
 
-def _parse_overrides(
-    overrides: list[str], describe_error: Callable[[Exception], str]
-) -> dict[str, Any]:
+def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """The keys (or groups) the command line sets and their values (the last wins); Hydra options
     other than hydra.run.dir are refused (eval is one job without Hydra's launcher: they would
     be ignored)."""
@@ -334,7 +334,7 @@ def _parse_overrides(
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except Exception as exc:
-        raise ConfigError(describe_error(exc)) from exc
+        raise ConfigError(describe_compose_error(exc)) from exc
     return {o.key_or_group: o.value() for o in parsed}
 
 
@@ -349,14 +349,14 @@ def _saved_choices(payload: dict[str, Any], user_keys: set[str]) -> list[str]:
     return [f"{group}={choice[group]}" for group in _GROUPS if group not in user_keys]
 
 
-def _compose(overrides: list[str], describe_error: Callable[[Exception], str]) -> Any:
+def _compose(overrides: list[str]) -> Any:
     from hydra import compose, initialize_config_module
 
     try:
-        with initialize_config_module(config_module=_CONFIG_MODULE, version_base=_VERSION_BASE):
-            return compose(config_name=_CONFIG_NAME, overrides=overrides, return_hydra_config=True)
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
+            return compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True)
     except Exception as exc:
-        raise ConfigError(describe_error(exc)) from exc
+        raise ConfigError(describe_compose_error(exc)) from exc
 
 
 def _apply_saved(composed: Any, saved: dict[str, Any], user_keys: set[str], omegaconf: Any) -> None:
@@ -366,14 +366,16 @@ def _apply_saved(composed: Any, saved: dict[str, Any], user_keys: set[str], omeg
         if not within(key, _CARRIED) or within(key, user_keys):
             continue
         try:
-            omegaconf.update(composed, key, value, merge=False)
+            # A custom option's constructor arguments are keys no schema declares.
+            extra = f".{EXTRA_KEYS_FIELD}." in f".{key}"
+            omegaconf.update(composed, key, value, merge=False, force_add=extra)
         except Exception as exc:
             raise ConfigError(
                 f"checkpoint config {key}={value!r}: not accepted by this mptrain ({exc})"
             ) from exc
 
 
-def _typed(composed: Any, describe_error: Callable[[Exception], str]) -> RunConfig:
+def _typed(composed: Any) -> RunConfig:
     from mptrain.registry import to_run_config
 
     try:
@@ -381,7 +383,7 @@ def _typed(composed: Any, describe_error: Callable[[Exception], str]) -> RunConf
     except ConfigError:
         raise
     except Exception as exc:
-        raise ConfigError(describe_error(exc)) from exc
+        raise ConfigError(describe_compose_error(exc)) from exc
 
 
 # --------------------------------------------------------------------------- the Python API

@@ -33,6 +33,7 @@ from mptrain.rundir import check_creatable, check_run_dir_free
 
 CONFIG_MODULE = "mptrain.conf"
 CONFIG_NAME = "config"
+HYDRA_VERSION_BASE = "1.3"
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 # The module of the task function: Hydra resolves a relative --config-path against it.
 APP_MODULE = "mptrain.cli"

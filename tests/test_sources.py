@@ -300,3 +300,27 @@ def test_a_dataset_of_wrong_shapes_is_one_line_before_training(launch_dir):
         launch_dir, *CUSTOM_MODEL, "dataset=custom", "dataset._target_=squares.flat"
     )
     assert message.startswith("dataset._target_='squares.flat': validation sample 0: the image is")
+
+
+def test_a_custom_model_is_evaluated_and_loaded_back_with_its_constructor_arguments(launch_dir):
+    import mptrain
+
+    model_args = ("model=custom", "model._target_=tiny_net.TinyNet", "+model.width=16")
+    trained = mptrain_console(
+        launch_dir, *model_args, *CUSTOM_DATA, *TINY, "checkpoint.enabled=true"
+    )
+    assert trained.returncode == 0, describe(trained)
+    evaluated = mptrain_console(
+        launch_dir, "eval", "resume=run", "precision=bf16", "hydra.run.dir=eval"
+    )
+    assert evaluated.returncode == 0, describe(evaluated)
+    result = json.loads((launch_dir / "eval" / "eval.json").read_text())
+    assert result["samples"] == 128
+    # Trained in precision=auto (bf16 on a CPU with BF16 units, fp32 elsewhere): evaluating in
+    # the precision it trained in reproduces the accuracy recorded at training time exactly.
+    if result["trained_precision"] == "bf16":
+        assert result["accuracy_difference"] == 0
+    model = mptrain.load_model(launch_dir / "run")
+    assert type(model).__name__ == "TinyNet"
+    assert model.mptrain_classes == ["top-left", "top-right", "bottom-left", "bottom-right"]
+    assert sum(p.numel() for p in model.parameters()) == (9 * 16 + 16) + (16 * 4 + 4)
