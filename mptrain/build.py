@@ -110,7 +110,7 @@ def build_run(
         world=dist.world_size,
     )
     data = build_data(cfg.dataset, layout)
-    model, fp8, fp32_modules = _build_model(cfg, data, device, policy)
+    model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy)
     num_parameters = count_parameters(model)
     # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
     model = wrap_model(model, dist, device, policy.autocast_dtype)
@@ -144,11 +144,11 @@ def build_run(
     return run
 
 
-def _build_model(
+def build_model_for_run(
     cfg: RunConfig, data: DataBundle, device: torch.device, policy: PrecisionPolicy
 ) -> tuple[torch.nn.Module, dict[str, Any] | None, list[str]]:
     """The model with the precision recipe applied: (model, fp8 section, FP32 module names)."""
-    model = build_model(cfg.model, data.in_channels, data.image_size, data.num_classes).to(device)
+    model = build_model(cfg.model, data.in_channels, data.image_size, data.num_classes, device)
     fp8 = None
     if policy.fp8 is not None:
         sample, _ = next(iter(data.val.batches(0)))

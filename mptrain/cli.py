@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -27,15 +28,19 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from mptrain.config import ConfigError
+from mptrain.config import ConfigError, launch_dir, set_launch_dir
 from mptrain.preflight import (
     CONFIG_MODULE,
     CONFIG_NAME,
     HYDRA_VERSION_BASE,
+    RUN_DIR_OVERRIDE,
     Preflight,
     check_command_line,
+    checked_run_config,
+    compose_job,
     parse_command_line,
     preflight,
+    refuse_hydra_options,
 )
 from mptrain.registry import absolute_paths, register_configs, to_run_config
 from mptrain.signals import Terminated, terminate_like_interrupt
@@ -68,7 +73,8 @@ def hydra_app(cfg: DictConfig) -> float | None:
     try:
         # Relative paths are the user's, from where mptrain was launched (hydra.job.chdir=true
         # moves the job into its output directory).
-        run = absolute_paths(to_run_config(cfg), Path(hydra_cfg.runtime.cwd))
+        set_launch_dir(Path(hydra_cfg.runtime.cwd))
+        run = absolute_paths(to_run_config(cfg), launch_dir())
         report = train(run, output_dir)
     except ConfigError as exc:
         if not multirun:
@@ -95,49 +101,25 @@ def bench_main(overrides: list[str]) -> None:
     """
     import datetime as dt
 
-    from hydra import compose, initialize_config_module
-    from omegaconf import open_dict
     from rich.console import Console
 
     from mptrain.bench import run_bench
 
     try:
-        _refuse_hydra_options(overrides)
-        config_overrides = [o for o in overrides if not o.startswith(_RUN_DIR)]
+        refuse_hydra_options(overrides, "bench")
+        config_overrides = [o for o in overrides if not o.startswith(RUN_DIR_OVERRIDE)]
         check_command_line(config_overrides)
-        with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-            composed = compose(
-                config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True
-            )
+        composed = compose_job(overrides)
         run_dir = composed.hydra.run.dir if len(config_overrides) < len(overrides) else None
         if run_dir == "":
             raise ConfigError("hydra.run.dir=: empty; give the directory bench should write to")
-        with open_dict(composed):
-            del composed["hydra"]
-        cfg = to_run_config(composed)
+        cfg = checked_run_config(composed)
         stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
         default_dir = Path("outputs") / "bench" / f"{stamp}_{cfg.model.name}_{cfg.dataset.name}"
         output_dir = Path(run_dir) if run_dir is not None else default_dir
         run_bench(cfg, output_dir, cfg.bench.warmup_steps, cfg.bench.steps, Console())
     except ConfigError as exc:
         _fail(str(exc))
-
-
-_RUN_DIR = "hydra.run.dir="
-
-
-def _refuse_hydra_options(overrides: list[str]) -> None:
-    """bench is one job without Hydra's launcher: any Hydra option or flag other than
-    ``hydra.run.dir`` would be ignored, so it is refused."""
-    for override in overrides:
-        key = override.partition("=")[0]
-        if override.startswith(_RUN_DIR):
-            continue
-        if key.startswith("-") or key.lstrip("+~").startswith("hydra"):
-            raise ConfigError(
-                f"{override}: mptrain bench takes config overrides (key=value) and "
-                "hydra.run.dir=DIR only"
-            )
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -215,9 +197,10 @@ def _main(argv: Sequence[str] | None) -> None:
         # Hydra resolves ${now:...} again when it starts: pin the directory that was checked.
         argv.append(_pinned(checked))
     sys.argv = [sys.argv[0], *argv]
+    launched = time.time()
     hydra_app()
     if checked is not None and checked.multirun:
-        _exit_if_jobs_failed(Path(checked.output_dir))
+        _exit_if_jobs_failed(Path(checked.output_dir), launched)
 
 
 def _pinned(checked: Preflight) -> str:
@@ -227,19 +210,30 @@ def _pinned(checked: Preflight) -> str:
     return f"{key}='{quoted}'"
 
 
-def _exit_if_jobs_failed(sweep_dir: Path) -> None:
-    """Exit 1 naming each job of the sweep whose report says it did not complete."""
+def _exit_if_jobs_failed(sweep_dir: Path, launched: float) -> None:
+    """Exit 1 naming each job of this launch whose report says it did not complete. A job
+    directory belongs to this launch when Hydra wrote its ``.hydra/`` record (or the job its
+    report) since ``launched``; a sweep directory may hold earlier sweeps' jobs."""
+    from mptrain.report import FAILURE_JSON, REPORT_JSON
     from mptrain.sweep import find_runs
+
+    def written_since(path: Path) -> bool:
+        return path.is_file() and path.stat().st_mtime >= launched
 
     try:
         runs = find_runs([sweep_dir])
     except FileNotFoundError:  # no job wrote anything
         runs = []
-    failed = [
-        f"{run.directory}: {run.reason or f'{run.report.status}: {run.report.reason}'}"
-        for run in runs
-        if run.report is None or run.report.status != "completed"
-    ]
+    failed = []
+    for run in runs:
+        marks = (".hydra/overrides.yaml", REPORT_JSON, FAILURE_JSON)
+        if not any(written_since(run.directory / mark) for mark in marks):
+            continue  # an earlier sweep's job
+        if run.report is not None and not written_since(run.directory / REPORT_JSON):
+            failed.append(f"{run.directory}: no report.json from this launch")
+        elif run.report is None or run.report.status != "completed":
+            reason = run.reason or f"{run.report.status}: {run.report.reason}"
+            failed.append(f"{run.directory}: {reason}")
     if failed:
         print(f"mptrain: {len(failed)} job(s) did not complete:", file=sys.stderr)
         for line in failed:

@@ -20,6 +20,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from omegaconf import MISSING
@@ -71,6 +72,21 @@ class FP8Config:
 # Field metadata of the keys that hold a file-system path: relative ones are taken from the
 # directory mptrain was launched in (mptrain.registry.absolute_paths), whatever the job's cwd.
 PATH = {"path": True}
+
+_launch_dir: Path | None = None
+
+
+def set_launch_dir(path: Path) -> None:
+    """Record the directory mptrain was launched in (a Hydra job: ``hydra.runtime.cwd``, which
+    stays the user's directory when ``hydra.job.chdir=true`` moves the job into its output)."""
+    global _launch_dir
+    _launch_dir = path
+
+
+def launch_dir() -> Path:
+    """Where relative paths, ``_target_`` modules and the default ``./mlruns`` are looked up: the
+    recorded launch directory, else the current one (mptrain used from Python)."""
+    return _launch_dir if _launch_dir is not None else Path.cwd()
 
 
 # ---------------------------------------------------------------------------------- group options
@@ -472,7 +488,7 @@ class DebugConfig:
 class TensorBoardConfig:
     """logger=[tensorboard]: scalars and the config as hparams (``pip install "mptrain[tensorboard]"``)."""
 
-    log_dir: str | None = None  # None: <run dir>/tensorboard
+    log_dir: str | None = field(default=None, metadata=PATH)  # None: <run dir>/tensorboard
 
 
 @dataclass

@@ -34,6 +34,7 @@ dataset raises :class:`~mptrain.config.ConfigError` naming the path and how to g
 
 from __future__ import annotations
 
+import numbers
 import pickle
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -814,7 +815,8 @@ def _check_sample(
         raise ConfigError(f"{where}: the image is {what}; expected a float C x H x W tensor")
     if image.shape[1] != image.shape[2]:
         raise ConfigError(f"{where}: the image is {_side(tuple(image.shape))}; expected H == W")
-    is_int = isinstance(label, int) or (
+    # Python and NumPy integers, 0-d integer tensors; not bools, not floats.
+    is_int = (isinstance(label, numbers.Integral) and not isinstance(label, bool)) or (
         isinstance(label, torch.Tensor) and label.dim() == 0 and not label.is_floating_point()
     )
     if not is_int or not 0 <= int(label) < num_classes:

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from mptrain import hardware
-from mptrain.build import _build_model, check_run, resolve_run
+from mptrain.build import build_model_for_run, check_run, resolve_run
 from mptrain.checkpoint import (
     CHECKPOINT_DIR,
     CheckpointError,
@@ -50,10 +50,11 @@ from mptrain.fileio import atomic_write_text
 from mptrain.loop import evaluate
 from mptrain.models import MODELS, build_model
 from mptrain.preflight import (
-    CONFIG_MODULE,
-    CONFIG_NAME,
-    HYDRA_VERSION_BASE,
+    RUN_DIR_OVERRIDE,
+    checked_run_config,
+    compose_job,
     describe_compose_error,
+    refuse_hydra_options,
 )
 from mptrain.report import clean_json
 from mptrain.rundir import check_creatable
@@ -168,7 +169,9 @@ def run_eval(cfg: RunConfig, path: Path, payload: dict[str, Any]) -> dict[str, A
     )
     data = build_data(cfg.dataset, layout)
     notes = check_data_fits(payload.get("data"), data, cfg.dataset.name)
-    model, fp8, _ = _build_model(cfg, data, device, policy)  # FP8 layers, FP32 islands, casts
+    model, fp8, _ = build_model_for_run(
+        cfg, data, device, policy
+    )  # FP8 layers, FP32 islands, casts
     fresh = load_weights(model, payload["model"], f"resume={str(path)!r}")
     if fresh and policy.fp8 is not None and policy.fp8.scaling == "delayed":
         raise ConfigError(
@@ -272,7 +275,6 @@ def write_eval(result: dict[str, Any], output_dir: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ the command line
-_RUN_DIR = "hydra.run.dir="
 _GROUPS = ("model", "dataset", "precision")  # chosen from the checkpoint unless overridden
 # The checkpoint's settings an evaluation keeps (what the model and its inputs are, and how it
 # computes); the rest (optimizer, schedule, epochs...) does not enter an evaluation.
@@ -286,7 +288,7 @@ def eval_main(overrides: list[str]) -> None:
     Writes to ``outputs/eval/<date>/<time>_<precision>_<model>_<dataset>`` or ``hydra.run.dir``.
     Bad input raises ConfigError (one line; the CLI exits 2).
     """
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import OmegaConf
 
     user = _parse_overrides(overrides)
     which = user.get("eval.checkpoint", "latest")
@@ -296,14 +298,13 @@ def eval_main(overrides: list[str]) -> None:
         )
     path, payload, notes = find_checkpoint(user.get("resume"), which)
     user_keys = set(user)
-    composed = _compose(_saved_choices(payload, user_keys) + overrides)
-    run_dir = composed.hydra.run.dir if any(o.startswith(_RUN_DIR) for o in overrides) else None
+    composed = compose_job(_saved_choices(payload, user_keys) + overrides)
+    asked = any(o.startswith(RUN_DIR_OVERRIDE) for o in overrides)
+    run_dir = composed.hydra.run.dir if asked else None
     if run_dir == "":
         raise ConfigError("hydra.run.dir=: empty; give the directory eval should write to")
-    with open_dict(composed):
-        del composed["hydra"]
     _apply_saved(composed, payload["config"], user_keys, OmegaConf)
-    cfg = _typed(composed)
+    cfg = checked_run_config(composed)
     # Before evaluating (minutes on big data), and without creating anything.
     check_creatable(Path(run_dir or "outputs/eval"), "hydra.run.dir" if run_dir else "outputs/eval")
     result = run_eval(cfg, path, payload)
@@ -322,15 +323,7 @@ def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
     be ignored)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    for override in overrides:
-        key = override.partition("=")[0]
-        if override.startswith(_RUN_DIR):
-            continue
-        if key.startswith("-") or key.lstrip("+~").startswith("hydra"):
-            raise ConfigError(
-                f"{override}: mptrain eval takes config overrides (key=value) and "
-                "hydra.run.dir=DIR only"
-            )
+    refuse_hydra_options(overrides, "eval")
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except Exception as exc:
@@ -349,19 +342,13 @@ def _saved_choices(payload: dict[str, Any], user_keys: set[str]) -> list[str]:
     return [f"{group}={choice[group]}" for group in _GROUPS if group not in user_keys]
 
 
-def _compose(overrides: list[str]) -> Any:
-    from hydra import compose, initialize_config_module
-
-    try:
-        with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-            return compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True)
-    except Exception as exc:
-        raise ConfigError(describe_compose_error(exc)) from exc
-
-
 def _apply_saved(composed: Any, saved: dict[str, Any], user_keys: set[str], omegaconf: Any) -> None:
     """Set the checkpoint's model/data/numerics values the command line leaves alone."""
     within = lambda key, tops: any(key == t or key.startswith(f"{t}.") for t in tops)  # noqa: E731
+    # +model.width=4 sets what the checkpoint holds as model.kwargs.width (a custom option's
+    # constructor arguments).
+    split = (key.partition(".") for key in user_keys)
+    user_keys = user_keys | {f"{g}.{EXTRA_KEYS_FIELD}.{rest}" for g, _, rest in split if rest}
     for key, value in flatten(saved).items():
         if not within(key, _CARRIED) or within(key, user_keys):
             continue
@@ -373,17 +360,6 @@ def _apply_saved(composed: Any, saved: dict[str, Any], user_keys: set[str], omeg
             raise ConfigError(
                 f"checkpoint config {key}={value!r}: not accepted by this mptrain ({exc})"
             ) from exc
-
-
-def _typed(composed: Any) -> RunConfig:
-    from mptrain.registry import to_run_config
-
-    try:
-        return to_run_config(composed)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(describe_compose_error(exc)) from exc
 
 
 # --------------------------------------------------------------------------- the Python API
@@ -434,7 +410,9 @@ def load_model(
     return model
 
 
-def preprocess(raw: Any, spec: dict[str, Any], device: str | torch.device = "cpu") -> torch.Tensor:
+def preprocess(
+    raw: Any, spec: dict[str, Any] | None, device: str | torch.device = "cpu"
+) -> torch.Tensor:
     """Raw inputs as the dataset holds them -> the float32 NCHW batch the model was trained on.
 
     Arrays/tensors of raw pixel values (0..pixel_scale): (N, C, H, W), (C, H, W), and for one
@@ -442,6 +420,11 @@ def preprocess(raw: Any, spec: dict[str, Any], device: str | torch.device = "cpu
     list of them, resized and centre-cropped as at validation. Then ``/ pixel_scale`` and
     ``(x - mean) / std`` per channel. ValueError for an input of another shape.
     """
+    if spec is None:  # a custom dataset fed by DataLoader workers: its own code preprocessed
+        raise ValueError(
+            "this model's inputs were prepared by its dataset's own code (dataset=custom): "
+            "apply the same preprocessing, then call the model directly"
+        )
     if spec.get("resize"):
         from torchvision import transforms
 

@@ -403,10 +403,17 @@ def config_has_convolutions(cfg: ModelConfig) -> bool:
         return has_convolutions(MODELS[cfg.name].build(cfg, 3, 224, 10))
 
 
-def build_model(cfg: ModelConfig, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
-    """Build the configured model (FP32 parameters) for the dataset's shape, record what was built
-    (:func:`model_facts`) and check it with a dummy forward pass (:func:`check_forward`)."""
-    model = MODELS[cfg.name].build(cfg, in_channels, image_size, num_classes)
+def build_model(
+    cfg: ModelConfig,
+    in_channels: int,
+    image_size: int,
+    num_classes: int,
+    device: torch.device | str = "cpu",
+) -> nn.Module:
+    """Build the configured model (FP32 parameters) for the dataset's shape on ``device``, record
+    what was built (:func:`model_facts`) and check it with a dummy forward pass on that device
+    (:func:`check_forward`: a model with device-only kernels is checked where it will run)."""
+    model = MODELS[cfg.name].build(cfg, in_channels, image_size, num_classes).to(device)
     facts = _FACTS.get(model) or ModelFacts("builtin", None)
     facts.class_name = f"{type(model).__module__}.{type(model).__qualname__}"
     facts.convolutional = has_convolutions(model)
@@ -434,7 +441,8 @@ def check_forward(
     shape = f"{in_channels}x{image_size}x{image_size}"
     try:
         with torch.no_grad():
-            out = model(torch.zeros(2, in_channels, image_size, image_size))
+            device = next(model.parameters(), torch.zeros(())).device
+            out = model(torch.zeros(2, in_channels, image_size, image_size, device=device))
     except Exception as exc:  # whatever the model raises: it cannot take this data
         raise ConfigError(
             f"{key}: a forward pass of the dataset's {shape} images failed ({first_line(exc)})"

@@ -96,7 +96,7 @@ def preflight(args: argparse.Namespace) -> Preflight:
         output = Path(master.hydra.sweep.dir if multirun else master.hydra.run.dir)
         check_creatable(output, key)  # Hydra creates it next, with a traceback if it cannot
         if not multirun:
-            run = _checked(master)
+            run = checked_run_config(master)
             if int(os.environ.get("RANK", "0")) == 0:
                 # Before Hydra rewrites the directory's .hydra/ record of another run.
                 check_run_dir_free(output, run.resume, run.overwrite)
@@ -104,7 +104,9 @@ def preflight(args: argparse.Namespace) -> Preflight:
         _check_sweeper(master.hydra.sweeper)
         jobs = _job_overrides(hydra, master, overrides)
         for job in jobs:
-            _checked(_composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job)))
+            checked_run_config(
+                _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
+            )
     return Preflight(jobs, multirun=True, output_dir=str(output))
 
 
@@ -153,6 +155,37 @@ def _job_overrides(hydra: Any, master: Any, overrides: list[str]) -> list[list[s
     return [job for batch in batches for job in batch]
 
 
+# ------------------------------------------------------------------ one job without Hydra's app
+RUN_DIR_OVERRIDE = "hydra.run.dir="
+
+
+def refuse_hydra_options(overrides: list[str], command: str) -> None:
+    """``mptrain bench`` and ``mptrain eval`` are one job without Hydra's launcher: any Hydra
+    option or flag other than ``hydra.run.dir`` would be ignored, so it is refused."""
+    for override in overrides:
+        key = override.partition("=")[0]
+        if override.startswith(RUN_DIR_OVERRIDE):
+            continue
+        if key.startswith("-") or key.lstrip("+~").startswith("hydra"):
+            raise ConfigError(
+                f"{override}: mptrain {command} takes config overrides (key=value) and "
+                "hydra.run.dir=DIR only"
+            )
+
+
+def compose_job(overrides: list[str]) -> Any:
+    """The packaged config composed with ``overrides``, Hydra's node included (for
+    ``hydra.run.dir``); ConfigError in one line."""
+    from hydra import compose, initialize_config_module
+
+    def composed() -> Any:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
+            return compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True)
+
+    return _composed(composed)
+
+
+# --------------------------------------------------------------------------------- helpers
 def _check_sweeper(sweeper: Any) -> None:
     """An Optuna search must maximise: a job returns the final validation accuracy."""
     if "optuna" not in str(sweeper.get("_target_", "")).lower():
@@ -168,7 +201,7 @@ def _check_sweeper(sweeper: Any) -> None:
         )
 
 
-def _checked(cfg: Any) -> Any:
+def checked_run_config(cfg: Any) -> Any:
     """The job's typed RunConfig (Hydra's own node removed), or ConfigError in one line."""
     from omegaconf import open_dict
 

@@ -234,13 +234,13 @@ class _Job:
 
     def _loop(self) -> None:
         cfg, run, checkpointer = self.cfg, self.run, self.checkpointer
+        total, start = run.settings.total_steps, run.state.step
+        if self.dist.is_main and cfg.logger:  # first: one that cannot start leaves nothing open
+            self.trackers = start_trackers(cfg, self.output_dir, start, self.log.warn)
         # Only rank 0 writes metrics and shows progress.
         metrics = MetricsLog(self.output_dir / METRICS_JSONL) if self.dist.is_main else None
         show = cfg.progress and self.dist.is_main
         label = f"{self.policy.name} {cfg.model.name}"
-        total, start = run.settings.total_steps, run.state.step
-        if self.dist.is_main and cfg.logger:
-            self.trackers = start_trackers(cfg, self.output_dir, start, self.log.warn)
         try:
             with (
                 ProgressDisplay(total, label, self.console, show, self.log, start) as display,

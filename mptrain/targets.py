@@ -6,8 +6,8 @@ as in any Hydra app. Two things differ from a plain ``instantiate`` call:
 
 - The launch directory is importable. ``python train.py`` puts the script's directory on
   ``sys.path`` and ``python -m mptrain`` the current directory, but the ``mptrain`` console script
-  puts the virtual environment's ``bin/`` there instead. :func:`locate` appends the current
-  directory (mptrain never changes it: ``hydra.job.chdir=false``) to ``sys.path`` so
+  puts the virtual environment's ``bin/`` there instead. :func:`locate` appends the launch
+  directory (:func:`mptrain.config.launch_dir`, also under ``hydra.job.chdir=true``) to ``sys.path`` so
   ``my_pkg`` beside the command is found whichever way mptrain was started. Appended, not
   prepended: a local file never shadows an installed package mptrain itself imports later.
 - Mistakes are one line: an import that fails, a name that is not there, keys the callable does
@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from mptrain import config
 from mptrain.config import ConfigError
 
 
@@ -37,7 +37,7 @@ def locate(key: str, target: str) -> Any:
     """The object ``target`` names (``package.module.Name``), importable from the launch
     directory too; ConfigError naming ``key`` when no module of it imports, when importing it
     fails inside (the user's error, named), or when the module lacks the name."""
-    launch_dir = os.getcwd()
+    launch_dir = str(config.launch_dir())
     if launch_dir not in sys.path and "" not in sys.path:
         sys.path.append(launch_dir)
     parts = target.split(".")
@@ -46,7 +46,9 @@ def locate(key: str, target: str) -> Any:
         try:
             found: Any = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name is not None and module_name.startswith(exc.name):
+            if exc.name is not None and (
+                exc.name == module_name or module_name.startswith(f"{exc.name}.")
+            ):
                 continue  # this prefix is no module: try a shorter one
             raise _import_error(key, target, exc, launch_dir) from exc
         except Exception as exc:  # the module's own code failed while importing

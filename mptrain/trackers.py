@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mptrain.compare import flatten
-from mptrain.config import ConfigError, MLflowConfig, RunConfig
+from mptrain.config import ConfigError, MLflowConfig, RunConfig, launch_dir
 from mptrain.fileio import atomic_write_text
 
 MLFLOW_RUN_JSON = "mlflow_run.json"
@@ -76,13 +76,18 @@ class TensorBoardTracker:
 
     name = "tensorboard"
 
-    def __init__(self, log_dir: Path, hparams: dict[str, Any], start_step: int) -> None:
+    def __init__(
+        self, log_dir: Path, hparams: dict[str, Any], start_step: int, own_dir: bool
+    ) -> None:
         from torch.utils.tensorboard import SummaryWriter
         from torch.utils.tensorboard.summary import hparams as hparams_summaries
 
         # purge_step: TensorBoard's readers discard this directory's earlier events at or past it:
-        # an interrupted run's steps after its checkpoint, or a run started over (overwrite=true).
-        self.writer = SummaryWriter(str(log_dir), purge_step=start_step + 1, flush_secs=30)
+        # an interrupted run's steps after its checkpoint, or, in the run's own directory, a run
+        # started over (overwrite=true). A fresh run in a directory the user shares between runs
+        # purges nothing (step 1 would wipe the other runs' curves).
+        purge = start_step + 1 if start_step > 0 or own_dir else None
+        self.writer = SummaryWriter(str(log_dir), purge_step=purge, flush_secs=30)
         metrics = {tag: 0.0 for tag in (*EVAL_METRICS.values(), TRAIN_METRICS["loss"])}
         experiment, session_start, _ = hparams_summaries(hparams, metrics)
         self.writer.file_writer.add_summary(experiment)
@@ -114,11 +119,12 @@ def tensorboard_hparams(cfg: RunConfig) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------- MLflow
 def mlflow_tracking_uri(setting: str | None) -> str:
     """``mlflow.tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else the file store ``./mlruns``;
-    a plain path becomes an absolute ``file:`` URI (the run's id file stays valid from anywhere)."""
+    a plain path (relative ones from the launch directory) becomes an absolute ``file:`` URI (the
+    run's id file stays valid from anywhere)."""
     uri = setting or os.environ.get("MLFLOW_TRACKING_URI") or "mlruns"
     if ":" in uri or uri == "databricks":  # a URI (file:, sqlite:, http:, databricks://...)
         return uri
-    return Path(uri).expanduser().resolve().as_uri()
+    return (launch_dir() / Path(uri).expanduser()).resolve().as_uri()
 
 
 class MLflowTracker:
@@ -261,8 +267,9 @@ def start_trackers(
 
 def _start(name: str, cfg: RunConfig, output_dir: Path, start_step: int) -> Tracker:
     if name == "tensorboard":
-        log_dir = Path(cfg.tensorboard.log_dir or output_dir / TENSORBOARD_DIR)
-        return TensorBoardTracker(log_dir, tensorboard_hparams(cfg), start_step)
+        own_dir = cfg.tensorboard.log_dir is None
+        log_dir = output_dir / TENSORBOARD_DIR if own_dir else Path(cfg.tensorboard.log_dir)
+        return TensorBoardTracker(log_dir, tensorboard_hparams(cfg), start_step, own_dir)
     return MLflowTracker(cfg.mlflow, output_dir, mlflow_params(cfg), resumed=start_step > 0)
 
 

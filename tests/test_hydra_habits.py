@@ -5,6 +5,7 @@ search path, ``+experiment=NAME``, ``glob()`` sweeps, the joblib launcher, the O
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -195,3 +196,38 @@ def test_chdir_job_finds_relative_resume_and_data_paths(tmp_path):
     )
     assert missing.returncode == 2, describe(missing)
     assert f"{tmp_path / 'mydata'}" in missing.stderr
+
+
+def test_chdir_job_imports_targets_and_writes_trackers_from_the_launch_directory(tmp_path):
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("mlflow")
+    examples = Path(__file__).resolve().parent.parent / "examples"
+    for source in examples.glob("*.py"):
+        shutil.copy(source, tmp_path)
+    result = run_mptrain(
+        tmp_path,
+        *TINY,
+        "model=custom",
+        "model._target_=tiny_net.TinyNet",
+        "dataset=custom",
+        "dataset._target_=blobs.make_blobs",
+        "logger=[tensorboard,mlflow]",
+        "tensorboard.log_dir=tb",
+        "hydra.job.chdir=true",
+        "hydra.run.dir=run",
+    )
+    assert result.returncode == 0, describe(result)
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert (tmp_path / "mlruns").is_dir() and not (tmp_path / "run" / "mlruns").exists()
+
+
+def test_a_reused_sweep_directory_judges_only_this_launch(tmp_path):
+    failed = run_mptrain(tmp_path, "-m", *TINY, "dataset=cifar10", "hydra.sweep.dir=sweep")
+    assert failed.returncode == 1, describe(failed)
+    # The failed job's directory stays; a later sweep there that completes exits 0 ...
+    passed = run_mptrain(tmp_path, "-m", *TINY, "seed=7", "hydra.sweep.dir=sweep")
+    assert passed.returncode == 0, describe(passed)
+    # ... and one that fails still exits 1, naming only its own job.
+    again = run_mptrain(tmp_path, "-m", *TINY, "seed=8", "batch_size=4096", "hydra.sweep.dir=sweep")
+    assert again.returncode == 1, describe(again)
+    assert "1 job(s) did not complete" in again.stderr and "seed=8" in again.stderr

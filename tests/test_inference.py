@@ -38,7 +38,7 @@ SHORT = ("device=cpu", "progress=false", "epochs=null", "max_steps=30")
 
 def readme_section() -> str:
     text = README.read_text()
-    return text.split("### Use the trained model", 1)[1].split("\n### ", 1)[0]
+    return text.split("## Use the trained model", 1)[1].split("\n## ", 1)[0]
 
 
 def readme_commands() -> list[list[str]]:

@@ -11,7 +11,6 @@ import torch
 from conftest import compose_run, describe, run_mptrain, tiny_run, train
 
 from mptrain.checkpoint import run_signature
-from mptrain.compare import is_non_training_key
 from mptrain.config import ConfigError
 from mptrain.precision import resolve_precision
 
@@ -194,11 +193,21 @@ def test_tracker_settings_are_not_training_settings():
         "logger=[tensorboard]",
         "tensorboard.log_dir=/tmp/tb",
         "mlflow.experiment_name=other",
+        "mlflow.tracking_uri=sqlite:///x.db",
+        "mlflow.run_name=r",
+        "eval.checkpoint=best",
     )
     policy = resolve_precision(plain.precision, torch.device("cpu"), plain.fp8)
     assert run_signature(plain, policy) == run_signature(tracked, policy)
-    for key in ("logger", "tensorboard.log_dir", "mlflow.tracking_uri", "mlflow.run_name"):
-        assert is_non_training_key(key)
+
+
+def test_a_fresh_run_keeps_the_other_runs_curves_in_a_shared_log_dir(tmp_path):
+    shared = tmp_path / "tb"
+    for name in ("first", "second"):
+        cfg = tiny_run("epochs=null", "max_steps=4", "log_every=2", "logger=[tensorboard]")
+        cfg.tensorboard.log_dir = str(shared)
+        train(cfg, tmp_path / name)
+    assert [step for step, _ in scalars(shared)["train/loss"]] == [2, 4, 2, 4]
 
 
 def test_a_tracker_that_cannot_start_stops_the_run_before_training(tmp_path):
