@@ -712,3 +712,39 @@ def test_batch_layout_is_immutable():
     assert (layout.rank, layout.world) == (0, 1)
     with pytest.raises(AttributeError):
         layout.batch_size = 3
+
+
+@pytest.mark.parametrize(("val_size", "split_seed"), [(360, 0), (100, 3)])
+def test_digits_are_scikit_learns_split_exactly(val_size, split_seed):
+    # The default split is stored with mptrain (no scikit-learn import at start-up); it and any
+    # other split must be exactly what load_digits() + train_test_split give.
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from mptrain.config import DigitsConfig
+    from mptrain.data import load_digits_arrays
+
+    arrays = load_digits_arrays(DigitsConfig(val_size=val_size, split_seed=split_seed))
+    digits = load_digits()
+    images = digits.images.astype(np.float32) / 16.0
+    x_train, x_val, y_train, y_val = train_test_split(
+        images, digits.target, test_size=val_size, stratify=digits.target, random_state=split_seed
+    )
+    mean, std = float(x_train.mean()), float(x_train.std())
+    assert torch.equal(arrays.train_images, torch.from_numpy((x_train - mean) / std).unsqueeze(1))
+    assert torch.equal(arrays.val_images, torch.from_numpy((x_val - mean) / std).unsqueeze(1))
+    assert torch.equal(arrays.train_labels, torch.from_numpy(y_train).long())
+    assert torch.equal(arrays.val_labels, torch.from_numpy(y_val).long())
+
+
+def test_a_default_run_does_not_import_scikit_learn():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from mptrain.config import DigitsConfig; "
+        "from mptrain.data import load_digits_arrays; load_digits_arrays(DigitsConfig()); "
+        "print('sklearn' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.stdout.strip() == "False", result.stderr
