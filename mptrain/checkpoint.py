@@ -258,6 +258,26 @@ def candidates(directory: Path) -> list[Path]:
     return files
 
 
+def newest_loadable(
+    directory: Path, key: str, *, quarantine_unreadable: bool
+) -> tuple[tuple[Path, dict[str, Any]] | None, list[str]]:
+    """((path, payload) of the newest checkpoint in ``directory`` that loads, or None; a note per
+    unreadable one skipped, each set aside as ``*.corrupt`` when ``quarantine_unreadable``).
+    A checkpoint that is intact but refused (another format) is a ConfigError naming ``key``:
+    falling back past it would start over, or evaluate an older state, without saying so."""
+    notes: list[str] = []
+    for path in candidates(directory):
+        try:
+            return (path, load_checkpoint(path)), notes
+        except CheckpointRefused as exc:
+            raise ConfigError(f"{key}: {exc}") from exc
+        except CheckpointError as exc:
+            notes.append(
+                f"skipped {exc}; {quarantine(path)}" if quarantine_unreadable else f"skipped {exc}"
+            )
+    return None, notes
+
+
 def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
     """(path, payload, notes) for ``resume=PATH|auto``; None when auto finds nothing.
 
@@ -269,15 +289,8 @@ def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any],
         directory = output_dir / CHECKPOINT_DIR
         if not directory.is_dir():
             return None
-        notes: list[str] = []
-        for path in candidates(directory):
-            try:
-                return path, load_checkpoint(path), notes
-            except CheckpointRefused as exc:  # not corrupt: starting over would lose the run
-                raise ConfigError(f"resume=auto: {exc}") from exc
-            except CheckpointError as exc:
-                notes.append(f"skipped {exc}; {quarantine(path)}")
-        return None
+        found, notes = newest_loadable(directory, "resume=auto", quarantine_unreadable=True)
+        return (*found, notes) if found is not None else None
     path = Path(resume)
     if path.is_dir():
         directory = path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path

@@ -694,18 +694,23 @@ def validate(run: RunConfig) -> None:
     validate_loggers(run.logger)
 
 
+def check_eval_checkpoint(which: str) -> None:
+    """``eval.checkpoint``: which checkpoint of a run directory ``mptrain eval`` takes."""
+    _require(
+        which in ("latest", "best"),
+        "eval.checkpoint",
+        which,
+        "latest (the newest checkpoint that loads) or best (best.pt)",
+    )
+
+
 def _validate_mechanics(run: RunConfig) -> None:
     """Checkpoints, bench, distributed and debug: how the run is carried out."""
     _at_least("checkpoint.every_steps", run.checkpoint.every_steps, 1, allow_none=True)
     _at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)
     _at_least("bench.warmup_steps", run.bench.warmup_steps, 1)
     _at_least("bench.steps", run.bench.steps, 1)
-    _require(
-        run.eval.checkpoint in ("latest", "best"),
-        "eval.checkpoint",
-        run.eval.checkpoint,
-        "latest (the newest checkpoint that loads) or best (best.pt)",
-    )
+    check_eval_checkpoint(run.eval.checkpoint)
     _require(
         run.distributed.strategy in ("ddp", "fsdp"),
         "distributed.strategy",

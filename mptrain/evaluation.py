@@ -37,12 +37,11 @@ from mptrain.build import build_model_for_run, check_run, resolve_run
 from mptrain.checkpoint import (
     CHECKPOINT_DIR,
     CheckpointError,
-    CheckpointRefused,
-    candidates,
     load_checkpoint,
+    newest_loadable,
 )
 from mptrain.compare import flatten
-from mptrain.config import EXTRA_KEYS_FIELD, ConfigError, RunConfig
+from mptrain.config import EXTRA_KEYS_FIELD, ConfigError, RunConfig, check_eval_checkpoint
 from mptrain.data import BatchLayout, DataBundle, build_data
 from mptrain.distributed import DistContext
 from mptrain.dtypes import dtype_name
@@ -95,19 +94,15 @@ def find_checkpoint(resume: str | None, which: str = "latest") -> tuple[Path, di
 
 
 def _newest_loadable(resume: str, directory: Path) -> tuple[Path, dict, list[str]]:
-    """The newest checkpoint in ``directory`` that loads; the ones skipped are noted."""
-    notes = []
-    for path in candidates(directory):
-        try:
-            return path, load_checkpoint(path), notes
-        except CheckpointRefused as exc:  # not corrupt: evaluating an older one would mislead
-            raise ConfigError(f"resume={resume!r}: {exc}") from exc
-        except CheckpointError as exc:
-            notes.append(f"skipped {exc}")
-    skipped = f" ({len(notes)} unreadable)" if notes else ""
-    raise ConfigError(
-        f"resume={resume!r}: no checkpoint (step_*.pt) that loads in {directory}{skipped}"
-    )
+    """The newest checkpoint in ``directory`` that loads; the ones skipped are noted (and left
+    where they are: evaluating changes nothing in a run directory)."""
+    found, notes = newest_loadable(directory, f"resume={resume!r}", quarantine_unreadable=False)
+    if found is None:
+        skipped = f" ({len(notes)} unreadable)" if notes else ""
+        raise ConfigError(
+            f"resume={resume!r}: no checkpoint (step_*.pt) that loads in {directory}{skipped}"
+        )
+    return (*found, notes)
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> list[str]:
@@ -292,10 +287,7 @@ def eval_main(overrides: list[str]) -> None:
 
     user = _parse_overrides(overrides)
     which = user.get("eval.checkpoint", "latest")
-    if which not in ("latest", "best"):
-        raise ConfigError(
-            f"eval.checkpoint={which!r}: latest (the newest checkpoint that loads) or best (best.pt)"
-        )
+    check_eval_checkpoint(which)  # before the checkpoint it chooses is read
     path, payload, notes = find_checkpoint(user.get("resume"), which)
     user_keys = set(user)
     composed = compose_job(_saved_choices(payload, user_keys) + overrides)

@@ -33,6 +33,18 @@ def tiny_run(*overrides: str) -> RunConfig:
     return compose_run(*base, *overrides)
 
 
+# A 30-step FP16 run with something to tell at every kind of line: metrics rows every 10 steps,
+# evaluations every 15, one step skipped on purpose (an inf gradient at step 12).
+FP16_STORY = (
+    "model=mlp",
+    "device=cpu",
+    "precision=fp16",
+    "max_steps=30",
+    "log_every=10",
+    "eval_every=15",
+    "debug.inject_inf_grad_steps=[12]",
+)
+
 SUBPROCESS_TIMEOUT_S = 180
 
 

@@ -9,7 +9,7 @@ import re
 import sys
 
 import pytest
-from conftest import describe, run_mptrain, tiny_run
+from conftest import FP16_STORY, describe, run_mptrain, tiny_run
 from rich.console import Console
 
 from mptrain.joblog import LOGGER, JobLog
@@ -31,13 +31,7 @@ def piped_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("piped")
     result = run_mptrain(
         cwd,
-        "model=mlp",
-        "device=cpu",
-        "precision=fp16",
-        "max_steps=30",
-        "log_every=10",
-        "eval_every=15",
-        "debug.inject_inf_grad_steps=[12]",
+        *FP16_STORY,
         f"hydra.run.dir={LONG_DIR}",
     )
     assert result.returncode == 0, describe(result)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import compose_run, describe, run_mptrain, tiny_run, train
+from conftest import FP16_STORY, compose_run, describe, run_mptrain, tiny_run, train
 
 from mptrain.checkpoint import run_signature
 from mptrain.config import ConfigError
@@ -61,13 +61,7 @@ def cli_run(tmp_path_factory):
     cwd = tmp_path_factory.mktemp("trackers")
     result = run_mptrain(
         cwd,
-        "model=mlp",
-        "device=cpu",
-        "precision=fp16",
-        "max_steps=30",
-        "log_every=10",
-        "eval_every=15",
-        "debug.inject_inf_grad_steps=[12]",
+        *FP16_STORY,
         "logger=[tensorboard,mlflow]",
         "hydra.run.dir=run",
     )
