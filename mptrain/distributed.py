@@ -141,6 +141,15 @@ def all_reduce_sum(values: list[float], ctx: DistContext, device: torch.device) 
     return t.tolist()
 
 
+def any_rank(flag: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """``flag`` (a boolean device tensor) OR-ed across ranks, on the device: nothing is read."""
+    if not ctx.enabled:
+        return flag
+    t = flag.to(torch.int32).reshape(1)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.reshape(flag.shape).bool()
+
+
 def broadcast_flag(flag: bool, ctx: DistContext, device: torch.device) -> bool:
     """True on every rank when any rank says True (e.g. a stop request seen by one rank)."""
     if not ctx.enabled:

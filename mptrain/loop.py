@@ -7,21 +7,19 @@ Per optimizer step (:func:`take_step`, ``grad_accum_steps`` micro-batches), in t
    covers the whole effective batch.
 2. ``scaler.unscale_(optimizer)``: gradients become true FP32 gradients (skipped without scaling).
 3. clip the FP32 gradient norm (when configured): clipping always sees unscaled gradients.
-4. ``scaler.step(optimizer)``: skips the update when any gradient holds inf/NaN, leaving
-   parameters and optimizer state untouched.
-5. ``scaler.update()``: halves the scale after a skip, grows it after ``growth_interval`` clean
-   steps. A skipped step is recorded and does *not* advance the LR scheduler.
+4. the optimizer step, skipped when any gradient holds inf/NaN (parameters and optimizer state
+   untouched), and the scale update: halved after a skip, grown after ``growth_interval`` clean
+   steps (see :func:`_scaled_step` for the order that needs one host read).
+5. a skipped step is recorded and does *not* advance the LR scheduler.
 6. gradients set to ``None`` (``optimizer.zero_grad(set_to_none=True)``, see :func:`clear_grads`).
 
 Around the step, :func:`train_loop` hands the outcome to the run's
 :class:`~mptrain.monitor.Monitor` (measurements, logging, health, divergence), then evaluates,
 checkpoints and stops when due.
 
-Host-device synchronisation per step with loss scaling (FP16, see :func:`host_reads_per_step`):
-the loop reads the scaler's inf flag (whether the step was skipped) and the new scale, the monitor
-whether the loss was finite, and ``scaler.step`` reads the flag itself unless the optimizer is
-fused (it then takes the flag on the device). Without loss scaling: none. Losses stay on the device and are read every
-``log_every`` steps and at evaluations.
+Host-device synchronisation per step (see :func:`host_reads_per_step`): with loss scaling (FP16)
+one read, for the inf flag, the new scale and the loss's finiteness together; without loss scaling
+none. Losses stay on the device and are read every ``log_every`` steps and at evaluations.
 
 :class:`LoopState` is mutated in place, so a caller that catches an exception or an interrupt still
 has the figures of the steps that ran.
@@ -42,7 +40,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from mptrain.data import Batch, BatchSource
-from mptrain.distributed import DistContext, all_reduce_sum, broadcast_flag, local_shard, no_sync
+from mptrain.distributed import (
+    DistContext,
+    all_reduce_sum,
+    any_rank,
+    broadcast_flag,
+    local_shard,
+    no_sync,
+)
 from mptrain.monitor import LoopObserver, StepOutcome
 from mptrain.precision import PrecisionPolicy, to_model_input
 from mptrain.state import LoopSettings, LoopState
@@ -214,19 +219,15 @@ def _optimizer_step(
     scaled = scaler.is_enabled()
     if scaled:
         scaler.unscale_(optimizer)  # gradients are now true FP32 gradients
-        found_inf = found_inf_flags(scaler, optimizer)  # what scaler.step() will skip on
     if clip is not None or norm_now:
         outcome.grad_norm = gradient_norm(params)
     if clip is not None:
         torch.nn.utils.clip_grads_with_norm_(params, clip, outcome.grad_norm)
     probe = UpdateProbe(params) if probe_now else None
-    scaler.step(optimizer)  # skipped when any gradient holds inf/NaN (syncs to read the flag)
-    scaler.update()
     if scaled:
-        # The scaler's own inf flag, not a drop of the scale: a backoff_factor near 1 can leave
-        # the scale unchanged after a skip. Host reads: the flag, then the new scale.
-        outcome.skipped = bool(sum(found_inf))
-        outcome.scale = scaler.get_scale()
+        _scaled_step(run, outcome)
+    else:
+        optimizer.step()
     if not outcome.skipped:
         run.scheduler.step()
     if probe is not None:
@@ -235,6 +236,33 @@ def _optimizer_step(
             outcome.updates_lost = probe.updates_lost_fraction()
     clear_grads(optimizer)
     return outcome
+
+
+def _scaled_step(run: Run, outcome: StepOutcome) -> None:
+    """Step and update the loss scale with one host read; sets ``skipped``, ``scale`` and
+    ``loss_finite`` of ``outcome``.
+
+    ``scaler.step`` would read the inf flag to decide on the host (unless the optimizer is fused),
+    and the loop would read the flag, the new scale and the loss's finiteness: up to four reads,
+    each draining a GPU's queue. Instead the scale is updated on the device first (``update()``
+    needs only the flags ``unscale_`` computed), then the flag, the new scale and the loss's
+    finiteness come back in one read. A fused optimizer takes the flag on the device and is
+    stepped before the read; any other is stepped after it, only when the flag is clear. Skips
+    are the scaler's own flags (a ``backoff_factor`` near 1 can leave the scale unchanged).
+    """
+    optimizer, scaler = run.optimizer, run.scaler
+    found_inf = torch.stack([f.reshape(()) for f in found_inf_flags(scaler, optimizer)]).sum()
+    fused = getattr(optimizer, "_step_supports_amp_scaling", False)
+    if fused:
+        scaler.step(optimizer)  # skips on the device: no host read
+    scaler.update()
+    nonfinite = any_rank(~torch.isfinite(outcome.loss), run.settings.dist)
+    flag, scale, loss_nonfinite = torch.stack(
+        [found_inf.float(), scaler._get_scale_async().reshape(()).float(), nonfinite.float()]
+    ).tolist()  # the step's one host read
+    outcome.skipped, outcome.scale, outcome.loss_finite = flag > 0, scale, not loss_nonfinite
+    if not fused and not outcome.skipped:
+        optimizer.step()
 
 
 @torch.no_grad()
@@ -350,12 +378,10 @@ def found_inf_flags(
 
 
 def host_reads_per_step(run: Run) -> int:
-    """Device-to-host reads per step that loss scaling adds (nothing else reads between log rows):
-    the inf flag, the new scale and the loss's finiteness, plus ``scaler.step``'s own read of the
-    flag unless the optimizer takes it on the device (fused optimizers)."""
-    if not run.scaler.is_enabled():
-        return 0
-    return 3 if getattr(run.optimizer, "_step_supports_amp_scaling", False) else 4
+    """Device-to-host reads per optimizer step between log rows: one with loss scaling (the inf
+    flag, the new scale and the loss's finiteness together, see :func:`_scaled_step`), none
+    without. Log rows, probes, evaluations and checkpoints read more, on their own schedule."""
+    return 1 if run.scaler.is_enabled() else 0
 
 
 def clear_grads(optimizer: torch.optim.Optimizer) -> None:

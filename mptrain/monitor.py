@@ -29,7 +29,7 @@ import torch
 
 from mptrain import hardware
 from mptrain.config import NumericsConfig
-from mptrain.distributed import DistContext, broadcast_flag
+from mptrain.distributed import DistContext
 
 if TYPE_CHECKING:
     from mptrain.state import LoopState
@@ -62,6 +62,7 @@ class StepOutcome:
     data_wait_s: float = 0.0  # time spent waiting for this step's micro-batches
     zero_grads: float | None = None  # probe: share of gradient values that were zero
     updates_lost: float | None = None  # probe: share of non-zero gradients the update lost
+    loss_finite: bool = True  # with loss scaling: the loss was finite on every rank (read per step)
 
 
 @dataclass
@@ -373,10 +374,7 @@ class Monitor:
         previous, self.scale = self.scale, outcome.scale
         if self.scale != previous:
             self.scale_stats.record(step, self.scale)
-        loss = outcome.loss
-        loss_finite = bool(torch.isfinite(loss))  # the device already synced in scaler.step()
-        if self.dist.enabled:  # one decision for all ranks, or they would part ways at a collective
-            loss_finite = not broadcast_flag(not loss_finite, self.dist, loss.device)
+        loss_finite = outcome.loss_finite  # agreed across ranks, or they would part ways
         if not loss_finite and not self.health.nonfinite_loss_steps:
             self._search_culprit(outcome, 1.0)
         grew = self.scale > previous

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from conftest import compose_run, requires_cuda, train
 
+from mptrain.build import prepare_run
 from mptrain.config import PrecisionConfig
+from mptrain.loop import host_reads_per_step, take_step
 from mptrain.precision import build_grad_scaler, resolve_precision
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
@@ -54,3 +58,24 @@ def test_channels_last_and_compile(tmp_path):
 def test_tf32_opt_in_is_recorded(tmp_path):
     report = train(gpu_run("precision=fp32", "precision.allow_tf32=true", "max_steps=3"), tmp_path)
     assert report["tf32"]["cuda_matmul"] == "tf32"
+
+
+@pytest.mark.parametrize(("precision", "expected"), [("fp16", 1), ("bf16", 0), ("fp32", 0)])
+def test_host_syncs_per_step_on_cuda(precision, expected):
+    """torch's own sync detector agrees with tests/test_host_reads.py: one per FP16 step."""
+    run = prepare_run(gpu_run(f"precision={precision}", "model=mlp", "max_steps=4"))
+    assert host_reads_per_step(run) == expected
+    params = [p for p in run.model.parameters() if p.requires_grad]
+    batches = run.data.train.batches(0)
+    take_step(run, params, iter([next(batches)]))  # the first step creates the optimizer state
+    micro = iter([next(batches)])  # the batch is fetched before counting
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            take_step(run, params, micro)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    syncs = [str(w.message) for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == expected, syncs

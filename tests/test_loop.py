@@ -7,10 +7,12 @@ import dataclasses
 import math
 import warnings
 
+import pytest
 import torch
 from conftest import tiny_run
 
 import mptrain.loop
+import mptrain.optim
 from mptrain.build import build_run, resolve_run
 from mptrain.config import RunConfig
 from mptrain.distributed import DistContext
@@ -67,8 +69,18 @@ def tensors_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def test_inf_gradient_skips_the_step_and_halves_the_scale():
+def use_implementation(monkeypatch, implementation: str) -> None:
+    """Build optimizers ``fused`` (they take the inf flag on the device) or ``foreach`` (the loop
+    skips them on the host; what FSDP runs)."""
+    monkeypatch.setattr(mptrain.optim, "_implementation", lambda fused: {implementation: True})
+
+
+@pytest.mark.parametrize("implementation", ["fused", "foreach"])
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_inf_gradient_skips_the_step_and_halves_the_scale(monkeypatch, optimizer, implementation):
+    use_implementation(monkeypatch, implementation)
     cfg = tiny_run(
+        f"optimizer={optimizer}",
         "precision=fp16",
         "max_steps=6",
         "scheduler=cosine",
@@ -77,6 +89,7 @@ def test_inf_gradient_skips_the_step_and_halves_the_scale():
     )
     state, rec, run = run_loop(cfg)
 
+    assert mptrain.optim.optimizer_implementation(run.optimizer) == implementation
     assert state.skipped_steps == [3]
     before, during, after = rec.after[2], rec.after[3], rec.after[4]
     assert tensors_equal(during["params"], before["params"]), "skipped step changed parameters"
@@ -91,7 +104,9 @@ def test_inf_gradient_skips_the_step_and_halves_the_scale():
     assert scale.backoffs == 1 and scale.changes == [(3, before["scale"] * 0.5)]
 
 
-def test_skip_on_first_step_does_not_trigger_scheduler_order_warning():
+@pytest.mark.parametrize("implementation", ["fused", "foreach"])
+def test_skip_on_first_step_does_not_trigger_scheduler_order_warning(monkeypatch, implementation):
+    use_implementation(monkeypatch, implementation)
     cfg = tiny_run("precision=fp16", "max_steps=3", "debug.inject_inf_grad_steps=[1]")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
