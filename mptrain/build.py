@@ -204,6 +204,7 @@ def plan_loop(cfg: RunConfig, data: DataBundle, dist: DistContext) -> LoopSettin
         grad_accum_steps=cfg.grad_accum_steps,
         clip_grad_norm=cfg.clip_grad_norm,
         eval_every=cfg.eval_every,
+        eval_every_minutes=cfg.eval_every_minutes,
         log_every=cfg.log_every,
         probe_every=cfg.probe_every,
         channels_last=cfg.channels_last,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mptrain.cadence import TimeCadence
 from mptrain.compare import flatten, is_non_training_key
 from mptrain.config import ConfigError, RunConfig
 from mptrain.distributed import (
@@ -92,6 +93,7 @@ class Checkpointer:
         c = run.cfg.checkpoint
         self.every_steps = c.every_steps
         self.every_epoch = c.every_epoch
+        self.clock = TimeCadence(c.every_minutes)  # since the loop started or the last save
         self.keep_last = c.keep_last
         self.keep_best = c.keep_best
         self.saved: list[Path] = []
@@ -125,6 +127,12 @@ class Checkpointer:
 
         Distributed: every rank gathers (a collective under FSDP); only rank 0 writes.
         """
+        with self.run.monitor.paused("checkpoint"):  # not training time
+            path = self._save(state)
+        self.clock.restart()
+        return path
+
+    def _save(self, state: LoopState) -> Path:
         path = self.directory / f"step_{state.step:08d}.pt"
         payload = self.payload(state)
         if not self.dist.is_main:
@@ -147,14 +155,18 @@ class Checkpointer:
             old.unlink(missing_ok=True)
 
     def after_step(self, state: LoopState, end_of_epoch: bool) -> None:
-        due = (self.every_steps and state.step % self.every_steps == 0) or (
-            self.every_epoch and end_of_epoch
+        run = self.run
+        due = (
+            (self.every_steps and state.step % self.every_steps == 0)
+            or (self.every_epoch and end_of_epoch)
+            or self.clock.due(state.step, run.settings.log_every, self.dist, run.device)
         )
         if due:
             self.save(state)
         elif self._new_best(state):
-            payload = self.payload(state)  # every rank: a collective under FSDP
-            self._record_best(state, lambda best_path: atomic_torch_save(payload, best_path))
+            with self.run.monitor.paused("checkpoint"):
+                payload = self.payload(state)  # every rank: a collective under FSDP
+                self._record_best(state, lambda best_path: atomic_torch_save(payload, best_path))
 
     def _new_best(self, state: LoopState) -> bool:
         if not self.keep_best or not state.evals or state.evals[-1]["step"] != state.step:

@@ -19,6 +19,7 @@ NON_TRAINING_KEYS = (
     "log_every",
     "probe_every",
     "eval_every",
+    "eval_every_minutes",
     "throughput_warmup_steps",
     "num_workers",
     "compile",

@@ -447,8 +447,9 @@ class NumericsConfig:
 @dataclass
 class CheckpointConfig:
     enabled: bool = True
+    every_minutes: float | None = 10.0
     every_steps: int | None = None
-    every_epoch: bool = True
+    every_epoch: bool = False
     keep_last: int = 2
     keep_best: bool = True
 
@@ -524,6 +525,7 @@ class RunConfig:
     seed: int = 0
     device: str = "auto"
     eval_every: int | None = None
+    eval_every_minutes: float | None = None
     log_every: int = 50
     probe_every: int | None = 100
     throughput_warmup_steps: int = 5
@@ -684,6 +686,7 @@ def validate(run: RunConfig) -> None:
         "one of auto, cpu, cuda, cuda:N",
     )
     _at_least("eval_every", run.eval_every, 1, allow_none=True)
+    _positive("eval_every_minutes", run.eval_every_minutes, allow_none=True)
     _at_least("log_every", run.log_every, 1)
     _at_least("probe_every", run.probe_every, 1, allow_none=True)
     _at_least("throughput_warmup_steps", run.throughput_warmup_steps, 0)
@@ -707,6 +710,7 @@ def check_eval_checkpoint(which: str) -> None:
 def _validate_mechanics(run: RunConfig) -> None:
     """Checkpoints, bench, distributed and debug: how the run is carried out."""
     _at_least("checkpoint.every_steps", run.checkpoint.every_steps, 1, allow_none=True)
+    _positive("checkpoint.every_minutes", run.checkpoint.every_minutes, allow_none=True)
     _at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)
     _at_least("bench.warmup_steps", run.bench.warmup_steps, 1)
     _at_least("bench.steps", run.bench.steps, 1)

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mptrain.cadence import TimeCadence
 from mptrain.data import Batch, BatchSource
 from mptrain.distributed import (
     DistContext,
@@ -83,6 +84,7 @@ def train_loop(run: Run, hooks: LoopHooks = LoopHooks()) -> LoopState:
     s, state, monitor = run.settings, run.state, run.monitor
     params = [p for p in run.model.parameters() if p.requires_grad]
     samples_per_step = monitor.settings.samples_per_step
+    eval_clock = TimeCadence(s.eval_every_minutes)
     monitor.begin(run.scaler, run.optimizer, hooks.observers)
     run.model.train()
     clear_grads(run.optimizer)
@@ -95,9 +97,10 @@ def train_loop(run: Run, hooks: LoopHooks = LoopHooks()) -> LoopState:
         monitor.after_step(state, outcome, logged)
         if monitor.diverged_reason:
             break  # the last checkpoint stays the last good state
-        if _eval_due(s, state.step, end_of_epoch):
-            with monitor.paused():
+        if _eval_due(s, state.step, end_of_epoch, eval_clock, run.device):
+            with monitor.paused("evaluation"):
                 _evaluate_into(run, state)
+            eval_clock.restart()
         if hooks.checkpoint is not None:
             hooks.checkpoint(state, end_of_epoch)
         if _stop_agreed(hooks.stop_requested(), logged, s.dist, run.device):
@@ -111,10 +114,16 @@ def _every(step: int, interval: int | None) -> bool:
     return interval is not None and step % interval == 0
 
 
-def _eval_due(s: LoopSettings, step: int, end_of_epoch: bool) -> bool:
+def _eval_due(
+    s: LoopSettings, step: int, end_of_epoch: bool, clock: TimeCadence, device: torch.device
+) -> bool:
+    """After the last step; every ``eval_every`` steps and/or ``eval_every_minutes``; at epoch
+    ends when neither is set."""
     if step == s.total_steps:
         return True
-    return _every(step, s.eval_every) if s.eval_every is not None else end_of_epoch
+    if s.eval_every is None and s.eval_every_minutes is None:
+        return end_of_epoch
+    return _every(step, s.eval_every) or clock.due(step, s.log_every, s.dist, device)
 
 
 def _stop_agreed(requested: bool, logged: bool, dist: DistContext, device: torch.device) -> bool:

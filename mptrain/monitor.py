@@ -113,6 +113,22 @@ class Throughput:
 
 
 @dataclass
+class LoopTime:
+    """Where the loop's wall time went, in seconds: steps, evaluations, checkpoint writes."""
+
+    training_s: float = 0.0  # set by Monitor.end: the loop's time minus the pauses inside it
+    evaluation_s: float = 0.0
+    evaluations: int = 0
+    checkpoint_s: float = 0.0
+    checkpoints: int = 0
+
+    def add(self, kind: str, seconds: float) -> None:
+        """One pause of ``kind`` (evaluation | checkpoint)."""
+        setattr(self, f"{kind}_s", getattr(self, f"{kind}_s") + seconds)
+        setattr(self, f"{kind}s", getattr(self, f"{kind}s") + 1)
+
+
+@dataclass
 class Probes:
     """Averages of the gradient/update probes taken every ``probe_every`` steps."""
 
@@ -278,7 +294,7 @@ class Monitor:
     """Measures the run step by step and decides warnings and divergence (see module doc).
 
     Call order per run: :meth:`begin`, then per step :meth:`before_step` and :meth:`after_step`,
-    evaluations inside :meth:`paused`, and :meth:`end`. ``diverged_reason`` is set when the run
+    evaluations and checkpoint writes inside :meth:`paused`, and :meth:`end`. ``diverged_reason`` is set when the run
     must stop; ``culprit`` holds the first non-finite module once searched for.
     """
 
@@ -294,6 +310,8 @@ class Monitor:
         self.dist = dist
         self.culprit_finder = culprit_finder
         self.throughput = Throughput()
+        self.time = LoopTime()
+        self._loop_started: float | None = None
         self.probes = Probes()
         self.scale_stats: ScaleStats | None = None
         self.health = ScaleHealth(settings.health)
@@ -322,6 +340,7 @@ class Monitor:
             s = self.scale
             self.scale_stats = ScaleStats(initial=s, final=s, min=s, max=s)
         self._interval.restart()
+        self._loop_started = time.perf_counter()
 
     def before_step(self, steps_done: int) -> None:
         if steps_done == self.settings.throughput_warmup_steps:
@@ -329,17 +348,24 @@ class Monitor:
 
     def end(self) -> None:
         self.stopwatch.stop()
+        if self._loop_started is not None:
+            t = self.time
+            elapsed = time.perf_counter() - self._loop_started
+            t.training_s = elapsed - t.evaluation_s - t.checkpoint_s
+            self._loop_started = None
 
     @contextmanager
-    def paused(self) -> Iterator[None]:
-        """Evaluation is not training time: neither the throughput nor the row's samples/s
-        count it."""
+    def paused(self, kind: str) -> Iterator[None]:
+        """Evaluations and checkpoint writes (``kind``) are not training time: neither the
+        throughput nor the row's samples/s count them; :attr:`time` records them."""
         running, started = self.stopwatch.running, time.perf_counter()
         self.stopwatch.stop()
         try:
             yield
         finally:
-            self._interval.started += time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            self._interval.started += elapsed
+            self.time.add(kind, elapsed)
             if running:
                 self.stopwatch.start()
 

@@ -132,6 +132,25 @@ class ThroughputSection:
 
 
 @dataclass
+class TimeSection:
+    """Where the job's wall time went, in seconds; ``other_s`` is the rest of ``wall_time_s``:
+    start-up, data loading, model building, diagnostics."""
+
+    training_s: float  # the loop's steps, warm-up included
+    evaluation_s: float
+    evaluations: int
+    checkpoint_s: float  # writes, the final one included
+    checkpoints: int
+    other_s: float
+
+    @property
+    def non_training_share(self) -> float | None:
+        """Evaluations and checkpoints as a share of the loop's time (what cadences change)."""
+        loop = self.training_s + self.evaluation_s + self.checkpoint_s
+        return (self.evaluation_s + self.checkpoint_s) / loop if loop > 0 else None
+
+
+@dataclass
 class MemorySection:
     peak_bytes: int | None
     kind: str | None  # what the peak measures (CUDA allocator, process RSS, ...)
@@ -188,6 +207,7 @@ class RunReport:
     checkpoints: CheckpointsSection | None
     recipe: RecipeSection | None
     config: dict[str, Any]  # the resolved config (dataclasses.asdict of the RunConfig)
+    time: TimeSection | None = None  # None in reports written before it existed
     figure: str | None = None  # curves.png, once written
     schema_version: int = SCHEMA_VERSION
 
@@ -343,6 +363,8 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         ("peak memory", f"{fmt_bytes(mem.peak_bytes)} ({mem.kind})"),
         ("wall time", f"{report.wall_time_s:.1f} s"),
     ]
+    if report.time:
+        rows.append(("time", _time_text(report.time)))
     if report.recipe:
         r, exp = report.recipe, report.recipe.expected
         rows.append(
@@ -362,6 +384,14 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         )
     rows += [("note", n) for n in p.notes]
     return rows
+
+
+def _time_text(t: TimeSection) -> str:
+    return (
+        f"training {t.training_s:.1f} s, evaluation {t.evaluation_s:.1f} s ({t.evaluations}×), "
+        f"checkpoints {t.checkpoint_s:.1f} s ({t.checkpoints}×): "
+        f"{fmt_pct(t.non_training_share)} of the loop; other {t.other_s:.1f} s"
+    )
 
 
 def _hardware_lines(hw: dict[str, Any]) -> list[str]:

@@ -64,6 +64,7 @@ from mptrain.report import (
     PrecisionSection,
     RunReport,
     ThroughputSection,
+    TimeSection,
     TrainingSection,
     print_summary,
     summary_rows,
@@ -362,13 +363,14 @@ def assemble_report(job: _Job, status: str, reason: str | None) -> RunReport:
     """The report from what the job got to: every section, whatever stage it stopped at."""
     cfg, run, state = job.cfg, job.run, job.state
     evaluation = _evaluation_section(state)
+    wall_time_s = time.perf_counter() - job.start_time
     return RunReport(
         status=status,
         reason=reason,
         output_dir=str(job.output_dir),
         started_at=job.started_at,
         finished_at=_now(),
-        wall_time_s=time.perf_counter() - job.start_time,
+        wall_time_s=wall_time_s,
         precision=_precision_section(cfg, job.policy),
         tf32=job.tf32,
         fp8={**run.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
@@ -394,6 +396,7 @@ def assemble_report(job: _Job, status: str, reason: str | None) -> RunReport:
         checkpoints=_checkpoints_section(job.checkpointer),
         recipe=recipe_verdict(cfg, status, evaluation),
         config=dataclasses.asdict(cfg),
+        time=_time_section(run, wall_time_s),
     )
 
 
@@ -486,6 +489,21 @@ def _throughput_section(
         data_wait_fraction=throughput.data_wait_fraction if throughput else None,
         # Emulated FP8 runs FP32 matmuls: its speed says nothing about FP8 hardware.
         comparable=not (policy is not None and policy.emulated),
+    )
+
+
+def _time_section(run: Run | None, wall_time_s: float) -> TimeSection | None:
+    if run is None:
+        return None
+    t = run.monitor.time
+    inside = t.training_s + t.evaluation_s + t.checkpoint_s
+    return TimeSection(
+        training_s=t.training_s,
+        evaluation_s=t.evaluation_s,
+        evaluations=t.evaluations,
+        checkpoint_s=t.checkpoint_s,
+        checkpoints=t.checkpoints,
+        other_s=max(wall_time_s - inside, 0.0),
     )
 
 

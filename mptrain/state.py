@@ -20,7 +20,8 @@ class LoopSettings:
     steps_per_epoch: int
     grad_accum_steps: int = 1
     clip_grad_norm: float | None = None
-    eval_every: int | None = None  # None: at the end of every epoch
+    eval_every: int | None = None  # with eval_every_minutes None: at the end of every epoch
+    eval_every_minutes: float | None = None
     log_every: int = 50
     probe_every: int | None = 100  # gradient/update probe cadence (costs a parameter copy)
     channels_last: bool = False

@@ -233,6 +233,7 @@ def test_fp32_resume_mid_epoch_is_bit_identical(tmp_path, monkeypatch):
         f"max_steps={2 * n}",
         "log_every=1",
         "model.dropout=0.2",
+        "checkpoint.every_epoch=true",  # the resumed run's epoch-end checkpoint is compared too
         "checkpoint.keep_last=5",  # keep the stop checkpoint for inspection after the resume
     )
     results = interrupt_and_resume(tmp_path, monkeypatch, overrides, n)
@@ -249,6 +250,7 @@ def test_fp16_resume_replays_the_skipped_step_and_the_scaler(tmp_path, monkeypat
         "precision=fp16",
         f"max_steps={2 * n}",
         "log_every=1",
+        "checkpoint.every_epoch=true",
         "checkpoint.keep_last=5",
         f"debug.inject_inf_grad_steps=[{n + 3}]",
         # The scale grows after every 8 clean steps: at 8, then at 16 -- one step after the resume,

@@ -225,6 +225,18 @@ OUT_OF_RANGE = [
     ),
     ("batch-size-zero", ["batch_size=0"], {"batch_size": 0}, r"^batch_size=0: .*>= 1"),
     (
+        "eval-minutes-zero",
+        ["eval_every_minutes=0"],
+        {"eval_every_minutes": 0.0},
+        r"^eval_every_minutes=0\.0: must be > 0",
+    ),
+    (
+        "checkpoint-minutes-inf",
+        ["checkpoint.every_minutes=inf"],
+        {"checkpoint.every_minutes": float("inf")},
+        r"^checkpoint\.every_minutes=inf: must be > 0 and finite",
+    ),
+    (
         "grad-accum-zero",
         ["grad_accum_steps=0"],
         {"grad_accum_steps": 0},

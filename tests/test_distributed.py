@@ -117,3 +117,24 @@ def test_fsdp_trains_and_its_checkpoint_resumes_in_one_process(tmp_path, precisi
     resumed = train(cfg, tmp_path / "resumed")
     assert resumed["status"] == "completed" and resumed["resumed"]["step"] == 6
     assert any("world size 2" in note for note in resumed["resumed"]["notes"])
+
+
+def test_time_cadences_agree_across_ranks_at_log_rows(tmp_path):
+    """A clock read on each rank could make one rank save (a collective under FSDP) or evaluate
+    (an all-reduce) without the other: time cadences are decided at log rows, by rank 0."""
+    torchrun(
+        tmp_path,
+        "model=mlp",
+        "precision=bf16",
+        "max_steps=7",
+        "log_every=3",
+        "eval_every_minutes=1e-9",
+        "checkpoint.every_minutes=1e-9",
+        "checkpoint.keep_last=10",
+        "distributed.strategy=fsdp",
+    )
+    run_dir = tmp_path / "run"
+    saved = sorted(p.name for p in (run_dir / "checkpoints").glob("step_*.pt"))
+    assert saved == ["step_00000003.pt", "step_00000006.pt", "step_00000007.pt"]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["kind"] == "eval"] == [3, 6, 7]

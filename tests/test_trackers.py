@@ -116,6 +116,7 @@ def test_a_resumed_run_continues_the_same_curves(tmp_path):
         "max_steps=30",
         "log_every=5",
         "logger=[tensorboard,mlflow]",
+        "checkpoint.every_epoch=true",
         "checkpoint.keep_last=5",
     )
     train(tiny_run(*common, f"mlflow.tracking_uri={store}"), run_dir)
