@@ -275,6 +275,8 @@ class ImageFolderConfig(DatasetConfig):
     resize_size: int = 256
     augment: bool = True
     skip_bad_files: bool = False  # true: skip images that do not decode (counted in the report)
+    decode_device: str = "cpu"  # cpu: PIL in the workers | cuda: bytes from the workers, GPU decode
+    decode_draft: bool = True  # cpu: JPEGs decoded at 1/2..1/8 size when the crop allows it
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -282,6 +284,12 @@ class ImageFolderConfig(DatasetConfig):
             _check_path("dataset.root", self.root)
         _at_least("dataset.image_size", self.image_size, 1)
         _at_least("dataset.resize_size", self.resize_size, self.image_size)
+        _require(
+            self.decode_device in ("cpu", "cuda"),
+            "dataset.decode_device",
+            self.decode_device,
+            "cpu (PIL in the DataLoader workers) or cuda (the training GPU decodes JPEGs)",
+        )
 
 
 @dataclass

@@ -34,6 +34,7 @@ dataset raises :class:`~mptrain.config.ConfigError` naming the path and how to g
 
 from __future__ import annotations
 
+import functools
 import json
 import numbers
 import pickle
@@ -54,6 +55,16 @@ from mptrain.config import (
     SyntheticConfig,
     TorchvisionDatasetConfig,
 )
+from mptrain.decode import (
+    BadDataFile,
+    CropSpec,
+    DecodeCrop,
+    DeviceDecode,
+    EncodedImages,
+    collate_encoded,
+    normalise,
+)
+from mptrain.decode import load_image as load_image  # re-exported: mptrain.data.load_image
 from mptrain.targets import call_target, check_keys, locate, offered
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -283,6 +294,79 @@ class TensorBatches:
             yield self._prepare(images, generator), labels.to(self.device, non_blocking=True)
 
 
+def collate_samples(samples: list[Any]) -> tuple[Any, Any, int]:
+    """The default collation of the samples that decoded, and how many were None (files that did
+    not decode under ``skip_bad_files``)."""
+    good = [s for s in samples if s is not None]
+    images, labels = torch.utils.data.default_collate(good) if good else (None, None)
+    return images, labels, len(samples) - len(good)
+
+
+collate_skipping_bad = collate_samples  # the name before every loader feed collated this way
+
+
+class ToDevice:
+    """A collated batch to ``device`` as it is (custom datasets: their own preprocessing)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def __call__(self, images: Any, labels: Any, epoch: int) -> tuple[Any, Any, int]:
+        """(images, labels) on the device; nothing dropped."""
+        del epoch  # the batch is complete: nothing here depends on the epoch
+        to = {"device": self.device, "non_blocking": True}
+        return images.to(**to), labels.to(**to), 0
+
+
+class NormaliseOnDevice(ToDevice):
+    """uint8 crops from the workers to normalised float on ``device``: a quarter of the bytes
+    through shared and pinned memory, and one batched operation instead of one per sample."""
+
+    def __init__(self, device: torch.device, mean: tuple[float, ...], std: tuple[float, ...]):
+        super().__init__(device)
+        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1)
+        self.std = torch.tensor(std, device=device).view(1, -1, 1, 1)
+
+    def __call__(self, images: Any, labels: Any, epoch: int) -> tuple[Any, Any, int]:
+        """(normalised images, labels) on the device; nothing dropped."""
+        images, labels, _ = super().__call__(images, labels, epoch)
+        return normalise(images, self.mean, self.std), labels, 0
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """The sample order of the epoch being served, set before each epoch in the main process
+    (where a DataLoader draws its indices, persistent workers or not). With ``keyed`` it yields
+    ``(epoch, index)``: the epoch reaches the workers with every index, so a dataset copied into
+    workers once (``persistent_workers``) still seeds each sample by its epoch."""
+
+    def __init__(self, keyed: bool) -> None:
+        self.keyed = keyed
+        self.epoch, self.indices = 0, []
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self.keyed:
+            return iter([(self.epoch, index) for index in self.indices])
+        return iter(self.indices)
+
+
+@dataclass(frozen=True)
+class LoaderPlan:
+    """How a :class:`LoaderBatches` serves its dataset: ``persistent`` workers (kept across
+    epochs), ``keyed`` indices (:class:`EpochSampler`), the worker-side ``collate`` (samples ->
+    (payload, labels, dropped)) and the main-process ``finish`` ((payload, labels, epoch) ->
+    (images, labels, dropped) on the device; None: :class:`ToDevice`), and the facts the report
+    records about it."""
+
+    persistent: bool = False
+    keyed: bool = False
+    collate: Callable[[list[Any]], tuple[Any, Any, int]] = collate_samples
+    finish: Callable[[Any, Any, int], tuple[Any, Any, int]] | None = None
+    facts: dict[str, Any] | None = None
+
+
 class LoaderBatches:
     """Batches from a DataLoader with worker processes (file-backed data)."""
 
@@ -298,6 +382,7 @@ class LoaderBatches:
         seed: int = 0,
         rank: int = 0,
         world: int = 1,
+        plan: LoaderPlan | None = None,
     ) -> None:
         self.dataset = dataset
         self.rank, self.world = rank, world
@@ -307,8 +392,14 @@ class LoaderBatches:
         self.drop_last = drop_last
         self.num_workers = num_workers
         self.seed = seed
+        self.plan = plan = plan or LoaderPlan()
+        self.persistent = plan.persistent and num_workers > 0  # no workers: nothing to keep
+        self.finish = plan.finish or ToDevice(device)
+        self.sampler = EpochSampler(plan.keyed)
+        self.loader: torch.utils.data.DataLoader | None = None
         self.num_batches = batch_count(len(dataset), batch_size, rank, world, drop_last)  # type: ignore[arg-type]
-        self.feed = f"DataLoader ({num_workers} workers)"
+        kept = "persistent " if self.persistent else ""
+        self.feed = f"DataLoader ({num_workers} {kept}workers)"
         # skip_bad_files: samples dropped because their file did not decode, counted each time
         # one is read (every epoch and evaluation that reads it).
         self.bad_files = 0
@@ -317,37 +408,53 @@ class LoaderBatches:
         """Batches per epoch."""
         return self.num_batches
 
-    def batches(self, epoch: int) -> Iterator[Batch]:
-        """This rank's batches of ``epoch``, decoded by a fresh DataLoader's workers."""
-        skipping = isinstance(self.dataset, SkipBadFiles)
-        seeded = self.dataset.dataset if skipping else self.dataset
-        if isinstance(seeded, SeededTransforms):
-            seeded.epoch = epoch  # before the loader pickles the dataset into its workers
-        indices = epoch_indices(
-            len(self.dataset), self.shuffle, self.seed, epoch, self.rank, self.world, self.drop_last
+    @property
+    def pipeline(self) -> dict[str, Any] | None:
+        """What this feed runs (the report's data facts), with counts kept by the finish step."""
+        if self.plan.facts is None:
+            return None
+        counts = (
+            {"host_decoded": self.finish.host_decoded}
+            if hasattr(self.finish, "host_decoded")
+            else {}
         )
+        return {**self.plan.facts, "persistent_workers": self.persistent, **counts}
+
+    def _loader(self) -> torch.utils.data.DataLoader:
+        """The DataLoader: the one kept with persistent workers, else a fresh one per epoch."""
+        if self.loader is not None:
+            return self.loader
         loader = torch.utils.data.DataLoader(
             self.dataset,
             batch_size=self.batch_size,
-            sampler=indices.tolist(),  # this rank's order for this epoch
+            sampler=self.sampler,  # this rank's order for the epoch being served
             drop_last=self.drop_last,
             num_workers=self.num_workers,
-            pin_memory=self.device.type == "cuda",
-            persistent_workers=False,
-            collate_fn=collate_skipping_bad if skipping else None,
+            pin_memory=self.device.type == "cuda" and not isinstance(self.finish, DeviceDecode),
+            persistent_workers=self.persistent,
+            collate_fn=self.plan.collate,
         )
-        for batch in loader:
-            if skipping:
-                images, labels, bad = batch
-                self.bad_files += bad
-                if images is None:  # skipping the batch would shorten the epoch: stop instead
-                    raise BadDataFile(f"every file of a batch of {bad} failed to decode")
-            else:
-                images, labels = batch
-            yield (
-                images.to(self.device, non_blocking=True),
-                labels.to(self.device, non_blocking=True),
-            )
+        if self.persistent:
+            self.loader = loader
+        return loader
+
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        """This rank's batches of ``epoch``, decoded by the DataLoader's workers."""
+        seeded = self.dataset.dataset if isinstance(self.dataset, SkipBadFiles) else self.dataset
+        if isinstance(seeded, SeededTransforms):
+            seeded.epoch = epoch  # unkeyed use: before a fresh loader copies it into workers
+        self.sampler.epoch = epoch
+        self.sampler.indices = epoch_indices(
+            len(self.dataset), self.shuffle, self.seed, epoch, self.rank, self.world, self.drop_last
+        ).tolist()
+        for payload, labels, bad in self._loader():
+            images, dropped = None, 0
+            if payload is not None:
+                images, labels, dropped = self.finish(payload, labels, epoch)
+            self.bad_files += bad + dropped
+            if images is None:  # skipping the batch would shorten the epoch: stop instead
+                raise BadDataFile(f"every file of a batch of {bad + dropped} failed to decode")
+            yield images, labels
 
 
 class SeededTransforms(torch.utils.data.Dataset):
@@ -367,11 +474,15 @@ class SeededTransforms(torch.utils.data.Dataset):
         """Samples in the wrapped dataset."""
         return len(self.dataset)
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
-        """Sample ``index`` transformed with its own (seed, epoch, index) seed, and its label."""
+    def __getitem__(self, key: int | tuple[int, int]) -> tuple[Any, int]:
+        """Sample ``index`` transformed with its own (seed, epoch, index) seed, and its label.
+
+        ``key``: ``(epoch, index)`` (:class:`EpochSampler`, persistent workers), or ``index`` of
+        the epoch last set in ``self.epoch``."""
+        epoch, index = key if isinstance(key, tuple) else (self.epoch, key)
         image, label = self.dataset[index]
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_stream_seed(self.seed, self.epoch, AUGMENT_STREAM, index))
+            torch.manual_seed(_stream_seed(self.seed, epoch, AUGMENT_STREAM, index))
             return self.transform(image), label
 
 
@@ -640,10 +751,11 @@ _IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 @dataclass
 class FolderDataset:
-    """A file-backed dataset: torchvision ImageFolders decoded per sample by the loader workers.
+    """A file-backed dataset: torchvision ImageFolders whose samples are file paths.
 
     ``train`` has no transform of its own: :func:`build_data` wraps it with ``train_transform``
-    seeded per (seed, epoch, sample). ``val`` carries its deterministic evaluation transform.
+    seeded per (seed, epoch, sample), or reads its bytes for device decoding. ``val`` carries its
+    deterministic evaluation transform (used by the CPU pipeline).
     """
 
     train: Any  # torchvision.datasets.ImageFolder
@@ -651,32 +763,19 @@ class FolderDataset:
     train_transform: Any
 
 
-def _imagefolder_transforms(cfg: ImageFolderConfig) -> tuple[Any, Any]:
-    """(train, val) transforms: resize + centre crop for validation; a random resized crop and
-    horizontal flip for training when ``augment``, else the validation transform. Both end with
-    ImageNet normalisation."""
-    from torchvision import transforms
+def _crop_specs(cfg: ImageFolderConfig) -> tuple[CropSpec, CropSpec]:
+    """(train, val) crops: resize + centre crop for validation; a random resized crop and
+    horizontal flip for training when ``augment``, else the validation crop."""
+    val = CropSpec(cfg.image_size, cfg.resize_size, random=False)
+    train = CropSpec(cfg.image_size, cfg.resize_size, random=True) if cfg.augment else val
+    return train, val
 
-    normalize = transforms.Normalize(_IMAGENET_MEAN, _IMAGENET_STD)
-    val_transform = transforms.Compose(
-        [
-            transforms.Resize(cfg.resize_size),
-            transforms.CenterCrop(cfg.image_size),
-            transforms.ToTensor(),
-            normalize,
-        ]
-    )
-    if not cfg.augment:
-        return val_transform, val_transform
-    train_transform = transforms.Compose(
-        [
-            transforms.RandomResizedCrop(cfg.image_size),
-            transforms.RandomHorizontalFlip(),
-            transforms.ToTensor(),
-            normalize,
-        ]
-    )
-    return train_transform, val_transform
+
+def _imagefolder_transforms(cfg: ImageFolderConfig) -> tuple[DecodeCrop, DecodeCrop]:
+    """(train, val) transforms of the CPU pipeline: a file path to a uint8 crop (decoded at
+    reduced size with ``decode_draft``); the feed normalises with the ImageNet statistics."""
+    train, val = _crop_specs(cfg)
+    return DecodeCrop(train, cfg.decode_draft), DecodeCrop(val, cfg.decode_draft)
 
 
 def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
@@ -693,10 +792,9 @@ def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
             )
     train_transform, val_transform = _imagefolder_transforms(cfg)
     try:
-        train_folder = datasets.ImageFolder(str(root / cfg.train_dir), loader=load_image)
-        val_set = datasets.ImageFolder(
-            str(root / cfg.val_dir), transform=val_transform, loader=load_image
-        )
+        # loader=str: samples stay paths; the transform (or the device pipeline) decodes them.
+        train_folder = datasets.ImageFolder(str(root / cfg.train_dir), loader=str)
+        val_set = datasets.ImageFolder(str(root / cfg.val_dir), transform=val_transform, loader=str)
     except FileNotFoundError as exc:  # a split without class folders or without images
         raise ConfigError(f"dataset.root={cfg.root!r}: {exc}") from exc
     if train_folder.classes != val_set.classes:
@@ -704,31 +802,6 @@ def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
             f"dataset.root={cfg.root!r}: {cfg.train_dir}/ and {cfg.val_dir}/ hold different classes"
         )
     return FolderDataset(train_folder, val_set, train_transform)
-
-
-class BadDataFile(RuntimeError):
-    """A data file that does not decode; the message is one line naming it.
-
-    Raised in a DataLoader worker, it reaches the main process re-created with the worker's
-    traceback in its message; ``str()`` still gives the one line."""
-
-    def __str__(self) -> str:
-        last = str(self.args[0]).rstrip().splitlines()[-1] if self.args else ""
-        return last.split(f"{type(self).__name__}: ", 1)[-1]
-
-
-def load_image(path: str) -> Any:
-    """An RGB PIL image, or BadDataFile naming ``path`` and what is wrong with it (truncated, not
-    an image, unreadable)."""
-    from PIL import Image
-
-    try:
-        with open(path, "rb") as f:
-            image = Image.open(f)
-            return image.convert("RGB")  # decodes now: a truncated file fails here
-    except (OSError, ValueError, SyntaxError) as exc:
-        what = (str(exc).splitlines() or [""])[0] or type(exc).__name__
-        raise BadDataFile(f"{path}: {what}") from exc
 
 
 class SkipBadFiles(torch.utils.data.Dataset):
@@ -751,13 +824,6 @@ class SkipBadFiles(torch.utils.data.Dataset):
         if name == "dataset":
             raise AttributeError(name)
         return getattr(self.dataset, name)
-
-
-def collate_skipping_bad(samples: list[Any]) -> tuple[Any, ...]:
-    """The default collation of the samples that decoded, and how many did not."""
-    good = [s for s in samples if s is not None]
-    images, labels = torch.utils.data.default_collate(good) if good else (None, None)
-    return images, labels, len(samples) - len(good)
 
 
 # ---------------------------------------------------------------------------------------- custom
@@ -902,7 +968,7 @@ def _custom_loader_bundle(data: CustomDataset, layout: BatchLayout) -> DataBundl
         layout,
         (data.num_classes, channels, side),
         "",
-        {},
+        ({}, {}),
         num_workers=layout.num_workers,
     )
 
@@ -975,7 +1041,10 @@ def _array_bundle(cfg: Any, arrays: ArrayDataset, layout: BatchLayout) -> DataBu
         (arrays.num_classes, channels, height),
         f"{cfg.name}: {num_train} train / {num_val} val, "
         f"{channels}x{height}x{height}, {arrays.num_classes} classes",
-        {"crop_padding": 4 if augment else 0, "flip": augment and cfg.name.startswith("cifar")},
+        (
+            {"crop_padding": 4 if augment else 0, "flip": augment and cfg.name.startswith("cifar")},
+            {},
+        ),
         mean=arrays.mean,
         std=arrays.std,
     )
@@ -991,9 +1060,13 @@ def _array_bundle(cfg: Any, arrays: ArrayDataset, layout: BatchLayout) -> DataBu
 def _folder_bundle(
     cfg: ImageFolderConfig, folders: FolderDataset, layout: BatchLayout
 ) -> DataBundle:
-    """DataLoader feeds of an image folder; training samples transformed with per-sample seeds."""
-    train_set = SeededTransforms(folders.train, folders.train_transform, layout.seed)
-    val_set = folders.val
+    """DataLoader feeds of an image folder, decoded as ``dataset.decode_device`` says."""
+    if cfg.decode_device == "cuda":
+        train_set, val_set, plans = _device_decode_sets(cfg, folders, layout)
+    else:
+        train_set = SeededTransforms(folders.train, folders.train_transform, layout.seed)
+        val_set = folders.val
+        plans = _cpu_decode_plans(cfg, layout)
     if cfg.skip_bad_files:
         train_set, val_set = SkipBadFiles(train_set), SkipBadFiles(val_set)
     _check_batch_size(layout.batch_size, len(train_set), "training images")
@@ -1006,9 +1079,11 @@ def _folder_bundle(
         (num_classes, 3, cfg.image_size),
         f"imagefolder {Path(cfg.root)}: {len(train_set)} train / {len(folders.val)} val, "
         f"{num_classes} classes, {cfg.image_size} px crops",
-        {},
+        ({"plan": plans[0]}, {"plan": plans[1]}),
         num_workers=layout.num_workers,
     )
+    for source in (bundle.train, bundle.val):
+        source.feed += f": {_pipeline_words(source.pipeline)}"  # type: ignore[attr-defined]
     bundle.classes = list(folders.train.classes)  # the class folders' names, sorted
     bundle.preprocessing = preprocessing(
         255.0,  # ToTensor's scaling of 8-bit RGB
@@ -1022,6 +1097,78 @@ def _folder_bundle(
     return bundle
 
 
+def _pipeline_words(facts: dict[str, Any]) -> str:
+    """The feed's one-line description of what decodes: ``PIL in the workers (draft decode on),
+    normalised on cuda:0``."""
+    if facts["decode_device"] == "cpu":
+        draft = "on" if facts["draft"] else "off"
+        return f"PIL in the workers (draft decode {draft}), normalised on {facts['normalised_on']}"
+    return (
+        f"workers read bytes; JPEG decoded, cropped and normalised on {facts['normalised_on']} "
+        "(torchvision.io.decode_jpeg, transforms.v2); other formats decoded by the workers"
+    )
+
+
+def _cpu_decode_plans(cfg: ImageFolderConfig, layout: BatchLayout) -> tuple[LoaderPlan, ...]:
+    """(train, val) plans of the CPU pipeline: persistent workers, keyed training indices, uint8
+    crops normalised on the training device."""
+    facts = {
+        "decode_device": "cpu",
+        "decoder": "PIL",
+        "draft": cfg.decode_draft,
+        "normalised_on": str(layout.device),
+    }
+    finish = NormaliseOnDevice(layout.device, _IMAGENET_MEAN, _IMAGENET_STD)
+    train = LoaderPlan(persistent=True, keyed=True, finish=finish, facts=facts)
+    return train, LoaderPlan(persistent=True, finish=finish, facts=facts)
+
+
+def _device_decode_sets(
+    cfg: ImageFolderConfig, folders: FolderDataset, layout: BatchLayout
+) -> tuple[Any, Any, tuple[LoaderPlan, ...]]:
+    """(train set, val set, their plans) of device decoding; ConfigError unless the run trains
+    on a CUDA device (``mptrain.decode`` runs on any device; only the tests use it on the CPU)."""
+    _check_decode_device(layout.device)
+    facts = {
+        "decode_device": "cuda",
+        "decoder": "torchvision.io.decode_jpeg",
+        "draft": None,  # nvJPEG decodes full size
+        "normalised_on": str(layout.device),
+    }
+    train_spec, val_spec = _crop_specs(cfg)
+    seed_of = functools.partial(_sample_seed, layout.seed)
+    plans = tuple(
+        LoaderPlan(
+            persistent=True,
+            collate=collate_encoded,
+            finish=DeviceDecode(
+                spec, layout.device, _IMAGENET_MEAN, _IMAGENET_STD, seed_of, cfg.skip_bad_files
+            ),
+            facts=facts,
+        )
+        for spec in (train_spec, val_spec)
+    )
+    return EncodedImages(folders.train), EncodedImages(folders.val), plans
+
+
+def _sample_seed(seed: int, epoch: int, index: int) -> int:
+    """Sample ``index``'s augmentation seed in ``epoch``: the one SeededTransforms uses."""
+    return _stream_seed(seed, epoch, AUGMENT_STREAM, index)
+
+
+def _check_decode_device(device: torch.device) -> None:
+    """ConfigError unless ``dataset.decode_device=cuda`` can run: a CUDA device trains."""
+    accepted = "cpu (PIL in the DataLoader workers), or cuda when the run trains on a CUDA GPU"
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"dataset.decode_device='cuda': no CUDA device is visible; accepted: {accepted}"
+        )
+    if device.type != "cuda":
+        raise ConfigError(
+            f"dataset.decode_device='cuda': the run trains on {device}; accepted: {accepted}"
+        )
+
+
 def _bundle(
     feed: Callable[..., BatchSource],
     train: tuple[Any, ...],
@@ -1029,15 +1176,15 @@ def _bundle(
     layout: BatchLayout,
     shape: tuple[int, int, int],
     description: str,
-    train_options: dict[str, Any],
+    options: tuple[dict[str, Any], dict[str, Any]],
     **shared: Any,
 ) -> DataBundle:
     """A DataBundle of two ``feed`` sources (TensorBatches or LoaderBatches) on this rank's shard.
 
     ``train``/``val``: the leading data arguments of ``feed``; the last one's length is the sample
     count (labels, or the dataset). ``shape``: (num_classes, in_channels, image_size). Training is
-    shuffled with ``layout.seed``, keeps full batches only and gets ``train_options``; validation
-    keeps every sample in order; both get ``shared``.
+    shuffled with ``layout.seed`` and keeps full batches only; validation keeps every sample in
+    order; ``options``: (training's, validation's) own keyword arguments; both get ``shared``.
     """
     where = {"rank": layout.rank, "world": layout.world, **shared}
     train_feed = feed(
@@ -1047,11 +1194,17 @@ def _bundle(
         shuffle=True,
         drop_last=True,
         seed=layout.seed,
-        **train_options,
+        **options[0],
         **where,
     )
     val_feed = feed(
-        *val, layout.eval_batch_size, layout.device, shuffle=False, drop_last=False, **where
+        *val,
+        layout.eval_batch_size,
+        layout.device,
+        shuffle=False,
+        drop_last=False,
+        **options[1],
+        **where,
     )
     num_classes, in_channels, image_size = shape
     return DataBundle(

@@ -84,6 +84,9 @@ class DataSection:
     # dataset.skip_bad_files=true: samples dropped because their file did not decode, counted each
     # time one was read (every epoch and evaluation)
     skipped_bad_files: int | None = None
+    # File-backed feeds (imagefolder): what decoded the images (decode_device, decoder, draft,
+    # persistent_workers, normalised_on; device decoding: host_decoded). None: in-memory data.
+    pipeline: dict[str, Any] | None = None
 
 
 @dataclass

@@ -429,6 +429,7 @@ def _data_section(cfg: RunConfig, run: Run | None, dist: DistContext) -> DataSec
         grad_accum_steps=cfg.grad_accum_steps,
         effective_batch_size=cfg.batch_size * cfg.grad_accum_steps * dist.world_size,
         skipped_bad_files=_bad_files(cfg, data),
+        pipeline=getattr(data.train, "pipeline", None) if data else None,
     )
 
 
