@@ -2,21 +2,28 @@
 
 For every precision the device runs natively — FP32, BF16 and FP16 (and TF32 and FP8 on GPUs
 that have them) — the configured model is built fresh and trained for ``bench.steps`` optimizer steps
-after ``bench.warmup_steps`` warm-up steps through the same loop as a normal run (evaluation excluded). The
-table shows training samples/s, the ratio to FP32 (and to TF32 on GPUs), peak memory, the fraction
-of time spent waiting for data, and the host syncs per step the precision needs. Emulated FP8 and
-FP16 convolutions on a CPU are skipped: their speed says nothing useful (the table says so).
+after ``bench.warmup_steps`` warm-up steps through the same loop as a normal run (evaluation excluded),
+``bench.reps`` times. The precisions alternate, in an order rotated every repetition (each precision
+takes each place in turn: the first measurement of a process and slow drifts of a shared machine hit
+them alike), and each ratio is taken against the FP32 (TF32) measurement of the same repetition. The
+table shows the median training samples/s and ratio to FP32 (and to TF32 on GPUs) with their
+min–max over the repetitions, marks a ratio *noisy* with the reason (:mod:`mptrain.spread`), and
+gives peak memory, the fraction of time spent waiting for data, and the host syncs per step the
+precision needs. Emulated FP8 and FP16 convolutions on a CPU are skipped: their speed says nothing
+useful (the table says so).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
 import torch
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from mptrain import hardware
@@ -27,6 +34,7 @@ from mptrain.fp8 import fp8_gemm_available
 from mptrain.loop import host_reads_per_step, train_loop
 from mptrain.models import config_has_convolutions
 from mptrain.report import fmt_bytes, fmt_pct
+from mptrain.spread import MIN_SAMPLES, NOISY_SPREAD, Spread, format_ratio, repetition_spread
 
 
 def bench_precisions(device: torch.device, model_has_convs: bool) -> list[tuple[str, str | None]]:
@@ -83,23 +91,67 @@ def measure(cfg: RunConfig, warmup: int, steps: int) -> dict[str, Any]:
     }
 
 
+def rotated(names: list[str], rep: int) -> list[str]:
+    """The order of repetition ``rep``: ``names`` rotated by ``rep`` places."""
+    k = rep % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
+def measure_reps(
+    configs: dict[str, RunConfig], warmup: int, steps: int, reps: int
+) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
+    """Each config measured ``reps`` times in rotating order: (per-repetition figures by name,
+    reasons for the names whose config refused to build, which are not measured again)."""
+    measured: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    refused: dict[str, str] = {}
+    for rep in range(reps):
+        for name in rotated([n for n in configs if n not in refused], rep):
+            try:
+                measured[name].append(measure(configs[name], warmup, steps))
+            except ConfigError as exc:
+                refused[name] = str(exc)
+    return {n: figures for n, figures in measured.items() if n not in refused}, refused
+
+
+def summarise(name: str, reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One precision's row: medians over its repetitions (``reps`` keeps each one's figures)."""
+    speeds = [r["samples_per_s"] for r in reps]
+    step_ms = [r["step_time_ms"] for r in reps if r["step_time_ms"] is not None]
+    waits = [r["data_wait_fraction"] for r in reps if r["data_wait_fraction"] is not None]
+    peaks = [r["peak_memory_bytes"] for r in reps if r["peak_memory_bytes"] is not None]
+    return {
+        "precision": name,
+        "label": reps[0]["label"],
+        "samples_per_s": statistics.median(speeds),
+        "samples_per_s_range": [min(speeds), max(speeds)],
+        "step_time_ms": statistics.median(step_ms) if step_ms else None,
+        "peak_memory_bytes": max(peaks) if peaks else None,  # a peak: the highest repetition's
+        "data_wait_fraction": statistics.median(waits) if waits else None,
+        "host_syncs_per_step": reps[0]["host_syncs_per_step"],  # the same every repetition
+        "reps": reps,
+    }
+
+
 def run_bench(
-    cfg: RunConfig, output_dir: Path, warmup: int, steps: int, console: Console
+    cfg: RunConfig, output_dir: Path, warmup: int, steps: int, reps: int, console: Console
 ) -> list[dict[str, Any]]:
+    """Time every precision ``reps`` times (see module doc); write bench.json and bench.md into
+    ``output_dir``, print the table, and return its rows (skipped precisions with the reason)."""
     device = hardware.resolve_device(cfg.device)
     has_convs = config_has_convolutions(cfg.model)  # FP16 convolutions crawl on CPUs
+    precisions = bench_precisions(device, has_convs)
+    configs = {
+        name: dataclasses.replace(cfg, precision=precision_config(name, cfg.precision))
+        for name, skip in precisions
+        if not skip
+    }
+    measured, refused = measure_reps(configs, warmup, steps, reps)
     rows = []
-    for name, skip in bench_precisions(device, has_convs):
-        row: dict[str, Any] = {"precision": name}
-        if skip:
-            row["skipped"] = skip
-        else:
-            run_cfg = dataclasses.replace(cfg, precision=precision_config(name, cfg.precision))
-            try:
-                row.update(measure(run_cfg, warmup, steps))
-            except ConfigError as exc:
-                row["skipped"] = str(exc)
-        rows.append(row)
+    for name, skip in precisions:
+        reason = skip or refused.get(name)
+        rows.append(
+            {"precision": name, "skipped": reason} if reason else summarise(name, measured[name])
+        )
     _add_ratios(rows)
     result = {
         "model": cfg.model.name,
@@ -107,6 +159,7 @@ def run_bench(
         "batch_size": cfg.batch_size,
         "warmup_steps": warmup,
         "measured_steps": steps,
+        "reps": reps,
         "hardware": hardware.hardware_info(device),
         "versions": hardware.software_versions(),
         "rows": rows,
@@ -120,23 +173,50 @@ def run_bench(
 
 
 def _add_ratios(rows: list[dict[str, Any]]) -> None:
-    by_name = {r["precision"]: r for r in rows if r.get("samples_per_s")}
-    for row in rows:
-        for base in ("fp32", "tf32"):
-            if row.get("samples_per_s") and base in by_name:
-                row[f"vs_{base}"] = row["samples_per_s"] / by_name[base]["samples_per_s"]
+    """``vs_<base>`` (median), ``vs_<base>_range`` (min–max) and ``vs_<base>_noisy`` (the reason,
+    or None) on every measured row, from the ratios of each repetition to the base's measurement
+    of the same repetition; each repetition's ratio also goes into its ``reps`` entry."""
+    by_name = {r["precision"]: r for r in rows if "reps" in r}
+    for base_name in ("fp32", "tf32"):
+        base = by_name.get(base_name)
+        if base is None:
+            continue
+        key = f"vs_{base_name}"
+        for row in by_name.values():
+            if row is base:  # 1 by definition, not a measurement
+                row.update({key: 1.0, f"{key}_range": [1.0, 1.0], f"{key}_noisy": None})
+                continue
+            pairs = zip(row["reps"], base["reps"], strict=True)
+            ratios = [r["samples_per_s"] / b["samples_per_s"] for r, b in pairs]
+            for rep, ratio in zip(row["reps"], ratios, strict=True):
+                rep[key] = ratio
+            spread = repetition_spread(ratios)
+            row.update(
+                {
+                    key: spread.median,
+                    f"{key}_range": [spread.low, spread.high],
+                    f"{key}_noisy": spread.noisy,
+                }
+            )
+
+
+def _ratio_cell(row: dict[str, Any], key: str) -> str:
+    if key not in row:
+        return ""
+    if key == f"vs_{row['precision']}":
+        return "1.00×"  # the base itself: 1 by definition
+    low, high = row[f"{key}_range"]
+    return format_ratio(Spread(row[key], low, high, len(row["reps"]), row[f"{key}_noisy"]))
 
 
 def _cells(row: dict[str, Any], has_tf32: bool) -> list[str]:
     if row.get("skipped"):
         return [row["precision"], f"skipped: {row['skipped']}"] + [""] * (5 + has_tf32)
-    cells = [
-        row["label"],
-        f"{row['samples_per_s']:.1f}",
-        f"{row['vs_fp32']:.2f}×",
-    ]
+    low, high = row["samples_per_s_range"]
+    cells = [row["label"], f"{row['samples_per_s']:.1f} ({low:.0f}–{high:.0f})"]
+    cells.append(_ratio_cell(row, "vs_fp32"))
     if has_tf32:
-        cells.append(f"{row['vs_tf32']:.2f}×" if "vs_tf32" in row else "")
+        cells.append(_ratio_cell(row, "vs_tf32"))
     cells += [
         f"{row['step_time_ms']:.2f}",
         fmt_bytes(row["peak_memory_bytes"]),
@@ -147,10 +227,26 @@ def _cells(row: dict[str, Any], has_tf32: bool) -> list[str]:
 
 
 def _headers(has_tf32: bool) -> list[str]:
-    headers = ["precision", "samples/s", "vs fp32"]
+    headers = ["precision", "samples/s (min–max)", "vs fp32 (min–max)"]
     if has_tf32:
-        headers.append("vs tf32")
+        headers.append("vs tf32 (min–max)")
     return [*headers, "step ms", "peak memory", "data wait", "host syncs/step"]
+
+
+def notes(result: dict[str, Any]) -> list[str]:
+    """What the figures are, then one line per noisy ratio with its reason."""
+    lines = [
+        f"Medians of {result['reps']} repetitions (min–max in brackets), the precisions in an "
+        "order rotated every repetition; each ratio pairs a precision with the base measured in "
+        "the same repetition. Noisy: the ratio's range is wider than "
+        f"{NOISY_SPREAD:.0%} of it, or too few repetitions to tell (bench.reps below "
+        f"{MIN_SAMPLES}): do not read it as fact."
+    ]
+    for row in result["rows"]:
+        for base in ("fp32", "tf32"):
+            if row.get(f"vs_{base}_noisy"):
+                lines.append(f"{row['label']} vs {base} noisy: {row[f'vs_{base}_noisy']}")
+    return lines
 
 
 def render(result: dict[str, Any]) -> str:
@@ -161,12 +257,13 @@ def render(result: dict[str, Any]) -> str:
         f"# mptrain bench: {result['model']} on {result['dataset']}, batch {result['batch_size']}",
         "",
         f"{where}; torch {result['versions']['torch']}; {result['measured_steps']} steps after "
-        f"{result['warmup_steps']} warm-up, evaluation excluded.",
+        f"{result['warmup_steps']} warm-up, evaluation excluded, {result['reps']} repetitions.",
         "",
         "| " + " | ".join(_headers(has_tf32)) + " |",
         "|" + "---|" * len(_headers(has_tf32)),
     ]
     lines += ["| " + " | ".join(_cells(r, has_tf32)) + " |" for r in result["rows"]]
+    lines += ["", *(f"- {line}" for line in notes(result))]
     return "\n".join(lines) + "\n"
 
 
@@ -178,3 +275,5 @@ def _print(console: Console, result: dict[str, Any]) -> None:
     for row in result["rows"]:
         table.add_row(*_cells(row, has_tf32))
     console.print(table)
+    for line in notes(result):
+        console.print(escape(line))

@@ -117,7 +117,10 @@ def bench_main(overrides: list[str]) -> None:
         stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
         default_dir = Path("outputs") / "bench" / f"{stamp}_{cfg.model.name}_{cfg.dataset.name}"
         output_dir = Path(run_dir) if run_dir is not None else default_dir
-        run_bench(cfg, output_dir, cfg.bench.warmup_steps, cfg.bench.steps, Console())
+        b = cfg.bench
+        # Ranges and noisy marks widen the cells: give the table room even off a terminal.
+        console = Console(width=max(140, Console().width))
+        run_bench(cfg, output_dir, b.warmup_steps, b.steps, b.reps, console)
     except ConfigError as exc:
         _fail(str(exc))
 

@@ -464,10 +464,11 @@ class CheckpointConfig:
 
 @dataclass
 class BenchConfig:
-    """``mptrain bench``: how long each precision is timed."""
+    """``mptrain bench``: how long and how often each precision is timed."""
 
     warmup_steps: int = 5
     steps: int = 30
+    reps: int = 3  # repetitions in rotating order; fewer than 3 cannot judge the spread
 
 
 @dataclass
@@ -722,6 +723,7 @@ def _validate_mechanics(run: RunConfig) -> None:
     _at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)
     _at_least("bench.warmup_steps", run.bench.warmup_steps, 1)
     _at_least("bench.steps", run.bench.steps, 1)
+    _at_least("bench.reps", run.bench.reps, 1)
     check_eval_checkpoint(run.eval.checkpoint)
     _require(
         run.distributed.strategy in ("ddp", "fsdp"),

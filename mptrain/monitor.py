@@ -98,6 +98,9 @@ class Throughput:
     measured_samples: int = 0
     measured_time_s: float = 0.0
     data_wait_s: float = 0.0
+    # (steps, seconds) of each metrics-row interval measured whole (every step after warm-up),
+    # timed to the row's device read: the spread of the run's speed (mptrain.spread).
+    windows: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def samples_per_s(self) -> float | None:
@@ -273,9 +276,11 @@ class _Interval:
 
     started: float  # time.perf_counter() at the interval's start, evaluations excluded
     losses: list[torch.Tensor] = field(default_factory=list)
+    measured: int = 0  # steps of the interval the throughput counted (after warm-up)
 
     def restart(self) -> None:
         self.losses.clear()
+        self.measured = 0
         self.started = time.perf_counter()
 
 
@@ -381,6 +386,7 @@ class Monitor:
         if self.scale is not None:
             self._watch_scale(state.step, outcome)
         if self.stopwatch.running:
+            self._interval.measured += 1
             self.throughput.measured_steps += 1
             self.throughput.measured_samples += self.settings.samples_per_step
             self.throughput.data_wait_s += outcome.data_wait_s
@@ -426,6 +432,8 @@ class Monitor:
         mean_loss, *grad_norm = torch.stack(device_values).tolist()
         state.last_train_loss = mean_loss
         steps = len(self._interval.losses)
+        if self._interval.measured == steps:  # after the read: the device finished the window
+            self.throughput.windows.append((steps, time.perf_counter() - self._interval.started))
         row = {
             "kind": "train",
             "step": state.step,

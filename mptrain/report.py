@@ -132,6 +132,10 @@ class ThroughputSection:
     data_wait_fraction: float | None
     excludes: str = "warm-up steps and evaluation"
     comparable: bool = True  # False for emulated FP8: its speed says nothing about FP8 hardware
+    # Per log_every window measured whole after warm-up (evaluation excluded): its samples/s and
+    # steps, the spread behind sweep speed ratios. None in reports written before these existed.
+    window_samples_per_s: list[float] | None = None
+    window_steps: list[int] | None = None
 
 
 @dataclass

@@ -342,7 +342,8 @@ def no_checkpoint_hint(output_dir: Path) -> str:
 
 
 def _now() -> str:
-    return dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    # Milliseconds: sweep comparisons tell jobs that ran at the same time by these (mptrain.sweep).
+    return dt.datetime.now().astimezone().isoformat(timespec="milliseconds")
 
 
 # ------------------------------------------------------------------------------ the report
@@ -482,6 +483,8 @@ def _throughput_section(
     cfg: RunConfig, run: Run | None, policy: PrecisionPolicy | None
 ) -> ThroughputSection:
     throughput = run.monitor.throughput if run else None
+    windows = throughput.windows if throughput else []
+    samples = run.monitor.settings.samples_per_step if run else 0
     return ThroughputSection(
         samples_per_s=throughput.samples_per_s if throughput else None,
         measured_steps=throughput.measured_steps if throughput else 0,
@@ -490,6 +493,8 @@ def _throughput_section(
         data_wait_fraction=throughput.data_wait_fraction if throughput else None,
         # Emulated FP8 runs FP32 matmuls: its speed says nothing about FP8 hardware.
         comparable=not (policy is not None and policy.emulated),
+        window_samples_per_s=[n * samples / s for n, s in windows],
+        window_steps=[n for n, _ in windows],
     )
 
 

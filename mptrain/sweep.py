@@ -5,6 +5,11 @@ is compared with the FP32 run whose config is otherwise identical (the baseline)
 throughput ratio and peak-memory ratio. Emulated FP8 runs get no throughput ratio: their speed says
 nothing about FP8 hardware. Runs that failed, or never wrote a report, appear as rows with the reason.
 
+A throughput ratio is never one bare number: it is the median of the run's measured windows over the
+baseline's, with a range and a *noisy* mark and reason (:mod:`mptrain.spread`) when that range is
+wide, when there are too few windows, or when either job ran at the same time as another job of the
+comparison (their started_at–finished_at spans overlap: a joblib launcher, two terminals).
+
 After a Hydra multirun, :class:`SweepSummaryCallback` writes ``sweep.md``, ``sweep.json`` and
 ``sweep_loss.png`` into the sweep directory and prints the table.
 """
@@ -12,6 +17,7 @@ After a Hydra multirun, :class:`SweepSummaryCallback` writes ``sweep.md``, ``swe
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import sys
 from collections import Counter
@@ -21,6 +27,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from mptrain.compare import flatten, is_non_training_key
@@ -33,10 +40,12 @@ from mptrain.report import (
     REPORT_JSON,
     ReportError,
     RunReport,
+    ThroughputSection,
     fmt_bytes,
     fmt_pct,
     load_report,
 )
+from mptrain.spread import MIN_SAMPLES, NOISY_SPREAD, Spread, format_ratio, window_ratio_spread
 
 SWEEP_MD, SWEEP_JSON = "sweep.md", "sweep.json"
 
@@ -149,18 +158,83 @@ def compare(runs: list[RunRecord]) -> list[dict[str, Any]]:
         r = run.report
         if r and r.status == "completed" and r.precision.effective == "fp32":
             baselines.setdefault(_comparison_key(r), r)
+    alongside = concurrent_jobs([run.report for run in runs if run.report is not None])
     rows = []
     for run in runs:
         row: dict[str, Any] = {"run": run.label, "directory": str(run.directory)}
         if run.report is None:
             row.update(status="failed", reason=run.reason)
         else:
-            row.update(_figures(run.report))
+            row.update(_figures(run.report), ran_alongside=alongside[_job(run.report)])
             base = baselines.get(_comparison_key(run.report))
             if base is not None:
-                row.update(_against_baseline(run.report, base))
+                row.update(_against_baseline(run.report, base, alongside))
         rows.append(row)
     return rows
+
+
+def _job(r: RunReport) -> tuple[str, str]:
+    """What tells one job from another: a report copied elsewhere is still the same job."""
+    return (r.output_dir, r.started_at)
+
+
+def concurrent_jobs(reports: list[RunReport]) -> dict[tuple[str, str], int]:
+    """For each job (:func:`_job`), how many other jobs among ``reports`` ran at the same time:
+    their started_at–finished_at spans overlap, whatever launched them (a joblib launcher, a
+    second terminal; runs on two machines at once count too). A job sharing the machine's time
+    disturbs the other's speed."""
+    spans = {
+        _job(r): (dt.datetime.fromisoformat(r.started_at), dt.datetime.fromisoformat(r.finished_at))
+        for r in reports
+    }
+    return {
+        job: sum(1 for other, (s, e) in spans.items() if other != job and s < end and start < e)
+        for job, (start, end) in spans.items()
+    }
+
+
+def measured_windows(t: ThroughputSection) -> list[float]:
+    """samples/s of the run's measured windows, leaving out those shorter than half the longest
+    (a run's last window may hold a few steps: mostly timer noise); [] without windows."""
+    if not t.window_samples_per_s:
+        return []
+    longest = max(t.window_steps)
+    return [
+        v for v, n in zip(t.window_samples_per_s, t.window_steps, strict=True) if 2 * n >= longest
+    ]
+
+
+def _parallel(count: int, whose: str) -> str | None:
+    if not count:
+        return None
+    return f"{whose} ran at the same time as {count} other job{'s' if count > 1 else ''}"
+
+
+NO_WINDOWS = (
+    "one measurement: no log_every window measured whole after warm-up (a report written before "
+    "mptrain recorded them, or a run shorter than warm-up + log_every)"
+)
+
+
+def speed_spread(
+    r: RunReport, base: RunReport, alongside: dict[tuple[str, str], int]
+) -> Spread | None:
+    """``r``'s speed against its FP32 twin ``base`` (see :mod:`mptrain.spread`), marked noisy when
+    either ran alongside another job; None when either speed is not comparable or measured."""
+    if not (r.throughput.comparable and base.throughput.comparable):
+        return None
+    windows, base_windows = measured_windows(r.throughput), measured_windows(base.throughput)
+    if windows and base_windows:
+        spread = window_ratio_spread(windows, base_windows)
+    else:
+        ratio = _ratio(r.throughput.samples_per_s, base.throughput.samples_per_s)
+        if ratio is None:
+            return None
+        spread = Spread(ratio, ratio, ratio, 1, NO_WINDOWS)
+    spread = spread.marked(_parallel(alongside[_job(r)], "this job"))
+    if _job(base) != _job(r):
+        spread = spread.marked(_parallel(alongside[_job(base)], "its FP32 baseline"))
+    return spread
 
 
 def _figures(r: RunReport) -> dict[str, Any]:
@@ -179,16 +253,20 @@ def _figures(r: RunReport) -> dict[str, Any]:
     }
 
 
-def _against_baseline(r: RunReport, base: RunReport) -> dict[str, Any]:
-    """Accuracy delta, throughput and memory ratios against the FP32 twin ``base``."""
+def _against_baseline(
+    r: RunReport, base: RunReport, alongside: dict[tuple[str, str], int]
+) -> dict[str, Any]:
+    """Accuracy delta, throughput (median, quartiles, noisy reason) and memory ratios against the
+    FP32 twin ``base``."""
     acc, base_acc = r.evaluation.final_val_accuracy, base.evaluation.final_val_accuracy
-    comparable = r.throughput.comparable and base.throughput.comparable
+    speed = speed_spread(r, base, alongside)
     return {
         "baseline": base.output_dir,
         "accuracy_delta": None if acc is None or base_acc is None else acc - base_acc,
-        "throughput_ratio": _ratio(r.throughput.samples_per_s, base.throughput.samples_per_s)
-        if comparable
-        else None,
+        "throughput_ratio": speed.median if speed else None,
+        "throughput_ratio_range": [speed.low, speed.high] if speed else None,
+        "throughput_noisy": speed.noisy if speed else None,
+        "throughput_windows": speed.samples if speed else None,
         "memory_ratio": _ratio(r.memory.peak_bytes, base.memory.peak_bytes),
     }
 
@@ -219,7 +297,11 @@ def _cell(row: dict[str, Any], key: str) -> str:
         return fmt_pct(value)
     if key == "accuracy_delta":
         return f"{100 * value:+.2f} pt"
-    if key in ("throughput_ratio", "memory_ratio"):
+    if key == "throughput_ratio":
+        low, high = row["throughput_ratio_range"]
+        spread = Spread(value, low, high, row["throughput_windows"], row["throughput_noisy"])
+        return format_ratio(spread)
+    if key == "memory_ratio":
         return f"{value:.2f}×"
     if key == "final_loss_scale":
         return f"{value:g}"
@@ -241,9 +323,10 @@ def render_markdown(rows: list[dict[str, Any]], title: str, figure: str | None) 
     lines += [
         "",
         "Δ acc, speed and memory compare each run with the completed FP32 run of otherwise identical "
-        "config (— where there is none). Speed is training samples/s after warm-up, evaluation "
-        "excluded; emulated FP8 gets no speed ratio. Zero grads and updates lost are averages of "
+        "config (— where there is none). Zero grads and updates lost are averages of "
         "the probes taken every probe_every steps.",
+        "",
+        *(f"- {line}" for line in speed_notes(rows)),
     ]
     if figure:
         lines += ["", f"![training loss]({figure})"]
@@ -257,17 +340,39 @@ def render_markdown(rows: list[dict[str, Any]], title: str, figure: str | None) 
     return "\n".join(lines) + "\n"
 
 
+def speed_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """What the speed column means, then one line per noisy speed ratio with its reason (nothing
+    when no row has a speed ratio)."""
+    if not any(r.get("throughput_ratio") is not None for r in rows):
+        return []
+    lines = [
+        "Speed: the median samples/s of the run's log_every windows (after warm-up, evaluation "
+        "excluded) over the FP32 run's, with the quartiles of every window against every FP32 "
+        f"window in brackets. Noisy: that range is wider than {NOISY_SPREAD:.0%} of the median, "
+        f"fewer than {MIN_SAMPLES} windows, or a job ran at the same time as another: do not "
+        "read it as fact. Emulated FP8 gets no speed ratio."
+    ]
+    lines += [
+        f"{r['run']}: speed noisy: {r['throughput_noisy']}"
+        for r in rows
+        if r.get("throughput_noisy")
+    ]
+    return lines
+
+
 def print_table(console: Console, rows: list[dict[str, Any]], title: str) -> None:
     columns = _columns(rows)
     table = Table(title=title)
     for key, header in columns:
-        if key == "run":  # labels stay whole; the figures' columns give way
-            table.add_column(header, no_wrap=True)
+        if key in ("run", "throughput_ratio"):  # labels and speeds (noisy marks) stay whole;
+            table.add_column(header, no_wrap=True)  # the other figures' columns give way
         else:
             table.add_column(header, overflow="fold")
     for row in rows:
         table.add_row(*(_cell(row, k) for k, _ in columns))
     console.print(table)
+    for line in speed_notes(rows):
+        console.print(escape(line))
 
 
 def write_comparison(
@@ -295,8 +400,9 @@ def write_comparison(
 
 # -------------------------------------------------------------------------------- entry points
 def _wide_console() -> Console:
-    # The table has up to 11 columns: give it room even when output is not a terminal.
-    return Console(width=max(140, Console().width))
+    # The table has up to 11 columns, speeds with their range: give it room even when output is
+    # not a terminal.
+    return Console(width=max(160, Console().width))
 
 
 class SweepSummaryCallback(Callback):

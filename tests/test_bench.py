@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from conftest import describe, run_mptrain, tiny_run
 from rich.console import Console
 
 from mptrain import bench, hardware
-from mptrain.config import PrecisionConfig
+from mptrain.config import ConfigError, PrecisionConfig
 
 CPU = torch.device("cpu")
 
@@ -66,31 +67,129 @@ def test_run_bench_measures_every_cpu_precision_and_writes_its_files(tmp_path, m
     cfg = tiny_run("model=mlp", "model.hidden_sizes=[16]", "device=cpu")
     console = Console(record=True, width=160)
 
-    rows = bench.run_bench(cfg, tmp_path / "bench", warmup=2, steps=3, console=console)
+    rows = bench.run_bench(cfg, tmp_path / "bench", warmup=2, steps=3, reps=3, console=console)
 
     by_name = {r["precision"]: r for r in rows}
     assert list(by_name) == ["fp32", "bf16", "fp16", "fp8"]
-    assert "skipped" in by_name["fp8"]
+    assert "skipped" in by_name["fp8"] and "reps" not in by_name["fp8"]
     measured = [by_name[name] for name in ("fp32", "bf16", "fp16")]
+    fp32_speeds = [rep["samples_per_s"] for rep in by_name["fp32"]["reps"]]
     for row in measured:
-        assert row["samples_per_s"] > 0 and row["step_time_ms"] > 0, row
-        assert 0 <= row["data_wait_fraction"] < 1, row
-        # samples/s and step time come from the same stopwatch: batch / step time.
-        expected = cfg.batch_size / (row["step_time_ms"] / 1000)
-        assert math.isclose(row["samples_per_s"], expected, rel_tol=1e-9), row
-        assert math.isclose(row["vs_fp32"], row["samples_per_s"] / by_name["fp32"]["samples_per_s"])
-    assert by_name["fp32"]["vs_fp32"] == 1.0
+        assert len(row["reps"]) == 3, row
+        speeds = [rep["samples_per_s"] for rep in row["reps"]]
+        assert row["samples_per_s"] == statistics.median(speeds)
+        assert row["samples_per_s_range"] == [min(speeds), max(speeds)]
+        for rep in row["reps"]:
+            assert rep["samples_per_s"] > 0 and rep["step_time_ms"] > 0, rep
+            assert 0 <= rep["data_wait_fraction"] < 1, rep
+            # samples/s and step time come from the same stopwatch: batch / step time.
+            expected = cfg.batch_size / (rep["step_time_ms"] / 1000)
+            assert math.isclose(rep["samples_per_s"], expected, rel_tol=1e-9), rep
+        # Each repetition's ratio is against the FP32 measurement of the same repetition.
+        ratios = [s / b for s, b in zip(speeds, fp32_speeds, strict=True)]
+        if row["precision"] != "fp32":
+            assert [rep["vs_fp32"] for rep in row["reps"]] == ratios
+            assert row["vs_fp32"] == statistics.median(ratios)
+            assert row["vs_fp32_range"] == [min(ratios), max(ratios)]
+            assert row["vs_fp32_noisy"] is None or "spread" in row["vs_fp32_noisy"]
+    assert (by_name["fp32"]["vs_fp32"], by_name["fp32"]["vs_fp32_noisy"]) == (1.0, None)
     # FP16: the scaler's inf check, the new scale, the loss's finiteness (see mptrain.loop)
     assert [r["host_syncs_per_step"] for r in measured] == [0, 0, 1]
     assert by_name["fp16"]["label"] and by_name["bf16"]["label"]
 
     written = json.loads((tmp_path / "bench" / "bench.json").read_text())
     assert written["rows"] == rows
-    assert (written["warmup_steps"], written["measured_steps"]) == (2, 3)
-    table = (tmp_path / "bench" / "bench.md").read_text()
-    assert table.count("\n| ") == 1 + len(rows)  # header and one line per precision
-    assert "skipped: no FP8 hardware" in table
-    assert "vs fp32" in console.export_text()
+    assert (written["warmup_steps"], written["measured_steps"], written["reps"]) == (2, 3, 3)
+    text = (tmp_path / "bench" / "bench.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + len(rows)  # header and one line per precision
+    assert "skipped: no FP8 hardware" in text
+    bf16_line = next(line for line in table if line.startswith(f"| {by_name['bf16']['label']} "))
+    low, high = by_name["bf16"]["vs_fp32_range"]
+    assert f"{by_name['bf16']['vs_fp32']:.2f}× ({low:.2f}–{high:.2f})" in bf16_line
+    assert ("noisy" in bf16_line) == bool(by_name["bf16"]["vs_fp32_noisy"])
+    printed = console.export_text()
+    assert "vs fp32 (min–max)" in printed and "Medians of 3 repetitions" in printed
+
+
+def fake_rep(samples_per_s: float) -> dict:
+    return {
+        "samples_per_s": samples_per_s,
+        "step_time_ms": 64_000 / samples_per_s,
+        "peak_memory_bytes": 1000,
+        "data_wait_fraction": 0.01,
+        "host_syncs_per_step": 0,
+        "label": "x",
+    }
+
+
+def bench_rows(speeds: dict[str, list[float]]) -> list[dict]:
+    rows = [bench.summarise(name, [fake_rep(s) for s in reps]) for name, reps in speeds.items()]
+    bench._add_ratios(rows)
+    return rows
+
+
+def test_ratios_pair_each_repetition_and_a_wide_spread_is_noisy():
+    # A machine that slowed down in repetition 2: both precisions at half speed. Paired ratios
+    # cancel it (tight: 2x every time); the samples/s ranges show it.
+    _, tight = bench_rows({"fp32": [100, 50, 100], "bf16": [200, 100, 200]})
+    assert (tight["vs_fp32"], tight["vs_fp32_range"], tight["vs_fp32_noisy"]) == (2, [2, 2], None)
+    assert tight["samples_per_s_range"] == [100, 200]
+    assert [rep["vs_fp32"] for rep in tight["reps"]] == [2, 2, 2]
+
+    # 0.08x and 4.85x in different repetitions (the reading): noisy, with the reason.
+    _, wide = bench_rows({"fp32": [100, 100, 100], "fp16": [8, 361, 485]})
+    assert wide["vs_fp32"] == pytest.approx(3.61)
+    assert wide["vs_fp32_range"] == pytest.approx([0.08, 4.85])
+    assert "spread 132% of the median over 3 repetitions" in wide["vs_fp32_noisy"]
+
+    # Within 10 % of the median is tight; beyond it is noisy.
+    _, edge = bench_rows({"fp32": [100, 100, 100], "bf16": [95, 100, 104]})
+    assert edge["vs_fp32_noisy"] is None
+    _, over = bench_rows({"fp32": [100, 100, 100], "bf16": [94, 100, 105]})
+    assert "spread 11%" in over["vs_fp32_noisy"]
+
+
+@pytest.mark.parametrize("reps", [1, 2])
+def test_fewer_than_three_repetitions_cannot_judge_the_spread(reps):
+    _, row = bench_rows({"fp32": [100] * reps, "bf16": [200] * reps})
+    assert row["vs_fp32"] == 2 and row["vs_fp32_range"] == [2, 2]
+    assert row["vs_fp32_noisy"] == f"{reps} repetitions: too few to judge the spread (at least 3)"
+
+
+def test_the_base_row_is_1_by_definition_and_tf32_rows_get_their_own_ratios():
+    rows = bench_rows({"fp32": [100, 80, 120], "tf32": [300, 240, 360], "bf16": [600, 480, 720]})
+    fp32, tf32, bf16 = rows
+    assert (fp32["vs_fp32"], fp32["vs_fp32_noisy"]) == (1.0, None)
+    assert (tf32["vs_tf32"], tf32["vs_tf32_noisy"]) == (1.0, None)
+    assert fp32["vs_tf32"] == pytest.approx(1 / 3) and bf16["vs_tf32"] == pytest.approx(2)
+    assert bf16["vs_fp32_range"] == pytest.approx([6, 6])
+    has_tf32 = True
+    assert bench._cells(fp32, has_tf32)[2] == "1.00×"
+    assert bench._cells(bf16, has_tf32)[2:4] == ["6.00× (6.00–6.00)", "2.00× (2.00–2.00)"]
+
+
+def test_repetitions_rotate_the_order_of_the_precisions(monkeypatch):
+    calls = []
+
+    def fake_measure(cfg, warmup, steps):
+        calls.append(cfg)
+        if cfg == "broken":
+            raise ConfigError("refused")
+        return fake_rep(100.0)
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    configs = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
+    measured, refused = bench.measure_reps(configs, warmup=1, steps=1, reps=3)
+
+    assert calls == ["fp32", "bf16", "fp16", "bf16", "fp16", "fp32", "fp16", "fp32", "bf16"]
+    assert {name: len(reps) for name, reps in measured.items()} == {"fp32": 3, "bf16": 3, "fp16": 3}
+    assert refused == {}
+
+    calls.clear()
+    measured, refused = bench.measure_reps({"fp32": "fp32", "x": "broken"}, 1, 1, reps=2)
+    assert calls == ["fp32", "broken", "fp32"]  # a refused config is not tried again
+    assert refused == {"x": "refused"} and list(measured) == ["fp32"]
 
 
 def test_bench_command_writes_to_hydra_run_dir_as_hydra_parses_it(tmp_path):
@@ -103,6 +202,7 @@ def test_bench_command_writes_to_hydra_run_dir_as_hydra_parses_it(tmp_path):
         "device=cpu",
         "bench.warmup_steps=1",
         "bench.steps=2",
+        "bench.reps=3",
         "hydra.run.dir='my runs/bench_${now:%Y}'",
     )
 
@@ -110,6 +210,15 @@ def test_bench_command_writes_to_hydra_run_dir_as_hydra_parses_it(tmp_path):
     (written,) = (tmp_path / "my runs").glob("bench_20*/bench.json")
     rows = json.loads(written.read_text())["rows"]
     assert rows[0]["precision"] == "fp32" and rows[0]["samples_per_s"] > 0
+    measured = [r for r in rows if "skipped" not in r]
+    assert [len(r["reps"]) for r in measured] == [3] * len(measured)
+    # The printed table: ranges, the noisy mark where a ratio has it, and why.
+    for row in measured[1:]:
+        low, high = row["vs_fp32_range"]
+        cell = f"{row['vs_fp32']:.2f}× ({low:.2f}–{high:.2f})"
+        assert cell + (" noisy" if row["vs_fp32_noisy"] else "") in result.stdout, result.stdout
+        if row["vs_fp32_noisy"]:
+            assert f"vs fp32 noisy: {row['vs_fp32_noisy']}" in " ".join(result.stdout.split())
     assert not (tmp_path / "outputs").exists()
 
 
@@ -118,6 +227,7 @@ def test_bench_command_writes_to_hydra_run_dir_as_hydra_parses_it(tmp_path):
     [
         (["foo=1"], "foo: unknown key"),
         (["bench.steps=0"], "bench.steps=0"),
+        (["bench.reps=0"], "bench.reps=0"),
         (["-m", "model=mlp"], "-m:"),
         (["hydra.job.chdir=true"], "hydra.job.chdir=true:"),
         (["hydra.run.dir="], "hydra.run.dir=: empty"),

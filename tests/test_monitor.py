@@ -4,10 +4,12 @@ tested directly on built runs."""
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 from conftest import tiny_run
 
+from mptrain import loop
 from mptrain.build import prepare_run
 from mptrain.checkpoint import Checkpointer
 from mptrain.loop import LoopHooks, train_loop
@@ -61,6 +63,28 @@ def test_throughput_counts_only_steps_after_warm_up():
     assert throughput.measured_steps == 5
     assert throughput.measured_samples == 5 * run.monitor.settings.samples_per_step
     assert throughput.measured_time_s > 0 and 0 <= throughput.data_wait_fraction < 1
+
+
+def test_throughput_windows_are_whole_measured_log_intervals_without_evaluation(monkeypatch):
+    evaluate = loop._evaluate_into
+
+    def slow_evaluation(run, state):  # 0.3 s of evaluation the windows must not count
+        time.sleep(0.3)
+        evaluate(run, state)
+
+    monkeypatch.setattr(loop, "_evaluate_into", slow_evaluation)
+    run = prepare_run(tiny_run("max_steps=13", "log_every=3", "eval_every=6"))  # warm-up 2
+    started = time.perf_counter()
+    train_loop(run)
+    wall = time.perf_counter() - started
+
+    throughput = run.monitor.throughput
+    # Rows at steps 3 (holds warm-up steps: left out), 6, 9, 12 and 13 (the last step).
+    assert [steps for steps, _ in throughput.windows] == [3, 3, 3, 1]
+    assert all(seconds > 0 for _, seconds in throughput.windows)
+    # The windows lie within the stopwatch's time, which leaves out the three evaluations (at
+    # steps 6, 12 and 13): timing-independent, whatever else loads the machine.
+    assert sum(s for _, s in throughput.windows) <= throughput.measured_time_s <= wall - 0.9
 
 
 def test_non_finite_loss_without_scaler_diverges_with_the_precision_named():

@@ -7,9 +7,11 @@ completes and one where a job fails at run time; everything else compares tiny i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import pickle
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -74,8 +76,9 @@ def precision_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path
         "-m",
         "precision=fp32,bf16,fp16",
         "model=mlp",
-        "max_steps=8",
-        "log_every=4",
+        "max_steps=20",
+        "log_every=4",  # 4 windows of 4 steps after warm-up: the speed ratios' spread
+        "throughput_warmup_steps=4",
         "probe_every=4",  # zero gradients / updates lost: every column of the table is filled
         "progress=false",
         "hydra.sweep.dir=sweep",
@@ -112,13 +115,14 @@ def test_sweep_json_has_one_row_per_job_in_job_order(precision_sweep, sweep_rows
 def test_fp32_row_is_its_own_baseline(sweep_rows):
     fp32 = sweep_rows[0]
     assert fp32["accuracy_delta"] == 0
-    assert fp32["throughput_ratio"] == 1.0
+    assert fp32["throughput_ratio"] == 1.0  # its windows against themselves: their own spread
     assert fp32["memory_ratio"] == 1.0
     assert Path(fp32["baseline"]).name == Path(fp32["directory"]).name
 
 
 @pytest.mark.parametrize("index", [1, 2], ids=["bf16", "fp16"])
-def test_mixed_precision_rows_are_compared_with_the_fp32_job(sweep_rows, index):
+def test_mixed_precision_rows_are_compared_with_the_fp32_job(precision_sweep, sweep_rows, index):
+    _, sweep_dir = precision_sweep
     fp32, row = sweep_rows[0], sweep_rows[index]
     assert Path(row["baseline"]).name == Path(fp32["directory"]).name
     assert isinstance(row["accuracy_delta"], float)
@@ -126,7 +130,11 @@ def test_mixed_precision_rows_are_compared_with_the_fp32_job(sweep_rows, index):
         row["final_val_accuracy"] - fp32["final_val_accuracy"]
     )
     assert row["throughput_ratio"] > 0
-    assert row["throughput_ratio"] == pytest.approx(row["samples_per_s"] / fp32["samples_per_s"])
+    assert row["throughput_ratio"] == pytest.approx(
+        statistics.median(windows(sweep_dir, row)) / statistics.median(windows(sweep_dir, fp32))
+    )
+    low, high = row["throughput_ratio_range"]
+    assert 0 < low <= high and row["throughput_windows"] == 4
     assert row["memory_ratio"] > 0
     assert row["memory_ratio"] == pytest.approx(
         row["peak_memory_bytes"] / fp32["peak_memory_bytes"]
@@ -150,12 +158,13 @@ def test_sweep_md_shows_the_table_and_the_figure(precision_sweep, sweep_rows):
     rows = md_table(text)
     assert [r["run"] for r in rows] == [r["run"] for r in sweep_rows]
     fp32, bf16, fp16 = rows
-    assert (fp32["Δ acc vs fp32"], fp32["speed vs fp32"], fp32["memory vs fp32"]) == (
-        "+0.00 pt",
-        "1.00×",
-        "1.00×",
-    )
-    assert bf16["Δ acc vs fp32"].endswith(" pt") and bf16["speed vs fp32"].endswith("×")
+    assert (fp32["Δ acc vs fp32"], fp32["memory vs fp32"]) == ("+0.00 pt", "1.00×")
+    assert fp32["speed vs fp32"].startswith("1.00× (")
+    assert bf16["Δ acc vs fp32"].endswith(" pt")
+    for md_row, json_row in zip(rows, sweep_rows, strict=True):
+        assert md_row["speed vs fp32"] == speed_cell(json_row)
+        if json_row["throughput_noisy"]:  # the reason is under the table
+            assert f"- {json_row['run']}: speed noisy: {json_row['throughput_noisy']}" in text
     assert (fp32["final scale"], bf16["final scale"], fp16["final scale"]) == ("—", "—", "65536")
     assert list(fp32) == [header for _, header in sweep.COLUMNS]  # every column has a value
     for md_row, json_row in zip(rows, sweep_rows, strict=True):
@@ -173,6 +182,26 @@ def test_each_job_has_its_curves_and_a_report_md_showing_them(precision_sweep):
         assert read_report(job)["figure"] == "curves.png"
 
 
+def windows(sweep_dir: Path, row: dict) -> list[float]:
+    """The measured windows' samples/s in the report of a sweep row's run (its directory is
+    relative to where the sweep was launched)."""
+    report = read_report(sweep_dir.parent / row["directory"])
+    return report["throughput"]["window_samples_per_s"]
+
+
+def speed_cell(row: dict) -> str:
+    """The speed column's text for a sweep.json row: median (quartiles), noisy when it is."""
+    low, high = row["throughput_ratio_range"]
+    cell = f"{row['throughput_ratio']:.2f}× ({low:.2f}–{high:.2f})"
+    return cell + " noisy" if row["throughput_noisy"] else cell
+
+
+def test_sequential_jobs_did_not_run_at_the_same_time(sweep_rows):
+    for row in sweep_rows:
+        assert row["ran_alongside"] == 0, row
+        assert "same time" not in (row["throughput_noisy"] or ""), row
+
+
 def printed_table(result: subprocess.CompletedProcess) -> str:
     """The comparison table the sweep printed last (after every job's own summary)."""
     out = result.stdout
@@ -188,6 +217,9 @@ def test_sweep_prints_the_table(precision_sweep, sweep_rows):
     assert out.count("completed") == 3
     for row in sweep_rows:
         assert f"{100 * row['final_val_accuracy']:.2f}%" in out
+        assert speed_cell(row) in out
+        if row["throughput_noisy"]:
+            assert f"{row['run']}: speed noisy: {row['throughput_noisy']}" in " ".join(out.split())
     assert "65536" in out
 
 
@@ -293,8 +325,12 @@ def test_compare_main_compares_runs_made_on_different_days(runs, tmp_path, capsy
         other["evaluation"]["final_val_accuracy"] - base["evaluation"]["final_val_accuracy"]
     )
     assert bf16["throughput_ratio"] == pytest.approx(
-        other["throughput"]["samples_per_s"] / base["throughput"]["samples_per_s"]
+        statistics.median(other["throughput"]["window_samples_per_s"])
+        / statistics.median(base["throughput"]["window_samples_per_s"])
     )
+    # 6 steps after 2 warm-up, a row every 2: 2 windows, too few to judge the spread.
+    assert bf16["throughput_windows"] == 2
+    assert "2 windows: too few to judge the spread" in bf16["throughput_noisy"]
     assert bf16["memory_ratio"] == pytest.approx(
         other["memory"]["peak_bytes"] / base["memory"]["peak_bytes"]
     )
@@ -593,3 +629,140 @@ def test_a_report_written_before_schema_version_loads_as_version_0(runs, tmp_pat
     path.write_text(json.dumps(legacy))
     with pytest.raises(ValueError, match="unknown key 'trainning'"):
         load_report(path)
+
+
+# ------------------------------------------------------------------------- speed ratios' spread
+def test_window_ratio_spread_is_median_over_median_within_the_quartiles():
+    from mptrain.spread import window_ratio_spread
+
+    tight = window_ratio_spread([200, 204, 198, 202], [100, 101, 99, 100])
+    assert tight.median == pytest.approx(201 / 100)
+    assert tight.low < tight.median < tight.high and tight.relative < 0.05
+    assert (tight.samples, tight.noisy) == (4, None)
+
+    # A run whose windows were slowed (by another job) half of the time: noisy, with the reason.
+    wide = window_ratio_spread([200, 120, 200, 110], [100, 101, 99, 100])
+    assert wide.noisy.startswith("spread ") and "over 4 windows (noisy above 10%)" in wide.noisy
+
+    few = window_ratio_spread([200, 200], [100, 100, 100, 100])
+    assert few.median == 2 and few.noisy == "2 windows: too few to judge the spread (at least 3)"
+
+
+def test_measured_windows_leave_out_a_short_last_window():
+    from mptrain.report import ThroughputSection
+
+    t = ThroughputSection(
+        samples_per_s=1.0,
+        measured_steps=11,
+        measured_time_s=1.0,
+        warmup_steps=0,
+        data_wait_fraction=None,
+        window_samples_per_s=[100.0, 110.0, 105.0, 20.0, 90.0],
+        window_steps=[4, 4, 4, 1, 2],
+    )
+    assert sweep.measured_windows(t) == [100.0, 110.0, 105.0, 90.0]
+    assert sweep.measured_windows(dataclasses.replace(t, window_samples_per_s=None)) == []
+
+
+def at(report, directory: str, start: str, end: str):
+    """``report`` as if job ``directory`` had run from ``start`` to ``end`` (HH:MM:SS.fff)."""
+    day = "2030-01-02T"
+    return dataclasses.replace(
+        report,
+        output_dir=directory,
+        started_at=f"{day}{start}+00:00",
+        finished_at=f"{day}{end}+00:00",
+    )
+
+
+def test_jobs_whose_spans_overlap_ran_at_the_same_time(runs):
+    from mptrain.report import load_report
+
+    r = load_report(runs["fp32_monday"] / REPORT_JSON)
+    a = at(r, "a", "10:00:00.000", "10:00:05.000")
+    b = at(r, "b", "10:00:04.900", "10:00:09.000")  # overlaps a by 0.1 s
+    c = at(r, "c", "10:00:09.000", "10:00:12.000")  # starts as b finishes: one after the other
+    copy_of_c = dataclasses.replace(c)  # the same job compared twice is not a second job
+    count = sweep.concurrent_jobs([a, b, c, copy_of_c])
+    assert count == {sweep._job(a): 1, sweep._job(b): 1, sweep._job(c): 0}
+
+
+def test_a_speed_ratio_is_noisy_when_either_job_ran_alongside_another(runs):
+    from mptrain.report import load_report
+
+    fp32 = at(load_report(runs["fp32_monday"] / REPORT_JSON), "fp32", "10:00:00", "10:00:05")
+    bf16 = at(load_report(runs["bf16_tuesday"] / REPORT_JSON), "bf16", "10:00:06", "10:00:09")
+    other = at(bf16, "other", "10:00:08", "10:00:20")
+    alongside = sweep.concurrent_jobs([fp32, bf16, other])
+
+    speed = sweep.speed_spread(bf16, fp32, alongside)
+    assert "this job ran at the same time as 1 other job" in speed.noisy
+    assert "baseline" not in speed.noisy
+    assert "same time" not in (sweep.speed_spread(fp32, fp32, alongside).noisy or "")
+
+    late_fp32 = at(fp32, "late_fp32", "10:00:07", "10:00:19")  # alongside bf16 and other
+    alongside = sweep.concurrent_jobs([late_fp32, bf16, other])
+    speed = sweep.speed_spread(bf16, late_fp32, alongside)
+    assert "this job ran at the same time as 2 other jobs" in speed.noisy
+    assert speed.noisy.endswith("its FP32 baseline ran at the same time as 2 other jobs")
+
+
+def test_a_report_without_windows_gives_one_measurement_marked_noisy(runs, tmp_path):
+    for name in ("fp32_monday", "bf16_tuesday"):
+        legacy = read_report(runs[name])
+        del legacy["throughput"]["window_samples_per_s"], legacy["throughput"]["window_steps"]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / REPORT_JSON).write_text(json.dumps(legacy))
+
+    fp32, bf16 = sweep.compare(
+        sweep.find_runs([tmp_path / "fp32_monday", tmp_path / "bf16_tuesday"])
+    )
+
+    assert bf16["throughput_ratio"] == pytest.approx(bf16["samples_per_s"] / fp32["samples_per_s"])
+    assert bf16["throughput_windows"] == 1 and bf16["throughput_noisy"] == sweep.NO_WINDOWS
+    md = md_table(sweep.render_markdown([fp32, bf16], "t", None))
+    assert md[1]["speed vs fp32"].endswith(" noisy")
+
+
+# ------------------------------------------------------------- jobs in parallel (joblib launcher)
+@pytest.fixture(scope="module")
+def parallel_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    cwd = tmp_path_factory.mktemp("parallel_sweep")
+    result = run_mptrain(
+        cwd,
+        "-m",
+        "hydra/launcher=joblib",
+        "hydra.launcher.n_jobs=2",
+        "precision=fp32,bf16",
+        "model=mlp",
+        "device=cpu",
+        "max_steps=40",
+        "log_every=8",
+        "throughput_warmup_steps=4",
+        "progress=false",
+        "checkpoint.enabled=false",
+        "hydra.sweep.dir=sweep",
+        timeout=TIMEOUT_S,
+    )
+    return result, cwd / "sweep"
+
+
+def test_jobs_run_in_parallel_mark_every_speed_ratio_noisy(parallel_sweep):
+    result, sweep_dir = parallel_sweep
+    assert result.returncode == 0, describe(result)
+    spans = [(r["started_at"], r["finished_at"]) for r in map(read_report, job_dirs(sweep_dir))]
+    (s1, e1), (s2, e2) = spans
+    assert s1 < e2 and s2 < e1, f"the joblib jobs did not overlap: {spans}"
+
+    fp32, bf16 = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))["runs"]
+    assert fp32["ran_alongside"] == bf16["ran_alongside"] == 1
+    assert "this job ran at the same time as 1 other job" in fp32["throughput_noisy"]
+    assert "its FP32 baseline ran at the same time as 1 other job" in bf16["throughput_noisy"]
+    text = (sweep_dir / "sweep.md").read_text(encoding="utf-8")
+    md = md_table(text)
+    assert [r["speed vs fp32"] for r in md] == [speed_cell(fp32), speed_cell(bf16)]
+    assert all(r["speed vs fp32"].endswith(" noisy") for r in md)
+    printed = " ".join(printed_table(result).split())
+    for row in (fp32, bf16):
+        line = f"{row['run']}: speed noisy: {row['throughput_noisy']}"
+        assert f"- {line}" in text and line in printed
