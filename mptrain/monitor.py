@@ -424,16 +424,16 @@ class Monitor:
         )
 
     def _log(self, state: LoopState, outcome: StepOutcome) -> None:
-        now = time.perf_counter()
         # The logging sync point: one device read for the loss and the gradient norm together.
         device_values = [torch.stack(self._interval.losses).mean().float()]
         if outcome.grad_norm is not None:
             device_values.append(outcome.grad_norm)
         mean_loss, *grad_norm = torch.stack(device_values).tolist()
+        now = time.perf_counter()  # after the read: the device finished the interval's work
         state.last_train_loss = mean_loss
         steps = len(self._interval.losses)
-        if self._interval.measured == steps:  # after the read: the device finished the window
-            self.throughput.windows.append((steps, time.perf_counter() - self._interval.started))
+        if self._interval.measured == steps:  # every step of the interval after warm-up
+            self.throughput.windows.append((steps, now - self._interval.started))
         row = {
             "kind": "train",
             "step": state.step,
