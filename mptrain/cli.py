@@ -6,7 +6,8 @@
    (:mod:`mptrain.preflight`: the user's config directory and search path, each sweeper's jobs),
    so bad input stops before anything trains with one line naming the key and what is accepted
    (exit code 2), and pins the output directory it checked;
-2. hands over to the Hydra app, whose task converts the composed config into a typed
+2. runs the jobs on the preflight's Hydra instance (:func:`mptrain.preflight.launch`), whose task
+   (:func:`run_job`) converts the composed config into a typed
    :class:`~mptrain.config.RunConfig` (relative paths taken from the launch directory) and calls
    :func:`mptrain.run.train` with the job's output directory;
 3. after a sweep, reads every job's report: a job that did not complete makes the exit code 1,
@@ -34,12 +35,13 @@ from mptrain.preflight import (
     CONFIG_NAME,
     HYDRA_VERSION_BASE,
     RUN_DIR_OVERRIDE,
-    Preflight,
     check_command_line,
+    check_jobs,
     checked_run_config,
     compose_job,
+    hydra_like_main,
+    launch,
     parse_command_line,
-    preflight,
     refuse_hydra_options,
 )
 from mptrain.registry import absolute_paths, register_configs, to_run_config
@@ -51,10 +53,7 @@ def _fail(message: str, code: int = 2) -> None:
     raise SystemExit(code)
 
 
-@hydra.main(
-    config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME, version_base=HYDRA_VERSION_BASE
-)
-def hydra_app(cfg: DictConfig) -> float | None:
+def run_job(cfg: DictConfig) -> float | None:
     """One Hydra job: typed config in, report out. Returns the final validation accuracy (what a
     sweeper such as Optuna maximises), or None for a job that did not complete.
 
@@ -91,6 +90,12 @@ def hydra_app(cfg: DictConfig) -> float | None:
         print(f"mptrain: error: {output_dir}: {exc.status}: {exc.reason}", file=sys.stderr)
         return None
     return report.evaluation.final_val_accuracy
+
+
+# Hydra's own command line for what is not a run: --help, --hydra-help, --cfg, --info, completion.
+hydra_app = hydra.main(
+    config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME, version_base=HYDRA_VERSION_BASE
+)(run_job)
 
 
 def bench_main(overrides: list[str]) -> None:
@@ -191,26 +196,19 @@ def _main(argv: Sequence[str] | None) -> None:
             "hydra/hydra_logging=disabled",
         ]
     args = parse_command_line(argv)
-    checked: Preflight | None = None
-    if not (args.help or args.hydra_help or args.cfg or args.info or args.shell_completion):
+    sys.argv = [sys.argv[0], *argv]
+    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
+        hydra_app()
+        return
+    launched = time.time()
+    with hydra_like_main(args) as hydra:
         try:
-            checked = preflight(args)
+            checked = check_jobs(hydra, args)
         except ConfigError as exc:
             _fail(str(exc))
-        # Hydra resolves ${now:...} again when it starts: pin the directory that was checked.
-        argv.append(_pinned(checked))
-    sys.argv = [sys.argv[0], *argv]
-    launched = time.time()
-    hydra_app()
-    if checked is not None and checked.multirun:
+        launch(hydra, args, checked, run_job)
+    if checked.multirun:
         _exit_if_jobs_failed(Path(checked.output_dir), launched)
-
-
-def _pinned(checked: Preflight) -> str:
-    """The override fixing Hydra's output directory to the one the preflight checked."""
-    key = "hydra.sweep.dir" if checked.multirun else "hydra.run.dir"
-    quoted = checked.output_dir.replace("\\", "\\\\").replace("'", "\\'")
-    return f"{key}='{quoted}'"
 
 
 def _exit_if_jobs_failed(sweep_dir: Path, launched: float) -> None:

@@ -11,7 +11,7 @@ the master config as Hydra does, and then each job's config with Hydra's own
   parser that has the config loader (``glob(...)`` lists the options of the user's search path);
 - under any other sweeper (Optuna, Ax, Nevergrad, ...), which chooses its jobs while it runs, the
   config with the sweep's fixed values only. Each job is checked again in the task
-  (:func:`mptrain.cli.hydra_app`), and a bad one fails that job, not the sweep.
+  (:func:`mptrain.cli.run_job`), and a bad one fails that job, not the sweep.
 
 Bad input raises :class:`~mptrain.config.ConfigError` with one line naming the key, so it stops
 the command before a job has trained (exit code 2).
@@ -89,25 +89,55 @@ def hydra_like_main(args: argparse.Namespace) -> Iterator[Any]:
 
 def preflight(args: argparse.Namespace) -> Preflight:
     """Compose and check every job ``args`` describes; ConfigError for the first bad one."""
-    overrides = list(args.overrides)
     with hydra_like_main(args) as hydra:
-        master, multirun = _master_config(hydra, args.config_name or CONFIG_NAME, overrides, args)
-        key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-        output = Path(master.hydra.sweep.dir if multirun else master.hydra.run.dir)
-        check_creatable(output, key)  # Hydra creates it next, with a traceback if it cannot
-        if not multirun:
-            run = checked_run_config(master)
-            if int(os.environ.get("RANK", "0")) == 0:
-                # Before Hydra rewrites the directory's .hydra/ record of another run.
-                check_run_dir_free(output, run.resume, run.overwrite)
-            return Preflight([overrides], multirun=False, output_dir=str(output))
-        _check_sweeper(master.hydra.sweeper)
-        jobs = _job_overrides(hydra, master, overrides)
-        for job in jobs:
-            checked_run_config(
-                _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
-            )
+        return check_jobs(hydra, args)
+
+
+def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
+    """:func:`preflight` on ``hydra``, the instance :func:`hydra_like_main` made for ``args``."""
+    overrides = list(args.overrides)
+    master, multirun = _master_config(hydra, args.config_name or CONFIG_NAME, overrides, args)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    output = Path(master.hydra.sweep.dir if multirun else master.hydra.run.dir)
+    check_creatable(output, key)  # Hydra creates it next, with a traceback if it cannot
+    if not multirun:
+        run = checked_run_config(master)
+        if int(os.environ.get("RANK", "0")) == 0:
+            # Before Hydra rewrites the directory's .hydra/ record of another run.
+            check_run_dir_free(output, run.resume, run.overwrite)
+        return Preflight([overrides], multirun=False, output_dir=str(output))
+    _check_sweeper(master.hydra.sweeper)
+    jobs = _job_overrides(hydra, master, overrides)
+    for job in jobs:
+        checked_run_config(
+            _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
+        )
     return Preflight(jobs, multirun=True, output_dir=str(output))
+
+
+def launch(hydra: Any, args: argparse.Namespace, checked: Preflight, task: Any) -> None:
+    """Run the checked command on ``hydra`` the way ``@hydra.main`` runs it (Hydra's
+    ``_run_app``), in the output directory the preflight checked.
+
+    ``@hydra.main`` would build a second Hydra instance and compose the config twice more (once
+    only to read ``hydra.mode``); the preflight already knows the mode. Errors are reported by
+    Hydra's ``run_and_report``, as under ``@hydra.main``.
+    """
+    from hydra._internal.utils import run_and_report
+
+    mode = "MULTIRUN" if checked.multirun else "RUN"
+    overrides = [*args.overrides, pinned_output_dir(checked), f"hydra.mode={mode}"]
+    start = hydra.multirun if checked.multirun else hydra.run
+    config_name = args.config_name or CONFIG_NAME
+    run_and_report(lambda: start(config_name=config_name, task_function=task, overrides=overrides))
+
+
+def pinned_output_dir(checked: Preflight) -> str:
+    """The override fixing Hydra's output directory to the one the preflight checked (Hydra
+    would resolve ``${now:...}`` again)."""
+    key = "hydra.sweep.dir" if checked.multirun else "hydra.run.dir"
+    quoted = checked.output_dir.replace("\\", "\\\\").replace("'", "\\'")
+    return f"{key}='{quoted}'"
 
 
 def _master_config(
