@@ -1,10 +1,17 @@
 """PNG figures: per run (training loss, validation accuracy, loss scale) and per sweep (loss curves).
 
 matplotlib runs headless (Agg backend); figures are written atomically next to the reports.
+
+A run draws its figure in a :class:`FigureWorker`, a child process started with the job: importing
+matplotlib and drawing cost ~0.5 s, as much as a short job's whole training, and the child pays
+the import on another core while the job sets up and trains, then waits idle for the metrics.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +87,64 @@ def plot_sweep(curves: dict[str, list[dict[str, Any]]], title: str, path: Path) 
     _save(fig, path)
     plt.close(fig)
     return path
+
+
+class FigureWorker:
+    """A child process that imports matplotlib now and draws one run figure when asked.
+
+    Use as a context manager (the child is killed on exit if it was never asked, e.g. after a
+    failed setup). It runs in its own session, so a Ctrl-C meant for the job does not kill it
+    before the interrupted run's figure is drawn; it exits by itself when the job dies (its stdin
+    closes).
+    """
+
+    def __init__(self) -> None:
+        root = str(Path(__file__).resolve().parent.parent)  # this mptrain, however it was found
+        code = f"import sys; sys.path.insert(0, {root!r}); from mptrain.plots import serve; serve()"
+        self.start_error: str | None = None  # why there is no child: the figure is drawn here
+        try:
+            self._child: subprocess.Popen[str] | None = subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        except OSError as exc:  # no interpreter to start (an embedded Python), no processes left
+            self._child, self.start_error = None, str(exc)
+
+    def __enter__(self) -> FigureWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._child is not None:
+            if self._child.poll() is None:
+                self._child.kill()
+            self._child.communicate()
+
+    def plot_run(self, rows: list[dict[str, Any]], title: str, path: Path) -> Path:
+        """:func:`plot_run` in the child (in this process when it could not start); RuntimeError
+        with the child's last line if it fails."""
+        if self._child is None:
+            return plot_run(rows, title, path)
+        request = json.dumps({"rows": rows, "title": title, "path": str(path)})
+        try:
+            _, err = self._child.communicate(request, timeout=300)
+        except (BrokenPipeError, subprocess.TimeoutExpired) as exc:
+            self._child.kill()
+            raise RuntimeError(f"the figure process did not answer ({exc})") from exc
+        if self._child.returncode != 0:
+            last = (err.strip().splitlines() or ["no message"])[-1]
+            raise RuntimeError(f"the figure process failed: {last}")
+        return path
+
+
+def serve() -> None:
+    """The worker's side: import matplotlib, then draw the figure read from stdin (JSON with
+    ``rows``, ``title``, ``path``); nothing when stdin closes empty (the job ended first)."""
+    _pyplot()
+    request = sys.stdin.read()
+    if request:
+        job = json.loads(request)
+        plot_run(job["rows"], job["title"], Path(job["path"]))

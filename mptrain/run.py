@@ -48,7 +48,7 @@ from mptrain.loop import LoopHooks, train_loop
 from mptrain.metrics import MetricsLog, read_metrics, truncate_after
 from mptrain.models import model_facts
 from mptrain.optim import optimizer_implementation
-from mptrain.plots import RUN_PNG, plot_run
+from mptrain.plots import RUN_PNG, FigureWorker, plot_run
 from mptrain.precision import PrecisionPolicy
 from mptrain.progress import ProgressDisplay
 from mptrain.recipe import recipe_verdict
@@ -117,7 +117,9 @@ def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> R
             overwritten = check_no_other_run(output_dir, cfg.resume, cfg.overwrite)
             if overwritten:
                 log.say(overwritten, "note")
-            return _Job(cfg, output_dir, dist, log).execute()
+            job = _Job(cfg, output_dir, dist, log)
+            with FigureWorker() as job.figures:
+                return job.execute()
     finally:
         shutdown(dist)
 
@@ -151,6 +153,7 @@ class _Job:
         self.checkpointer: Checkpointer | None = None
         self.stop: GracefulStop | None = None
         self.trackers: Trackers | None = None
+        self.figures: FigureWorker | None = None  # rank 0: draws curves.png
 
     @property
     def state(self) -> LoopState:
@@ -305,7 +308,8 @@ class _Job:
         if metrics_path.is_file():
             title = f"{report.precision.label or self.cfg.precision.name} {self.cfg.model.name}"
             try:
-                plot_run(read_metrics(metrics_path), title, self.output_dir / RUN_PNG)
+                draw = self.figures.plot_run if self.figures else plot_run
+                draw(read_metrics(metrics_path), title, self.output_dir / RUN_PNG)
                 report.figure = RUN_PNG
                 write_report(self.output_dir, report)
             except Exception as exc:  # a figure is not worth losing the run over; say so
