@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,81 @@ def test_gpu_scripts_need_a_gpu_or_say_so(tmp_path):
         result = run_script(name, cwd=tmp_path, timeout=60)
         assert result.returncode == 2, name
         assert "--device cpu" in result.stderr, name
+
+
+# ------------------------------------------------------------------------ benchmarks/gpu_all.py
+GPU_ALL_STEPS = [
+    "setup", "nvidia_smi", "collect_env", "sync_test", "fp8_check", "resnet50",
+    "imagefolder_train", "pytest_gpu", "data_path",
+]  # fmt: skip
+
+
+def load_gpu_all():
+    spec = importlib.util.spec_from_file_location("gpu_all", BENCHMARKS / "gpu_all.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_all"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_all_smoke_run_runs_every_step_and_summarises(tmp_path):
+    out = tmp_path / "gpu"
+    result = run_script("gpu_all.py", "--smoke", "--bundle", "--out", str(out), cwd=tmp_path)
+
+    assert result.returncode == 0, describe(result)
+    doc = json.loads((out / "summary.json").read_text())
+    steps = {step["name"]: step for step in doc["steps"]}
+    assert list(steps) == GPU_ALL_STEPS and doc["smoke"]
+    for name, step in steps.items():
+        if name == "nvidia_smi" and step["status"].startswith("not run"):
+            continue  # no nvidia-smi on this machine
+        assert step["status"] == "ok" and step["exit_code"] == 0, (name, step)
+        assert f"[gpu_all] {name}: ok, exit 0" in result.stdout
+    assert steps["resnet50"]["result"]["rows"][1]["precision"] == "bf16"
+    assert set(steps["imagefolder_train"]["result"]["pipelines"]) == {"cpu", "cuda (on cpu)"}
+    summary = (out / "summary.md").read_text()
+    assert "every step that ran succeeded" in summary
+    assert "FP8 check: **PASS**" in summary
+    assert "| cuda (on cpu) |" in summary and "| bf16 |" in summary
+    assert "- pytest_gpu: 0 passed, 0 failures, 0 errors," in summary  # CUDA tests skip here
+    assert sorted(p.name for p in out.iterdir()) == [
+        "gpu_all_files.tar.gz", "summary.json", "summary.md",
+    ]  # fmt: skip
+    with tarfile.open(out / "gpu_all_files.tar.gz") as tar:
+        members = set(tar.getnames())
+    assert {"setup.log", "fp8_check.json", "imagefolder_train.log", "pytest_gpu.xml"} <= members
+
+
+def test_gpu_all_reports_a_failed_and_a_hung_step_and_goes_on(tmp_path):
+    gpu_all = load_gpu_all()
+    python = sys.executable
+    steps = [
+        gpu_all.Step("fails", [python, "-c", "print('boom'); raise SystemExit(3)"], 30, "exit 3"),
+        gpu_all.Step("hangs", [python, "-c", "import time; time.sleep(60)"], 1, "sleeps", min_s=0),
+        gpu_all.Step("late", [python, "-c", "pass"], 30, "no budget left", min_s=10**6),
+        gpu_all.Step("missing", ["no-such-command-here"], 30, "cannot start"),
+    ]
+    budget = gpu_all.Budget(60)
+    outcomes = [gpu_all.run_step(step, tmp_path, budget) for step in steps]
+
+    assert [(o.status, o.exit_code) for o in outcomes[:2]] == [("failed", 3), ("timed out", None)]
+    assert outcomes[2].status.startswith("not run (") and outcomes[2].log is None
+    assert outcomes[3].status.startswith("failed (cannot start")
+    meta = {"date": "d", "smoke": True, "verdict": "SOME STEPS FAILED", "total_s": 2.0,
+            "budget_s": 60.0, "python": python, "commit": "c"}  # fmt: skip
+    summary = gpu_all.summary_md(outcomes, tmp_path, meta)
+    assert "| fails | exit 3 | failed | 3 |" in summary
+    assert "## fails: failed (last lines of fails.log)" in summary and "boom" in summary
+    assert "## hangs: timed out" in summary and "killed after 1 s" in summary
+    assert "## late" not in summary  # not run: in the table only
+
+
+def test_gpu_all_writes_to_out_bundled_by_default(monkeypatch, tmp_path):
+    gpu_all = load_gpu_all()
+    monkeypatch.setenv("OUT", str(tmp_path))
+    args = gpu_all.parse_args([])
+    assert args.out == tmp_path and args.bundle and args.budget_s <= 480
+    monkeypatch.delenv("OUT")
+    args = gpu_all.parse_args(["--smoke"])
+    assert not args.bundle and args.out.parent.name == "results"
+    assert "gpu_smoke_" in args.out.name
