@@ -128,7 +128,8 @@ class FigureWorker:
         with the child's last line if it fails."""
         if self._child is None:
             return plot_run(rows, title, path)
-        request = json.dumps({"rows": rows, "title": title, "path": str(path)})
+        # One line (JSON escapes newlines in strings), see serve().
+        request = json.dumps({"rows": rows, "title": title, "path": str(path)}) + "\n"
         try:
             _, err = self._child.communicate(request, timeout=300)
         except (BrokenPipeError, subprocess.TimeoutExpired) as exc:
@@ -141,10 +142,14 @@ class FigureWorker:
 
 
 def serve() -> None:
-    """The worker's side: import matplotlib, then draw the figure read from stdin (JSON with
-    ``rows``, ``title``, ``path``); nothing when stdin closes empty (the job ended first)."""
+    """The worker's side: import matplotlib, then draw the figure asked for in one line of stdin
+    (JSON with ``rows``, ``title``, ``path``); nothing when stdin closes first.
+
+    One line, not "until end of file": DataLoader workers forked by the job after this child
+    started hold copies of the pipe's write end, so the end of file may never come.
+    """
     _pyplot()
-    request = sys.stdin.read()
+    request = sys.stdin.readline()
     if request:
         job = json.loads(request)
         plot_run(job["rows"], job["title"], Path(job["path"]))

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import describe, requires_cuda, run_command
+from conftest import describe, requires_cuda, run_command, tiny_run, train
 
 from mptrain import data, decode
 from mptrain.config import ConfigError, ImageFolderConfig
@@ -302,3 +302,22 @@ def test_png_bytes_are_decoded_in_the_worker_and_jpeg_bytes_are_not(tmp_path):
     encoded = decode.EncodedImages(folder)
     kinds = {Path(p).suffix: encoded[i][0][0].dim() for i, (p, _) in enumerate(folder.samples)}
     assert kinds == {".jpg": 1, ".png": 3}
+
+
+def test_a_whole_job_with_persistent_workers_ends_with_its_figure(tmp_path):
+    """The job's figure process was started before the DataLoader workers were forked, and they
+    hold copies of its pipe: the figure request must not wait for an end of file (it hung)."""
+    write_jpegs(tmp_path / "data")
+    cfg = tiny_run(
+        "dataset=imagefolder",
+        f"dataset.root={tmp_path / 'data'}",
+        "dataset.image_size=32",
+        "num_workers=2",
+        "batch_size=4",
+        "max_steps=3",
+        "epochs=null",
+    )
+    report = train(cfg, tmp_path / "run")
+    assert report["status"] == "completed"
+    assert "persistent" in report["data"]["feed"]
+    assert report["figure"] == "curves.png" and (tmp_path / "run" / "curves.png").is_file()
