@@ -49,11 +49,11 @@ PACKAGES = (
 # (label, function name as cProfile records it, file fragment)
 PHASES = (
     ("Hydra: compose a config", "load_configuration", "config_loader_impl.py"),
-    ("mptrain: preflight", "preflight", "mptrain/preflight.py"),
+    ("mptrain: preflight", "check_jobs", "mptrain/preflight.py"),
     ("mptrain: build the run", "build_run", "mptrain/build.py"),
     ("mptrain: load the data", "build_data", "mptrain/data.py"),
     ("mptrain: training loop", "train_loop", "mptrain/loop.py"),
-    ("mptrain: the report's figure", "plot_run", "mptrain/plots.py"),
+    ("mptrain: the report's figure (waiting for its process)", "plot_run", "mptrain/plots.py"),
     (
         "torch: first optimizer (imports torch._dynamo)",
         "add_param_group",

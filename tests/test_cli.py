@@ -202,3 +202,16 @@ def test_python_m_mptrain_works_from_the_repository_root():
     result = run_command(REPO_ROOT, sys.executable, "-c", _FROM_SOURCE_TREE, "--cfg", "job")
     assert result.returncode == 0, describe(result)
     assert "model:" in result.stdout and "recipe:" in result.stdout
+
+
+def test_only_a_command_line_run_freezes_the_collector_before_exit(tmp_path):
+    """main() from the command line skips the interpreter's final collections (gc.freeze);
+    called from Python (argv given), it leaves the caller's collector alone."""
+    import gc
+
+    from mptrain import cli
+
+    frozen = gc.get_freeze_count()
+    cli.main(["model=mlp", "max_steps=1", "epochs=null", f"hydra.run.dir={tmp_path / 'run'}"])
+    assert gc.get_freeze_count() == frozen
+    assert (tmp_path / "run" / "report.json").is_file()
