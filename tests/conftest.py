@@ -48,6 +48,20 @@ FP16_STORY = (
 SUBPROCESS_TIMEOUT_S = 180
 
 
+class NoFigure:
+    """Stands in for mptrain.plots.FigureWorker where a test reads no figure: no child process
+    is started and no curves.png drawn (matplotlib is most of a tiny run's time)."""
+
+    def __enter__(self) -> NoFigure:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def plot_run(self, rows: list, title: str, path: Path) -> Path:
+        return path
+
+
 def run_command(
     cwd: Path, *command: str, timeout: float = SUBPROCESS_TIMEOUT_S
 ) -> subprocess.CompletedProcess:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_run, train
+from conftest import NoFigure, tiny_run, train
 
 from mptrain import run as run_module
 from mptrain.build import prepare_run
@@ -75,7 +75,7 @@ def one_thread():
 @pytest.fixture(autouse=True)
 def no_run_figure(monkeypatch):
     """Skip curves.png (matplotlib is most of a tiny run's time and nothing here reads it)."""
-    monkeypatch.setattr(run_module, "plot_run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(run_module, "FigureWorker", NoFigure)
 
 
 def step_name(step: int) -> str:
@@ -1050,7 +1050,7 @@ def test_interrupt_while_the_report_is_written_still_leaves_a_report(tmp_path, m
     def interrupted_plot(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(run_module, "plot_run", interrupted_plot)
+    monkeypatch.setattr(run_module.FigureWorker, "plot_run", interrupted_plot)
     out = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         train(tiny_run("precision=fp32", "max_steps=6", "checkpoint.every_steps=3"), out)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import describe, run_command, run_mptrain, tiny_run, train
+from conftest import NoFigure, describe, run_command, run_mptrain, tiny_run, train
 from torch import nn
 
 import mptrain
@@ -241,7 +241,7 @@ def test_preprocessing_of_fed_as_is_and_uint8_data():
 # ----------------------------------------------------------------------------------- load_model
 @pytest.fixture
 def no_run_figure(monkeypatch):
-    monkeypatch.setattr(run_module, "plot_run", lambda *args, **kwargs: None)
+    monkeypatch.setattr(run_module, "FigureWorker", NoFigure)
 
 
 @pytest.mark.parametrize("precision", ["fp8", "bf16_pure"])
