@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mptrain import data
+from mptrain import data, decode
 from mptrain.config import ImageFolderConfig
 from mptrain.decode import CropSpec, crop_params, draft_factor
 
@@ -75,7 +75,7 @@ def old_epochs(cfg: ImageFolderConfig, layout: data.BatchLayout, epochs: int) ->
     transform = T.Compose(
         [T.RandomResizedCrop(cfg.image_size), T.RandomHorizontalFlip(), T.ToTensor(), normalize]
     )
-    folder = datasets.ImageFolder(str(Path(cfg.root) / "train"), loader=data.load_image)
+    folder = datasets.ImageFolder(str(Path(cfg.root) / "train"), loader=decode.load_image)
     seeded = data.SeededTransforms(folder, transform, layout.seed)
     served = 0
     for epoch in range(epochs):

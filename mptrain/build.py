@@ -232,7 +232,7 @@ def _build_monitor(
     def culprit_finder(images: torch.Tensor, labels: torch.Tensor, loss_scale: float) -> Any:
         return find_culprit(model, images, labels, policy.autocast, loss_scale)
 
-    return Monitor(settings, device, dist, culprit_finder)
+    return Monitor(settings, device, culprit_finder)
 
 
 def _install_faults(run: Run) -> None:

@@ -64,7 +64,6 @@ from mptrain.decode import (
     collate_encoded,
     normalise,
 )
-from mptrain.decode import load_image as load_image  # re-exported: mptrain.data.load_image
 from mptrain.targets import call_target, check_keys, locate, offered
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -300,9 +299,6 @@ def collate_samples(samples: list[Any]) -> tuple[Any, Any, int]:
     good = [s for s in samples if s is not None]
     images, labels = torch.utils.data.default_collate(good) if good else (None, None)
     return images, labels, len(samples) - len(good)
-
-
-collate_skipping_bad = collate_samples  # the name before every loader feed collated this way
 
 
 class ToDevice:
@@ -806,7 +802,7 @@ def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
 
 class SkipBadFiles(torch.utils.data.Dataset):
     """``dataset.skip_bad_files=true``: a sample whose file does not decode becomes None, which
-    :func:`collate_skipping_bad` drops and counts."""
+    :func:`collate_samples` drops and counts."""
 
     def __init__(self, dataset: Any) -> None:
         self.dataset = dataset

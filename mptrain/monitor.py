@@ -29,7 +29,6 @@ import torch
 
 from mptrain import hardware
 from mptrain.config import NumericsConfig
-from mptrain.distributed import DistContext
 
 if TYPE_CHECKING:
     from mptrain.state import LoopState
@@ -307,12 +306,10 @@ class Monitor:
         self,
         settings: MonitorSettings,
         device: torch.device,
-        dist: DistContext,
         culprit_finder: CulpritFinder | None = None,
     ) -> None:
         self.settings = settings
         self.device = device
-        self.dist = dist
         self.culprit_finder = culprit_finder
         self.throughput = Throughput()
         self.time = LoopTime()

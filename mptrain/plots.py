@@ -101,7 +101,6 @@ class FigureWorker:
     def __init__(self) -> None:
         root = str(Path(__file__).resolve().parent.parent)  # this mptrain, however it was found
         code = f"import sys; sys.path.insert(0, {root!r}); from mptrain.plots import serve; serve()"
-        self.start_error: str | None = None  # why there is no child: the figure is drawn here
         try:
             self._child: subprocess.Popen[str] | None = subprocess.Popen(
                 [sys.executable, "-c", code],
@@ -111,8 +110,8 @@ class FigureWorker:
                 text=True,
                 start_new_session=True,
             )
-        except OSError as exc:  # no interpreter to start (an embedded Python), no processes left
-            self._child, self.start_error = None, str(exc)
+        except OSError:  # no interpreter to start (an embedded Python), no processes left
+            self._child = None  # plot_run draws here instead
 
     def __enter__(self) -> FigureWorker:
         return self

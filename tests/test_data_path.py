@@ -117,7 +117,7 @@ def test_pipeline_without_a_draft_reproduces_the_old_batches_exactly(tmp_path):
                 torch.manual_seed(7)
                 got = decode.normalise(new(path)[None], mean, std)[0]
                 torch.manual_seed(7)
-                assert torch.equal(got, old(data.load_image(path)))
+                assert torch.equal(got, old(decode.load_image(path)))
 
 
 def test_draft_decodes_a_large_jpeg_smaller_and_close_to_the_full_decode(tmp_path):
@@ -177,7 +177,7 @@ def test_bad_files_are_named_or_skipped_on_the_cpu_path(tmp_path):
     write_jpegs(tmp_path, per_class=2)
     (tmp_path / "train" / "a" / "notes.jpg").write_bytes(b"just text")
     with pytest.raises(BadDataFile, match=r"notes\.jpg"):
-        data.load_image(str(tmp_path / "train" / "a" / "notes.jpg"))
+        decode.load_image(str(tmp_path / "train" / "a" / "notes.jpg"))
     with pytest.raises(BadDataFile, match=r"notes\.jpg: cannot identify"):
         epoch_of(build(folder_cfg(tmp_path), workers=1, batch_size=5).train, 0)
     skipping = build(folder_cfg(tmp_path, skip_bad_files=True), workers=1, batch_size=5)
