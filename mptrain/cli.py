@@ -106,9 +106,8 @@ def bench_main(overrides: list[str]) -> None:
     """
     import datetime as dt
 
-    from rich.console import Console
-
     from mptrain.bench import run_bench
+    from mptrain.joblog import table_console
 
     try:
         refuse_hydra_options(overrides, "bench")
@@ -123,9 +122,7 @@ def bench_main(overrides: list[str]) -> None:
         default_dir = Path("outputs") / "bench" / f"{stamp}_{cfg.model.name}_{cfg.dataset.name}"
         output_dir = Path(run_dir) if run_dir is not None else default_dir
         b = cfg.bench
-        # Ranges and noisy marks widen the cells: give the table room even off a terminal.
-        console = Console(width=max(140, Console().width))
-        run_bench(cfg, output_dir, b.warmup_steps, b.steps, b.reps, console)
+        run_bench(cfg, output_dir, b.warmup_steps, b.steps, b.reps, table_console(140))
     except ConfigError as exc:
         _fail(str(exc))
 

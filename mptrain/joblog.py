@@ -38,6 +38,12 @@ def job_console() -> Console:
     return Console(width=PLAIN_WIDTH, soft_wrap=True, highlight=False, emoji=False)
 
 
+def table_console(min_width: int) -> Console:
+    """A console at least ``min_width`` wide, so a wide table (ratios with their ranges, noisy
+    marks) keeps its rows whole on a narrow terminal and off a terminal (80 columns)."""
+    return Console(width=max(min_width, Console().width))
+
+
 def _is_console_stream(handler: logging.Handler) -> bool:
     """A handler writing to stdout or stderr (Hydra's ``console`` handler, for one)."""
     if isinstance(handler, logging.FileHandler):

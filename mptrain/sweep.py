@@ -32,6 +32,7 @@ from rich.table import Table
 
 from mptrain.compare import flatten, is_non_training_key
 from mptrain.fileio import atomic_write_text
+from mptrain.joblog import table_console
 from mptrain.metrics import read_metrics
 from mptrain.plots import SWEEP_PNG, plot_sweep
 from mptrain.report import (
@@ -400,9 +401,7 @@ def write_comparison(
 
 # -------------------------------------------------------------------------------- entry points
 def _wide_console() -> Console:
-    # The table has up to 11 columns, speeds with their range: give it room even when output is
-    # not a terminal.
-    return Console(width=max(160, Console().width))
+    return table_console(160)  # up to 11 columns, speeds with their range
 
 
 class SweepSummaryCallback(Callback):
