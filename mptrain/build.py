@@ -20,7 +20,6 @@ import functools
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from mptrain import hardware
 from mptrain.components import Run
@@ -43,6 +42,7 @@ from mptrain.precision import (
 )
 from mptrain.seeding import seed_everything
 from mptrain.state import LoopSettings
+from mptrain.task import Task, cross_entropy
 
 
 def prepare_run(cfg: RunConfig, dist: DistContext | None = None) -> Run:
@@ -108,8 +108,10 @@ def build_run(
         num_workers=cfg.num_workers,
         rank=dist.rank,
         world=dist.world_size,
+        sequence_length=getattr(cfg.model, "block_size", None) if cfg.task == "lm" else None,
     )
     data = build_data(cfg.dataset, layout)
+    task = Task(cfg.task, tokens_per_sample=data.sequence_length)
     model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy)
     num_parameters = count_parameters(model)
     # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
@@ -131,7 +133,8 @@ def build_run(
         optimizer=optimizer,
         scheduler=scheduler,
         scaler=build_grad_scaler(policy, dist),
-        loss_fn=functools.partial(F.cross_entropy, label_smoothing=cfg.label_smoothing),
+        loss_fn=functools.partial(cross_entropy, label_smoothing=cfg.label_smoothing),
+        task=task,
         settings=settings,
         monitor=_build_monitor(cfg, data, model, policy, dist, device),
         num_parameters=num_parameters,
@@ -148,7 +151,9 @@ def build_model_for_run(
     cfg: RunConfig, data: DataBundle, device: torch.device, policy: PrecisionPolicy
 ) -> tuple[torch.nn.Module, dict[str, Any] | None, list[str]]:
     """The model with the precision recipe applied: (model, fp8 section, FP32 module names)."""
-    model = build_model(cfg.model, data.in_channels, data.image_size, data.num_classes, device)
+    model = build_model(
+        cfg.model, data.in_channels, data.image_size, data.num_classes, device, data.sequence_length
+    )
     fp8 = None
     if policy.fp8 is not None:
         sample, _ = next(iter(data.val.batches(0)))
@@ -222,6 +227,7 @@ def _build_monitor(
 ) -> Monitor:
     settings = MonitorSettings(
         samples_per_step=data.train.batch_size * cfg.grad_accum_steps * dist.world_size,
+        tokens_per_sample=data.sequence_length,
         precision=policy.name,
         throughput_warmup_steps=cfg.throughput_warmup_steps,
         health=cfg.numerics,

@@ -171,17 +171,19 @@ class Checkpointer:
     def _new_best(self, state: LoopState) -> bool:
         if not self.keep_best or not state.evals or state.evals[-1]["step"] != state.step:
             return False  # no evaluation at this step (checked first: this runs every step)
-        best = state.best_eval
-        if best["step"] != state.step:
+        task = self.run.task
+        best = task.best(state.evals)
+        if best is None or best["step"] != state.step:
             return False
-        return self.best is None or best["val_accuracy"] > self.best[0]
+        return self.best is None or task.better(best[task.primary_metric], self.best[0])
 
     def _record_best(self, state: LoopState, write: Callable[[Path], None]) -> None:
-        """Rank 0: ``write(best.pt)`` and remember the accuracy it holds."""
+        """Rank 0: ``write(best.pt)`` and remember the primary metric it holds."""
         if self.dist.is_main:
             best_path = self.directory / "best.pt"
             write(best_path)
-            self.best = (state.best_eval["val_accuracy"], best_path)
+            task = self.run.task
+            self.best = (task.best(state.evals)[task.primary_metric], best_path)
 
 
 def data_facts(run: Run) -> dict[str, Any]:
@@ -196,6 +198,10 @@ def data_facts(run: Run) -> dict[str, Any]:
         "classes": None if data.classes is None else list(data.classes),
         "preprocessing": data.preprocessing,
         "description": data.description,
+        # Token data: the window length and the characters of a character vocabulary (None:
+        # bytes), all that mptrain sample needs to encode a prompt and decode the tokens.
+        "sequence_length": data.sequence_length,
+        "vocabulary": None if data.text is None else data.text.vocabulary.chars,
     }
 
 

@@ -54,8 +54,9 @@ def _fail(message: str, code: int = 2) -> None:
 
 
 def run_job(cfg: DictConfig) -> float | None:
-    """One Hydra job: typed config in, report out. Returns the final validation accuracy (what a
-    sweeper such as Optuna maximises), or None for a job that did not complete.
+    """One Hydra job: typed config in, report out. Returns the final value of the task's primary
+    metric (what a sweeper such as Optuna optimises: validation accuracy, to maximise; for
+    task=lm validation loss, to minimise), or None for a job that did not complete.
 
     A job of a sweep that fails says so and returns: the sweep goes on, and :func:`main` reads
     every job's report afterwards to set the exit code (a launcher may run jobs in other
@@ -89,7 +90,8 @@ def run_job(cfg: DictConfig) -> float | None:
             _fail(f"run {exc.status}: {exc.reason} (report in {output_dir})", code=1)
         print(f"mptrain: error: {output_dir}: {exc.status}: {exc.reason}", file=sys.stderr)
         return None
-    return report.evaluation.final_val_accuracy
+    e = report.evaluation
+    return e.final_val_loss if e.task == "lm" else e.final_val_accuracy
 
 
 # Hydra's own command line for what is not a run: --help, --hydra-help, --cfg, --info, completion.
@@ -198,6 +200,14 @@ def _main(argv: Sequence[str] | None) -> None:
 
         try:
             eval_main(argv[1:])
+        except ConfigError as exc:
+            _fail(str(exc))
+        return
+    if argv[:1] == ["sample"]:
+        from mptrain.sample import sample_main
+
+        try:
+            sample_main(argv[1:])
         except ConfigError as exc:
             _fail(str(exc))
         return

@@ -1,6 +1,6 @@
 """A run ready to train: what :func:`mptrain.build.build_run` makes and the loop consumes.
 
-:class:`Run` holds the built components (data, model, optimizer, schedule, scaler, loss), the
+:class:`Run` holds the built components (data, model, optimizer, schedule, scaler, the task's loss), the
 decisions made for them (device, precision policy, TF32 flags, FP8 layers, FP32 islands), the
 loop's settings, the monitor, and the run's progress (``state``).
 """
@@ -19,6 +19,7 @@ from mptrain.distributed import DistContext, unwrap
 from mptrain.monitor import Monitor
 from mptrain.precision import PrecisionPolicy
 from mptrain.state import LoopSettings, LoopState
+from mptrain.task import Task
 
 
 @dataclass
@@ -35,10 +36,11 @@ class Run:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (FP32 logits, labels)
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets)
     settings: LoopSettings
     monitor: Monitor
     num_parameters: int
+    task: Task = field(default_factory=Task)  # the loss's shape, metrics and ranking
     fp8: dict[str, Any] | None = None  # the report's fp8 section (converted layers, FLOPs share)
     fp32_modules: list[str] = field(default_factory=list)
     state: LoopState = field(default_factory=LoopState)

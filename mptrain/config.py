@@ -195,6 +195,31 @@ class TimmModelConfig(ModelConfig):
 
 # Keys a custom option may add with Hydra's ``+model.width=64``: mptrain.registry.to_run_config
 # moves every key the schema does not declare into ``kwargs`` (the constructor's arguments).
+@dataclass
+class GPTConfig(ModelConfig):
+    """A decoder-only transformer language model (mptrain.gpt); the vocabulary is the data's."""
+
+    name: str = "gpt"
+    layers: int = 4
+    heads: int = 4
+    width: int = 128
+    block_size: int = 128  # context length: the training windows are this long
+    dropout: float = 0.0
+
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        for key in ("layers", "heads", "width"):
+            _at_least(f"model.{key}", getattr(self, key), 1)
+        _at_least("model.block_size", self.block_size, 2)
+        _require(
+            self.width % self.heads == 0,
+            "model.width",
+            self.width,
+            f"must be a multiple of model.heads={self.heads}",
+        )
+        _check_dropout(self.dropout)
+
+
 EXTRA_KEYS_FIELD = "kwargs"
 
 
@@ -307,6 +332,39 @@ class CustomDatasetConfig(DatasetConfig):
         """Range rules of this option's keys; ConfigError naming the first violation."""
         _check_target("dataset._target_", self._target_)
         _at_least("dataset.num_classes", self.num_classes, 2, allow_none=True)
+
+
+@dataclass
+class TextDatasetConfig(DatasetConfig):
+    """Text for language models (mptrain.text): a local file or directory, or by default the
+    Python standard library's sources that ship with the interpreter (no download)."""
+
+    name: str = "text"
+    path: str = field(default="", metadata=PATH)  # "": the embedded standard-library corpus
+    suffix: str | None = None  # files a directory contributes; None: .py (stdlib) / .txt (path)
+    max_bytes: int = 2_000_000  # whole files in sorted order until this many bytes
+    vocabulary: str = "bytes"  # bytes (256 ids) | chars (built from the training text)
+    val_fraction: float = 0.1  # the last share of the tokens validates
+    val_windows: int = 64  # fixed validation windows (model.block_size tokens each)
+
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        if self.path:
+            _check_path("dataset.path", self.path)
+        _at_least("dataset.max_bytes", self.max_bytes, 1)
+        _require(
+            self.vocabulary in ("bytes", "chars"),
+            "dataset.vocabulary",
+            self.vocabulary,
+            "bytes (256 byte values) or chars (the training text's characters)",
+        )
+        _require(
+            0 < self.val_fraction < 1,
+            "dataset.val_fraction",
+            self.val_fraction,
+            "must be in (0, 1)",
+        )
+        _at_least("dataset.val_windows", self.val_windows, 1)
 
 
 # -------------------------------------------------------------------------------------- optimizers
@@ -422,7 +480,9 @@ class ExpectedResult:
 
     metric: str = "final_val_accuracy"  # a key of the report's evaluation section
     value: float | None = None
-    tolerance: float = 0.0  # met when the run reaches at least value - tolerance
+    tolerance: float = (
+        0.0  # met at least value - tolerance (loss/perplexity metrics: at most value + tolerance)
+    )
     hardware: str = ""
     data: str = ""
 
@@ -524,6 +584,7 @@ class RunConfig:
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     fp8: FP8Config = field(default_factory=FP8Config)
     recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    task: str = "classify"  # classify | lm (set by task=NAME, conf/task/)
     epochs: int | None = 15
     max_steps: int | None = None
     batch_size: int = 64
@@ -659,6 +720,25 @@ def _validate_numerics(n: NumericsConfig) -> None:
     _at_least("numerics.max_consecutive_nonfinite_loss", n.max_consecutive_nonfinite_loss, 1)
 
 
+# The models and datasets of the language-model task; every other one classifies.
+LM_MODELS, LM_DATASETS = ("gpt",), ("text",)
+
+
+def _check_task(run: RunConfig) -> None:
+    """The task, the model and the dataset must agree: a language model reads token windows."""
+    _require(run.task in ("classify", "lm"), "task", run.task, "classify or lm")
+    lm = run.task == "lm"
+    for group, names, accepted in (
+        ("model", LM_MODELS, "model=gpt"),
+        ("dataset", LM_DATASETS, "dataset=text"),
+    ):
+        name = getattr(run, group).name
+        if lm and name not in names:
+            raise ConfigError(f"{group}={name}: task=lm trains a language model; use {accepted}")
+        if not lm and name in names:
+            raise ConfigError(f"{group}={name}: for language models; add task=lm")
+
+
 def validate(run: RunConfig) -> None:
     """Check every range and cross-key rule; raise :class:`ConfigError` on the first violation."""
     validate_precision(run.precision)
@@ -672,6 +752,7 @@ def validate(run: RunConfig) -> None:
         "set epochs or max_steps (both null leaves the run without an end)",
     )
     _at_least("epochs", run.epochs, 1, allow_none=True)
+    _check_task(run)
     _at_least("max_steps", run.max_steps, 1, allow_none=True)
     _require(
         -(2**63) <= run.seed < 2**64,

@@ -53,6 +53,7 @@ from mptrain.config import (
     ImageFolderConfig,
     Option,
     SyntheticConfig,
+    TextDatasetConfig,
     TorchvisionDatasetConfig,
 )
 from mptrain.decode import (
@@ -64,7 +65,18 @@ from mptrain.decode import (
     collate_encoded,
     normalise,
 )
+from mptrain.seeding import AUGMENT_STREAM, ORDER_STREAM, epoch_generator, stream_seed
 from mptrain.targets import call_target, check_keys, locate, offered
+from mptrain.text import (
+    TextFacts,
+    TokenText,
+    TrainWindows,
+    ValWindows,
+    fixed_windows,
+    read_text_dataset,
+    split_tokens,
+    unigram_loss,
+)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -100,6 +112,9 @@ class DataBundle:
     # names in label order, and the preprocessing raw inputs get (see :func:`preprocessing`).
     classes: list[str] | None = None
     preprocessing: dict[str, Any] | None = None
+    # Token data (dataset=text): window length and what was read; num_classes is the vocabulary.
+    sequence_length: int | None = None
+    text: TextFacts | None = None
 
 
 @dataclass(frozen=True)
@@ -118,32 +133,10 @@ class BatchLayout:
     num_workers: int
     rank: int = 0
     world: int = 1
+    sequence_length: int | None = None  # token data: the window length (the model's block_size)
 
 
 # ------------------------------------------------------------------------------------------ feeds
-# Independent random streams per (seed, epoch): the data order and the augmentation must not
-# share draws (a crop offset would otherwise repeat the index that chose the sample).
-ORDER_STREAM, AUGMENT_STREAM = 0, 1
-
-
-def _stream_seed(seed: int, epoch: int, stream: int, index: int = 0) -> int:
-    """A 63-bit seed for sample ``index`` of ``stream`` in ``epoch``, the same on every platform."""
-    # SeedSequence mixes the four numbers into well-separated seeds.
-    entropy = [seed % 2**32, epoch, stream, index]
-    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1)
-
-
-def _epoch_generator(
-    seed: int, epoch: int, stream: int, device: torch.device | str = "cpu"
-) -> torch.Generator:
-    """A fresh generator on ``device`` seeded by (seed, epoch, stream) alone.
-
-    An epoch's data never depends on earlier epochs, so a run resumed at epoch e sees the same
-    batches as an uninterrupted one.
-    """
-    return torch.Generator(device=device).manual_seed(_stream_seed(seed, epoch, stream))
-
-
 def shard_length(n: int, rank: int, world: int, drop_uneven: bool) -> int:
     """Samples rank ``rank`` gets of ``n``; with ``drop_uneven`` every rank gets the same count."""
     if drop_uneven:
@@ -172,7 +165,7 @@ def epoch_indices(
     the world size so every rank runs the same number of steps.
     """
     order = (
-        torch.randperm(n, generator=_epoch_generator(seed, epoch, ORDER_STREAM))
+        torch.randperm(n, generator=epoch_generator(seed, epoch, ORDER_STREAM))
         if shuffle
         else torch.arange(n)
     )
@@ -271,7 +264,7 @@ class TensorBatches:
         generator = None
         if self.shuffle:
             # Per-rank augmentation stream: ranks see different samples, so different crops.
-            generator = _epoch_generator(self.seed + self.rank, epoch, AUGMENT_STREAM, self.device)
+            generator = epoch_generator(self.seed + self.rank, epoch, AUGMENT_STREAM, self.device)
         sharded = self.shuffle or self.world > 1
         if sharded:
             order = epoch_indices(
@@ -478,7 +471,7 @@ class SeededTransforms(torch.utils.data.Dataset):
         epoch, index = key if isinstance(key, tuple) else (self.epoch, key)
         image, label = self.dataset[index]
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(_stream_seed(self.seed, epoch, AUGMENT_STREAM, index))
+            torch.manual_seed(stream_seed(self.seed, epoch, AUGMENT_STREAM, index))
             return self.transform(image), label
 
 
@@ -969,6 +962,67 @@ def _custom_loader_bundle(data: CustomDataset, layout: BatchLayout) -> DataBundl
     )
 
 
+# ------------------------------------------------------------------------------------------- text
+def load_text(cfg: TextDatasetConfig) -> TokenText:
+    """The text ``dataset.path`` names (default: the standard library's sources), tokenised."""
+    try:
+        return read_text_dataset(
+            cfg.path, cfg.max_bytes, cfg.suffix, cfg.vocabulary, cfg.val_fraction
+        )
+    except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+        where = cfg.path or "the standard library"
+        raise ConfigError(f"dataset.path={where!r}: {exc}") from exc
+
+
+def _text_bundle(cfg: TextDatasetConfig, text: TokenText, layout: BatchLayout) -> DataBundle:
+    """Random training windows and fixed validation windows of ``layout.sequence_length``
+    tokens, with the unigram baseline of the split."""
+    block = layout.sequence_length
+    if block is None:
+        raise ConfigError("dataset=text: needs a language model (task=lm model=gpt)")
+    try:
+        split = split_tokens(text.tokens, cfg.val_fraction, block)
+    except ValueError as exc:
+        raise ConfigError(f"dataset.max_bytes={cfg.max_bytes}: {exc}") from exc
+    where = {"rank": layout.rank, "world": layout.world}
+    train = TrainWindows(
+        split.train, block, layout.batch_size, layout.device, seed=layout.seed, **where
+    )
+    if train.num_batches < 1:
+        raise ConfigError(
+            f"batch_size={layout.batch_size}: one batch needs more than the "
+            f"{len(split.train) // block} windows of {block} tokens the training text holds"
+        )
+    val = ValWindows(
+        split.val, block, cfg.val_windows, layout.eval_batch_size, layout.device, **where
+    )
+    vocab = text.vocabulary
+    facts = TextFacts(
+        text.corpus,
+        vocab,
+        block,
+        len(split.train),
+        len(split.val),
+        val.windows,
+        # On the very tokens the validation loss is measured on.
+        unigram_loss(split.train, fixed_windows(split.val, block, cfg.val_windows)[1], vocab.size),
+    )
+    kind = "bytes" if vocab.chars is None else f"{vocab.size} characters"
+    return DataBundle(
+        train=train,
+        val=val,
+        num_classes=vocab.size,
+        in_channels=0,
+        image_size=0,
+        num_train=len(split.train) // block,
+        num_val=val.windows,
+        description=f"text: {text.corpus.files} files, {len(split.train)} train / "
+        f"{len(split.val)} val tokens ({kind}), windows of {block}",
+        sequence_length=block,
+        text=facts,
+    )
+
+
 # ------------------------------------------------------------------------------------ entry point
 # The one list of datasets: dataset.name -> its schema and the function that loads it. Each name
 # is also an option file conf/dataset/<name>.yaml (a test keeps the two in step). ArrayDataset
@@ -982,6 +1036,7 @@ DATASETS: dict[str, Option] = {
     "fashion_mnist": Option(TorchvisionDatasetConfig, _with_download(load_mnist_arrays)),
     "imagefolder": Option(ImageFolderConfig, load_image_folders),
     "custom": Option(CustomDatasetConfig, load_custom),
+    "text": Option(TextDatasetConfig, load_text),
 }
 
 
@@ -1002,6 +1057,8 @@ def build_data(cfg: Any, layout: BatchLayout) -> DataBundle:
         return _folder_bundle(cfg, dataset, layout)
     if isinstance(dataset, CustomDataset):
         return _custom_bundle(cfg, dataset, layout)
+    if isinstance(dataset, TokenText):
+        return _text_bundle(cfg, dataset, layout)
     return _array_bundle(cfg, dataset, layout)
 
 
@@ -1149,7 +1206,7 @@ def _device_decode_sets(
 
 def _sample_seed(seed: int, epoch: int, index: int) -> int:
     """Sample ``index``'s augmentation seed in ``epoch``: the one SeededTransforms uses."""
-    return _stream_seed(seed, epoch, AUGMENT_STREAM, index)
+    return stream_seed(seed, epoch, AUGMENT_STREAM, index)
 
 
 def _check_decode_device(device: torch.device) -> None:

@@ -45,6 +45,7 @@ from mptrain.fileio import atomic_write_text
 from mptrain.precision import to_model_input
 from mptrain.report import clean_json
 from mptrain.seeding import restore_rng_states, rng_states
+from mptrain.task import cross_entropy
 
 # Makes the context a forward runs under, e.g. ``lambda: torch.autocast("cpu", torch.float16)``.
 Autocast = Callable[[], contextlib.AbstractContextManager[Any]]
@@ -239,7 +240,7 @@ class _CulpritHooks:
         model.zero_grad(set_to_none=True)
         with autocast():
             logits = model(images)
-        loss = nn.functional.cross_entropy(logits.float(), labels)
+        loss = cross_entropy(logits, labels)
         if "forward" not in self.found and torch.isfinite(loss):
             (loss * loss_scale).backward()
             if "backward" not in self.found:
@@ -380,7 +381,7 @@ def _traced_step(
         with mode:
             with autocast():
                 logits = model(images)
-                loss = nn.functional.cross_entropy(logits.float(), labels)
+                loss = cross_entropy(logits, labels)
             mode.phase = "backward"
             loss.backward()
     return mode
@@ -449,6 +450,24 @@ def audit_step(
     }
 
 
+def _attention_lines(ops: list[dict[str, Any]]) -> list[str]:
+    """What attention ran in: the forward rows of attention kernels, and how to read them."""
+    rows = [o for o in ops if "attention" in o["op"] and o["phase"] == "forward"]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "Attention: fused kernels (flash, memory-efficient, cuDNN) take Q, K, V in the input dtype "
+        "below and keep the softmax's running max and sum in FP32 (their float32 output is the "
+        "log-sum-exp); an unfused path shows its own _softmax rows, flagged when they run in "
+        'low precision. numerics.fp32_modules=["blocks.*.attn"] runs attention wholly in FP32.',
+    ]
+    return lines + [
+        f"- {o['op']} in {o['module']}: inputs {o['input_dtypes']}, outputs {o['output_dtypes']}"
+        for o in rows
+    ]
+
+
 def render_audit(audit: dict[str, Any]) -> str:
     """Markdown for an :func:`audit_step` result: state dtypes, the flags, then the op table."""
     lines = [
@@ -463,6 +482,7 @@ def render_audit(audit: dict[str, Any]) -> str:
     lines += [
         f"- {f['flag']}" + (f": {f['op']} in {f['module']}" if "op" in f else "") for f in flags
     ]
+    lines += _attention_lines(audit["ops"])
     lines += [
         "",
         "| op | module | phase | inputs | outputs | count | flag |",
@@ -534,7 +554,8 @@ def _measure_ranges(
         with installed(registrations):
             for images, labels in batches:
                 probe_model.zero_grad(set_to_none=True)
-                loss = nn.functional.cross_entropy(probe_model(images.float()).float(), labels)
+                inputs = images.float() if images.is_floating_point() else images  # token ids stay
+                loss = cross_entropy(probe_model(inputs), labels)
                 loss.backward()
     finally:
         torch.set_rng_state(rng)

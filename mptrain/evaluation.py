@@ -57,6 +57,7 @@ from mptrain.preflight import (
 )
 from mptrain.report import clean_json
 from mptrain.rundir import check_creatable
+from mptrain.text import Vocabulary
 
 BEST = "best.pt"
 _FP8_BUFFERS = (".input_scaler.", ".weight_scaler.", ".grad_scaler.")  # Float8Linear's scalers
@@ -382,7 +383,8 @@ def load_model(
     """The trained model of a checkpoint file or run directory: the plain FP32 architecture (FP8
     layers as nn.Linear), in eval mode, on ``device``. Attributes: ``mptrain_classes`` (names in
     label order, or None), ``mptrain_preprocessing`` (see :func:`mptrain.data.preprocessing`),
-    ``mptrain_preprocess(raw)`` (raw inputs -> the model's input) and ``mptrain_checkpoint``."""
+    ``mptrain_preprocess(raw)`` (raw inputs -> the model's input), ``mptrain_vocabulary`` (a
+    language model's :class:`~mptrain.text.Vocabulary`, else None) and ``mptrain_checkpoint``."""
     info = load_model_info(path, checkpoint)
     saved_model, data = info["config"]["model"], info["data"]
     option = MODELS.get(saved_model["name"])
@@ -390,9 +392,13 @@ def load_model(
         raise ConfigError(f"model.name={saved_model['name']!r}: one of {', '.join(MODELS)}")
     fields = {f.name for f in dataclasses.fields(option.schema)}
     cfg = option.schema(**{k: v for k, v in saved_model.items() if k in fields})
-    model = build_model(cfg, data["in_channels"], data["image_size"], data["num_classes"])
+    length = data.get("sequence_length")  # language models: the window length
+    model = build_model(
+        cfg, data["in_channels"], data["image_size"], data["num_classes"], "cpu", length
+    )
     load_weights(model, info["state"], info["path"])
     model = model.float().eval().to(device)
+    model.mptrain_vocabulary = Vocabulary(data["vocabulary"]) if length is not None else None
     model.mptrain_classes = data["classes"]
     model.mptrain_preprocessing = data["preprocessing"]
     model.mptrain_preprocess = functools.partial(

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mptrain.cadence import TimeCadence
@@ -52,6 +51,7 @@ from mptrain.distributed import (
 from mptrain.monitor import LoopObserver, StepOutcome
 from mptrain.precision import PrecisionPolicy, to_model_input
 from mptrain.state import LoopSettings, LoopState
+from mptrain.task import correct_predictions, cross_entropy
 
 if TYPE_CHECKING:
     from mptrain.components import Run
@@ -156,14 +156,8 @@ def _step_batches(
 
 def _evaluate_into(run: Run, state: LoopState) -> None:
     s = run.settings
-    val_loss, val_accuracy = evaluate(run.model, run.data.val, run.policy, s.channels_last, s.dist)
-    row = {
-        "kind": "eval",
-        "step": state.step,
-        "epoch": state.epoch,
-        "val_loss": val_loss,
-        "val_accuracy": val_accuracy,
-    }
+    figures = evaluate(run.model, run.data.val, run.policy, s.channels_last, s.dist)
+    row = {"kind": "eval", "step": state.step, "epoch": state.epoch, **run.task.eval_row(*figures)}
     state.evals.append(row)
     run.monitor.record_eval(row)
 
@@ -205,19 +199,17 @@ def _forward_backward(
     step_loss, data_wait_s = None, 0.0
     for micro in range(accum):
         wait_start = time.perf_counter()
-        images, labels = next(micro_batches)
+        inputs, targets = next(micro_batches)
         data_wait_s += time.perf_counter() - wait_start
-        images = to_model_input(images, policy, channels_last)
+        inputs = to_model_input(inputs, policy, channels_last)
         with _NO_CONTEXT if micro == accum - 1 else no_sync(model):
             with policy.autocast():
-                # Logits to FP32 for the loss: CPU autocast would run cross_entropy's log-softmax
-                # in BF16, and "pure" low-precision runs would too. A no-op in FP32.
-                loss = loss_fn(model(images).float(), labels)
+                loss = loss_fn(model(inputs), targets)  # the task's loss, in FP32 (mptrain.task)
                 if accum > 1:
                     loss = loss / accum
             scaler.scale(loss).backward()  # outside autocast
         step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-    return step_loss, (images, labels), data_wait_s
+    return step_loss, (inputs, targets), data_wait_s
 
 
 def _optimizer_step(
@@ -282,7 +274,8 @@ def evaluate(
     channels_last: bool = False,
     dist: DistContext | None = None,
 ) -> tuple[float, float]:
-    """Mean cross-entropy and top-1 accuracy over ``batches`` (same autocast policy as training).
+    """Mean cross-entropy and top-1 accuracy per prediction over ``batches`` (same autocast
+    policy as training): per sample for classifiers, per token for language models.
 
     Distributed: each rank evaluates its shard; the sums are all-reduced, so every rank returns
     the figures of the whole validation set.
@@ -290,15 +283,15 @@ def evaluate(
     was_training = model.training
     model.eval()
     loss_sum, correct, count = None, None, 0
-    for images, labels in batches.batches(0):
-        images = to_model_input(images, policy, channels_last)
+    for inputs, targets in batches.batches(0):
+        inputs = to_model_input(inputs, policy, channels_last)
         with policy.autocast():
-            logits = model(images)
-        batch_loss = F.cross_entropy(logits.float(), labels, reduction="sum")
-        batch_correct = (logits.argmax(dim=1) == labels).sum()
+            logits = model(inputs)
+        batch_loss = cross_entropy(logits, targets, reduction="sum")
+        batch_correct = correct_predictions(logits, targets)
         loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss
         correct = batch_correct if correct is None else correct + batch_correct
-        count += len(labels)
+        count += targets.numel()
     model.train(was_training)
     sums = [
         float(loss_sum) if loss_sum is not None else 0.0,

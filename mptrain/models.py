@@ -19,6 +19,7 @@ from __future__ import annotations
 import difflib
 import inspect
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from mptrain.config import (
     CNNConfig,
     ConfigError,
     CustomModelConfig,
+    GPTConfig,
     MLPConfig,
     ModelConfig,
     Option,
@@ -38,6 +40,7 @@ from mptrain.config import (
     TorchvisionModelConfig,
     ViTConfig,
 )
+from mptrain.gpt import GPT, GPTShape
 from mptrain.targets import call_target, check_keys, first_line, locate, offered
 
 
@@ -370,6 +373,13 @@ def build_custom(
     return _recorded(model, ModelFacts("custom", target, adaptations=adaptations))
 
 
+def build_gpt(cfg: GPTConfig, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+    """A GPT whose vocabulary is the data's (``num_classes`` = vocabulary size; the image
+    arguments do not apply to token data)."""
+    shape = GPTShape(num_classes, cfg.block_size, cfg.layers, cfg.heads, cfg.width, cfg.dropout)
+    return GPT(shape)
+
+
 # The one list of models: model.name -> its schema and builder. Each name is also an option file
 # conf/model/<name>.yaml (a test keeps the two in step).
 MODELS: dict[str, Option] = {
@@ -378,6 +388,7 @@ MODELS: dict[str, Option] = {
     "resnet18": Option(ResNetConfig, build_resnet),
     "resnet50": Option(ResNetConfig, build_resnet),
     "vit": Option(ViTConfig, build_vit),
+    "gpt": Option(GPTConfig, build_gpt),
     "torchvision": Option(TorchvisionModelConfig, build_torchvision),
     "timm": Option(TimmModelConfig, build_timm),
     "custom": Option(CustomModelConfig, build_custom),
@@ -409,16 +420,21 @@ def build_model(
     image_size: int,
     num_classes: int,
     device: torch.device | str = "cpu",
+    sequence_length: int | None = None,
 ) -> nn.Module:
     """Build the configured model (FP32 parameters) for the dataset's shape on ``device``, record
     what was built (:func:`model_facts`) and check it with a dummy forward pass on that device
-    (:func:`check_forward`: a model with device-only kernels is checked where it will run)."""
+    (:func:`check_forward`: a model with device-only kernels is checked where it will run).
+    Token data (``sequence_length`` set): ``num_classes`` is the vocabulary size."""
     model = MODELS[cfg.name].build(cfg, in_channels, image_size, num_classes).to(device)
     facts = _FACTS.get(model) or ModelFacts("builtin", None)
     facts.class_name = f"{type(model).__module__}.{type(model).__qualname__}"
     facts.convolutional = has_convolutions(model)
     _recorded(model, facts)
-    check_forward(model, _model_key(cfg), in_channels, image_size, num_classes)
+    if sequence_length is not None:
+        check_token_forward(model, _model_key(cfg), sequence_length, num_classes)
+    else:
+        check_forward(model, _model_key(cfg), in_channels, image_size, num_classes)
     return model
 
 
@@ -431,29 +447,56 @@ def _model_key(cfg: ModelConfig) -> str:
     return f"model={cfg.name}"
 
 
+def _dry_forward(
+    model: nn.Module, key: str, make_input: Callable[[torch.device], torch.Tensor], what: str
+) -> tuple[int, ...] | str:
+    """One FP32 forward pass of the zero batch ``make_input(device)`` in eval mode (no statistics
+    change, no random draws): the output's shape (or its type's name when not a tensor);
+    ConfigError naming ``key`` when the model raises."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(make_input(next(model.parameters(), torch.zeros(())).device))
+    except Exception as exc:  # whatever the model raises: it cannot take this data
+        raise ConfigError(f"{key}: a forward pass of {what} failed ({first_line(exc)})") from exc
+    finally:
+        model.train(was_training)
+    return tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+
+
 def check_forward(
     model: nn.Module, key: str, in_channels: int, image_size: int, num_classes: int
 ) -> None:
-    """One FP32 forward pass of a zero batch of two images, in eval mode (no statistics change,
-    no random draws): ConfigError naming ``key`` unless it returns ``(2, num_classes)`` logits."""
-    was_training = model.training
-    model.eval()
+    """A dry forward pass of two zero images: ConfigError naming ``key`` unless it returns
+    ``(2, num_classes)`` logits."""
     shape = f"{in_channels}x{image_size}x{image_size}"
-    try:
-        with torch.no_grad():
-            device = next(model.parameters(), torch.zeros(())).device
-            out = model(torch.zeros(2, in_channels, image_size, image_size, device=device))
-    except Exception as exc:  # whatever the model raises: it cannot take this data
-        raise ConfigError(
-            f"{key}: a forward pass of the dataset's {shape} images failed ({first_line(exc)})"
-        ) from exc
-    finally:
-        model.train(was_training)
-    got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    got = _dry_forward(
+        model,
+        key,
+        lambda device: torch.zeros(2, in_channels, image_size, image_size, device=device),
+        f"the dataset's {shape} images",
+    )
     if got != (2, num_classes):
         raise ConfigError(
             f"{key}: returns {got} for a batch of 2 {shape} images; mptrain needs one tensor "
             f"of (batch, num_classes) = (2, {num_classes}) logits"
+        )
+
+
+def check_token_forward(model: nn.Module, key: str, length: int, vocab_size: int) -> None:
+    """A dry forward pass of two windows of ``length`` zero token ids: ConfigError naming ``key``
+    unless it returns ``(2, length, vocab_size)`` logits."""
+    got = _dry_forward(
+        model,
+        key,
+        lambda device: torch.zeros(2, length, dtype=torch.long, device=device),
+        f"{length}-token windows",
+    )
+    if got != (2, length, vocab_size):
+        raise ConfigError(
+            f"{key}: returns {got} for 2 windows of {length} tokens; a language model must "
+            f"return (batch, length, vocabulary) = (2, {length}, {vocab_size}) logits"
         )
 
 

@@ -288,6 +288,7 @@ class MonitorSettings:
     """How the monitor measures and when it warns or stops (from the run's config)."""
 
     samples_per_step: int  # batch size x micro-batches x world size
+    tokens_per_sample: int | None = None  # language models: the window length
     precision: str = "fp32"  # the effective precision's name, for messages
     throughput_warmup_steps: int = 5
     health: NumericsConfig = field(default_factory=NumericsConfig)
@@ -447,6 +448,8 @@ class Monitor:
             * self.settings.samples_per_step
             / (now - self._interval.started),
         }
+        if self.settings.tokens_per_sample:
+            row["tokens_per_s"] = row["samples_per_s"] * self.settings.tokens_per_sample
         for observer in self.observers:
             observer.on_log(row)
         self._interval.restart()

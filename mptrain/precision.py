@@ -226,8 +226,9 @@ def resolve_precision(
 def to_model_input(
     images: torch.Tensor, policy: PrecisionPolicy, channels_last: bool
 ) -> torch.Tensor:
-    """Inputs in the parameters' dtype ("pure" low precision) and memory format."""
-    if policy.param_dtype != torch.float32:
+    """Float inputs in the parameters' dtype ("pure" low precision) and memory format; token
+    ids stay integers."""
+    if policy.param_dtype != torch.float32 and images.is_floating_point():
         images = images.to(policy.param_dtype)
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)

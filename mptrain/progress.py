@@ -93,6 +93,8 @@ class ProgressDisplay:
         if row["loss_scale"] is not None:
             self._fields["scale"] = f"{row['loss_scale']:g}"
         self._fields["samples/s"] = f"{row['samples_per_s']:.0f}"
+        if "tokens_per_s" in row:
+            self._fields["tokens/s"] = f"{row['tokens_per_s']:.0f}"
         self._line(step_line(row, self.total_steps, self._eta(row["step"])))
 
     def on_eval(self, row: dict[str, Any]) -> None:
@@ -123,13 +125,21 @@ def _duration(seconds: float | None) -> str:
     return str(dt.timedelta(seconds=round(seconds)))
 
 
+def _perplexity(row: dict[str, Any]) -> str:
+    return f" val_perplexity={row['val_perplexity']:.2f}" if "val_perplexity" in row else ""
+
+
+def _tokens(row: dict[str, Any]) -> str:
+    return f" tokens/s={row['tokens_per_s']:.0f}" if "tokens_per_s" in row else ""
+
+
 def step_line(row: dict[str, Any], total_steps: int, eta_s: float | None) -> str:
     """One progress line for a metrics row (see the module doc for its form)."""
     scale = "off" if row["loss_scale"] is None else f"{row['loss_scale']:g}"
     return (
         f"train step={row['step']}/{total_steps} epoch={row['epoch']} loss={row['loss']:.4f} "
         f"lr={row['lr']:.4g} loss_scale={scale} skipped={row['skipped_total']} "
-        f"samples/s={row['samples_per_s']:.0f} eta={_duration(eta_s)}"
+        f"samples/s={row['samples_per_s']:.0f}{_tokens(row)} eta={_duration(eta_s)}"
     )
 
 
@@ -137,5 +147,5 @@ def eval_line(row: dict[str, Any], total_steps: int) -> str:
     """One line for an evaluation row."""
     return (
         f"eval step={row['step']}/{total_steps} epoch={row['epoch']} "
-        f"val_loss={row['val_loss']:.4f} val_accuracy={row['val_accuracy']:.2%}"
+        f"val_loss={row['val_loss']:.4f}{_perplexity(row)} val_accuracy={row['val_accuracy']:.2%}"
     )

@@ -19,6 +19,7 @@ from typing import Any
 from mptrain.compare import flatten, is_non_training_key
 from mptrain.config import RunConfig
 from mptrain.report import EvaluationSection, RecipeSection
+from mptrain.task import lower_is_better
 
 
 def recipe_files() -> dict[str, Any]:
@@ -69,9 +70,16 @@ def schedule_differences(cfg: RunConfig, recipe: dict[str, Any]) -> list[str]:
         f"{key}={actual.get(key)!r} (recipe: {value!r})"
         for key, value in wanted.items()
         if key != "precision.name"
+        and value != "???"  # a value the user supplies (a data path): any is the recipe's
         and not is_non_training_key(key)
         and not _same(actual.get(key), value)
     ]
+
+
+def _within(actual: float, value: float, tolerance: float, lower: bool) -> bool:
+    """Met: at most ``value + tolerance`` for a loss-like metric, else at least ``value -
+    tolerance``."""
+    return actual <= value + tolerance if lower else actual >= value - tolerance
 
 
 def recipe_verdict(
@@ -93,7 +101,7 @@ def recipe_verdict(
         verdict = "not comparable: not the recipe's full schedule: " + "; ".join(differences)
     elif expected.value is None or actual is None:
         verdict = "not comparable: no expected value"
-    elif actual >= expected.value - expected.tolerance:
+    elif _within(actual, expected.value, expected.tolerance, lower_is_better(expected.metric)):
         verdict = "met"
     else:
         verdict = "not met"

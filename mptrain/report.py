@@ -87,6 +87,9 @@ class DataSection:
     # File-backed feeds (imagefolder): what decoded the images (decode_device, decoder, draft,
     # persistent_workers, normalised_on; device decoding: host_decoded). None: in-memory data.
     pipeline: dict[str, Any] | None = None
+    # dataset=text: the corpus read (source, files, bytes, file-list digest), vocabulary, window
+    # length, train/validation tokens and the unigram baseline (see mptrain.text.TextFacts)
+    text: dict[str, Any] | None = None
 
 
 @dataclass
@@ -116,11 +119,23 @@ class NumericsSection:
 
 @dataclass
 class EvaluationSection:
+    """The evaluations; "best" is the one with the best primary metric (the task's: validation
+    accuracy for classification, validation loss for language models). Accuracy and loss are per
+    prediction: per sample, or per token for language models."""
+
     final_val_accuracy: float | None
     final_val_loss: float | None
     best_val_accuracy: float | None
     best_step: int | None
     history: list[dict[str, Any]]
+    task: str = "classify"
+    primary_metric: str = "val_accuracy"
+    best_val_loss: float | None = None
+    final_val_perplexity: float | None = None  # lm: exp(final_val_loss)
+    best_val_perplexity: float | None = None
+    # lm: the loss of a unigram model of the training tokens on the validation tokens (nats per
+    # token): what a model that ignores context scores. Below it, the model learned from context.
+    baseline_val_loss: float | None = None
 
 
 @dataclass
@@ -132,6 +147,7 @@ class ThroughputSection:
     data_wait_fraction: float | None
     excludes: str = "warm-up steps and evaluation"
     comparable: bool = True  # False for emulated FP8: its speed says nothing about FP8 hardware
+    tokens_per_s: float | None = None  # language models: samples/s x the window length
     # Per log_every window measured whole after warm-up (evaluation excluded): its samples/s and
     # steps, the spread behind sweep speed ratios. None in reports written before these existed.
     window_samples_per_s: list[float] | None = None
@@ -344,6 +360,62 @@ def _precision_text(p: PrecisionSection) -> str:
     return f"{ran}; autocast {p.autocast_dtype or 'none'}; loss scaling {scaling}"
 
 
+def _tokens_text(thr: ThroughputSection) -> str:
+    return "" if thr.tokens_per_s is None else f" = {thr.tokens_per_s:,.0f} tokens/s"
+
+
+def _evaluation_rows(e: EvaluationSection) -> list[tuple[str, str]]:
+    if e.task != "lm":
+        return [
+            ("final val accuracy", fmt_pct(e.final_val_accuracy)),
+            ("best val accuracy", f"{fmt_pct(e.best_val_accuracy)} (step {e.best_step})"),
+            ("final val loss", fmt_num(e.final_val_loss)),
+        ]
+    return [
+        (
+            "final val loss",
+            f"{fmt_num(e.final_val_loss)} (perplexity {fmt_num(e.final_val_perplexity, '.2f')})",
+        ),
+        ("best val loss", f"{fmt_num(e.best_val_loss)} (step {e.best_step})"),
+        ("unigram baseline", _baseline_text(e)),
+        ("next-token accuracy", fmt_pct(e.final_val_accuracy)),
+    ]
+
+
+def _evaluation_table(evals: list[dict[str, Any]], task: str) -> list[str]:
+    """report.md's table of evaluations (language models: perplexity, per-token accuracy)."""
+    if task != "lm":
+        head = ["| step | epoch | val loss | val accuracy |", "|---:|---:|---:|---:|"]
+        return head + [
+            f"| {e['step']} | {e['epoch']} | {fmt_num(e['val_loss'])} | "
+            f"{fmt_pct(e['val_accuracy'])} |"
+            for e in evals
+        ]
+    head = [
+        "| step | epoch | val loss | val perplexity | next-token accuracy |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    return head + [
+        f"| {e['step']} | {e['epoch']} | {fmt_num(e['val_loss'])} | "
+        f"{fmt_num(e.get('val_perplexity'), '.2f')} | {fmt_pct(e['val_accuracy'])} |"
+        for e in evals
+    ]
+
+
+def _baseline_text(e: EvaluationSection) -> str:
+    """How the final validation loss compares with the unigram baseline, in words."""
+    if e.baseline_val_loss is None:
+        return "—"
+    words = f"{fmt_num(e.baseline_val_loss)} nats/token"
+    if e.final_val_loss is None or math.isnan(e.final_val_loss):
+        return words
+    gap = e.baseline_val_loss - e.final_val_loss
+    side = "below" if gap > 0 else "NOT below"
+    return (
+        f"{words}; final val loss {abs(gap):.3f} {side} it ({abs(gap) / e.baseline_val_loss:.0%})"
+    )
+
+
 def summary_rows(report: RunReport) -> list[tuple[str, str]]:
     """The key figures, in the order the terminal summary and report.md show them."""
     p, t, e = report.precision, report.training, report.evaluation
@@ -357,13 +429,11 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         ("steps", f"{t.steps} of {t.total_steps} ({t.epochs_completed} epochs)"),
         ("skipped steps", _skipped_text(t)),
         ("loss scale", _scale_text(t.loss_scale)),
-        ("final val accuracy", fmt_pct(e.final_val_accuracy)),
-        ("best val accuracy", f"{fmt_pct(e.best_val_accuracy)} (step {e.best_step})"),
-        ("final val loss", fmt_num(e.final_val_loss)),
+        *_evaluation_rows(e),
         ("final train loss", fmt_num(t.final_train_loss)),
         (
             "throughput",
-            f"{fmt_num(thr.samples_per_s, '.1f')} samples/s "
+            f"{fmt_num(thr.samples_per_s, '.1f')} samples/s{_tokens_text(thr)} "
             f"({thr.measured_steps} steps after {thr.warmup_steps} warm-up, eval excluded)",
         ),
         ("data wait", fmt_pct(thr.data_wait_fraction)),
@@ -442,13 +512,7 @@ def render_markdown(report: RunReport) -> str:
             "",
             "## Evaluations",
             "",
-            "| step | epoch | val loss | val accuracy |",
-            "|---:|---:|---:|---:|",
-        ]
-        lines += [
-            f"| {e['step']} | {e['epoch']} | {fmt_num(e['val_loss'])} | "
-            f"{fmt_pct(e['val_accuracy'])} |"
-            for e in evals
+            *_evaluation_table(evals, report.evaluation.task),
         ]
     if report.figure:
         lines += [

@@ -74,6 +74,7 @@ from mptrain.rundir import RunDirLock, check_no_other_run
 from mptrain.seeding import seed_everything
 from mptrain.signals import GracefulStop, Terminated
 from mptrain.state import LoopState
+from mptrain.task import Task
 from mptrain.trackers import Trackers, start_trackers
 
 
@@ -367,7 +368,7 @@ def _model_section(cfg: RunConfig, run: Run | None) -> ModelSection:
 def assemble_report(job: _Job, status: str, reason: str | None) -> RunReport:
     """The report from what the job got to: every section, whatever stage it stopped at."""
     cfg, run, state = job.cfg, job.run, job.state
-    evaluation = _evaluation_section(state)
+    evaluation = _evaluation_section(state, run)
     wall_time_s = time.perf_counter() - job.start_time
     return RunReport(
         status=status,
@@ -435,6 +436,7 @@ def _data_section(cfg: RunConfig, run: Run | None, dist: DistContext) -> DataSec
         effective_batch_size=cfg.batch_size * cfg.grad_accum_steps * dist.world_size,
         skipped_bad_files=_bad_files(cfg, data),
         pipeline=getattr(data.train, "pipeline", None) if data else None,
+        text=data.text.describe() if data and data.text else None,
     )
 
 
@@ -472,14 +474,22 @@ def _numerics_section(run: Run | None) -> NumericsSection:
     )
 
 
-def _evaluation_section(state: LoopState) -> EvaluationSection:
-    best, final = state.best_eval, state.evals[-1] if state.evals else None
+def _evaluation_section(state: LoopState, run: Run | None) -> EvaluationSection:
+    task = run.task if run else Task()
+    best, final = task.best(state.evals), state.evals[-1] if state.evals else None
+    text = run.data.text if run else None
     return EvaluationSection(
         final_val_accuracy=final["val_accuracy"] if final else None,
         final_val_loss=final["val_loss"] if final else None,
         best_val_accuracy=best["val_accuracy"] if best else None,
         best_step=best["step"] if best else None,
         history=state.evals,
+        task=task.name,
+        primary_metric=task.primary_metric,
+        best_val_loss=best["val_loss"] if best else None,
+        final_val_perplexity=final.get("val_perplexity") if final else None,
+        best_val_perplexity=best.get("val_perplexity") if best else None,
+        baseline_val_loss=text.unigram_val_loss if text else None,
     )
 
 
@@ -498,8 +508,16 @@ def _throughput_section(
         # Emulated FP8 runs FP32 matmuls: its speed says nothing about FP8 hardware.
         comparable=not (policy is not None and policy.emulated),
         window_samples_per_s=[n * samples / s for n, s in windows],
+        tokens_per_s=_tokens_per_s(throughput, run),
         window_steps=[n for n, _ in windows],
     )
+
+
+def _tokens_per_s(throughput: Any, run: Run | None) -> float | None:
+    tokens = run.task.tokens_per_sample if run else None
+    if not tokens or throughput is None or throughput.samples_per_s is None:
+        return None
+    return throughput.samples_per_s * tokens
 
 
 def _time_section(run: Run | None, wall_time_s: float) -> TimeSection | None:

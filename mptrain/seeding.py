@@ -47,3 +47,26 @@ def restore_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     if states.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+# Independent random streams per (seed, epoch): the data order and the augmentation must not
+# share draws (a crop offset would otherwise repeat the index that chose the sample).
+ORDER_STREAM, AUGMENT_STREAM = 0, 1
+
+
+def stream_seed(seed: int, epoch: int, stream: int, index: int = 0) -> int:
+    """A 63-bit seed for sample ``index`` of ``stream`` in ``epoch``, the same on every platform."""
+    # SeedSequence mixes the four numbers into well-separated seeds.
+    entropy = [seed % 2**32, epoch, stream, index]
+    return int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1)
+
+
+def epoch_generator(
+    seed: int, epoch: int, stream: int, device: torch.device | str = "cpu"
+) -> torch.Generator:
+    """A fresh generator on ``device`` seeded by (seed, epoch, stream) alone.
+
+    An epoch's data never depends on earlier epochs, so a run resumed at epoch e sees the same
+    batches as an uninterrupted one.
+    """
+    return torch.Generator(device=device).manual_seed(stream_seed(seed, epoch, stream))

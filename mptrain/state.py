@@ -40,10 +40,6 @@ class LoopState:
     last_train_loss: float | None = None
     stopped: bool = False  # stopped on request (a signal) after finishing a step
 
-    @property
-    def best_eval(self) -> dict[str, Any] | None:
-        return max(self.evals, key=lambda e: e["val_accuracy"], default=None)
-
     def advance(self, skipped: bool, samples: int, steps_per_epoch: int) -> bool:
         """Count one finished optimizer step; True when it ended an epoch."""
         self.step += 1

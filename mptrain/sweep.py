@@ -1,8 +1,8 @@
 """Compare finished runs: the table a precision sweep ends with, and ``mptrain-compare DIR...``.
 
 Each run directory holds ``report.json`` (and ``.hydra/overrides.yaml`` when Hydra made it). A run
-is compared with the FP32 run whose config is otherwise identical (the baseline): accuracy delta,
-throughput ratio and peak-memory ratio. Emulated FP8 runs get no throughput ratio: their speed says
+is compared with the FP32 run whose config is otherwise identical (the baseline): accuracy delta
+(language models: validation loss delta, their primary metric, and perplexity), throughput ratio and peak-memory ratio. Emulated FP8 runs get no throughput ratio: their speed says
 nothing about FP8 hardware. Runs that failed, or never wrote a report, appear as rows with the reason.
 
 A throughput ratio is never one bare number: it is the median of the run's measured windows over the
@@ -238,6 +238,10 @@ def speed_spread(
     return spread
 
 
+def _lm(r: RunReport) -> bool:
+    return r.evaluation.task == "lm"
+
+
 def _figures(r: RunReport) -> dict[str, Any]:
     t, scale = r.training, r.training.loss_scale
     return {
@@ -245,6 +249,9 @@ def _figures(r: RunReport) -> dict[str, Any]:
         "reason": r.reason,
         "precision": r.precision.label or r.precision.effective,
         "final_val_accuracy": r.evaluation.final_val_accuracy,
+        # Language models are compared on their loss (the primary metric), with perplexity.
+        "final_val_loss": r.evaluation.final_val_loss if _lm(r) else None,
+        "final_val_perplexity": r.evaluation.final_val_perplexity,
         "samples_per_s": r.throughput.samples_per_s,
         "peak_memory_bytes": r.memory.peak_bytes,
         "skipped_steps": t.skipped_steps["count"],
@@ -260,10 +267,12 @@ def _against_baseline(
     """Accuracy delta, throughput (median, quartiles, noisy reason) and memory ratios against the
     FP32 twin ``base``."""
     acc, base_acc = r.evaluation.final_val_accuracy, base.evaluation.final_val_accuracy
+    loss, base_loss = r.evaluation.final_val_loss, base.evaluation.final_val_loss
     speed = speed_spread(r, base, alongside)
     return {
         "baseline": base.output_dir,
         "accuracy_delta": None if acc is None or base_acc is None else acc - base_acc,
+        "loss_delta": None if not _lm(r) or None in (loss, base_loss) else loss - base_loss,
         "throughput_ratio": speed.median if speed else None,
         "throughput_ratio_range": [speed.low, speed.high] if speed else None,
         "throughput_noisy": speed.noisy if speed else None,
@@ -277,6 +286,9 @@ COLUMNS = (
     ("run", "run"),
     ("status", "status"),
     ("precision", "precision"),
+    ("final_val_loss", "val loss"),
+    ("loss_delta", "Δ loss vs fp32"),
+    ("final_val_perplexity", "perplexity"),
     ("final_val_accuracy", "val acc"),
     ("accuracy_delta", "Δ acc vs fp32"),
     ("throughput_ratio", "speed vs fp32"),
@@ -288,6 +300,10 @@ COLUMNS = (
 )
 
 
+# Columns only language-model runs fill (their primary metric, loss, and its perplexity).
+LM_ONLY_COLUMNS = frozenset({"final_val_loss", "loss_delta", "final_val_perplexity"})
+
+
 def _cell(row: dict[str, Any], key: str) -> str:
     value = row.get(key)
     if key == "status" and row.get("reason") and value != "completed":
@@ -296,6 +312,12 @@ def _cell(row: dict[str, Any], key: str) -> str:
         return "—"
     if key in ("final_val_accuracy", "zero_grad_fraction", "updates_lost_fraction"):
         return fmt_pct(value)
+    if key == "final_val_loss":
+        return f"{value:.4f}"
+    if key == "loss_delta":
+        return f"{value:+.4f}"
+    if key == "final_val_perplexity":
+        return f"{value:.2f}"
     if key == "accuracy_delta":
         return f"{100 * value:+.2f} pt"
     if key == "throughput_ratio":
@@ -323,7 +345,7 @@ def render_markdown(rows: list[dict[str, Any]], title: str, figure: str | None) 
         lines.append("| " + " | ".join(_cell(row, k).replace("|", "/") for k, _ in columns) + " |")
     lines += [
         "",
-        "Δ acc, speed and memory compare each run with the completed FP32 run of otherwise identical "
+        "Δ loss, Δ acc, speed and memory compare each run with the completed FP32 run of otherwise identical "
         "config (— where there is none). Zero grads and updates lost are averages of "
         "the probes taken every probe_every steps.",
         "",

@@ -48,8 +48,13 @@ TRAIN_METRICS = {
     "grad_norm": "train/grad_norm",
     "skipped_total": "train/skipped_steps",
     "samples_per_s": "train/samples_per_s",
+    "tokens_per_s": "train/tokens_per_s",
 }
-EVAL_METRICS = {"val_loss": "eval/val_loss", "val_accuracy": "eval/val_accuracy"}
+EVAL_METRICS = {
+    "val_loss": "eval/val_loss",
+    "val_accuracy": "eval/val_accuracy",
+    "val_perplexity": "eval/val_perplexity",  # language models
+}
 # report status -> MLflow run status
 MLFLOW_STATUS = {"completed": "FINISHED", "interrupted": "KILLED"}
 

@@ -30,6 +30,7 @@ from mptrain.precision import PRECISIONS
 from mptrain.preflight import check_command_line, describe_compose_error
 from mptrain.registry import group_options as registered_options
 from mptrain.registry import schema_node_name, to_run_config
+from mptrain.task import TASKS
 
 CONF = importlib.resources.files("mptrain.conf")
 
@@ -121,14 +122,25 @@ REQUIRED_OVERRIDES = {
     ("dataset", "imagefolder"): ["dataset.root=/data/imagenet"],
     ("model", "custom"): ["model._target_=my_pkg.MyNet"],
     ("dataset", "custom"): ["dataset._target_=my_pkg.make_data"],
+    ("model", "gpt"): ["task=lm"],  # a language model: trains with task=lm only
+    ("dataset", "text"): ["task=lm"],
 }
+# Groups whose options overlay the others (``# @package _global_``), with no schema of their own.
+OVERLAY_GROUPS = ("task",)
+SCHEMA_GROUPS = [group for group in config_groups() if group not in OVERLAY_GROUPS]
 
-GROUP_OPTIONS = [(group, option) for group in config_groups() for option in group_options(group)]
+GROUP_OPTIONS = [(group, option) for group in SCHEMA_GROUPS for option in group_options(group)]
 
 
 # ------------------------------------------------------------------------------- groups and options
 def test_config_groups_are_the_registered_ones():
-    assert config_groups() == sorted(registered_options())
+    assert sorted(registered_options()) == SCHEMA_GROUPS
+
+
+def test_task_options_are_the_tasks():
+    assert sorted(group_options("task")) == sorted(TASKS)
+    for task in TASKS:
+        assert compose_run(f"task={task}").task == task
 
 
 @pytest.mark.parametrize("group", sorted(registered_options()))

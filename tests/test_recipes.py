@@ -24,11 +24,15 @@ from mptrain.metrics import read_metrics
 from mptrain.recipe import recipe_files, recipe_verdict, schedule_differences
 from mptrain.report import EvaluationSection
 from mptrain.sweep import compare, find_runs
+from mptrain.task import lower_is_better
 
 RECIPES = recipe_files()
 NAMES = sorted(RECIPES)
 # Overrides a recipe needs to compose (imagefolder has no default root).
-NEEDS = {"resnet50_imagenet_amp": ("dataset.root=/x",)}
+NEEDS = {
+    "resnet50_imagenet_amp": ("dataset.root=/x",),
+    "nanogpt_shakespeare_char": ("dataset.path=input.txt",),
+}
 QUIET = ("device=cpu", "progress=false")
 # The four claims: recipe -> (precisions of its sweep, overrides that shrink it but keep the effect).
 # Measured at these sizes on a 2-core Xeon, about 1 s per job:
@@ -42,13 +46,7 @@ CLAIMS = {
     "mp_claim_c_fp16_underflow": (["fp16", "fp16_noscale"], ("max_steps=20",)),
     "mp_claim_d_bf16_no_scaling": (["fp32", "bf16"], ("epochs=4",)),
 }
-EVALUATION_KEYS = {
-    "final_val_accuracy",
-    "final_val_loss",
-    "best_val_accuracy",
-    "best_step",
-    "history",
-}
+EVALUATION_KEYS = {f.name for f in dataclasses.fields(EvaluationSection)}
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -100,7 +98,10 @@ def test_recipe_composes_and_states_its_expected_result(name):
     e = r.expected
     assert e.metric in EVALUATION_KEYS
     assert isinstance(e.value, int | float) and not isinstance(e.value, bool)
-    assert 0 < e.value <= 1  # an accuracy
+    if lower_is_better(e.metric):
+        assert e.value > 0  # a loss
+    else:
+        assert 0 < e.value <= 1  # an accuracy
     assert isinstance(e.tolerance, int | float) and e.tolerance >= 0
     assert e.hardware.strip() and e.data.strip()
 
@@ -220,6 +221,18 @@ def test_below_the_band_is_not_met(digits_cfg):
     section = recipe_verdict(digits_cfg, "completed", evaluation(357 / 360))
     assert section.verdict == "not met" and section.met is False
     assert recipe_verdict(digits_cfg, "completed", evaluation(0.5)).verdict == "not met"
+
+
+def test_a_loss_metric_is_met_at_or_below_value_plus_tolerance():
+    cfg = compose_recipe("nanogpt_shakespeare_char", *QUIET)
+    assert cfg.task == "lm" and cfg.model.name == "gpt" and cfg.dataset.vocabulary == "chars"
+
+    def verdict(best_loss: float) -> str:
+        e = dataclasses.replace(evaluation(0.5), task="lm", best_val_loss=best_loss)
+        return recipe_verdict(cfg, "completed", e).verdict
+
+    assert verdict(1.40) == verdict(1.4697 + 0.05) == "met"  # lower is better
+    assert verdict(1.53) == "not met"
 
 
 @pytest.mark.parametrize(
