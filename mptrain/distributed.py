@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,9 +104,15 @@ def wrap_model(
         policy = MixedPrecisionPolicy(
             param_dtype=param_dtype, reduce_dtype=DTYPES[ctx.reduce_dtype]
         )
+        # A parameter two modules share (a GPT's head tied to its token embedding) must live in
+        # one FSDP group: such modules stay in the root's group.
+        owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
         for module in list(model.modules())[1:]:
-            if any(p.requires_grad for p in module.parameters(recurse=False)) and isinstance(
-                module, nn.Linear | nn.Conv2d
+            own = list(module.parameters(recurse=False))
+            if (
+                isinstance(module, nn.Linear | nn.Conv2d)
+                and any(p.requires_grad for p in own)
+                and all(owners[id(p)] == 1 for p in own)
             ):
                 fully_shard(module, mp_policy=policy)
         fully_shard(model, mp_policy=policy)

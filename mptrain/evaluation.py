@@ -57,6 +57,7 @@ from mptrain.preflight import (
 )
 from mptrain.report import clean_json
 from mptrain.rundir import check_creatable
+from mptrain.task import Task
 from mptrain.text import Vocabulary
 
 BEST = "best.pt"
@@ -145,6 +146,12 @@ def check_data_fits(saved: dict[str, Any] | None, data: DataBundle, dataset: str
             f"dataset={dataset}: {given[0]}x{given[1]}x{given[1]} inputs and {given[2]} classes; "
             f"the checkpoint's model takes {c}x{s}x{s} inputs and {n} classes"
         )
+    if data.text is not None and data.text.vocabulary.chars != saved.get("vocabulary"):
+        raise ConfigError(
+            f"dataset={dataset}: its character vocabulary differs from the one the model was "
+            "trained with (the same ids would mean other characters); evaluate on the training "
+            "text's settings"
+        )
     if None not in (saved["classes"], data.classes) and saved["classes"] != data.classes:
         return [f"class names differ from training's: {saved['classes']} then, {data.classes} now"]
     return []
@@ -162,6 +169,7 @@ def run_eval(cfg: RunConfig, path: Path, payload: dict[str, Any]) -> dict[str, A
         device=device,
         seed=cfg.seed,
         num_workers=cfg.num_workers,
+        sequence_length=getattr(cfg.model, "block_size", None) if cfg.task == "lm" else None,
     )
     data = build_data(cfg.dataset, layout)
     notes = check_data_fits(payload.get("data"), data, cfg.dataset.name)
@@ -197,7 +205,9 @@ def eval_result(
     loop = payload["loop"]
     recorded = next((e for e in loop["evals"] if e["step"] == loop["step"]), None)
     trained = recorded["val_accuracy"] if recorded else None
+    trained_loss = recorded["val_loss"] if recorded else None
     return {
+        "task": cfg.task,
         "checkpoint": str(path),
         "step": loop["step"],
         "epoch": loop["epoch"],
@@ -213,10 +223,11 @@ def eval_result(
         "compile": cfg.compile,
         "channels_last": cfg.channels_last,
         "samples": data.num_val,
-        "val_loss": val_loss,
-        "val_accuracy": val_accuracy,
+        **Task(cfg.task).eval_row(val_loss, val_accuracy),  # language models: perplexity too
         "trained_val_accuracy": trained,
         "accuracy_difference": None if trained is None else val_accuracy - trained,
+        "trained_val_loss": trained_loss,
+        "loss_difference": None if trained_loss is None else val_loss - trained_loss,
         # Another dataset (or split) than training's: the difference then compares other data.
         "same_data_as_training": dataclasses.asdict(cfg.dataset) == payload["config"]["dataset"],
         "notes": list(policy.notes),
@@ -243,6 +254,14 @@ def render(result: dict[str, Any]) -> str:
         if trained is not None
         else "none recorded for this step"
     )
+    lm = result.get("task") == "lm"
+    if lm:  # a language model: its loss is the figure (per token), with perplexity
+        trained, diff = result["trained_val_loss"], result["loss_difference"]
+        at_training = (
+            f"{trained:.4f} (in {result['trained_precision']}); difference {diff:+.4f}"
+            if trained is not None
+            else "none recorded for this step"
+        )
     lines = [
         f"# mptrain eval: {result['model']} on {result['dataset']} in {result['precision']}",
         "",
@@ -252,11 +271,21 @@ def render(result: dict[str, Any]) -> str:
         + (", torch.compile" if result["compile"] else "")
         + (", channels_last" if result["channels_last"] else ""),
         f"- data: {result['data']}",
-        f"- samples evaluated: {result['samples']} (batches of {result['eval_batch_size']})",
+        f"- {'windows' if lm else 'samples'} evaluated: {result['samples']} "
+        f"(batches of {result['eval_batch_size']})",
         f"- val loss: {result['val_loss']:.4f}",
-        f"- val accuracy: {acc:.4f}" if not math.isnan(acc) else "- val accuracy: nan",
-        f"- val accuracy at training time: {at_training}",
     ]
+    if lm:
+        lines += [
+            f"- val perplexity: {result['val_perplexity']:.3f}",
+            f"- next-token accuracy: {acc:.4f}",
+            f"- val loss at training time: {at_training}",
+        ]
+    else:
+        lines += [
+            f"- val accuracy: {acc:.4f}" if not math.isnan(acc) else "- val accuracy: nan",
+            f"- val accuracy at training time: {at_training}",
+        ]
     if not result["same_data_as_training"]:
         lines.append("- note: the dataset settings differ from training's (other data)")
     lines += [f"- note: {note}" for note in result["notes"]]
@@ -271,7 +300,7 @@ def write_eval(result: dict[str, Any], output_dir: Path) -> None:
 
 
 # ------------------------------------------------------------------------------ the command line
-_GROUPS = ("model", "dataset", "precision")  # chosen from the checkpoint unless overridden
+_GROUPS = ("task", "model", "dataset", "precision")  # from the checkpoint unless overridden
 # The checkpoint's settings an evaluation keeps (what the model and its inputs are, and how it
 # computes); the rest (optimizer, schedule, epochs...) does not enter an evaluation.
 _CARRIED = ("model", "dataset", "precision.allow_tf32", "fp8", "numerics.fp32_modules")
@@ -328,6 +357,7 @@ def _saved_choices(payload: dict[str, Any], user_keys: set[str]) -> list[str]:
     """Group choices from the checkpoint (the precision that ran), unless the user chose."""
     saved = payload["config"]
     choice = {
+        "task": saved.get("task", "classify"),
         "model": saved["model"]["name"],
         "dataset": saved["dataset"]["name"],
         "precision": payload["signature"].get("precision", saved["precision"]["name"]),

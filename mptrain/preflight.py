@@ -108,11 +108,28 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
         return Preflight([overrides], multirun=False, output_dir=str(output))
     _check_sweeper(master.hydra.sweeper)
     jobs = _job_overrides(hydra, master, overrides)
-    for job in jobs:
-        checked_run_config(
-            _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
-        )
+    for number, job in enumerate(jobs):
+        composed = _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
+        _check_job_dir(composed, output, number)  # first: the check below drops hydra's node
+        checked_run_config(composed)
     return Preflight(jobs, multirun=True, output_dir=str(output))
+
+
+def _check_job_dir(composed: Any, sweep_dir: Path, number: int) -> None:
+    """The job's directory (``hydra.sweep.subdir``, by default its number and overrides) must be
+    one the file system can hold: many overrides make a name over 255 bytes, and Hydra would
+    stop the sweep with a traceback when it creates it."""
+    from omegaconf import open_dict
+
+    with open_dict(composed):
+        composed.hydra.job.num = number
+    try:
+        check_creatable(sweep_dir / str(composed.hydra.sweep.subdir), "hydra.sweep.subdir")
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{exc}; shorten it: 'hydra.sweep.subdir=${{hydra.job.num}}' (quoted for the shell), "
+            "or name keys to leave out in hydra.job.config.override_dirname.exclude_keys"
+        ) from exc
 
 
 def launch(hydra: Any, args: argparse.Namespace, checked: Preflight, task: Any) -> None:

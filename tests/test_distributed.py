@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -138,3 +139,25 @@ def test_time_cadences_agree_across_ranks_at_log_rows(tmp_path):
     assert saved == ["step_00000003.pt", "step_00000006.pt", "step_00000007.pt"]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if r["kind"] == "eval"] == [3, 6, 7]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_the_language_model_trains_on_two_ranks(tmp_path, strategy):
+    """task=lm under torchrun: ranks stay identical, the validation windows are split between
+    them and the sums all-reduced (the report's loss is the whole validation set's)."""
+    tiny = ("model.layers=1", "model.width=32", "model.heads=2", "model.block_size=16")
+    tiny += ("dataset.max_bytes=30000", "dataset.val_windows=15", "batch_size=4")
+    ranks = torchrun(
+        tmp_path, "task=lm", *tiny, "precision=bf16", "max_steps=6", "eval_every=6",
+        f"distributed.strategy={strategy}",
+    )  # fmt: skip
+    if strategy == "ddp":  # FSDP holds one sharded copy (gathered on rank 0 only)
+        params_close(ranks[0]["params"], ranks[1]["params"], rtol=0, atol=0)
+    assert ranks[0]["steps"] == ranks[1]["steps"] == 6
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "completed" and report["evaluation"]["task"] == "lm"
+    assert report["distributed"]["strategy"] == strategy
+    assert report["data"]["effective_batch_size"] == 8
+    assert report["throughput"]["tokens_per_s"] > 0
+    loss = report["evaluation"]["final_val_loss"]
+    assert math.isfinite(loss) and loss < math.log(256)

@@ -173,6 +173,17 @@ def test_every_precision_trains_the_language_model(tmp_path, precision):
         assert report["training"]["loss_scale"] is not None
 
 
+def test_pure_fp16_does_not_train_the_language_model_fp32_does(tmp_path):
+    """The seed claim on this workload: without FP32 master weights (and with AdamW's epsilon
+    below FP16's range) the same 12 steps end far above FP32's loss."""
+    runs = {
+        p: train(lm_run(f"precision={p}", "max_steps=12", "eval_every=12"), tmp_path / p)
+        for p in ("fp32", "fp16_pure")
+    }
+    fp32, pure = (runs[p]["evaluation"]["final_val_loss"] for p in ("fp32", "fp16_pure"))
+    assert fp32 < math.log(256) and not (pure < fp32 + 1.0), (fp32, pure)
+
+
 def test_best_ranks_by_the_primary_metric_in_its_direction():
     lm, classify = Task("lm"), Task()
     evals = [
@@ -329,6 +340,15 @@ def test_sample_continues_what_the_model_learned(tmp_path):
     assert result.stdout == "the quick brown fox\n\n"  # the prompt, 14 tokens, a newline
     assert "temperature 0" in result.stderr
 
+    # mptrain eval of the same run: the task, model and text come from the checkpoint.
+    result = run_mptrain(tmp_path, "eval", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'ev'}")
+    assert result.returncode == 0, describe(result)
+    evaluated = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    final = json.loads((run_dir / "report.json").read_text())["evaluation"]
+    assert evaluated["task"] == "lm" and evaluated["val_loss"] == final["final_val_loss"]
+    assert evaluated["val_perplexity"] == pytest.approx(math.exp(evaluated["val_loss"]))
+    assert "val loss at training time" in result.stdout and "difference +0.0000" in result.stdout
+
 
 def test_sample_refuses_a_classifier_and_bad_arguments(tmp_path):
     train(
@@ -363,3 +383,33 @@ def test_the_audit_shows_attention_dtypes_and_the_fp32_override_reaches_attentio
     assert all(r["input_dtypes"].startswith("bfloat16") for r in rows)
     rows = attention_rows(('numerics.fp32_modules=["blocks.*.attn"]',), tmp_path / "island")
     assert rows and all(set(r["input_dtypes"].split(",")) == {"float32"} for r in rows)
+
+
+def test_a_precision_sweep_of_the_language_model_compares_on_loss(tmp_path):
+    tiny = [o for o in LM if o != "task=lm"]
+    result = run_mptrain(
+        tmp_path, "-m", "task=lm", "precision=fp32,bf16", *tiny, "max_steps=10", "eval_every=10",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}", "hydra.sweep.subdir=${hydra.job.num}",
+    )  # fmt: skip
+    assert result.returncode == 0, describe(result)
+    rows = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["runs"]
+    by_precision = {r["precision"]: r for r in rows}
+    assert set(by_precision) == {"fp32", "bf16"}
+    fp32, bf16 = by_precision["fp32"], by_precision["bf16"]
+    assert fp32["loss_delta"] == 0.0
+    assert bf16["loss_delta"] == pytest.approx(bf16["final_val_loss"] - fp32["final_val_loss"])
+    md = (tmp_path / "sweep" / "sweep.md").read_text()
+    assert "| val loss | Δ loss vs fp32 | perplexity |" in md
+
+
+def test_a_sweep_whose_job_directory_name_is_too_long_is_refused_before_it_starts(tmp_path):
+    tiny = [o for o in LM if o != "task=lm"]  # 13 overrides: the default subdir name is too long
+    result = run_mptrain(
+        tmp_path, "-m", "task=lm", "precision=fp32,bf16", *tiny, "max_steps=10",
+        "eval_every=10", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    )  # fmt: skip
+    assert result.returncode == 2, describe(result)
+    assert_one_error_line(result.stderr)
+    assert "hydra.sweep.subdir=" in result.stderr and "255 bytes per name" in result.stderr
+    assert "'hydra.sweep.subdir=${hydra.job.num}'" in result.stderr
+    assert not (tmp_path / "sweep").exists()
