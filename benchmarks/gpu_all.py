@@ -20,15 +20,17 @@ next one runs; ``--only`` reruns some steps, after setup):
 3. ``sync_test``: ``pytest tests/test_gpu.py -k test_host_syncs_per_step_on_cuda`` (torch's sync
    detector: one host sync per FP16 step, none for BF16/FP32).
 4. ``fp8_check``: benchmarks/gpu_fp8_check.py (``_scaled_mm`` vs emulation, FP8 vs BF16 training).
-5. ``resnet50``: benchmarks/gpu_resnet50.py, FP32/TF32/FP16/BF16, batch 256, 50 steps after 10.
-6. ``imagefolder_train``: benchmarks/imagefolder_train.py, ResNet-50 BF16 through
-   ``dataset=imagefolder`` on 4096 generated JPEGs: PIL in 14 persistent workers vs
-   ``dataset.decode_device=cuda``.
-7. ``pytest_gpu``: ``pytest -m gpu`` on the test files that hold GPU tests (the sync test above
+5. ``resnet50``: benchmarks/gpu_resnet50.py, FP32/TF32/FP16/BF16, batch 256, 40 steps after 10.
+6. ``gpt``: benchmarks/gpu_gpt.py with its defaults (width 2048, 4 layers, 16 heads, block 1024,
+   batch 32, 10 steps after 3): tokens/s and MFU at FP32/TF32/BF16/FP16/FP8.
+7. ``imagefolder_train``: benchmarks/imagefolder_train.py, ResNet-50 BF16 through
+   ``dataset=imagefolder`` on 4096 generated JPEGs (30 steps after 10): PIL in 14 persistent
+   workers vs ``dataset.decode_device=cuda``.
+8. ``pytest_gpu``: ``pytest -m gpu`` on the test files that hold GPU tests (the sync test above
    deselected). Files are named so that tests needing packages the GPU image lacks (mlflow,
    optuna) are not collected. On the GPU a pytest step in which no test passed (all skipped)
    counts as failed.
-8. ``data_path`` (only when at least 60 s of the budget are left): benchmarks/data_path.py
+9. ``data_path`` (only when at least 60 s of the budget are left): benchmarks/data_path.py
    ``--device cuda --device-decode`` (the data path alone, no model).
 
 Written into ``--out`` (default: ``$OUT`` when set, else benchmarks/results/gpu_<date>_<time>):
@@ -178,6 +180,7 @@ def plan(python: str, out: Path, smoke: bool) -> list[Step]:
     fp8 += ["--width", "64"]
     rn50 = ["--batch", "2", "--image-size", "32", "--steps", "1", "--warmup", "1"]
     rn50 += ["--precisions", "fp32,bf16"]
+    gpt = ["--precisions", "fp32,fp8"]  # --device cpu: the script's tiny sizes; FP8 emulated
     folder = ["--images", "16", "--image-size", "32", "--batch", "4", "--steps", "2"]
     folder += ["--warmup", "1", "--workers", "1", "--jobs", "2", "--precision", "fp32"]
     folder += ["--model", "cnn"]
@@ -185,9 +188,11 @@ def plan(python: str, out: Path, smoke: bool) -> list[Step]:
     data_path += ["--epochs", "1", "--batch-size", "4"]
     if not smoke:
         fp8 = []  # the script's defaults: the check as designed (~30 s on an H200)
-        rn50 = ["--batch", "256", "--steps", "50", "--warmup", "10"]
+        # 40 and 30 steps (were 50 and 40): room in the budget for the gpt step.
+        rn50 = ["--batch", "256", "--steps", "40", "--warmup", "10"]
+        gpt = []  # the script's defaults: the GPU sizes (~50 s on an H200, estimated)
         folder = ["--images", "4096", "--workers", "14", "--jobs", "14", "--batch", "256"]
-        folder += ["--steps", "40", "--warmup", "10", "--precision", "bf16"]
+        folder += ["--steps", "30", "--warmup", "10", "--precision", "bf16"]
         data_path = ["--device", "cuda", "--workers", "14", "--images", "1024", "--reps", "2"]
         data_path += ["--epochs", "2", "--batch-size", "128"]
     gpu_tests = gpu_test_files()
@@ -205,6 +210,8 @@ def plan(python: str, out: Path, smoke: bool) -> list[Step]:
         Step("resnet50", script(python, "gpu_resnet50.py", *dev, *rn50,
              "--out", str(out / "resnet50.json")), 150,
              "ResNet-50 per precision, synthetic data", "resnet50.json"),
+        Step("gpt", script(python, "gpu_gpt.py", *dev, *gpt, "--out", str(out / "gpt.json")),
+             100, "GPT language model per precision: tokens/s, MFU", "gpt.json"),
         Step("imagefolder_train", script(python, "imagefolder_train.py", *dev, *folder,
              "--out", str(out / "imagefolder_train.json")), 150,
              "training through imagefolder: PIL workers vs device decode", "imagefolder_train.json"),
@@ -329,6 +336,39 @@ def resnet50_lines(doc: dict) -> list[str]:
     return [*lines, ""]
 
 
+def gpt_lines(doc: dict) -> list[str]:
+    """The GPT benchmark's table: tokens/s, ratio to FP32, MFU (own peak; BF16 peak), memory."""
+    lines = [
+        f"- {doc['benchmark']}:",
+        "",
+        "  | precision | tokens/s | vs fp32 | MFU | peak memory |",
+    ]
+    lines.append("  | --- | ---: | ---: | ---: | ---: |")
+    for row in doc["rows"]:
+        if row.get("error"):
+            lines.append(f"  | {row['precision']} | {row['error']} | - | - | - |")
+            continue
+        peak = row["peak_memory_bytes"]
+        memory = "-" if peak is None else f"{peak / 2**30:.2f} GiB"
+        if row["mfu"] is not None or row["mfu_vs_bf16_peak"] is not None:
+            own = "-" if row["mfu"] is None else f"{row['mfu']:.1%}"
+            vs_bf16 = "-" if row["mfu_vs_bf16_peak"] is None else f"{row['mfu_vs_bf16_peak']:.1%}"
+            mfu = f"{own} ({vs_bf16} of BF16 peak)"
+        else:
+            mfu = "emulated FP8: none" if row["emulated"] else "-"
+        name = f"{row['precision']}{' (emulated)' if row['emulated'] else ''}"
+        lines.append(
+            f"  | {name} | {row['tokens_per_s']:,.0f} | {row['vs_fp32']:.2f} | {mfu} | {memory} |"
+        )
+    flops, mfu_doc = doc["flops"], doc["mfu"]
+    lines.append(
+        f"\n  MFU: {flops['per_token']:,} FLOP/token ({flops['formula']}) x tokens/s "
+        f"over the precision's dense peak, in brackets over the BF16 peak "
+        f"({mfu_doc['source'] or mfu_doc['unknown_reason']})"
+    )
+    return [*lines, ""]
+
+
 def imagefolder_lines(doc: dict) -> list[str]:
     lines = [f"- {doc['benchmark']}:", "", "  | pipeline | img/s | data wait | decoder |"]
     lines.append("  | --- | ---: | ---: | --- |")
@@ -367,6 +407,7 @@ def pytest_counts(xml_path: Path) -> dict[str, int] | None:
 HEADLINES = {
     "fp8_check": fp8_lines,
     "resnet50": resnet50_lines,
+    "gpt": gpt_lines,
     "imagefolder_train": imagefolder_lines,
     "data_path": data_path_lines,
 }

@@ -9,8 +9,9 @@ them alike), and each ratio is taken against the FP32 (TF32) measurement of the 
 table shows the median training samples/s and ratio to FP32 (and to TF32 on GPUs) with their
 min–max over the repetitions, marks a ratio *noisy* with the reason (:mod:`mptrain.spread`), and
 gives peak memory, the fraction of time spent waiting for data, and the host syncs per step the
-precision needs. Emulated FP8 and FP16 convolutions on a CPU are skipped: their speed says nothing
-useful (the table says so).
+precision needs. For a language model (``task=lm``) it also gives tokens/s: samples/s times the
+window length (``model.block_size``), with its min–max. Emulated FP8 and FP16 convolutions on a
+CPU are skipped: their speed says nothing useful (the table says so).
 """
 
 from __future__ import annotations
@@ -79,8 +80,12 @@ def measure(cfg: RunConfig, warmup: int, steps: int) -> dict[str, Any]:
     run = prepare_run(cfg)
     train_loop(run)
     throughput = run.monitor.throughput
+    tokens = run.task.tokens_per_sample  # None for classifiers
     return {
         "samples_per_s": throughput.samples_per_s,
+        "tokens_per_s": throughput.samples_per_s * tokens
+        if tokens and throughput.samples_per_s is not None
+        else None,
         "step_time_ms": 1000 * throughput.measured_time_s / throughput.measured_steps
         if throughput.measured_steps
         else None,
@@ -114,16 +119,27 @@ def measure_reps(
 
 
 def summarise(name: str, reps: list[dict[str, Any]]) -> dict[str, Any]:
-    """One precision's row: medians over its repetitions (``reps`` keeps each one's figures)."""
+    """One precision's row: medians over its repetitions (``reps`` keeps each one's figures).
+    Language models' rows also carry ``tokens_per_s`` and ``tokens_per_s_range``."""
     speeds = [r["samples_per_s"] for r in reps]
+    tokens = [r["tokens_per_s"] for r in reps if r.get("tokens_per_s") is not None]
     step_ms = [r["step_time_ms"] for r in reps if r["step_time_ms"] is not None]
     waits = [r["data_wait_fraction"] for r in reps if r["data_wait_fraction"] is not None]
     peaks = [r["peak_memory_bytes"] for r in reps if r["peak_memory_bytes"] is not None]
+    per_token = (
+        {
+            "tokens_per_s": statistics.median(tokens),
+            "tokens_per_s_range": [min(tokens), max(tokens)],
+        }
+        if tokens
+        else {}
+    )
     return {
         "precision": name,
         "label": reps[0]["label"],
         "samples_per_s": statistics.median(speeds),
         "samples_per_s_range": [min(speeds), max(speeds)],
+        **per_token,
         "step_time_ms": statistics.median(step_ms) if step_ms else None,
         "peak_memory_bytes": max(peaks) if peaks else None,  # a peak: the highest repetition's
         "data_wait_fraction": statistics.median(waits) if waits else None,
@@ -156,7 +172,9 @@ def run_bench(
     result = {
         "model": cfg.model.name,
         "dataset": cfg.dataset.name,
+        "task": cfg.task,
         "batch_size": cfg.batch_size,
+        "tokens_per_sample": getattr(cfg.model, "block_size", None) if cfg.task == "lm" else None,
         "warmup_steps": warmup,
         "measured_steps": steps,
         "reps": reps,
@@ -209,11 +227,14 @@ def _ratio_cell(row: dict[str, Any], key: str) -> str:
     return format_ratio(Spread(row[key], low, high, len(row["reps"]), row[f"{key}_noisy"]))
 
 
-def _cells(row: dict[str, Any], has_tf32: bool) -> list[str]:
+def _cells(row: dict[str, Any], has_tf32: bool, has_tokens: bool = False) -> list[str]:
     if row.get("skipped"):
-        return [row["precision"], f"skipped: {row['skipped']}"] + [""] * (5 + has_tf32)
+        return [row["precision"], f"skipped: {row['skipped']}"] + [""] * (5 + has_tf32 + has_tokens)
     low, high = row["samples_per_s_range"]
     cells = [row["label"], f"{row['samples_per_s']:.1f} ({low:.0f}–{high:.0f})"]
+    if has_tokens:
+        low, high = row["tokens_per_s_range"]
+        cells.append(f"{row['tokens_per_s']:,.0f} ({low:,.0f}–{high:,.0f})")
     cells.append(_ratio_cell(row, "vs_fp32"))
     if has_tf32:
         cells.append(_ratio_cell(row, "vs_tf32"))
@@ -226,8 +247,11 @@ def _cells(row: dict[str, Any], has_tf32: bool) -> list[str]:
     return cells
 
 
-def _headers(has_tf32: bool) -> list[str]:
-    headers = ["precision", "samples/s (min–max)", "vs fp32 (min–max)"]
+def _headers(has_tf32: bool, has_tokens: bool = False) -> list[str]:
+    headers = ["precision", "samples/s (min–max)"]
+    if has_tokens:
+        headers.append("tokens/s (min–max)")
+    headers.append("vs fp32 (min–max)")
     if has_tf32:
         headers.append("vs tf32 (min–max)")
     return [*headers, "step ms", "peak memory", "data wait", "host syncs/step"]
@@ -249,31 +273,40 @@ def notes(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def render(result: dict[str, Any]) -> str:
+def _columns(result: dict[str, Any]) -> tuple[bool, bool]:
+    """(a TF32 column, a tokens/s column): TF32 where it was timed, tokens/s for language models."""
     has_tf32 = any(r["precision"] == "tf32" for r in result["rows"])
+    return has_tf32, result.get("tokens_per_sample") is not None
+
+
+def render(result: dict[str, Any]) -> str:
+    columns = _columns(result)
     hw = result["hardware"]
     where = hw["gpu"]["name"] if hw.get("gpu") else hw["cpu"]["model"]
+    batch = f"batch {result['batch_size']}"
+    if result.get("tokens_per_sample"):
+        batch += f" x {result['tokens_per_sample']} tokens"
     lines = [
-        f"# mptrain bench: {result['model']} on {result['dataset']}, batch {result['batch_size']}",
+        f"# mptrain bench: {result['model']} on {result['dataset']}, {batch}",
         "",
         f"{where}; torch {result['versions']['torch']}; {result['measured_steps']} steps after "
         f"{result['warmup_steps']} warm-up, evaluation excluded, {result['reps']} repetitions.",
         "",
-        "| " + " | ".join(_headers(has_tf32)) + " |",
-        "|" + "---|" * len(_headers(has_tf32)),
+        "| " + " | ".join(_headers(*columns)) + " |",
+        "|" + "---|" * len(_headers(*columns)),
     ]
-    lines += ["| " + " | ".join(_cells(r, has_tf32)) + " |" for r in result["rows"]]
+    lines += ["| " + " | ".join(_cells(r, *columns)) + " |" for r in result["rows"]]
     lines += ["", *(f"- {line}" for line in notes(result))]
     return "\n".join(lines) + "\n"
 
 
 def _print(console: Console, result: dict[str, Any]) -> None:
-    has_tf32 = any(r["precision"] == "tf32" for r in result["rows"])
+    columns = _columns(result)
     table = Table(title=f"mptrain bench: {result['model']} on {result['dataset']}")
-    for header in _headers(has_tf32):
+    for header in _headers(*columns):
         table.add_column(header, overflow="fold")
     for row in result["rows"]:
-        table.add_row(*_cells(row, has_tf32))
+        table.add_row(*_cells(row, *columns))
     console.print(table)
     for line in notes(result):
         console.print(escape(line))

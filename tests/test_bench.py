@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 import torch
-from conftest import describe, run_mptrain, tiny_run
+from conftest import compose_run, describe, run_mptrain, tiny_run
 from rich.console import Console
 
 from mptrain import bench, hardware
@@ -110,6 +110,48 @@ def test_run_bench_measures_every_cpu_precision_and_writes_its_files(tmp_path, m
     assert ("noisy" in bf16_line) == bool(by_name["bf16"]["vs_fp32_noisy"])
     printed = console.export_text()
     assert "vs fp32 (min–max)" in printed and "Medians of 3 repetitions" in printed
+    # A classifier has no tokens: no tokens/s column, no tokens/s figures in its rows.
+    assert "tokens/s" not in text and "tokens/s" not in printed
+    assert written["task"] == "classify" and written["tokens_per_sample"] is None
+    assert not any("tokens_per_s" in row for row in rows)
+
+
+def test_lm_bench_reports_tokens_per_s_as_samples_per_s_times_the_window(tmp_path, monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)  # fp32 and fp16 timed
+    block = 32
+    cfg = compose_run(
+        "task=lm", "device=cpu", "progress=false", "model.layers=1", "model.heads=2",
+        "model.width=32", f"model.block_size={block}", "dataset.max_bytes=60000",
+        "dataset.val_windows=8", "batch_size=8", "eval_batch_size=32",
+    )  # fmt: skip
+    console = Console(record=True, width=200)
+
+    rows = bench.run_bench(cfg, tmp_path, warmup=1, steps=2, reps=2, console=console)
+
+    measured = [r for r in rows if "reps" in r]
+    assert [r["precision"] for r in measured] == ["fp32", "fp16"]
+    for row in measured:
+        for rep in row["reps"]:
+            assert rep["tokens_per_s"] > 0
+            assert math.isclose(rep["tokens_per_s"], rep["samples_per_s"] * block, rel_tol=1e-12)
+        tokens = [rep["tokens_per_s"] for rep in row["reps"]]
+        assert math.isclose(row["tokens_per_s"], row["samples_per_s"] * block, rel_tol=1e-12)
+        assert row["tokens_per_s_range"] == [min(tokens), max(tokens)]
+    written = json.loads((tmp_path / "bench.json").read_text())
+    assert (written["task"], written["tokens_per_sample"]) == ("lm", block)
+    assert written["rows"] == rows
+    text = (tmp_path / "bench.md").read_text()
+    assert f"batch 8 x {block} tokens" in text
+    table = [line for line in text.splitlines() if line.startswith("| ")]
+    assert "| samples/s (min–max) | tokens/s (min–max) | vs fp32 (min–max) |" in table[0]
+    for row in measured:
+        line = next(line for line in table if line.startswith(f"| {row['label']} "))
+        low, high = row["tokens_per_s_range"]
+        assert f"| {row['tokens_per_s']:,.0f} ({low:,.0f}–{high:,.0f}) |" in line
+    skipped_line = next(line for line in table if line.startswith("| fp8 "))
+    assert skipped_line.count("|") == table[0].count("|")  # skipped rows keep the column count
+    printed = console.export_text()
+    assert "tokens/s (min–max)" in printed and f"{measured[0]['tokens_per_s']:,.0f}" in printed
 
 
 def fake_rep(samples_per_s: float) -> dict:

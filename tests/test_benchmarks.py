@@ -92,9 +92,82 @@ def test_fp8_script_smoke_run_on_cpu(tmp_path):
     assert 0 < training["converted_flops_share"] < 1  # first and last layers stay in BF16
 
 
+def load_script(name: str):
+    """A benchmark script as a module (its functions, without running main)."""
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), BENCHMARKS / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpt_script_smoke_run_on_cpu(tmp_path):
+    doc = run_to_json(
+        "gpu_gpt.py", "--device", "cpu", "--precisions", "fp32,bf16,fp8", cwd=tmp_path
+    )
+
+    rows = {r["precision"]: r for r in doc["rows"]}
+    assert list(rows) == ["fp32", "bf16", "fp8"]
+    block = doc["settings"]["block"]
+    assert block == 64 and "width 64, 1 layers" in doc["benchmark"]  # the CPU smoke sizes
+    for row in rows.values():
+        assert row["tokens_per_s"] > 0 and row["step_time_ms"] > 0, row
+        assert math.isclose(row["tokens_per_s"], row["samples_per_s"] * block, rel_tol=1e-12)
+        assert "peak_memory_bytes" in row and "vs_tf32" not in row  # no TF32 row asked for
+        # A CPU has no peak in the table: MFU fields present, null, with the reason.
+        assert row["mfu"] is None and row["mfu_vs_bf16_peak"] is None, row
+    assert rows["fp32"]["vs_fp32"] == 1.0
+    assert rows["bf16"]["vs_fp32"] == rows["bf16"]["tokens_per_s"] / rows["fp32"]["tokens_per_s"]
+    assert "no peak FLOP/s known for a CPU" in rows["fp32"]["mfu_note"]
+    assert not rows["fp32"]["emulated"] and rows["fp8"]["emulated"]
+    assert "emulated FP8" in rows["fp8"]["mfu_note"] and "emulated" in rows["fp8"]["label"]
+    assert doc["mfu"]["tflops"] == {} and "a CPU" in doc["mfu"]["unknown_reason"]
+    assert set(doc["mfu"]["basis"]) == {"mfu", "mfu_vs_bf16_peak"}
+    flops = doc["flops"]
+    assert flops["per_token"] == 6 * flops["parameters_counted"] + 12 * 1 * block * 64
+
+
+def test_gpt_flops_count_and_mfu_against_the_peak_table():
+    gpt = load_script("gpu_gpt.py")
+    shape = gpt.GPTShape(vocab_size=256, block_size=1024, layers=4, heads=16, width=2048)
+    w, layers = 2048, 4
+    # Per block: qkv, attention out, MLP in and out (weights and biases) and two LayerNorms;
+    # then the final LayerNorm and the token embedding (tied to the head, counted once).
+    n = layers * (12 * w * w + 13 * w) + 2 * w + 256 * w
+    assert gpt.parameters_counted(shape) == n
+    assert gpt.flops_per_token(shape) == 6 * n + 12 * layers * 1024 * w
+
+    assert gpt.table_peaks("NVIDIA H200")[1]["fp8"] == 1979
+    assert gpt.table_peaks("NVIDIA H100 80GB HBM3")[1]["bf16"] == 989
+    assert gpt.table_peaks("NVIDIA A100-SXM4-80GB")[1] == {
+        "fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312,
+    }  # fmt: skip
+    for other in ("NVIDIA H100 PCIe", "NVIDIA H200 NVL", "NVIDIA L4", None):
+        assert gpt.table_peaks(other) == (None, {}), other
+
+    peaks = gpt.peak_table("NVIDIA H200", {})
+    row = {"precision": "bf16", "tokens_per_s": 1e6, "emulated": False}
+    gpt.add_mfu(row, 10**9, peaks)  # 1e15 FLOP/s
+    assert row["mfu"] == pytest.approx(1e15 / 989e12) == row["mfu_vs_bf16_peak"]
+    fp8 = {"precision": "fp8", "tokens_per_s": 1e6, "emulated": False}
+    gpt.add_mfu(fp8, 10**9, peaks)
+    assert fp8["mfu"] == pytest.approx(1e15 / 1979e12) and fp8["mfu_note"] is None
+    emulated = {"precision": "fp8", "tokens_per_s": 1e6, "emulated": True}
+    gpt.add_mfu(emulated, 10**9, gpt.peak_table("NVIDIA A100-SXM4-80GB", {}))
+    assert emulated["mfu"] is None and "emulated FP8" in emulated["mfu_note"]
+    # --peak-tflops adds to (or replaces) the table; a GPU it lacks then gets an MFU too.
+    override = gpt.peak_table("NVIDIA L4", gpt.parse_peaks("fp32=30"))
+    assert override["source"] == "--peak-tflops" and override["unknown_reason"] is None
+    fp32 = {"precision": "fp32", "tokens_per_s": 1e6, "emulated": False}
+    gpt.add_mfu(fp32, 3 * 10**7, override)
+    assert fp32["mfu"] == pytest.approx(1.0) and fp32["mfu_vs_bf16_peak"] is None
+    assert fp32["mfu_note"] == "no bf16 peak for this GPU"
+    with pytest.raises(ValueError, match="PRECISION=TFLOPS"):
+        gpt.parse_peaks("int8=10")
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
 def test_gpu_scripts_need_a_gpu_or_say_so(tmp_path):
-    for name in ("gpu_resnet50.py", "gpu_fp8_check.py"):
+    for name in ("gpu_resnet50.py", "gpu_fp8_check.py", "gpu_gpt.py"):
         result = run_script(name, cwd=tmp_path, timeout=60)
         assert result.returncode == 2, name
         assert "--device cpu" in result.stderr, name
@@ -102,7 +175,7 @@ def test_gpu_scripts_need_a_gpu_or_say_so(tmp_path):
 
 # ------------------------------------------------------------------------ benchmarks/gpu_all.py
 GPU_ALL_STEPS = [
-    "setup", "nvidia_smi", "collect_env", "sync_test", "fp8_check", "resnet50",
+    "setup", "nvidia_smi", "collect_env", "sync_test", "fp8_check", "resnet50", "gpt",
     "imagefolder_train", "pytest_gpu", "data_path",
 ]  # fmt: skip
 
@@ -129,11 +202,14 @@ def test_gpu_all_smoke_run_runs_every_step_and_summarises(tmp_path):
         assert step["status"] == "ok" and step["exit_code"] == 0, (name, step)
         assert f"[gpu_all] {name}: ok, exit 0" in result.stdout
     assert steps["resnet50"]["result"]["rows"][1]["precision"] == "bf16"
+    assert [r["precision"] for r in steps["gpt"]["result"]["rows"]] == ["fp32", "fp8"]
     assert set(steps["imagefolder_train"]["result"]["pipelines"]) == {"cpu", "cuda (on cpu)"}
     summary = (out / "summary.md").read_text()
     assert "every step that ran succeeded" in summary
     assert "FP8 check: **PASS**" in summary
     assert "| cuda (on cpu) |" in summary and "| bf16 |" in summary
+    assert "| precision | tokens/s | vs fp32 | MFU | peak memory |" in summary
+    assert "| fp8 (emulated) |" in summary and "emulated FP8: none" in summary
     assert "- pytest_gpu: 0 passed, 0 failures, 0 errors," in summary  # CUDA tests skip here
     assert sorted(p.name for p in out.iterdir()) == [
         "gpu_all_files.tar.gz", "summary.json", "summary.md",

@@ -1,0 +1,289 @@
+"""GPU throughput of a GPT language model per precision: tokens/s and model FLOPs utilisation.
+
+For one H100/H200-class GPU; about a minute with the defaults (estimate: not yet run on a GPU):
+
+    python benchmarks/gpu_gpt.py [--out benchmarks/results/gpu_gpt.json]
+
+The model is mptrain's GPT (``task=lm``: model=gpt on the embedded Python-stdlib corpus, byte
+vocabulary) at a width where FP8 pays: width 2048, 16 heads, 4 layers, 1024-token windows, batch
+32 (32,768 tokens per step; ~200 M parameters). Memory is not what limits the batch: an
+estimate from the tensors autograd saves (~64 x width bytes per token and layer in FP32, ~36 in
+BF16, measured on a CPU) plus 16 bytes per parameter puts FP32 at ~20-25 GiB of the H200's
+~139 GiB; batch 32 already gives GEMMs of 32,768 rows, and FP32 steps (~1 s each, estimated) are
+what the time goes to.
+
+``--device cpu`` runs the same code with tiny sizes (width 64, 1 layer, 64-token windows, batch
+4, 2 steps after 1; any size flag still applies) in seconds: the test suite does, so the script is
+known to work before GPU time is spent on it.
+
+Every precision runs ``mptrain bench``'s measurement (the real training loop: fused AdamW, gradient
+clipping, data resident on the device, flash or memory-efficient SDPA), reporting tokens/s and
+samples/s after warm-up, step time, peak memory, the ratio to FP32 and TF32, and model FLOPs
+utilisation (MFU). Model FLOPs per token (PaLM, appendix B):
+
+    6 * N + 12 * layers * block * width
+
+where N counts the parameters except the position embedding (the tied token embedding / output
+head once: its matmul is the head's), and the second term is the attention scores and values,
+counted whole (not halved for the causal mask). MFU = FLOPs per token x tokens/s / peak FLOP/s,
+against the dense (no sparsity) peak of the row's own precision (``mfu``: FP32 non-tensor, TF32,
+BF16/FP16, FP8) and against the BF16 peak (``mfu_vs_bf16_peak``: one yardstick for all rows). The
+peaks come from PEAKS by GPU name (``--peak-tflops fp32=67,bf16=989,...`` overrides or adds);
+an unknown GPU (or a CPU) gets MFU null with the reason. FP8 converts the attention projections
+and MLP Linears only (SDPA and the head stay BF16), so its MFU against the FP8 peak understates
+what the FP8 GEMMs reach. Emulated FP8 (no FP8 GEMMs: compute capability < 8.9, or a CPU) is
+measured and labelled, but gets no MFU: it is not a speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import gc
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mptrain.bench import measure, precision_config
+from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
+from mptrain.fp8 import fp8_gemm_available
+from mptrain.gpt import GPT, GPTShape
+from mptrain.hardware import hardware_info, software_versions
+from mptrain.registry import register_configs, to_run_config
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+VOCAB = 256  # dataset.vocabulary=bytes
+# Sizes: the benchmark on a GPU; a smoke run (seconds) on a CPU.
+SIZES = {
+    "cuda": {"width": 2048, "layers": 4, "heads": 16, "block": 1024, "batch": 32, "steps": 10,
+             "warmup": 3, "max_bytes": 2_000_000},
+    "cpu": {"width": 64, "layers": 1, "heads": 2, "block": 64, "batch": 4, "steps": 2,
+            "warmup": 1, "max_bytes": 100_000},
+}  # fmt: skip
+# Dense (no sparsity) peak TFLOP/s by precision, from NVIDIA's datasheets. FP32: the non-tensor
+# rate; TF32, BF16/FP16 and FP8: tensor cores. (name, GPU-name pattern, names it must not have).
+PEAKS: list[tuple[str, re.Pattern[str], tuple[str, ...], dict[str, float]]] = [
+    ("H100/H200 SXM", re.compile(r"\bH[12]00\b"), ("PCIe", "NVL"),
+     {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0}),
+    ("A100", re.compile(r"\bA100\b"), (),
+     {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
+]  # fmt: skip
+MFU_BASIS = {
+    "mfu": "model FLOP/s over the dense peak of the row's own precision (fp32: FP32 non-tensor, "
+    "tf32: TF32 tensor, bf16/fp16: BF16/FP16 tensor, fp8: FP8 tensor)",
+    "mfu_vs_bf16_peak": "model FLOP/s over the dense BF16 tensor peak, for every row",
+}
+
+
+def parameters_counted(shape: GPTShape) -> int:
+    """N of the FLOPs formula: every parameter of mptrain's GPT but the position embedding (the
+    tied token embedding and output head once). Counted on the meta device: nothing allocated."""
+    with torch.device("meta"):
+        model = GPT(shape)
+    return sum(p.numel() for name, p in model.named_parameters() if not name.startswith("pos_emb"))
+
+
+def flops_per_token(shape: GPTShape) -> int:
+    """Model FLOPs per trained token (forward and backward): 6 N + 12 layers block width."""
+    return 6 * parameters_counted(shape) + 12 * shape.layers * shape.block_size * shape.width
+
+
+def table_peaks(gpu_name: str | None) -> tuple[str | None, dict[str, float]]:
+    """(the PEAKS entry, its TFLOP/s by precision) for ``gpu_name``; (None, {}) when unknown."""
+    for label, pattern, excluded, peaks in PEAKS:
+        if gpu_name and pattern.search(gpu_name) and not any(x in gpu_name for x in excluded):
+            return label, dict(peaks)
+    return None, {}
+
+
+def parse_peaks(text: str | None) -> dict[str, float]:
+    """``fp32=67,bf16=989`` -> {"fp32": 67.0, "bf16": 989.0} (TFLOP/s)."""
+    peaks: dict[str, float] = {}
+    for item in filter(None, (text or "").split(",")):
+        name, _, value = item.partition("=")
+        if name not in PRECISIONS or not value:
+            raise ValueError(f"--peak-tflops: {item!r} is not PRECISION=TFLOPS ({PRECISIONS})")
+        peaks[name] = float(value)
+        if peaks[name] <= 0:
+            raise ValueError(f"--peak-tflops: {item!r}: the peak must be > 0")
+    return peaks
+
+
+def peak_table(gpu_name: str | None, override: dict[str, float]) -> dict[str, Any]:
+    """The peaks MFU is taken against, where they came from, and why there are none."""
+    entry, peaks = table_peaks(gpu_name)
+    peaks.update(override)
+    sources = ([f"table: {entry} dense"] if entry else []) + (["--peak-tflops"] if override else [])
+    reason = None
+    if not peaks:
+        where = f"GPU {gpu_name!r}" if gpu_name else "a CPU"
+        reason = f"no peak FLOP/s known for {where}: give --peak-tflops PRECISION=TFLOPS,..."
+    return {"tflops": peaks, "source": " + ".join(sources) or None, "unknown_reason": reason}
+
+
+def add_mfu(row: dict[str, Any], per_token: int, peaks: dict[str, Any]) -> None:
+    """``mfu``, ``mfu_vs_bf16_peak`` (fractions, or None) and ``mfu_note`` (why one is None)."""
+    row["mfu"] = row["mfu_vs_bf16_peak"] = None
+    row["mfu_note"] = None
+    if row.get("error"):
+        row["mfu_note"] = "not measured"
+        return
+    if row["emulated"]:
+        row["mfu_note"] = "emulated FP8 (no FP8 GEMM hardware): not a speed, no MFU"
+        return
+    if peaks["unknown_reason"]:
+        row["mfu_note"] = peaks["unknown_reason"]
+        return
+    achieved = per_token * row["tokens_per_s"]
+    tflops = peaks["tflops"]
+    notes = []
+    if row["precision"] in tflops:
+        row["mfu"] = achieved / (tflops[row["precision"]] * 1e12)
+    else:
+        notes.append(f"no {row['precision']} peak for this GPU")
+    if "bf16" in tflops:
+        row["mfu_vs_bf16_peak"] = achieved / (tflops["bf16"] * 1e12)
+    else:
+        notes.append("no bf16 peak for this GPU")
+    row["mfu_note"] = "; ".join(notes) or None
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    base = {r["precision"]: r["tokens_per_s"] for r in rows if not r.get("error")}
+    for row in rows:
+        for reference in ("fp32", "tf32"):
+            if reference in base and not row.get("error"):
+                row[f"vs_{reference}"] = row["tokens_per_s"] / base[reference]
+
+
+def measure_precision(cfg: Any, name: str, args: argparse.Namespace, device: torch.device) -> dict:
+    """One precision through mptrain's loop; an out-of-memory is a row with the error."""
+    run_cfg = dataclasses.replace(cfg, precision=precision_config(name, cfg.precision))
+    try:
+        row = measure(run_cfg, args.warmup, args.steps)
+    except torch.cuda.OutOfMemoryError as exc:
+        row = {"error": f"out of memory: {str(exc).splitlines()[0]}"}
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    emulated = name == "fp8" and (
+        not fp8_gemm_available(device) or "emulated" in row.get("label", "")
+    )
+    return {"precision": name, **row, "emulated": emulated}
+
+
+def describe(row: dict[str, Any]) -> str:
+    if row.get("error"):
+        return f"{row['precision']:>5}: {row['error']}"
+    peak = row["peak_memory_bytes"]
+    mfu = "-" if row["mfu"] is None else f"{row['mfu']:.1%}"
+    vs_bf16 = "-" if row["mfu_vs_bf16_peak"] is None else f"{row['mfu_vs_bf16_peak']:.1%}"
+    return (
+        f"{row['precision']:>5}: {row['tokens_per_s']:12,.0f} tokens/s "
+        f"({row['samples_per_s']:8.2f} samples/s, {row['step_time_ms']:8.1f} ms/step), "
+        f"peak {'-' if peak is None else f'{peak / 2**30:.2f} GiB'}, MFU {mfu} "
+        f"(vs BF16 peak {vs_bf16}){'  [emulated FP8]' if row['emulated'] else ''}"
+    )
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", help="cuda (the benchmark) | cpu (a smoke run)")
+    for flag in ("width", "layers", "heads", "block", "batch", "steps", "warmup"):
+        parser.add_argument(f"--{flag}", type=int, default=None, help="default: see SIZES")
+    parser.add_argument("--max-bytes", type=int, default=None, help="corpus bytes read")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument("--peak-tflops", default=None, help="PRECISION=TFLOPS,... (dense peaks)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    sizes = SIZES["cuda" if args.device.startswith("cuda") else "cpu"]
+    for key, value in sizes.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if min(args.width, args.layers, args.heads, args.block, args.batch, args.steps) < 1:
+        parser.error("sizes and --steps must be >= 1")
+    if args.warmup < 1:
+        parser.error("--warmup must be >= 1")
+    if args.width % args.heads:
+        parser.error(f"--width {args.width} is not a multiple of --heads {args.heads}")
+    args.precisions = args.precisions.split(",")
+    if "fp32" not in args.precisions or set(args.precisions) - set(PRECISIONS):
+        parser.error(f"--precisions: fp32 (the baseline) plus any of {PRECISIONS[1:]}")
+    try:
+        args.peak_override = parse_peaks(args.peak_tflops)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --device cpu for a smoke run)", file=sys.stderr)
+        return 2
+    from hydra import compose, initialize_config_module
+
+    overrides = [
+        "task=lm",
+        f"model.width={args.width}",
+        f"model.layers={args.layers}",
+        f"model.heads={args.heads}",
+        f"model.block_size={args.block}",
+        "dataset.vocabulary=bytes",
+        f"dataset.max_bytes={args.max_bytes}",
+        f"batch_size={args.batch}",
+        f"eval_batch_size={args.batch}",
+        f"device={args.device}",
+        "progress=false",
+    ]
+    register_configs()  # explicit: importing mptrain registers nothing
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
+        cfg = to_run_config(compose(config_name=CONFIG_NAME, overrides=overrides))
+    shape = GPTShape(VOCAB, args.block, args.layers, args.heads, args.width)
+    per_token = flops_per_token(shape)
+    hardware = hardware_info(device)
+    gpu_name = hardware["gpu"]["name"] if hardware.get("gpu") else None
+    peaks = peak_table(gpu_name, args.peak_override)
+    rows = []
+    for name in args.precisions:
+        rows.append(measure_precision(cfg, name, args, device))
+    add_ratios(rows)
+    for row in rows:
+        add_mfu(row, per_token, peaks)
+        print(describe(row), flush=True)
+    tokens_per_step = args.batch * args.block
+    result = {
+        "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "benchmark": (
+            f"GPT width {args.width}, {args.layers} layers, {args.heads} heads, block {args.block}, "
+            f"batch {args.batch} ({tokens_per_step:,} tokens/step), byte vocabulary, AdamW; "
+            f"{args.steps} steps after {args.warmup}"
+        ),
+        "settings": {k: getattr(args, k) for k in (*SIZES["cuda"], "precisions")},
+        "flops": {
+            "per_token": per_token,
+            "parameters_counted": parameters_counted(shape),
+            "formula": "6 * N + 12 * layers * block * width (PaLM appendix B)",
+            "N": "parameters except the position embedding; the tied token embedding / output "
+            "head once",
+        },
+        "mfu": {**peaks, "basis": MFU_BASIS},
+        "hardware": hardware,
+        "versions": software_versions(),
+        "rows": rows,
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 1 if any(r.get("error") for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
