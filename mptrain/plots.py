@@ -46,17 +46,28 @@ def _series(rows: list[dict[str, Any]], kind: str, key: str) -> tuple[list[int],
 
 
 def plot_run(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
-    """Three panels over optimizer steps: training loss, validation accuracy, loss scale."""
+    """Three panels over optimizer steps: training loss, validation accuracy, loss scale. A
+    language model's rows (evaluations with a perplexity) put the validation loss beside the
+    training loss, and the accuracy panel is its next-token accuracy."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    lm = any("val_perplexity" in r for r in rows if r.get("kind") == "eval")
     steps, loss = _series(rows, "train", "loss")
-    axes[0].plot(steps, loss)
+    axes[0].plot(steps, loss, label="training")
+    if lm:
+        val_steps, val_loss = _series(rows, "eval", "val_loss")
+        axes[0].plot(val_steps, val_loss, marker="o", label="validation")
+        axes[0].legend(fontsize=8)
+        loss = loss + val_loss
     axes[0].set(
-        title="training loss", xlabel="step", yscale="log" if loss and min(loss) > 0 else "linear"
+        title="loss (nats/token)" if lm else "training loss",
+        xlabel="step",
+        yscale="log" if loss and min(loss) > 0 else "linear",
     )
     steps, acc = _series(rows, "eval", "val_accuracy")
     axes[1].plot(steps, [100 * a for a in acc], marker="o")
-    axes[1].set(title="validation accuracy (%)", xlabel="step")
+    accuracy = "next-token accuracy" if lm else "validation accuracy"
+    axes[1].set(title=f"{accuracy} (%)", xlabel="step")
     steps, scale = _series(rows, "train", "loss_scale")
     if scale:
         axes[2].step(steps, scale, where="post")

@@ -360,6 +360,21 @@ def _precision_text(p: PrecisionSection) -> str:
     return f"{ran}; autocast {p.autocast_dtype or 'none'}; loss scaling {scaling}"
 
 
+def _corpus_rows(text: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A language model's corpus in one row: where from, which files, and the list's digest."""
+    if text is None:
+        return []
+    files = f"{text['files']} files ({text['first_file']} … {text['last_file']})"
+    return [
+        (
+            "text",
+            f"{text['source']}: {files}, {text['bytes']:,} bytes, list sha256 "
+            f"{text['file_list_sha256'][:12]}; {text['vocabulary']} vocabulary of "
+            f"{text['vocab_size']}",
+        )
+    ]
+
+
 def _tokens_text(thr: ThroughputSection) -> str:
     return "" if thr.tokens_per_s is None else f" = {thr.tokens_per_s:,.0f} tokens/s"
 
@@ -426,6 +441,7 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         ("precision choice", p.reason),
         ("device", report.hardware["device"]),
         ("model / data", f"{_model_words(report.model)} / {report.data.description}"),
+        *_corpus_rows(report.data.text),
         ("steps", f"{t.steps} of {t.total_steps} ({t.epochs_completed} epochs)"),
         ("skipped steps", _skipped_text(t)),
         ("loss scale", _scale_text(t.loss_scale)),

@@ -148,6 +148,7 @@ def test_the_lm_task_trains_below_the_unigram_baseline_and_the_report_says_so(tm
     assert data["text"]["val_windows"] == 16 and data["text"]["block_size"] == 32
     md = (tmp_path / "report.md").read_text()
     assert "unigram baseline" in md and "below it" in md and "tokens/s" in md
+    assert report["figure"] == "curves.png" and (tmp_path / "curves.png").stat().st_size > 0
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all("tokens_per_s" in r for r in rows if r["kind"] == "train")
     assert all("val_perplexity" in r for r in rows if r["kind"] == "eval")
