@@ -28,7 +28,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mptrain import hardware
-from mptrain.build import prepare_run
+from mptrain.build import prepare_run, window_length
 from mptrain.config import ConfigError, PrecisionConfig, RunConfig
 from mptrain.fileio import atomic_write_text
 from mptrain.fp8 import fp8_gemm_available
@@ -174,7 +174,7 @@ def run_bench(
         "dataset": cfg.dataset.name,
         "task": cfg.task,
         "batch_size": cfg.batch_size,
-        "tokens_per_sample": getattr(cfg.model, "block_size", None) if cfg.task == "lm" else None,
+        "tokens_per_sample": window_length(cfg),
         "warmup_steps": warmup,
         "measured_steps": steps,
         "reps": reps,

@@ -108,7 +108,7 @@ def build_run(
         num_workers=cfg.num_workers,
         rank=dist.rank,
         world=dist.world_size,
-        sequence_length=getattr(cfg.model, "block_size", None) if cfg.task == "lm" else None,
+        sequence_length=window_length(cfg),
     )
     data = build_data(cfg.dataset, layout)
     task = Task(cfg.task, tokens_per_sample=data.sequence_length)
@@ -183,6 +183,11 @@ def build_model_for_run(
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model, fp8, fp32_modules
+
+
+def window_length(cfg: RunConfig) -> int | None:
+    """Tokens per sample of a language model (its ``model.block_size``); None for classifiers."""
+    return getattr(cfg.model, "block_size", None) if cfg.task == "lm" else None
 
 
 def plan_steps(cfg: RunConfig, data: DataBundle) -> tuple[int, int]:

@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from mptrain import hardware
-from mptrain.build import build_model_for_run, check_run, resolve_run
+from mptrain.build import build_model_for_run, check_run, resolve_run, window_length
 from mptrain.checkpoint import (
     CHECKPOINT_DIR,
     CheckpointError,
@@ -169,7 +169,7 @@ def run_eval(cfg: RunConfig, path: Path, payload: dict[str, Any]) -> dict[str, A
         device=device,
         seed=cfg.seed,
         num_workers=cfg.num_workers,
-        sequence_length=getattr(cfg.model, "block_size", None) if cfg.task == "lm" else None,
+        sequence_length=window_length(cfg),
     )
     data = build_data(cfg.dataset, layout)
     notes = check_data_fits(payload.get("data"), data, cfg.dataset.name)

@@ -368,7 +368,7 @@ def _model_section(cfg: RunConfig, run: Run | None) -> ModelSection:
 def assemble_report(job: _Job, status: str, reason: str | None) -> RunReport:
     """The report from what the job got to: every section, whatever stage it stopped at."""
     cfg, run, state = job.cfg, job.run, job.state
-    evaluation = _evaluation_section(state, run)
+    evaluation = _evaluation_section(state, run, cfg.task)
     wall_time_s = time.perf_counter() - job.start_time
     return RunReport(
         status=status,
@@ -474,8 +474,8 @@ def _numerics_section(run: Run | None) -> NumericsSection:
     )
 
 
-def _evaluation_section(state: LoopState, run: Run | None) -> EvaluationSection:
-    task = run.task if run else Task()
+def _evaluation_section(state: LoopState, run: Run | None, task_name: str) -> EvaluationSection:
+    task = run.task if run else Task(task_name)  # a run that failed to build: the configured task
     best, final = task.best(state.evals), state.evals[-1] if state.evals else None
     text = run.data.text if run else None
     return EvaluationSection(
