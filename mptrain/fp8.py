@@ -10,8 +10,10 @@ The recipe follows Transformer Engine and torchao float8 training:
   under BF16 autocast.
 - Scaling: ``dynamic`` ("current") scaling takes the scale from the tensor's absolute maximum at the
   moment of the cast; ``delayed`` scaling takes it from a history of earlier amax values (``max`` or
-  ``most_recent`` of the history, divided by ``2**margin``). Scales, amax histories and saturation
-  counters are registered buffers: saved and restored with the model's state_dict.
+  ``most_recent`` of the history, divided by ``2**margin``). An amax that is zero or not finite
+  gives no scale: the previous one is kept (as Transformer Engine does) and the cast is counted.
+  Scales, amax histories, saturation and zero/non-finite amax counters are registered buffers:
+  saved and restored with the model's state_dict.
 
 Two GEMM implementations share every layout and alignment rule (checked on every device, so code
 that passes on the CPU cannot fail on the GPU because of a rule the CPU skipped):
@@ -24,6 +26,7 @@ that passes on the CPU cannot fail on the GPU because of a rule the CPU skipped)
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,9 +39,28 @@ from mptrain.dtypes import dtype_name
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 FP8_MAX = {E4M3: torch.finfo(E4M3).max, E5M2: torch.finfo(E5M2).max}  # 448, 57344
-# A scaled value above max + half an ulp at max was clipped by saturation (below it, round-to-nearest
-# lands on max anyway). The ulp at max is 32 for E4M3 (448) and 8192 for E5M2 (57344).
-SATURATION_THRESHOLD = {E4M3: 448.0 + 16.0, E5M2: 57344.0 + 4096.0}
+
+
+def saturation_boundary(dtype: torch.dtype) -> float:
+    """The smallest FP32 magnitude that a round-to-nearest-even cast to ``dtype`` takes beyond the
+    format's max: scaled values at or above it were clipped by saturation, those below it round to
+    at most max anyway.
+
+    Between max and the next step up (max + one ulp, past the format's range) values round to the
+    nearer; the midpoint max + ulp/2 goes to the even mantissa. E4M3's max 448 (1.110b x 2^8) is
+    even, so 464 lands on 448 and only what is above 464 saturates; E5M2's max 57344 (1.11b x 2^15)
+    is odd, so 61440 itself rounds up, to 65536 (inf), and saturates.
+    """
+    info = torch.finfo(dtype)
+    ulp_at_max = info.eps * 2.0 ** math.floor(math.log2(info.max))  # 32 (E4M3), 8192 (E5M2)
+    midpoint = torch.tensor(info.max + ulp_at_max / 2)  # exact in FP32
+    max_mantissa_is_odd = int(torch.tensor(info.max).to(dtype).view(torch.uint8)) & 1
+    if max_mantissa_is_odd:
+        return midpoint.item()
+    return torch.nextafter(midpoint, torch.tensor(math.inf)).item()
+
+
+SATURATION_BOUNDARY = {dtype: saturation_boundary(dtype) for dtype in (E4M3, E5M2)}
 GEMM_ALIGNMENT = 16  # torch._scaled_mm: K and N multiples of 16
 AMAX_EPS = 1e-12
 MIN_FP8_CAPABILITY = (8, 9)
@@ -59,8 +81,18 @@ class FP8Recipe:
 
 # ------------------------------------------------------------------------------ quantization
 def scale_from_amax(amax: torch.Tensor, dtype: torch.dtype, margin: int = 0) -> torch.Tensor:
-    """The multiplier that maps ``amax`` onto the format's largest value (FP32 scalar tensor)."""
-    return (FP8_MAX[dtype] / amax.float().clamp(min=AMAX_EPS)) / (2.0**margin)
+    """The multiplier that maps ``amax`` onto the format's largest value, divided by ``2**margin``:
+    an FP32 tensor of ``amax``'s shape, each element the correctly rounded FP32 quotient.
+
+    An amax below AMAX_EPS (zero included) is taken as AMAX_EPS: a finite, huge scale. An inf amax
+    gives 0 and a NaN one NaN; TensorScaler keeps its previous scale for those and for zero.
+    """
+    amax = amax.float().clamp(min=AMAX_EPS)
+    # One true FP32 division of an exact numerator (max times a power of two). Not ``max / amax``
+    # with a Python number: torch computes that as amax.reciprocal() * max, two roundings, one ulp
+    # off the quotient for about a quarter of amaxes. Same on every device: neither operand is a
+    # CPU scalar, which CUDA would also turn into a reciprocal.
+    return torch.full_like(amax, FP8_MAX[dtype] * 2.0**-margin) / amax
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -75,8 +107,21 @@ def dequantize(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return x_fp8.float() / scale
 
 
+# Casts (training) whose tensor's amax was zero / inf or NaN: TensorScaler buffers since version 2.
+AMAX_EVENT_COUNTERS = ("zero_amax_casts", "nonfinite_amax_casts")
+
+
 class TensorScaler(nn.Module):
-    """Scale, amax history and saturation counters of one tensor role (input, weight or grad)."""
+    """Scale, amax history and counters of one tensor role (input, weight or grad).
+
+    An amax that is zero or not finite says nothing about the range of the values to come: the
+    scale it would give (huge, 0 or NaN) is never used, the previous scale is kept instead, as
+    Transformer Engine does, and the cast is counted in ``zero_amax_casts`` or
+    ``nonfinite_amax_casts``. Delayed scaling with ``max`` keeps the scale while a non-finite amax
+    is in the history (``amax_history_len`` casts); with ``most_recent``, until the next cast.
+    """
+
+    _version = 2  # 2: the amax event counters (state dicts of version 1 load without them)
 
     def __init__(self, dtype: torch.dtype, recipe: FP8Recipe) -> None:
         super().__init__()
@@ -86,39 +131,67 @@ class TensorScaler(nn.Module):
         self.register_buffer("amax_history", torch.zeros(recipe.amax_history_len))
         self.register_buffer("saturated", torch.zeros((), dtype=torch.float64))
         self.register_buffer("seen", torch.zeros((), dtype=torch.float64))
+        for name in AMAX_EVENT_COUNTERS:
+            self.register_buffer(name, torch.zeros((), dtype=torch.float64))
 
-    def _scale_from_history(self) -> torch.Tensor:
+    @torch.no_grad()
+    def reset(self) -> None:
+        """The state of a new scaler: scale 1, an empty (zero) history, every counter zero."""
+        for name, buffer in self.named_buffers(recurse=False):
+            buffer.fill_(1.0 if name == "scale" else 0.0)
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, local_metadata: dict, *args: Any, **kw: Any
+    ) -> None:
+        # Checkpoints written before version 2 have no amax event counters: they load with the
+        # counters at zero (nothing counted), so older runs still resume and evaluate. A state of
+        # this version without them is incomplete like any state missing a key: loading fails.
+        version = local_metadata.get("version")
+        if version is None or version < 2:
+            for name in AMAX_EVENT_COUNTERS:
+                state_dict.setdefault(prefix + name, torch.zeros_like(getattr(self, name)))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kw)
+
+    def _scale_for(self, amax: torch.Tensor) -> torch.Tensor:
+        """The scale for ``amax``, or the current one where amax is zero or not finite."""
+        usable = torch.isfinite(amax) & (amax > 0)
+        return torch.where(
+            usable, scale_from_amax(amax, self.dtype, self.recipe.margin), self.scale
+        )
+
+    def _history_amax(self) -> torch.Tensor:
+        """The amax delayed scaling uses: a NaN in the history propagates (and holds the scale)."""
         if self.recipe.amax_compute_algo == "max":
-            amax = self.amax_history.max()
-        else:
-            amax = self.amax_history[0]
-        return scale_from_amax(amax, self.dtype, self.recipe.margin)
+            return self.amax_history.max()
+        return self.amax_history[0]
+
+    def _count(self, magnitude: torch.Tensor, amax: torch.Tensor, scale: torch.Tensor) -> None:
+        """Add one training cast of ``magnitude`` (|x|) at ``scale`` to the counters."""
+        self.saturated += (magnitude * scale >= SATURATION_BOUNDARY[self.dtype]).sum()
+        self.seen += magnitude.numel()
+        self.zero_amax_casts += amax == 0
+        self.nonfinite_amax_casts += ~torch.isfinite(amax)
 
     @torch.no_grad()
     def cast(self, x: torch.Tensor, update: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Quantize ``x``; return (FP8 tensor, the scale used).
 
         Dynamic: scale from this tensor's amax. Delayed: the scale computed from earlier amaxes is
-        used now, then the history takes this amax and the next scale is computed. With
-        ``update=False`` (evaluation) history, counters and the delayed scale are left alone.
+        used now, then the history takes this amax (whatever it is) and the next scale is computed.
+        Either way a zero or non-finite amax keeps the previous scale (see the class doc). With
+        ``update=False`` (evaluation) history, counters and the scale are left alone.
         Everything stays on the device: no host synchronisation.
         """
         magnitude = x.detach().abs().float()
         amax = magnitude.max()
-        if self.recipe.scaling == "dynamic":
-            scale = scale_from_amax(amax, self.dtype, self.recipe.margin)
-            if update:
-                self.scale.copy_(scale)
-        else:
-            scale = self.scale.clone()
+        dynamic = self.recipe.scaling == "dynamic"
+        scale = self._scale_for(amax) if dynamic else self.scale.clone()
         if not update:
             return quantize(x, scale, self.dtype), scale
-        self.saturated += (magnitude * scale > SATURATION_THRESHOLD[self.dtype]).sum()
-        self.seen += magnitude.numel()
+        self._count(magnitude, amax, scale)
         self.amax_history.copy_(torch.roll(self.amax_history, 1))
         self.amax_history[0] = amax
-        if self.recipe.scaling == "delayed":
-            self.scale.copy_(self._scale_from_history())
+        self.scale.copy_(scale if dynamic else self._scale_for(self._history_amax()))
         return quantize(x, scale, self.dtype), scale
 
 
@@ -249,10 +322,7 @@ class Float8Linear(nn.Linear):
         device = linear.weight.device
         for scaler in (new.input_scaler, new.weight_scaler, new.grad_scaler):
             scaler.to_empty(device=device)
-            scaler.scale.fill_(1.0)
-            scaler.amax_history.zero_()
-            scaler.saturated.zero_()
-            scaler.seen.zero_()
+            scaler.reset()
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -344,7 +414,9 @@ def linear_flops(model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
 
 
 def fp8_layer_stats(model: nn.Module) -> list[dict[str, Any]]:
-    """Final scales and saturation fractions of every Float8Linear (reads device values)."""
+    """Per Float8Linear and role (input, weight, grad): final scale and amax, saturated fraction,
+    and ``<role>_zero_amax_casts`` / ``<role>_nonfinite_amax_casts``: the training casts whose
+    amax was zero / inf or NaN, from which no scale was taken (reads device values)."""
     stats = []
     for name, layer in model.named_modules():
         if isinstance(layer, Float8Linear):
@@ -355,6 +427,8 @@ def fp8_layer_stats(model: nn.Module) -> list[dict[str, Any]]:
                 row[f"{role}_scale"] = float(scaler.scale)
                 row[f"{role}_amax"] = float(scaler.amax_history[0])
                 row[f"{role}_saturated_fraction"] = float(scaler.saturated) / seen if seen else 0.0
+                for counter in AMAX_EVENT_COUNTERS:
+                    row[f"{role}_{counter}"] = int(getattr(scaler, counter))
             stats.append(row)
     return stats
 

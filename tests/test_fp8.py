@@ -14,7 +14,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from conftest import requires_cuda, tiny_run, train
+from conftest import NoFigure, requires_cuda, tiny_run, train
 from torch import nn
 
 from mptrain import run as run_module
@@ -33,6 +33,7 @@ from mptrain.fp8 import (
     dequantize,
     fp8_gemm,
     fp8_gemm_available,
+    fp8_layer_stats,
     quantize,
     scale_from_amax,
 )
@@ -162,6 +163,27 @@ def test_margin_divides_the_scale_by_a_power_of_two(margin):
 def test_zero_amax_gives_a_finite_positive_scale(dtype):
     scale = scale_from_amax(torch.tensor(0.0), dtype)
     assert torch.isfinite(scale) and scale > 0
+
+
+@pytest.mark.parametrize("margin", [0, 3])
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_scale_is_the_correctly_rounded_fp32_quotient(dtype, margin):
+    """``max / 2**margin / amax`` rounded once to FP32, for 100k amaxes over e^±25.
+
+    The reference divides in float64 and rounds to FP32: that double rounding is innocuous for a
+    quotient (53 >= 2 * 24 + 2 bits), so it is the correctly rounded FP32 quotient.
+    """
+    generator = torch.Generator().manual_seed(0)
+    amaxes = torch.empty(100_000).uniform_(-25, 25, generator=generator).exp()  # FP32 values
+    expected = (FP8_MAX[dtype] / 2**margin / amaxes.double()).float()
+    wrong = (scale_from_amax(amaxes, dtype, margin) != expected).sum().item()
+    assert wrong == 0, (
+        f"{wrong} of {amaxes.numel()} scales differ from the correctly rounded quotient"
+    )
+    # The scale a cast uses is that quotient too (dynamic: from the tensor's own amax).
+    scaler = TensorScaler(dtype, FP8Recipe(scaling="dynamic", margin=margin))
+    few = amaxes[:300].tolist()
+    assert [scaler.cast(with_amax(a))[1].item() for a in few] == expected[:300].tolist()
 
 
 # --------------------------------------------------------- 3. Float8Linear against FP32 Linear
@@ -352,6 +374,141 @@ def test_dynamic_scaling_never_counts_saturation():
     assert scaler.saturated.item() == 0 and scaler.seen.item() == 6
 
 
+def rounds_past_max(value: float, dtype: torch.dtype) -> bool:
+    """Whether ``dtype``'s round-to-nearest-even takes ``value`` beyond the format's max.
+
+    Asked of torch's own cast, a quarter of the value lower: at the top of the range the cast
+    cannot tell (this torch's E4M3 cast saturates anything above 448 to 448, its E5M2 cast
+    overflows to inf), while in the normal range FP8 rounds alike in every binade and /4 is exact.
+    """
+    return torch.tensor(value / 4).to(dtype).float().item() * 4 > FP8_MAX[dtype]
+
+
+# Each format's max plus half its ulp there (32 at E4M3's 448, 8192 at E5M2's 57344): the midpoint
+# to the next step. A tie goes to the even mantissa: 448 (1.110b x 2^8) is even, so 464 rounds down
+# to it; 57344 (1.11b x 2^15) is odd, so 61440 rounds up to 65536, beyond E5M2's max.
+@pytest.mark.parametrize(
+    ("dtype", "midpoint", "midpoint_saturates"),
+    [(E4M3, 464.0, False), (E5M2, 61440.0, True)],
+    ids=["e4m3", "e5m2"],
+)
+def test_saturation_counts_exactly_the_values_a_cast_rounds_past_the_max(
+    dtype, midpoint, midpoint_saturates
+):
+    mid = torch.tensor(midpoint)
+    below = torch.nextafter(mid, torch.tensor(0.0)).item()
+    above = torch.nextafter(mid, torch.tensor(math.inf)).item()
+    for value, saturates in ((below, False), (midpoint, midpoint_saturates), (above, True)):
+        assert rounds_past_max(value, dtype) is saturates, value  # the expectation is the format's
+        scaler = delayed_scaler(dtype)  # a first delayed cast uses scale 1: the values as they are
+        q, scale = scaler.cast(torch.tensor([value, -value, 1.0]))
+        assert scale.item() == 1.0
+        assert scaler.saturated.item() == 2 * saturates, f"{value}: {scaler.saturated.item()}"
+        assert q.float().tolist() == [FP8_MAX[dtype], -FP8_MAX[dtype], 1.0]
+
+
+@pytest.mark.parametrize(
+    ("algo", "history_len"), [("most_recent", 4), ("max", 1)], ids=["most_recent", "history-1"]
+)
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+def test_an_all_zero_tensor_keeps_the_delayed_scale(dtype, algo, history_len):
+    scaler = delayed_scaler(dtype, amax_compute_algo=algo, amax_history_len=history_len)
+    real = with_amax(2.0)
+    good = FP8_MAX[dtype] / 2  # the scale an amax of 2 gives
+    scaler.cast(real)
+    assert scaler.cast(torch.zeros(3))[1].item() == good
+    q, scale = scaler.cast(real)
+    assert scale.item() == good, "the zero tensor's amax set the scale"
+    assert scaler.saturated.item() == 0
+    assert torch.equal(dequantize(q, scale), real)
+    assert scaler.scale.item() == good
+
+
+def test_dynamic_scaling_keeps_the_previous_scale_for_an_all_zero_tensor():
+    scaler = TensorScaler(E4M3, FP8Recipe(scaling="dynamic", amax_history_len=4))
+    assert scaler.cast(torch.zeros(3))[1].item() == 1.0  # nothing seen yet: the initial scale
+    scaler.cast(with_amax(2.0))
+    q, scale = scaler.cast(torch.zeros(3))
+    assert scale.item() == 224.0 and scaler.scale.item() == 224.0
+    assert q.float().tolist() == [0.0, 0.0, 0.0]
+
+
+# After an amax of 2 (scale 224) one cast holds a non-finite value, then six casts of amax 4 follow.
+# max holds the scale while the bad amax is in the history (4 casts), as Transformer Engine does;
+# most_recent takes the next amax at once. Either way no cast uses a scale the bad amax made.
+@pytest.mark.parametrize(
+    ("algo", "later_scales"),
+    [("max", [224.0] * 4 + [112.0] * 2), ("most_recent", [224.0] + [112.0] * 5)],
+)
+@pytest.mark.parametrize("bad", [math.inf, math.nan], ids=["inf", "nan"])
+def test_a_non_finite_amax_keeps_the_delayed_scale(bad, algo, later_scales):
+    scaler = delayed_scaler(amax_compute_algo=algo)
+    scaler.cast(with_amax(2.0))
+    q, scale = scaler.cast(torch.tensor([bad, 1.0, -2.0]))
+    assert scale.item() == 224.0
+    assert q.float()[1:].tolist() == [224.0, -448.0]
+    assert cast_sequence(scaler, [4.0] * 6) == later_scales
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan], ids=["inf", "nan"])
+def test_dynamic_scaling_keeps_the_previous_scale_for_a_non_finite_amax(bad):
+    scaler = TensorScaler(E4M3, FP8Recipe(scaling="dynamic", amax_history_len=4))
+    scaler.cast(with_amax(2.0))
+    q, scale = scaler.cast(torch.tensor([bad, 1.0, -2.0]))
+    assert scale.item() == 224.0 and scaler.scale.item() == 224.0
+    assert q.float()[1:].tolist() == [224.0, -448.0]  # the finite values quantized as before
+    assert cast_sequence(scaler, [4.0]) == [112.0]
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan], ids=["inf", "nan"])
+def test_float8_linear_stays_finite_after_one_non_finite_input(bad):
+    """The issue's case: delayed scaling, a history of 16, one input holding an inf or a NaN."""
+    torch.manual_seed(0)
+    layer = Float8Linear(32, 16, bias=True, recipe=recipe(scaling="delayed"))
+    assert layer.recipe.amax_history_len == 16
+    batches = [torch.randn(8, 32) for _ in range(24)]
+    for x in batches[:4]:
+        layer(x)
+    spike = batches[4].clone()
+    spike[0, 0] = bad
+    out = layer(spike)
+    # The row holding a NaN is NaN (the product of a NaN); an inf saturates to the format's max.
+    assert torch.isfinite(out if math.isinf(bad) else out[1:]).all()
+    later = [layer(x) for x in batches[5:]]  # 19 casts: past the 16 the bad amax stays in history
+    non_finite = [i for i, y in enumerate(later) if not torch.isfinite(y).all()]
+    assert non_finite == [], f"non-finite outputs at the {len(non_finite)} steps {non_finite}"
+
+
+def test_zero_and_non_finite_amaxes_are_counted_per_scaler_and_reported():
+    torch.manual_seed(0)
+    model = nn.Sequential(Float8Linear(32, 16, bias=True, recipe=recipe(scaling="delayed")))
+    spike, nan_grad = torch.randn(8, 32), torch.randn(8, 16)
+    spike[3, 3], nan_grad[2, 2] = math.inf, math.nan
+    steps = [  # (input, output gradient)
+        (torch.zeros(8, 32), torch.randn(8, 16)),  # the input is all zero
+        (spike, torch.zeros(8, 16)),  # the input holds an inf, the gradient is all zero
+        (torch.randn(8, 32), nan_grad),  # the gradient holds a NaN
+        (torch.randn(8, 32), torch.randn(8, 16)),  # nothing to count
+    ]
+    for x, grad in steps:
+        model(x).backward(grad)
+    model.eval()
+    with torch.no_grad():
+        model(torch.zeros(8, 32))  # evaluation counts nothing
+    (row,) = fp8_layer_stats(model)
+    counts = {key: value for key, value in row.items() if key.endswith("_amax_casts")}
+    assert counts == {
+        "input_zero_amax_casts": 1,
+        "input_nonfinite_amax_casts": 1,
+        "weight_zero_amax_casts": 0,
+        "weight_nonfinite_amax_casts": 0,
+        "grad_zero_amax_casts": 1,
+        "grad_nonfinite_amax_casts": 1,
+    }
+    assert all(type(value) is int for value in counts.values())
+    assert all(math.isfinite(row[f"{role}_scale"]) for role in ("input", "weight", "grad"))
+
+
 # ---------------------------------------------------------------- 6. checkpoint round trip
 def test_scaler_state_round_trips_through_a_checkpoint(tmp_path):
     delayed = recipe("hybrid", scaling="delayed", amax_history_len=4)
@@ -377,6 +534,80 @@ def test_scaler_state_round_trips_through_a_checkpoint(tmp_path):
     assert saved["0.input_scaler"].saturated.item() > 0
     x = torch.randn(24, 32)
     assert torch.equal(model(x), fresh(x))
+
+
+AMAX_EVENT_COUNTS = ("zero_amax_casts", "nonfinite_amax_casts")
+
+
+def without_amax_event_counts(state: dict) -> dict:
+    """``state`` as a checkpoint from before the counts holds it: no such keys, scalers at version 1."""
+    old = copy.copy(state)  # keeps the state dict's _metadata (the modules' versions)
+    for key in [k for k in old if k.rsplit(".", 1)[-1] in AMAX_EVENT_COUNTS]:
+        del old[key]
+    old._metadata = copy.deepcopy(state._metadata)
+    for prefix, meta in old._metadata.items():
+        if prefix.endswith("_scaler"):
+            meta["version"] = 1
+    return old
+
+
+def test_amax_event_counts_round_trip_and_older_checkpoints_load_without_them(tmp_path):
+    delayed = recipe("hybrid", scaling="delayed", amax_history_len=4)
+    model = fp8_mlp(delayed, seed=0)
+    spike = torch.randn(24, 32)
+    spike[0, 0] = math.inf
+    for x in (torch.zeros(24, 32), spike, torch.randn(24, 32)):
+        model(x).square().mean().backward()
+    counted = scalers(model)["0.input_scaler"]
+    assert (counted.zero_amax_casts.item(), counted.nonfinite_amax_casts.item()) == (1, 1)
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    fresh = fp8_mlp(delayed, seed=2)
+    fresh.load_state_dict(torch.load(tmp_path / "model.pt", weights_only=True))
+    for name, scaler in scalers(model).items():
+        for buffer in AMAX_EVENT_COUNTS:
+            assert torch.equal(getattr(scaler, buffer), getattr(scalers(fresh)[name], buffer))
+
+    # A checkpoint written before the counts existed loads: counts zero, the rest as saved.
+    torch.save(without_amax_event_counts(model.state_dict()), tmp_path / "old.pt")
+    older = fp8_mlp(delayed, seed=2)
+    older.load_state_dict(torch.load(tmp_path / "old.pt", weights_only=True))
+    for name, scaler in scalers(older).items():
+        assert scaler.zero_amax_casts.item() == scaler.nonfinite_amax_casts.item() == 0, name
+        for buffer in ("scale", "amax_history", "saturated", "seen"):
+            assert torch.equal(getattr(scaler, buffer), getattr(scalers(model)[name], buffer))
+    model.eval()
+    older.eval()
+    x = torch.randn(24, 32)
+    assert torch.equal(model(x), older(x))
+
+    # A state of this version without them is incomplete, as with any other missing key.
+    incomplete = model.state_dict()
+    del incomplete["2.grad_scaler.zero_amax_casts"]
+    with pytest.raises(RuntimeError, match=r"Missing key.*2\.grad_scaler\.zero_amax_casts"):
+        fp8_mlp(delayed).load_state_dict(incomplete)
+
+
+def test_an_fp8_run_resumes_from_a_checkpoint_without_amax_event_counts(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_module, "FigureWorker", NoFigure)  # no curves.png: not read here
+    overrides = (
+        "precision=fp8",
+        "fp8.scaling=delayed",
+        "max_steps=8",
+        "checkpoint.every_steps=4",
+        "checkpoint.keep_last=5",
+        "log_every=4",
+    )
+    reference = train(tiny_run(*overrides), tmp_path / "reference")
+    path = tmp_path / "reference" / "checkpoints" / "step_00000004.pt"
+    payload = torch.load(path, weights_only=True)
+    payload["model"] = without_amax_event_counts(payload["model"])
+    torch.save(payload, path)
+
+    report = train(tiny_run(*overrides, f"resume={path}"), tmp_path / "resumed")
+    assert report["status"] == "completed" and report["training"]["steps"] == 8
+    assert report["resumed"]["step"] == 4
+    # Scales, amax and saturation continue from the old checkpoint exactly; nothing was counted.
+    assert report["fp8"]["final_layer_stats"] == reference["fp8"]["final_layer_stats"]
 
 
 # ------------------------------------------------------------------------ 7. layer selection
@@ -571,6 +802,7 @@ def test_fp8_run_reports_emulation_and_its_fp8_layers(tmp_path):
         assert math.isfinite(stats[f"{role}_scale"]) and stats[f"{role}_scale"] > 0
         assert stats[f"{role}_amax"] > 0
         assert 0 <= stats[f"{role}_saturated_fraction"] <= 1
+        assert stats[f"{role}_zero_amax_casts"] == stats[f"{role}_nonfinite_amax_casts"] == 0
     assert report["evaluation"]["final_val_accuracy"] > 0.3
 
 
