@@ -85,6 +85,8 @@ def test_the_shipped_recipes_are_the_yaml_files_of_recipes_dir():
         "mp_claim_b_pure_fp16_stalls",
         "mp_claim_c_fp16_underflow",
         "mp_claim_d_bf16_no_scaling",
+        "nanogpt_shakespeare_char",
+        "lm_stdlib_cpu",
     } <= set(NAMES)
 
 
