@@ -16,6 +16,7 @@ dataset, missing files) raises :class:`~mptrain.config.ConfigError` during the b
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -29,7 +30,7 @@ from mptrain.diagnose import find_culprit
 from mptrain.distributed import DistContext, wrap_model
 from mptrain.dtypes import dtype_name
 from mptrain.faults import InfGradInjector
-from mptrain.fp8 import apply_fp8
+from mptrain.fp8 import apply_fp8, skip_summary
 from mptrain.models import build_model, count_parameters
 from mptrain.monitor import Monitor, MonitorSettings
 from mptrain.optim import build_optimizer, build_scheduler
@@ -159,7 +160,11 @@ def build_model_for_run(
         sample, _ = next(iter(data.val.batches(0)))
         fp8 = apply_fp8(
             model,
-            policy.fp8,
+            dataclasses.replace(
+                policy.fp8,
+                pow2_scales=cfg.fp8.pow2_scales,
+                min_features=cfg.fp8.min_features,
+            ),
             sample[:2],
             include=list(cfg.fp8.include),
             exclude=list(cfg.fp8.exclude),
@@ -169,7 +174,8 @@ def build_model_for_run(
         if not any(layer["converted"] for layer in fp8["layers"]):
             raise ConfigError(
                 f"precision=fp8: no Linear layer of model={cfg.model.name} can run in FP8 "
-                "(first/last kept, or dimensions not multiples of 16); see fp8.include/exclude"
+                f"({skip_summary(fp8['layers'])}); "
+                "see fp8.include/exclude/keep_first_last/min_features"
             )
     patterns = list(cfg.numerics.fp32_modules)
     fp32_modules = keep_in_fp32(model, patterns, device.type)

@@ -62,11 +62,13 @@ class FP8Config:
     amax_history_len: int = 16
     amax_compute_algo: str = "max"  # max | most_recent (delayed scaling)
     margin: int = 0  # scale divided by 2**margin: headroom against growing amax
+    pow2_scales: bool = False  # scales rounded down to a power of two: scaling adds no rounding
     emulate: bool | None = None  # None: real where the GPU has FP8, emulated elsewhere
     backend: str = "builtin"  # builtin | torchao
     keep_first_last: bool = True
     include: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)
+    min_features: int = 0  # a Linear with fewer in or out features stays in BF16; 0: off
 
 
 # Field metadata of the keys that hold a file-system path: relative ones are taken from the
@@ -708,6 +710,13 @@ def validate_fp8(f: FP8Config) -> None:
     )
     _require(f.margin >= 0, "fp8.margin", f.margin, "must be an integer >= 0")
     _require(f.backend in ("builtin", "torchao"), "fp8.backend", f.backend, "builtin or torchao")
+    _require(isinstance(f.pow2_scales, bool), "fp8.pow2_scales", f.pow2_scales, "true or false")
+    _require(
+        type(f.min_features) is int and f.min_features >= 0,
+        "fp8.min_features",
+        f.min_features,
+        "must be an integer >= 0 (0: every size converts)",
+    )
 
 
 def _validate_numerics(n: NumericsConfig) -> None:

@@ -14,6 +14,13 @@ The recipe follows Transformer Engine and torchao float8 training:
   gives no scale: the previous one is kept (as Transformer Engine does) and the cast is counted.
   Scales, amax histories, saturation and zero/non-finite amax counters are registered buffers:
   saved and restored with the model's state_dict.
+- Power-of-two scales (``pow2_scales``, as torchao's ``round_scales_to_power_of_2``): every scale
+  is rounded down to a power of two, so ``x * scale`` and the rescale of the product are exact and
+  only the FP8 cast rounds; rounding down keeps ``amax * scale <= max`` (no new saturation), at the
+  cost of up to one binade of the format's range.
+- Layer selection (:func:`choose_layers`): every nn.Linear either converts or is kept in high
+  precision with the reason (include/exclude patterns, first/last layer, the 16-alignment
+  torch._scaled_mm needs, ``min_features``: layers too small to gain from FP8).
 
 Two GEMM implementations share every layout and alignment rule (checked on every device, so code
 that passes on the CPU cannot fail on the GPU because of a rule the CPU skipped):
@@ -27,7 +34,8 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -68,7 +76,8 @@ MIN_FP8_CAPABILITY = (8, 9)
 
 @dataclass(frozen=True)
 class FP8Recipe:
-    """How Float8Linear quantizes. Built from the ``fp8`` config by the precision policy."""
+    """How Float8Linear quantizes, and which layers convert. Built from the ``fp8`` config by the
+    precision policy; the model build sets ``pow2_scales`` and ``min_features`` from it."""
 
     forward_dtype: torch.dtype = E4M3
     backward_dtype: torch.dtype = E5M2
@@ -77,6 +86,10 @@ class FP8Recipe:
     amax_compute_algo: str = "max"  # max | most_recent
     margin: int = 0
     real_gemm: bool = False  # torch._scaled_mm (True) or emulation (False)
+    pow2_scales: bool = False  # every computed scale rounded down to a power of two
+    # Layer selection, read by apply_fp8 (not by the layers): a Linear with in_features or
+    # out_features below it stays in high precision. 0: off.
+    min_features: int = 0
 
 
 # ------------------------------------------------------------------------------ quantization
@@ -93,6 +106,19 @@ def scale_from_amax(amax: torch.Tensor, dtype: torch.dtype, margin: int = 0) -> 
     # off the quotient for about a quarter of amaxes. Same on every device: neither operand is a
     # CPU scalar, which CUDA would also turn into a reciprocal.
     return torch.full_like(amax, FP8_MAX[dtype] * 2.0**-margin) / amax
+
+
+_FP32_EXPONENT_BITS = 0x7F800000
+
+
+def pow2_floor(x: torch.Tensor) -> torch.Tensor:
+    """The largest power of two <= each element of the FP32 tensor ``x``, exactly: the mantissa bits
+    cleared (not ``2**floor(log2(x))``: log2 of a value just below a power of two rounds up to it).
+
+    Defined for positive normal values: every scale of a finite nonzero amax (about 1e-36 to
+    6e16) unless a huge margin divides it below FP32's smallest normal (1.2e-38).
+    """
+    return (x.view(torch.int32) & _FP32_EXPONENT_BITS).view(torch.float32)
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -153,11 +179,13 @@ class TensorScaler(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kw)
 
     def _scale_for(self, amax: torch.Tensor) -> torch.Tensor:
-        """The scale for ``amax``, or the current one where amax is zero or not finite."""
+        """The scale for ``amax`` (rounded down to a power of two with ``pow2_scales``), or the
+        current one where amax is zero or not finite."""
         usable = torch.isfinite(amax) & (amax > 0)
-        return torch.where(
-            usable, scale_from_amax(amax, self.dtype, self.recipe.margin), self.scale
-        )
+        scale = scale_from_amax(amax, self.dtype, self.recipe.margin)
+        if self.recipe.pow2_scales:
+            scale = pow2_floor(scale)
+        return torch.where(usable, scale, self.scale)
 
     def _history_amax(self) -> torch.Tensor:
         """The amax delayed scaling uses: a NaN in the history propagates (and holds the scale)."""
@@ -352,26 +380,63 @@ class LayerChoice:
     reason: str
 
 
+def _skip_reason(
+    name: str,
+    layer: nn.Linear,
+    include: list[str],
+    exclude: list[str],
+    first_or_last_kept: bool,
+    min_features: int,
+) -> str | None:
+    """Why ``layer`` stays in high precision, or None when it converts (see choose_layers)."""
+    if include and not any(fnmatch.fnmatchcase(name, p) for p in include):
+        return "not matched by fp8.include"
+    matched = [p for p in exclude if fnmatch.fnmatchcase(name, p)]
+    if matched:
+        return f"excluded by fp8.exclude pattern {matched[0]!r}"
+    if first_or_last_kept:
+        return "first/last layer kept in BF16"
+    if layer.in_features % GEMM_ALIGNMENT or layer.out_features % GEMM_ALIGNMENT:
+        return f"in/out features not multiples of {GEMM_ALIGNMENT} (torch._scaled_mm alignment)"
+    if min(layer.in_features, layer.out_features) < min_features:
+        return f"smaller than fp8.min_features={min_features}"
+    return None
+
+
 def choose_layers(
-    model: nn.Module, include: list[str], exclude: list[str], keep_first_last: bool
+    model: nn.Module,
+    include: list[str],
+    exclude: list[str],
+    keep_first_last: bool,
+    min_features: int = 0,
 ) -> list[LayerChoice]:
-    """Decide, for every nn.Linear in registration order, whether it converts and why."""
+    """Decide, for every nn.Linear in registration order, whether it converts and why not.
+
+    In this order: a layer not matched by ``include`` (when given) or matched by ``exclude`` is
+    kept; so are the first and last Linear with ``keep_first_last`` (unless ``include`` names
+    layers), layers whose in/out features are not multiples of 16 (torch._scaled_mm) and, with
+    ``min_features`` > 0, those whose in_features or out_features is below it.
+    """
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     choices = []
     for i, (name, layer) in enumerate(linears):
-        reason = "converted"
-        if include and not any(fnmatch.fnmatchcase(name, p) for p in include):
-            reason = "not matched by fp8.include"
-        elif any(fnmatch.fnmatchcase(name, p) for p in exclude):
-            reason = "matched by fp8.exclude"
-        elif keep_first_last and i in (0, len(linears) - 1) and not include:
-            reason = "first/last layer kept in BF16"
-        elif layer.in_features % GEMM_ALIGNMENT or layer.out_features % GEMM_ALIGNMENT:
-            reason = f"dimensions {layer.in_features}x{layer.out_features} not multiples of 16"
+        first_or_last_kept = keep_first_last and not include and i in (0, len(linears) - 1)
+        reason = _skip_reason(name, layer, include, exclude, first_or_last_kept, min_features)
         choices.append(
-            LayerChoice(name, layer.in_features, layer.out_features, reason == "converted", reason)
+            LayerChoice(
+                name, layer.in_features, layer.out_features, reason is None, reason or "converted"
+            )
         )
     return choices
+
+
+def skip_summary(layers: list[dict[str, Any]]) -> str:
+    """Why the unconverted layers of an fp8 section were kept, each reason once with its count
+    ("2 layers: first/last layer kept in BF16; 1 layer: ..."); "no nn.Linear layer" if none."""
+    counts = Counter(row["reason"] for row in layers if not row["converted"])
+    if not counts:
+        return "no nn.Linear layer"
+    return "; ".join(f"{n} layer{'s' if n > 1 else ''}: {why}" for why, n in counts.items())
 
 
 def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -442,14 +507,16 @@ def fp8_gemm_available(device: torch.device) -> bool:
 
 
 # ------------------------------------------------------------------------------ run glue
-def _torchao_convert(model: nn.Module, converted: set[str]) -> None:
-    """Convert the chosen layers with torchao's float8 training (tensorwise dynamic scaling)."""
+def _torchao_convert(model: nn.Module, converted: set[str], pow2_scales: bool) -> None:
+    """Convert the chosen layers with torchao's float8 training (tensorwise dynamic scaling;
+    power-of-two scales through its ``round_scales_to_power_of_2``)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
+    config = Float8LinearConfig.from_recipe_name("tensorwise")
+    if pow2_scales:
+        config = replace(config, round_scales_to_power_of_2=True)
     convert_to_float8_training(
-        model,
-        config=Float8LinearConfig.from_recipe_name("tensorwise"),
-        module_filter_fn=lambda module, name: name in converted,
+        model, config=config, module_filter_fn=lambda module, name: name in converted
     )
 
 
@@ -463,18 +530,20 @@ def apply_fp8(
     keep_first_last: bool,
     backend: str = "builtin",
 ) -> dict[str, Any]:
-    """Convert the model's eligible Linear layers in place; return the report's ``fp8`` section.
+    """Convert the model's eligible Linear layers in place; return the report's ``fp8`` section:
+    the recipe's settings, and per Linear whether it converted and, if not, why.
 
-    ``sample`` is one input batch, used only to count each Linear's FLOPs.
+    ``sample`` is one input batch, used only to count each Linear's FLOPs. Layers with in or out
+    features below ``recipe.min_features`` stay in high precision.
     """
-    choices = choose_layers(model, include, exclude, keep_first_last)
+    choices = choose_layers(model, include, exclude, keep_first_last, recipe.min_features)
     flops = linear_flops(model, sample)
     total = sum(flops.values())
     converted = {c.name for c in choices if c.converted}
     if backend == "torchao":
         if recipe.scaling != "dynamic":
             raise ValueError("fp8.backend=torchao supports fp8.scaling=dynamic only")
-        _torchao_convert(model, converted)
+        _torchao_convert(model, converted, recipe.pow2_scales)
     else:
         convert_to_fp8(model, choices, recipe)
     share = sum(flops.get(n, 0) for n in converted) / total if total else 0.0
@@ -488,6 +557,8 @@ def apply_fp8(
         "amax_history_len": recipe.amax_history_len,
         "amax_compute_algo": recipe.amax_compute_algo,
         "margin": recipe.margin,
+        "pow2_scales": recipe.pow2_scales,
+        "min_features": recipe.min_features,
         "converted_linear_flops_share": share,
         "layers": [
             {

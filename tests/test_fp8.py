@@ -10,15 +10,16 @@ from __future__ import annotations
 import copy
 import importlib.util
 import math
+import re
 from collections import OrderedDict
 
 import pytest
 import torch
-from conftest import NoFigure, requires_cuda, tiny_run, train
+from conftest import NoFigure, compose_run, requires_cuda, tiny_run, train
 from torch import nn
 
 from mptrain import run as run_module
-from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ViTConfig
+from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ViTConfig, validate_fp8
 from mptrain.fp8 import (
     E4M3,
     E5M2,
@@ -36,9 +37,11 @@ from mptrain.fp8 import (
     fp8_layer_stats,
     quantize,
     scale_from_amax,
+    skip_summary,
 )
 from mptrain.models import build_vit
 from mptrain.precision import resolve_precision
+from mptrain.preflight import check_command_line
 
 CPU = torch.device("cpu")
 GPU = torch.device("cuda", 0)
@@ -509,6 +512,75 @@ def test_zero_and_non_finite_amaxes_are_counted_per_scaler_and_reported():
     assert all(math.isfinite(row[f"{role}_scale"]) for role in ("input", "weight", "grad"))
 
 
+# ------------------------------------------------------------------- 5b. power-of-two scales
+def is_power_of_two(value: float) -> bool:
+    return value > 0 and math.frexp(value)[0] == 0.5
+
+
+def amaxes_to_round(dtype: torch.dtype, margin: int) -> list[float]:
+    """Amaxes over 80 binades, and some whose exact scale is an FP32 value just below a power of
+    two (there ``2**floor(log2(scale))`` rounds up to that power, past the exact scale)."""
+    torch.manual_seed(0)
+    amaxes = (torch.rand(64) * 80 - 40).exp2().tolist()
+    for k in (-20, -3, 0, 5, 12, 30):
+        amax = FP8_MAX[dtype] * 2.0 ** (-margin - k) * (1 + 2.0**-23)
+        exact = scale_from_amax(torch.tensor(amax), dtype, margin).item()
+        assert 2.0**k * (1 - 2.0**-22) < exact < 2.0**k, (k, exact)
+        amaxes.append(amax)
+    return amaxes
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
+def test_pow2_scales_are_the_power_of_two_at_or_below_the_exact_scale(dtype, scaling):
+    # A history of one: the delayed scale after each cast comes from that cast's amax.
+    fp8_recipe = FP8Recipe(scaling=scaling, amax_history_len=1, margin=1, pow2_scales=True)
+    scaler = TensorScaler(dtype, fp8_recipe)
+    for amax in amaxes_to_round(dtype, margin=1):
+        used = scaler.cast(with_amax(amax))[1].item()
+        scale = scaler.scale.item()
+        exact = scale_from_amax(torch.tensor(amax), dtype, margin=1).item()
+        assert is_power_of_two(scale), (amax, scale)
+        assert exact / 2 < scale <= exact, (amax, scale, exact)
+        if scaling == "dynamic":
+            assert used == scale
+    if scaling == "dynamic":
+        # Rounded down: a tensor's largest value never lands beyond the format's max.
+        assert scaler.saturated.item() == 0
+
+
+@pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
+def test_pow2_scales_keep_the_previous_scale_for_zero_and_non_finite_amaxes(scaling):
+    fp8_recipe = FP8Recipe(scaling=scaling, amax_history_len=1, pow2_scales=True)
+    scaler = TensorScaler(E4M3, fp8_recipe)
+    scaler.cast(with_amax(3.0))
+    kept = scaler.scale.item()
+    assert kept == 128.0  # 448 / 3 = 149.3, rounded down
+    for bad in (0.0, math.inf, math.nan):
+        scaler.cast(torch.full((4,), bad))
+        assert scaler.scale.item() == kept, bad
+
+
+@pytest.mark.parametrize(("dtype", "largest"), [(E4M3, 52.0), (E5M2, 5120.0)], ids=["e4m3", "e5m2"])
+def test_fp8_values_times_a_power_of_two_round_trip_exactly_with_pow2_scales(dtype, largest):
+    # Every FP8 value from 2**-4 up to ``largest`` (max / largest is no power of two), both
+    # signs, times 2**-7: a tensor the format can hold exactly, up to a power of two.
+    every = torch.arange(256, dtype=torch.uint8).view(dtype).float()
+    values = every[every.isfinite() & (every.abs() >= 2.0**-4) & (every.abs() <= largest)]
+    x = values * 2.0**-7
+    for scaling in ("dynamic", "delayed"):
+        scaler = TensorScaler(dtype, FP8Recipe(scaling=scaling, pow2_scales=True))
+        if scaling == "delayed":
+            scaler.cast(x)  # the history learns x's amax; the next cast uses its scale
+        x_fp8, scale = scaler.cast(x)
+        assert is_power_of_two(scale.item())
+        assert torch.equal(x_fp8.float(), x * scale), "x * scale was rounded before the cast"
+        assert torch.equal(dequantize(x_fp8, scale), x), scaling
+    # The unrounded scale (no pow2_scales) loses them: the test can tell the two apart.
+    x_fp8, scale = TensorScaler(dtype, FP8Recipe()).cast(x)
+    assert not torch.equal(dequantize(x_fp8, scale), x)
+
+
 # ---------------------------------------------------------------- 6. checkpoint round trip
 def test_scaler_state_round_trips_through_a_checkpoint(tmp_path):
     delayed = recipe("hybrid", scaling="delayed", amax_history_len=4)
@@ -623,7 +695,7 @@ def test_unaligned_layers_are_skipped_with_the_reason():
     choices = choose_layers(selection_model(), include=[], exclude=[], keep_first_last=True)
     odd = next(c for c in choices if c.name == "odd")
     assert not odd.converted
-    assert odd.reason == "dimensions 64x40 not multiples of 16"
+    assert odd.reason == "in/out features not multiples of 16 (torch._scaled_mm alignment)"
     assert (odd.in_features, odd.out_features) == (64, 40)
 
 
@@ -636,13 +708,72 @@ def test_include_patterns_select_only_matching_layers():
 def test_exclude_patterns_keep_matching_layers():
     choices = choose_layers(selection_model(), include=[], exclude=["*proj"], keep_first_last=True)
     assert converted(choices) == {"attn_qkv", "mlp_fc"}
-    assert reasons(choices)["attn_proj"] == "matched by fp8.exclude"
+    assert reasons(choices)["attn_proj"] == "excluded by fp8.exclude pattern '*proj'"
 
 
 def test_keep_first_last_false_converts_aligned_first_and_last():
     choices = choose_layers(selection_model(), include=[], exclude=[], keep_first_last=False)
     assert converted(choices) == {"embed", "attn_qkv", "attn_proj", "mlp_fc", "head"}
-    assert reasons(choices)["odd"] == "dimensions 64x40 not multiples of 16"
+    assert (
+        reasons(choices)["odd"]
+        == "in/out features not multiples of 16 (torch._scaled_mm alignment)"
+    )
+
+
+def test_min_features_keeps_the_small_layers_with_the_reason_and_converts_the_large_ones():
+    choices = choose_layers(
+        selection_model(), include=[], exclude=[], keep_first_last=False, min_features=64
+    )
+    # attn_proj is 64/64: at the minimum, not below it.
+    assert converted(choices) == {"attn_qkv", "attn_proj", "mlp_fc"}
+    r = reasons(choices)
+    assert r["embed"] == r["head"] == "smaller than fp8.min_features=64"  # 32/64 and 128/16
+    # Unaligned (and small too): the alignment torch._scaled_mm needs is the reason given.
+    assert r["odd"] == "in/out features not multiples of 16 (torch._scaled_mm alignment)"
+    for c in choices:
+        assert c.converted == (c.reason == "converted"), c
+
+
+def test_apply_fp8_with_min_features_reports_each_kept_layer_and_why():
+    torch.manual_seed(0)
+    sizes = [(32, 64), (64, 256), (256, 256), (256, 24)]  # names 0, 2, 4, 6 (ReLUs between)
+    model = nn.Sequential(*[m for i, o in sizes for m in (nn.Linear(i, o), nn.ReLU())][:-1])
+    section = apply_fp8(
+        model,
+        recipe(min_features=128),
+        torch.randn(2, 32),
+        include=[],
+        exclude=["4"],
+        keep_first_last=False,
+    )
+    assert section["min_features"] == 128 and section["pow2_scales"] is False
+    layers = {row["name"]: row for row in section["layers"]}
+    assert {n: (row["shape"], row["reason"]) for n, row in layers.items()} == {
+        "0": ([32, 64], "smaller than fp8.min_features=128"),
+        "2": ([64, 256], "smaller than fp8.min_features=128"),
+        "4": ([256, 256], "excluded by fp8.exclude pattern '4'"),
+        "6": ([256, 24], "in/out features not multiples of 16 (torch._scaled_mm alignment)"),
+    }
+    assert not any(row["converted"] for row in layers.values())
+    assert not any(isinstance(m, Float8Linear) for m in model.modules())
+    assert section["converted_linear_flops_share"] == 0
+    assert skip_summary(section["layers"]) == (
+        "2 layers: smaller than fp8.min_features=128; "
+        "1 layer: excluded by fp8.exclude pattern '4'; "
+        "1 layer: in/out features not multiples of 16 (torch._scaled_mm alignment)"
+    )
+
+    # Without the exclusion, the one layer large enough converts.
+    section = apply_fp8(
+        model,
+        recipe(min_features=128),
+        torch.randn(2, 32),
+        include=[],
+        exclude=[],
+        keep_first_last=False,
+    )
+    assert [row["name"] for row in section["layers"] if row["converted"]] == ["4"]
+    assert isinstance(model[4], Float8Linear) and type(model[2]) is nn.Linear
 
 
 def test_apply_fp8_on_the_vit_converts_the_blocks_and_keeps_embedding_and_head():
@@ -767,6 +898,46 @@ def test_torchao_backend_without_torchao_raises():
         resolve_precision(FP8_PRECISION, CPU, FP8Config(backend="torchao"))
 
 
+def test_pow2_scales_and_min_features_compose_from_the_command_line():
+    assert (compose_run().fp8.pow2_scales, compose_run().fp8.min_features) == (False, 0)
+    fp8 = compose_run("precision=fp8", "fp8.pow2_scales=true", "fp8.min_features=64").fp8
+    assert fp8.pow2_scales is True and fp8.min_features == 64
+
+
+@pytest.mark.parametrize(
+    ("override", "pattern"),
+    [
+        ("fp8.min_features=-1", r"^fp8\.min_features=-1: must be an integer >= 0"),
+        ("fp8.min_features=1.5", r"^fp8\.min_features: Value '1\.5' .* Integer"),
+        ("fp8.min_features=true", r"^fp8\.min_features: Value 'True' .* Integer"),
+        ("fp8.pow2_scales=maybe", r"^fp8\.pow2_scales: Value 'maybe' is not a valid bool"),
+    ],
+)
+def test_preflight_refuses_bad_pow2_scales_and_min_features_in_one_line(override, pattern):
+    with pytest.raises(ConfigError) as err:
+        check_command_line(["precision=fp8", override])
+    message = str(err.value)
+    assert "\n" not in message and re.search(pattern, message), message
+
+
+@pytest.mark.parametrize(
+    ("changes", "pattern"),
+    [
+        ({"pow2_scales": "yes"}, r"^fp8\.pow2_scales='yes': true or false$"),
+        ({"pow2_scales": 1}, r"^fp8\.pow2_scales=1: true or false$"),
+        ({"min_features": -16}, r"^fp8\.min_features=-16: must be an integer >= 0"),
+        ({"min_features": 2.5}, r"^fp8\.min_features=2\.5: must be an integer >= 0"),
+        ({"min_features": True}, r"^fp8\.min_features=True: must be an integer >= 0"),
+    ],
+    ids=str,
+)
+def test_validate_fp8_names_a_bad_pow2_scales_or_min_features(changes, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        validate_fp8(FP8Config(**changes))
+    validate_fp8(FP8Config(pow2_scales=True, min_features=0))
+    validate_fp8(FP8Config(pow2_scales=False, min_features=4096))
+
+
 # ------------------------------------------------------------------------------ 9. end to end
 def val_accuracy(tmp_path, name: str, *overrides: str) -> float:
     report = train(tiny_run(*overrides), tmp_path / name)
@@ -789,6 +960,7 @@ def test_fp8_run_reports_emulation_and_its_fp8_layers(tmp_path):
 
     fp8 = report["fp8"]
     assert fp8["emulated"] is True and fp8["gemm"].startswith("emulated")
+    assert fp8["pow2_scales"] is False and fp8["min_features"] == 0
     assert (fp8["forward_dtype"], fp8["backward_dtype"]) == ("float8_e4m3fn", "float8_e5m2")
     # mlp on digits: Linear 64->256 (kept, first), 256->256 (FP8), 256->10 (kept, last)
     layers = {row["name"]: row for row in fp8["layers"]}
@@ -836,9 +1008,38 @@ def test_fp8_with_delayed_scaling_trains(tmp_path):
     assert all(math.isfinite(stats[f"{r}_scale"]) for r in ("input", "weight", "grad"))
 
 
+def test_fp8_run_with_pow2_scales_records_them_and_keeps_power_of_two_scales(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_module, "FigureWorker", NoFigure)  # no curves.png: not read here
+    overrides = ("precision=fp8", "fp8.pow2_scales=true", "max_steps=6", "log_every=3")
+    report = train(tiny_run(*overrides), tmp_path)
+    assert report["status"] == "completed" and report["training"]["steps"] == 6
+    assert report["fp8"]["pow2_scales"] is True
+    (stats,) = report["fp8"]["final_layer_stats"]
+    for role in ("input", "weight", "grad"):
+        assert is_power_of_two(stats[f"{role}_scale"]), (role, stats[f"{role}_scale"])
+        # Rounded down from FP8 max / amax: within a factor of two of it, never above.
+        dtype = E5M2 if role == "grad" else E4M3
+        exact = scale_from_amax(torch.tensor(stats[f"{role}_amax"]), dtype).item()
+        assert exact / 2 < stats[f"{role}_scale"] <= exact, role
+    assert math.isfinite(report["evaluation"]["final_val_loss"])
+
+
 def test_model_without_convertible_linear_stops_with_config_error(tmp_path):
-    with pytest.raises(ConfigError, match="no Linear layer"):
+    with pytest.raises(ConfigError, match="no Linear layer") as err:
         train(tiny_run("precision=fp8", "model=cnn", "max_steps=2"), tmp_path)
+    assert "(1 layer: first/last layer kept in BF16)" in str(err.value)
+
+
+def test_min_features_above_every_layer_stops_naming_the_reasons(tmp_path):
+    # mlp on digits: 64->256 and 256->10 are first/last; 256->256 is below the minimum.
+    with pytest.raises(ConfigError) as err:
+        train(tiny_run("precision=fp8", "fp8.min_features=512", "max_steps=2"), tmp_path)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("precision=fp8: no Linear layer of model=mlp can run in FP8 (")
+    assert (
+        "(2 layers: first/last layer kept in BF16; 1 layer: smaller than fp8.min_features=512)"
+    ) in message
 
 
 # --------------------------------------------------------------------- 10. FP32 master state
