@@ -16,7 +16,6 @@ dataset, missing files) raises :class:`~mptrain.config.ConfigError` during the b
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
@@ -160,11 +159,7 @@ def build_model_for_run(
         sample, _ = next(iter(data.val.batches(0)))
         fp8 = apply_fp8(
             model,
-            dataclasses.replace(
-                policy.fp8,
-                pow2_scales=cfg.fp8.pow2_scales,
-                min_features=cfg.fp8.min_features,
-            ),
+            policy.fp8,
             sample[:2],
             include=list(cfg.fp8.include),
             exclude=list(cfg.fp8.exclude),

@@ -324,13 +324,22 @@ def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any],
         raise ConfigError(f"resume={resume!r}: {exc}") from exc
 
 
+# Training settings added after checkpoints were first written, with the value that computes what
+# a checkpoint without them computed: an older checkpoint resumes when the run keeps that value.
+ADDED_SETTINGS: dict[str, Any] = {
+    "task": "classify",
+    "fp8.pow2_scales": False,
+    "fp8.min_features": 0,
+}
+
+
 def check_compatible(
     payload: dict[str, Any], signature: dict[str, Any], path: Path, allow_changes: bool
 ) -> list[str]:
     """Refuse a resume whose training settings differ from the checkpoint's, listing every
     difference, unless allowed. Returns the differences that were allowed (recorded in the
     report; :func:`restore` applies them)."""
-    saved = payload["signature"]
+    saved = {**_added_defaults(payload["signature"]), **payload["signature"]}
     differences = [
         f"{key}: checkpoint {saved.get(key)!r}, now {signature.get(key)!r}"
         for key in dict.fromkeys([*signature, *saved])  # both key sets, in order
@@ -342,6 +351,16 @@ def check_compatible(
             "set resume_allow_changes=true to resume anyway"
         )
     return differences
+
+
+def _added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`ADDED_SETTINGS` an older signature lacks (FP8 keys only if it ran FP8)."""
+    fp8 = any(key.startswith("fp8.") for key in saved)
+    return {
+        key: value
+        for key, value in ADDED_SETTINGS.items()
+        if key not in saved and (fp8 or not key.startswith("fp8."))
+    }
 
 
 def restore(payload: dict[str, Any], run: Run, path: Path) -> list[str]:

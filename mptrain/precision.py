@@ -164,6 +164,8 @@ def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[
         amax_compute_algo=cfg.amax_compute_algo,
         margin=cfg.margin,
         real_gemm=real,
+        pow2_scales=cfg.pow2_scales,
+        min_features=cfg.min_features,
     )
     notes = ()
     if not real:

@@ -30,6 +30,7 @@ from conftest import NoFigure, tiny_run, train
 from mptrain import run as run_module
 from mptrain.build import prepare_run
 from mptrain.checkpoint import (
+    ADDED_SETTINGS,
     FORMAT_VERSION,
     LATEST,
     Checkpointer,
@@ -1056,3 +1057,26 @@ def test_interrupt_while_the_report_is_written_still_leaves_a_report(tmp_path, m
         train(tiny_run("precision=fp32", "max_steps=6", "checkpoint.every_steps=3"), out)
     assert load_checkpoint(out / "checkpoints" / step_name(6))["loop"]["step"] == 6
     assert read_report(out)["status"] in ("interrupted", "completed")
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_a_checkpoint_from_before_the_added_settings_resumes(tmp_path, precision):
+    """A checkpoint whose signature lacks settings added later (task, fp8.pow2_scales,
+    fp8.min_features) resumes when the run keeps their older behaviour, and is refused when it
+    changes it."""
+    run_dir = tmp_path / "run"
+    common = (f"precision={precision}", "max_steps=6", "checkpoint.every_steps=3")
+    train(tiny_run(*common), run_dir)
+    path = run_dir / "checkpoints" / step_name(3)
+    payload = torch.load(path, weights_only=False)
+    for key in ADDED_SETTINGS:
+        payload["signature"].pop(key, None)  # as an older mptrain wrote it
+    atomic_torch_save(payload, path)
+    report = train(tiny_run(*common, f"resume={path}"), tmp_path / "resumed")
+    assert report["resumed"]["step"] == 3 and report["resumed"]["allowed_differences"] == []
+    if precision == "fp8":
+        with pytest.raises(ConfigError, match=r"fp8\.pow2_scales: checkpoint False, now True"):
+            train(
+                tiny_run(*common, f"resume={path}", "fp8.pow2_scales=true"),
+                tmp_path / "changed",
+            )
