@@ -133,6 +133,19 @@ def dequantize(x_fp8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return x_fp8.float() / scale
 
 
+@torch.library.custom_op("mptrain::snapshot", mutates_args=())
+def snapshot(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` that torch.compile saves for the backward instead of recomputing it there:
+    AOTAutograd (torch 2.14) recomputes a plain ``clone()`` of a buffer in the backward, after the
+    forward has updated the buffer in place, so the backward would see the new value."""
+    return t.clone()
+
+
+@snapshot.register_fake
+def _(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(t)
+
+
 # Casts (training) whose tensor's amax was zero / inf or NaN: TensorScaler buffers since version 2.
 AMAX_EVENT_COUNTERS = ("zero_amax_casts", "nonfinite_amax_casts")
 
@@ -195,10 +208,10 @@ class TensorScaler(nn.Module):
 
     def _count(self, magnitude: torch.Tensor, amax: torch.Tensor, scale: torch.Tensor) -> None:
         """Add one training cast of ``magnitude`` (|x|) at ``scale`` to the counters."""
-        self.saturated += (magnitude * scale >= SATURATION_BOUNDARY[self.dtype]).sum()
-        self.seen += magnitude.numel()
-        self.zero_amax_casts += amax == 0
-        self.nonfinite_amax_casts += ~torch.isfinite(amax)
+        self.saturated.add_((magnitude * scale >= SATURATION_BOUNDARY[self.dtype]).sum())
+        self.seen.add_(magnitude.numel())
+        self.zero_amax_casts.add_(amax == 0)
+        self.nonfinite_amax_casts.add_(~torch.isfinite(amax))
 
     @torch.no_grad()
     def cast(self, x: torch.Tensor, update: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
@@ -213,7 +226,7 @@ class TensorScaler(nn.Module):
         magnitude = x.detach().abs().float()
         amax = magnitude.max()
         dynamic = self.recipe.scaling == "dynamic"
-        scale = self._scale_for(amax) if dynamic else self.scale.clone()
+        scale = self._scale_for(amax) if dynamic else snapshot(self.scale)
         if not update:
             return quantize(x, scale, self.dtype), scale
         self._count(magnitude, amax, scale)
@@ -264,7 +277,10 @@ def fp8_gemm(
     if real:
         return torch._scaled_mm(a, b, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype)
     # FP8 values are exact in FP32: multiply them exactly-rounded in FP32, rescale once.
-    return (torch.mm(a.float(), b.float()) * (a_inv * b_inv)).to(out_dtype)
+    # autocast off: torch.compile traces the backward under the forward's autocast (torch 2.14
+    # default backward_pass_autocast="same_as_forward"), which would run this mm in BF16.
+    with torch.autocast(a.device.type, enabled=False):
+        return (torch.mm(a.float(), b.float()) * (a_inv * b_inv)).to(out_dtype)
 
 
 def _pad_rows(t: torch.Tensor, multiple: int) -> torch.Tensor:

@@ -1135,3 +1135,52 @@ def test_evaluation_leaves_fp8_scaling_state_alone():
         layer(100 * torch.randn(8, 32))
     after = {k: v for k, v in layer.state_dict().items() if "scaler" in k}
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+# ------------------------------------------------------------------------------ torch.compile
+@pytest.mark.parametrize(
+    ("scaling", "real_gemm"),
+    [("dynamic", False), ("delayed", False), ("delayed", True)],
+    ids=["dynamic", "delayed", "delayed-scaled_mm"],
+)
+def test_fp8_layers_compile_without_graph_breaks_and_train_like_eager(scaling, real_gemm):
+    """torch.compile(fullgraph=True) of two Float8Linear layers under BF16 autocast: no graph
+    break, and four training steps (input scales 0.1/1/10, an all-zero batch, an eval forward)
+    give bit-identical outputs, gradients and scaler buffers to eager. Guards three failures seen
+    with torch 2.14: `+=` on buffers broke the graph in backward; the compiled backward ran the
+    emulated GEMMs under BF16 autocast; AOTAutograd recomputed the delayed scale in the backward
+    after the forward had updated it (gradients scaled by the next step's scale)."""
+    if real_gemm and not hasattr(torch, "_scaled_mm"):
+        pytest.skip("no torch._scaled_mm")
+    recipe = FP8Recipe(scaling=scaling, amax_compute_algo="most_recent", real_gemm=real_gemm)
+    torch.manual_seed(0)
+    eager = nn.Sequential(
+        Float8Linear.from_linear(nn.Linear(64, 64), recipe),
+        nn.ReLU(),
+        Float8Linear.from_linear(nn.Linear(64, 64), recipe),
+    )
+    twin = copy.deepcopy(eager)
+    compiled = torch.compile(twin, backend="aot_eager", fullgraph=True)
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (eager, twin)]
+    for step, factor in enumerate((0.1, 1.0, 0.0, 10.0)):
+        x = torch.randn(32, 64, generator=torch.Generator().manual_seed(step)) * factor
+        results = []
+        for model, optimizer in zip((eager, compiled), optimizers, strict=True):
+            inputs = x.clone().requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                out = model(inputs)
+            out.float().square().mean().backward()
+            grads = [inputs.grad] + [p.grad for p in model.parameters()]
+            optimizer.step()
+            optimizer.zero_grad()
+            results.append((out, grads))
+        (out_e, grads_e), (out_c, grads_c) = results
+        assert torch.equal(out_e, out_c), f"step {step}: outputs differ"
+        for g_e, g_c in zip(grads_e, grads_c, strict=True):
+            assert torch.equal(g_e, g_c), f"step {step}: gradients differ"
+        for (name, b_e), (_, b_c) in zip(eager.named_buffers(), twin.named_buffers(), strict=True):
+            assert torch.equal(b_e, b_c), f"step {step}: buffer {name} differs"
+    eager.eval(), twin.eval()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(eager(x), compiled(x))
+    assert float(eager[0].input_scaler.zero_amax_casts) == 1  # the all-zero batch, counted
