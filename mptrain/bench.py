@@ -80,12 +80,9 @@ def measure(cfg: RunConfig, warmup: int, steps: int) -> dict[str, Any]:
     run = prepare_run(cfg)
     train_loop(run)
     throughput = run.monitor.throughput
-    tokens = run.task.tokens_per_sample  # None for classifiers
     return {
         "samples_per_s": throughput.samples_per_s,
-        "tokens_per_s": throughput.samples_per_s * tokens
-        if tokens and throughput.samples_per_s is not None
-        else None,
+        "tokens_per_s": run.monitor.tokens_per_s,  # None for classifiers
         "step_time_ms": 1000 * throughput.measured_time_s / throughput.measured_steps
         if throughput.measured_steps
         else None,

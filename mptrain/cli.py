@@ -19,6 +19,7 @@ Exit codes: 0 all jobs completed, 1 a job failed or diverged, 2 bad input, 130 i
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 import time
@@ -91,7 +92,7 @@ def run_job(cfg: DictConfig) -> float | None:
         print(f"mptrain: error: {output_dir}: {exc.status}: {exc.reason}", file=sys.stderr)
         return None
     e = report.evaluation
-    return e.final_val_loss if e.task == "lm" else e.final_val_accuracy
+    return getattr(e, f"final_{e.primary_metric}")  # final_val_accuracy | final_val_loss
 
 
 # Hydra's own command line for what is not a run: --help, --hydra-help, --cfg, --info, completion.
@@ -188,6 +189,14 @@ class _ClosedPipeSafe:
         return getattr(self._stream, name)
 
 
+# Commands that are not a training run: name -> (module, function taking the remaining arguments),
+# imported only when asked for.
+_SUBCOMMANDS = {
+    "eval": ("mptrain.evaluation", "eval_main"),
+    "sample": ("mptrain.sample", "sample_main"),
+}
+
+
 def _main(argv: Sequence[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     terminate_like_interrupt()  # SIGTERM during setup ends the run like Ctrl-C (report, 143)
@@ -195,19 +204,10 @@ def _main(argv: Sequence[str] | None) -> None:
     if argv[:1] == ["bench"]:
         bench_main(argv[1:])
         return
-    if argv[:1] == ["eval"]:
-        from mptrain.evaluation import eval_main
-
+    if argv[:1] and argv[0] in _SUBCOMMANDS:
+        module, function = _SUBCOMMANDS[argv[0]]
         try:
-            eval_main(argv[1:])
-        except ConfigError as exc:
-            _fail(str(exc))
-        return
-    if argv[:1] == ["sample"]:
-        from mptrain.sample import sample_main
-
-        try:
-            sample_main(argv[1:])
+            getattr(importlib.import_module(module), function)(argv[1:])
         except ConfigError as exc:
             _fail(str(exc))
         return

@@ -248,20 +248,15 @@ def describe_inference(policy: Any) -> str:
 def render(result: dict[str, Any]) -> str:
     """eval.md: the result in a few lines."""
     acc = result["val_accuracy"]
-    trained, diff = result["trained_val_accuracy"], result["accuracy_difference"]
+    lm = result.get("task") == "lm"
+    # The figure compared with training time: a language model's loss (per token), else accuracy.
+    figure = "loss" if lm else "accuracy"
+    trained, diff = result[f"trained_val_{figure}"], result[f"{figure}_difference"]
     at_training = (
         f"{trained:.4f} (in {result['trained_precision']}); difference {diff:+.4f}"
         if trained is not None
         else "none recorded for this step"
     )
-    lm = result.get("task") == "lm"
-    if lm:  # a language model: its loss is the figure (per token), with perplexity
-        trained, diff = result["trained_val_loss"], result["loss_difference"]
-        at_training = (
-            f"{trained:.4f} (in {result['trained_precision']}); difference {diff:+.4f}"
-            if trained is not None
-            else "none recorded for this step"
-        )
     lines = [
         f"# mptrain eval: {result['model']} on {result['dataset']} in {result['precision']}",
         "",
@@ -414,7 +409,8 @@ def load_model(
     layers as nn.Linear), in eval mode, on ``device``. Attributes: ``mptrain_classes`` (names in
     label order, or None), ``mptrain_preprocessing`` (see :func:`mptrain.data.preprocessing`),
     ``mptrain_preprocess(raw)`` (raw inputs -> the model's input), ``mptrain_vocabulary`` (a
-    language model's :class:`~mptrain.text.Vocabulary`, else None) and ``mptrain_checkpoint``."""
+    language model's :class:`~mptrain.text.Vocabulary`, else None), ``mptrain_sequence_length``
+    (a language model's context in tokens, else None) and ``mptrain_checkpoint``."""
     info = load_model_info(path, checkpoint)
     saved_model, data = info["config"]["model"], info["data"]
     option = MODELS.get(saved_model["name"])
@@ -429,6 +425,7 @@ def load_model(
     load_weights(model, info["state"], info["path"])
     model = model.float().eval().to(device)
     model.mptrain_vocabulary = Vocabulary(data["vocabulary"]) if length is not None else None
+    model.mptrain_sequence_length = length
     model.mptrain_classes = data["classes"]
     model.mptrain_preprocessing = data["preprocessing"]
     model.mptrain_preprocess = functools.partial(

@@ -373,6 +373,12 @@ class Monitor:
                 self.stopwatch.start()
 
     @property
+    def tokens_per_s(self) -> float | None:
+        """Language models: the measured samples/s times the window length; None otherwise."""
+        tokens, speed = self.settings.tokens_per_sample, self.throughput.samples_per_s
+        return speed * tokens if tokens and speed is not None else None
+
+    @property
     def peak_memory_bytes(self) -> int | None:
         return hardware.peak_memory_bytes(self.device) if self.memory_kind else None
 

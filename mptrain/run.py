@@ -508,16 +508,9 @@ def _throughput_section(
         # Emulated FP8 runs FP32 matmuls: its speed says nothing about FP8 hardware.
         comparable=not (policy is not None and policy.emulated),
         window_samples_per_s=[n * samples / s for n, s in windows],
-        tokens_per_s=_tokens_per_s(throughput, run),
+        tokens_per_s=run.monitor.tokens_per_s if run else None,
         window_steps=[n for n, _ in windows],
     )
-
-
-def _tokens_per_s(throughput: Any, run: Run | None) -> float | None:
-    tokens = run.task.tokens_per_sample if run else None
-    if not tokens or throughput is None or throughput.samples_per_s is None:
-        return None
-    return throughput.samples_per_s * tokens
 
 
 def _time_section(run: Run | None, wall_time_s: float) -> TimeSection | None:

@@ -138,13 +138,12 @@ def sample_main(argv: list[str]) -> None:
             f"mptrain sample: note: {missing} not in the vocabulary: read as unknown",
             file=sys.stderr,
         )
-    block = model.shape.block_size if hasattr(model, "shape") else ids.shape[1]
     generator = torch.Generator(device=device).manual_seed(args.seed)
     out = generate(
         model,
         ids.to(device),
         args.max_new_tokens,
-        block,
+        model.mptrain_sequence_length,
         temperature=args.temperature,
         top_k=args.top_k,
         generator=generator,
