@@ -729,13 +729,15 @@ def _validate_numerics(n: NumericsConfig) -> None:
     _at_least("numerics.max_consecutive_nonfinite_loss", n.max_consecutive_nonfinite_loss, 1)
 
 
-# The models and datasets of the language-model task; every other one classifies.
+# The tasks (each an overlay conf/task/<name>.yaml), and the models and datasets of the
+# language-model task; every other one classifies.
+TASKS = ("classify", "lm")
 LM_MODELS, LM_DATASETS = ("gpt",), ("text",)
 
 
 def _check_task(run: RunConfig) -> None:
     """The task, the model and the dataset must agree: a language model reads token windows."""
-    _require(run.task in ("classify", "lm"), "task", run.task, "classify or lm")
+    _require(run.task in TASKS, "task", run.task, " or ".join(TASKS))
     lm = run.task == "lm"
     for group, names, accepted in (
         ("model", LM_MODELS, "model=gpt"),

@@ -65,6 +65,7 @@ from mptrain.decode import (
     collate_encoded,
     normalise,
 )
+from mptrain.hardware import MAX_DEVICE_RESIDENT_BYTES
 from mptrain.seeding import AUGMENT_STREAM, ORDER_STREAM, epoch_generator, stream_seed
 from mptrain.targets import call_target, check_keys, locate, offered
 from mptrain.text import (
@@ -79,9 +80,6 @@ from mptrain.text import (
 )
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-
-# Data larger than this stays in host memory (pinned) instead of being copied to the GPU once.
-MAX_DEVICE_RESIDENT_BYTES = 2 << 30
 
 
 class BatchSource(Protocol):

@@ -20,6 +20,10 @@ import torch
 
 from mptrain.config import ConfigError
 
+# In-memory data (tensors, token streams) larger than this stays in host memory instead of being
+# copied to the GPU once at the start.
+MAX_DEVICE_RESIDENT_BYTES = 2 << 30
+
 
 def resolve_device(requested: str) -> torch.device:
     """Turn ``device`` (auto | cpu | cuda | cuda:N) into a torch.device, or raise ConfigError."""

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-TASKS = ("classify", "lm")
 # Report keys whose smaller values are better; every other metric is better larger.
 _LOWER_IS_BETTER_SUFFIXES = ("loss", "perplexity")
 

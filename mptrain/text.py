@@ -25,12 +25,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from mptrain.hardware import MAX_DEVICE_RESIDENT_BYTES
 from mptrain.seeding import ORDER_STREAM, epoch_generator
 
 # Directories of the standard library that are test suites or third-party code, not the library.
 _SKIPPED_PARTS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})
-# Token streams larger than this stay in host memory instead of on the GPU.
-MAX_DEVICE_RESIDENT_BYTES = 2 << 30
 UNKNOWN_CHAR = "\x00"  # id 0 of a character vocabulary: characters the training text lacks
 
 

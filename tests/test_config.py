@@ -19,6 +19,7 @@ from hydra import compose, initialize_config_module
 
 from mptrain import cli
 from mptrain.config import (
+    TASKS,
     ConfigError,
     PrecisionConfig,
     RunConfig,
@@ -30,7 +31,6 @@ from mptrain.precision import PRECISIONS
 from mptrain.preflight import check_command_line, describe_compose_error
 from mptrain.registry import group_options as registered_options
 from mptrain.registry import schema_node_name, to_run_config
-from mptrain.task import TASKS
 
 CONF = importlib.resources.files("mptrain.conf")
 
