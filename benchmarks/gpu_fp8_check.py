@@ -4,12 +4,16 @@ For one NVIDIA GPU of compute capability >= 8.9 (H100/H200/L4/RTX 40xx); runs in
 
     python benchmarks/gpu_fp8_check.py [--out benchmarks/results/gpu_fp8_check.json]
 
-1. GEMM agreement: random matrices quantized to FP8 (E4M3 x E4M3 and E5M2 x E4M3), multiplied by
-   ``torch._scaled_mm`` and by the emulation (FP8 values in FP32, FP32 matmul, one rescale). The two
-   must agree to BF16 rounding: both see the same FP8 operands.
-2. Training: a Linear-heavy MLP (hidden 4096) on synthetic class-prototype data, BF16 autocast vs
-   precision=fp8 (real GEMMs), same seed and data; prints samples/s of both (after warm-up,
-   timed between device synchronisations) and the loss curves' mean absolute difference.
+1. GEMM agreement: random matrices quantized to FP8 (E4M3 x E4M3 and E5M2 x E4M3), with one
+   scale per tensor and with rowwise scales (one per row of the left operand, per column of the
+   right), multiplied by ``torch._scaled_mm`` and by the emulation (FP8 values in FP32, FP32
+   matmul, one rescale). The two must agree to BF16 rounding: both see the same FP8 operands.
+2. Training: a Linear-heavy MLP (hidden 4096) on synthetic class-prototype data, same seed and
+   data, in each of ``--variants``: BF16 autocast, FP8 with tensorwise and with rowwise scaling
+   (real GEMMs), each eager and under ``torch.compile`` (``--compile-backend``, inductor by
+   default: FP8 speed needs the fused amax/cast kernels). Prints samples/s (after warm-up, timed
+   between device synchronisations, compilation inside the warm-up), each FP8 variant's speed
+   against BF16 of the same mode (eager/compiled), and its loss curve's mean absolute difference.
 
 Prints a JSON document with the date, hardware and versions; --out also writes it to a file.
 
@@ -22,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import json
 import math
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -57,56 +63,92 @@ def sqnr_db(reference: torch.Tensor, other: torch.Tensor) -> float:
     return float(10 * torch.log10(reference.float().pow(2).sum() / noise.clamp(min=1e-30)))
 
 
+def amax(t: torch.Tensor, rowwise: bool) -> torch.Tensor:
+    """The tensor's amax, or (rowwise) one per row: shape (rows, 1)."""
+    return t.abs().amax(dim=1, keepdim=True) if rowwise else t.abs().max()
+
+
 def gemm_agreement(device: torch.device, shapes: list[tuple[int, int, int]]) -> list[dict]:
     rows = []
-    for m, k, n in shapes:
-        for a_dtype in (E4M3, E5M2):
-            a = torch.randn(m, k, device=device)
-            b = torch.randn(n, k, device=device) * 0.02  # weight-like, stored (N, K) row-major
-            sa = scale_from_amax(a.abs().max(), a_dtype)
-            sb = scale_from_amax(b.abs().max(), E4M3)
-            a8, b8 = quantize(a, sa, a_dtype), quantize(b, sb, E4M3)
-            real = fp8_gemm(a8, sa, b8.t(), sb, torch.bfloat16, real=True)
-            emulated = fp8_gemm(a8, sa, b8.t(), sb, torch.bfloat16, real=False)
-            exact = a @ b.t()
-            rows.append(
-                {
-                    "shape": [m, k, n],
-                    "a_dtype": str(a_dtype).replace("torch.", ""),
-                    "real_vs_emulated_sqnr_db": sqnr_db(emulated, real),
-                    "real_vs_emulated_max_rel": float(
-                        (real.float() - emulated.float()).abs().max() / emulated.float().abs().max()
-                    ),
-                    "real_vs_fp32_sqnr_db": sqnr_db(exact, real),
-                }
-            )
+    for (m, k, n), granularity, a_dtype in itertools.product(
+        shapes, ("tensorwise", "rowwise"), (E4M3, E5M2)
+    ):
+        rowwise = granularity == "rowwise"
+        a = torch.randn(m, k, device=device) * torch.logspace(-2, 2, m, device=device)[:, None]
+        b = torch.randn(n, k, device=device) * 0.02  # weight-like, stored (N, K) row-major
+        sa = scale_from_amax(amax(a, rowwise), a_dtype)  # () or (M, 1)
+        sb = scale_from_amax(amax(b, rowwise), E4M3)  # () or (N, 1)
+        a8, b8 = quantize(a, sa, a_dtype), quantize(b, sb, E4M3)
+        real = fp8_gemm(a8, sa, b8.t(), sb.t(), torch.bfloat16, real=True)
+        emulated = fp8_gemm(a8, sa, b8.t(), sb.t(), torch.bfloat16, real=False)
+        exact = a @ b.t()
+        rows.append(
+            {
+                "shape": [m, k, n],
+                "granularity": granularity,
+                "a_dtype": str(a_dtype).replace("torch.", ""),
+                "real_vs_emulated_sqnr_db": sqnr_db(emulated, real),
+                "real_vs_emulated_max_rel": float(
+                    (real.float() - emulated.float()).abs().max() / emulated.float().abs().max()
+                ),
+                "real_vs_fp32_sqnr_db": sqnr_db(exact, real),
+            }
+        )
     return rows
 
 
-def train_throughput(
-    device: torch.device, fp8: bool, steps: int, warmup: int, batch: int, width: int
-) -> dict:
+VARIANTS = {  # name: (FP8 granularity or None for BF16, compiled)
+    "bf16": (None, False),
+    "fp8": ("tensorwise", False),
+    "fp8_rowwise": ("rowwise", False),
+    "bf16_compiled": (None, True),
+    "fp8_compiled": ("tensorwise", True),
+    "fp8_rowwise_compiled": ("rowwise", True),
+}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    steps: int
+    warmup: int
+    batch: int
+    width: int
+
+
+def build_variant(name: str, device: torch.device, width: int, backend: str) -> tuple:
+    """(model to train, its parameters, fp8 section or None) for one of VARIANTS."""
+    granularity, compiled = VARIANTS[name]
     torch.manual_seed(0)
-    in_features, classes = 1024, 16
-    model = build_mlp(MLPConfig(hidden_sizes=[width] * 4), 1, 32, classes).to(device)
+    model = build_mlp(MLPConfig(hidden_sizes=[width] * 4), 1, 32, 16).to(device)
     section = None
-    if fp8:
+    if granularity is not None:
         section = apply_fp8(
             model,
-            FP8Recipe(real_gemm=True),
+            FP8Recipe(granularity=granularity, real_gemm=True),
             torch.randn(2, 1, 32, 32, device=device),
             include=[],
             exclude=[],
             keep_first_last=True,
         )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    parameters = list(model.parameters())
+    if compiled:
+        model = torch.compile(model, backend=backend)
+    return model, parameters, section
+
+
+def train_throughput(device: torch.device, name: str, sizes: Sizes, backend: str) -> dict:
+    """Train one variant on the same synthetic data; samples/s after the warm-up (which holds
+    the compilation of compiled variants), the losses and the peak memory."""
+    in_features, classes = 1024, 16
+    model, parameters, section = build_variant(name, device, sizes.width, backend)
+    optimizer = torch.optim.AdamW(parameters, lr=1e-3, fused=True)
     generator = torch.Generator(device=device).manual_seed(1)
     prototypes = torch.randn(classes, in_features, device=device, generator=generator)
-    losses = []
+    batch, losses = sizes.batch, []
     reset_peak_memory(device)
     start = None
-    for step in range(steps):
-        if step == warmup:
+    for step in range(sizes.steps):
+        if step == sizes.warmup:
             synchronize(device)
             start = time.perf_counter()
         labels = torch.randint(0, classes, (batch,), device=device, generator=generator)
@@ -120,12 +162,29 @@ def train_throughput(
     synchronize(device)
     seconds = time.perf_counter() - start
     return {
-        "precision": "fp8" if fp8 else "bf16",
-        "samples_per_s": (steps - warmup) * batch / seconds,
+        "variant": name,
+        "samples_per_s": (sizes.steps - sizes.warmup) * batch / seconds,
         "losses": [float(v) for v in losses],
         "converted_flops_share": section["converted_linear_flops_share"] if section else None,
         "peak_memory_bytes": peak_memory_bytes(device),
     }
+
+
+def compare_with_bf16(runs: dict[str, dict]) -> dict[str, dict]:
+    """Each FP8 variant against BF16 in the same mode (eager with eager, compiled with compiled):
+    speed-up and the loss curves' mean absolute difference."""
+    rows = {}
+    for name, run in runs.items():
+        baseline = runs.get("bf16_compiled" if VARIANTS[name][1] else "bf16")
+        if VARIANTS[name][0] is None or baseline is None:
+            continue
+        diffs = [abs(a - b) for a, b in zip(baseline["losses"], run["losses"], strict=True)]
+        rows[name] = {
+            "vs": baseline["variant"],
+            "speedup": run["samples_per_s"] / baseline["samples_per_s"],
+            "loss_curve_mean_abs_diff": sum(diffs) / len(diffs),
+        }
+    return rows
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -145,7 +204,14 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--gemm-shapes", default="128x256x512,1000x2048x4096,4096x4096x4096")
     parser.add_argument("--device", default="cuda", help="cuda (the check) | cpu (a smoke run)")
+    parser.add_argument(
+        "--variants", default=",".join(VARIANTS), help="a subset of " + ",".join(VARIANTS)
+    )
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend")
     args = parser.parse_args()
+    variants = args.variants.split(",")
+    if not variants or any(v not in VARIANTS for v in variants):
+        parser.error(f"--variants {args.variants!r}: a subset of {','.join(VARIANTS)}")
     if not 0 <= args.warmup < args.steps:
         parser.error(f"--warmup {args.warmup} --steps {args.steps}: need 0 <= warmup < steps")
     try:
@@ -168,24 +234,28 @@ def main() -> int:
         else "CPU smoke run: torch's CPU _scaled_mm, not FP8 hardware; the speeds mean nothing",
         "gemm_agreement": gemm_agreement(device, shapes),
     }
-    runs = [
-        train_throughput(device, fp8, args.steps, args.warmup, args.batch, args.width)
-        for fp8 in (False, True)
-    ]
-    bf16, fp8 = runs
-    diffs = [abs(a - b) for a, b in zip(bf16["losses"], fp8["losses"], strict=True)]
+    sizes = Sizes(args.steps, args.warmup, args.batch, args.width)
+    runs, failed = {}, {}
+    for name in variants:  # one failing variant (a compile error, say) leaves the others
+        try:
+            runs[name] = train_throughput(device, name, sizes, args.compile_backend)
+        except Exception as error:  # recorded in the document, not hidden
+            failed[name] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
     result["training"] = {
         "model": f"MLP 1024 -> 4x{args.width} -> 16, batch {args.batch}, {args.steps} steps",
-        "bf16_samples_per_s": bf16["samples_per_s"],
-        "fp8_samples_per_s": fp8["samples_per_s"],
-        "fp8_speedup": fp8["samples_per_s"] / bf16["samples_per_s"],
-        "converted_flops_share": fp8["converted_flops_share"],
-        "bf16_peak_memory_bytes": bf16["peak_memory_bytes"],
-        "fp8_peak_memory_bytes": fp8["peak_memory_bytes"],
-        "final_loss_bf16": bf16["losses"][-1],
-        "final_loss_fp8": fp8["losses"][-1],
-        "loss_curve_mean_abs_diff": sum(diffs) / len(diffs),
-        "all_losses_finite": all(math.isfinite(v) for v in bf16["losses"] + fp8["losses"]),
+        "compile_backend": args.compile_backend,
+        "variants": {
+            name: {
+                "samples_per_s": run["samples_per_s"],
+                "peak_memory_bytes": run["peak_memory_bytes"],
+                "final_loss": run["losses"][-1],
+                "converted_flops_share": run["converted_flops_share"],
+            }
+            for name, run in runs.items()
+        },
+        "failed": failed,
+        "vs_bf16": compare_with_bf16(runs),
+        "all_losses_finite": all(math.isfinite(v) for run in runs.values() for v in run["losses"]),
     }
     text = json.dumps(result, indent=2)
     print(text)

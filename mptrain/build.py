@@ -166,6 +166,7 @@ def build_model_for_run(
             keep_first_last=cfg.fp8.keep_first_last,
             backend=cfg.fp8.backend,
         )
+        fp8["compile"] = cfg.compile  # the report's model section counts the graphs and breaks
         if not any(layer["converted"] for layer in fp8["layers"]):
             raise ConfigError(
                 f"precision=fp8: no Linear layer of model={cfg.model.name} can run in FP8 "

@@ -330,6 +330,7 @@ ADDED_SETTINGS: dict[str, Any] = {
     "task": "classify",
     "fp8.pow2_scales": False,
     "fp8.min_features": 0,
+    "fp8.granularity": "tensorwise",
 }
 
 

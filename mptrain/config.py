@@ -59,6 +59,7 @@ class FP8Config:
 
     format: str = "hybrid"  # hybrid: E4M3 forward, E5M2 gradients | e4m3: E4M3 everywhere
     scaling: str = "dynamic"  # dynamic (current amax) | delayed (amax history)
+    granularity: str = "tensorwise"  # tensorwise: a scale per tensor | rowwise: per row (dynamic)
     amax_history_len: int = 16
     amax_compute_algo: str = "max"  # max | most_recent (delayed scaling)
     margin: int = 0  # scale divided by 2**margin: headroom against growing amax
@@ -701,6 +702,19 @@ def validate_precision(p: PrecisionConfig) -> None:
 def validate_fp8(f: FP8Config) -> None:
     _require(f.format in ("hybrid", "e4m3"), "fp8.format", f.format, "hybrid or e4m3")
     _require(f.scaling in ("dynamic", "delayed"), "fp8.scaling", f.scaling, "dynamic or delayed")
+    _require(
+        f.granularity in ("tensorwise", "rowwise"),
+        "fp8.granularity",
+        f.granularity,
+        "tensorwise or rowwise",
+    )
+    _require(
+        f.granularity == "tensorwise" or f.scaling == "dynamic",
+        "fp8.granularity",
+        f.granularity,
+        "rowwise scales are dynamic (one per row of each tensor, no history): "
+        "use fp8.scaling=dynamic or fp8.granularity=tensorwise",
+    )
     _at_least("fp8.amax_history_len", f.amax_history_len, 1)
     _require(
         f.amax_compute_algo in ("max", "most_recent"),

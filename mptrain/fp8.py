@@ -82,6 +82,7 @@ class FP8Recipe:
     forward_dtype: torch.dtype = E4M3
     backward_dtype: torch.dtype = E5M2
     scaling: str = "dynamic"  # dynamic | delayed
+    granularity: str = "tensorwise"  # tensorwise: one scale per tensor | rowwise (dynamic only)
     amax_history_len: int = 16
     amax_compute_algo: str = "max"  # max | most_recent
     margin: int = 0
@@ -213,6 +214,11 @@ class TensorScaler(nn.Module):
         self.zero_amax_casts.add_(amax == 0)
         self.nonfinite_amax_casts.add_(~torch.isfinite(amax))
 
+    def _push_amax(self, amax: torch.Tensor) -> None:
+        """The history takes ``amax`` as its most recent entry; the oldest drops out."""
+        self.amax_history.copy_(torch.roll(self.amax_history, 1))
+        self.amax_history[0] = amax
+
     @torch.no_grad()
     def cast(self, x: torch.Tensor, update: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
         """Quantize ``x``; return (FP8 tensor, the scale used).
@@ -230,9 +236,34 @@ class TensorScaler(nn.Module):
         if not update:
             return quantize(x, scale, self.dtype), scale
         self._count(magnitude, amax, scale)
-        self.amax_history.copy_(torch.roll(self.amax_history, 1))
-        self.amax_history[0] = amax
+        self._push_amax(amax)
         self.scale.copy_(scale if dynamic else self._scale_for(self._history_amax()))
+        return quantize(x, scale, self.dtype), scale
+
+    @torch.no_grad()
+    def cast_along(
+        self, x: torch.Tensor, dim: int, update: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Quantize the 2-D ``x`` with one dynamic scale per slice along ``dim`` (rowwise scaling:
+        ``dim=-1`` gives one scale per row, shape (rows, 1); ``dim=0`` one per column, (1, cols)).
+
+        Each scale comes from its own row's (column's) amax, so an outlier row no longer shrinks
+        every other row's scale. An all-zero row gets a huge finite scale (it quantizes to zeros);
+        a row holding inf/NaN gets a 0/NaN scale and quantizes to NaN, as its product would be in
+        high precision. With ``update`` the cast is counted like :meth:`cast` (saturation, zero or
+        non-finite amax of the whole tensor), the history takes the tensor's amax and ``scale``
+        becomes the tensor-level scale (the smallest row scale): what the report shows.
+        """
+        magnitude = x.detach().abs().float()
+        amax = magnitude.amax(dim=dim, keepdim=True)
+        scale = scale_from_amax(amax, self.dtype, self.recipe.margin)
+        if self.recipe.pow2_scales:
+            scale = pow2_floor(scale)
+        if update:
+            tensor_amax = amax.max()
+            self._count(magnitude, tensor_amax, scale)
+            self._push_amax(tensor_amax)
+            self.scale.copy_(self._scale_for(tensor_amax))
         return quantize(x, scale, self.dtype), scale
 
 
@@ -245,12 +276,22 @@ def _is_column_major(t: torch.Tensor) -> bool:
     return t.stride(0) == 1 and t.stride(1) == t.shape[0]
 
 
-def check_gemm_operands(a: torch.Tensor, b: torch.Tensor) -> None:
+def check_gemm_operands(
+    a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor
+) -> None:
     """The torch._scaled_mm contract, enforced on every device.
 
-    ``a`` (M×K) row-major, ``b`` (K×N) column-major, K and N multiples of 16, not both E5M2.
+    ``a`` (M×K) row-major, ``b`` (K×N) column-major, K and N multiples of 16, not both E5M2;
+    scales either both per tensor (shape ()) or both rowwise: (M, 1) for ``a``, (1, N) for ``b``.
     """
-    (_, k), (k_b, n) = a.shape, b.shape
+    (m, k), (k_b, n) = a.shape, b.shape
+    tensorwise = a_scale.shape == b_scale.shape == ()
+    rowwise = a_scale.shape == (m, 1) and b_scale.shape == (1, n)
+    if not (tensorwise or rowwise):
+        raise ValueError(
+            f"FP8 GEMM: scales {tuple(a_scale.shape)} and {tuple(b_scale.shape)} are neither "
+            f"both per tensor nor rowwise ({m}, 1) and (1, {n})"
+        )
     if k != k_b:
         raise ValueError(f"FP8 GEMM: inner dimensions differ ({k} vs {k_b})")
     if k % GEMM_ALIGNMENT or n % GEMM_ALIGNMENT:
@@ -271,8 +312,9 @@ def fp8_gemm(
     out_dtype: torch.dtype,
     real: bool,
 ) -> torch.Tensor:
-    """``dequantize(a) @ dequantize(b)`` with FP32 accumulation, as ``torch._scaled_mm`` computes it."""
-    check_gemm_operands(a, b)
+    """``dequantize(a) @ dequantize(b)`` with FP32 accumulation, as ``torch._scaled_mm`` computes it
+    (scales per tensor or rowwise: see :func:`check_gemm_operands`)."""
+    check_gemm_operands(a, a_scale, b, b_scale)
     a_inv, b_inv = a_scale.reciprocal(), b_scale.reciprocal()
     if real:
         return torch._scaled_mm(a, b, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype)
@@ -287,6 +329,12 @@ def _pad_rows(t: torch.Tensor, multiple: int) -> torch.Tensor:
     """Zero rows up to a multiple (they add nothing to dW = dyᵀ x, whose K is the row count)."""
     extra = -t.shape[0] % multiple
     return F.pad(t, (0, 0, 0, extra)) if extra else t
+
+
+def _remember_call(ctx: Any, module: Float8Linear, x: torch.Tensor, bias: Any) -> None:
+    """What a backward needs besides its saved tensors: the layer, the input's shape and dtype
+    (the input gradient takes them) and whether there is a bias to give a gradient."""
+    ctx.module, ctx.x_shape, ctx.x_dtype, ctx.has_bias = module, x.shape, x.dtype, bias is not None
 
 
 class _Float8LinearFunction(torch.autograd.Function):
@@ -311,12 +359,7 @@ class _Float8LinearFunction(torch.autograd.Function):
         if bias is not None:
             out = out + bias.to(out_dtype)
         ctx.save_for_backward(x_fp8, x_scale, w_fp8, w_scale)
-        ctx.module, ctx.x_shape, ctx.x_dtype, ctx.has_bias = (
-            module,
-            x.shape,
-            x.dtype,
-            bias is not None,
-        )
+        _remember_call(ctx, module, x, bias)
         return out
 
     @staticmethod
@@ -333,6 +376,75 @@ class _Float8LinearFunction(torch.autograd.Function):
         g_t = _pad_rows(g_fp8.float(), GEMM_ALIGNMENT).to(g_fp8.dtype).t().contiguous()
         x_col = _pad_rows(x_fp8.float(), GEMM_ALIGNMENT).to(x_fp8.dtype).t().contiguous().t()
         grad_w = fp8_gemm(g_t, g_scale, x_col, x_scale, torch.float32, real)
+        grad_b = g.float().sum(0) if ctx.has_bias else None
+        return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
+
+
+# torch's rowwise-scaled FP8 GEMM kernels write BF16 only; the emulation rounds the same way.
+ROWWISE_GEMM_OUT = torch.bfloat16
+
+
+def _rowwise_gemm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    real: bool,
+) -> torch.Tensor:
+    """A rowwise-scaled FP8 GEMM: BF16 out of the GEMM (real or emulated), then ``out_dtype``."""
+    return fp8_gemm(a, a_scale, b, b_scale, ROWWISE_GEMM_OUT, real).to(out_dtype)
+
+
+class _RowwiseFloat8LinearFunction(torch.autograd.Function):
+    """Rowwise scaling, as torchao's rowwise recipe: every GEMM operand gets one scale per row
+    (left operand) or per column (right operand), the slices that do not meet in the sum, so
+    ``_scaled_mm`` can apply them to the product. Each GEMM needs its operands scaled along its
+    own outer dimension, so the input and the weight are quantized again in the backward (along
+    the other axis) from their high-precision values, which the forward saves."""
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        module: Float8Linear,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1]).contiguous()
+        update = module.training
+        x_fp8, x_scale = module.input_scaler.cast_along(rows, -1, update)  # (M, 1)
+        w_fp8, w_scale = module.weight_scaler.cast_along(weight.contiguous(), -1, update)  # (N, 1)
+        # y = x Wᵀ: one scale per row of x and per column of Wᵀ (= per row of W).
+        out = _rowwise_gemm(
+            x_fp8, x_scale, w_fp8.t(), w_scale.t(), out_dtype, module.recipe.real_gemm
+        )
+        if bias is not None:
+            out = out + bias.to(out_dtype)
+        ctx.save_for_backward(rows, weight)
+        _remember_call(ctx, module, x, bias)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        rows, weight = ctx.saved_tensors
+        module: Float8Linear = ctx.module
+        real = module.recipe.real_gemm
+        g = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()
+        # The counted casts are the forward's (input, weight) and this one (grad); the casts
+        # along the other axis below quantize the same tensors again and are not counted twice.
+        g_rows, g_row_scale = module.grad_scaler.cast_along(g, -1)  # (M, 1)
+        w_cols, w_col_scale = module.weight_scaler.cast_along(weight.contiguous(), 0, False)
+        # dx = dy W: per row of dy, per column of W (N×K, column-major).
+        w_col_major = w_cols.t().contiguous().t()
+        grad_x = _rowwise_gemm(g_rows, g_row_scale, w_col_major, w_col_scale, ctx.x_dtype, real)
+        # dW = dyᵀ x: per column of dy (a row of dyᵀ) and per column of x; M padded to 16.
+        g_cols, g_col_scale = module.grad_scaler.cast_along(g, 0, False)  # (1, N)
+        x_cols, x_col_scale = module.input_scaler.cast_along(rows, 0, False)  # (1, K)
+        g_t = _pad_rows(g_cols.float(), GEMM_ALIGNMENT).to(g_cols.dtype).t().contiguous()
+        x_col = _pad_rows(x_cols.float(), GEMM_ALIGNMENT).to(x_cols.dtype).t().contiguous().t()
+        grad_w = _rowwise_gemm(g_t, g_col_scale.t(), x_col, x_col_scale, torch.float32, real)
         grad_b = g.float().sum(0) if ctx.has_bias else None
         return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
 
@@ -376,14 +488,20 @@ class Float8Linear(nn.Linear):
         else:
             out_dtype = x.dtype
         with torch.autocast(x.device.type, enabled=False):
-            out = _Float8LinearFunction.apply(x, self.weight, self.bias, self, out_dtype)
+            function = (
+                _RowwiseFloat8LinearFunction
+                if self.recipe.granularity == "rowwise"
+                else _Float8LinearFunction
+            )
+            out = function.apply(x, self.weight, self.bias, self, out_dtype)
         # Reshape outside the Function: a view returned by it could not be modified in place.
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         fmt = f"{dtype_name(self.recipe.forward_dtype)}/{dtype_name(self.recipe.backward_dtype)}"
         gemm = "scaled_mm" if self.recipe.real_gemm else "emulated"
-        return f"{super().extra_repr()}, fp8={fmt}, scaling={self.recipe.scaling}, gemm={gemm}"
+        scaling = f"{self.recipe.scaling} {self.recipe.granularity}"
+        return f"{super().extra_repr()}, fp8={fmt}, scaling={scaling}, gemm={gemm}"
 
 
 # ------------------------------------------------------------------------------ conversion
@@ -523,16 +641,39 @@ def fp8_gemm_available(device: torch.device) -> bool:
 
 
 # ------------------------------------------------------------------------------ run glue
-def _torchao_convert(model: nn.Module, converted: set[str], pow2_scales: bool) -> None:
-    """Convert the chosen layers with torchao's float8 training (tensorwise dynamic scaling;
-    power-of-two scales through its ``round_scales_to_power_of_2``)."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+def torchao_config(recipe: FP8Recipe) -> Any:
+    """torchao's ``Float8LinearConfig`` doing what ``recipe`` says (dynamic scaling only): its
+    tensorwise or rowwise recipe, with this recipe's formats (E5M2 gradients in the hybrid format;
+    torchao's rowwise recipe alone would use E4M3), power-of-two scales and GEMM (emulated when
+    ``recipe.real_gemm`` is false)."""
+    from torchao.float8 import Float8LinearConfig
+    from torchao.float8.config import CastConfig, ScalingGranularity
 
-    config = Float8LinearConfig.from_recipe_name("tensorwise")
-    if pow2_scales:
-        config = replace(config, round_scales_to_power_of_2=True)
+    rowwise = recipe.granularity == "rowwise"
+    granularity = ScalingGranularity.AXISWISE if rowwise else ScalingGranularity.TENSORWISE
+    forward = CastConfig(scaling_granularity=granularity, target_dtype=recipe.forward_dtype)
+    backward = CastConfig(scaling_granularity=granularity, target_dtype=recipe.backward_dtype)
+    return replace(
+        Float8LinearConfig.from_recipe_name(recipe.granularity),
+        cast_config_input=forward,
+        cast_config_input_for_grad_weight=forward,
+        cast_config_weight=forward,
+        cast_config_weight_for_grad_input=forward,
+        cast_config_grad_output=backward,
+        cast_config_grad_output_for_grad_weight=backward,
+        round_scales_to_power_of_2=recipe.pow2_scales,
+        emulate=not recipe.real_gemm,
+    )
+
+
+def _torchao_convert(model: nn.Module, converted: set[str], recipe: FP8Recipe) -> None:
+    """Convert the chosen layers with torchao's float8 training (:func:`torchao_config`)."""
+    from torchao.float8 import convert_to_float8_training
+
     convert_to_float8_training(
-        model, config=config, module_filter_fn=lambda module, name: name in converted
+        model,
+        config=torchao_config(recipe),
+        module_filter_fn=lambda module, name: name in converted,
     )
 
 
@@ -559,7 +700,7 @@ def apply_fp8(
     if backend == "torchao":
         if recipe.scaling != "dynamic":
             raise ValueError("fp8.backend=torchao supports fp8.scaling=dynamic only")
-        _torchao_convert(model, converted, recipe.pow2_scales)
+        _torchao_convert(model, converted, recipe)
     else:
         convert_to_fp8(model, choices, recipe)
     share = sum(flops.get(n, 0) for n in converted) / total if total else 0.0
@@ -570,6 +711,7 @@ def apply_fp8(
         "forward_dtype": dtype_name(recipe.forward_dtype),
         "backward_dtype": dtype_name(recipe.backward_dtype),
         "scaling": recipe.scaling,
+        "granularity": recipe.granularity,
         "amax_history_len": recipe.amax_history_len,
         "amax_compute_algo": recipe.amax_compute_algo,
         "margin": recipe.margin,

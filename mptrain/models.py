@@ -512,5 +512,16 @@ def model_facts(model: nn.Module) -> ModelFacts | None:
     return None
 
 
+def compile_counts() -> dict[str, int]:
+    """torch.compile's running totals in this process (TorchDynamo's counters): graphs compiled
+    and graph breaks. A run reports how much they grew while it ran."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "graphs": counters["stats"]["unique_graphs"],
+        "graph_breaks": sum(counters["graph_break"].values()),
+    }
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())

@@ -160,6 +160,7 @@ def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[
         forward_dtype=E4M3,
         backward_dtype=E5M2 if cfg.format == "hybrid" else E4M3,
         scaling=cfg.scaling,
+        granularity=cfg.granularity,
         amax_history_len=cfg.amax_history_len,
         amax_compute_algo=cfg.amax_compute_algo,
         margin=cfg.margin,

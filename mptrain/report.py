@@ -63,6 +63,10 @@ class ModelSection:
     parameters: int | None
     channels_last: bool
     compile: bool
+    # With compile=true: graphs TorchDynamo compiled and graph breaks it hit during the run
+    # (training and evaluation forwards); None without compile.
+    compiled_graphs: int | None = None
+    graph_breaks: int | None = None
     # What was built (mptrain.models.ModelFacts); None in reports written before these existed,
     # or when the run stopped before the model was built.
     source: str | None = None  # builtin | torchvision | timm | custom
@@ -442,6 +446,8 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         ("device", report.hardware["device"]),
         ("model / data", f"{_model_words(report.model)} / {report.data.description}"),
         *_corpus_rows(report.data.text),
+        *_fp8_rows(report.fp8),
+        *_compile_rows(report.model),
         ("steps", f"{t.steps} of {t.total_steps} ({t.epochs_completed} epochs)"),
         ("skipped steps", _skipped_text(t)),
         ("loss scale", _scale_text(t.loss_scale)),
@@ -477,6 +483,30 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         )
     rows += [("note", n) for n in p.notes]
     return rows
+
+
+def _fp8_rows(fp8: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """What the FP8 recipe was: scaling, formats, the layers it converted."""
+    if fp8 is None:
+        return []
+    layers = fp8["layers"]
+    converted = sum(layer["converted"] for layer in layers)
+    pow2 = ", power-of-two scales" if fp8.get("pow2_scales") else ""
+    return [
+        (
+            "fp8",
+            f"{fp8['scaling']} {fp8.get('granularity', 'tensorwise')} scaling{pow2}, "
+            f"{fp8['forward_dtype']}/{fp8['backward_dtype']}, {fp8['gemm']}; {converted} of "
+            f"{len(layers)} Linear layers ({fmt_pct(fp8['converted_linear_flops_share'])} of "
+            "their FLOPs)",
+        )
+    ]
+
+
+def _compile_rows(model: ModelSection) -> list[tuple[str, str]]:
+    if model.compiled_graphs is None:
+        return []
+    return [("compile", f"{model.compiled_graphs} graphs, {model.graph_breaks} graph breaks")]
 
 
 def _time_text(t: TimeSection) -> str:

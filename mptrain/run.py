@@ -46,7 +46,7 @@ from mptrain.fp8 import fp8_layer_stats
 from mptrain.joblog import JobLog, job_console
 from mptrain.loop import LoopHooks, train_loop
 from mptrain.metrics import MetricsLog, read_metrics, truncate_after
-from mptrain.models import model_facts
+from mptrain.models import compile_counts, model_facts
 from mptrain.optim import optimizer_implementation
 from mptrain.plots import RUN_PNG, FigureWorker, plot_run
 from mptrain.precision import PrecisionPolicy
@@ -145,6 +145,7 @@ class _Job:
         self.log, self.console = log, log.console
         self.started_at = _now()
         self.start_time = time.perf_counter()
+        self.compile_counts_at_start = compile_counts() if cfg.compile else None
         # Decided before the build, so a report of a failed build still names them.
         self.device = torch.device("cpu")
         self.policy: PrecisionPolicy | None = None
@@ -352,15 +353,25 @@ def _now() -> str:
 
 
 # ------------------------------------------------------------------------------ the report
-def _model_section(cfg: RunConfig, run: Run | None) -> ModelSection:
-    """The model's name and settings, and what was built (source, class, adaptations)."""
+def _model_section(job: _Job) -> ModelSection:
+    """The model's name and settings, what was built (source, class, adaptations) and, with
+    compile=true, the graphs and graph breaks torch.compile produced during the run."""
+    cfg, run = job.cfg, job.run
     facts = model_facts(run.model) if run else None
     built = dataclasses.asdict(facts) if facts else {}
+    compiled = {}
+    if job.compile_counts_at_start is not None:
+        start, now = job.compile_counts_at_start, compile_counts()
+        compiled = {
+            "compiled_graphs": now["graphs"] - start["graphs"],
+            "graph_breaks": now["graph_breaks"] - start["graph_breaks"],
+        }
     return ModelSection(
         cfg.model.name,
         run.num_parameters if run else None,
         cfg.channels_last,
         cfg.compile,
+        **compiled,
         **built,
     )
 
@@ -388,7 +399,7 @@ def assemble_report(job: _Job, status: str, reason: str | None) -> RunReport:
         optimizer=OptimizerSection(
             cfg.optimizer.name, optimizer_implementation(run.optimizer) if run else None
         ),
-        model=_model_section(cfg, run),
+        model=_model_section(job),
         data=_data_section(cfg, run, job.dist),
         training=_training_section(cfg, run, state),
         numerics=_numerics_section(run),

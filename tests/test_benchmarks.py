@@ -77,19 +77,34 @@ def test_resnet50_script_smoke_run_on_cpu(tmp_path):
 def test_fp8_script_smoke_run_on_cpu(tmp_path):
     doc = run_to_json(
         "gpu_fp8_check.py", "--device", "cpu", "--gemm-shapes", "64x128x256", "--steps", "4",
-        "--warmup", "2", "--batch", "64", "--width", "64", cwd=tmp_path,
+        "--warmup", "2", "--batch", "64", "--width", "64",
+        "--variants", "bf16,fp8,fp8_rowwise,fp8_rowwise_compiled", "--compile-backend", "aot_eager",
+        cwd=tmp_path,
     )  # fmt: skip
 
     assert "not FP8 hardware" in doc["note"]
     gemms = doc["gemm_agreement"]
-    assert [g["a_dtype"] for g in gemms] == ["float8_e4m3fn", "float8_e5m2"]
+    assert [(g["granularity"], g["a_dtype"]) for g in gemms] == [
+        ("tensorwise", "float8_e4m3fn"),
+        ("tensorwise", "float8_e5m2"),
+        ("rowwise", "float8_e4m3fn"),
+        ("rowwise", "float8_e5m2"),
+    ]
     # torch._scaled_mm and the emulation multiply the same FP8 operands: they agree far beyond
     # what FP8 itself keeps of the FP32 product.
     assert all(g["real_vs_emulated_sqnr_db"] > 60 for g in gemms)
     assert all(10 < g["real_vs_fp32_sqnr_db"] < 40 for g in gemms)
     training = doc["training"]
-    assert training["all_losses_finite"]
-    assert 0 < training["converted_flops_share"] < 1  # first and last layers stay in BF16
+    assert training["all_losses_finite"] and training["failed"] == {}
+    variants = training["variants"]
+    assert list(variants) == ["bf16", "fp8", "fp8_rowwise", "fp8_rowwise_compiled"]
+    for name in ("fp8", "fp8_rowwise"):  # first and last layers stay in BF16
+        assert 0 < variants[name]["converted_flops_share"] < 1
+    # Each FP8 variant against BF16 of its mode; no compiled BF16 ran: no row for compiled FP8.
+    assert {n: r["vs"] for n, r in training["vs_bf16"].items()} == {
+        "fp8": "bf16",
+        "fp8_rowwise": "bf16",
+    }
 
 
 def load_script(name: str):
@@ -252,3 +267,13 @@ def test_gpu_all_writes_to_out_bundled_by_default(monkeypatch, tmp_path):
     args = gpu_all.parse_args(["--smoke"])
     assert not args.bundle and args.out.parent.name == "results"
     assert "gpu_smoke_" in args.out.name
+
+
+def test_fp8_rowwise_sqnr_script_shows_rowwise_keeping_ordinary_rows(tmp_path):
+    doc = run_to_json("fp8_rowwise_sqnr.py", "--outliers", "1,1e5", cwd=tmp_path)
+
+    rows = {(r["outlier"], r["granularity"]): r["out_ordinary_rows"] for r in doc["rows"]}
+    assert set(rows) == {(o, g) for o in (1.0, 1e5) for g in ("tensorwise", "rowwise")}
+    # Without outliers the two agree; next to 1e5x rows only rowwise keeps the ordinary rows.
+    assert abs(rows[1.0, "tensorwise"] - rows[1.0, "rowwise"]) < 0.5
+    assert rows[1e5, "tensorwise"] < 10 < 28 < rows[1e5, "rowwise"]

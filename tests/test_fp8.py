@@ -254,8 +254,8 @@ def column_major(rows: int, cols: int, dtype: torch.dtype = E4M3) -> torch.Tenso
 
 def test_gemm_accepts_the_scaled_mm_layout_with_any_row_count():
     a, b = row_major(5, 32), column_major(32, 48, E5M2)
-    check_gemm_operands(a, b)
     one = torch.tensor(1.0)
+    check_gemm_operands(a, one, b, one)
     out = fp8_gemm(a, one, b, one, torch.float32, real=False)
     assert out.shape == (5, 48)
     torch.testing.assert_close(out, a.float() @ b.float())
@@ -274,8 +274,9 @@ def test_gemm_accepts_the_scaled_mm_layout_with_any_row_count():
     ids=["K-unaligned", "N-unaligned", "a-column-major", "b-row-major", "e5m2-e5m2", "K-mismatch"],
 )
 def test_gemm_rejects_what_scaled_mm_rejects(a, b, message):
+    one = torch.tensor(1.0)
     with pytest.raises(ValueError, match=message):
-        check_gemm_operands(a, b)
+        check_gemm_operands(a, one, b, one)
     with pytest.raises(ValueError, match=message):
         fp8_gemm(a, torch.tensor(1.0), b, torch.tensor(1.0), torch.float32, real=False)
 
@@ -579,6 +580,110 @@ def test_fp8_values_times_a_power_of_two_round_trip_exactly_with_pow2_scales(dty
     # The unrounded scale (no pow2_scales) loses them: the test can tell the two apart.
     x_fp8, scale = TensorScaler(dtype, FP8Recipe()).cast(x)
     assert not torch.equal(dequantize(x_fp8, scale), x)
+
+
+# ---------------------------------------------------------------------- 5c. rowwise scaling
+def rowwise_dequantized(t: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` quantized with one scale per slice along ``dim``, back in float64 (the definition)."""
+    scale = scale_from_amax(t.abs().amax(dim=dim, keepdim=True), dtype)
+    return dequantize(quantize(t, scale, dtype), scale).double()
+
+
+def test_rowwise_casts_take_one_scale_per_row_or_column_from_its_own_amax():
+    scaler = TensorScaler(E4M3, recipe(granularity="rowwise"))
+    x = torch.tensor([[1.0, -2.0, 0.5, 0.25], [0.0, 0.0, 0.0, 0.0], [300.0, 1.0, -3.0, 2.0]])
+    rows, row_scale = scaler.cast_along(x, -1)
+    assert row_scale.shape == (3, 1)
+    # Every nonzero row's largest magnitude lands on the format's max; the zero row stays zero.
+    assert rows.float().abs().amax(dim=1).tolist() == [448.0, 0.0, 448.0]
+    assert row_scale[0].item() == scale_from_amax(torch.tensor(2.0), E4M3).item()
+    cols, col_scale = scaler.cast_along(x, 0, update=False)
+    assert col_scale.shape == (1, 4) and cols.float().abs().amax(dim=0).tolist() == [448.0] * 4
+    # The counted cast: the tensor's amax enters the history; its scale (the smallest) is kept.
+    assert scaler.amax_history[0].item() == 300.0 and float(scaler.seen) == x.numel()
+    assert scaler.scale.item() == scale_from_amax(torch.tensor(300.0), E4M3).item()
+
+
+@pytest.mark.parametrize("fmt", ["hybrid", "e4m3"])
+def test_rowwise_float8_linear_computes_the_products_of_its_rowwise_quantized_operands(fmt):
+    """y = x Wᵀ with a scale per row of x and per row of W; dx = dy W with one per row of dy and
+    per column of W; dW = dyᵀ x with one per column of dy and of x. Rows of very different sizes:
+    tensorwise quantization would miss these references by FP8 steps, not BF16 rounding."""
+    forward, backward = FORMATS[fmt]
+    torch.manual_seed(2)
+    layer = Float8Linear(32, 48, bias=True, recipe=recipe(fmt, granularity="rowwise"))
+    x = torch.randn(5, 32) * torch.tensor([1e-3, 1.0, 50.0, 1e3, 0.1])[:, None]
+    x.requires_grad_()
+    grad_out = torch.randn(5, 48) * torch.tensor([1e2, 1e-2, 1.0, 3.0, 1e-4])[:, None]
+    y = layer(x)
+    y.backward(grad_out)
+
+    w = layer.weight.detach()
+    expected_y = (
+        rowwise_dequantized(x.detach(), -1, forward) @ rowwise_dequantized(w, -1, forward).T
+    )
+    expected_dx = rowwise_dequantized(grad_out, -1, backward) @ rowwise_dequantized(w, 0, forward)
+    expected_dw = rowwise_dequantized(grad_out, 0, backward).T @ rowwise_dequantized(
+        x.detach(), 0, forward
+    )
+    # The GEMMs write BF16 (torch's rowwise kernels do): equal to one BF16 rounding.
+    bf16 = {"rtol": 2**-8, "atol": 0}
+    product = (y - layer.bias).detach()  # the bias is added after the GEMM's BF16 rounding
+    torch.testing.assert_close(product.double(), expected_y, **bf16)
+    torch.testing.assert_close(x.grad.double(), expected_dx, **bf16)
+    torch.testing.assert_close(layer.weight.grad.double(), expected_dw, **bf16)
+    assert layer.bias.grad.tolist() == pytest.approx(grad_out.sum(0).tolist())
+
+
+def test_rowwise_keeps_ordinary_rows_accurate_next_to_outlier_rows():
+    """One row in 16 is 1e5 times larger: one scale for the tensor pushes the other rows into
+    FP8's subnormals (8 dB); a scale per row keeps them at FP8's ~29 dB."""
+    torch.manual_seed(0)
+    reference = nn.Linear(64, 32, bias=False)
+    x = torch.randn(48, 64)
+    x[::16] *= 1e5
+    ordinary = torch.ones(48, dtype=torch.bool)
+    ordinary[::16] = False
+    expected = reference(x).detach()[ordinary]
+    sqnr = {}
+    for granularity in ("tensorwise", "rowwise"):
+        layer = Float8Linear.from_linear(copy.deepcopy(reference), recipe(granularity=granularity))
+        sqnr[granularity] = sqnr_db(expected, layer(x).detach()[ordinary])
+    assert sqnr["rowwise"] > 28 and sqnr["tensorwise"] < 15, sqnr
+
+
+def test_rowwise_scaled_mm_on_the_cpu_agrees_with_the_emulation():
+    """torch._scaled_mm with rowwise scales (the CPU kernel) and the emulated GEMM: same operands
+    and scales, BF16 out; they may differ by the FP32 summation order, i.e. one BF16 rounding."""
+    if not hasattr(torch, "_scaled_mm"):
+        pytest.skip("no torch._scaled_mm")
+    torch.manual_seed(3)
+    x = torch.randn(40, 64) * torch.logspace(-2, 2, 40)[:, None]
+    grad_out = torch.randn(40, 48)
+    results = []
+    for real in (False, True):
+        torch.manual_seed(4)
+        layer = Float8Linear(
+            64, 48, bias=False, recipe=recipe(granularity="rowwise", real_gemm=real)
+        )
+        inputs = x.clone().requires_grad_()
+        out = layer(inputs)
+        out.backward(grad_out)
+        results.append((out, inputs.grad, layer.weight.grad))
+    for emulated, real in zip(*results, strict=True):
+        torch.testing.assert_close(real, emulated, rtol=2**-7, atol=1e-5)
+
+
+def test_rowwise_needs_dynamic_scaling_and_composes_from_the_command_line():
+    assert compose_run().fp8.granularity == "tensorwise"
+    assert compose_run("precision=fp8", "fp8.granularity=rowwise").fp8.granularity == "rowwise"
+    with pytest.raises(ConfigError) as err:
+        check_command_line(["precision=fp8", "fp8.granularity=rowwise", "fp8.scaling=delayed"])
+    message = str(err.value)
+    assert "\n" not in message and message.startswith("fp8.granularity='rowwise': rowwise scales")
+    assert "fp8.scaling=dynamic" in message
+    with pytest.raises(ConfigError, match=r"^fp8\.granularity='colwise': tensorwise or rowwise$"):
+        validate_fp8(FP8Config(granularity="colwise"))
 
 
 # ---------------------------------------------------------------- 6. checkpoint round trip
@@ -892,8 +997,13 @@ def test_emulate_false_on_an_ampere_gpu_raises_naming_its_capability(fake_gpu):
     assert "8.0" in str(err.value) and "8.9" in str(err.value)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchao") is not None, reason="torchao installed")
-def test_torchao_backend_without_torchao_raises():
+def test_torchao_backend_without_torchao_raises(monkeypatch):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(  # as on a machine without torchao (the test extra installs it)
+        importlib.util,
+        "find_spec",
+        lambda name, *args: None if name == "torchao" else real_find_spec(name, *args),
+    )
     with pytest.raises(ConfigError, match="torchao is not installed"):
         resolve_precision(FP8_PRECISION, CPU, FP8Config(backend="torchao"))
 
@@ -1024,6 +1134,34 @@ def test_fp8_run_with_pow2_scales_records_them_and_keeps_power_of_two_scales(tmp
     assert math.isfinite(report["evaluation"]["final_val_loss"])
 
 
+def test_fp8_rowwise_run_records_its_granularity_and_trains(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_module, "FigureWorker", NoFigure)  # no curves.png: not read here
+    report = train(tiny_run("precision=fp8", "fp8.granularity=rowwise", "max_steps=12"), tmp_path)
+    assert report["status"] == "completed"
+    assert report["fp8"]["granularity"] == "rowwise" and report["fp8"]["scaling"] == "dynamic"
+    (stats,) = report["fp8"]["final_layer_stats"]
+    for role in ("input", "weight", "grad"):  # the tensor-level (smallest) row scale
+        assert math.isfinite(stats[f"{role}_scale"]) and stats[f"{role}_scale"] > 0
+    assert report["evaluation"]["final_val_accuracy"] > 0.5
+    summary = (tmp_path / "report.md").read_text()
+    assert "dynamic rowwise scaling, float8_e4m3fn/float8_e5m2, emulated" in summary
+
+
+def test_fp8_run_compiles_without_graph_breaks_and_says_so(tmp_path, monkeypatch):
+    """compile=true with FP8 layers (inductor on the CPU): the report counts the graphs and graph
+    breaks torch.compile produced, and the fp8 section records that the layers were compiled."""
+    monkeypatch.setattr(run_module, "FigureWorker", NoFigure)
+    torch._dynamo.reset()
+    overrides = ("precision=fp8", "compile=true", "max_steps=4", "log_every=2", "eval_every=4")
+    report = train(tiny_run(*overrides), tmp_path)
+    assert report["status"] == "completed" and report["fp8"]["compile"] is True
+    model = report["model"]
+    assert model["compile"] is True and model["graph_breaks"] == 0
+    assert model["compiled_graphs"] >= 2  # training and evaluation (eval mode) forwards
+    assert math.isfinite(report["evaluation"]["final_val_loss"])
+    assert "| compile | " in (tmp_path / "report.md").read_text()
+
+
 def test_model_without_convertible_linear_stops_with_config_error(tmp_path):
     with pytest.raises(ConfigError, match="no Linear layer") as err:
         train(tiny_run("precision=fp8", "model=cnn", "max_steps=2"), tmp_path)
@@ -1139,11 +1277,19 @@ def test_evaluation_leaves_fp8_scaling_state_alone():
 
 # ------------------------------------------------------------------------------ torch.compile
 @pytest.mark.parametrize(
-    ("scaling", "real_gemm"),
-    [("dynamic", False), ("delayed", False), ("delayed", True)],
-    ids=["dynamic", "delayed", "delayed-scaled_mm"],
+    ("scaling", "granularity", "real_gemm"),
+    [
+        ("dynamic", "tensorwise", False),
+        ("delayed", "tensorwise", False),
+        ("delayed", "tensorwise", True),
+        ("dynamic", "rowwise", False),
+        ("dynamic", "rowwise", True),
+    ],
+    ids=["dynamic", "delayed", "delayed-scaled_mm", "rowwise", "rowwise-scaled_mm"],
 )
-def test_fp8_layers_compile_without_graph_breaks_and_train_like_eager(scaling, real_gemm):
+def test_fp8_layers_compile_without_graph_breaks_and_train_like_eager(
+    scaling, granularity, real_gemm
+):
     """torch.compile(fullgraph=True) of two Float8Linear layers under BF16 autocast: no graph
     break, and four training steps (input scales 0.1/1/10, an all-zero batch, an eval forward)
     give bit-identical outputs, gradients and scaler buffers to eager. Guards three failures seen
@@ -1152,7 +1298,13 @@ def test_fp8_layers_compile_without_graph_breaks_and_train_like_eager(scaling, r
     after the forward had updated it (gradients scaled by the next step's scale)."""
     if real_gemm and not hasattr(torch, "_scaled_mm"):
         pytest.skip("no torch._scaled_mm")
-    recipe = FP8Recipe(scaling=scaling, amax_compute_algo="most_recent", real_gemm=real_gemm)
+    torch._dynamo.reset()  # each case compiles afresh: no recompile limit shared between cases
+    recipe = FP8Recipe(
+        scaling=scaling,
+        granularity=granularity,
+        amax_compute_algo="most_recent",
+        real_gemm=real_gemm,
+    )
     torch.manual_seed(0)
     eager = nn.Sequential(
         Float8Linear.from_linear(nn.Linear(64, 64), recipe),
