@@ -172,6 +172,15 @@ class TensorScaler(nn.Module):
         self.register_buffer("seen", torch.zeros((), dtype=torch.float64))
         for name in AMAX_EVENT_COUNTERS:
             self.register_buffer(name, torch.zeros((), dtype=torch.float64))
+        # Delayed scaling under data parallelism: the scale is computed once the amaxes of every
+        # rank are in the history (update_scale, called by mptrain.fp8_dist), not after each cast.
+        self.defer_scale_update = False
+
+    @torch.no_grad()
+    def update_scale(self) -> None:
+        """Delayed scaling: the scale from the current amax history (a zero or non-finite amax
+        keeps the current scale). On the device: no host synchronisation."""
+        self.scale.copy_(self._scale_for(self._history_amax()))
 
     @torch.no_grad()
     def reset(self) -> None:
@@ -220,6 +229,7 @@ class TensorScaler(nn.Module):
         Dynamic: scale from this tensor's amax. Delayed: the scale computed from earlier amaxes is
         used now, then the history takes this amax (whatever it is) and the next scale is computed.
         Either way a zero or non-finite amax keeps the previous scale (see the class doc). With
+        ``defer_scale_update`` the delayed scale waits for :meth:`update_scale`. With
         ``update=False`` (evaluation) history, counters and the scale are left alone.
         Everything stays on the device: no host synchronisation.
         """
@@ -232,7 +242,10 @@ class TensorScaler(nn.Module):
         self._count(magnitude, amax, scale)
         self.amax_history.copy_(torch.roll(self.amax_history, 1))
         self.amax_history[0] = amax
-        self.scale.copy_(scale if dynamic else self._scale_for(self._history_amax()))
+        if dynamic:
+            self.scale.copy_(scale)
+        elif not self.defer_scale_update:
+            self.update_scale()
         return quantize(x, scale, self.dtype), scale
 
 

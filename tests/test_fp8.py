@@ -1065,6 +1065,21 @@ def test_parameters_and_optimizer_state_stay_fp32_after_fp8_training(tmp_path, m
             assert value.dtype == torch.float32, key
 
 
+# ------------------------------------------------------------------------ 11. data parallel
+def test_a_deferred_delayed_scale_waits_for_update_scale_then_matches_the_undeferred_one():
+    """Under data parallelism the delayed scale is computed once the ranks' amaxes are in the
+    history (mptrain.fp8_dist): casts then use the scale of the last update."""
+    eager, deferred = delayed_scaler(), delayed_scaler()
+    deferred.defer_scale_update = True
+    used = [deferred.cast(with_amax(amax))[1].item() for amax in AMAXES[:3]]
+    for amax in AMAXES[:3]:
+        eager.cast(with_amax(amax))
+    assert used == [1.0, 1.0, 1.0] and deferred.scale.item() == 1.0
+    torch.testing.assert_close(deferred.amax_history, eager.amax_history, rtol=0, atol=0)
+    deferred.update_scale()
+    assert deferred.scale.item() == eager.scale.item() == 56.0  # 448 / max(1, 2, 8)
+
+
 # ------------------------------------------------------------------------------- GPU checks
 @pytest.mark.gpu
 @requires_cuda
