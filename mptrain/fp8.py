@@ -391,6 +391,10 @@ class Float8Linear(nn.Linear):
         with torch.autocast(x.device.type, enabled=False):
             out = _Float8LinearFunction.apply(x, self.weight, self.bias, self, out_dtype)
         # Reshape outside the Function: a view returned by it could not be modified in place.
+        # A 2-D input needs none: FSDP2 warns of a view output, whose in-place change (the next
+        # ReLU(inplace=True)) would drop its pre-backward hook.
+        if x.dim() == 2:
+            return out
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
