@@ -30,6 +30,7 @@ from mptrain.distributed import DistContext, wrap_model
 from mptrain.dtypes import dtype_name
 from mptrain.faults import InfGradInjector
 from mptrain.fp8 import apply_fp8, skip_summary
+from mptrain.fp8_dist import FP8Sync, build_fp8_sync
 from mptrain.models import build_model, count_parameters
 from mptrain.monitor import Monitor, MonitorSettings
 from mptrain.optim import build_optimizer, build_scheduler
@@ -100,22 +101,13 @@ def build_run(
     with ``seed + rank`` (its own dropout and other randomness).
     """
     check_run(cfg, policy, dist)
-    layout = BatchLayout(
-        batch_size=cfg.batch_size,
-        eval_batch_size=cfg.eval_batch_size,
-        device=device,
-        seed=cfg.seed,
-        num_workers=cfg.num_workers,
-        rank=dist.rank,
-        world=dist.world_size,
-        sequence_length=window_length(cfg),
-    )
-    data = build_data(cfg.dataset, layout)
+    data = build_data(cfg.dataset, _batch_layout(cfg, device, dist))
     task = Task(cfg.task, tokens_per_sample=data.sequence_length)
     model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy)
     num_parameters = count_parameters(model)
     # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
     model = wrap_model(model, dist, device, policy.autocast_dtype)
+    fp8_sync, fp8 = _fp8_sync_for(model, dist, cfg, policy, fp8)
     settings = plan_loop(cfg, data, dist)
     optimizer = build_optimizer(cfg.optimizer, model, fused=dist.strategy != "fsdp")
     scheduler = build_scheduler(
@@ -140,11 +132,41 @@ def build_run(
         num_parameters=num_parameters,
         fp8=fp8,
         fp32_modules=fp32_modules,
+        fp8_sync=fp8_sync,
     )
     _install_faults(run)
     if dist.enabled:
         seed_everything(cfg.seed + dist.rank)  # per-rank dropout and other randomness
     return run
+
+
+def _batch_layout(cfg: RunConfig, device: torch.device, dist: DistContext) -> BatchLayout:
+    """How this rank's batches are cut: sizes, device, seed, its shard and window length."""
+    return BatchLayout(
+        batch_size=cfg.batch_size,
+        eval_batch_size=cfg.eval_batch_size,
+        device=device,
+        seed=cfg.seed,
+        num_workers=cfg.num_workers,
+        rank=dist.rank,
+        world=dist.world_size,
+        sequence_length=window_length(cfg),
+    )
+
+
+def _fp8_sync_for(
+    model: torch.nn.Module,
+    dist: DistContext,
+    cfg: RunConfig,
+    policy: PrecisionPolicy,
+    fp8: dict[str, Any] | None,
+) -> tuple[FP8Sync, dict[str, Any] | None]:
+    """What the ranks agree on for the wrapped ``model``'s FP8 layers, and the fp8 section with
+    a record of it."""
+    if fp8 is None or policy.fp8 is None:
+        return FP8Sync(), fp8
+    fp8_sync = build_fp8_sync(model, dist, cfg.fp8.backend, policy.fp8.scaling)
+    return fp8_sync, {**fp8, **fp8_sync.describe()}
 
 
 def build_model_for_run(

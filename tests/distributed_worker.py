@@ -2,8 +2,8 @@
 
     python -m torch.distributed.run --nproc_per_node=2 tests/distributed_worker.py OUT override...
 
-Wraps mptrain.run.train_loop to save, per rank, the final parameters, the loss scale and the
-skipped steps into OUT/rank<N>.pt, so the test can check that ranks agree.
+Wraps mptrain.run.train_loop to save, per rank, the final parameters, this rank's buffers, the
+loss scale and the skipped steps into OUT/rank<N>.pt, so the test can check that ranks agree.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from conftest import compose_run
 
 from mptrain import run as run_module
-from mptrain.distributed import model_state
+from mptrain.distributed import model_state, unwrap
 
 real_loop = run_module.train_loop
 
@@ -32,6 +32,8 @@ def dumping_loop(run, hooks):
     torch.save(
         {
             "params": {k: v.detach().cpu().clone() for k, v in full.items()},
+            # This rank's own buffers (e.g. FP8 scales): unsharded, so each rank has all of them.
+            "buffers": {k: v.cpu().clone() for k, v in unwrap(run.model).named_buffers()},
             "scale": scaler.get_scale() if scaler.is_enabled() else None,
             "skipped": list(state.skipped_steps),
             "steps": state.step,

@@ -19,7 +19,9 @@ from conftest import NoFigure, compose_run, requires_cuda, tiny_run, train
 from torch import nn
 
 from mptrain import run as run_module
+from mptrain.build import prepare_run
 from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ViTConfig, validate_fp8
+from mptrain.distributed import DistContext
 from mptrain.fp8 import (
     E4M3,
     E5M2,
@@ -39,6 +41,8 @@ from mptrain.fp8 import (
     scale_from_amax,
     skip_summary,
 )
+from mptrain.fp8_dist import FP8Sync, build_fp8_sync
+from mptrain.loop import train_loop
 from mptrain.models import build_vit
 from mptrain.precision import resolve_precision
 from mptrain.preflight import check_command_line
@@ -1078,6 +1082,65 @@ def test_a_deferred_delayed_scale_waits_for_update_scale_then_matches_the_undefe
     torch.testing.assert_close(deferred.amax_history, eager.amax_history, rtol=0, atol=0)
     deferred.update_scale()
     assert deferred.scale.item() == eager.scale.item() == 56.0  # 448 / max(1, 2, 8)
+
+
+@pytest.fixture
+def one_rank_group():
+    """A Gloo process group of one rank in this process (its collectives return their input),
+    and a context that says two ranks, so that build_fp8_sync builds the data-parallel sync."""
+    torch.distributed.init_process_group(
+        "gloo", store=torch.distributed.HashStore(), rank=0, world_size=1
+    )
+    yield DistContext(rank=0, world_size=2, backend="gloo", strategy="ddp")
+    torch.distributed.destroy_process_group()
+
+
+def test_the_builtin_sync_holds_the_scale_for_a_nan_amax_and_counts_what_was_added(
+    one_rank_group,
+):
+    layer = Float8Linear(16, 16, bias=False, recipe=FP8Recipe(scaling="delayed"))
+    sync = build_fp8_sync(layer, one_rank_group, "builtin", "delayed")
+    assert layer.input_scaler.defer_scale_update and layer.grad_scaler.defer_scale_update
+    layer.input_scaler.seen.fill_(1000.0)  # as loaded from a checkpoint: the job's total so far
+    sync.begin()
+    layer(torch.full((4, 16), 2.0)).sum().backward()
+    sync.after_backward()
+    assert layer.input_scaler.scale.item() == 224.0  # 448 / 2, computed after the reduction
+    assert layer.input_scaler.seen.item() == 1000.0 + 64  # not counted twice
+    layer(torch.full((4, 16), math.nan))
+    sync.after_backward()
+    assert layer.input_scaler.amax_history[0].item() == math.inf  # NaN travels as +inf
+    assert layer.input_scaler.scale.item() == 224.0  # held
+    assert layer.input_scaler.nonfinite_amax_casts.item() == 1
+
+
+def test_a_single_process_has_nothing_to_agree_on():
+    layer = Float8Linear(16, 16, bias=False, recipe=FP8Recipe(scaling="delayed"))
+    sync = build_fp8_sync(layer, DistContext(), "builtin", "delayed")
+    assert type(sync) is FP8Sync and sync.describe() == {}
+    assert not layer.input_scaler.defer_scale_update
+
+
+def test_the_loop_calls_the_fp8_sync_after_each_backward_and_each_optimizer_step(tmp_path):
+    run = prepare_run(tiny_run("precision=fp8", "max_steps=2", "optimizer=sgd"))
+    weight = next(p for n, p in run.model.named_parameters() if n == "3.weight")
+    events = []
+
+    class Recorder(FP8Sync):
+        def begin(self) -> None:
+            events.append("begin")
+
+        def after_backward(self) -> None:  # gradients there, the weight not yet updated
+            events.append(("backward", weight.grad is not None, weight.detach().clone()))
+
+        def after_optimizer_step(self) -> None:  # the weight updated
+            events.append(("step", weight.detach().clone()))
+
+    run.fp8_sync = Recorder()
+    train_loop(run)
+    assert events[0] == "begin" and [e[0] for e in events[1:]] == ["backward", "step"] * 2
+    for backward, step in zip(events[1::2], events[2::2], strict=True):
+        assert backward[1] and not torch.equal(backward[2], step[1])
 
 
 # ------------------------------------------------------------------------------- GPU checks
