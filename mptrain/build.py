@@ -17,6 +17,7 @@ dataset, missing files) raises :class:`~mptrain.config.ConfigError` during the b
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -103,7 +104,8 @@ def build_run(
     check_run(cfg, policy, dist)
     data = build_data(cfg.dataset, _batch_layout(cfg, device, dist))
     task = Task(cfg.task, tokens_per_sample=data.sequence_length)
-    model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy)
+    fsdp = dist.enabled and dist.strategy == "fsdp"
+    model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy, fsdp)
     num_parameters = count_parameters(model)
     # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
     model = wrap_model(model, dist, device, policy.autocast_dtype)
@@ -170,9 +172,16 @@ def _fp8_sync_for(
 
 
 def build_model_for_run(
-    cfg: RunConfig, data: DataBundle, device: torch.device, policy: PrecisionPolicy
+    cfg: RunConfig,
+    data: DataBundle,
+    device: torch.device,
+    policy: PrecisionPolicy,
+    fsdp: bool = False,
 ) -> tuple[torch.nn.Module, dict[str, Any] | None, list[str]]:
-    """The model with the precision recipe applied: (model, fp8 section, FP32 module names)."""
+    """The model with the precision recipe applied: (model, fp8 section, FP32 module names).
+
+    ``fsdp``: the model will be sharded with FSDP2 (torchao's FP8 layers then all-gather in FP8).
+    """
     model = build_model(
         cfg.model, data.in_channels, data.image_size, data.num_classes, device, data.sequence_length
     )
@@ -181,7 +190,7 @@ def build_model_for_run(
         sample, _ = next(iter(data.val.batches(0)))
         fp8 = apply_fp8(
             model,
-            policy.fp8,
+            replace(policy.fp8, fsdp_float8_all_gather=fsdp),
             sample[:2],
             include=list(cfg.fp8.include),
             exclude=list(cfg.fp8.exclude),

@@ -90,6 +90,8 @@ class FP8Recipe:
     # Layer selection, read by apply_fp8 (not by the layers): a Linear with in_features or
     # out_features below it stays in high precision. 0: off.
     min_features: int = 0
+    # torchao backend, read by apply_fp8: the model will be FSDP2-sharded; weights all-gather in FP8.
+    fsdp_float8_all_gather: bool = False
 
 
 # ------------------------------------------------------------------------------ quantization
@@ -540,14 +542,19 @@ def fp8_gemm_available(device: torch.device) -> bool:
 
 
 # ------------------------------------------------------------------------------ run glue
-def _torchao_convert(model: nn.Module, converted: set[str], pow2_scales: bool) -> None:
+def _torchao_convert(
+    model: nn.Module, converted: set[str], pow2_scales: bool, fsdp_all_gather: bool
+) -> None:
     """Convert the chosen layers with torchao's float8 training (tensorwise dynamic scaling;
-    power-of-two scales through its ``round_scales_to_power_of_2``)."""
+    power-of-two scales through its ``round_scales_to_power_of_2``; with ``fsdp_all_gather``,
+    FSDP2 all-gathers the weights in FP8, whose scales mptrain.fp8_dist precomputes)."""
     from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     config = Float8LinearConfig.from_recipe_name("tensorwise")
     if pow2_scales:
         config = replace(config, round_scales_to_power_of_2=True)
+    if fsdp_all_gather:
+        config = replace(config, enable_fsdp_float8_all_gather=True)
     convert_to_float8_training(
         model, config=config, module_filter_fn=lambda module, name: name in converted
     )
@@ -576,7 +583,7 @@ def apply_fp8(
     if backend == "torchao":
         if recipe.scaling != "dynamic":
             raise ValueError("fp8.backend=torchao supports fp8.scaling=dynamic only")
-        _torchao_convert(model, converted, recipe.pow2_scales)
+        _torchao_convert(model, converted, recipe.pow2_scales, recipe.fsdp_float8_all_gather)
     else:
         convert_to_fp8(model, choices, recipe)
     share = sum(flops.get(n, 0) for n in converted) / total if total else 0.0

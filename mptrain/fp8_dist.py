@@ -23,6 +23,10 @@ Builtin backend (:mod:`mptrain.fp8`), under DDP or FSDP:
   buffers (the report's figures, the checkpoint's) count the casts of the whole job.
 
 Nothing is read on the host: the collectives take and leave device tensors.
+
+torchao backend under FSDP2: weights are all-gathered in FP8 (``enable_fsdp_float8_all_gather``,
+set at conversion); their scales are computed by ``precompute_float8_dynamic_scale_for_fsdp``
+after every optimizer step (one all-reduce of every weight's amax), as torchao requires.
 """
 
 from __future__ import annotations
@@ -35,13 +39,14 @@ import torch.distributed as dist
 from torch import nn
 
 from mptrain.distributed import DistContext
-from mptrain.fp8 import AMAX_EVENT_COUNTERS, TensorScaler
+from mptrain.dtypes import dtype_name
+from mptrain.fp8 import AMAX_EVENT_COUNTERS, E4M3, TensorScaler
 
 COUNTERS = ("saturated", "seen", *AMAX_EVENT_COUNTERS)
 
 
 class FP8Sync:
-    """Nothing to agree on (one process; torchao): every call does nothing.
+    """Nothing to agree on (one process; torchao under DDP): every call does nothing.
     ``description`` is what :meth:`describe` returns."""
 
     def __init__(self, description: dict[str, Any] | None = None) -> None:
@@ -118,6 +123,27 @@ class BuiltinFP8Sync(FP8Sync):
         }
 
 
+class TorchaoFsdpSync(FP8Sync):
+    """torchao's FP8 weight all-gather: the weights' scales precomputed after each step."""
+
+    def __init__(self, model: nn.Module, ctx: DistContext) -> None:
+        super().__init__()
+        self.model, self.ctx = model, ctx
+
+    def after_optimizer_step(self) -> None:
+        from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
+
+        precompute_float8_dynamic_scale_for_fsdp(self.model)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "amax_reduction": "none: dynamic scaling, input/grad scales per rank; weight scales "
+            f"from one all-reduce over {self.ctx.world_size} ranks after each optimizer step",
+            "counters": None,
+            "weight_all_gather_dtype": dtype_name(E4M3),
+        }
+
+
 def build_fp8_sync(model: nn.Module, ctx: DistContext, fp8_backend: str, scaling: str) -> FP8Sync:
     """What ``model``'s FP8 layers (``fp8.backend``, ``fp8.scaling``) need from the ranks.
 
@@ -125,9 +151,16 @@ def build_fp8_sync(model: nn.Module, ctx: DistContext, fp8_backend: str, scaling
     """
     if not ctx.enabled:
         return FP8Sync()
-    if fp8_backend == "torchao":  # dynamic scaling only; torchao keeps no counters
+    if fp8_backend == "torchao":
+        if ctx.strategy == "fsdp":
+            return TorchaoFsdpSync(model, ctx)
         return FP8Sync(
-            {"amax_reduction": "none: dynamic scaling, scales per rank", "counters": None}
+            {
+                "amax_reduction": "none: dynamic scaling, input/grad scales per rank, weight amax "
+                "of the replicated weight",
+                "counters": None,
+                "weight_all_gather_dtype": None,
+            }
         )
     scalers = [m for m in model.modules() if isinstance(m, TensorScaler)]
     return BuiltinFP8Sync(scalers, ctx, delayed=scaling == "delayed")

@@ -259,3 +259,58 @@ def test_fp8_language_model_with_dynamic_scaling_under_fsdp(tmp_path):
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["status"] == "completed"
     assert report["fp8"]["amax_reduction"].startswith("none: dynamic scaling")
+
+
+def test_torchao_fp8_under_fsdp_all_gathers_in_fp8_with_scales_precomputed_after_each_step(
+    tmp_path, monkeypatch
+):
+    """fp8.backend=torchao under FSDP2: torchao's FP8 weight all-gather, whose scales are
+    precomputed after every optimizer step. torchao's float8 training runs on the CPU; only
+    mptrain's FP8-GPU check is bypassed (in the worker)."""
+    monkeypatch.setenv("MPTRAIN_TEST_PRETEND_FP8_GEMMS", "1")
+    ranks = torchrun(
+        tmp_path, "model=mlp", "precision=fp8", "fp8.backend=torchao", "fp8.keep_first_last=false",
+        "max_steps=3", "distributed.strategy=fsdp",
+    )  # fmt: skip
+    weights = {k: v for k, v in ranks[0]["params"].items() if k.endswith("weight")}
+    fp8_weights = ["1.weight", "3.weight"]  # the 10-class head is not 16-aligned
+    for rank in ranks:
+        assert sorted(rank["precomputed_scales"]) == fp8_weights
+        for name in fp8_weights:  # from the final weights: computed after the last step
+            expected = (448.0 / weights[name].double().abs().max()).float()
+            torch.testing.assert_close(rank["precomputed_scales"][name], expected)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "completed"
+    assert report["fp8"]["weight_all_gather_dtype"] == "float8_e4m3fn"
+
+
+requires_two_fp8_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available()
+    or torch.cuda.device_count() < 2
+    or torch.cuda.get_device_capability(0) < (8, 9),
+    reason="needs 2 GPUs of compute capability >= 8.9 (one per rank)",
+)
+
+
+@pytest.mark.gpu
+@requires_two_fp8_gpus
+@pytest.mark.parametrize(
+    ("backend", "gather_dtype"), [("builtin", "float32"), ("torchao", "float8_e4m3fn")]
+)
+def test_real_fp8_gemms_under_fsdp_on_two_gpus(tmp_path, monkeypatch, backend, gather_dtype):
+    """The real thing (NCCL, torch._scaled_mm): FP8 layers under FSDP2 with each backend."""
+    monkeypatch.setenv("MPTRAIN_TEST_DEVICE", "cuda")
+    scaling = "delayed" if backend == "builtin" else "dynamic"
+    ranks = torchrun(
+        tmp_path, "model=mlp", "precision=fp8", f"fp8.backend={backend}", "fp8.emulate=false",
+        f"fp8.scaling={scaling}", "fp8.keep_first_last=false", "max_steps=3",
+        "distributed.strategy=fsdp",
+    )  # fmt: skip
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "completed" and report["precision"]["emulated"] is False
+    assert report["fp8"]["weight_all_gather_dtype"] == gather_dtype
+    params_close(fp8_buffers(ranks[0]["buffers"]), fp8_buffers(ranks[1]["buffers"]), rtol=0, atol=0)
+    if backend == "torchao":
+        assert ranks[0]["precomputed_scales"].keys() == {"1.weight", "3.weight"}
+        for name, scale in ranks[0]["precomputed_scales"].items():
+            torch.testing.assert_close(scale, ranks[1]["precomputed_scales"][name])

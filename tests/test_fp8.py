@@ -1143,6 +1143,24 @@ def test_the_loop_calls_the_fp8_sync_after_each_backward_and_each_optimizer_step
         assert backward[1] and not torch.equal(backward[2], step[1])
 
 
+@pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp", "no-fsdp"])
+def test_torchao_conversion_enables_its_fp8_all_gather_only_for_fsdp(fsdp):
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear as TorchaoFloat8Linear
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
+    section = apply_fp8(
+        model, FP8Recipe(fsdp_float8_all_gather=fsdp), torch.randn(2, 32),
+        include=[], exclude=[], keep_first_last=False, backend="torchao",
+    )  # fmt: skip
+    assert [layer["converted"] for layer in section["layers"]] == [True, True]
+    for layer in (model[0], model[2]):
+        assert isinstance(layer, TorchaoFloat8Linear)
+        assert layer.config.enable_fsdp_float8_all_gather is fsdp
+        assert isinstance(layer.weight, WeightWithDynamicFloat8CastTensor) is fsdp
+
+
 # ------------------------------------------------------------------------------- GPU checks
 @pytest.mark.gpu
 @requires_cuda
