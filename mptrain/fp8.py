@@ -148,6 +148,25 @@ def _(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t)
 
 
+def scale_or_current(
+    amax: torch.Tensor, current: torch.Tensor, dtype: torch.dtype, recipe: FP8Recipe
+) -> torch.Tensor:
+    """Elementwise, the scale for each ``amax`` (rounded down to a power of two with
+    ``recipe.pow2_scales``), or ``current`` where amax is zero or not finite: one TensorScaler's,
+    or those of many scalers of ``dtype`` and ``recipe`` at once (mptrain.fp8_dist)."""
+    usable = torch.isfinite(amax) & (amax > 0)
+    scale = scale_from_amax(amax, dtype, recipe.margin)
+    if recipe.pow2_scales:
+        scale = pow2_floor(scale)
+    return torch.where(usable, scale, current)
+
+
+def history_amax(history: torch.Tensor, algo: str) -> torch.Tensor:
+    """The amax delayed scaling takes from ``history`` (newest first along its last dimension):
+    the largest (``max``; a NaN propagates, and holds the scale) or the newest (``most_recent``)."""
+    return history.amax(-1) if algo == "max" else history[..., 0]
+
+
 # Casts (training) whose tensor's amax was zero / inf or NaN: TensorScaler buffers since version 2.
 AMAX_EVENT_COUNTERS = ("zero_amax_casts", "nonfinite_amax_casts")
 
@@ -203,19 +222,11 @@ class TensorScaler(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kw)
 
     def _scale_for(self, amax: torch.Tensor) -> torch.Tensor:
-        """The scale for ``amax`` (rounded down to a power of two with ``pow2_scales``), or the
-        current one where amax is zero or not finite."""
-        usable = torch.isfinite(amax) & (amax > 0)
-        scale = scale_from_amax(amax, self.dtype, self.recipe.margin)
-        if self.recipe.pow2_scales:
-            scale = pow2_floor(scale)
-        return torch.where(usable, scale, self.scale)
+        """The scale for ``amax``, or the current one where amax is zero or not finite."""
+        return scale_or_current(amax, self.scale, self.dtype, self.recipe)
 
     def _history_amax(self) -> torch.Tensor:
-        """The amax delayed scaling uses: a NaN in the history propagates (and holds the scale)."""
-        if self.recipe.amax_compute_algo == "max":
-            return self.amax_history.max()
-        return self.amax_history[0]
+        return history_amax(self.amax_history, self.recipe.amax_compute_algo)
 
     def _count(self, magnitude: torch.Tensor, amax: torch.Tensor, scale: torch.Tensor) -> None:
         """Add one training cast of ``magnitude`` (|x|) at ``scale`` to the counters."""

@@ -40,7 +40,14 @@ from torch import nn
 
 from mptrain.distributed import DistContext
 from mptrain.dtypes import dtype_name
-from mptrain.fp8 import AMAX_EVENT_COUNTERS, E4M3, TensorScaler
+from mptrain.fp8 import (
+    AMAX_EVENT_COUNTERS,
+    E4M3,
+    FP8Recipe,
+    TensorScaler,
+    history_amax,
+    scale_or_current,
+)
 
 COUNTERS = ("saturated", "seen", *AMAX_EVENT_COUNTERS)
 
@@ -72,9 +79,15 @@ class BuiltinFP8Sync(FP8Sync):
 
     def __init__(self, scalers: list[TensorScaler], ctx: DistContext, delayed: bool) -> None:
         super().__init__()
-        self.scalers, self.ctx, self.delayed = scalers, ctx, delayed
+        self.ctx, self.delayed = ctx, delayed
+        # Grouped by format and recipe, each group a block of the reduced histories: its scales
+        # are computed together (a few kernels per group, not a few per scaler).
+        groups: dict[tuple[torch.dtype, FP8Recipe], list[TensorScaler]] = {}
         for scaler in scalers:
+            groups.setdefault((scaler.dtype, scaler.recipe), []).append(scaler)
             scaler.defer_scale_update = delayed
+        self.groups = list(groups.items())
+        self.scalers = [s for _, group in self.groups for s in group]
         self._counter_buffers = [getattr(s, name) for s in scalers for name in COUNTERS]
         self._counted = self._counts()  # the job's totals as of the last sum (see begin)
 
@@ -98,8 +111,14 @@ class BuiltinFP8Sync(FP8Sync):
         flat = torch.where(flat.isnan(), math.inf, flat)
         dist.all_reduce(flat, op=dist.ReduceOp.MAX)
         torch._foreach_copy_(histories, list(flat.split([h.numel() for h in histories])))
-        for scaler in self.scalers:
-            scaler.update_scale()
+        start = 0
+        for (dtype, recipe), group in self.groups:  # TensorScaler.update_scale, group by group
+            block = flat[start : start + len(group) * recipe.amax_history_len]
+            start += block.numel()
+            amax = history_amax(block.view(len(group), -1), recipe.amax_compute_algo)
+            scales = [s.scale for s in group]
+            new = scale_or_current(amax, torch.stack(scales), dtype, recipe)
+            torch._foreach_copy_(scales, list(new.unbind()))
 
     def _sum_counters(self) -> None:
         added = self._counts() - self._counted

@@ -1114,6 +1114,31 @@ def test_the_builtin_sync_holds_the_scale_for_a_nan_amax_and_counts_what_was_add
     assert layer.input_scaler.nonfinite_amax_casts.item() == 1
 
 
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+def test_the_builtin_sync_computes_each_scale_as_the_scaler_itself_would(one_rank_group, algo):
+    """The sync computes the scales of many scalers at once (per format and recipe): the same
+    as each TensorScaler.update_scale, for both formats, margins and power-of-two scales."""
+    recipes = [
+        FP8Recipe(scaling="delayed", amax_compute_algo=algo, margin=1, pow2_scales=True),
+        FP8Recipe(scaling="delayed", amax_compute_algo=algo, amax_history_len=3),
+    ]
+    model = nn.Sequential(*(Float8Linear(16, 16, bias=False, recipe=r) for r in recipes))
+    sync = build_fp8_sync(model, one_rank_group, "builtin", "delayed")
+    torch.manual_seed(0)
+    for _ in range(2):
+        model(torch.randn(4, 16) * 5).sum().backward()
+    twin = copy.deepcopy(model)
+    sync.after_backward()
+    scalers = [m for m in twin.modules() if isinstance(m, TensorScaler)]
+    assert len(scalers) == 6 and {s.dtype for s in scalers} == {E4M3, E5M2}
+    for scaler in scalers:
+        scaler.update_scale()
+    assert all(s.scale.item() != 1.0 for s in scalers)  # every scale was computed
+    for want, got in zip(twin.modules(), model.modules(), strict=True):
+        if isinstance(want, TensorScaler):
+            assert got.scale.item() == want.scale.item()
+
+
 def test_a_single_process_has_nothing_to_agree_on():
     layer = Float8Linear(16, 16, bias=False, recipe=FP8Recipe(scaling="delayed"))
     sync = build_fp8_sync(layer, DistContext(), "builtin", "delayed")
