@@ -17,6 +17,7 @@ dataset, missing files) raises :class:`~mptrain.config.ConfigError` during the b
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ from mptrain.distributed import DistContext, wrap_model
 from mptrain.dtypes import dtype_name
 from mptrain.faults import InfGradInjector
 from mptrain.fp8 import apply_fp8, skip_summary
+from mptrain.fp8_dist import FP8Sync, build_fp8_sync
 from mptrain.models import build_model, count_parameters
 from mptrain.monitor import Monitor, MonitorSettings
 from mptrain.optim import build_optimizer, build_scheduler
@@ -100,22 +102,14 @@ def build_run(
     with ``seed + rank`` (its own dropout and other randomness).
     """
     check_run(cfg, policy, dist)
-    layout = BatchLayout(
-        batch_size=cfg.batch_size,
-        eval_batch_size=cfg.eval_batch_size,
-        device=device,
-        seed=cfg.seed,
-        num_workers=cfg.num_workers,
-        rank=dist.rank,
-        world=dist.world_size,
-        sequence_length=window_length(cfg),
-    )
-    data = build_data(cfg.dataset, layout)
+    data = build_data(cfg.dataset, _batch_layout(cfg, device, dist))
     task = Task(cfg.task, tokens_per_sample=data.sequence_length)
-    model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy)
+    fsdp = dist.enabled and dist.strategy == "fsdp"
+    model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy, fsdp)
     num_parameters = count_parameters(model)
     # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
     model = wrap_model(model, dist, device, policy.autocast_dtype)
+    fp8_sync, fp8 = _fp8_sync_for(model, dist, cfg, policy, fp8)
     settings = plan_loop(cfg, data, dist)
     optimizer = build_optimizer(cfg.optimizer, model, fused=dist.strategy != "fsdp")
     scheduler = build_scheduler(
@@ -140,6 +134,7 @@ def build_run(
         num_parameters=num_parameters,
         fp8=fp8,
         fp32_modules=fp32_modules,
+        fp8_sync=fp8_sync,
     )
     _install_faults(run)
     if dist.enabled:
@@ -147,10 +142,46 @@ def build_run(
     return run
 
 
+def _batch_layout(cfg: RunConfig, device: torch.device, dist: DistContext) -> BatchLayout:
+    """How this rank's batches are cut: sizes, device, seed, its shard and window length."""
+    return BatchLayout(
+        batch_size=cfg.batch_size,
+        eval_batch_size=cfg.eval_batch_size,
+        device=device,
+        seed=cfg.seed,
+        num_workers=cfg.num_workers,
+        rank=dist.rank,
+        world=dist.world_size,
+        sequence_length=window_length(cfg),
+    )
+
+
+def _fp8_sync_for(
+    model: torch.nn.Module,
+    dist: DistContext,
+    cfg: RunConfig,
+    policy: PrecisionPolicy,
+    fp8: dict[str, Any] | None,
+) -> tuple[FP8Sync, dict[str, Any] | None]:
+    """What the ranks agree on for the wrapped ``model``'s FP8 layers, and the fp8 section with
+    a record of it."""
+    if fp8 is None or policy.fp8 is None:
+        return FP8Sync(), fp8
+    fp8_sync = build_fp8_sync(model, dist, cfg.fp8.backend, policy.fp8)
+    return fp8_sync, {**fp8, **fp8_sync.describe()}
+
+
 def build_model_for_run(
-    cfg: RunConfig, data: DataBundle, device: torch.device, policy: PrecisionPolicy
+    cfg: RunConfig,
+    data: DataBundle,
+    device: torch.device,
+    policy: PrecisionPolicy,
+    fsdp: bool = False,
 ) -> tuple[torch.nn.Module, dict[str, Any] | None, list[str]]:
-    """The model with the precision recipe applied: (model, fp8 section, FP32 module names)."""
+    """The model with the precision recipe applied: (model, fp8 section, FP32 module names).
+
+    ``fsdp``: the model will be sharded with FSDP2 (torchao's FP8 layers then all-gather in FP8).
+    """
     model = build_model(
         cfg.model, data.in_channels, data.image_size, data.num_classes, device, data.sequence_length
     )
@@ -159,7 +190,7 @@ def build_model_for_run(
         sample, _ = next(iter(data.val.batches(0)))
         fp8 = apply_fp8(
             model,
-            policy.fp8,
+            replace(policy.fp8, fsdp_float8_all_gather=fsdp),
             sample[:2],
             include=list(cfg.fp8.include),
             exclude=list(cfg.fp8.exclude),

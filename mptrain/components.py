@@ -16,6 +16,7 @@ import torch
 from mptrain.config import RunConfig
 from mptrain.data import DataBundle
 from mptrain.distributed import DistContext, unwrap
+from mptrain.fp8_dist import FP8Sync
 from mptrain.monitor import Monitor
 from mptrain.precision import PrecisionPolicy
 from mptrain.state import LoopSettings, LoopState
@@ -43,6 +44,7 @@ class Run:
     task: Task = field(default_factory=Task)  # the loss's shape, metrics and ranking
     fp8: dict[str, Any] | None = None  # the report's fp8 section (converted layers, FLOPs share)
     fp32_modules: list[str] = field(default_factory=list)
+    fp8_sync: FP8Sync = field(default_factory=FP8Sync)  # FP8 state the ranks agree on (loop calls)
     state: LoopState = field(default_factory=LoopState)
 
     @property

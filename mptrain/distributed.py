@@ -8,7 +8,9 @@ joins the process group (NCCL on GPUs, Gloo on CPUs) and wraps the model:
   non-finite on every rank, so the loss scaler skips and backs off identically everywhere.
 - ``strategy=fsdp``: FSDP2 ``fully_shard`` with a MixedPrecisionPolicy from the precision recipe —
   parameters computed in BF16/FP16, gradients reduced in ``distributed.reduce_dtype`` (FP32 by
-  default), sharded FP32 master weights.
+  default), sharded FP32 master weights. mptrain's Float8Linear layers all-gather FP32 weights.
+
+FP8 state (scales, amax histories, counters) is agreed on by :mod:`mptrain.fp8_dist`.
 
 Every rank reads its own shard of each epoch's permutation (no overlap), seeds dropout with
 ``seed + rank``, and evaluates its shard of the validation set; sums are all-reduced. Only rank 0
@@ -29,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mptrain.dtypes import DTYPES
+from mptrain.fp8 import Float8Linear
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,9 @@ def wrap_model(
         policy = MixedPrecisionPolicy(
             param_dtype=param_dtype, reduce_dtype=DTYPES[ctx.reduce_dtype]
         )
+        # mptrain's Float8Linear quantizes its FP32 master weight, as in a single process: its
+        # group all-gathers FP32 (a BF16 gather would round the weight twice before FP8).
+        fp32_policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=DTYPES[ctx.reduce_dtype])
         # A parameter two modules share (a GPT's head tied to its token embedding) must live in
         # one FSDP group: such modules stay in the root's group.
         owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
@@ -114,7 +120,8 @@ def wrap_model(
                 and any(p.requires_grad for p in own)
                 and all(owners[id(p)] == 1 for p in own)
             ):
-                fully_shard(module, mp_policy=policy)
+                fp8 = isinstance(module, Float8Linear)
+                fully_shard(module, mp_policy=fp32_policy if fp8 else policy)
         fully_shard(model, mp_policy=policy)
         return model
     ids = [device.index] if device.type == "cuda" else None

@@ -91,6 +91,8 @@ class FP8Recipe:
     # Layer selection, read by apply_fp8 (not by the layers): a Linear with in_features or
     # out_features below it stays in high precision. 0: off.
     min_features: int = 0
+    # torchao backend, read by apply_fp8: the model will be FSDP2-sharded; weights all-gather in FP8.
+    fsdp_float8_all_gather: bool = False
 
 
 # ------------------------------------------------------------------------------ quantization
@@ -147,6 +149,25 @@ def _(t: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(t)
 
 
+def scale_or_current(
+    amax: torch.Tensor, current: torch.Tensor, dtype: torch.dtype, recipe: FP8Recipe
+) -> torch.Tensor:
+    """Elementwise, the scale for each ``amax`` (rounded down to a power of two with
+    ``recipe.pow2_scales``), or ``current`` where amax is zero or not finite: one TensorScaler's,
+    or those of many scalers of ``dtype`` and ``recipe`` at once (mptrain.fp8_dist)."""
+    usable = torch.isfinite(amax) & (amax > 0)
+    scale = scale_from_amax(amax, dtype, recipe.margin)
+    if recipe.pow2_scales:
+        scale = pow2_floor(scale)
+    return torch.where(usable, scale, current)
+
+
+def history_amax(history: torch.Tensor, algo: str) -> torch.Tensor:
+    """The amax delayed scaling takes from ``history`` (newest first along its last dimension):
+    the largest (``max``; a NaN propagates, and holds the scale) or the newest (``most_recent``)."""
+    return history.amax(-1) if algo == "max" else history[..., 0]
+
+
 # Casts (training) whose tensor's amax was zero / inf or NaN: TensorScaler buffers since version 2.
 AMAX_EVENT_COUNTERS = ("zero_amax_casts", "nonfinite_amax_casts")
 
@@ -173,6 +194,15 @@ class TensorScaler(nn.Module):
         self.register_buffer("seen", torch.zeros((), dtype=torch.float64))
         for name in AMAX_EVENT_COUNTERS:
             self.register_buffer(name, torch.zeros((), dtype=torch.float64))
+        # Delayed scaling under data parallelism: the scale is computed once the amaxes of every
+        # rank are in the history (update_scale, called by mptrain.fp8_dist), not after each cast.
+        self.defer_scale_update = False
+
+    @torch.no_grad()
+    def update_scale(self) -> None:
+        """Delayed scaling: the scale from the current amax history (a zero or non-finite amax
+        keeps the current scale). On the device: no host synchronisation."""
+        self.scale.copy_(self._scale_for(self._history_amax()))
 
     @torch.no_grad()
     def reset(self) -> None:
@@ -193,19 +223,11 @@ class TensorScaler(nn.Module):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, *args, **kw)
 
     def _scale_for(self, amax: torch.Tensor) -> torch.Tensor:
-        """The scale for ``amax`` (rounded down to a power of two with ``pow2_scales``), or the
-        current one where amax is zero or not finite."""
-        usable = torch.isfinite(amax) & (amax > 0)
-        scale = scale_from_amax(amax, self.dtype, self.recipe.margin)
-        if self.recipe.pow2_scales:
-            scale = pow2_floor(scale)
-        return torch.where(usable, scale, self.scale)
+        """The scale for ``amax``, or the current one where amax is zero or not finite."""
+        return scale_or_current(amax, self.scale, self.dtype, self.recipe)
 
     def _history_amax(self) -> torch.Tensor:
-        """The amax delayed scaling uses: a NaN in the history propagates (and holds the scale)."""
-        if self.recipe.amax_compute_algo == "max":
-            return self.amax_history.max()
-        return self.amax_history[0]
+        return history_amax(self.amax_history, self.recipe.amax_compute_algo)
 
     def _count(self, magnitude: torch.Tensor, amax: torch.Tensor, scale: torch.Tensor) -> None:
         """Add one training cast of ``magnitude`` (|x|) at ``scale`` to the counters."""
@@ -226,6 +248,7 @@ class TensorScaler(nn.Module):
         Dynamic: scale from this tensor's amax. Delayed: the scale computed from earlier amaxes is
         used now, then the history takes this amax (whatever it is) and the next scale is computed.
         Either way a zero or non-finite amax keeps the previous scale (see the class doc). With
+        ``defer_scale_update`` the delayed scale waits for :meth:`update_scale`. With
         ``update=False`` (evaluation) history, counters and the scale are left alone.
         Everything stays on the device: no host synchronisation.
         """
@@ -237,7 +260,10 @@ class TensorScaler(nn.Module):
             return quantize(x, scale, self.dtype), scale
         self._count(magnitude, amax, scale)
         self._push_amax(amax)
-        self.scale.copy_(scale if dynamic else self._scale_for(self._history_amax()))
+        if dynamic:
+            self.scale.copy_(scale)
+        elif not self.defer_scale_update:
+            self.update_scale()
         return quantize(x, scale, self.dtype), scale
 
     @torch.no_grad()
@@ -495,6 +521,10 @@ class Float8Linear(nn.Linear):
             )
             out = function.apply(x, self.weight, self.bias, self, out_dtype)
         # Reshape outside the Function: a view returned by it could not be modified in place.
+        # A 2-D input needs none: FSDP2 warns of a view output, whose in-place change (the next
+        # ReLU(inplace=True)) would drop its pre-backward hook.
+        if x.dim() == 2:
+            return out
         return out.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -645,7 +675,9 @@ def torchao_config(recipe: FP8Recipe) -> Any:
     """torchao's ``Float8LinearConfig`` doing what ``recipe`` says (dynamic scaling only): its
     tensorwise or rowwise recipe, with this recipe's formats (E5M2 gradients in the hybrid format;
     torchao's rowwise recipe alone would use E4M3), power-of-two scales and GEMM (emulated when
-    ``recipe.real_gemm`` is false)."""
+    ``recipe.real_gemm`` is false); with ``recipe.fsdp_float8_all_gather`` and tensorwise scales
+    (torchao has no rowwise FP8 all-gather), FSDP2 all-gathers the weights in FP8, their scales
+    precomputed by mptrain.fp8_dist."""
     from torchao.float8 import Float8LinearConfig
     from torchao.float8.config import CastConfig, ScalingGranularity
 
@@ -663,6 +695,7 @@ def torchao_config(recipe: FP8Recipe) -> Any:
         cast_config_grad_output_for_grad_weight=backward,
         round_scales_to_power_of_2=recipe.pow2_scales,
         emulate=not recipe.real_gemm,
+        enable_fsdp_float8_all_gather=recipe.fsdp_float8_all_gather and not rowwise,
     )
 
 

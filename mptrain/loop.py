@@ -13,6 +13,9 @@ Per optimizer step (:func:`take_step`, ``grad_accum_steps`` micro-batches), in t
 5. a skipped step is recorded and does *not* advance the LR scheduler.
 6. gradients set to ``None`` (``optimizer.zero_grad(set_to_none=True)``, see :func:`clear_grads`).
 
+Data-parallel FP8 runs agree on their FP8 state through ``run.fp8_sync`` after the backward and
+after the optimizer step (:mod:`mptrain.fp8_dist`; nothing for other runs).
+
 Around the step, :func:`train_loop` hands the outcome to the run's
 :class:`~mptrain.monitor.Monitor` (measurements, logging, health, divergence), then evaluates,
 checkpoints and stops when due.
@@ -86,6 +89,7 @@ def train_loop(run: Run, hooks: LoopHooks = LoopHooks()) -> LoopState:
     samples_per_step = monitor.settings.samples_per_step
     eval_clock = TimeCadence(s.eval_every_minutes)
     monitor.begin(run.scaler, run.optimizer, hooks.observers)
+    run.fp8_sync.begin()
     run.model.train()
     clear_grads(run.optimizer)
     for micro_batches in _step_batches(run.data.train, s, state):
@@ -175,7 +179,8 @@ def take_step(
     ``probe_now``: measure zero gradients and updates lost to rounding around the update.
     """
     loss, batch, data_wait_s = _forward_backward(run, micro_batches)
-    return _optimizer_step(
+    run.fp8_sync.after_backward()  # data parallel FP8: amaxes and counters over the ranks
+    outcome = _optimizer_step(
         run,
         params,
         norm_now,
@@ -184,6 +189,8 @@ def take_step(
             loss, skipped=False, scale=None, grad_norm=None, batch=batch, data_wait_s=data_wait_s
         ),
     )
+    run.fp8_sync.after_optimizer_step()  # torchao's FP8 all-gather: the weights' next scales
+    return outcome
 
 
 def _forward_backward(

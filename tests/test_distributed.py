@@ -161,3 +161,156 @@ def test_the_language_model_trains_on_two_ranks(tmp_path, strategy):
     assert report["throughput"]["tokens_per_s"] > 0
     loss = report["evaluation"]["final_val_loss"]
     assert math.isfinite(loss) and loss < math.log(256)
+
+
+# ------------------------------------------------------------------------------ FP8
+FP8_MLP = ("model=mlp", "precision=fp8", "batch_size=16", "optimizer=sgd", "scheduler=constant")
+LAYER_3_INPUTS_PER_STEP = 16 * 256  # rows x in_features of the MLP's one FP8 layer, per rank
+LAYER_3_WEIGHT = 256 * 256  # every rank casts the whole (FSDP: all-gathered) weight
+
+
+def fp8_buffers(buffers: dict) -> dict:
+    """The FP8 scalers' buffers (scales, amax histories, counters) of a state dict."""
+    return {k: v for k, v in buffers.items() if "_scaler." in k}
+
+
+def test_fp8_delayed_scaling_state_is_the_same_on_every_rank_and_fsdp_computes_like_ddp(tmp_path):
+    """Delayed scaling reduces the amax histories with MAX over the ranks and sums the counters:
+    both ranks hold the same FP8 state. FSDP's FP8 layer quantizes its FP32 weight (gathered in
+    FP32), so FSDP and DDP, fed the same shards, train the same weights and hold the same FP8
+    state. (DDP alone broadcast rank 0's buffers before each step: the same everywhere, but rank
+    1's amaxes and casts were lost.)"""
+    common = (*FP8_MLP, "fp8.scaling=delayed", "max_steps=4", "grad_accum_steps=2")
+    runs = {
+        s: torchrun(tmp_path / s, *common, f"distributed.strategy={s}") for s in ("ddp", "fsdp")
+    }
+    for ranks in runs.values():
+        params_close(
+            fp8_buffers(ranks[0]["buffers"]), fp8_buffers(ranks[1]["buffers"]), rtol=0, atol=0
+        )
+        buffers = ranks[0]["buffers"]
+        # 4 steps of 2 micro-batches on each of 2 ranks
+        assert buffers["3.input_scaler.seen"] == 4 * 2 * 2 * LAYER_3_INPUTS_PER_STEP
+        assert buffers["3.weight_scaler.seen"] == 4 * 2 * 2 * LAYER_3_WEIGHT
+    fsdp, ddp = (fp8_buffers(runs[s][0]["buffers"]) for s in ("fsdp", "ddp"))
+    params_close(fsdp, ddp, rtol=0, atol=0)
+    params_close(runs["fsdp"][0]["params"], runs["ddp"][0]["params"], rtol=1e-5, atol=1e-6)
+    report = json.loads((tmp_path / "fsdp" / "run" / "report.json").read_text())["fp8"]
+    assert report["amax_reduction"].startswith("max over 2 ranks, once per optimizer step")
+    assert report["counters"] == "summed over 2 ranks"
+    assert report["weight_all_gather_dtype"] == "float32"
+
+
+def test_fsdp_fp8_delayed_checkpoint_is_every_ranks_state_and_resumes(tmp_path):
+    """Rank 0's checkpoint holds the FP8 state of both ranks; a run resumed from it at the same
+    world size continues as the uninterrupted run did (histories, scales and job-wide counters
+    included), and a single process resumes from it too."""
+    common = (
+        *FP8_MLP,
+        "fp8.scaling=delayed",
+        "distributed.strategy=fsdp",
+        "checkpoint.every_steps=2",
+    )
+    straight = torchrun(tmp_path / "straight", *common, "max_steps=6")
+    first = torchrun(tmp_path / "first", *common, "max_steps=4")
+    run_dir = tmp_path / "first" / "run"
+    saved = fp8_buffers(load_checkpoint(run_dir / "checkpoints" / "step_00000004.pt")["model"])
+    assert saved
+    for rank in first:
+        params_close(fp8_buffers(rank["buffers"]), saved, rtol=0, atol=0)
+
+    resumed = torchrun(
+        tmp_path / "second",
+        *common,
+        "max_steps=6",
+        f"resume={run_dir}",
+        "resume_allow_changes=true",
+    )
+    for rank in resumed:
+        params_close(fp8_buffers(rank["buffers"]), fp8_buffers(straight[0]["buffers"]))
+    params_close(resumed[0]["params"], straight[0]["params"], rtol=1e-5, atol=1e-6)
+    assert resumed[0]["buffers"]["3.input_scaler.seen"] == 6 * 2 * LAYER_3_INPUTS_PER_STEP
+
+    single = train(
+        tiny_run(
+            "precision=fp8", "fp8.scaling=delayed", "batch_size=16", "max_steps=6",
+            f"resume={run_dir}", "resume_allow_changes=true",
+        ),
+        tmp_path / "single",
+    )  # fmt: skip
+    assert single["status"] == "completed" and single["resumed"]["step"] == 4
+    assert any("world size 2" in note for note in single["resumed"]["notes"])
+
+
+def test_fp8_language_model_with_dynamic_scaling_under_fsdp(tmp_path):
+    """Dynamic scaling: input and grad scales are each rank's own; a weight's amax is taken over
+    the all-gathered weight, so weight scales agree; the counters count both ranks' casts."""
+    tiny = ("model.layers=1", "model.width=32", "model.heads=2", "model.block_size=16")
+    tiny += ("dataset.max_bytes=30000", "dataset.val_windows=15", "batch_size=4")
+    ranks = torchrun(
+        tmp_path, "task=lm", *tiny, "precision=fp8", "max_steps=4", "eval_every=4",
+        "distributed.strategy=fsdp",
+    )  # fmt: skip
+    a, b = (fp8_buffers(r["buffers"]) for r in ranks)
+    assert len(a) == 4 * 3 * 6  # qkv, attn.proj, mlp.fc, mlp.proj; 3 roles; 6 buffers each
+    agreed = [k for k in a if "weight_scaler" in k or k.endswith(("seen", "saturated", "casts"))]
+    params_close({k: a[k] for k in agreed}, {k: b[k] for k in agreed}, rtol=0, atol=0)
+    assert a["blocks.0.mlp.fc.input_scaler.seen"] == 4 * 2 * (4 * 16) * 32  # steps, ranks, rows, K
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "completed"
+    assert report["fp8"]["amax_reduction"].startswith("none: dynamic scaling")
+
+
+def test_torchao_fp8_under_fsdp_all_gathers_in_fp8_with_scales_precomputed_after_each_step(
+    tmp_path, monkeypatch
+):
+    """fp8.backend=torchao under FSDP2: torchao's FP8 weight all-gather, whose scales are
+    precomputed after every optimizer step. torchao's float8 training runs on the CPU; only
+    mptrain's FP8-GPU check is bypassed (in the worker)."""
+    monkeypatch.setenv("MPTRAIN_TEST_PRETEND_FP8_GEMMS", "1")
+    ranks = torchrun(
+        tmp_path, "model=mlp", "precision=fp8", "fp8.backend=torchao", "fp8.keep_first_last=false",
+        "max_steps=3", "distributed.strategy=fsdp",
+    )  # fmt: skip
+    weights = {k: v for k, v in ranks[0]["params"].items() if k.endswith("weight")}
+    fp8_weights = ["1.weight", "3.weight"]  # the 10-class head is not 16-aligned
+    for rank in ranks:
+        assert sorted(rank["precomputed_scales"]) == fp8_weights
+        for name in fp8_weights:  # from the final weights: computed after the last step
+            expected = (448.0 / weights[name].double().abs().max()).float()
+            torch.testing.assert_close(rank["precomputed_scales"][name], expected)
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "completed"
+    assert report["fp8"]["weight_all_gather_dtype"] == "float8_e4m3fn"
+
+
+requires_two_fp8_gpus = pytest.mark.skipif(
+    not torch.cuda.is_available()
+    or torch.cuda.device_count() < 2
+    or torch.cuda.get_device_capability(0) < (8, 9),
+    reason="needs 2 GPUs of compute capability >= 8.9 (one per rank)",
+)
+
+
+@pytest.mark.gpu
+@requires_two_fp8_gpus
+@pytest.mark.parametrize(
+    ("backend", "gather_dtype"), [("builtin", "float32"), ("torchao", "float8_e4m3fn")]
+)
+def test_real_fp8_gemms_under_fsdp_on_two_gpus(tmp_path, monkeypatch, backend, gather_dtype):
+    """The real thing (NCCL, torch._scaled_mm): FP8 layers under FSDP2 with each backend."""
+    monkeypatch.setenv("MPTRAIN_TEST_DEVICE", "cuda")
+    scaling = "delayed" if backend == "builtin" else "dynamic"
+    ranks = torchrun(
+        tmp_path, "model=mlp", "precision=fp8", f"fp8.backend={backend}", "fp8.emulate=false",
+        f"fp8.scaling={scaling}", "fp8.keep_first_last=false", "max_steps=3",
+        "distributed.strategy=fsdp",
+    )  # fmt: skip
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["status"] == "completed" and report["precision"]["emulated"] is False
+    assert report["fp8"]["weight_all_gather_dtype"] == gather_dtype
+    params_close(fp8_buffers(ranks[0]["buffers"]), fp8_buffers(ranks[1]["buffers"]), rtol=0, atol=0)
+    if backend == "torchao":
+        assert ranks[0]["precomputed_scales"].keys() == {"1.weight", "3.weight"}
+        for name, scale in ranks[0]["precomputed_scales"].items():
+            torch.testing.assert_close(scale, ranks[1]["precomputed_scales"][name])

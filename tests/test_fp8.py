@@ -19,7 +19,9 @@ from conftest import NoFigure, compose_run, requires_cuda, tiny_run, train
 from torch import nn
 
 from mptrain import run as run_module
+from mptrain.build import prepare_run
 from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ViTConfig, validate_fp8
+from mptrain.distributed import DistContext
 from mptrain.fp8 import (
     E4M3,
     E5M2,
@@ -39,6 +41,8 @@ from mptrain.fp8 import (
     scale_from_amax,
     skip_summary,
 )
+from mptrain.fp8_dist import FP8Sync, build_fp8_sync
+from mptrain.loop import train_loop
 from mptrain.models import build_vit
 from mptrain.precision import resolve_precision
 from mptrain.preflight import check_command_line
@@ -1201,6 +1205,123 @@ def test_parameters_and_optimizer_state_stay_fp32_after_fp8_training(tmp_path, m
     for state in states:
         for key, value in state.items():
             assert value.dtype == torch.float32, key
+
+
+# ------------------------------------------------------------------------ 11. data parallel
+def test_a_deferred_delayed_scale_waits_for_update_scale_then_matches_the_undeferred_one():
+    """Under data parallelism the delayed scale is computed once the ranks' amaxes are in the
+    history (mptrain.fp8_dist): casts then use the scale of the last update."""
+    eager, deferred = delayed_scaler(), delayed_scaler()
+    deferred.defer_scale_update = True
+    used = [deferred.cast(with_amax(amax))[1].item() for amax in AMAXES[:3]]
+    for amax in AMAXES[:3]:
+        eager.cast(with_amax(amax))
+    assert used == [1.0, 1.0, 1.0] and deferred.scale.item() == 1.0
+    torch.testing.assert_close(deferred.amax_history, eager.amax_history, rtol=0, atol=0)
+    deferred.update_scale()
+    assert deferred.scale.item() == eager.scale.item() == 56.0  # 448 / max(1, 2, 8)
+
+
+@pytest.fixture
+def one_rank_group():
+    """A Gloo process group of one rank in this process (its collectives return their input),
+    and a context that says two ranks, so that build_fp8_sync builds the data-parallel sync."""
+    torch.distributed.init_process_group(
+        "gloo", store=torch.distributed.HashStore(), rank=0, world_size=1
+    )
+    yield DistContext(rank=0, world_size=2, backend="gloo", strategy="ddp")
+    torch.distributed.destroy_process_group()
+
+
+def test_the_builtin_sync_holds_the_scale_for_a_nan_amax_and_counts_what_was_added(
+    one_rank_group,
+):
+    layer = Float8Linear(16, 16, bias=False, recipe=FP8Recipe(scaling="delayed"))
+    sync = build_fp8_sync(layer, one_rank_group, "builtin", layer.recipe)
+    assert layer.input_scaler.defer_scale_update and layer.grad_scaler.defer_scale_update
+    layer.input_scaler.seen.fill_(1000.0)  # as loaded from a checkpoint: the job's total so far
+    sync.begin()
+    layer(torch.full((4, 16), 2.0)).sum().backward()
+    sync.after_backward()
+    assert layer.input_scaler.scale.item() == 224.0  # 448 / 2, computed after the reduction
+    assert layer.input_scaler.seen.item() == 1000.0 + 64  # not counted twice
+    layer(torch.full((4, 16), math.nan))
+    sync.after_backward()
+    assert layer.input_scaler.amax_history[0].item() == math.inf  # NaN travels as +inf
+    assert layer.input_scaler.scale.item() == 224.0  # held
+    assert layer.input_scaler.nonfinite_amax_casts.item() == 1
+
+
+@pytest.mark.parametrize("algo", ["max", "most_recent"])
+def test_the_builtin_sync_computes_each_scale_as_the_scaler_itself_would(one_rank_group, algo):
+    """The sync computes the scales of many scalers at once (per format and recipe): the same
+    as each TensorScaler.update_scale, for both formats, margins and power-of-two scales."""
+    recipes = [
+        FP8Recipe(scaling="delayed", amax_compute_algo=algo, margin=1, pow2_scales=True),
+        FP8Recipe(scaling="delayed", amax_compute_algo=algo, amax_history_len=3),
+    ]
+    model = nn.Sequential(*(Float8Linear(16, 16, bias=False, recipe=r) for r in recipes))
+    sync = build_fp8_sync(model, one_rank_group, "builtin", recipes[0])
+    torch.manual_seed(0)
+    for _ in range(2):
+        model(torch.randn(4, 16) * 5).sum().backward()
+    twin = copy.deepcopy(model)
+    sync.after_backward()
+    scalers = [m for m in twin.modules() if isinstance(m, TensorScaler)]
+    assert len(scalers) == 6 and {s.dtype for s in scalers} == {E4M3, E5M2}
+    for scaler in scalers:
+        scaler.update_scale()
+    assert all(s.scale.item() != 1.0 for s in scalers)  # every scale was computed
+    for want, got in zip(twin.modules(), model.modules(), strict=True):
+        if isinstance(want, TensorScaler):
+            assert got.scale.item() == want.scale.item()
+
+
+def test_a_single_process_has_nothing_to_agree_on():
+    layer = Float8Linear(16, 16, bias=False, recipe=FP8Recipe(scaling="delayed"))
+    sync = build_fp8_sync(layer, DistContext(), "builtin", layer.recipe)
+    assert type(sync) is FP8Sync and sync.describe() == {}
+    assert not layer.input_scaler.defer_scale_update
+
+
+def test_the_loop_calls_the_fp8_sync_after_each_backward_and_each_optimizer_step(tmp_path):
+    run = prepare_run(tiny_run("precision=fp8", "max_steps=2", "optimizer=sgd"))
+    weight = next(p for n, p in run.model.named_parameters() if n == "3.weight")
+    events = []
+
+    class Recorder(FP8Sync):
+        def begin(self) -> None:
+            events.append("begin")
+
+        def after_backward(self) -> None:  # gradients there, the weight not yet updated
+            events.append(("backward", weight.grad is not None, weight.detach().clone()))
+
+        def after_optimizer_step(self) -> None:  # the weight updated
+            events.append(("step", weight.detach().clone()))
+
+    run.fp8_sync = Recorder()
+    train_loop(run)
+    assert events[0] == "begin" and [e[0] for e in events[1:]] == ["backward", "step"] * 2
+    for backward, step in zip(events[1::2], events[2::2], strict=True):
+        assert backward[1] and not torch.equal(backward[2], step[1])
+
+
+@pytest.mark.parametrize("fsdp", [True, False], ids=["fsdp", "no-fsdp"])
+def test_torchao_conversion_enables_its_fp8_all_gather_only_for_fsdp(fsdp):
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear as TorchaoFloat8Linear
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
+    section = apply_fp8(
+        model, FP8Recipe(fsdp_float8_all_gather=fsdp), torch.randn(2, 32),
+        include=[], exclude=[], keep_first_last=False, backend="torchao",
+    )  # fmt: skip
+    assert [layer["converted"] for layer in section["layers"]] == [True, True]
+    for layer in (model[0], model[2]):
+        assert isinstance(layer, TorchaoFloat8Linear)
+        assert layer.config.enable_fsdp_float8_all_gather is fsdp
+        assert isinstance(layer.weight, WeightWithDynamicFloat8CastTensor) is fsdp
 
 
 # ------------------------------------------------------------------------------- GPU checks
