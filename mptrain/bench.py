@@ -165,7 +165,7 @@ def run_bench(
         rows.append(
             {"precision": name, "skipped": reason} if reason else summarise(name, measured[name])
         )
-    _add_ratios(rows)
+    add_ratios(rows)
     result = {
         "model": cfg.model.name,
         "dataset": cfg.dataset.name,
@@ -187,7 +187,7 @@ def run_bench(
     return rows
 
 
-def _add_ratios(rows: list[dict[str, Any]]) -> None:
+def add_ratios(rows: list[dict[str, Any]]) -> None:
     """``vs_<base>`` (median), ``vs_<base>_range`` (min–max) and ``vs_<base>_noisy`` (the reason,
     or None) on every measured row, from the ratios of each repetition to the base's measurement
     of the same repetition; each repetition's ratio also goes into its ``reps`` entry."""

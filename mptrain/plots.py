@@ -163,3 +163,42 @@ def serve() -> None:
     if request:
         job = json.loads(request)
         plot_run(job["rows"], job["title"], Path(job["path"]))
+
+
+def plot_advice(
+    curves: dict[str, list[float]],
+    speeds: list[tuple[str, float, float, float]],
+    title: str,
+    path: Path,
+) -> Path:
+    """``mptrain advise``: the short runs' training loss per step, every precision on FP32's
+    axis, and each precision's speed ratio to FP32 as a bar with its min–max."""
+    plt = _pyplot()
+    fig, (loss_ax, speed_ax) = plt.subplots(1, 2, figsize=(12, 4))
+    positive = True
+    for label, losses in curves.items():
+        finite = [
+            x for x in losses if isinstance(x, int | float) and x == x and abs(x) != float("inf")
+        ]
+        loss_ax.plot(range(1, len(losses) + 1), losses, label=label)
+        positive = positive and bool(finite) and min(finite) > 0
+    loss_ax.set(
+        title="training loss, same weights and batches",
+        xlabel="step",
+        yscale="log" if positive else "linear",
+    )
+    if curves:
+        loss_ax.legend(fontsize=8)
+    if speeds:
+        labels = [s[0] for s in speeds]
+        medians = [s[1] for s in speeds]
+        errors = [[s[1] - s[2] for s in speeds], [s[3] - s[1] for s in speeds]]
+        speed_ax.bar(labels, medians, yerr=errors, capsize=4, color="tab:blue")
+        speed_ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    else:
+        speed_ax.text(0.5, 0.5, "speed not measured", ha="center", va="center")
+    speed_ax.set(title="samples/s vs FP32 (median, min–max)", ylabel="×")
+    fig.suptitle(title, y=1.03)
+    _save(fig, path)
+    plt.close(fig)
+    return path

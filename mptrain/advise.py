@@ -1,0 +1,434 @@
+"""``mptrain advise [overrides]``: which precision to train this model with on this machine.
+
+For every precision :func:`mptrain.bench.bench_precisions` lists for the device (FP32, BF16 where
+native, FP16, TF32 on GPUs; FP8 always, emulated and labelled where there is no FP8 hardware) it
+measures, on the configured model and data, in this order:
+
+1. **pilot**: builds the run and trains a few steps, timed: what a step and a run's set-up cost
+   here. This is how the budget knows that FP16 convolutions crawl on a CPU: measured, not assumed.
+2. **numerics** (on FP32's initial weights, before any training): the FP16 range probe, the
+   autocast audit under each low-precision autocast, and the FP8 layer choice (from FP8's pilot).
+3. **fidelity**: ``advise.fidelity_steps`` optimizer steps per precision from the same seed (the
+   same initial weights and batches) as an FP32 run; the loss trajectories are compared
+   (:func:`mptrain.advice.fidelity_of`), skipped steps and divergence recorded.
+4. **speed**: :func:`mptrain.bench.measure_reps`: the precisions alternate in rotated order,
+   ``advise.reps`` times; ratios to FP32 with their min–max (emulated FP8 is not timed).
+
+The measured costs decide what fits ``advise.budget_s``: FP32 first (the reference), then each
+precision whole (its fidelity run and its speed measurement together: one without the other
+cannot be recommended), each estimated from its pilot when its turn comes; what does not fit is
+skipped and listed with the estimate that ruled it out (:func:`run_fidelity`, :func:`run_speed`). :func:`mptrain.advice.recommend` decides; :mod:`mptrain.advise_report` writes advise.md,
+advise.json and advise.png into ``outputs/advise/<date>/<time>_<model>_<dataset>`` (or
+``hydra.run.dir=DIR``) and prints the recommendation and the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mptrain import advice, bench, hardware
+from mptrain.build import prepare_run
+from mptrain.config import ConfigError, RunConfig
+from mptrain.diagnose import audit_step, range_probe
+from mptrain.loop import LoopHooks, train_loop
+from mptrain.models import config_has_convolutions
+from mptrain.precision import PRECISIONS, to_model_input
+
+PILOT_STEPS = 6  # a process's first steps pay one-off costs (kernel set-up, lazy imports):
+PILOT_WARMUP = 3  # 3 untimed steps, then 3 timed ones
+MIN_TIMED_S = 1.0  # the fastest precision's timed seconds per measurement, at least
+RESERVE_S = 5.0  # kept back for the report and the figure (matplotlib's import alone ~1.8 s)
+NOT_COMPARED = "not compared: the FP32 reference run did not fit"
+
+
+# ------------------------------------------------------------------------------ one short run
+class _Losses:
+    """Loop observer keeping every logged training loss (``log_every=1``: one per step)."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_step(self, state: Any) -> None:
+        pass
+
+    def on_log(self, row: dict[str, Any]) -> None:
+        self.losses.append(row["loss"])
+
+    def on_eval(self, row: dict[str, Any]) -> None:
+        pass
+
+    def on_warning(self, message: str) -> None:
+        pass
+
+
+@dataclass
+class Trial:
+    """One short training run: its losses, what went wrong, and what it cost."""
+
+    label: str
+    steps: int  # optimizer steps run
+    losses: list[float]
+    skipped_steps: int
+    diverged: str | None
+    final_eval: dict[str, Any] | None
+    step_time_s: float | None  # after the warm-up steps
+    wall_s: float  # build + steps + the final evaluation
+    peak_memory_bytes: int | None = None
+    fp8: dict[str, Any] | None = None  # the FP8 layer report, for precision=fp8
+
+
+def short_run(cfg: RunConfig, steps: int, warmup: int) -> Trial:
+    """Build ``cfg`` fresh (seeded: the same initial weights and batches for every precision) and
+    train ``steps`` optimizer steps, logging the loss every step; nothing is written to disk.
+
+    Raises ConfigError when the precision cannot run this model (FP8 without an eligible layer).
+    """
+    started = time.perf_counter()
+    cfg = dataclasses.replace(
+        cfg,
+        max_steps=steps,
+        epochs=None,
+        log_every=1,
+        eval_every=10**9,  # the final evaluation only
+        probe_every=None,  # the update probe copies every parameter: not needed here
+        throughput_warmup_steps=min(warmup, steps - 1),
+        progress=False,
+    )
+    run = prepare_run(cfg)
+    losses = _Losses()
+    state = train_loop(run, LoopHooks(observers=(losses,)))
+    t = run.monitor.throughput
+    return Trial(
+        label=run.policy.label,
+        steps=steps,
+        losses=losses.losses,
+        skipped_steps=len(state.skipped_steps),
+        diverged=run.monitor.diverged_reason,
+        final_eval=state.evals[-1] if state.evals else None,
+        step_time_s=t.measured_time_s / t.measured_steps if t.measured_steps else None,
+        wall_s=time.perf_counter() - started,
+        peak_memory_bytes=run.monitor.peak_memory_bytes,
+        fp8=run.fp8,
+    )
+
+
+# ------------------------------------------------------------------------------ the budget
+@dataclass(frozen=True)
+class Cost:
+    """What a run of this precision costs here, from its pilot."""
+
+    overhead_s: float  # build + first step + final evaluation
+    step_s: float
+
+    def of(self, steps: int) -> float:
+        return self.overhead_s + steps * self.step_s
+
+
+def cost_of(trial: Trial) -> Cost:
+    """A run's cost model from a measured ``trial``: its timed steps' mean and the rest."""
+    step_s = trial.step_time_s if trial.step_time_s is not None else trial.wall_s / trial.steps
+    return Cost(max(0.0, trial.wall_s - trial.steps * step_s), step_s)
+
+
+def latest_cost(c: Candidate) -> Cost:
+    """From the fidelity run where there is one (tens of steps), else from the pilot (two)."""
+    return cost_of(c.fidelity or c.pilot)
+
+
+@dataclass
+class Budget:
+    """``advise.budget_s`` seconds from ``started``."""
+
+    total_s: float
+    started: float = field(default_factory=time.perf_counter)
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
+
+    def left_s(self) -> float:
+        return self.total_s - self.elapsed_s() - RESERVE_S
+
+
+# ------------------------------------------------------------------------------ the parts
+@dataclass
+class Candidate:
+    """Everything measured for one precision (what advise.json's ``precisions`` rows hold)."""
+
+    name: str
+    cfg: RunConfig
+    timed: bool  # its speed is worth measuring (not emulated FP8)
+    emulated: bool = False
+    skipped: dict[str, str] = field(default_factory=dict)  # part -> why it was not measured
+    pilot: Trial | None = None
+    fidelity: Trial | None = None
+    speed: dict[str, Any] | None = None  # a bench row (median, min–max, ratios)
+
+
+def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
+    """FP32 first, then every precision the device runs natively, then FP8 (emulated here or
+    not). FP16 is kept on CPUs even for convolutions: the pilot measures how slow it is."""
+    out = []
+    for name, skip in bench.bench_precisions(device, config_has_convolutions(cfg.model)):
+        emulated = name == "fp8" and not bench.fp8_gemm_available(device)
+        if skip and name not in ("fp16", "fp8"):
+            out.append(Candidate(name, cfg, False, skipped={"all": skip}))
+            continue
+        precision = bench.precision_config(name, cfg.precision)
+        out.append(
+            Candidate(name, dataclasses.replace(cfg, precision=precision), not emulated, emulated)
+        )
+    return out
+
+
+def run_pilots(cands: list[Candidate], budget: Budget, timings: dict[str, Any]) -> None:
+    """Each buildable candidate's pilot; a precision the model cannot run is skipped with why.
+
+    A throw-away FP32 run of two steps goes first: a process's first run pays one-off costs
+    (lazy imports, kernel and allocator set-up) that would inflate FP32's estimate tenfold."""
+    short_run(cands[0].cfg, 2, warmup=1)
+    for c in cands:
+        if c.skipped:
+            continue
+        if budget.left_s() <= 0:
+            c.skipped["all"] = "no advise.budget_s left for its pilot"
+            continue
+        started = time.perf_counter()
+        try:
+            c.pilot = short_run(c.cfg, PILOT_STEPS, warmup=PILOT_WARMUP)
+        except ConfigError as exc:
+            c.skipped["all"] = str(exc)
+        timings[f"pilot {c.name}"] = time.perf_counter() - started
+
+
+def measure_numerics(cfg: RunConfig, cands: list[Candidate]) -> dict[str, Any]:
+    """The FP16 range probe and the autocast audit per low-precision autocast, on FP32's initial
+    weights (a fresh seeded build; nothing trains); FP8's layer report from its pilot."""
+    run = prepare_run(
+        dataclasses.replace(cfg, precision=bench.precision_config("fp32", cfg.precision))
+    )
+    batches = run.data.train.batches(0)
+    first = [next(batches) for _ in range(cfg.probe_batches)]
+    first = [(to_model_input(x, run.policy, cfg.channels_last), y) for x, y in first]
+    out: dict[str, Any] = {"probe": range_probe(run.model, first, cfg.precision.scaler.init_scale)}
+    out["audit"] = {}
+    for c in cands:
+        dtype = PRECISIONS[c.cfg.precision.name].autocast_dtype
+        if c.name in ("bf16", "fp16") and not c.skipped and dtype is not None:
+            audit = audit_step(
+                run.model,
+                *first[0],
+                lambda dtype=dtype: torch.autocast(run.device.type, dtype),
+                run.optimizer,
+                mixed=True,
+            )
+            out["audit"][c.name] = {
+                "flagged_ops": audit["flagged_ops"],
+                "state_flags": audit["state_flags"],
+            }
+    fp8 = next((c for c in cands if c.name == "fp8"), None)
+    out["fp8"] = fp8.pilot.fp8 if fp8 and fp8.pilot else {"skipped": fp8 and fp8.skipped.get("all")}
+    return out
+
+
+def fidelity_need(c: Candidate, settings: Any) -> float:
+    """Estimated seconds of ``c``'s fidelity run and (when timed) its share of the speed part
+    at the least number of timed steps."""
+    need = latest_cost(c).of(settings.fidelity_steps)
+    return need + (speed_need([c], settings, settings.speed_steps) if c.timed else 0.0)
+
+
+def run_fidelity(
+    cands: list[Candidate], settings: Any, budget: Budget, timings: dict[str, Any]
+) -> None:
+    """The short runs, FP32 first (the reference every other run is compared with). Each is
+    admitted only when it and its speed measurement fit what is left once the speed parts of
+    those already admitted are set aside; otherwise it is skipped with the estimate."""
+    admitted: list[Candidate] = []
+    for c in cands:
+        if c.skipped or c.pilot is None:
+            continue
+        if c.name != "fp32" and not any(a.name == "fp32" for a in admitted):
+            c.skipped["fidelity and speed"] = NOT_COMPARED
+            continue
+        committed = speed_need([a for a in admitted if a.timed], settings, settings.speed_steps)
+        left_s, need = budget.left_s() - committed, fidelity_need(c, settings)
+        if need > left_s:
+            c.skipped["fidelity and speed"] = (
+                f"estimated {need:.0f} s from its measured pilot, "
+                f"{max(left_s, 0):.0f} s of advise.budget_s left"
+            )
+            continue
+        started = time.perf_counter()
+        c.fidelity = short_run(c.cfg, settings.fidelity_steps, warmup=PILOT_WARMUP)
+        timings[f"fidelity {c.name}"] = time.perf_counter() - started
+        admitted.append(c)
+
+
+def speed_steps(timed: list[Candidate], settings: Any, left_s: float) -> int:
+    """Timed steps per measurement: at least ``advise.speed_steps``, and enough for the fastest
+    precision to run MIN_TIMED_S (a few milliseconds of timing are all noise on a shared
+    machine), halved while the whole speed part would not fit ``left_s``."""
+    fastest = min(latest_cost(c).step_s for c in timed)
+    steps = max(settings.speed_steps, math.ceil(MIN_TIMED_S / max(fastest, 1e-6)))
+    while steps > settings.speed_steps and speed_need(timed, settings, steps) > left_s:
+        steps = max(settings.speed_steps, steps // 2)
+    return steps
+
+
+def speed_need(group: list[Candidate], settings: Any, steps: int) -> float:
+    """Estimated seconds of ``settings.reps`` measurements of ``steps`` (+ warm-up) each."""
+    runs = settings.warmup_steps + steps
+    return sum(settings.reps * latest_cost(c).of(runs) for c in group)
+
+
+def run_speed(
+    cands: list[Candidate], settings: Any, budget: Budget, timings: dict[str, Any]
+) -> None:
+    """Alternating repetitions of the timed candidates (:func:`mptrain.bench.measure_reps`); the
+    last ones are dropped (and say so) while the estimate does not fit what is left."""
+    timed = [c for c in cands if c.timed and not c.skipped]
+    steps = speed_steps(timed, settings, budget.left_s()) if timed else settings.speed_steps
+    while len(timed) > 1 and speed_need(timed, settings, steps) > budget.left_s():
+        dropped = timed.pop()
+        dropped.skipped["speed"] = (
+            f"estimated {speed_need([dropped], settings, steps):.0f} s; the fidelity runs left "
+            f"{max(budget.left_s(), 0):.0f} s of advise.budget_s"
+        )
+    if len(timed) < 2:  # FP32 alone: no ratio to measure
+        for c in timed:
+            c.skipped["speed"] = "no other precision's speed fit the budget"
+        return
+    started = time.perf_counter()
+    configs = {c.name: c.cfg for c in timed}
+    measured, refused = bench.measure_reps(configs, settings.warmup_steps, steps, settings.reps)
+    rows = [bench.summarise(name, reps) for name, reps in measured.items()]
+    bench.add_ratios(rows)
+    by_name = {r["precision"]: r for r in rows}
+    for c in timed:
+        c.speed = by_name.get(c.name)
+        if c.name in refused:
+            c.skipped["speed"] = refused[c.name]
+    timings["speed"] = time.perf_counter() - started
+    timings["speed_steps"] = steps
+
+
+# ------------------------------------------------------------------------------ to a decision
+def fidelity_figures(c: Candidate, reference: Trial | None) -> advice.Fidelity | None:
+    if c.fidelity is None or reference is None:
+        return None
+    f = c.fidelity
+    return advice.fidelity_of(f.losses, reference.losses, f.skipped_steps, f.diverged)
+
+
+def to_measured(c: Candidate, reference: Trial | None, numerics: dict[str, Any]) -> advice.Measured:
+    """The decision's view of a candidate: figures only, reasons for what is missing."""
+    not_run = c.skipped.get("all") or c.skipped.get("fidelity and speed")
+    speed = None
+    if c.speed is not None and "vs_fp32" in c.speed:
+        low, high = c.speed["vs_fp32_range"]
+        speed = advice.Speed(c.speed["vs_fp32"], low, high)
+    audit = numerics.get("audit", {}).get(c.name, {})
+    modules = sorted({o["module"] for o in audit.get("flagged_ops", [])} - {"(autograd)"})
+    overflow = tuple(numerics["probe"]["overflow_modules"]) if c.name == "fp16" else ()
+    return advice.Measured(
+        precision=c.name,
+        not_run=not_run,
+        speed=speed,
+        speed_note=c.skipped.get("speed"),
+        fidelity=fidelity_figures(c, reference),
+        fidelity_note=c.skipped.get("fidelity and speed"),
+        emulated=c.emulated,
+        fp16_overflow=overflow,
+        audit_modules=tuple(modules),
+    )
+
+
+def command_for(overrides: list[str], precision: str) -> str:
+    """The command that trains with ``precision``: the user's overrides without what only
+    advise reads (advise.*, bench.*, hydra.run.dir) and without their own precision."""
+    import shlex
+
+    dropped = ("precision=", "advise.", "bench.", "hydra.run.dir=")
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(dropped)]
+    return " ".join(["mptrain", f"precision={precision}", *(shlex.quote(o) for o in kept)])
+
+
+def decide(
+    cfg: RunConfig, cands: list[Candidate], numerics: dict[str, Any], device: torch.device
+) -> advice.Advice:
+    reference = next((c.fidelity for c in cands if c.name == "fp32"), None)
+    ctx = advice.Context(
+        tolerance=cfg.advise.tolerance,
+        max_skipped_fraction=cfg.advise.max_skipped_fraction,
+        device_type=device.type,
+        has_convolutions=config_has_convolutions(cfg.model),
+        channels_last=cfg.channels_last,
+    )
+    return advice.recommend([to_measured(c, reference, numerics) for c in cands], ctx)
+
+
+def measure_all(cfg: RunConfig, device: torch.device, budget: Budget) -> dict[str, Any]:
+    """Steps 1–4 of the module doc within ``budget``; returns candidates, numerics, timings."""
+    timings: dict[str, float] = {}
+    cands = candidates(cfg, device)
+    run_pilots(cands, budget, timings)
+    started = time.perf_counter()
+    numerics = measure_numerics(cfg, cands)
+    timings["numerics"] = time.perf_counter() - started
+    run_fidelity(cands, cfg.advise, budget, timings)
+    run_speed(cands, cfg.advise, budget, timings)
+    return {"candidates": cands, "numerics": numerics, "timings": timings}
+
+
+def run_advise(
+    cfg: RunConfig, overrides: list[str], output_dir: Path, console: Any, budget: Budget
+) -> dict[str, Any]:
+    """Measure (see module doc) within ``budget``, decide, write advise.md/.json/.png, print;
+    return the result."""
+    from mptrain import advise_report
+
+    device = hardware.resolve_device(cfg.device)
+    found = measure_all(cfg, device, budget)
+    decision = decide(cfg, found["candidates"], found["numerics"], device)
+    result = advise_report.assemble(
+        cfg, device, found, decision, command_for(overrides, decision.precision)
+    )
+    advise_report.write(result, output_dir, budget.elapsed_s)
+    advise_report.show(console, result, output_dir)
+    return result
+
+
+def advise_main(overrides: list[str]) -> None:
+    """``mptrain advise [overrides]`` (the CLI's subcommand table calls this). Bad input raises
+    ConfigError (one line; exit 2)."""
+    import datetime as dt
+
+    from mptrain.joblog import job_console
+    from mptrain.preflight import (
+        RUN_DIR_OVERRIDE,
+        check_command_line,
+        checked_run_config,
+        compose_job,
+        refuse_hydra_options,
+    )
+
+    started = time.perf_counter()  # the budget covers composing the config too
+    refuse_hydra_options(overrides, "advise")
+    config_overrides = [o for o in overrides if not o.startswith(RUN_DIR_OVERRIDE)]
+    check_command_line(config_overrides)
+    composed = compose_job(overrides)
+    run_dir = composed.hydra.run.dir if len(config_overrides) < len(overrides) else None
+    if run_dir == "":
+        raise ConfigError("hydra.run.dir=: empty; give the directory advise should write to")
+    cfg = checked_run_config(composed)
+    stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    default_dir = Path("outputs") / "advise" / f"{stamp}_{cfg.model.name}_{cfg.dataset.name}"
+    output_dir = Path(run_dir) if run_dir is not None else default_dir
+    run_advise(cfg, overrides, output_dir, job_console(), Budget(cfg.advise.budget_s, started))
