@@ -93,12 +93,12 @@ def speed_words(speed: Speed) -> str:
 
 def disqualified(m: Measured, ctx: Context) -> str | None:
     """Why ``m`` cannot be recommended over FP32, in plain words; None when it qualifies."""
+    if m.fp16_overflow:  # the probe's finding rules FP16 out whatever else was measured
+        return f"FP16 overflows in the forward at {', '.join(m.fp16_overflow)}"
     if m.not_run:
         return f"not measured: {m.not_run}"
-    if m.fidelity is None and not m.fp16_overflow:
+    if m.fidelity is None:
         return f"fidelity not measured ({m.fidelity_note or 'no run'}): cannot vouch for it"
-    if m.fp16_overflow:  # the cause first: a forward overflow is what diverges FP16
-        return f"FP16 overflows in the forward at {', '.join(m.fp16_overflow)}"
     f = m.fidelity
     if f.diverged:
         return f"diverged in the short run: {f.diverged}"

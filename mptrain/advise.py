@@ -70,51 +70,59 @@ class _Losses:
 
 @dataclass
 class Trial:
-    """One short training run: its losses, what went wrong, and what it cost."""
+    """One short training run: its losses, what went wrong, what it measured and cost."""
 
     label: str
-    steps: int  # optimizer steps run
+    steps: int  # optimizer steps run (fewer than asked when the deadline cut it short)
     losses: list[float]
     skipped_steps: int
     diverged: str | None
-    final_eval: dict[str, Any] | None
-    step_time_s: float | None  # after the warm-up steps
-    wall_s: float  # build + steps + the final evaluation
-    peak_memory_bytes: int | None = None
+    step_time_s: float | None  # after the warm-up steps; None when none was timed
+    wall_s: float  # build + steps
+    cut_short: bool = False
+    figures: dict[str, Any] = field(default_factory=dict)  # bench's figures (run_figures)
     fp8: dict[str, Any] | None = None  # the FP8 layer report, for precision=fp8
 
 
-def short_run(cfg: RunConfig, steps: int, warmup: int) -> Trial:
+def short_run(
+    cfg: RunConfig, steps: int, warmup: int, deadline: float | None = None, per_step: bool = True
+) -> Trial:
     """Build ``cfg`` fresh (seeded: the same initial weights and batches for every precision) and
-    train ``steps`` optimizer steps, logging the loss every step; nothing is written to disk.
+    train ``steps`` optimizer steps — fewer when ``time.perf_counter()`` passes ``deadline``
+    (checked after each step: at least one runs). ``per_step``: log the loss every step (a host
+    read per step; off for speed measurements). No evaluation, nothing written to disk.
 
     Raises ConfigError when the precision cannot run this model (FP8 without an eligible layer).
     """
     started = time.perf_counter()
     cfg = dataclasses.replace(
         cfg,
-        max_steps=steps,
+        max_steps=steps + 1,  # one more than run: the loop's final evaluation never comes
         epochs=None,
-        log_every=1,
-        eval_every=10**9,  # the final evaluation only
+        log_every=1 if per_step else steps,
+        eval_every=10**9,
         probe_every=None,  # the update probe copies every parameter: not needed here
         throughput_warmup_steps=min(warmup, steps - 1),
         progress=False,
     )
     run = prepare_run(cfg)
     losses = _Losses()
-    state = train_loop(run, LoopHooks(observers=(losses,)))
+
+    def stop() -> bool:
+        return run.state.step >= steps or (deadline is not None and time.perf_counter() > deadline)
+
+    state = train_loop(run, LoopHooks(observers=(losses,), stop_requested=stop))
     t = run.monitor.throughput
     return Trial(
         label=run.policy.label,
-        steps=steps,
+        steps=state.step,
         losses=losses.losses,
         skipped_steps=len(state.skipped_steps),
         diverged=run.monitor.diverged_reason,
-        final_eval=state.evals[-1] if state.evals else None,
         step_time_s=t.measured_time_s / t.measured_steps if t.measured_steps else None,
         wall_s=time.perf_counter() - started,
-        peak_memory_bytes=run.monitor.peak_memory_bytes,
+        cut_short=state.step < steps and run.monitor.diverged_reason is None,
+        figures=bench.run_figures(run),
         fp8=run.fp8,
     )
 
@@ -155,6 +163,15 @@ class Budget:
     def left_s(self) -> float:
         return self.total_s - self.elapsed_s() - RESERVE_S
 
+    def deadline(self) -> float:
+        """When measuring must stop (``time.perf_counter()``): the report's reserve is kept."""
+        return self.started + self.total_s - RESERVE_S
+
+
+class OutOfBudget(ConfigError):
+    """A speed measurement the budget cut short before it timed a step (measure_reps records
+    the reason and does not measure that precision again)."""
+
 
 # ------------------------------------------------------------------------------ the parts
 @dataclass
@@ -188,53 +205,77 @@ def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
 
 
 def run_pilots(cands: list[Candidate], budget: Budget, timings: dict[str, Any]) -> None:
-    """Each buildable candidate's pilot; a precision the model cannot run is skipped with why.
+    """Each buildable candidate's pilot, each stopped after its share of what is left (at least
+    one step runs); a precision the model cannot run is skipped with why.
 
     A throw-away FP32 run of two steps goes first: a process's first run pays one-off costs
     (lazy imports, kernel and allocator set-up) that would inflate FP32's estimate tenfold."""
-    short_run(cands[0].cfg, 2, warmup=1)
-    for c in cands:
-        if c.skipped:
-            continue
+    started = time.perf_counter()
+    short_run(cands[0].cfg, 2, warmup=1, deadline=budget.deadline())
+    timings["process warm-up"] = time.perf_counter() - started
+    todo = [c for c in cands if not c.skipped]
+    for i, c in enumerate(todo):
         if budget.left_s() <= 0:
             c.skipped["all"] = "no advise.budget_s left for its pilot"
             continue
         started = time.perf_counter()
+        share = budget.left_s() / (len(todo) - i)
         try:
-            c.pilot = short_run(c.cfg, PILOT_STEPS, warmup=PILOT_WARMUP)
+            c.pilot = short_run(c.cfg, PILOT_STEPS, PILOT_WARMUP, deadline=started + share)
         except ConfigError as exc:
             c.skipped["all"] = str(exc)
         timings[f"pilot {c.name}"] = time.perf_counter() - started
 
 
-def measure_numerics(cfg: RunConfig, cands: list[Candidate]) -> dict[str, Any]:
+AUDIT_SLOWDOWN = 3.0  # a traced step (every op through a dispatch mode) against a plain one
+
+
+def measure_numerics(cfg: RunConfig, cands: list[Candidate], budget: Budget) -> dict[str, Any]:
     """The FP16 range probe and the autocast audit per low-precision autocast, on FP32's initial
-    weights (a fresh seeded build; nothing trains); FP8's layer report from its pilot."""
-    run = prepare_run(
-        dataclasses.replace(cfg, precision=bench.precision_config("fp32", cfg.precision))
-    )
+    weights (a fresh seeded build; nothing trains); FP8's layer report from its pilot. Each part
+    is estimated from the pilots first and skipped (``skipped``: part -> why) if it would not fit.
+    """
+    fp8 = next((c for c in cands if c.name == "fp8"), None)
+    out: dict[str, Any] = {"probe": None, "audit": {}, "skipped": {}}
+    out["fp8"] = fp8.pilot.fp8 if fp8 and fp8.pilot else {"skipped": fp8 and fp8.skipped.get("all")}
+    fp32 = cands[0]
+    if fp32.pilot is None:
+        out["skipped"]["all"] = "FP32's pilot did not run"
+        return out
+    cost = cost_of(fp32.pilot)
+    probe_s = cost.overhead_s + cfg.probe_batches * cost.step_s
+    if probe_s > budget.left_s():
+        out["skipped"]["fp16 range probe"] = _over(probe_s, budget)
+        return out
+    run = prepare_run(dataclasses.replace(cfg, precision=fp32.cfg.precision))
     batches = run.data.train.batches(0)
     first = [next(batches) for _ in range(cfg.probe_batches)]
     first = [(to_model_input(x, run.policy, cfg.channels_last), y) for x, y in first]
-    out: dict[str, Any] = {"probe": range_probe(run.model, first, cfg.precision.scaler.init_scale)}
-    out["audit"] = {}
+    out["probe"] = range_probe(run.model, first, cfg.precision.scaler.init_scale)
     for c in cands:
+        if c.name not in ("bf16", "fp16") or c.skipped or c.pilot is None:
+            continue
+        audit_s = AUDIT_SLOWDOWN * cost_of(c.pilot).step_s
+        if audit_s > budget.left_s():
+            out["skipped"][f"{c.name} autocast audit"] = _over(audit_s, budget)
+            continue
         dtype = PRECISIONS[c.cfg.precision.name].autocast_dtype
-        if c.name in ("bf16", "fp16") and not c.skipped and dtype is not None:
-            audit = audit_step(
-                run.model,
-                *first[0],
-                lambda dtype=dtype: torch.autocast(run.device.type, dtype),
-                run.optimizer,
-                mixed=True,
-            )
-            out["audit"][c.name] = {
-                "flagged_ops": audit["flagged_ops"],
-                "state_flags": audit["state_flags"],
-            }
-    fp8 = next((c for c in cands if c.name == "fp8"), None)
-    out["fp8"] = fp8.pilot.fp8 if fp8 and fp8.pilot else {"skipped": fp8 and fp8.skipped.get("all")}
+        audit = audit_step(
+            run.model,
+            *first[0],
+            lambda dtype=dtype: torch.autocast(run.device.type, dtype),
+            run.optimizer,
+            mixed=True,
+        )
+        out["audit"][c.name] = {k: audit[k] for k in ("flagged_ops", "state_flags")}
     return out
+
+
+def _over(estimate_s: float, budget: Budget) -> str:
+    return (
+        f"estimated {estimate_s:.0f} s from the measured pilots, "
+        f"{max(budget.left_s(), 0):.0f} s of advise.budget_s left"
+    )
 
 
 def fidelity_need(c: Candidate, settings: Any) -> float:
@@ -266,8 +307,14 @@ def run_fidelity(
             )
             continue
         started = time.perf_counter()
-        c.fidelity = short_run(c.cfg, settings.fidelity_steps, warmup=PILOT_WARMUP)
+        trial = short_run(c.cfg, settings.fidelity_steps, PILOT_WARMUP, budget.deadline())
         timings[f"fidelity {c.name}"] = time.perf_counter() - started
+        if trial.cut_short:
+            c.skipped["fidelity and speed"] = (
+                f"the budget ran out after {trial.steps} of {settings.fidelity_steps} steps"
+            )
+            continue
+        c.fidelity = trial
         admitted.append(c)
 
 
@@ -286,6 +333,18 @@ def speed_need(group: list[Candidate], settings: Any, steps: int) -> float:
     """Estimated seconds of ``settings.reps`` measurements of ``steps`` (+ warm-up) each."""
     runs = settings.warmup_steps + steps
     return sum(settings.reps * latest_cost(c).of(runs) for c in group)
+
+
+def speed_measure(deadline: float) -> Any:
+    """bench's per-repetition measurement, as a short run that stops at ``deadline``."""
+
+    def measure_one(cfg: RunConfig, warmup: int, steps: int) -> dict[str, Any]:
+        trial = short_run(cfg, warmup + steps, warmup, deadline, per_step=False)
+        if trial.step_time_s is None:
+            raise OutOfBudget(f"the budget ran out after {trial.steps} untimed steps")
+        return trial.figures
+
+    return measure_one
 
 
 def run_speed(
@@ -307,7 +366,9 @@ def run_speed(
         return
     started = time.perf_counter()
     configs = {c.name: c.cfg for c in timed}
-    measured, refused = bench.measure_reps(configs, settings.warmup_steps, steps, settings.reps)
+    measured, refused = bench.measure_reps(
+        configs, settings.warmup_steps, steps, settings.reps, speed_measure(budget.deadline())
+    )
     rows = [bench.summarise(name, reps) for name, reps in measured.items()]
     bench.add_ratios(rows)
     by_name = {r["precision"]: r for r in rows}
@@ -336,7 +397,8 @@ def to_measured(c: Candidate, reference: Trial | None, numerics: dict[str, Any])
         speed = advice.Speed(c.speed["vs_fp32"], low, high)
     audit = numerics.get("audit", {}).get(c.name, {})
     modules = sorted({o["module"] for o in audit.get("flagged_ops", [])} - {"(autograd)"})
-    overflow = tuple(numerics["probe"]["overflow_modules"]) if c.name == "fp16" else ()
+    probe = numerics["probe"]
+    overflow = tuple(probe["overflow_modules"]) if c.name == "fp16" and probe else ()
     return advice.Measured(
         precision=c.name,
         not_run=not_run,
@@ -380,7 +442,7 @@ def measure_all(cfg: RunConfig, device: torch.device, budget: Budget) -> dict[st
     cands = candidates(cfg, device)
     run_pilots(cands, budget, timings)
     started = time.perf_counter()
-    numerics = measure_numerics(cfg, cands)
+    numerics = measure_numerics(cfg, cands, budget)
     timings["numerics"] = time.perf_counter() - started
     run_fidelity(cands, cfg.advise, budget, timings)
     run_speed(cands, cfg.advise, budget, timings)

@@ -44,7 +44,7 @@ def _row(c: Any, reference: Any) -> dict[str, Any]:
         f = fidelity_of(
             c.fidelity.losses, reference.losses, c.fidelity.skipped_steps, c.fidelity.diverged
         )
-        fidelity = {**dataclasses.asdict(f), "final_eval": c.fidelity.final_eval}
+        fidelity = dataclasses.asdict(f)
     return {
         "precision": c.name,
         "label": (c.pilot.label if c.pilot else c.name),
@@ -63,6 +63,7 @@ def _numerics(numerics: dict[str, Any]) -> dict[str, Any]:
         "fp16_probe": numerics["probe"],
         "audit": numerics["audit"],
         "fp8": numerics["fp8"],
+        "skipped": numerics["skipped"],
     }
 
 
@@ -149,8 +150,9 @@ def _pct(x: float | None) -> str:
 def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
     """What the numerical checks said about ``name``: probe (FP16), audit flags, FP8 layers."""
     parts = []
-    if name == "fp16":
-        parts.append(numerics["fp16_probe"]["verdict"])
+    probe = numerics["fp16_probe"]
+    if name == "fp16" and probe:
+        parts.append(probe["verdict"])
     audit = numerics["audit"].get(name)
     if audit is not None:
         flagged = audit["flagged_ops"]
@@ -203,12 +205,11 @@ def recommendation_lines(result: dict[str, Any]) -> list[str]:
 
 def skipped_lines(result: dict[str, Any]) -> list[str]:
     """Every part not measured, with why (the budget's estimates included)."""
-    lines = []
+    lines = [f"- {part}: {why}" for part, why in result["numerics"]["skipped"].items()]
     for row in result["precisions"]:
         for part, why in row["skipped"].items():
-            lines.append(
-                f"- {row['precision']} {part if part != 'all' else ''}: {why}".replace(" :", ":")
-            )
+            what = row["precision"] if part == "all" else f"{row['precision']} {part}"
+            lines.append(f"- {what}: {why}")
     return lines
 
 

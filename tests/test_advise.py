@@ -111,6 +111,8 @@ def test_fp16_forward_overflow_names_the_layer_and_the_fixes():
     assert "overflows in the forward at blocks.3.mlp" in lost(advice, "fp16")
     assert any("numerics.fp32_modules=[blocks.3.mlp]" in f for f in advice.fixes)
     assert any(f.startswith("precision=bf16") for f in advice.fixes)
+    unmeasured = Measured("fp16", not_run="over budget", fp16_overflow=("boost",))
+    assert "overflows in the forward at boost" in disqualified(unmeasured, CTX)  # the probe's word
 
 
 def test_an_unmeasured_precision_cannot_win():
@@ -144,7 +146,7 @@ def test_relative_differences_are_windowed_and_inf_where_not_finite():
 
 # ------------------------------------------------------------------------------ the budget
 def test_costs_come_from_the_measured_trial():
-    trial = advise.Trial("fp16", 6, [1.0] * 6, 0, None, None, step_time_s=0.5, wall_s=4.0)
+    trial = advise.Trial("fp16", 6, [1.0] * 6, 0, None, step_time_s=0.5, wall_s=4.0)
     cost = advise.cost_of(trial)
 
     assert cost.step_s == 0.5 and cost.overhead_s == pytest.approx(1.0)
