@@ -8,7 +8,7 @@ Pure functions on plain data, no torch: :func:`recommend` takes one :class:`Meas
    diverge; FP16's range probe found no forward overflow (loss scaling cannot fix one); it skipped
    at most ``max_skipped_fraction`` of its optimizer steps (lost updates); its loss trajectory stayed
    within ``tolerance`` (relative) of FP32's; it is not emulated (emulated FP8 reproduces the
-   numerics, never the speed); and it is *measurably* faster: the whole min–max range of its speed
+   numerics, never the speed: ruled out first, like an FP16 overflow); and it is *measurably* faster: the whole min–max range of its speed
    ratio to FP32 lies above 1 (a range that overlaps 1 is noise, not a speed-up).
 3. Among the qualifying, the highest median speed wins; precisions whose ranges overlap the
    fastest one's tie with it, and the tie goes to the simplest recipe (:data:`SIMPLICITY`: no loss
@@ -95,6 +95,8 @@ def disqualified(m: Measured, ctx: Context) -> str | None:
     """Why ``m`` cannot be recommended over FP32, in plain words; None when it qualifies."""
     if m.fp16_overflow:  # the probe's finding rules FP16 out whatever else was measured
         return f"FP16 overflows in the forward at {', '.join(m.fp16_overflow)}"
+    if m.emulated:  # whatever its numerics, emulation never buys speed
+        return "FP8 only emulated here (no FP8 hardware): numerics without a speed-up"
     if m.not_run:
         return f"not measured: {m.not_run}"
     if m.fidelity is None:
@@ -116,8 +118,6 @@ def disqualified(m: Measured, ctx: Context) -> str | None:
 
 
 def _speed_disqualifies(m: Measured) -> str | None:
-    if m.emulated:
-        return "FP8 only emulated here (no FP8 hardware): numerics without a speed-up"
     if m.speed is None:
         return f"speed not measured ({m.speed_note or 'no run'})"
     if m.speed.low > 1.0:

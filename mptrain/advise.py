@@ -285,6 +285,16 @@ def fidelity_need(c: Candidate, settings: Any) -> float:
     return need + (speed_need([c], settings, settings.speed_steps) if c.timed else 0.0)
 
 
+def pilot_words(c: Candidate, fp32: Candidate) -> str:
+    """``1.23 s/step, 25× FP32's``: a pilot's step time (a few steps, not alternated: a hint,
+    not a speed measurement)."""
+    step_s = latest_cost(c).step_s
+    words = f"{step_s:.3g} s/step"
+    if fp32.pilot is not None and c is not fp32:
+        words += f", {step_s / latest_cost(fp32).step_s:.1f}× FP32's"
+    return words
+
+
 def run_fidelity(
     cands: list[Candidate], settings: Any, budget: Budget, timings: dict[str, Any]
 ) -> None:
@@ -302,7 +312,7 @@ def run_fidelity(
         left_s, need = budget.left_s() - committed, fidelity_need(c, settings)
         if need > left_s:
             c.skipped["fidelity and speed"] = (
-                f"estimated {need:.0f} s from its measured pilot, "
+                f"estimated {need:.0f} s from its measured pilot ({pilot_words(c, cands[0])}), "
                 f"{max(left_s, 0):.0f} s of advise.budget_s left"
             )
             continue

@@ -109,12 +109,8 @@ HEADERS = (
 
 def _speed_cells(row: dict[str, Any], lm: bool) -> list[str]:
     s = row["speed"]
-    if s is None:
-        why = row["skipped"].get("speed") or row["skipped"].get("all")
-        why = why or row["skipped"].get("fidelity and speed")
-        if row["emulated"]:
-            why = "not timed: FP8 emulated (no FP8 hardware)"
-        return [f"not measured: {why}" if why else "not measured", "", ""]
+    if s is None:  # why: in the "Not measured" list below the table
+        return ["not timed: FP8 emulated" if row["emulated"] else "not measured (below)", "", ""]
     key = "tokens_per_s" if lm and "tokens_per_s" in s else "samples_per_s"
     low, high = s[f"{key}_range"]
     unit = "tokens/s" if key == "tokens_per_s" else "samples/s"
@@ -151,8 +147,8 @@ def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
     """What the numerical checks said about ``name``: probe (FP16), audit flags, FP8 layers."""
     parts = []
     probe = numerics["fp16_probe"]
-    if name == "fp16" and probe:
-        parts.append(probe["verdict"])
+    if name == "fp16" and probe:  # the verdict's headline; advise.json keeps it whole
+        parts.append(probe["verdict"].split(":")[0].split(" → ")[0])
     audit = numerics["audit"].get(name)
     if audit is not None:
         flagged = audit["flagged_ops"]
@@ -175,7 +171,7 @@ def table_rows(result: dict[str, Any]) -> list[list[str]]:
     rows = []
     for row in result["precisions"]:
         if row["skipped"].get("all"):
-            rows.append([row["label"], f"skipped: {row['skipped']['all']}"] + [""] * 5)
+            rows.append([row["label"], "not measured (below)"] + [""] * 5)
             continue
         rows.append(
             [
@@ -279,14 +275,22 @@ def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
         print(f"advise written to {output_dir / ADVISE_MD}")
         return
     for line in recommendation_lines(result):
-        console.print(escape(line))
+        if line.startswith("```"):
+            continue  # Markdown's fence: the command stands on its own line
+        if line.startswith("**"):
+            console.print(f"[bold]{escape(line.strip('*'))}[/bold]")
+        else:
+            console.print(escape(line))
     table = Table(title=f"evidence: {result['model']} on {result['dataset']}")
     for header in HEADERS:
         table.add_column(header, overflow="fold")
     for cells in table_rows(result):
         table.add_row(*(escape(c) for c in cells))
     console.print(table)
-    for line in skipped_lines(result):
+    skipped = skipped_lines(result)
+    if skipped:
+        console.print("Not measured:")
+    for line in skipped:
         console.print(escape(line))
     console.print(f"{result['elapsed_s']:.0f} s of a {result['settings']['budget_s']:g} s budget")
     console.print(f"advise written to {output_dir / ADVISE_MD}")

@@ -172,7 +172,8 @@ TINY = ("device=cpu", "advise.budget_s=20", "advise.fidelity_steps=12", "advise.
 
 
 def test_advise_mlp_writes_the_advice_its_evidence_and_the_figure(tmp_path):
-    result = run_mptrain(tmp_path, "advise", "model=mlp", *TINY, "hydra.run.dir=out")
+    budget = "advise.budget_s=30"  # FP32's runs fit even with other jobs on the cores
+    result = run_mptrain(tmp_path, "advise", "model=mlp", *TINY, budget, "hydra.run.dir=out")
     assert result.returncode == 0, describe(result)
     out = tmp_path / "out"
     data = json.loads((out / "advise.json").read_text())
@@ -190,7 +191,7 @@ def test_advise_mlp_writes_the_advice_its_evidence_and_the_figure(tmp_path):
     assert "only emulated" in next(r["why"] for r in rec["runners_up"] if r["precision"] == "fp8")
     assert rows["fp32"]["fidelity"]["max_rel_diff"] == 0.0
     assert len(rows["fp32"]["losses"]) == 12
-    assert data["elapsed_s"] <= 20  # the budget, and the process's own start-up
+    assert data["elapsed_s"] <= 30  # the budget, and the process's own start-up
     assert (out / "advise.png").stat().st_size > 10_000
 
 
