@@ -55,7 +55,7 @@ class Measured:
     """What was measured for one precision; ``None`` fields were not measured (``*_note`` says why)."""
 
     precision: str  # fp32 | tf32 | bf16 | fp16 | fp8
-    not_run: str | None = None  # nothing measured: refused to build, over budget
+    not_run: str | None = None  # nothing measured: refused to build, or no budget for its pilot
     speed: Speed | None = None
     speed_note: str | None = None
     fidelity: Fidelity | None = None
@@ -95,10 +95,10 @@ def disqualified(m: Measured, ctx: Context) -> str | None:
     """Why ``m`` cannot be recommended over FP32, in plain words; None when it qualifies."""
     if m.fp16_overflow:  # the probe's finding rules FP16 out whatever else was measured
         return f"FP16 overflows in the forward at {', '.join(m.fp16_overflow)}"
-    if m.emulated:  # whatever its numerics, emulation never buys speed
-        return "FP8 only emulated here (no FP8 hardware): numerics without a speed-up"
     if m.not_run:
         return f"not measured: {m.not_run}"
+    if m.emulated:  # whatever its numerics, emulation never buys speed
+        return "FP8 only emulated here (no FP8 hardware): numerics without a speed-up"
     if m.fidelity is None:
         return f"fidelity not measured ({m.fidelity_note or 'no run'}): cannot vouch for it"
     f = m.fidelity

@@ -400,7 +400,7 @@ def fidelity_figures(c: Candidate, reference: Trial | None) -> advice.Fidelity |
 
 def to_measured(c: Candidate, reference: Trial | None, numerics: dict[str, Any]) -> advice.Measured:
     """The decision's view of a candidate: figures only, reasons for what is missing."""
-    not_run = c.skipped.get("all") or c.skipped.get("fidelity and speed")
+    not_run = c.skipped.get("all")
     speed = None
     if c.speed is not None and "vs_fp32" in c.speed:
         low, high = c.speed["vs_fp32_range"]

@@ -101,6 +101,8 @@ def test_emulated_fp8_is_never_recommended_for_speed():
 
     assert advice.precision == "fp32"
     assert "only emulated" in lost(advice, "fp8")
+    refused = Measured("fp8", not_run="no Linear layer can run in FP8", emulated=True)
+    assert "no Linear layer" in disqualified(refused, CTX)  # why it did not even run
 
 
 def test_fp16_forward_overflow_names_the_layer_and_the_fixes():
