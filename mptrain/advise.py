@@ -43,6 +43,7 @@ from mptrain.precision import PRECISIONS, to_model_input
 
 PILOT_STEPS = 6  # a process's first steps pay one-off costs (kernel set-up, lazy imports):
 PILOT_WARMUP = 3  # 3 untimed steps, then 3 timed ones
+SCOUT_SAMPLES = 4  # a scout step's batch: cheap, and enough to extrapolate a full step from
 MIN_TIMED_S = 1.0  # the fastest precision's timed seconds per measurement, at least
 RESERVE_S = 5.0  # kept back for the report and the figure (matplotlib's import alone ~1.8 s)
 NOT_COMPARED = "not compared: the FP32 reference run did not fit"
@@ -204,9 +205,38 @@ def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
     return out
 
 
+def scout(cfg: RunConfig) -> tuple[int, float, float]:
+    """(samples, seconds of a step on them, the full batch's step extrapolated linearly): two
+    steps on SCOUT_SAMPLES samples, so that one pathological step (FP16 convolutions on a CPU:
+    tens of seconds) is foreseen rather than sat through. Raises ConfigError as short_run does."""
+    samples = min(cfg.batch_size, SCOUT_SAMPLES)
+    trial = short_run(dataclasses.replace(cfg, batch_size=samples, grad_accum_steps=1), 2, 1)
+    step_s = trial.step_time_s if trial.step_time_s is not None else trial.wall_s / trial.steps
+    return samples, step_s, step_s * cfg.batch_size * cfg.grad_accum_steps / samples
+
+
+def pilot_one(c: Candidate, share_s: float) -> None:
+    """``c``'s pilot, stopped after ``share_s`` (between steps); skipped with why when its
+    scout foresees a single step longer than that, or the precision refuses the model."""
+    started = time.perf_counter()
+    try:
+        if c.name != "fp32":  # FP32's own cost is known from the process warm-up
+            samples, small_s, step_s = scout(c.cfg)
+            if step_s > share_s:
+                c.skipped["all"] = (
+                    f"a {samples}-sample step took {small_s:.2f} s: a full step (~{step_s:.0f} s) "
+                    f"would not fit the {share_s:.0f} s left for its pilot"
+                )
+                return
+        deadline = started + share_s
+        c.pilot = short_run(c.cfg, PILOT_STEPS, PILOT_WARMUP, deadline=deadline)
+    except ConfigError as exc:
+        c.skipped["all"] = str(exc)
+
+
 def run_pilots(cands: list[Candidate], budget: Budget, timings: dict[str, Any]) -> None:
-    """Each buildable candidate's pilot, each stopped after its share of what is left (at least
-    one step runs); a precision the model cannot run is skipped with why.
+    """Each buildable candidate's pilot, each given an equal share of what is left (see
+    :func:`pilot_one`); a precision the model cannot run is skipped with why.
 
     A throw-away FP32 run of two steps goes first: a process's first run pays one-off costs
     (lazy imports, kernel and allocator set-up) that would inflate FP32's estimate tenfold."""
@@ -219,11 +249,7 @@ def run_pilots(cands: list[Candidate], budget: Budget, timings: dict[str, Any]) 
             c.skipped["all"] = "no advise.budget_s left for its pilot"
             continue
         started = time.perf_counter()
-        share = budget.left_s() / (len(todo) - i)
-        try:
-            c.pilot = short_run(c.cfg, PILOT_STEPS, PILOT_WARMUP, deadline=started + share)
-        except ConfigError as exc:
-            c.skipped["all"] = str(exc)
+        pilot_one(c, budget.left_s() / (len(todo) - i))
         timings[f"pilot {c.name}"] = time.perf_counter() - started
 
 

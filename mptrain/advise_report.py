@@ -152,10 +152,12 @@ def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
     audit = numerics["audit"].get(name)
     if audit is not None:
         flagged = audit["flagged_ops"]
-        modules = sorted({o["module"] for o in flagged})
-        parts.append(
-            f"audit: {len(flagged)} ops flagged" + (f" ({', '.join(modules)})" if flagged else "")
+        # Backward ops run outside any module's forward: the audit files them under (autograd).
+        where = sorted(
+            {"backward" if o["module"] == "(autograd)" else o["module"] for o in flagged}
         )
+        ops = f"{len(flagged)} op{'' if len(flagged) == 1 else 's'} flagged"
+        parts.append(f"audit: {ops}" + (f" ({', '.join(where)})" if flagged else ""))
     fp8 = numerics["fp8"]
     if name == "fp8" and fp8 and "layers" in fp8:
         converted = sum(layer["converted"] for layer in fp8["layers"])
