@@ -206,35 +206,39 @@ def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
 
 
 def scout(cfg: RunConfig) -> tuple[int, float, float]:
-    """(samples, seconds of a step on them, the full batch's step extrapolated linearly): two
-    steps on SCOUT_SAMPLES samples, so that one pathological step (FP16 convolutions on a CPU:
-    tens of seconds) is foreseen rather than sat through. Raises ConfigError as short_run does."""
+    """(samples, seconds of a step on them, the full batch's step extrapolated linearly): four
+    steps (two timed) on SCOUT_SAMPLES samples, so that pathological steps (FP16 convolutions on
+    a CPU: tens of seconds each) are foreseen rather than sat through. The extrapolation errs
+    high (a small step's fixed costs are scaled too). Raises ConfigError as short_run does."""
     samples = min(cfg.batch_size, SCOUT_SAMPLES)
-    trial = short_run(dataclasses.replace(cfg, batch_size=samples, grad_accum_steps=1), 2, 1)
+    trial = short_run(dataclasses.replace(cfg, batch_size=samples, grad_accum_steps=1), 4, 2)
     step_s = trial.step_time_s if trial.step_time_s is not None else trial.wall_s / trial.steps
     return samples, step_s, step_s * cfg.batch_size * cfg.grad_accum_steps / samples
 
 
-def pilot_one(c: Candidate, share_s: float) -> None:
-    """``c``'s pilot, stopped after ``share_s`` (between steps); skipped with why when its
-    scout foresees a single step longer than that, or the precision refuses the model."""
+def pilot_one(c: Candidate, budget: Budget, share_s: float, fidelity_steps: int) -> None:
+    """``c``'s pilot, stopped after ``share_s`` (between steps). Skipped with why when its scout
+    foresees that not even its fidelity run could fit what is left, or the precision refuses
+    the model."""
     started = time.perf_counter()
     try:
         if c.name != "fp32":  # FP32's own cost is known from the process warm-up
             samples, small_s, step_s = scout(c.cfg)
-            if step_s > share_s:
+            if step_s * fidelity_steps > budget.left_s():
                 c.skipped["all"] = (
-                    f"a {samples}-sample step took {small_s:.2f} s: a full step (~{step_s:.0f} s) "
-                    f"would not fit the {share_s:.0f} s left for its pilot"
+                    f"a {samples}-sample step took {small_s:.2f} s: its {fidelity_steps}-step "
+                    f"fidelity run (~{step_s * fidelity_steps:.0f} s at the full batch) cannot "
+                    f"fit the {max(budget.left_s(), 0):.0f} s of advise.budget_s left"
                 )
                 return
-        deadline = started + share_s
-        c.pilot = short_run(c.cfg, PILOT_STEPS, PILOT_WARMUP, deadline=deadline)
+        c.pilot = short_run(c.cfg, PILOT_STEPS, PILOT_WARMUP, deadline=started + share_s)
     except ConfigError as exc:
         c.skipped["all"] = str(exc)
 
 
-def run_pilots(cands: list[Candidate], budget: Budget, timings: dict[str, Any]) -> None:
+def run_pilots(
+    cands: list[Candidate], budget: Budget, fidelity_steps: int, timings: dict[str, Any]
+) -> None:
     """Each buildable candidate's pilot, each given an equal share of what is left (see
     :func:`pilot_one`); a precision the model cannot run is skipped with why.
 
@@ -249,7 +253,7 @@ def run_pilots(cands: list[Candidate], budget: Budget, timings: dict[str, Any]) 
             c.skipped["all"] = "no advise.budget_s left for its pilot"
             continue
         started = time.perf_counter()
-        pilot_one(c, budget.left_s() / (len(todo) - i))
+        pilot_one(c, budget, budget.left_s() / (len(todo) - i), fidelity_steps)
         timings[f"pilot {c.name}"] = time.perf_counter() - started
 
 
@@ -476,7 +480,7 @@ def measure_all(cfg: RunConfig, device: torch.device, budget: Budget) -> dict[st
     """Steps 1–4 of the module doc within ``budget``; returns candidates, numerics, timings."""
     timings: dict[str, float] = {}
     cands = candidates(cfg, device)
-    run_pilots(cands, budget, timings)
+    run_pilots(cands, budget, cfg.advise.fidelity_steps, timings)
     started = time.perf_counter()
     numerics = measure_numerics(cfg, cands, budget)
     timings["numerics"] = time.perf_counter() - started

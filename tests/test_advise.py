@@ -155,6 +155,21 @@ def test_costs_come_from_the_measured_trial():
     assert cost.of(10) == pytest.approx(6.0)
 
 
+@pytest.mark.parametrize(("small_s", "skipped"), [(1.5, True), (0.01, False)])
+def test_the_scout_skips_a_precision_whose_fidelity_run_cannot_fit(monkeypatch, small_s, skipped):
+    monkeypatch.setattr(advise, "scout", lambda cfg: (4, small_s, small_s * 16))
+    pilots = []
+    monkeypatch.setattr(advise, "short_run", lambda *args, **kwargs: pilots.append(args))
+    fp16 = advise.Candidate("fp16", cfg=None, timed=True)
+
+    advise.pilot_one(fp16, advise.Budget(100.0), share_s=30.0, fidelity_steps=40)
+
+    assert bool(fp16.skipped) == skipped and len(pilots) == (not skipped)
+    if skipped:  # 40 steps of ~24 s cannot fit ~95 s: said with the figures
+        assert "a 4-sample step took 1.50 s" in fp16.skipped["all"]
+        assert "~960 s at the full batch" in fp16.skipped["all"]
+
+
 def test_the_command_keeps_the_users_overrides_but_not_advises_own():
     command = advise.command_for(
         [
