@@ -205,30 +205,42 @@ def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
     return out
 
 
-def scout(cfg: RunConfig) -> tuple[int, float, float]:
-    """(samples, seconds of a step on them, the full batch's step extrapolated linearly): four
-    steps (two timed) on SCOUT_SAMPLES samples, so that pathological steps (FP16 convolutions on
-    a CPU: tens of seconds each) are foreseen rather than sat through. The extrapolation errs
-    high (a small step's fixed costs are scaled too). Raises ConfigError as short_run does."""
+def scout(cfg: RunConfig) -> float:
+    """Seconds of one step on SCOUT_SAMPLES samples (four steps, the last two timed): cheap
+    enough to run before a pilot, so that pathological steps (FP16 convolutions on a CPU: tens of
+    seconds each) are foreseen rather than sat through. Raises ConfigError as short_run does."""
     samples = min(cfg.batch_size, SCOUT_SAMPLES)
     trial = short_run(dataclasses.replace(cfg, batch_size=samples, grad_accum_steps=1), 4, 2)
-    step_s = trial.step_time_s if trial.step_time_s is not None else trial.wall_s / trial.steps
-    return samples, step_s, step_s * cfg.batch_size * cfg.grad_accum_steps / samples
+    return trial.step_time_s if trial.step_time_s is not None else trial.wall_s / trial.steps
 
 
-def pilot_one(c: Candidate, budget: Budget, share_s: float, fidelity_steps: int) -> None:
-    """``c``'s pilot, stopped after ``share_s`` (between steps). Skipped with why when its scout
-    foresees that not even its fidelity run could fit what is left, or the precision refuses
-    the model."""
+@dataclass(frozen=True)
+class Yardstick:
+    """FP32's step on the scout's samples and on the full batch: a scout's step scales to a
+    full step by their ratio (a tiny model's step is mostly fixed costs, a big one's compute)."""
+
+    small_s: float
+    full_s: float
+
+    def full_step_s(self, small_s: float) -> float:
+        return small_s * self.full_s / self.small_s
+
+
+def pilot_one(c: Candidate, budget: Budget, share_s: float, yardstick: Yardstick | None) -> None:
+    """``c``'s pilot, stopped after ``share_s`` (between steps). Skipped with why when its scout,
+    scaled by FP32's ``yardstick``, foresees that not even its fidelity run could fit what is
+    left, or when the precision refuses the model."""
     started = time.perf_counter()
+    steps = c.cfg.advise.fidelity_steps
     try:
-        if c.name != "fp32":  # FP32's own cost is known from the process warm-up
-            samples, small_s, step_s = scout(c.cfg)
-            if step_s * fidelity_steps > budget.left_s():
+        if yardstick is not None:
+            small_s = scout(c.cfg)
+            need_s = steps * yardstick.full_step_s(small_s)
+            if need_s > budget.left_s():
                 c.skipped["all"] = (
-                    f"a {samples}-sample step took {small_s:.2f} s: its {fidelity_steps}-step "
-                    f"fidelity run (~{step_s * fidelity_steps:.0f} s at the full batch) cannot "
-                    f"fit the {max(budget.left_s(), 0):.0f} s of advise.budget_s left"
+                    f"its scout step took {small_s / yardstick.small_s:.1f}× FP32's: its "
+                    f"{steps}-step fidelity run (~{need_s:.0f} s) cannot fit the "
+                    f"{max(budget.left_s(), 0):.0f} s of advise.budget_s left"
                 )
                 return
         c.pilot = short_run(c.cfg, PILOT_STEPS, PILOT_WARMUP, deadline=started + share_s)
@@ -236,11 +248,9 @@ def pilot_one(c: Candidate, budget: Budget, share_s: float, fidelity_steps: int)
         c.skipped["all"] = str(exc)
 
 
-def run_pilots(
-    cands: list[Candidate], budget: Budget, fidelity_steps: int, timings: dict[str, Any]
-) -> None:
-    """Each buildable candidate's pilot, each given an equal share of what is left (see
-    :func:`pilot_one`); a precision the model cannot run is skipped with why.
+def run_pilots(cands: list[Candidate], budget: Budget, timings: dict[str, Any]) -> None:
+    """Each buildable candidate's pilot, each given an equal share of what is left; FP32's first,
+    then its scout step, the yardstick for the others' (see :func:`pilot_one`).
 
     A throw-away FP32 run of two steps goes first: a process's first run pays one-off costs
     (lazy imports, kernel and allocator set-up) that would inflate FP32's estimate tenfold."""
@@ -248,12 +258,15 @@ def run_pilots(
     short_run(cands[0].cfg, 2, warmup=1, deadline=budget.deadline())
     timings["process warm-up"] = time.perf_counter() - started
     todo = [c for c in cands if not c.skipped]
+    yardstick = None
     for i, c in enumerate(todo):
         if budget.left_s() <= 0:
             c.skipped["all"] = "no advise.budget_s left for its pilot"
             continue
         started = time.perf_counter()
-        pilot_one(c, budget, budget.left_s() / (len(todo) - i), fidelity_steps)
+        pilot_one(c, budget, budget.left_s() / (len(todo) - i), yardstick)
+        if c.name == "fp32" and c.pilot is not None:
+            yardstick = Yardstick(scout(c.cfg), latest_cost(c).step_s)
         timings[f"pilot {c.name}"] = time.perf_counter() - started
 
 
@@ -405,19 +418,44 @@ def run_speed(
             c.skipped["speed"] = "no other precision's speed fit the budget"
         return
     started = time.perf_counter()
-    configs = {c.name: c.cfg for c in timed}
-    measured, refused = bench.measure_reps(
-        configs, settings.warmup_steps, steps, settings.reps, speed_measure(budget.deadline())
-    )
-    rows = [bench.summarise(name, reps) for name, reps in measured.items()]
-    bench.add_ratios(rows)
-    by_name = {r["precision"]: r for r in rows}
-    for c in timed:
-        c.speed = by_name.get(c.name)
-        if c.name in refused:
-            c.skipped["speed"] = refused[c.name]
+    reps = measure_whole_reps(timed, settings, steps, budget)
+    if len(reps[timed[0].name]) < settings.reps:
+        timings["speed_reps_cut"] = (
+            f"{len(reps[timed[0].name])} of {settings.reps} repetitions fit advise.budget_s"
+        )
+    if reps[timed[0].name]:
+        rows = [bench.summarise(name, figures) for name, figures in reps.items()]
+        bench.add_ratios(rows)
+        for c, row in zip(timed, rows, strict=True):
+            c.speed = row
+    else:
+        for c in timed:
+            c.skipped["speed"] = "not one whole repetition fit the budget"
     timings["speed"] = time.perf_counter() - started
     timings["speed_steps"] = steps
+
+
+def measure_whole_reps(
+    timed: list[Candidate], settings: Any, steps: int, budget: Budget
+) -> dict[str, list[dict[str, Any]]]:
+    """Up to ``settings.reps`` repetitions, each every precision once in bench's rotated order;
+    a repetition starts only when its estimate fits, and one the deadline cuts short is dropped
+    whole (each ratio pairs a precision with FP32's measurement of the same repetition)."""
+    configs = {c.name: c.cfg for c in timed}
+    measure_one = speed_measure(budget.deadline())
+    reps: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    for rep in range(settings.reps):
+        if speed_need(timed, settings, steps) / settings.reps > budget.left_s():
+            break
+        order = bench.rotated(list(configs), rep)
+        measured, refused = bench.measure_reps(
+            {n: configs[n] for n in order}, settings.warmup_steps, steps, 1, measure_one
+        )
+        if refused:  # cut short by the deadline
+            break
+        for name, figures in measured.items():
+            reps[name] += figures
+    return reps
 
 
 # ------------------------------------------------------------------------------ to a decision
@@ -480,7 +518,7 @@ def measure_all(cfg: RunConfig, device: torch.device, budget: Budget) -> dict[st
     """Steps 1–4 of the module doc within ``budget``; returns candidates, numerics, timings."""
     timings: dict[str, float] = {}
     cands = candidates(cfg, device)
-    run_pilots(cands, budget, cfg.advise.fidelity_steps, timings)
+    run_pilots(cands, budget, timings)
     started = time.perf_counter()
     numerics = measure_numerics(cfg, cands, budget)
     timings["numerics"] = time.perf_counter() - started

@@ -115,7 +115,9 @@ def _speed_cells(row: dict[str, Any], lm: bool) -> list[str]:
     low, high = s[f"{key}_range"]
     unit = "tokens/s" if key == "tokens_per_s" else "samples/s"
     ratio = "1.00×"
-    if row["precision"] != "fp32":
+    if "vs_fp32" not in s:  # FP32's own measurement was cut short by the budget
+        ratio = "n/a: FP32 not timed"
+    elif row["precision"] != "fp32":
         r_low, r_high = s["vs_fp32_range"]
         ratio = f"{s['vs_fp32']:.2f}× ({r_low:.2f}–{r_high:.2f})"
         if s.get("vs_fp32_noisy"):
@@ -204,6 +206,8 @@ def recommendation_lines(result: dict[str, Any]) -> list[str]:
 def skipped_lines(result: dict[str, Any]) -> list[str]:
     """Every part not measured, with why (the budget's estimates included)."""
     lines = [f"- {part}: {why}" for part, why in result["numerics"]["skipped"].items()]
+    if result["timings_s"].get("speed_reps_cut"):
+        lines.append(f"- speed: {result['timings_s']['speed_reps_cut']}")
     for row in result["precisions"]:
         for part, why in row["skipped"].items():
             what = row["precision"] if part == "all" else f"{row['precision']} {part}"
@@ -228,7 +232,7 @@ def render(result: dict[str, Any]) -> str:
         "|" + "---|" * len(HEADERS),
         *("| " + " | ".join(cells) + " |" for cells in table_rows(result)),
         "",
-        f"Speed: medians of {s['reps']} repetitions of {_timed_steps(result)} steps after "
+        f"Speed: medians of {_reps_done(result)} repetitions of {_timed_steps(result)} steps after "
         f"{s['warmup_steps']} warm-up, precisions in rotated order, ratios paired per repetition "
         f"(evaluation excluded). Fidelity: {s['fidelity_steps']} steps per precision from FP32's "
         "initial weights and batches; relative difference of the mean loss over windows of a "
@@ -239,6 +243,11 @@ def render(result: dict[str, Any]) -> str:
         lines += ["", "Not measured:", *skipped]
     lines += ["", f"![loss and speed per precision]({ADVISE_PNG})"]
     return "\n".join(lines) + "\n"
+
+
+def _reps_done(result: dict[str, Any]) -> int:
+    timed = [r["speed"] for r in result["precisions"] if r["speed"]]
+    return len(timed[0]["reps"]) if timed else 0
 
 
 def _timed_steps(result: dict[str, Any]) -> int:

@@ -155,19 +155,29 @@ def test_costs_come_from_the_measured_trial():
     assert cost.of(10) == pytest.approx(6.0)
 
 
-@pytest.mark.parametrize(("small_s", "skipped"), [(1.5, True), (0.01, False)])
+@pytest.mark.parametrize(("small_s", "skipped"), [(0.3, True), (0.01, False)])
 def test_the_scout_skips_a_precision_whose_fidelity_run_cannot_fit(monkeypatch, small_s, skipped):
-    monkeypatch.setattr(advise, "scout", lambda cfg: (4, small_s, small_s * 16))
+    monkeypatch.setattr(advise, "scout", lambda cfg: small_s)
     pilots = []
     monkeypatch.setattr(advise, "short_run", lambda *args, **kwargs: pilots.append(args))
-    fp16 = advise.Candidate("fp16", cfg=None, timed=True)
+    fp16 = advise.Candidate("fp16", cfg=tiny_cfg(fidelity_steps=40), timed=True)
+    fp32_steps = advise.Yardstick(small_s=0.01, full_s=0.08)  # 8× on the full batch
 
-    advise.pilot_one(fp16, advise.Budget(100.0), share_s=30.0, fidelity_steps=40)
+    advise.pilot_one(fp16, advise.Budget(100.0), share_s=30.0, yardstick=fp32_steps)
 
     assert bool(fp16.skipped) == skipped and len(pilots) == (not skipped)
-    if skipped:  # 40 steps of ~24 s cannot fit ~95 s: said with the figures
-        assert "a 4-sample step took 1.50 s" in fp16.skipped["all"]
-        assert "~960 s at the full batch" in fp16.skipped["all"]
+    if skipped:  # 40 steps of 30× FP32's 0.08 s cannot fit ~95 s: said with the figures
+        assert "scout step took 30.0× FP32's" in fp16.skipped["all"]
+        assert "40-step fidelity run (~96 s)" in fp16.skipped["all"]
+
+
+def tiny_cfg(**advise_settings):
+    from mptrain.config import AdviseConfig
+
+    class Cfg:  # only what pilot_one reads
+        advise = AdviseConfig(**advise_settings)
+
+    return Cfg()
 
 
 def test_the_command_keeps_the_users_overrides_but_not_advises_own():
@@ -290,6 +300,8 @@ def test_the_table_gives_tokens_per_second_for_language_models():
         "1.0 MiB",
     ]
     assert advise_report._speed_cells(row, lm=False)[0] == "10 samples/s (9–11)"
+    alone = {k: v for k, v in speed.items() if not k.startswith("vs_")}  # FP32 cut short
+    assert advise_report._speed_cells({**row, "speed": alone}, lm=False)[1] == "n/a: FP32 not timed"
 
 
 @pytest.mark.parametrize(
