@@ -8,10 +8,11 @@ import math
 import textwrap
 
 import pytest
-from conftest import describe, run_mptrain
+import torch
+from conftest import describe, run_mptrain, tiny_run
 from test_lm import LM
 
-from mptrain import advise, advise_report
+from mptrain import advise, advise_report, bench, hardware
 from mptrain.advice import (
     Context,
     Fidelity,
@@ -178,6 +179,27 @@ def tiny_cfg(**advise_settings):
         advise = AdviseConfig(**advise_settings)
 
     return Cfg()
+
+
+@pytest.mark.parametrize("fp8_gemm", [True, False])
+def test_gpu_candidates_add_tf32_and_label_fp8_by_the_hardware(monkeypatch, fp8_gemm):
+    monkeypatch.setattr(hardware, "cuda_has_native_bf16", lambda device: True)
+    monkeypatch.setattr(bench, "fp8_gemm_available", lambda device: fp8_gemm)
+    cands = advise.candidates(tiny_run(), torch.device("cuda"))
+    by_name = {c.name: c for c in cands}
+
+    assert list(by_name) == ["fp32", "tf32", "fp16", "bf16", "fp8"]
+    assert by_name["tf32"].cfg.precision.allow_tf32 and by_name["tf32"].timed
+    assert by_name["fp8"].emulated == (not fp8_gemm) and by_name["fp8"].timed == fp8_gemm
+    assert not any(c.skipped for c in cands)  # FP8 without FP8 GEMMs: emulated, not skipped
+
+
+def test_a_cpu_without_native_bf16_skips_it_and_keeps_fp16_for_convolutions(monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
+    by_name = {c.name: c for c in advise.candidates(tiny_run("model=cnn"), torch.device("cpu"))}
+
+    assert "no native BF16" in by_name["bf16"].skipped["all"]
+    assert not by_name["fp16"].skipped  # measured (the scout and pilot say how slow), not assumed
 
 
 def test_the_command_keeps_the_users_overrides_but_not_advises_own():
