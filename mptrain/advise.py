@@ -5,21 +5,24 @@ native, FP16, TF32 on GPUs; FP8 always, emulated and labelled where there is no 
 measures, on the configured model and data, in this order:
 
 1. **pilot**: builds the run and trains a few steps, timed: what a step and a run's set-up cost
-   here. This is how the budget knows that FP16 convolutions crawl on a CPU: measured, not assumed.
+   here. A scout step on 4 samples goes before each (scaled by FP32's own small-to-full ratio):
+   that is how the budget learns that FP16 convolutions crawl on a CPU — measured, not assumed.
 2. **numerics** (on FP32's initial weights, before any training): the FP16 range probe, the
    autocast audit under each low-precision autocast, and the FP8 layer choice (from FP8's pilot).
 3. **fidelity**: ``advise.fidelity_steps`` optimizer steps per precision from the same seed (the
    same initial weights and batches) as an FP32 run; the loss trajectories are compared
    (:func:`mptrain.advice.fidelity_of`), skipped steps and divergence recorded.
-4. **speed**: :func:`mptrain.bench.measure_reps`: the precisions alternate in rotated order,
-   ``advise.reps`` times; ratios to FP32 with their min–max (emulated FP8 is not timed).
+4. **speed**: bench's alternating repetitions (:func:`mptrain.bench.measure_reps`), in rotated
+   order, ``advise.reps`` times; ratios to FP32 with their min–max (emulated FP8 is not timed).
 
 The measured costs decide what fits ``advise.budget_s``: FP32 first (the reference), then each
 precision whole (its fidelity run and its speed measurement together: one without the other
-cannot be recommended), each estimated from its pilot when its turn comes; what does not fit is
-skipped and listed with the estimate that ruled it out (:func:`run_fidelity`, :func:`run_speed`). :func:`mptrain.advice.recommend` decides; :mod:`mptrain.advise_report` writes advise.md,
-advise.json and advise.png into ``outputs/advise/<date>/<time>_<model>_<dataset>`` (or
-``hydra.run.dir=DIR``) and prints the recommendation and the table.
+cannot be recommended), each estimated from what was measured when its turn comes; what does not
+fit is skipped and listed with the estimate that ruled it out. Every run also stops at the
+budget's deadline between steps (a step cannot be interrupted). :func:`mptrain.advice.recommend`
+decides; :mod:`mptrain.advise_report` writes advise.md, advise.json and advise.png into
+``outputs/advise/<date>/<time>_<model>_<dataset>`` (or ``hydra.run.dir=DIR``) and prints the
+recommendation and the table.
 """
 
 from __future__ import annotations
@@ -27,21 +30,25 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 from mptrain import advice, bench, hardware
 from mptrain.build import prepare_run
-from mptrain.config import ConfigError, RunConfig
+from mptrain.config import AdviseConfig, ConfigError, RunConfig
 from mptrain.diagnose import audit_step, range_probe
 from mptrain.loop import LoopHooks, train_loop
 from mptrain.models import config_has_convolutions
 from mptrain.precision import PRECISIONS, to_model_input
 
-PILOT_STEPS = 6  # a process's first steps pay one-off costs (kernel set-up, lazy imports):
+PILOT_STEPS = 6  # a run's first steps pay one-off costs (kernel set-up, lazy imports), so
 PILOT_WARMUP = 3  # 3 untimed steps, then 3 timed ones
 SCOUT_SAMPLES = 4  # a scout step's batch: cheap, and enough to extrapolate a full step from
 MIN_TIMED_S = 1.0  # the fastest precision's timed seconds per measurement, at least
@@ -321,7 +328,7 @@ def _over(estimate_s: float, budget: Budget) -> str:
     )
 
 
-def fidelity_need(c: Candidate, settings: Any) -> float:
+def fidelity_need(c: Candidate, settings: AdviseConfig) -> float:
     """Estimated seconds of ``c``'s fidelity run and (when timed) its share of the speed part
     at the least number of timed steps."""
     need = latest_cost(c).of(settings.fidelity_steps)
@@ -339,7 +346,7 @@ def pilot_words(c: Candidate, fp32: Candidate) -> str:
 
 
 def run_fidelity(
-    cands: list[Candidate], settings: Any, budget: Budget, timings: dict[str, Any]
+    cands: list[Candidate], settings: AdviseConfig, budget: Budget, timings: dict[str, Any]
 ) -> None:
     """The short runs, FP32 first (the reference every other run is compared with). Each is
     admitted only when it and its speed measurement fit what is left once the speed parts of
@@ -371,7 +378,7 @@ def run_fidelity(
         admitted.append(c)
 
 
-def speed_steps(timed: list[Candidate], settings: Any, left_s: float) -> int:
+def speed_steps(timed: list[Candidate], settings: AdviseConfig, left_s: float) -> int:
     """Timed steps per measurement: at least ``advise.speed_steps``, and enough for the fastest
     precision to run MIN_TIMED_S (a few milliseconds of timing are all noise on a shared
     machine), halved while the whole speed part would not fit ``left_s``."""
@@ -382,13 +389,13 @@ def speed_steps(timed: list[Candidate], settings: Any, left_s: float) -> int:
     return steps
 
 
-def speed_need(group: list[Candidate], settings: Any, steps: int) -> float:
+def speed_need(group: list[Candidate], settings: AdviseConfig, steps: int) -> float:
     """Estimated seconds of ``settings.reps`` measurements of ``steps`` (+ warm-up) each."""
     runs = settings.warmup_steps + steps
     return sum(settings.reps * latest_cost(c).of(runs) for c in group)
 
 
-def speed_measure(deadline: float) -> Any:
+def speed_measure(deadline: float) -> Callable[[RunConfig, int, int], dict[str, Any]]:
     """bench's per-repetition measurement, as a short run that stops at ``deadline``."""
 
     def measure_one(cfg: RunConfig, warmup: int, steps: int) -> dict[str, Any]:
@@ -401,7 +408,7 @@ def speed_measure(deadline: float) -> Any:
 
 
 def run_speed(
-    cands: list[Candidate], settings: Any, budget: Budget, timings: dict[str, Any]
+    cands: list[Candidate], settings: AdviseConfig, budget: Budget, timings: dict[str, Any]
 ) -> None:
     """Alternating repetitions of the timed candidates (:func:`mptrain.bench.measure_reps`); the
     last ones are dropped (and say so) while the estimate does not fit what is left."""
@@ -436,7 +443,7 @@ def run_speed(
 
 
 def measure_whole_reps(
-    timed: list[Candidate], settings: Any, steps: int, budget: Budget
+    timed: list[Candidate], settings: AdviseConfig, steps: int, budget: Budget
 ) -> dict[str, list[dict[str, Any]]]:
     """Up to ``settings.reps`` repetitions, each every precision once in bench's rotated order;
     a repetition starts only when its estimate fits, and one the deadline cuts short is dropped
@@ -528,7 +535,7 @@ def measure_all(cfg: RunConfig, device: torch.device, budget: Budget) -> dict[st
 
 
 def run_advise(
-    cfg: RunConfig, overrides: list[str], output_dir: Path, console: Any, budget: Budget
+    cfg: RunConfig, overrides: list[str], output_dir: Path, console: Console, budget: Budget
 ) -> dict[str, Any]:
     """Measure (see module doc) within ``budget``, decide, write advise.md/.json/.png, print;
     return the result."""
