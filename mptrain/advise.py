@@ -412,6 +412,11 @@ def run_speed(
 ) -> None:
     """Alternating repetitions of the timed candidates (:func:`mptrain.bench.measure_reps`); the
     last ones are dropped (and say so) while the estimate does not fit what is left."""
+    for c in cands:
+        if c.timed and c.fidelity is not None and c.fidelity.diverged:
+            c.skipped["speed"] = (
+                "diverged in its fidelity run: a speed of skipped steps means nothing"
+            )
     timed = [c for c in cands if c.timed and not c.skipped]
     steps = speed_steps(timed, settings, budget.left_s()) if timed else settings.speed_steps
     while len(timed) > 1 and speed_need(timed, settings, steps) > budget.left_s():
