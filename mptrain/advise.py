@@ -51,7 +51,8 @@ from mptrain.precision import PRECISIONS, to_model_input
 PILOT_STEPS = 6  # a run's first steps pay one-off costs (kernel set-up, lazy imports), so
 PILOT_WARMUP = 3  # 3 untimed steps, then 3 timed ones
 SCOUT_SAMPLES = 4  # a scout step's batch: cheap, and enough to extrapolate a full step from
-MIN_TIMED_S = 1.0  # the fastest precision's timed seconds per measurement, at least
+MIN_TIMED_S = 0.5  # the fastest precision's timed seconds per measurement, at least
+REP_MARGIN = 1.5  # a busy machine runs slower than the estimates taken a minute earlier
 RESERVE_S = 5.0  # kept back for the report and the figure (matplotlib's import alone ~1.8 s)
 NOT_COMPARED = "not compared: the FP32 reference run did not fit"
 
@@ -457,8 +458,8 @@ def measure_whole_reps(
     measure_one = speed_measure(budget.deadline())
     reps: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     for rep in range(settings.reps):
-        if speed_need(timed, settings, steps) / settings.reps > budget.left_s():
-            break
+        if REP_MARGIN * speed_need(timed, settings, steps) / settings.reps > budget.left_s():
+            break  # with a margin: a repetition the deadline cuts is lost whole
         order = bench.rotated(list(configs), rep)
         measured, refused = bench.measure_reps(
             {n: configs[n] for n in order}, settings.warmup_steps, steps, 1, measure_one
