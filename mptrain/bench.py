@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from rich.table import Table
 
 from mptrain import hardware
 from mptrain.build import prepare_run, window_length
+from mptrain.components import Run
 from mptrain.config import ConfigError, PrecisionConfig, RunConfig
 from mptrain.fileio import atomic_write_text
 from mptrain.fp8 import fp8_gemm_available
@@ -79,6 +81,11 @@ def measure(cfg: RunConfig, warmup: int, steps: int) -> dict[str, Any]:
     )
     run = prepare_run(cfg)
     train_loop(run)
+    return run_figures(run)
+
+
+def run_figures(run: Run) -> dict[str, Any]:
+    """What a trained ``run`` measured: speed after its warm-up, peak memory, data wait."""
     throughput = run.monitor.throughput
     return {
         "samples_per_s": throughput.samples_per_s,
@@ -100,16 +107,22 @@ def rotated(names: list[str], rep: int) -> list[str]:
 
 
 def measure_reps(
-    configs: dict[str, RunConfig], warmup: int, steps: int, reps: int
+    configs: dict[str, RunConfig],
+    warmup: int,
+    steps: int,
+    reps: int,
+    measure_one: Callable[[RunConfig, int, int], dict[str, Any]] | None = None,
 ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, str]]:
-    """Each config measured ``reps`` times in rotating order: (per-repetition figures by name,
-    reasons for the names whose config refused to build, which are not measured again)."""
+    """Each config measured ``reps`` times in rotating order by ``measure_one(cfg, warmup,
+    steps)`` (default :func:`measure`; its figures): (per-repetition figures by name, reasons for the names
+    whose config refused to build, which are not measured again)."""
+    measure_one = measure_one or measure  # looked up now: tests replace bench.measure
     measured: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
     refused: dict[str, str] = {}
     for rep in range(reps):
         for name in rotated([n for n in configs if n not in refused], rep):
             try:
-                measured[name].append(measure(configs[name], warmup, steps))
+                measured[name].append(measure_one(configs[name], warmup, steps))
             except ConfigError as exc:
                 refused[name] = str(exc)
     return {n: figures for n, figures in measured.items() if n not in refused}, refused
@@ -165,7 +178,7 @@ def run_bench(
         rows.append(
             {"precision": name, "skipped": reason} if reason else summarise(name, measured[name])
         )
-    _add_ratios(rows)
+    add_ratios(rows)
     result = {
         "model": cfg.model.name,
         "dataset": cfg.dataset.name,
@@ -187,7 +200,7 @@ def run_bench(
     return rows
 
 
-def _add_ratios(rows: list[dict[str, Any]]) -> None:
+def add_ratios(rows: list[dict[str, Any]]) -> None:
     """``vs_<base>`` (median), ``vs_<base>_range`` (min–max) and ``vs_<base>_noisy`` (the reason,
     or None) on every measured row, from the ratios of each repetition to the base's measurement
     of the same repetition; each repetition's ratio also goes into its ``reps`` entry."""

@@ -192,6 +192,7 @@ class _ClosedPipeSafe:
 # Commands that are not a training run: name -> (module, function taking the remaining arguments),
 # imported only when asked for.
 _SUBCOMMANDS = {
+    "advise": ("mptrain.advise", "advise_main"),
     "eval": ("mptrain.evaluation", "eval_main"),
     "sample": ("mptrain.sample", "sample_main"),
 }

@@ -535,6 +535,19 @@ class BenchConfig:
 
 
 @dataclass
+class AdviseConfig:
+    """``mptrain advise``: how long the advice may take and what counts as faithful to FP32."""
+
+    budget_s: float = 120.0  # the whole advice; parts that would not fit are skipped and listed
+    tolerance: float = 0.05  # largest relative loss difference to FP32 a recommendation may show
+    max_skipped_fraction: float = 0.1  # skipped optimizer steps (lost updates) a winner may have
+    fidelity_steps: int = 40  # optimizer steps of each precision's short run beside FP32's
+    warmup_steps: int = 3  # speed: optimizer steps run before timing starts
+    speed_steps: int = 20  # speed: optimizer steps timed per precision and repetition
+    reps: int = 3  # speed: repetitions in rotating order (fewer than 3 cannot judge the spread)
+
+
+@dataclass
 class EvalConfig:
     """``mptrain eval resume=PATH``: which checkpoint of a run directory is evaluated."""
 
@@ -615,6 +628,7 @@ class RunConfig:
     resume_allow_changes: bool = False
     overwrite: bool = False
     bench: BenchConfig = field(default_factory=BenchConfig)
+    advise: AdviseConfig = field(default_factory=AdviseConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
@@ -830,6 +844,7 @@ def _validate_mechanics(run: RunConfig) -> None:
     _at_least("bench.warmup_steps", run.bench.warmup_steps, 1)
     _at_least("bench.steps", run.bench.steps, 1)
     _at_least("bench.reps", run.bench.reps, 1)
+    _validate_advise(run.advise)
     check_eval_checkpoint(run.eval.checkpoint)
     _require(
         run.distributed.strategy in ("ddp", "fsdp"),
@@ -849,6 +864,22 @@ def _validate_mechanics(run: RunConfig) -> None:
         run.debug.inject_inf_grad_steps,
         "optimizer step numbers >= 1",
     )
+
+
+def _validate_advise(a: AdviseConfig) -> None:
+    """``mptrain advise``: a positive budget and tolerance, whole step counts, a fraction."""
+    _positive("advise.budget_s", a.budget_s)
+    _positive("advise.tolerance", a.tolerance)
+    _require(
+        0 <= a.max_skipped_fraction < 1,
+        "advise.max_skipped_fraction",
+        a.max_skipped_fraction,
+        "must be in [0, 1)",
+    )
+    _at_least("advise.fidelity_steps", a.fidelity_steps, 2)
+    _at_least("advise.warmup_steps", a.warmup_steps, 1)
+    _at_least("advise.speed_steps", a.speed_steps, 1)
+    _at_least("advise.reps", a.reps, 1)
 
 
 def validate_loggers(names: list[str]) -> None:

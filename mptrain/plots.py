@@ -10,6 +10,7 @@ the import on another core while the job sets up and trains, then waits idle for
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -163,3 +164,49 @@ def serve() -> None:
     if request:
         job = json.loads(request)
         plot_run(job["rows"], job["title"], Path(job["path"]))
+
+
+def plot_advice(
+    curves: dict[str, list[float]],
+    speeds: list[tuple[str, float, float, float]],
+    title: str,
+    path: Path,
+) -> Path:
+    """``mptrain advise``: the short runs' training loss per step (the first curve is FP32's),
+    each other precision's relative difference to it per step, and each precision's speed ratio
+    to FP32 as a bar with its min–max."""
+    plt = _pyplot()
+    fig, (loss_ax, diff_ax, speed_ax) = plt.subplots(1, 3, figsize=(16, 4))
+    reference = next(iter(curves.values()), [])
+    for i, (label, losses) in enumerate(curves.items()):
+        color = f"C{i}"  # the same precision, the same colour in both panels
+        loss_ax.plot(range(1, len(losses) + 1), losses, label=label, color=color)
+        diffs = [
+            100 * abs(a - b) / abs(b) if b and math.isfinite(a) else math.nan
+            for a, b in zip(losses, reference, strict=False)
+        ]
+        if losses is not reference:
+            diff_ax.plot(range(1, len(diffs) + 1), diffs, label=label, color=color)
+    finite = [x for losses in curves.values() for x in losses if math.isfinite(x)]
+    loss_ax.set(
+        title="training loss, same weights and batches",
+        xlabel="step",
+        yscale="log" if finite and min(finite) > 0 else "linear",
+    )
+    diff_ax.set(title="|loss − FP32's| / FP32's (%)", xlabel="step")
+    for ax in (loss_ax, diff_ax):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    if speeds:
+        labels = [s[0] for s in speeds]
+        medians = [s[1] for s in speeds]
+        errors = [[s[1] - s[2] for s in speeds], [s[3] - s[1] for s in speeds]]
+        speed_ax.bar(labels, medians, yerr=errors, capsize=4, color="tab:blue")
+        speed_ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    else:
+        speed_ax.text(0.5, 0.5, "speed not measured", ha="center", va="center")
+    speed_ax.set(title="samples/s vs FP32 (median, min–max)", ylabel="×")
+    fig.suptitle(title, y=1.03)
+    _save(fig, path)
+    plt.close(fig)
+    return path

@@ -167,7 +167,7 @@ def fake_rep(samples_per_s: float) -> dict:
 
 def bench_rows(speeds: dict[str, list[float]]) -> list[dict]:
     rows = [bench.summarise(name, [fake_rep(s) for s in reps]) for name, reps in speeds.items()]
-    bench._add_ratios(rows)
+    bench.add_ratios(rows)
     return rows
 
 

@@ -1,0 +1,250 @@
+"""Which precision to train with: the decision, from measurements to a recommendation with reasons.
+
+Pure functions on plain data, no torch: :func:`recommend` takes one :class:`Measured` per precision
+(what ``mptrain advise`` found on this machine) and returns an :class:`Advice`; the rules:
+
+1. FP32 is the reference and always a candidate: it wins when nothing else qualifies.
+2. Another precision qualifies only when it was measured; its short run beside FP32 did not
+   diverge; FP16's range probe found no forward overflow (loss scaling cannot fix one); it skipped
+   at most ``max_skipped_fraction`` of its optimizer steps (lost updates); its loss trajectory stayed
+   within ``tolerance`` (relative) of FP32's; it is not emulated (emulated FP8 reproduces the
+   numerics, never the speed: ruled out first, like an FP16 overflow); and it is *measurably* faster: the whole min–max range of its speed
+   ratio to FP32 lies above 1 (a range that overlaps 1 is noise, not a speed-up).
+3. Among the qualifying, the highest median speed wins; precisions whose ranges overlap the
+   fastest one's tie with it, and the tie goes to the simplest recipe (:data:`SIMPLICITY`: no loss
+   scaler beats a loss scaler, fewer moving parts beat more).
+
+The autocast audit's flags (an op the recipe wants in FP32 that ran in low precision) are not
+disqualifying: the fidelity run measures their effect directly. They are stated with the fix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+# Ties go to the first of these: TF32 changes nothing in the loop, BF16 needs no loss scaler,
+# FP16 needs one, FP8 adds per-tensor scales on top of BF16.
+SIMPLICITY = ("fp32", "tf32", "bf16", "fp16", "fp8")
+REFERENCE = "fp32"
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """A short run's loss trajectory against FP32's, from the same weights and batches."""
+
+    steps: int  # optimizer steps compared
+    max_rel_diff: float  # largest relative difference of the windowed losses (inf: non-finite)
+    final_rel_diff: float  # the last window's
+    skipped_steps: int = 0  # optimizer steps the loss scaler skipped
+    diverged: str | None = None  # the run stopped: why
+
+
+@dataclass(frozen=True)
+class Speed:
+    """Samples/s relative to FP32 in the same repetitions: median and min–max."""
+
+    ratio: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What was measured for one precision; ``None`` fields were not measured (``*_note`` says why)."""
+
+    precision: str  # fp32 | tf32 | bf16 | fp16 | fp8
+    not_run: str | None = None  # nothing measured: refused to build, or no budget for its pilot
+    speed: Speed | None = None
+    speed_note: str | None = None
+    fidelity: Fidelity | None = None
+    fidelity_note: str | None = None
+    emulated: bool = False  # FP8 without FP8 hardware
+    fp16_overflow: tuple[str, ...] = ()  # FP16 only: layers whose forward exceeds 65504
+    audit_modules: tuple[str, ...] = ()  # modules with an op the autocast audit flagged
+
+
+@dataclass(frozen=True)
+class Context:
+    """The thresholds and the facts about the machine and model the fixes depend on."""
+
+    tolerance: float = 0.05
+    max_skipped_fraction: float = 0.1
+    device_type: str = "cpu"
+    has_convolutions: bool = False
+    channels_last: bool = False
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The recommended precision, why, the others and why they lost, and fixes worth trying."""
+
+    precision: str
+    reasons: tuple[str, ...]
+    runners_up: tuple[tuple[str, str], ...]  # (precision, why it lost)
+    fixes: tuple[str, ...] = field(default_factory=tuple)  # override strings with a why
+
+
+def speed_words(speed: Speed) -> str:
+    """``1.84× FP32 (1.80–1.90)``."""
+    return f"{speed.ratio:.2f}× FP32 ({speed.low:.2f}–{speed.high:.2f})"
+
+
+def disqualified(m: Measured, ctx: Context) -> str | None:
+    """Why ``m`` cannot be recommended over FP32, in plain words; None when it qualifies."""
+    if m.fp16_overflow:  # the probe's finding rules FP16 out whatever else was measured
+        return f"FP16 overflows in the forward at {', '.join(m.fp16_overflow)}"
+    if m.not_run:
+        return f"not measured: {m.not_run}"
+    if m.emulated:  # whatever its numerics, emulation never buys speed
+        return "FP8 only emulated here (no FP8 hardware): numerics without a speed-up"
+    if m.fidelity is None:
+        return f"fidelity not measured ({m.fidelity_note or 'no run'}): cannot vouch for it"
+    f = m.fidelity
+    if f.diverged:
+        return f"diverged in the short run: {f.diverged}"
+    if f.skipped_steps > ctx.max_skipped_fraction * f.steps:
+        return (
+            f"lost updates: {f.skipped_steps} of {f.steps} optimizer steps skipped "
+            f"(more than {ctx.max_skipped_fraction:.0%})"
+        )
+    if not f.max_rel_diff <= ctx.tolerance:  # also catches NaN
+        return (
+            f"loss trajectory leaves FP32's by up to {f.max_rel_diff:.1%} "
+            f"(tolerance {ctx.tolerance:.0%})"
+        )
+    return _speed_disqualifies(m)
+
+
+def _speed_disqualifies(m: Measured) -> str | None:
+    if m.speed is None:
+        return f"speed not measured ({m.speed_note or 'no run'})"
+    if m.speed.low > 1.0:
+        return None
+    if m.speed.high < 1.0:
+        return f"slower here: {speed_words(m.speed)}"
+    return f"not measurably faster: {speed_words(m.speed)} overlaps FP32"
+
+
+def _overlap(a: Speed, b: Speed) -> bool:
+    return a.low <= b.high and b.low <= a.high
+
+
+def _rank(m: Measured) -> int:
+    return SIMPLICITY.index(m.precision) if m.precision in SIMPLICITY else len(SIMPLICITY)
+
+
+def choose(qualified: Sequence[Measured]) -> tuple[Measured, list[tuple[str, str]]]:
+    """The winner among measurably faster, faithful precisions, and why each other one lost.
+
+    The fastest median wins unless a simpler recipe's range overlaps it (a tie, see module doc).
+    """
+    fastest = max(qualified, key=lambda m: m.speed.ratio)
+    tied = [m for m in qualified if _overlap(m.speed, fastest.speed)]
+    winner = min(tied, key=_rank)
+    lost = []
+    for m in qualified:
+        if m is winner:
+            continue
+        if m in tied:
+            why = f"ties with {winner.precision} ({speed_words(m.speed)}): the simpler recipe wins"
+        else:
+            why = f"slower than {winner.precision}: {speed_words(m.speed)}"
+        lost.append((m.precision, why))
+    return winner, lost
+
+
+def fixes(measured: Sequence[Measured], winner: str, ctx: Context) -> list[str]:
+    """Concrete overrides for the flags found: FP32 islands, BF16 for FP16 overflows,
+    channels_last for convolutions on a GPU."""
+    out = []
+    for m in measured:
+        if m.fp16_overflow:
+            layers = ",".join(m.fp16_overflow)
+            out.append(
+                f"precision=fp16 numerics.fp32_modules=[{layers}]: keeps the overflowing layers "
+                "in FP32 (an FP32 island) so FP16 can run"
+            )
+            if winner != "bf16":
+                out.append("precision=bf16: FP32's exponent range, so no forward overflow")
+    flagged = next((m for m in measured if m.precision == winner and m.audit_modules), None)
+    if flagged is not None:
+        modules = ",".join(flagged.audit_modules)
+        out.append(
+            f"numerics.fp32_modules=[{modules}]: the autocast audit saw ops there the recipe "
+            "wants in FP32 run in low precision; the loss stayed within tolerance, so only if "
+            "accuracy drifts on a long run"
+        )
+    if ctx.device_type == "cuda" and ctx.has_convolutions and not ctx.channels_last:
+        out.append("channels_last=true: convolutions run faster in NHWC on GPUs with tensor cores")
+    return out
+
+
+def recommend(measured: Sequence[Measured], ctx: Context) -> Advice:
+    """The decision of the module doc; ``measured`` holds one entry per precision considered."""
+    others = [m for m in measured if m.precision != REFERENCE]
+    why_not = {m.precision: disqualified(m, ctx) for m in others}
+    qualified = [m for m in others if why_not[m.precision] is None]
+    runners_up = [(m.precision, why_not[m.precision]) for m in others if why_not[m.precision]]
+    if not qualified:
+        reasons = (
+            "no other precision is measurably faster here while staying within "
+            f"{ctx.tolerance:.0%} of FP32's loss without numerical flags",
+        )
+        return Advice(REFERENCE, reasons, tuple(runners_up), tuple(fixes(measured, "fp32", ctx)))
+    winner, lost = choose(qualified)
+    f = winner.fidelity
+    reasons = (
+        f"fastest measurable speed-up here: {speed_words(winner.speed)}",
+        f"loss within {_pct(f.max_rel_diff)} of FP32's over {f.steps} steps from the same "
+        f"weights and batches (tolerance {ctx.tolerance:.0%}), final {_pct(f.final_rel_diff)}",
+        f"{f.skipped_steps} skipped optimizer steps; no forward overflow",
+    )
+    fp32 = (REFERENCE, f"the reference: {winner.precision} is {speed_words(winner.speed)}")
+    return Advice(
+        winner.precision,
+        reasons,
+        (*lost, fp32, *runners_up),
+        tuple(fixes(measured, winner.precision, ctx)),
+    )
+
+
+def _pct(x: float) -> str:
+    return f"{x:.2%}" if math.isfinite(x) else str(x)
+
+
+def relative_differences(
+    losses: Sequence[float], reference: Sequence[float], window: int
+) -> list[float]:
+    """|mean(losses) − mean(reference)| / |mean(reference)| over consecutive windows of
+    ``window`` steps (a single step's loss is noisy; the same batches make windows comparable).
+
+    Compares the common prefix; a non-finite loss in a window makes that window's value inf.
+    """
+    n = min(len(losses), len(reference))
+    out = []
+    for start in range(0, n, window):
+        a = losses[start : min(start + window, n)]
+        b = reference[start : min(start + window, n)]
+        mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
+        if not (math.isfinite(mean_a) and math.isfinite(mean_b)):
+            out.append(math.inf)
+        else:
+            out.append(abs(mean_a - mean_b) / max(abs(mean_b), 1e-12))
+    return out
+
+
+def fidelity_of(
+    losses: Sequence[float],
+    reference: Sequence[float],
+    skipped_steps: int,
+    diverged: str | None,
+) -> Fidelity:
+    """A :class:`Fidelity` from two loss trajectories (windows of a tenth of the run, at least
+    one step); a run shorter than the reference counts as diverged (it stopped)."""
+    window = max(1, len(reference) // 10)
+    diffs = relative_differences(losses, reference, window) or [math.inf]
+    if len(losses) < len(reference) and diverged is None:
+        diverged = f"stopped after {len(losses)} of {len(reference)} steps"
+    return Fidelity(len(reference), max(diffs), diffs[-1], skipped_steps, diverged)

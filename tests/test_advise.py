@@ -1,0 +1,347 @@
+"""``mptrain advise``: the decision on hand-made measurements (ties, noise, divergence, emulated
+FP8, FP16 overflow), the budget's bookkeeping, and end-to-end runs on tiny models (CPU-only)."""
+
+from __future__ import annotations
+
+import json
+import math
+import textwrap
+
+import pytest
+import torch
+from conftest import describe, run_mptrain, tiny_run
+from test_lm import LM
+
+from mptrain import advise, advise_report, bench, hardware
+from mptrain.advice import (
+    Context,
+    Fidelity,
+    Measured,
+    Speed,
+    disqualified,
+    fidelity_of,
+    recommend,
+    relative_differences,
+)
+
+CTX = Context(tolerance=0.05, max_skipped_fraction=0.1)
+CLOSE = Fidelity(steps=40, max_rel_diff=0.01, final_rel_diff=0.005)
+FP32 = Measured("fp32", speed=Speed(1.0, 1.0, 1.0), fidelity=Fidelity(40, 0.0, 0.0))
+
+
+def faster(name: str, ratio: float, spread: float = 0.05, **kwargs) -> Measured:
+    """A precision measured ``ratio``× FP32 (± ``spread``), close to FP32's loss unless told."""
+    kwargs.setdefault("fidelity", CLOSE)
+    return Measured(name, speed=Speed(ratio, ratio - spread, ratio + spread), **kwargs)
+
+
+def lost(advice, name: str) -> str:
+    return dict(advice.runners_up)[name]
+
+
+# ------------------------------------------------------------------------------ the decision
+def test_the_fastest_faithful_precision_wins_and_fp32_is_a_runner_up():
+    advice = recommend([FP32, faster("bf16", 1.8), faster("fp16", 1.3)], CTX)
+
+    assert advice.precision == "bf16"
+    assert "1.80× FP32" in advice.reasons[0]
+    assert "slower than bf16" in lost(advice, "fp16")
+    assert "the reference" in lost(advice, "fp32")
+
+
+def test_a_tie_goes_to_the_simpler_recipe():
+    # FP16's median is higher but its range overlaps BF16's: no loss scaler beats one.
+    advice = recommend([FP32, faster("fp16", 1.55, 0.1), faster("bf16", 1.5, 0.1)], CTX)
+
+    assert advice.precision == "bf16"
+    assert "ties with bf16" in lost(advice, "fp16")
+
+
+def test_noisy_speed_overlapping_fp32_is_not_faster():
+    advice = recommend([FP32, faster("bf16", 1.3, spread=0.4)], CTX)  # range 0.9–1.7
+
+    assert advice.precision == "fp32"
+    assert "not measurably faster" in lost(advice, "bf16")
+
+
+def test_a_slower_precision_says_so():
+    advice = recommend([FP32, faster("fp16", 0.07, spread=0.02)], CTX)
+
+    assert advice.precision == "fp32"
+    assert lost(advice, "fp16").startswith("slower here: 0.07×")
+
+
+def test_a_faster_precision_that_diverges_loses_to_a_slower_faithful_one():
+    drifting = Fidelity(40, max_rel_diff=0.4, final_rel_diff=0.4)
+    diverged = Fidelity(40, math.inf, math.inf, diverged="loss became nan at step 7")
+    advice = recommend(
+        [
+            FP32,
+            faster("fp16", 3.0, fidelity=diverged),
+            faster("fp8", 2.5, fidelity=drifting),
+            faster("bf16", 1.4),
+        ],
+        Context(tolerance=0.05, device_type="cuda"),
+    )
+
+    assert advice.precision == "bf16"
+    assert "diverged" in lost(advice, "fp16") and "nan at step 7" in lost(advice, "fp16")
+    assert "leaves FP32's by up to 40.0%" in lost(advice, "fp8")
+
+
+def test_lost_updates_disqualify():
+    skipping = Fidelity(40, 0.01, 0.01, skipped_steps=6)
+
+    assert "lost updates: 6 of 40" in disqualified(faster("fp16", 2.0, fidelity=skipping), CTX)
+    assert disqualified(faster("fp16", 2.0, fidelity=Fidelity(40, 0.01, 0.01, 4)), CTX) is None
+
+
+def test_emulated_fp8_is_never_recommended_for_speed():
+    fp8 = faster("fp8", 5.0, emulated=True)  # even with a (meaningless) speed
+    advice = recommend([FP32, fp8], CTX)
+
+    assert advice.precision == "fp32"
+    assert "only emulated" in lost(advice, "fp8")
+    refused = Measured("fp8", not_run="no Linear layer can run in FP8", emulated=True)
+    assert "no Linear layer" in disqualified(refused, CTX)  # why it did not even run
+
+
+def test_fp16_forward_overflow_names_the_layer_and_the_fixes():
+    fp16 = faster("fp16", 2.0, fp16_overflow=("blocks.3.mlp",))
+    advice = recommend([FP32, fp16, faster("bf16", 1.2, spread=0.5)], CTX)
+
+    assert advice.precision == "fp32"
+    assert "overflows in the forward at blocks.3.mlp" in lost(advice, "fp16")
+    assert any("numerics.fp32_modules=[blocks.3.mlp]" in f for f in advice.fixes)
+    assert any(f.startswith("precision=bf16") for f in advice.fixes)
+    unmeasured = Measured("fp16", not_run="over budget", fp16_overflow=("boost",))
+    assert "overflows in the forward at boost" in disqualified(unmeasured, CTX)  # the probe's word
+
+
+def test_an_unmeasured_precision_cannot_win():
+    advice = recommend(
+        [
+            FP32,
+            Measured("bf16", speed=Speed(2, 1.9, 2.1), fidelity_note="over budget"),
+            Measured("fp16", not_run="estimated 300 s from its measured pilot"),
+        ],
+        CTX,
+    )
+
+    assert advice.precision == "fp32"
+    assert "fidelity not measured (over budget)" in lost(advice, "bf16")
+    assert "estimated 300 s" in lost(advice, "fp16")
+
+
+def test_channels_last_is_suggested_for_convolutions_on_a_gpu_only():
+    gpu = Context(device_type="cuda", has_convolutions=True)
+    assert any("channels_last=true" in f for f in recommend([FP32], gpu).fixes)
+    assert not recommend([FP32], Context(device_type="cpu", has_convolutions=True)).fixes
+
+
+def test_relative_differences_are_windowed_and_inf_where_not_finite():
+    ref = [2.0, 2.0, 1.0, 1.0]
+    assert relative_differences([2.2, 1.8, 1.1, 1.1], ref, window=2) == pytest.approx([0.0, 0.1])
+    assert relative_differences([2.0, math.nan, 1.0, 1.0], ref, window=2)[0] == math.inf
+    stopped = fidelity_of([2.0, 2.0], ref, skipped_steps=0, diverged=None)
+    assert stopped.diverged == "stopped after 2 of 4 steps"
+
+
+# ------------------------------------------------------------------------------ the budget
+def test_costs_come_from_the_measured_trial():
+    trial = advise.Trial("fp16", 6, [1.0] * 6, 0, None, step_time_s=0.5, wall_s=4.0)
+    cost = advise.cost_of(trial)
+
+    assert cost.step_s == 0.5 and cost.overhead_s == pytest.approx(1.0)
+    assert cost.of(10) == pytest.approx(6.0)
+
+
+@pytest.mark.parametrize(("small_s", "skipped"), [(0.3, True), (0.01, False)])
+def test_the_scout_skips_a_precision_whose_fidelity_run_cannot_fit(monkeypatch, small_s, skipped):
+    monkeypatch.setattr(advise, "scout", lambda cfg: small_s)
+    pilots = []
+    monkeypatch.setattr(advise, "short_run", lambda *args, **kwargs: pilots.append(args))
+    fp16 = advise.Candidate("fp16", cfg=tiny_cfg(fidelity_steps=40), timed=True)
+    fp32_steps = advise.Yardstick(small_s=0.01, full_s=0.08)  # 8× on the full batch
+
+    advise.pilot_one(fp16, advise.Budget(100.0), share_s=30.0, yardstick=fp32_steps)
+
+    assert bool(fp16.skipped) == skipped and len(pilots) == (not skipped)
+    if skipped:  # 40 steps of 30× FP32's 0.08 s cannot fit ~95 s: said with the figures
+        assert "scout step took 30.0× FP32's" in fp16.skipped["all"]
+        assert "40-step fidelity run (~96 s)" in fp16.skipped["all"]
+
+
+def tiny_cfg(**advise_settings):
+    from mptrain.config import AdviseConfig
+
+    class Cfg:  # only what pilot_one reads
+        advise = AdviseConfig(**advise_settings)
+
+    return Cfg()
+
+
+@pytest.mark.parametrize("fp8_gemm", [True, False])
+def test_gpu_candidates_add_tf32_and_label_fp8_by_the_hardware(monkeypatch, fp8_gemm):
+    monkeypatch.setattr(hardware, "cuda_has_native_bf16", lambda device: True)
+    monkeypatch.setattr(bench, "fp8_gemm_available", lambda device: fp8_gemm)
+    cands = advise.candidates(tiny_run(), torch.device("cuda"))
+    by_name = {c.name: c for c in cands}
+
+    assert list(by_name) == ["fp32", "tf32", "fp16", "bf16", "fp8"]
+    assert by_name["tf32"].cfg.precision.allow_tf32 and by_name["tf32"].timed
+    assert by_name["fp8"].emulated == (not fp8_gemm) and by_name["fp8"].timed == fp8_gemm
+    assert not any(c.skipped for c in cands)  # FP8 without FP8 GEMMs: emulated, not skipped
+
+
+def test_a_cpu_without_native_bf16_skips_it_and_keeps_fp16_for_convolutions(monkeypatch):
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
+    by_name = {c.name: c for c in advise.candidates(tiny_run("model=cnn"), torch.device("cpu"))}
+
+    assert "no native BF16" in by_name["bf16"].skipped["all"]
+    assert not by_name["fp16"].skipped  # measured (the scout and pilot say how slow), not assumed
+
+
+def test_the_command_keeps_the_users_overrides_but_not_advises_own():
+    command = advise.command_for(
+        [
+            "model=mlp",
+            "precision=fp16",
+            "advise.budget_s=30",
+            "hydra.run.dir=x",
+            "model.hidden_sizes=[32, 32]",
+        ],
+        "bf16",
+    )
+    assert command == "mptrain precision=bf16 model=mlp 'model.hidden_sizes=[32, 32]'"
+
+
+# ------------------------------------------------------------------------------ end to end
+TINY = ("device=cpu", "advise.budget_s=20", "advise.fidelity_steps=12", "advise.speed_steps=5")
+
+
+def test_advise_mlp_writes_the_advice_its_evidence_and_the_figure(tmp_path):
+    budget = "advise.budget_s=30"  # FP32's runs fit even with other jobs on the cores
+    result = run_mptrain(tmp_path, "advise", "model=mlp", *TINY, budget, "hydra.run.dir=out")
+    assert result.returncode == 0, describe(result)
+    out = tmp_path / "out"
+    data = json.loads((out / "advise.json").read_text())
+    markdown = (out / "advise.md").read_text()
+    rec = data["recommendation"]
+
+    assert rec["precision"] in ("fp32", "bf16", "fp16")
+    assert rec["command"].startswith(f"mptrain precision={rec['precision']} model=mlp")
+    assert markdown.index("**Recommendation:") < markdown.index("## Evidence")
+    assert f"**Recommendation: {rec['precision']}**" in result.stdout  # piped: plain text
+    assert "\x1b[" not in result.stdout
+    rows = {r["precision"]: r for r in data["precisions"]}
+    assert list(rows) == ["fp32", "bf16", "fp16", "fp8"]
+    assert rows["fp8"]["emulated"] and rows["fp8"]["speed"] is None
+    assert "only emulated" in next(r["why"] for r in rec["runners_up"] if r["precision"] == "fp8")
+    assert rows["fp32"]["fidelity"]["max_rel_diff"] == 0.0
+    assert len(rows["fp32"]["losses"]) == 12
+    assert data["elapsed_s"] <= 30  # the budget, and the process's own start-up
+    assert (out / "advise.png").stat().st_size > 10_000
+
+
+OVERFLOW_NET = '''
+from torch import nn
+
+
+class OverflowNet(nn.Module):
+    """Its ``boost`` layer multiplies activations far past FP16's 65504."""
+
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.flatten = nn.Flatten()
+        self.body = nn.Linear(in_channels * 64, 32)
+        self.boost = nn.Linear(32, 32)
+        self.head = nn.Linear(32, num_classes)
+        with torch.no_grad():
+            self.boost.weight.mul_(1e5)
+
+    def forward(self, x):
+        return self.head(self.boost(self.body(self.flatten(x)).relu()) * 1e-5)
+'''
+
+
+def test_a_model_that_overflows_fp16_gets_the_layer_named_and_a_fix(tmp_path):
+    (tmp_path / "overflow_net.py").write_text("import torch\n" + textwrap.dedent(OVERFLOW_NET))
+    result = run_mptrain(
+        tmp_path,
+        "advise",
+        "model=custom",
+        "model._target_=overflow_net.OverflowNet",
+        *TINY,
+        "hydra.run.dir=out",
+    )
+    assert result.returncode == 0, describe(result)
+    data = json.loads((tmp_path / "out" / "advise.json").read_text())
+    rec = data["recommendation"]
+
+    assert rec["precision"] != "fp16"
+    fp16_row = next(r for r in data["precisions"] if r["precision"] == "fp16")
+    assert fp16_row["speed"] is None  # diverged (or not measured): not timed
+    assert data["numerics"]["fp16_probe"]["overflow_modules"] == ["boost"]
+    fp16 = next(r["why"] for r in rec["runners_up"] if r["precision"] == "fp16")
+    assert "overflows in the forward at boost" in fp16
+    assert any("numerics.fp32_modules=[boost]" in f for f in rec["fixes"])
+    assert rec["precision"] == "bf16" or any(f.startswith("precision=bf16") for f in rec["fixes"])
+
+
+def test_advise_a_language_model_measures_or_says_why_not(tmp_path):
+    tiny = [o for o in LM if not o.startswith(("progress", "log_every", "throughput"))]
+    result = run_mptrain(tmp_path, "advise", *tiny, *TINY[1:], "hydra.run.dir=out")
+    assert result.returncode == 0, describe(result)
+    data = json.loads((tmp_path / "out" / "advise.json").read_text())
+
+    assert data["task"] == "lm"
+    assert data["recommendation"]["command"].startswith(
+        f"mptrain precision={data['recommendation']['precision']} task=lm"
+    )
+    for row in data["precisions"]:  # a busy machine may not fit everything: then it says why
+        assert row["speed"] or row["skipped"] or row["emulated"], row
+        if row["speed"]:
+            assert row["speed"]["tokens_per_s"] == pytest.approx(row["speed"]["samples_per_s"] * 32)
+
+
+def test_the_table_gives_tokens_per_second_for_language_models():
+    speed = {
+        "samples_per_s": 10.0,
+        "samples_per_s_range": [9.0, 11.0],
+        "tokens_per_s": 320.0,
+        "tokens_per_s_range": [288.0, 352.0],
+        "vs_fp32": 1.5,
+        "vs_fp32_range": [1.4, 1.6],
+        "vs_fp32_noisy": None,
+        "peak_memory_bytes": 2**20,
+    }
+    row = {"precision": "bf16", "speed": speed, "skipped": {}, "emulated": False}
+
+    assert advise_report._speed_cells(row, lm=True) == [
+        "320 tokens/s (288–352)",
+        "1.50× (1.40–1.60)",
+        "1.0 MiB",
+    ]
+    assert advise_report._speed_cells(row, lm=False)[0] == "10 samples/s (9–11)"
+    alone = {k: v for k, v in speed.items() if not k.startswith("vs_")}  # FP32 cut short
+    assert advise_report._speed_cells({**row, "speed": alone}, lm=False)[1] == "n/a: FP32 not timed"
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("advise.budget_s=0", "advise.budget_s=0.0: must be > 0 and finite"),
+        ("advise.tolerance=-1", "advise.tolerance=-1.0: must be > 0 and finite"),
+        ("advise.reps=0", "advise.reps=0: must be an integer >= 1"),
+        ("advise.max_skipped_fraction=1", "advise.max_skipped_fraction=1.0: must be in [0, 1)"),
+        ("--multirun", "takes config overrides"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_key(tmp_path, override, message):
+    result = run_mptrain(tmp_path, "advise", "model=mlp", override)
+
+    assert result.returncode == 2, describe(result)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("mptrain: error: "), result.stderr
+    assert message in lines[0]
