@@ -53,6 +53,9 @@ PILOT_WARMUP = 3  # 3 untimed steps, then 3 timed ones
 SCOUT_SAMPLES = 4  # a scout step's batch: cheap, and enough to extrapolate a full step from
 MIN_TIMED_S = 0.5  # the fastest precision's timed seconds per measurement, at least
 REP_MARGIN = 1.5  # a busy machine runs slower than the estimates taken a minute earlier
+# The share of the budget left after the fidelity runs that the speed repetitions may fill: longer
+# timing windows average out a shared machine's bursts (the rest is the estimates' safety margin).
+SPEED_SHARE = 0.5
 RESERVE_S = 5.0  # kept back for the report and the figure (matplotlib's import alone ~1.8 s)
 NOT_COMPARED = "not compared: the FP32 reference run did not fit"
 
@@ -380,11 +383,16 @@ def run_fidelity(
 
 
 def speed_steps(timed: list[Candidate], settings: AdviseConfig, left_s: float) -> int:
-    """Timed steps per measurement: at least ``advise.speed_steps``, and enough for the fastest
-    precision to run MIN_TIMED_S (a few milliseconds of timing are all noise on a shared
-    machine), halved while the whole speed part would not fit ``left_s``."""
+    """Timed steps per measurement: enough for the speed part to fill SPEED_SHARE of ``left_s``,
+    and at least ``advise.speed_steps`` and enough for the fastest precision to run MIN_TIMED_S
+    (a few milliseconds of timing are all noise on a shared machine); halved while the whole
+    speed part would not fit ``left_s``."""
     fastest = min(latest_cost(c).step_s for c in timed)
-    steps = max(settings.speed_steps, math.ceil(MIN_TIMED_S / max(fastest, 1e-6)))
+    floor = max(settings.speed_steps, math.ceil(MIN_TIMED_S / max(fastest, 1e-6)))
+    fixed_s = speed_need(timed, settings, 0)  # warm-up and overheads: every repetition pays them
+    per_step_s = speed_need(timed, settings, 1) - fixed_s
+    filling = math.floor((SPEED_SHARE * left_s - fixed_s) / max(per_step_s, 1e-9))
+    steps = max(floor, filling)
     while steps > settings.speed_steps and speed_need(timed, settings, steps) > left_s:
         steps = max(settings.speed_steps, steps // 2)
     return steps
@@ -487,7 +495,9 @@ def to_measured(c: Candidate, reference: Trial | None, numerics: dict[str, Any])
         low, high = c.speed["vs_fp32_range"]
         speed = advice.Speed(c.speed["vs_fp32"], low, high)
     audit = numerics.get("audit", {}).get(c.name, {})
-    modules = sorted({o["module"] for o in audit.get("flagged_ops", [])} - {"(autograd)"})
+    # In the order the step ran them (the model's order), each once: a fix reads like the model.
+    flagged = (o["module"] for o in audit.get("flagged_ops", []))
+    modules = list(dict.fromkeys(m for m in flagged if m != "(autograd)"))
     probe = numerics["probe"]
     overflow = tuple(probe["overflow_modules"]) if c.name == "fp16" and probe else ()
     return advice.Measured(

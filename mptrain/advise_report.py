@@ -155,8 +155,10 @@ def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
     if audit is not None:
         flagged = audit["flagged_ops"]
         # Backward ops run outside any module's forward: the audit files them under (autograd).
-        where = sorted(
-            {"backward" if o["module"] == "(autograd)" else o["module"] for o in flagged}
+        where = list(  # in the order the step ran them, each once
+            dict.fromkeys(
+                "backward" if o["module"] == "(autograd)" else o["module"] for o in flagged
+            )
         )
         ops = f"{len(flagged)} op{'' if len(flagged) == 1 else 's'} flagged"
         parts.append(f"audit: {ops}" + (f" ({', '.join(where)})" if flagged else ""))
