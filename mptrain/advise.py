@@ -571,27 +571,10 @@ def run_advise(
 def advise_main(overrides: list[str]) -> None:
     """``mptrain advise [overrides]`` (the CLI's subcommand table calls this). Bad input raises
     ConfigError (one line; exit 2)."""
-    import datetime as dt
 
     from mptrain.joblog import job_console
-    from mptrain.preflight import (
-        RUN_DIR_OVERRIDE,
-        check_command_line,
-        checked_run_config,
-        compose_job,
-        refuse_hydra_options,
-    )
+    from mptrain.preflight import subcommand_job
 
     started = time.perf_counter()  # the budget covers composing the config too
-    refuse_hydra_options(overrides, "advise")
-    config_overrides = [o for o in overrides if not o.startswith(RUN_DIR_OVERRIDE)]
-    check_command_line(config_overrides)
-    composed = compose_job(overrides)
-    run_dir = composed.hydra.run.dir if len(config_overrides) < len(overrides) else None
-    if run_dir == "":
-        raise ConfigError("hydra.run.dir=: empty; give the directory advise should write to")
-    cfg = checked_run_config(composed)
-    stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-    default_dir = Path("outputs") / "advise" / f"{stamp}_{cfg.model.name}_{cfg.dataset.name}"
-    output_dir = Path(run_dir) if run_dir is not None else default_dir
+    cfg, output_dir = subcommand_job(overrides, "advise")
     run_advise(cfg, overrides, output_dir, job_console(), Budget(cfg.advise.budget_s, started))

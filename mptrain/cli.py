@@ -35,15 +35,11 @@ from mptrain.preflight import (
     CONFIG_MODULE,
     CONFIG_NAME,
     HYDRA_VERSION_BASE,
-    RUN_DIR_OVERRIDE,
-    check_command_line,
     check_jobs,
-    checked_run_config,
-    compose_job,
     hydra_like_main,
     launch,
     parse_command_line,
-    refuse_hydra_options,
+    subcommand_job,
 )
 from mptrain.registry import absolute_paths, register_configs, to_run_config
 from mptrain.signals import Terminated, terminate_like_interrupt
@@ -107,23 +103,11 @@ def bench_main(overrides: list[str]) -> None:
     Writes bench.md and bench.json to ``outputs/bench/<date>/<time>_<model>_<dataset>``, or to
     ``hydra.run.dir=DIR`` when given (parsed and resolved by Hydra: quotes, ``${now:...}``).
     """
-    import datetime as dt
-
     from mptrain.bench import run_bench
     from mptrain.joblog import table_console
 
     try:
-        refuse_hydra_options(overrides, "bench")
-        config_overrides = [o for o in overrides if not o.startswith(RUN_DIR_OVERRIDE)]
-        check_command_line(config_overrides)
-        composed = compose_job(overrides)
-        run_dir = composed.hydra.run.dir if len(config_overrides) < len(overrides) else None
-        if run_dir == "":
-            raise ConfigError("hydra.run.dir=: empty; give the directory bench should write to")
-        cfg = checked_run_config(composed)
-        stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-        default_dir = Path("outputs") / "bench" / f"{stamp}_{cfg.model.name}_{cfg.dataset.name}"
-        output_dir = Path(run_dir) if run_dir is not None else default_dir
+        cfg, output_dir = subcommand_job(overrides, "bench")
         b = cfg.bench
         run_bench(cfg, output_dir, b.warmup_steps, b.steps, b.reps, table_console(140))
     except ConfigError as exc:

@@ -220,6 +220,26 @@ def refuse_hydra_options(overrides: list[str], command: str) -> None:
             )
 
 
+def subcommand_job(overrides: list[str], command: str) -> tuple[Any, Path]:
+    """The checked RunConfig of ``mptrain <command> [overrides]`` (one job, no launcher) and the
+    directory it writes to: ``hydra.run.dir=DIR`` when given (parsed and resolved by Hydra:
+    quotes, ``${now:...}``), else ``outputs/<command>/<date>/<time>_<model>_<dataset>``."""
+    import datetime as dt
+
+    refuse_hydra_options(overrides, command)
+    config_overrides = [o for o in overrides if not o.startswith(RUN_DIR_OVERRIDE)]
+    check_command_line(config_overrides)
+    composed = compose_job(overrides)
+    run_dir = composed.hydra.run.dir if len(config_overrides) < len(overrides) else None
+    if run_dir == "":
+        raise ConfigError(f"hydra.run.dir=: empty; give the directory {command} should write to")
+    cfg = checked_run_config(composed)
+    if run_dir is not None:
+        return cfg, Path(run_dir)
+    stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    return cfg, Path("outputs") / command / f"{stamp}_{cfg.model.name}_{cfg.dataset.name}"
+
+
 def compose_job(overrides: list[str]) -> Any:
     """The packaged config composed with ``overrides``, Hydra's node included (for
     ``hydra.run.dir``); ConfigError in one line."""
