@@ -96,13 +96,31 @@ class Trial:
     fp8: dict[str, Any] | None = None  # the FP8 layer report, for precision=fp8
 
 
+def nudge_weights(model: torch.nn.Module) -> None:
+    """Move every floating-point parameter by one FP32 epsilon relative (× (1 ± 2⁻²³), the sign
+    drawn from a fixed generator; one or two ulps): about the smallest perturbation there is, to
+    see how far the training forks on its own."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                sign = torch.randint(0, 2, p.shape, generator=generator).to(p) * 2 - 1
+                p.mul_(1 + sign * 2.0**-23)
+
+
 def short_run(
-    cfg: RunConfig, steps: int, warmup: int, deadline: float | None = None, per_step: bool = True
+    cfg: RunConfig,
+    steps: int,
+    warmup: int,
+    deadline: float | None = None,
+    per_step: bool = True,
+    nudge: bool = False,
 ) -> Trial:
     """Build ``cfg`` fresh (seeded: the same initial weights and batches for every precision) and
     train ``steps`` optimizer steps — fewer when ``time.perf_counter()`` passes ``deadline``
     (checked after each step: at least one runs). ``per_step``: log the loss every step (a host
-    read per step; off for speed measurements). No evaluation, nothing written to disk.
+    read per step; off for speed measurements). ``nudge``: the initial weights moved by one ulp
+    (:func:`nudge_weights`). No evaluation, nothing written to disk.
 
     Raises ConfigError when the precision cannot run this model (FP8 without an eligible layer).
     """
@@ -118,6 +136,8 @@ def short_run(
         progress=False,
     )
     run = prepare_run(cfg)
+    if nudge:
+        nudge_weights(run.model)
     losses = _Losses()
 
     def stop() -> bool:
@@ -197,6 +217,8 @@ class Candidate:
     skipped: dict[str, str] = field(default_factory=dict)  # part -> why it was not measured
     pilot: Trial | None = None
     fidelity: Trial | None = None
+    nudged: Trial | None = None  # FP32 only: its fidelity run again, initial weights nudged
+    nudge_note: str | None = None  # FP32 only: why that run did not happen
     speed: dict[str, Any] | None = None  # a bench row (median, min–max, ratios)
 
 
@@ -380,6 +402,32 @@ def run_fidelity(
             continue
         c.fidelity = trial
         admitted.append(c)
+        if c.name == "fp32" and len(cands) > 1:
+            run_nudged_reference(c, settings, budget, timings)
+
+
+def run_nudged_reference(
+    fp32: Candidate, settings: AdviseConfig, budget: Budget, timings: dict[str, Any]
+) -> None:
+    """FP32's fidelity run again with its initial weights nudged by one ulp: how far this
+    training forks on its own (advice.allowed_difference). Run only when it leaves room for the
+    other precisions' runs, estimated at FP32's cost: a check, not the advice."""
+    need = latest_cost(fp32).of(settings.fidelity_steps)
+    if 3 * need > budget.left_s():
+        fp32.nudge_note = (
+            f"estimated {need:.0f} s; the time was kept for the other precisions' runs "
+            f"({max(budget.left_s(), 0):.0f} s of advise.budget_s left)"
+        )
+        return
+    started = time.perf_counter()
+    trial = short_run(
+        fp32.cfg, settings.fidelity_steps, PILOT_WARMUP, budget.deadline(), nudge=True
+    )
+    timings["fidelity fp32 nudged"] = time.perf_counter() - started
+    if trial.cut_short:
+        fp32.nudge_note = f"the budget ran out after {trial.steps} steps"
+    else:
+        fp32.nudged = trial
 
 
 def speed_steps(timed: list[Candidate], settings: AdviseConfig, left_s: float) -> int:
@@ -523,12 +571,21 @@ def command_for(overrides: list[str], precision: str) -> str:
     return " ".join(["mptrain", f"precision={precision}", *(shlex.quote(o) for o in kept)])
 
 
+def fp32_spread(cands: list[Candidate]) -> float | None:
+    """The largest relative loss difference of the nudged FP32 run from FP32's; None if not run."""
+    fp32 = next((c for c in cands if c.name == "fp32"), None)
+    if fp32 is None or fp32.fidelity is None or fp32.nudged is None:
+        return None
+    return advice.fidelity_of(fp32.nudged.losses, fp32.fidelity.losses, 0, None).max_rel_diff
+
+
 def decide(
     cfg: RunConfig, cands: list[Candidate], numerics: dict[str, Any], device: torch.device
 ) -> advice.Advice:
     reference = next((c.fidelity for c in cands if c.name == "fp32"), None)
     ctx = advice.Context(
         tolerance=cfg.advise.tolerance,
+        fp32_spread=fp32_spread(cands),
         max_skipped_fraction=cfg.advise.max_skipped_fraction,
         device_type=device.type,
         has_convolutions=config_has_convolutions(cfg.model),

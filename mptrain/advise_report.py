@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mptrain import hardware
-from mptrain.advice import Advice, fidelity_of
+from mptrain.advice import CHAOS_MARGIN, Advice, fidelity_of
 from mptrain.fileio import atomic_write_text
 from mptrain.report import clean_json, fmt_bytes
 
@@ -67,6 +67,33 @@ def _numerics(numerics: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _one_ulp_line(check: dict[str, Any]) -> str:
+    """What FP32 does to itself under a one-ulp nudge, and what that allows the others."""
+    if check["spread"] is None:
+        why = check["not_run"] or "no other precision to compare"
+        return f"FP32 against itself with a one-ulp nudge of its initial weights: not run ({why})."
+    return (
+        f"FP32 against itself with a one-ulp nudge of its initial weights: its loss moves by up "
+        f"to {_pct(check['spread'])}; a precision may differ from FP32 by the tolerance or "
+        f"{check['margin']:g}× that, whichever is larger."
+    )
+
+
+def _one_ulp_check(cands: list[Any]) -> dict[str, Any]:
+    """FP32 against itself with its initial weights nudged by one ulp: the spread (the largest
+    relative loss difference), the allowance it gives, its losses, or why it was not run."""
+    from mptrain.advise import fp32_spread
+
+    fp32 = next((c for c in cands if c.name == "fp32"), None)
+    spread = fp32_spread(cands)
+    return {
+        "spread": spread,
+        "margin": CHAOS_MARGIN,
+        "losses": fp32.nudged.losses if fp32 is not None and fp32.nudged is not None else None,
+        "not_run": fp32.nudge_note if fp32 is not None else None,
+    }
+
+
 def assemble(
     cfg: RunConfig, device: torch.device, found: dict[str, Any], decision: Advice, command: str
 ) -> dict[str, Any]:
@@ -90,6 +117,7 @@ def assemble(
             "command": command,
         },
         "precisions": [_row(c, reference) for c in cands],
+        "fp32_one_ulp_check": _one_ulp_check(cands),
         "numerics": _numerics(found["numerics"]),
         "timings_s": found["timings"],
     }
@@ -239,6 +267,7 @@ def render(result: dict[str, Any]) -> str:
         f"(evaluation excluded). Fidelity: {s['fidelity_steps']} steps per precision from FP32's "
         "initial weights and batches; relative difference of the mean loss over windows of a "
         f"tenth of the run (tolerance {s['tolerance']:.0%}).",
+        _one_ulp_line(result["fp32_one_ulp_check"]),
     ]
     skipped = skipped_lines(result)
     if skipped:

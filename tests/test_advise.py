@@ -89,6 +89,41 @@ def test_a_faster_precision_that_diverges_loses_to_a_slower_faithful_one():
     assert "leaves FP32's by up to 40.0%" in lost(advice, "fp8")
 
 
+@pytest.mark.parametrize(
+    ("spread", "wins"),
+    [(None, "fp32"), (0.01, "fp32"), (0.25, "bf16"), (0.15, "fp32"), (math.inf, "fp32")],
+    ids=["not-measured", "calm", "chaotic", "not-chaotic-enough", "nudge-diverged"],
+)
+def test_fp32s_own_spread_under_a_one_ulp_nudge_widens_the_allowance(spread, wins):
+    """A training that forks by 25% when FP32's weights move by one ulp cannot blame a 40%
+    difference on the precision (2 x 25% = 50% allowed); at 15% (30% allowed), or calm, it can.
+    A nudged run that diverged gives no allowance."""
+    drifting = Fidelity(40, max_rel_diff=0.4, final_rel_diff=0.3)
+    ctx = Context(tolerance=0.05, fp32_spread=spread)
+    advice = recommend([FP32, faster("bf16", 1.5, fidelity=drifting)], ctx)
+
+    assert advice.precision == wins
+    if wins == "fp32":
+        assert "leaves FP32's by up to 40.0%" in lost(advice, "bf16")
+    else:
+        assert any(
+            "allowed 50%: 2× FP32's own 25.0% under a one-ulp nudge" in r for r in advice.reasons
+        )
+
+
+def test_the_nudge_moves_every_weight_by_one_or_two_ulps():
+    """× (1 ± 2⁻²³): a relative step of one FP32 epsilon, one ulp near a power of two and two
+    just below the next one."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(64, 64)
+    before = [p.detach().clone() for p in model.parameters()]
+    advise.nudge_weights(model)
+    for old, new in zip(before, model.parameters(), strict=True):
+        ulp = torch.nextafter(old.abs(), torch.tensor(math.inf)) - old.abs()
+        ulps = ((new.detach() - old).abs() / ulp).round()
+        assert set(ulps.unique().tolist()) <= {1.0, 2.0}, ulps.unique()
+
+
 def test_lost_updates_disqualify():
     skipping = Fidelity(40, 0.01, 0.01, skipped_steps=6)
 
