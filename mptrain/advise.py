@@ -219,6 +219,8 @@ class Candidate:
     fidelity: Trial | None = None
     nudged: Trial | None = None  # FP32 only: its fidelity run again, initial weights nudged
     nudge_note: str | None = None  # FP32 only: why that run did not happen
+    # FP32 only: the nudged run's largest relative loss difference from FP32's (advice.Context)
+    nudge_spread: float | None = None
     speed: dict[str, Any] | None = None  # a bench row (median, min–max, ratios)
 
 
@@ -428,6 +430,8 @@ def run_nudged_reference(
         fp32.nudge_note = f"the budget ran out after {trial.steps} steps"
     else:
         fp32.nudged = trial
+        reference = fp32.fidelity.losses
+        fp32.nudge_spread = advice.fidelity_of(trial.losses, reference, 0, None).max_rel_diff
 
 
 def speed_steps(timed: list[Candidate], settings: AdviseConfig, left_s: float) -> int:
@@ -571,21 +575,13 @@ def command_for(overrides: list[str], precision: str) -> str:
     return " ".join(["mptrain", f"precision={precision}", *(shlex.quote(o) for o in kept)])
 
 
-def fp32_spread(cands: list[Candidate]) -> float | None:
-    """The largest relative loss difference of the nudged FP32 run from FP32's; None if not run."""
-    fp32 = next((c for c in cands if c.name == "fp32"), None)
-    if fp32 is None or fp32.fidelity is None or fp32.nudged is None:
-        return None
-    return advice.fidelity_of(fp32.nudged.losses, fp32.fidelity.losses, 0, None).max_rel_diff
-
-
 def decide(
     cfg: RunConfig, cands: list[Candidate], numerics: dict[str, Any], device: torch.device
 ) -> advice.Advice:
     reference = next((c.fidelity for c in cands if c.name == "fp32"), None)
     ctx = advice.Context(
         tolerance=cfg.advise.tolerance,
-        fp32_spread=fp32_spread(cands),
+        fp32_spread=next((c.nudge_spread for c in cands if c.name == "fp32"), None),
         max_skipped_fraction=cfg.advise.max_skipped_fraction,
         device_type=device.type,
         has_convolutions=config_has_convolutions(cfg.model),

@@ -82,12 +82,9 @@ def _one_ulp_line(check: dict[str, Any]) -> str:
 def _one_ulp_check(cands: list[Any]) -> dict[str, Any]:
     """FP32 against itself with its initial weights nudged by one ulp: the spread (the largest
     relative loss difference), the allowance it gives, its losses, or why it was not run."""
-    from mptrain.advise import fp32_spread
-
     fp32 = next((c for c in cands if c.name == "fp32"), None)
-    spread = fp32_spread(cands)
     return {
-        "spread": spread,
+        "spread": fp32.nudge_spread if fp32 is not None else None,
         "margin": CHAOS_MARGIN,
         "losses": fp32.nudged.losses if fp32 is not None and fp32.nudged is not None else None,
         "not_run": fp32.nudge_note if fp32 is not None else None,
