@@ -223,6 +223,14 @@ class Candidate:
     nudge_spread: float | None = None
     speed: dict[str, Any] | None = None  # a bench row (median, min–max, ratios)
 
+    def fidelity_against(self, reference: Trial | None) -> advice.Fidelity | None:
+        """This precision's short run compared with FP32's (``reference``); None if either is
+        missing."""
+        if self.fidelity is None or reference is None:
+            return None
+        f = self.fidelity
+        return advice.fidelity_of(f.losses, reference.losses, f.skipped_steps, f.diverged)
+
 
 def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
     """FP32 first, then every precision the device runs natively, then FP8 (emulated here or
@@ -532,13 +540,6 @@ def measure_whole_reps(
 
 
 # ------------------------------------------------------------------------------ to a decision
-def fidelity_figures(c: Candidate, reference: Trial | None) -> advice.Fidelity | None:
-    if c.fidelity is None or reference is None:
-        return None
-    f = c.fidelity
-    return advice.fidelity_of(f.losses, reference.losses, f.skipped_steps, f.diverged)
-
-
 def to_measured(c: Candidate, reference: Trial | None, numerics: dict[str, Any]) -> advice.Measured:
     """The decision's view of a candidate: figures only, reasons for what is missing."""
     not_run = c.skipped.get("all")
@@ -557,7 +558,7 @@ def to_measured(c: Candidate, reference: Trial | None, numerics: dict[str, Any])
         not_run=not_run,
         speed=speed,
         speed_note=c.skipped.get("speed"),
-        fidelity=fidelity_figures(c, reference),
+        fidelity=c.fidelity_against(reference),
         fidelity_note=c.skipped.get("fidelity and speed"),
         emulated=c.emulated,
         fp16_overflow=overflow,

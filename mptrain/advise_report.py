@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mptrain import hardware
-from mptrain.advice import CHAOS_MARGIN, Advice, fidelity_of
+from mptrain.advice import CHAOS_MARGIN, Advice
 from mptrain.fileio import atomic_write_text
 from mptrain.report import clean_json, fmt_bytes
 
@@ -39,19 +39,14 @@ def _trial(t: Any) -> dict[str, Any] | None:
 def _row(c: Any, reference: Any) -> dict[str, Any]:
     """One precision's record from an :class:`mptrain.advise.Candidate` (``reference``: FP32's
     fidelity Trial): what ran, its pilot, fidelity against FP32, speed, skipped parts."""
-    fidelity = None
-    if c.fidelity is not None and reference is not None:
-        f = fidelity_of(
-            c.fidelity.losses, reference.losses, c.fidelity.skipped_steps, c.fidelity.diverged
-        )
-        fidelity = dataclasses.asdict(f)
+    fidelity = c.fidelity_against(reference)
     return {
         "precision": c.name,
         "label": (c.pilot.label if c.pilot else c.name),
         "emulated": c.emulated,
         "skipped": dict(c.skipped),
         "pilot": _trial(c.pilot),
-        "fidelity": fidelity,
+        "fidelity": dataclasses.asdict(fidelity) if fidelity is not None else None,
         "losses": c.fidelity.losses if c.fidelity else None,
         "speed": c.speed,
     }
