@@ -35,9 +35,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mptrain import data, decode
-from mptrain.config import ImageFolderConfig
-from mptrain.decode import CropSpec, crop_params, draft_factor
+from mptrain.config.schema import ImageFolderConfig
+from mptrain.data import build as data
+from mptrain.data import decode
+from mptrain.data.decode import CropSpec, crop_params, draft_factor
 
 CLASSES = 4
 

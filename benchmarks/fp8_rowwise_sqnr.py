@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from mptrain.fp8 import Float8Linear, FP8Recipe
-from mptrain.hardware import software_versions
+from mptrain.platform.hardware import software_versions
+from mptrain.precision.fp8 import Float8Linear, FP8Recipe
 
 ROWS, FEATURES, EVERY = 512, 1024, 16
 

@@ -37,8 +37,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mptrain.config import MLPConfig
-from mptrain.fp8 import (
+from mptrain.config.schema import MLPConfig
+from mptrain.models.build import build_mlp
+from mptrain.platform.hardware import (
+    hardware_info,
+    peak_memory_bytes,
+    reset_peak_memory,
+    software_versions,
+    synchronize,
+)
+from mptrain.precision.fp8 import (
     E4M3,
     E5M2,
     FP8Recipe,
@@ -48,14 +56,6 @@ from mptrain.fp8 import (
     quantize,
     scale_from_amax,
 )
-from mptrain.hardware import (
-    hardware_info,
-    peak_memory_bytes,
-    reset_peak_memory,
-    software_versions,
-    synchronize,
-)
-from mptrain.models import build_mlp
 
 
 def sqnr_db(reference: torch.Tensor, other: torch.Tensor) -> float:

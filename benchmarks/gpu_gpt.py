@@ -49,12 +49,12 @@ from typing import Any
 
 import torch
 
-from mptrain.bench import measure, precision_config
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-from mptrain.fp8 import fp8_gemm_available
-from mptrain.gpt import GPT, GPTShape
-from mptrain.hardware import hardware_info, software_versions
-from mptrain.registry import register_configs, to_run_config
+from mptrain.commands.bench import measure, precision_config
+from mptrain.compose.registry import register_configs, to_run_config
+from mptrain.models.gpt import GPT, GPTShape
+from mptrain.platform.hardware import hardware_info, software_versions
+from mptrain.precision.fp8 import fp8_gemm_available
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 VOCAB = 256  # dataset.vocabulary=bytes

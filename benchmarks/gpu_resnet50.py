@@ -25,10 +25,10 @@ from pathlib import Path
 
 import torch
 
-from mptrain.bench import measure, precision_config
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-from mptrain.hardware import hardware_info, software_versions
-from mptrain.registry import register_configs, to_run_config
+from mptrain.commands.bench import measure, precision_config
+from mptrain.compose.registry import register_configs, to_run_config
+from mptrain.platform.hardware import hardware_info, software_versions
 
 
 def main() -> int:

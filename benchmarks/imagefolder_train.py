@@ -9,7 +9,7 @@ For one GPU machine (an H200 with 16 CPU cores: about a minute with the defaults
 Writes ``--images`` seeded JPEGs of ImageNet-like sizes with benchmarks/data_path.py's generator
 (``write_images``; ``--jobs`` processes write parts of the set, renamed into one tree), reads them
 once into the page cache, then trains ResNet-50 (ImageNet stem, channels_last, SGD) through
-``mptrain.run.train`` — the code ``mptrain dataset=imagefolder ...`` runs — once per pipeline:
+``mptrain.train.job.train`` — the code ``mptrain dataset=imagefolder ...`` runs — once per pipeline:
 
 - ``cpu``: ``dataset.decode_device=cpu``: PIL decode (reduced-size where the crop allows) in
   ``--workers`` persistent DataLoader workers, uint8 crops normalised on the device;
@@ -44,10 +44,10 @@ from pathlib import Path
 import torch
 from data_path import write_images  # benchmarks/ is on sys.path when this script runs
 
-from mptrain import data
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-from mptrain.hardware import hardware_info, software_versions
-from mptrain.registry import register_configs, to_run_config
+from mptrain.compose.registry import register_configs, to_run_config
+from mptrain.data import build as data
+from mptrain.platform.hardware import hardware_info, software_versions
 
 PIPELINES = ("cpu", "cuda")
 
@@ -137,8 +137,8 @@ def train_once(args: argparse.Namespace, root: Path, pipeline: str, run_dir: Pat
 
 
 def child_run(args: argparse.Namespace) -> int:
-    """``--child PIPELINE``: one training run (mptrain.run.train) into ``--run-dir``."""
-    from mptrain.run import train
+    """``--child PIPELINE``: one training run (mptrain.train.job.train) into ``--run-dir``."""
+    from mptrain.train.job import train
 
     if args.device == "cpu":  # device decoding's code on the CPU (the config would refuse it)
         data._check_decode_device = lambda device: None

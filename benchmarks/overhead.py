@@ -7,7 +7,7 @@ bf16), in one process, median over ``--reps`` repetitions of ``--steps`` optimiz
 warm-up, evaluation excluded). The variants alternate, in reversed order every other repetition,
 and each one starts from the same freshly built components (same seed, empty optimizer state):
 
-- ``mptrain``: the real loop (``mptrain.loop.train_loop``) with everything a run builds, its
+- ``mptrain``: the real loop (``mptrain.train.loop.train_loop``) with everything a run builds, its
   metrics rows (loss, gradient norm) written to a metrics.jsonl and its periodic probes;
 - ``bare``: the dozen canonical lines (autocast forward, scaled backward, step, update, zero_grad)
   on the same model, optimizer, schedule and tensor-indexed batches;
@@ -41,12 +41,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mptrain.build import prepare_run
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-from mptrain.hardware import hardware_info, software_versions
-from mptrain.loop import LoopHooks, train_loop
-from mptrain.metrics import MetricsLog
-from mptrain.registry import register_configs, to_run_config
+from mptrain.compose.registry import register_configs, to_run_config
+from mptrain.output.metrics import MetricsLog
+from mptrain.platform.hardware import hardware_info, software_versions
+from mptrain.train.build import prepare_run
+from mptrain.train.loop import LoopHooks, train_loop
 
 CPU = torch.device("cpu")
 

@@ -20,7 +20,7 @@ _LAZY = {"load_model", "load_model_info", "preprocess"}
 
 def __getattr__(name: str) -> object:
     if name in _LAZY:
-        from mptrain import evaluation
+        from mptrain.commands import evaluate as evaluation
 
         return getattr(evaluation, name)
     raise AttributeError(f"module 'mptrain' has no attribute {name!r}")

@@ -3,13 +3,13 @@
 ``mptrain [overrides]`` and ``python -m mptrain [overrides]`` run :func:`main`, which
 
 1. checks every job the command line describes, composed the way Hydra will compose it
-   (:mod:`mptrain.preflight`: the user's config directory and search path, each sweeper's jobs),
+   (:mod:`mptrain.compose.preflight`: the user's config directory and search path, each sweeper's jobs),
    so bad input stops before anything trains with one line naming the key and what is accepted
    (exit code 2), and pins the output directory it checked;
-2. runs the jobs on the preflight's Hydra instance (:func:`mptrain.preflight.launch`), whose task
+2. runs the jobs on the preflight's Hydra instance (:func:`mptrain.compose.preflight.launch`), whose task
    (:func:`run_job`) converts the composed config into a typed
-   :class:`~mptrain.config.RunConfig` (relative paths taken from the launch directory) and calls
-   :func:`mptrain.run.train` with the job's output directory;
+   :class:`~mptrain.config.schema.RunConfig` (relative paths taken from the launch directory) and calls
+   :func:`mptrain.train.job.train` with the job's output directory;
 3. after a sweep, reads every job's report: a job that did not complete makes the exit code 1,
    whichever launcher ran it (joblib's worker processes, a cluster).
 
@@ -30,8 +30,7 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
-from mptrain.config import ConfigError, launch_dir, set_launch_dir
-from mptrain.preflight import (
+from mptrain.compose.preflight import (
     CONFIG_MODULE,
     CONFIG_NAME,
     HYDRA_VERSION_BASE,
@@ -41,8 +40,9 @@ from mptrain.preflight import (
     parse_command_line,
     subcommand_job,
 )
-from mptrain.registry import absolute_paths, register_configs, to_run_config
-from mptrain.signals import Terminated, terminate_like_interrupt
+from mptrain.compose.registry import absolute_paths, register_configs, to_run_config
+from mptrain.config.schema import ConfigError, launch_dir, set_launch_dir
+from mptrain.platform.signals import Terminated, terminate_like_interrupt
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -61,8 +61,8 @@ def run_job(cfg: DictConfig) -> float | None:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from mptrain.report import write_failure
-    from mptrain.run import RunFailed, RunInterrupted, train
+    from mptrain.output.report import write_failure
+    from mptrain.train.job import RunFailed, RunInterrupted, train
 
     hydra_cfg = HydraConfig.get()
     output_dir = Path(hydra_cfg.runtime.output_dir)
@@ -103,8 +103,8 @@ def bench_main(overrides: list[str]) -> None:
     Writes bench.md and bench.json to ``outputs/bench/<date>/<time>_<model>_<dataset>``, or to
     ``hydra.run.dir=DIR`` when given (parsed and resolved by Hydra: quotes, ``${now:...}``).
     """
-    from mptrain.bench import run_bench
-    from mptrain.joblog import table_console
+    from mptrain.commands.bench import run_bench
+    from mptrain.output.joblog import table_console
 
     try:
         cfg, output_dir = subcommand_job(overrides, "bench")
@@ -176,9 +176,9 @@ class _ClosedPipeSafe:
 # Commands that are not a training run: name -> (module, function taking the remaining arguments),
 # imported only when asked for.
 _SUBCOMMANDS = {
-    "advise": ("mptrain.advise", "advise_main"),
-    "eval": ("mptrain.evaluation", "eval_main"),
-    "sample": ("mptrain.sample", "sample_main"),
+    "advise": ("mptrain.commands.advise", "advise_main"),
+    "eval": ("mptrain.commands.evaluate", "eval_main"),
+    "sample": ("mptrain.commands.sample", "sample_main"),
 }
 
 
@@ -223,8 +223,8 @@ def _exit_if_jobs_failed(sweep_dir: Path, launched: float) -> None:
     """Exit 1 naming each job of this launch whose report says it did not complete. A job
     directory belongs to this launch when Hydra wrote its ``.hydra/`` record (or the job its
     report) since ``launched``; a sweep directory may hold earlier sweeps' jobs."""
-    from mptrain.report import FAILURE_JSON, REPORT_JSON
-    from mptrain.sweep import find_runs
+    from mptrain.commands.sweep import find_runs
+    from mptrain.output.report import FAILURE_JSON, REPORT_JSON
 
     def written_since(path: Path) -> bool:
         return path.is_file() and path.stat().st_mtime >= launched

@@ -13,8 +13,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from mptrain.config import RunConfig
-from mptrain.registry import register_configs, to_run_config
+from mptrain.compose.registry import register_configs, to_run_config
+from mptrain.config.schema import RunConfig
 
 # Hydra's ConfigStore needs mptrain's schemas and recipes before any test composes: importing
 # mptrain registers nothing by itself.
@@ -49,7 +49,7 @@ SUBPROCESS_TIMEOUT_S = 180
 
 
 class NoFigure:
-    """Stands in for mptrain.plots.FigureWorker where a test reads no figure: no child process
+    """Stands in for mptrain.output.plots.FigureWorker where a test reads no figure: no child process
     is started and no curves.png drawn (matplotlib is most of a tiny run's time)."""
 
     def __enter__(self) -> NoFigure:
@@ -132,7 +132,7 @@ def yaml_leaf_paths(node: dict, prefix: str = "") -> set[str]:
 
 
 def train(cfg: RunConfig, output_dir: Path) -> dict:
-    """:func:`mptrain.run.train`, returning report.json's content (what these tests read)."""
-    from mptrain.run import train as run_train
+    """:func:`mptrain.train.job.train`, returning report.json's content (what these tests read)."""
+    from mptrain.train.job import train as run_train
 
     return run_train(cfg, output_dir).to_dict()

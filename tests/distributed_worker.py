@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --nproc_per_node=2 tests/distributed_worker.py OUT override...
 
-Wraps mptrain.run.train_loop to save, per rank, the final parameters, this rank's buffers, the
+Wraps mptrain.train.job.train_loop to save, per rank, the final parameters, this rank's buffers, the
 loss scale and the skipped steps into OUT/rank<N>.pt, so the test can check that ranks agree.
 """
 
@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from conftest import compose_run
 
-from mptrain import run as run_module
-from mptrain.distributed import model_state, unwrap
+from mptrain.platform.distributed import model_state, unwrap
+from mptrain.train import job as run_module
 
 real_loop = run_module.train_loop
 
@@ -59,7 +59,7 @@ def dumping_loop(run, hooks):
 def pretend_fp8_gemms() -> None:
     """Let fp8.backend=torchao past mptrain's FP8-GPU check on the CPU (torchao's float8 training
     itself runs there: torch._scaled_mm has a CPU kernel). Only the capability check is faked."""
-    from mptrain import precision
+    from mptrain.precision import policy as precision
 
     precision.fp8_gemm_available = lambda device: True
 

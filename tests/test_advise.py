@@ -12,8 +12,8 @@ import torch
 from conftest import describe, run_mptrain, tiny_run
 from test_lm import LM
 
-from mptrain import advise, advise_report, bench, hardware
-from mptrain.advice import (
+from mptrain.commands import advise, advise_report, bench
+from mptrain.commands.advise_decide import (
     Context,
     Fidelity,
     Measured,
@@ -23,6 +23,7 @@ from mptrain.advice import (
     recommend,
     relative_differences,
 )
+from mptrain.platform import hardware
 
 CTX = Context(tolerance=0.05, max_skipped_fraction=0.1)
 CLOSE = Fidelity(steps=40, max_rel_diff=0.01, final_rel_diff=0.005)
@@ -208,7 +209,7 @@ def test_the_scout_skips_a_precision_whose_fidelity_run_cannot_fit(monkeypatch, 
 
 
 def tiny_cfg(**advise_settings):
-    from mptrain.config import AdviseConfig
+    from mptrain.config.schema import AdviseConfig
 
     class Cfg:  # only what pilot_one reads
         advise = AdviseConfig(**advise_settings)

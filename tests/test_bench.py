@@ -13,8 +13,9 @@ import torch
 from conftest import compose_run, describe, run_mptrain, tiny_run
 from rich.console import Console
 
-from mptrain import bench, hardware
-from mptrain.config import ConfigError, PrecisionConfig
+from mptrain.commands import bench
+from mptrain.config.schema import ConfigError, PrecisionConfig
+from mptrain.platform import hardware
 
 CPU = torch.device("cpu")
 
@@ -93,7 +94,7 @@ def test_run_bench_measures_every_cpu_precision_and_writes_its_files(tmp_path, m
             assert row["vs_fp32_range"] == [min(ratios), max(ratios)]
             assert row["vs_fp32_noisy"] is None or "spread" in row["vs_fp32_noisy"]
     assert (by_name["fp32"]["vs_fp32"], by_name["fp32"]["vs_fp32_noisy"]) == (1.0, None)
-    # FP16: the scaler's inf check, the new scale, the loss's finiteness (see mptrain.loop)
+    # FP16: the scaler's inf check, the new scale, the loss's finiteness (see mptrain.train.loop)
     assert [r["host_syncs_per_step"] for r in measured] == [0, 0, 1]
     assert by_name["fp16"]["label"] and by_name["bf16"]["label"]
 

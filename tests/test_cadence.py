@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 from conftest import tiny_run, train
 
-import mptrain.cadence
-from mptrain.build import prepare_run
-from mptrain.cadence import TimeCadence
-from mptrain.checkpoint import Checkpointer
-from mptrain.distributed import DistContext
-from mptrain.loop import LoopHooks, train_loop
-from mptrain.state import LoopState
+import mptrain.train.cadence
+from mptrain.platform.distributed import DistContext
+from mptrain.rundir.checkpoint import Checkpointer
+from mptrain.train.build import prepare_run
+from mptrain.train.cadence import TimeCadence
+from mptrain.train.loop import LoopHooks, train_loop
+from mptrain.train.state import LoopState
 
-CPU = mptrain.cadence.torch.device("cpu")
+CPU = mptrain.train.cadence.torch.device("cpu")
 
 
 class FakeClock:
@@ -30,7 +30,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(mptrain.cadence, "now", fake)
+    monkeypatch.setattr(mptrain.train.cadence, "now", fake)
     return fake
 
 

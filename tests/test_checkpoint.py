@@ -1,11 +1,11 @@
-"""Checkpoints, exact resume and fault handling (mptrain.checkpoint, mptrain.signals, run.train).
+"""Checkpoints, exact resume and fault handling (mptrain.rundir.checkpoint, mptrain.platform.signals, run.train).
 
 CPU-only, model=mlp on digits (22 optimizer steps per epoch at batch 64). Every test checks that
 nothing was lost: the previous checkpoint still loads, the resumed run reproduces an uninterrupted
 one bit for bit, the report says what happened.
 
 Stops are requested in-process the way a real signal does it: ``signal.raise_signal(SIGTERM)`` from
-an observer at step N, while :class:`~mptrain.signals.GracefulStop` has its handlers installed.
+an observer at step N, while :class:`~mptrain.platform.signals.GracefulStop` has its handlers installed.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ import pytest
 import torch
 from conftest import NoFigure, tiny_run, train
 
-from mptrain import run as run_module
-from mptrain.build import prepare_run
-from mptrain.checkpoint import (
+from mptrain.config.schema import ConfigError
+from mptrain.output.metrics import MetricsLog, read_metrics
+from mptrain.rundir.checkpoint import (
     ADDED_SETTINGS,
     FORMAT_VERSION,
     LATEST,
@@ -40,11 +40,11 @@ from mptrain.checkpoint import (
     load_checkpoint,
     remove_stray_temporaries,
 )
-from mptrain.config import ConfigError
-from mptrain.fileio import atomic_link
-from mptrain.metrics import MetricsLog, read_metrics
-from mptrain.run import RunFailed, RunInterrupted
-from mptrain.state import LoopState
+from mptrain.rundir.fileio import atomic_link
+from mptrain.train import job as run_module
+from mptrain.train.build import prepare_run
+from mptrain.train.job import RunFailed, RunInterrupted
+from mptrain.train.state import LoopState
 
 STEPS_PER_EPOCH = 22  # digits, batch 64
 

@@ -18,7 +18,10 @@ from conftest import scalar_key_lines, yaml_leaf_paths
 from hydra import compose, initialize_config_module
 
 from mptrain import cli
-from mptrain.config import (
+from mptrain.compose.preflight import check_command_line, describe_compose_error
+from mptrain.compose.registry import group_options as registered_options
+from mptrain.compose.registry import schema_node_name, to_run_config
+from mptrain.config.schema import (
     TASKS,
     ConfigError,
     PrecisionConfig,
@@ -27,10 +30,7 @@ from mptrain.config import (
     ViTConfig,
     validate,
 )
-from mptrain.precision import PRECISIONS
-from mptrain.preflight import check_command_line, describe_compose_error
-from mptrain.registry import group_options as registered_options
-from mptrain.registry import schema_node_name, to_run_config
+from mptrain.precision.policy import PRECISIONS
 
 CONF = importlib.resources.files("mptrain.conf")
 

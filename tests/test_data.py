@@ -1,4 +1,4 @@
-"""Tests of mptrain.data: the on-disk dataset readers, the in-memory and DataLoader feeds, and errors.
+"""Tests of mptrain.data.build: the on-disk dataset readers, the in-memory and DataLoader feeds, and errors.
 
 Every dataset is written into pytest's ``tmp_path`` in its real on-disk format (CIFAR python
 pickles, MNIST idx files, an ImageFolder tree of PNGs); nothing is downloaded. All tests run on CPU.
@@ -14,20 +14,20 @@ import numpy as np
 import pytest
 import torch
 
-from mptrain import data
-from mptrain.config import (
+from mptrain.config.schema import (
     ConfigError,
     DigitsConfig,
     ImageFolderConfig,
     SyntheticConfig,
     TorchvisionDatasetConfig,
 )
-from mptrain.data import BatchLayout, TensorBatches, build_data, random_crop_flip
+from mptrain.data import build as data
+from mptrain.data.build import BatchLayout, TensorBatches, build_data, random_crop_flip
 
 CPU = torch.device("cpu")
 
 # Per-channel mean and std of the training sets, as published; written out here (not read from
-# mptrain.data) so that wrong statistics in the code show as wrong pixels.
+# mptrain.data.build) so that wrong statistics in the code show as wrong pixels.
 PUBLISHED_STATS = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
     "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
@@ -721,8 +721,8 @@ def test_digits_are_scikit_learns_split_exactly(val_size, split_seed):
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    from mptrain.config import DigitsConfig
-    from mptrain.data import load_digits_arrays
+    from mptrain.config.schema import DigitsConfig
+    from mptrain.data.build import load_digits_arrays
 
     arrays = load_digits_arrays(DigitsConfig(val_size=val_size, split_seed=split_seed))
     digits = load_digits()
@@ -742,8 +742,8 @@ def test_a_default_run_does_not_import_scikit_learn():
     import sys
 
     code = (
-        "import sys; from mptrain.config import DigitsConfig; "
-        "from mptrain.data import load_digits_arrays; load_digits_arrays(DigitsConfig()); "
+        "import sys; from mptrain.config.schema import DigitsConfig; "
+        "from mptrain.data.build import load_digits_arrays; load_digits_arrays(DigitsConfig()); "
         "print('sklearn' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -16,10 +16,11 @@ import pytest
 import torch
 from conftest import describe, requires_cuda, run_command, tiny_run, train
 
-from mptrain import data, decode
-from mptrain.config import ConfigError, ImageFolderConfig
-from mptrain.data import BatchLayout, build_data
-from mptrain.decode import BadDataFile, CropSpec, DecodeCrop, crop_params, draft_factor
+from mptrain.config.schema import ConfigError, ImageFolderConfig
+from mptrain.data import build as data
+from mptrain.data import decode
+from mptrain.data.build import BatchLayout, build_data
+from mptrain.data.decode import BadDataFile, CropSpec, DecodeCrop, crop_params, draft_factor
 
 CPU = torch.device("cpu")
 BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "data_path.py"

@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import tiny_run, train
 
-from mptrain.checkpoint import load_checkpoint
+from mptrain.rundir.checkpoint import load_checkpoint
 
 WORKER = Path(__file__).parent / "distributed_worker.py"
 

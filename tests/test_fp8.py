@@ -18,11 +18,11 @@ import torch
 from conftest import NoFigure, compose_run, requires_cuda, tiny_run, train
 from torch import nn
 
-from mptrain import run as run_module
-from mptrain.build import prepare_run
-from mptrain.config import ConfigError, FP8Config, PrecisionConfig, ViTConfig, validate_fp8
-from mptrain.distributed import DistContext
-from mptrain.fp8 import (
+from mptrain.compose.preflight import check_command_line
+from mptrain.config.schema import ConfigError, FP8Config, PrecisionConfig, ViTConfig, validate_fp8
+from mptrain.models.build import build_vit
+from mptrain.platform.distributed import DistContext
+from mptrain.precision.fp8 import (
     E4M3,
     E5M2,
     FP8_MAX,
@@ -41,11 +41,11 @@ from mptrain.fp8 import (
     scale_from_amax,
     skip_summary,
 )
-from mptrain.fp8_dist import FP8Sync, build_fp8_sync
-from mptrain.loop import train_loop
-from mptrain.models import build_vit
-from mptrain.precision import resolve_precision
-from mptrain.preflight import check_command_line
+from mptrain.precision.fp8_dist import FP8Sync, build_fp8_sync
+from mptrain.precision.policy import resolve_precision
+from mptrain.train import job as run_module
+from mptrain.train.build import prepare_run
+from mptrain.train.loop import train_loop
 
 CPU = torch.device("cpu")
 GPU = torch.device("cuda", 0)
@@ -1210,7 +1210,7 @@ def test_parameters_and_optimizer_state_stay_fp32_after_fp8_training(tmp_path, m
 # ------------------------------------------------------------------------ 11. data parallel
 def test_a_deferred_delayed_scale_waits_for_update_scale_then_matches_the_undeferred_one():
     """Under data parallelism the delayed scale is computed once the ranks' amaxes are in the
-    history (mptrain.fp8_dist): casts then use the scale of the last update."""
+    history (mptrain.precision.fp8_dist): casts then use the scale of the last update."""
     eager, deferred = delayed_scaler(), delayed_scaler()
     deferred.defer_scale_update = True
     used = [deferred.cast(with_amax(amax))[1].item() for amax in AMAXES[:3]]
@@ -1381,7 +1381,7 @@ def test_fp8_policy_uses_real_gemms_on_this_gpu():
 
 def test_evaluation_leaves_fp8_scaling_state_alone():
     """Delayed scaling: eval forwards must not push validation amaxes into the history."""
-    from mptrain.fp8 import E4M3, E5M2, Float8Linear, FP8Recipe
+    from mptrain.precision.fp8 import E4M3, E5M2, Float8Linear, FP8Recipe
 
     recipe = FP8Recipe(
         forward_dtype=E4M3, backward_dtype=E5M2, scaling="delayed", amax_history_len=4

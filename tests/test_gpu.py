@@ -8,10 +8,10 @@ import pytest
 import torch
 from conftest import compose_run, requires_cuda, train
 
-from mptrain.build import prepare_run
-from mptrain.config import PrecisionConfig
-from mptrain.loop import host_reads_per_step, take_step
-from mptrain.precision import build_grad_scaler, resolve_precision
+from mptrain.config.schema import PrecisionConfig
+from mptrain.precision.policy import build_grad_scaler, resolve_precision
+from mptrain.train.build import prepare_run
+from mptrain.train.loop import host_reads_per_step, take_step
 
 pytestmark = [pytest.mark.gpu, requires_cuda]
 

@@ -13,9 +13,9 @@ import torch
 from conftest import tiny_run
 from torch.overrides import TorchFunctionMode
 
-import mptrain.optim
-from mptrain.build import prepare_run
-from mptrain.loop import LoopHooks, host_reads_per_step, take_step, train_loop
+import mptrain.train.optim
+from mptrain.train.build import prepare_run
+from mptrain.train.loop import LoopHooks, host_reads_per_step, take_step, train_loop
 
 HOST_READS = {
     "item",
@@ -76,7 +76,9 @@ class _LazyCounters:
 
 
 def use_implementation(monkeypatch, implementation: str) -> None:
-    monkeypatch.setattr(mptrain.optim, "_implementation", lambda fused: {implementation: True})
+    monkeypatch.setattr(
+        mptrain.train.optim, "_implementation", lambda fused: {implementation: True}
+    )
 
 
 def step_reads(run, inject_at: int | None = None) -> tuple[list[int], list[bool]]:
@@ -105,7 +107,7 @@ def step_reads(run, inject_at: int | None = None) -> tuple[list[int], list[bool]
 def test_reads_per_step(monkeypatch, implementation, precision, expected):
     use_implementation(monkeypatch, implementation)
     run = prepare_run(tiny_run(f"precision={precision}", "max_steps=3"))
-    assert mptrain.optim.optimizer_implementation(run.optimizer) == implementation
+    assert mptrain.train.optim.optimizer_implementation(run.optimizer) == implementation
     assert host_reads_per_step(run) == expected
     assert step_reads(run) == ([expected] * 3, [False] * 3)
 

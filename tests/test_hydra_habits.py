@@ -12,8 +12,8 @@ import pytest
 import yaml
 from conftest import describe, run_mptrain
 
-from mptrain.config import ConfigError
-from mptrain.preflight import check_command_line
+from mptrain.compose.preflight import check_command_line
+from mptrain.config.schema import ConfigError
 
 TINY = (
     "model=mlp",

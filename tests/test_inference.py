@@ -26,11 +26,11 @@ from conftest import NoFigure, describe, run_command, run_mptrain, tiny_run, tra
 from torch import nn
 
 import mptrain
-from mptrain import evaluation
-from mptrain import run as run_module
-from mptrain.checkpoint import load_checkpoint
-from mptrain.config import ConfigError
-from mptrain.fp8 import Float8Linear
+from mptrain.commands import evaluate as evaluation
+from mptrain.config.schema import ConfigError
+from mptrain.precision.fp8 import Float8Linear
+from mptrain.rundir.checkpoint import load_checkpoint
+from mptrain.train import job as run_module
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # Epoch-end checkpoints too: the tests need an older checkpoint (step 22) beside the final one.
@@ -213,8 +213,8 @@ def test_checkpoint_records_data_facts_in_plain_types(trained):
 
 
 def test_preprocessing_of_fed_as_is_and_uint8_data():
-    from mptrain.config import SyntheticConfig
-    from mptrain.data import ArrayDataset, BatchLayout, _array_bundle
+    from mptrain.config.schema import SyntheticConfig
+    from mptrain.data.build import ArrayDataset, BatchLayout, _array_bundle
 
     layout = BatchLayout(
         batch_size=2, eval_batch_size=2, device=torch.device("cpu"), seed=0, num_workers=0
@@ -332,7 +332,7 @@ def test_image_folder_facts_reproduce_the_validation_inputs_from_the_files(tmp_p
     from PIL import Image
     from test_data import build, collect, write_image_folder
 
-    from mptrain.config import ImageFolderConfig
+    from mptrain.config.schema import ImageFolderConfig
 
     write_image_folder(tmp_path, {"train": {"cat": 2, "dog": 2}, "val": {"cat": 2, "dog": 2}})
     bundle = build(ImageFolderConfig(root=str(tmp_path), image_size=32, resize_size=36))

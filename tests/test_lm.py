@@ -12,14 +12,10 @@ import pytest
 import torch
 from conftest import compose_run, describe, run_mptrain, train
 
-from mptrain.config import ConfigError, RunConfig
-from mptrain.evaluation import load_model
-from mptrain.gpt import GPT, GPTShape
-from mptrain.metrics import MetricsLog
-from mptrain.run import RunInterrupted
-from mptrain.sample import encode_prompt, generate
-from mptrain.task import Task, lower_is_better
-from mptrain.text import (
+from mptrain.commands.evaluate import load_model
+from mptrain.commands.sample import encode_prompt, generate
+from mptrain.config.schema import ConfigError, RunConfig
+from mptrain.data.text import (
     TrainWindows,
     ValWindows,
     Vocabulary,
@@ -31,6 +27,10 @@ from mptrain.text import (
     stdlib_root,
     unigram_loss,
 )
+from mptrain.models.gpt import GPT, GPTShape
+from mptrain.models.task import Task, lower_is_better
+from mptrain.output.metrics import MetricsLog
+from mptrain.train.job import RunInterrupted
 
 SMALL = GPTShape(vocab_size=256, block_size=16, layers=2, heads=2, width=32)
 

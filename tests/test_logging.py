@@ -12,8 +12,8 @@ import pytest
 from conftest import FP16_STORY, describe, run_mptrain, tiny_run
 from rich.console import Console
 
-from mptrain.joblog import LOGGER, JobLog
-from mptrain.run import train
+from mptrain.output.joblog import LOGGER, JobLog
+from mptrain.train.job import train
 
 # A run directory deeper than 80 columns: neither wrapped nor cut with "…".
 LONG_DIR = "outputs/" + "a_run_directory_whose_name_is_longer_than_a_terminal_line_" * 2 + "/run"

@@ -11,14 +11,14 @@ import pytest
 import torch
 from conftest import tiny_run
 
-import mptrain.loop
-import mptrain.optim
-from mptrain.build import build_run, resolve_run
-from mptrain.config import RunConfig
-from mptrain.distributed import DistContext
-from mptrain.loop import LoopHooks, UpdateProbe, clear_grads, gradient_norm, train_loop
-from mptrain.precision import PrecisionPolicy, resolve_precision
-from mptrain.state import LoopState
+import mptrain.train.loop
+import mptrain.train.optim
+from mptrain.config.schema import RunConfig
+from mptrain.platform.distributed import DistContext
+from mptrain.precision.policy import PrecisionPolicy, resolve_precision
+from mptrain.train.build import build_run, resolve_run
+from mptrain.train.loop import LoopHooks, UpdateProbe, clear_grads, gradient_norm, train_loop
+from mptrain.train.state import LoopState
 
 CPU = torch.device("cpu")
 
@@ -72,7 +72,9 @@ def tensors_equal(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 def use_implementation(monkeypatch, implementation: str) -> None:
     """Build optimizers ``fused`` (they take the inf flag on the device) or ``foreach`` (the loop
     skips them on the host; what FSDP runs)."""
-    monkeypatch.setattr(mptrain.optim, "_implementation", lambda fused: {implementation: True})
+    monkeypatch.setattr(
+        mptrain.train.optim, "_implementation", lambda fused: {implementation: True}
+    )
 
 
 @pytest.mark.parametrize("implementation", ["fused", "foreach"])
@@ -89,7 +91,7 @@ def test_inf_gradient_skips_the_step_and_halves_the_scale(monkeypatch, optimizer
     )
     state, rec, run = run_loop(cfg)
 
-    assert mptrain.optim.optimizer_implementation(run.optimizer) == implementation
+    assert mptrain.train.optim.optimizer_implementation(run.optimizer) == implementation
     assert state.skipped_steps == [3]
     before, during, after = rec.after[2], rec.after[3], rec.after[4]
     assert tensors_equal(during["params"], before["params"]), "skipped step changed parameters"
@@ -214,7 +216,7 @@ def test_gradient_reduction_is_skipped_on_every_micro_batch_but_the_last(monkeyp
         calls.append(model)
         return contextlib.nullcontext()
 
-    monkeypatch.setattr(mptrain.loop, "no_sync", recording_no_sync)
+    monkeypatch.setattr(mptrain.train.loop, "no_sync", recording_no_sync)
     run_loop(tiny_run("precision=fp32", "max_steps=2", "grad_accum_steps=3"))
     assert len(calls) == 2 * 2  # micro-batches 1 and 2 of 3, in each of the 2 steps
 
@@ -274,7 +276,7 @@ def test_eval_every_and_logging_rows():
 def test_row_samples_per_s_counts_training_time_only(monkeypatch):
     """A fake clock that moves 1 s per training step and 1000 s per evaluation: every row must
     read exactly batch_size samples/s, though evaluations fall between rows."""
-    import mptrain.loop as loop
+    import mptrain.train.loop as loop
 
     clock = [0.0]
     take_step, evaluate = loop.take_step, loop.evaluate

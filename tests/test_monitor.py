@@ -9,11 +9,11 @@ import time
 import torch
 from conftest import tiny_run
 
-from mptrain import loop
-from mptrain.build import prepare_run
-from mptrain.checkpoint import Checkpointer
-from mptrain.loop import LoopHooks, train_loop
-from mptrain.monitor import StepOutcome
+from mptrain.rundir.checkpoint import Checkpointer
+from mptrain.train import loop
+from mptrain.train.build import prepare_run
+from mptrain.train.loop import LoopHooks, train_loop
+from mptrain.train.monitor import StepOutcome
 
 # The keys a checkpoint's "loop" entry has always held: old checkpoints must keep loading.
 LOOP_PAYLOAD_KEYS = {

@@ -23,9 +23,9 @@ import torch
 from conftest import tiny_run, train
 from torch import nn
 
-from mptrain import build as build_module
-from mptrain.config import ConfigError, NumericsConfig
-from mptrain.diagnose import (
+from mptrain.config.schema import ConfigError, NumericsConfig
+from mptrain.output.metrics import read_metrics
+from mptrain.precision.diagnose import (
     FP16_MIN_SUBNORMAL,
     audit_step,
     find_culprit,
@@ -33,10 +33,10 @@ from mptrain.diagnose import (
     render_audit,
     render_probe,
 )
-from mptrain.metrics import read_metrics
-from mptrain.monitor import ScaleHealth, describe_culprit
-from mptrain.precision import keep_in_fp32
-from mptrain.run import RunFailed
+from mptrain.precision.policy import keep_in_fp32
+from mptrain.train import build as build_module
+from mptrain.train.job import RunFailed
+from mptrain.train.monitor import ScaleHealth, describe_culprit
 
 FP16 = lambda: torch.autocast("cpu", dtype=torch.float16)  # noqa: E731
 BF16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731

@@ -13,7 +13,7 @@ import time
 import pytest
 from conftest import SUBPROCESS_TIMEOUT_S
 
-from mptrain.plots import FigureWorker, plot_run
+from mptrain.output.plots import FigureWorker, plot_run
 
 ROWS = [
     *({"kind": "train", "step": s, "loss": 2.0 / s, "loss_scale": 2.0**16} for s in range(1, 40)),

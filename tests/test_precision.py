@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mptrain import hardware
-from mptrain.config import ConfigError, PrecisionConfig
-from mptrain.precision import apply_tf32, build_grad_scaler, resolve_precision
+from mptrain.config.schema import ConfigError, PrecisionConfig
+from mptrain.platform import hardware
+from mptrain.precision.policy import apply_tf32, build_grad_scaler, resolve_precision
 
 CPU = torch.device("cpu")
 GPU = torch.device("cuda", 0)

@@ -7,8 +7,8 @@ import logging
 
 from rich.console import Console
 
-from mptrain.progress import ProgressDisplay
-from mptrain.state import LoopState
+from mptrain.output.progress import ProgressDisplay
+from mptrain.train.state import LoopState
 
 
 def _terminal() -> Console:

@@ -16,11 +16,11 @@ import pytest
 import torch
 from conftest import describe, run_command, run_mptrain, tiny_run, train
 
-from mptrain import run as run_module
-from mptrain.checkpoint import load_checkpoint
-from mptrain.config import ConfigError
-from mptrain.rundir import LOCK_NAME, RunDirLock
-from mptrain.signals import Terminated, terminate_like_interrupt
+from mptrain.config.schema import ConfigError
+from mptrain.platform.signals import Terminated, terminate_like_interrupt
+from mptrain.rundir.checkpoint import load_checkpoint
+from mptrain.rundir.lock import LOCK_NAME, RunDirLock
+from mptrain.train import job as run_module
 
 QUIET = ("progress=false", "device=cpu")
 
@@ -142,7 +142,7 @@ def test_a_signal_during_setup_ends_the_command_alike(tmp_path, sig, code):
     script = textwrap.dedent(
         f"""
         import signal, sys
-        import mptrain.run
+        import mptrain.train.job
         from mptrain import cli
 
         # A shell starts background jobs with SIGINT ignored (and Python then keeps it so):
@@ -152,7 +152,7 @@ def test_a_signal_during_setup_ends_the_command_alike(tmp_path, sig, code):
         def build_then_signal(*args, **kwargs):
             signal.raise_signal({int(sig)})
 
-        mptrain.run.build_run = build_then_signal
+        mptrain.train.job.build_run = build_then_signal
         cli.main(["max_steps=2", "epochs=null", "progress=false", "hydra.run.dir={tmp_path / "run"}"])
         """
     )
@@ -368,7 +368,7 @@ def test_resume_auto_in_a_new_directory_names_the_run_it_may_mean(tmp_path, caps
 def test_a_full_disk_while_writing_the_report_says_what_was_kept(tmp_path, monkeypatch):
     import errno
 
-    from mptrain import report as report_module
+    from mptrain.output import report as report_module
 
     real_write = report_module.atomic_write_text
 

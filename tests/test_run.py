@@ -1,4 +1,4 @@
-"""End-to-end runs through mptrain.run.train: the report, metrics and statuses."""
+"""End-to-end runs through mptrain.train.job.train: the report, metrics and statuses."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 import torch
 from conftest import compose_run, tiny_run, train
 
-from mptrain import run as run_module
-from mptrain.metrics import read_metrics
-from mptrain.run import RunFailed
+from mptrain.output.metrics import read_metrics
+from mptrain.train import job as run_module
+from mptrain.train.job import RunFailed
 
 EXPECTED = {
     "fp32": (None, False),
@@ -173,7 +173,7 @@ def test_interrupt_writes_an_interrupted_report(tmp_path, monkeypatch):
 def test_unwritable_output_directory_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    from mptrain.config import ConfigError
+    from mptrain.config.schema import ConfigError
 
     with pytest.raises(ConfigError, match="output directory"):
         train(tiny_run("max_steps=2"), blocker / "run")

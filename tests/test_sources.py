@@ -15,18 +15,18 @@ import pytest
 import torch
 from conftest import compose_run, describe, run_command, run_mptrain, tiny_run, train
 
-from mptrain.checkpoint import run_signature
-from mptrain.config import (
+from mptrain.config.schema import (
     ConfigError,
     CustomDatasetConfig,
     CustomModelConfig,
     TimmModelConfig,
     TorchvisionModelConfig,
 )
-from mptrain.data import BatchLayout, build_data
-from mptrain.models import build_model, config_has_convolutions, model_facts
-from mptrain.precision import resolve_precision
-from mptrain.report import load_report
+from mptrain.data.build import BatchLayout, build_data
+from mptrain.models.build import build_model, config_has_convolutions, model_facts
+from mptrain.output.report import load_report
+from mptrain.precision.policy import resolve_precision
+from mptrain.rundir.checkpoint import run_signature
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -21,9 +21,9 @@ import pytest
 from conftest import describe, run_command, run_mptrain, tiny_run, train
 from omegaconf import OmegaConf
 
-from mptrain import sweep
-from mptrain.report import FAILURE_JSON, REPORT_JSON, write_failure
-from mptrain.run import RunFailed
+from mptrain.commands import sweep
+from mptrain.output.report import FAILURE_JSON, REPORT_JSON, write_failure
+from mptrain.train.job import RunFailed
 
 TIMEOUT_S = 240
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -618,7 +618,7 @@ def test_summary_callback_does_nothing_without_runs(tmp_path):
 
 def test_a_report_written_before_schema_version_loads_as_version_0(runs, tmp_path):
     """report.json files of earlier mptrain versions (no schema_version) are still compared."""
-    from mptrain.report import load_report
+    from mptrain.output.report import load_report
 
     source = next(iter(runs.values())) / REPORT_JSON
     legacy = json.loads(source.read_text())
@@ -634,7 +634,7 @@ def test_a_report_written_before_schema_version_loads_as_version_0(runs, tmp_pat
 
 # ------------------------------------------------------------------------- speed ratios' spread
 def test_window_ratio_spread_is_median_over_median_within_the_quartiles():
-    from mptrain.spread import window_ratio_spread
+    from mptrain.commands.spread import window_ratio_spread
 
     tight = window_ratio_spread([200, 204, 198, 202], [100, 101, 99, 100])
     assert tight.median == pytest.approx(201 / 100)
@@ -650,7 +650,7 @@ def test_window_ratio_spread_is_median_over_median_within_the_quartiles():
 
 
 def test_measured_windows_leave_out_a_short_last_window():
-    from mptrain.report import ThroughputSection
+    from mptrain.output.report import ThroughputSection
 
     t = ThroughputSection(
         samples_per_s=1.0,
@@ -677,7 +677,7 @@ def at(report, directory: str, start: str, end: str):
 
 
 def test_jobs_whose_spans_overlap_ran_at_the_same_time(runs):
-    from mptrain.report import load_report
+    from mptrain.output.report import load_report
 
     r = load_report(runs["fp32_monday"] / REPORT_JSON)
     a = at(r, "a", "10:00:00.000", "10:00:05.000")
@@ -689,7 +689,7 @@ def test_jobs_whose_spans_overlap_ran_at_the_same_time(runs):
 
 
 def test_a_speed_ratio_is_noisy_when_either_job_ran_alongside_another(runs):
-    from mptrain.report import load_report
+    from mptrain.output.report import load_report
 
     fp32 = at(load_report(runs["fp32_monday"] / REPORT_JSON), "fp32", "10:00:00", "10:00:05")
     bf16 = at(load_report(runs["bf16_tuesday"] / REPORT_JSON), "bf16", "10:00:06", "10:00:09")

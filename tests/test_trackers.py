@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import FP16_STORY, compose_run, describe, run_mptrain, tiny_run, train
 
-from mptrain.checkpoint import run_signature
-from mptrain.config import ConfigError
-from mptrain.precision import resolve_precision
+from mptrain.config.schema import ConfigError
+from mptrain.precision.policy import resolve_precision
+from mptrain.rundir.checkpoint import run_signature
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("mlflow")

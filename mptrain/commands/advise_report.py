@@ -1,0 +1,330 @@
+"""What ``mptrain advise`` writes and prints: advise.json (every figure), advise.md (the
+recommendation first, then the evidence table), advise.png, and the terminal's version of advise.md.
+
+On a terminal the table is a rich table; elsewhere (a pipe, a file) the same lines as advise.md,
+without escape codes. Files are written atomically (:mod:`mptrain.rundir.fileio`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.markup import escape
+from rich.table import Table
+
+from mptrain.commands.advise_decide import CHAOS_MARGIN, Advice
+from mptrain.output.report import clean_json, fmt_bytes
+from mptrain.platform import hardware
+from mptrain.rundir.fileio import atomic_write_text
+
+if TYPE_CHECKING:
+    import torch
+    from rich.console import Console
+
+    from mptrain.config.schema import RunConfig
+
+ADVISE_JSON, ADVISE_MD, ADVISE_PNG = "advise.json", "advise.md", "advise.png"
+
+
+# ------------------------------------------------------------------------------ the record
+def _trial(t: Any) -> dict[str, Any] | None:
+    return None if t is None else {k: v for k, v in dataclasses.asdict(t).items() if k != "fp8"}
+
+
+def _row(c: Any, reference: Any) -> dict[str, Any]:
+    """One precision's record from an :class:`mptrain.commands.advise.Candidate` (``reference``: FP32's
+    fidelity Trial): what ran, its pilot, fidelity against FP32, speed, skipped parts."""
+    fidelity = c.fidelity_against(reference)
+    return {
+        "precision": c.name,
+        "label": (c.pilot.label if c.pilot else c.name),
+        "emulated": c.emulated,
+        "skipped": dict(c.skipped),
+        "pilot": _trial(c.pilot),
+        "fidelity": dataclasses.asdict(fidelity) if fidelity is not None else None,
+        "losses": c.fidelity.losses if c.fidelity else None,
+        "speed": c.speed,
+    }
+
+
+def _numerics(numerics: dict[str, Any]) -> dict[str, Any]:
+    """The numerics worth keeping: the probe (with its layers), audit flags, the FP8 report."""
+    return {
+        "fp16_probe": numerics["probe"],
+        "audit": numerics["audit"],
+        "fp8": numerics["fp8"],
+        "skipped": numerics["skipped"],
+    }
+
+
+def _one_ulp_line(check: dict[str, Any]) -> str:
+    """What FP32 does to itself under a one-ulp nudge, and what that allows the others."""
+    if check["spread"] is None:
+        why = check["not_run"] or "no other precision to compare"
+        return f"FP32 against itself with a one-ulp nudge of its initial weights: not run ({why})."
+    return (
+        f"FP32 against itself with a one-ulp nudge of its initial weights: its loss moves by up "
+        f"to {_pct(check['spread'])}; a precision may differ from FP32 by the tolerance or "
+        f"{check['margin']:g}× that, whichever is larger."
+    )
+
+
+def _one_ulp_check(cands: list[Any]) -> dict[str, Any]:
+    """FP32 against itself with its initial weights nudged by one ulp: the spread (the largest
+    relative loss difference), the allowance it gives, its losses, or why it was not run."""
+    fp32 = next((c for c in cands if c.name == "fp32"), None)
+    return {
+        "spread": fp32.nudge_spread if fp32 is not None else None,
+        "margin": CHAOS_MARGIN,
+        "losses": fp32.nudged.losses if fp32 is not None and fp32.nudged is not None else None,
+        "not_run": fp32.nudge_note if fp32 is not None else None,
+    }
+
+
+def assemble(
+    cfg: RunConfig, device: torch.device, found: dict[str, Any], decision: Advice, command: str
+) -> dict[str, Any]:
+    """advise.json's content (plain types): the setting, every figure, the decision."""
+    cands = found["candidates"]
+    reference = next((c.fidelity for c in cands if c.name == "fp32"), None)
+    return {
+        "model": cfg.model.name,
+        "dataset": cfg.dataset.name,
+        "task": cfg.task,
+        "batch_size": cfg.batch_size,
+        "device": str(device),
+        "settings": dataclasses.asdict(cfg.advise),
+        "hardware": hardware.hardware_info(device),
+        "versions": hardware.software_versions(),
+        "recommendation": {
+            "precision": decision.precision,
+            "reasons": list(decision.reasons),
+            "runners_up": [{"precision": p, "why": w} for p, w in decision.runners_up],
+            "fixes": list(decision.fixes),
+            "command": command,
+        },
+        "precisions": [_row(c, reference) for c in cands],
+        "fp32_one_ulp_check": _one_ulp_check(cands),
+        "numerics": _numerics(found["numerics"]),
+        "timings_s": found["timings"],
+    }
+
+
+# ------------------------------------------------------------------------------ the table
+HEADERS = (
+    "precision",
+    "speed (min–max)",
+    "vs fp32 (min–max)",
+    "peak memory",
+    "loss vs fp32: max / final",
+    "skipped steps",
+    "numerics",
+)
+
+
+def _speed_cells(row: dict[str, Any], lm: bool) -> list[str]:
+    s = row["speed"]
+    if s is None:  # why: in the "Not measured" list below the table
+        return ["not timed: FP8 emulated" if row["emulated"] else "not measured (below)", "", ""]
+    key = "tokens_per_s" if lm and "tokens_per_s" in s else "samples_per_s"
+    low, high = s[f"{key}_range"]
+    unit = "tokens/s" if key == "tokens_per_s" else "samples/s"
+    ratio = "1.00×"
+    if "vs_fp32" not in s:  # FP32's own measurement was cut short by the budget
+        ratio = "n/a: FP32 not timed"
+    elif row["precision"] != "fp32":
+        r_low, r_high = s["vs_fp32_range"]
+        ratio = f"{s['vs_fp32']:.2f}× ({r_low:.2f}–{r_high:.2f})"
+        if s.get("vs_fp32_noisy"):
+            ratio += " noisy"
+    return [
+        f"{s[key]:,.0f} {unit} ({low:,.0f}–{high:,.0f})",
+        ratio,
+        fmt_bytes(s["peak_memory_bytes"]),
+    ]
+
+
+def _fidelity_cells(row: dict[str, Any]) -> list[str]:
+    f = row["fidelity"]
+    if f is None:
+        return ["not measured", ""]
+    if row["precision"] == "fp32":
+        return ["reference", str(f["skipped_steps"])]
+    text = f"{_pct(f['max_rel_diff'])} / {_pct(f['final_rel_diff'])}"
+    if f["diverged"]:
+        text += f" (diverged: {f['diverged']})"
+    return [text, f"{f['skipped_steps']} of {f['steps']}"]
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else (f"{x:.2%}" if math.isfinite(x) else "inf")
+
+
+def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
+    """What the numerical checks said about ``name``: probe (FP16), audit flags, FP8 layers."""
+    parts = []
+    probe = numerics["fp16_probe"]
+    if name == "fp16" and probe:  # the verdict's headline; advise.json keeps it whole
+        parts.append(probe["verdict"].split(":")[0].split(" → ")[0])
+    audit = numerics["audit"].get(name)
+    if audit is not None:
+        flagged = audit["flagged_ops"]
+        # Backward ops run outside any module's forward: the audit files them under (autograd).
+        where = list(  # in the order the step ran them, each once
+            dict.fromkeys(
+                "backward" if o["module"] == "(autograd)" else o["module"] for o in flagged
+            )
+        )
+        ops = f"{len(flagged)} op{'' if len(flagged) == 1 else 's'} flagged"
+        parts.append(f"audit: {ops}" + (f" ({', '.join(where)})" if flagged else ""))
+    fp8 = numerics["fp8"]
+    if name == "fp8" and fp8 and "layers" in fp8:
+        converted = sum(layer["converted"] for layer in fp8["layers"])
+        parts.append(
+            f"{converted} of {len(fp8['layers'])} Linear layers in FP8, "
+            f"{fp8['converted_linear_flops_share']:.0%} of Linear FLOPs"
+        )
+    return "; ".join(parts)
+
+
+def table_rows(result: dict[str, Any]) -> list[list[str]]:
+    lm = result["task"] == "lm"
+    rows = []
+    for row in result["precisions"]:
+        if row["skipped"].get("all"):
+            rows.append([row["label"], "not measured (below)"] + [""] * 5)
+            continue
+        rows.append(
+            [
+                row["label"],
+                *_speed_cells(row, lm),
+                *_fidelity_cells(row),
+                numerics_cell(row["precision"], result["numerics"]),
+            ]
+        )
+    return rows
+
+
+# ------------------------------------------------------------------------------ the words
+def recommendation_lines(result: dict[str, Any]) -> list[str]:
+    """The decision in Markdown: the precision and why, the others, fixes, the command."""
+    rec = result["recommendation"]
+    lines = [f"**Recommendation: {rec['precision']}**", ""]
+    lines += [f"- {r}" for r in rec["reasons"]]
+    lines += ["", "Runners-up:"]
+    lines += [f"- {r['precision']}: {r['why']}" for r in rec["runners_up"]]
+    if rec["fixes"]:
+        lines += ["", "Fixes worth trying:"]
+        lines += [f"- `{f.split(': ', 1)[0]}`: {f.split(': ', 1)[1]}" for f in rec["fixes"]]
+    lines += ["", "Train with it:", "", "```bash", rec["command"], "```"]
+    return lines
+
+
+def skipped_lines(result: dict[str, Any]) -> list[str]:
+    """Every part not measured, with why (the budget's estimates included)."""
+    lines = [f"- {part}: {why}" for part, why in result["numerics"]["skipped"].items()]
+    if result["timings_s"].get("speed_reps_cut"):
+        lines.append(f"- speed: {result['timings_s']['speed_reps_cut']}")
+    for row in result["precisions"]:
+        for part, why in row["skipped"].items():
+            what = row["precision"] if part == "all" else f"{row['precision']} {part}"
+            lines.append(f"- {what}: {why}")
+    return lines
+
+
+def render(result: dict[str, Any]) -> str:
+    """advise.md: the recommendation first, then the evidence table, what was skipped, time."""
+    s = result["settings"]
+    lines = [
+        f"# mptrain advise: {result['model']} on {result['dataset']}, batch {result['batch_size']}",
+        "",
+        f"{_where(result)}; torch {result['versions']['torch']}; "
+        f"{result['elapsed_s']:.0f} s of a {s['budget_s']:g} s budget.",
+        "",
+        *recommendation_lines(result),
+        "",
+        "## Evidence",
+        "",
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "---|" * len(HEADERS),
+        *("| " + " | ".join(cells) + " |" for cells in table_rows(result)),
+        "",
+        f"Speed: medians of {_reps_done(result)} repetitions of {_timed_steps(result)} steps after "
+        f"{s['warmup_steps']} warm-up, precisions in rotated order, ratios paired per repetition "
+        f"(evaluation excluded). Fidelity: {s['fidelity_steps']} steps per precision from FP32's "
+        "initial weights and batches; relative difference of the mean loss over windows of a "
+        f"tenth of the run (tolerance {s['tolerance']:.0%}).",
+        _one_ulp_line(result["fp32_one_ulp_check"]),
+    ]
+    skipped = skipped_lines(result)
+    if skipped:
+        lines += ["", "Not measured:", *skipped]
+    lines += ["", f"![loss and speed per precision]({ADVISE_PNG})"]
+    return "\n".join(lines) + "\n"
+
+
+def _reps_done(result: dict[str, Any]) -> int:
+    timed = [r["speed"] for r in result["precisions"] if r["speed"]]
+    return len(timed[0]["reps"]) if timed else 0
+
+
+def _timed_steps(result: dict[str, Any]) -> int:
+    return result["timings_s"].get("speed_steps", result["settings"]["speed_steps"])
+
+
+def _where(result: dict[str, Any]) -> str:
+    hw = result["hardware"]
+    return hw["gpu"]["name"] if hw.get("gpu") else hw["cpu"]["model"]
+
+
+# ------------------------------------------------------------------------------ out
+def write(result: dict[str, Any], output_dir: Path, elapsed_s: Callable[[], float]) -> None:
+    """advise.png, then advise.json and advise.md with ``elapsed_s()``: the time taken, the
+    figure included."""
+    from mptrain.output.plots import plot_advice
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    curves = {r["label"]: r["losses"] for r in result["precisions"] if r["losses"]}
+    speeds = [
+        (r["label"], r["speed"]["vs_fp32"], *r["speed"]["vs_fp32_range"])
+        for r in result["precisions"]
+        if r["speed"] and "vs_fp32" in r["speed"]
+    ]
+    title = f"mptrain advise: {result['model']} on {result['dataset']}"
+    plot_advice(curves, speeds, title, output_dir / ADVISE_PNG)
+    result["elapsed_s"] = elapsed_s()
+    atomic_write_text(output_dir / ADVISE_JSON, json.dumps(clean_json(result), indent=2) + "\n")
+    atomic_write_text(output_dir / ADVISE_MD, render(result))
+
+
+def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
+    """The recommendation and the table: rich on a terminal, advise.md's lines elsewhere."""
+    if not console.is_terminal:
+        print(render(result).split("\n![")[0].rstrip())
+        print(f"advise written to {output_dir / ADVISE_MD}")
+        return
+    for line in recommendation_lines(result):
+        if line.startswith("```"):
+            continue  # Markdown's fence: the command stands on its own line
+        if line.startswith("**"):
+            console.print(f"[bold]{escape(line.strip('*'))}[/bold]")
+        else:
+            console.print(escape(line))
+    table = Table(title=f"evidence: {result['model']} on {result['dataset']}")
+    for header in HEADERS:
+        table.add_column(header, overflow="fold")
+    for cells in table_rows(result):
+        table.add_row(*(escape(c) for c in cells))
+    console.print(table)
+    skipped = skipped_lines(result)
+    if skipped:
+        console.print("Not measured:")
+    for line in skipped:
+        console.print(escape(line))
+    console.print(f"{result['elapsed_s']:.0f} s of a {result['settings']['budget_s']:g} s budget")
+    console.print(f"advise written to {output_dir / ADVISE_MD}")

@@ -1,0 +1,470 @@
+"""Compare finished runs: the table a precision sweep ends with, and ``mptrain-compare DIR...``.
+
+Each run directory holds ``report.json`` (and ``.hydra/overrides.yaml`` when Hydra made it). A run
+is compared with the FP32 run whose config is otherwise identical (the baseline): accuracy delta
+(language models: validation loss delta, their primary metric, and perplexity), throughput ratio and peak-memory ratio. Emulated FP8 runs get no throughput ratio: their speed says
+nothing about FP8 hardware. Runs that failed, or never wrote a report, appear as rows with the reason.
+
+A throughput ratio is never one bare number: it is the median of the run's measured windows over the
+baseline's, with a range and a *noisy* mark and reason (:mod:`mptrain.commands.spread`) when that range is
+wide, when there are too few windows, or when either job ran at the same time as another job of the
+comparison (their started_at–finished_at spans overlap: a joblib launcher, two terminals).
+
+After a Hydra multirun, :class:`SweepSummaryCallback` writes ``sweep.md``, ``sweep.json`` and
+``sweep_loss.png`` into the sweep directory and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from mptrain.commands.spread import (
+    MIN_SAMPLES,
+    NOISY_SPREAD,
+    Spread,
+    format_ratio,
+    window_ratio_spread,
+)
+from mptrain.config.keys import flatten, is_non_training_key
+from mptrain.output.joblog import table_console
+from mptrain.output.metrics import read_metrics
+from mptrain.output.plots import SWEEP_PNG, plot_sweep
+from mptrain.output.report import (
+    FAILURE_JSON,
+    METRICS_JSONL,
+    REPORT_JSON,
+    ReportError,
+    RunReport,
+    ThroughputSection,
+    fmt_bytes,
+    fmt_pct,
+    load_report,
+)
+from mptrain.rundir.fileio import atomic_write_text
+
+SWEEP_MD, SWEEP_JSON = "sweep.md", "sweep.json"
+
+
+@dataclass
+class RunRecord:
+    """One run directory as the comparison sees it."""
+
+    directory: Path
+    label: str  # the job's overrides, or the directory name
+    report: RunReport | None
+    reason: str | None = None  # why there is no usable report
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+def _overrides(directory: Path) -> list[str] | None:
+    path = directory / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    return [str(o) for o in OmegaConf.load(path)]
+
+
+def load_run(directory: Path) -> RunRecord:
+    overrides = _overrides(directory)
+    label = " ".join(overrides) if overrides else directory.name
+    path = directory / REPORT_JSON
+    if not path.is_file():
+        failure = directory / FAILURE_JSON
+        if failure.is_file():
+            return RunRecord(
+                directory, label, None, reason=json.loads(failure.read_text())["reason"]
+            )
+        return RunRecord(
+            directory, label, None, reason="no report.json (the job ended before training)"
+        )
+    try:
+        return RunRecord(directory, label, load_report(path))
+    except (OSError, json.JSONDecodeError, ReportError) as exc:
+        return RunRecord(directory, label, None, reason=f"unreadable report.json: {exc}")
+
+
+def _job_order(directory: Path) -> tuple[int, str]:
+    """Hydra names sweep jobs <number>_<overrides>: order by that number, then by name."""
+    number, _, _ = directory.name.partition("_")
+    return (int(number) if number.isdigit() else sys.maxsize, directory.name)
+
+
+def _shorten_labels(runs: list[RunRecord]) -> None:
+    """Keep only the overrides that differ between runs (what the comparison is about), and
+    prefix labels that would still collide (two sweeps of the same jobs) with their directory."""
+    split = [run.label.split(" ") for run in runs]
+    common = set.intersection(*(set(s) for s in split)) if len(split) > 1 else set()
+    for run, parts in zip(runs, split, strict=True):
+        run.label = " ".join(p for p in parts if p not in common) or run.label
+    counts = Counter(run.label for run in runs)
+    for run in runs:
+        if counts[run.label] > 1:
+            where = f"{run.directory.parent.name}/{run.directory.name}"
+            run.label = where if run.label == run.directory.name else f"{where}: {run.label}"
+
+
+def find_runs(paths: list[Path]) -> list[RunRecord]:
+    """Run directories among ``paths``: each path is a run, or a sweep holding runs."""
+    runs = []
+    for path in paths:
+        if (path / REPORT_JSON).is_file() or (path / ".hydra").is_dir():
+            runs.append(load_run(path))
+            continue
+        children = sorted(
+            (
+                c
+                for c in path.iterdir()
+                if c.is_dir() and ((c / ".hydra").is_dir() or (c / REPORT_JSON).is_file())
+            ),
+            key=_job_order,
+        )
+        if not children:
+            raise FileNotFoundError(f"{path}: neither a run directory nor a sweep of runs")
+        runs.extend(load_run(c) for c in children)
+    _shorten_labels(runs)
+    return runs
+
+
+def _comparison_key(report: RunReport) -> str:
+    """The config minus the precision and everything that does not change the computation.
+
+    The seed stays: in a sweep over seeds and precisions each run pairs with its own seed's FP32.
+    """
+    config = flatten(report.config)
+    kept = {
+        k: v
+        for k, v in config.items()
+        if k == "seed" or (not k.startswith(("precision.", "fp8.")) and not is_non_training_key(k))
+    }
+    return json.dumps(kept, sort_keys=True)
+
+
+def _ratio(value: float | None, base: float | None) -> float | None:
+    if value is None or base is None or base == 0:
+        return None
+    return value / base
+
+
+def compare(runs: list[RunRecord]) -> list[dict[str, Any]]:
+    """One row per run with its figures and, where an FP32 twin exists, the ratios against it."""
+    baselines: dict[str, RunReport] = {}
+    for run in runs:
+        r = run.report
+        if r and r.status == "completed" and r.precision.effective == "fp32":
+            baselines.setdefault(_comparison_key(r), r)
+    alongside = concurrent_jobs([run.report for run in runs if run.report is not None])
+    rows = []
+    for run in runs:
+        row: dict[str, Any] = {"run": run.label, "directory": str(run.directory)}
+        if run.report is None:
+            row.update(status="failed", reason=run.reason)
+        else:
+            row.update(_figures(run.report), ran_alongside=alongside[_job(run.report)])
+            base = baselines.get(_comparison_key(run.report))
+            if base is not None:
+                row.update(_against_baseline(run.report, base, alongside))
+        rows.append(row)
+    return rows
+
+
+def _job(r: RunReport) -> tuple[str, str]:
+    """What tells one job from another: a report copied elsewhere is still the same job."""
+    return (r.output_dir, r.started_at)
+
+
+def concurrent_jobs(reports: list[RunReport]) -> dict[tuple[str, str], int]:
+    """For each job (:func:`_job`), how many other jobs among ``reports`` ran at the same time:
+    their started_at–finished_at spans overlap, whatever launched them (a joblib launcher, a
+    second terminal; runs on two machines at once count too). A job sharing the machine's time
+    disturbs the other's speed."""
+    spans = {
+        _job(r): (dt.datetime.fromisoformat(r.started_at), dt.datetime.fromisoformat(r.finished_at))
+        for r in reports
+    }
+    return {
+        job: sum(1 for other, (s, e) in spans.items() if other != job and s < end and start < e)
+        for job, (start, end) in spans.items()
+    }
+
+
+def measured_windows(t: ThroughputSection) -> list[float]:
+    """samples/s of the run's measured windows, leaving out those shorter than half the longest
+    (a run's last window may hold a few steps: mostly timer noise); [] without windows."""
+    if not t.window_samples_per_s:
+        return []
+    longest = max(t.window_steps)
+    return [
+        v for v, n in zip(t.window_samples_per_s, t.window_steps, strict=True) if 2 * n >= longest
+    ]
+
+
+def _parallel(count: int, whose: str) -> str | None:
+    if not count:
+        return None
+    return f"{whose} ran at the same time as {count} other job{'s' if count > 1 else ''}"
+
+
+NO_WINDOWS = (
+    "one measurement: no log_every window measured whole after warm-up (a report written before "
+    "mptrain recorded them, or a run shorter than warm-up + log_every)"
+)
+
+
+def speed_spread(
+    r: RunReport, base: RunReport, alongside: dict[tuple[str, str], int]
+) -> Spread | None:
+    """``r``'s speed against its FP32 twin ``base`` (see :mod:`mptrain.commands.spread`), marked noisy when
+    either ran alongside another job; None when either speed is not comparable or measured."""
+    if not (r.throughput.comparable and base.throughput.comparable):
+        return None
+    windows, base_windows = measured_windows(r.throughput), measured_windows(base.throughput)
+    if windows and base_windows:
+        spread = window_ratio_spread(windows, base_windows)
+    else:
+        ratio = _ratio(r.throughput.samples_per_s, base.throughput.samples_per_s)
+        if ratio is None:
+            return None
+        spread = Spread(ratio, ratio, ratio, 1, NO_WINDOWS)
+    spread = spread.marked(_parallel(alongside[_job(r)], "this job"))
+    if _job(base) != _job(r):
+        spread = spread.marked(_parallel(alongside[_job(base)], "its FP32 baseline"))
+    return spread
+
+
+def _lm(r: RunReport) -> bool:
+    return r.evaluation.task == "lm"
+
+
+def _figures(r: RunReport) -> dict[str, Any]:
+    t, scale = r.training, r.training.loss_scale
+    return {
+        "status": r.status,
+        "reason": r.reason,
+        "precision": r.precision.label or r.precision.effective,
+        "final_val_accuracy": r.evaluation.final_val_accuracy,
+        # Language models are compared on their loss (the primary metric), with perplexity.
+        "final_val_loss": r.evaluation.final_val_loss if _lm(r) else None,
+        "final_val_perplexity": r.evaluation.final_val_perplexity,
+        "samples_per_s": r.throughput.samples_per_s,
+        "peak_memory_bytes": r.memory.peak_bytes,
+        "skipped_steps": t.skipped_steps["count"],
+        "final_loss_scale": scale["final"] if scale else None,
+        "zero_grad_fraction": t.zero_grad_fraction,
+        "updates_lost_fraction": t.updates_lost_fraction,
+    }
+
+
+def _against_baseline(
+    r: RunReport, base: RunReport, alongside: dict[tuple[str, str], int]
+) -> dict[str, Any]:
+    """Accuracy delta, throughput (median, quartiles, noisy reason) and memory ratios against the
+    FP32 twin ``base``."""
+    acc, base_acc = r.evaluation.final_val_accuracy, base.evaluation.final_val_accuracy
+    loss, base_loss = r.evaluation.final_val_loss, base.evaluation.final_val_loss
+    speed = speed_spread(r, base, alongside)
+    return {
+        "baseline": base.output_dir,
+        "accuracy_delta": None if acc is None or base_acc is None else acc - base_acc,
+        "loss_delta": None if not _lm(r) or None in (loss, base_loss) else loss - base_loss,
+        "throughput_ratio": speed.median if speed else None,
+        "throughput_ratio_range": [speed.low, speed.high] if speed else None,
+        "throughput_noisy": speed.noisy if speed else None,
+        "throughput_windows": speed.samples if speed else None,
+        "memory_ratio": _ratio(r.memory.peak_bytes, base.memory.peak_bytes),
+    }
+
+
+# ---------------------------------------------------------------------------------- rendering
+COLUMNS = (
+    ("run", "run"),
+    ("status", "status"),
+    ("precision", "precision"),
+    ("final_val_loss", "val loss"),
+    ("loss_delta", "Δ loss vs fp32"),
+    ("final_val_perplexity", "perplexity"),
+    ("final_val_accuracy", "val acc"),
+    ("accuracy_delta", "Δ acc vs fp32"),
+    ("throughput_ratio", "speed vs fp32"),
+    ("memory_ratio", "memory vs fp32"),
+    ("skipped_steps", "skipped"),
+    ("final_loss_scale", "final scale"),
+    ("zero_grad_fraction", "zero grads"),
+    ("updates_lost_fraction", "updates lost"),
+)
+
+
+# Columns only language-model runs fill (their primary metric, loss, and its perplexity).
+LM_ONLY_COLUMNS = frozenset({"final_val_loss", "loss_delta", "final_val_perplexity"})
+
+
+def _cell(row: dict[str, Any], key: str) -> str:
+    value = row.get(key)
+    if key == "status" and row.get("reason") and value != "completed":
+        return f"{value}: {row['reason']}"
+    if value is None:
+        return "—"
+    if key in ("final_val_accuracy", "zero_grad_fraction", "updates_lost_fraction"):
+        return fmt_pct(value)
+    if key == "final_val_loss":
+        return f"{value:.4f}"
+    if key == "loss_delta":
+        return f"{value:+.4f}"
+    if key == "final_val_perplexity":
+        return f"{value:.2f}"
+    if key == "accuracy_delta":
+        return f"{100 * value:+.2f} pt"
+    if key == "throughput_ratio":
+        low, high = row["throughput_ratio_range"]
+        spread = Spread(value, low, high, row["throughput_windows"], row["throughput_noisy"])
+        return format_ratio(spread)
+    if key == "memory_ratio":
+        return f"{value:.2f}×"
+    if key == "final_loss_scale":
+        return f"{value:g}"
+    return str(value)
+
+
+def _columns(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """The columns with at least one value (a sweep without FP16 has no loss-scale column)."""
+    return [(k, h) for k, h in COLUMNS if any(row.get(k) is not None for row in rows)]
+
+
+def render_markdown(rows: list[dict[str, Any]], title: str, figure: str | None) -> str:
+    columns = _columns(rows)
+    lines = [f"# {title}", ""]
+    lines.append("| " + " | ".join(h for _, h in columns) + " |")
+    lines.append("|" + "---|" * len(columns))
+    for row in rows:
+        lines.append("| " + " | ".join(_cell(row, k).replace("|", "/") for k, _ in columns) + " |")
+    lines += [
+        "",
+        "Δ loss, Δ acc, speed and memory compare each run with the completed FP32 run of otherwise identical "
+        "config (— where there is none). Zero grads and updates lost are averages of "
+        "the probes taken every probe_every steps.",
+        "",
+        *(f"- {line}" for line in speed_notes(rows)),
+    ]
+    if figure:
+        lines += ["", f"![training loss]({figure})"]
+    peak = [r for r in rows if r.get("peak_memory_bytes")]
+    if peak:
+        lines += [
+            "",
+            "Peak memory: "
+            + ", ".join(f"{r['run'] or '?'}: {fmt_bytes(r['peak_memory_bytes'])}" for r in peak),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def speed_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """What the speed column means, then one line per noisy speed ratio with its reason (nothing
+    when no row has a speed ratio)."""
+    if not any(r.get("throughput_ratio") is not None for r in rows):
+        return []
+    lines = [
+        "Speed: the median samples/s of the run's log_every windows (after warm-up, evaluation "
+        "excluded) over the FP32 run's, with the quartiles of every window against every FP32 "
+        f"window in brackets. Noisy: that range is wider than {NOISY_SPREAD:.0%} of the median, "
+        f"fewer than {MIN_SAMPLES} windows, or a job ran at the same time as another: do not "
+        "read it as fact. Emulated FP8 gets no speed ratio."
+    ]
+    lines += [
+        f"{r['run']}: speed noisy: {r['throughput_noisy']}"
+        for r in rows
+        if r.get("throughput_noisy")
+    ]
+    return lines
+
+
+def print_table(console: Console, rows: list[dict[str, Any]], title: str) -> None:
+    columns = _columns(rows)
+    table = Table(title=title)
+    for key, header in columns:
+        if key in ("run", "throughput_ratio"):  # labels and speeds (noisy marks) stay whole;
+            table.add_column(header, no_wrap=True)  # the other figures' columns give way
+        else:
+            table.add_column(header, overflow="fold")
+    for row in rows:
+        table.add_row(*(_cell(row, k) for k, _ in columns))
+    console.print(table)
+    for line in speed_notes(rows):
+        console.print(escape(line))
+
+
+def write_comparison(
+    runs: list[RunRecord], out_dir: Path, title: str, console: Console
+) -> list[dict[str, Any]]:
+    """Write sweep.md, sweep.json and sweep_loss.png into ``out_dir``; print the table."""
+    rows = compare(runs)
+    curves = {}
+    for run in runs:
+        metrics = run.directory / METRICS_JSONL
+        if run.report is not None and metrics.is_file():
+            curves[run.label or run.directory.name] = read_metrics(metrics)
+    figure = None
+    if curves:
+        plot_sweep(curves, title, out_dir / SWEEP_PNG)
+        figure = SWEEP_PNG
+    atomic_write_text(
+        out_dir / SWEEP_JSON, json.dumps({"title": title, "runs": rows}, indent=2) + "\n"
+    )
+    atomic_write_text(out_dir / SWEEP_MD, render_markdown(rows, title, figure))
+    print_table(console, rows, title)
+    console.print(f"comparison written to {out_dir / SWEEP_MD}")
+    return rows
+
+
+# -------------------------------------------------------------------------------- entry points
+def _wide_console() -> Console:
+    return table_console(160)  # up to 11 columns, speeds with their range
+
+
+class SweepSummaryCallback(Callback):
+    """Hydra callback: after a multirun, compare its jobs (configured in conf/config.yaml)."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        try:
+            runs = find_runs([sweep_dir])
+        except FileNotFoundError:
+            return
+        write_comparison(runs, sweep_dir, f"sweep {sweep_dir}", _wide_console())
+
+
+def compare_main(argv: list[str] | None = None) -> None:
+    """``mptrain-compare DIR... [--out DIR]``: compare runs made at any time, on any machine."""
+    parser = argparse.ArgumentParser(
+        prog="mptrain-compare",
+        description="Compare finished mptrain runs (run directories or sweep directories).",
+    )
+    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories")
+    parser.add_argument(
+        "--out", type=Path, default=Path("."), help="where to write sweep.md/json/png (default: .)"
+    )
+    args = parser.parse_args(argv)
+    for path in args.paths:
+        if not path.is_dir():
+            print(f"mptrain-compare: error: {path}: no such directory", file=sys.stderr)
+            raise SystemExit(2)
+    try:
+        runs = find_runs(args.paths)
+    except FileNotFoundError as exc:
+        print(f"mptrain-compare: error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_comparison(runs, args.out, f"comparison of {len(runs)} runs", _wide_console())

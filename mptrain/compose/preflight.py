@@ -1,0 +1,323 @@
+"""Check every job a command line describes before anything trains, the way Hydra will run it.
+
+:func:`preflight` builds the same Hydra instance ``@hydra.main`` builds for mptrain's app (the
+packaged configs, ``-cp``/``--config-path``, ``-cn``, ``-cd``/``--config-dir``, and the
+``hydra.searchpath`` of the composed config, which Hydra's config loader reads itself), composes
+the master config as Hydra does, and then each job's config with Hydra's own
+``load_sweep_config``:
+
+- under the basic sweeper (the default), every job it will launch: the ``hydra.sweeper.params``
+  of the config and the command line's sweeps, expanded by ``BasicSweeper.split_arguments`` with a
+  parser that has the config loader (``glob(...)`` lists the options of the user's search path);
+- under any other sweeper (Optuna, Ax, Nevergrad, ...), which chooses its jobs while it runs, the
+  config with the sweep's fixed values only. Each job is checked again in the task
+  (:func:`mptrain.cli.run_job`), and a bad one fails that job, not the sweep.
+
+Bad input raises :class:`~mptrain.config.schema.ConfigError` with one line naming the key, so it stops
+the command before a job has trained (exit code 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mptrain.compose.registry import to_run_config
+from mptrain.config.schema import ConfigError
+from mptrain.rundir.lock import check_creatable, check_run_dir_free
+
+CONFIG_MODULE = "mptrain.conf"
+CONFIG_NAME = "config"
+HYDRA_VERSION_BASE = "1.3"
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+# The module of the task function: Hydra resolves a relative --config-path against it.
+APP_MODULE = "mptrain.cli"
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the checks found: the overrides of each job checked, and whether Hydra will sweep."""
+
+    jobs: list[list[str]]
+    multirun: bool
+    output_dir: str  # hydra.run.dir, or hydra.sweep.dir of a multirun, as composed here
+
+
+def parse_command_line(argv: list[str]) -> argparse.Namespace:
+    """Hydra's own parse of an mptrain command line (overrides, -m, -cd, --cfg, ...)."""
+    from hydra._internal.utils import get_args_parser
+
+    args, _ = get_args_parser().parse_known_args(argv)
+    return args
+
+
+def check_command_line(argv: list[str]) -> Preflight:
+    """:func:`preflight` of a command line as ``mptrain`` receives it (tests, subcommands)."""
+    return preflight(parse_command_line(argv))
+
+
+@contextmanager
+def hydra_like_main(args: argparse.Namespace) -> Iterator[Any]:
+    """The Hydra instance ``@hydra.main`` would create for ``args`` (Hydra's parsed command line);
+    cleared again on exit so the app can create its own."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+
+    config_path = args.config_path if args.config_path is not None else f"pkg://{CONFIG_MODULE}"
+    search_path = create_automatic_config_search_path(None, APP_MODULE, config_path)
+    if args.config_dir is not None:
+        config_dir = os.path.abspath(args.config_dir)
+        if not os.path.isdir(config_dir):
+            raise ConfigError(f"--config-dir {args.config_dir}: no such directory")
+        search_path.prepend(
+            provider="command-line",
+            path=f"file://{config_dir}",
+            anchor=SearchPathQuery(provider="schema"),
+        )
+    try:
+        yield Hydra.create_main_hydra2(task_name="mptrain", config_search_path=search_path)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def preflight(args: argparse.Namespace) -> Preflight:
+    """Compose and check every job ``args`` describes; ConfigError for the first bad one."""
+    with hydra_like_main(args) as hydra:
+        return check_jobs(hydra, args)
+
+
+def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
+    """:func:`preflight` on ``hydra``, the instance :func:`hydra_like_main` made for ``args``."""
+    overrides = list(args.overrides)
+    master, multirun = _master_config(hydra, args.config_name or CONFIG_NAME, overrides, args)
+    key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
+    output = Path(master.hydra.sweep.dir if multirun else master.hydra.run.dir)
+    check_creatable(output, key)  # Hydra creates it next, with a traceback if it cannot
+    if not multirun:
+        run = checked_run_config(master)
+        if int(os.environ.get("RANK", "0")) == 0:
+            # Before Hydra rewrites the directory's .hydra/ record of another run.
+            check_run_dir_free(output, run.resume, run.overwrite)
+        return Preflight([overrides], multirun=False, output_dir=str(output))
+    _check_sweeper(master.hydra.sweeper)
+    jobs = _job_overrides(hydra, master, overrides)
+    for number, job in enumerate(jobs):
+        composed = _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
+        _check_job_dir(composed, output, number)  # first: the check below drops hydra's node
+        checked_run_config(composed)
+    return Preflight(jobs, multirun=True, output_dir=str(output))
+
+
+def _check_job_dir(composed: Any, sweep_dir: Path, number: int) -> None:
+    """The job's directory (``hydra.sweep.subdir``, by default its number and overrides) must be
+    one the file system can hold: many overrides make a name over 255 bytes, and Hydra would
+    stop the sweep with a traceback when it creates it."""
+    from omegaconf import open_dict
+
+    with open_dict(composed):
+        composed.hydra.job.num = number
+    try:
+        check_creatable(sweep_dir / str(composed.hydra.sweep.subdir), "hydra.sweep.subdir")
+    except ConfigError as exc:
+        raise ConfigError(
+            f"{exc}; shorten it: 'hydra.sweep.subdir=${{hydra.job.num}}' (quoted for the shell), "
+            "or name keys to leave out in hydra.job.config.override_dirname.exclude_keys"
+        ) from exc
+
+
+def launch(hydra: Any, args: argparse.Namespace, checked: Preflight, task: Any) -> None:
+    """Run the checked command on ``hydra`` the way ``@hydra.main`` runs it (Hydra's
+    ``_run_app``), in the output directory the preflight checked.
+
+    ``@hydra.main`` would build a second Hydra instance and compose the config twice more (once
+    only to read ``hydra.mode``); the preflight already knows the mode. Errors are reported by
+    Hydra's ``run_and_report``, as under ``@hydra.main``.
+    """
+    from hydra._internal.utils import run_and_report
+
+    mode = "MULTIRUN" if checked.multirun else "RUN"
+    overrides = [*args.overrides, pinned_output_dir(checked), f"hydra.mode={mode}"]
+    start = hydra.multirun if checked.multirun else hydra.run
+    config_name = args.config_name or CONFIG_NAME
+    run_and_report(lambda: start(config_name=config_name, task_function=task, overrides=overrides))
+
+
+def pinned_output_dir(checked: Preflight) -> str:
+    """The override fixing Hydra's output directory to the one the preflight checked (Hydra
+    would resolve ``${now:...}`` again)."""
+    key = "hydra.sweep.dir" if checked.multirun else "hydra.run.dir"
+    quoted = checked.output_dir.replace("\\", "\\\\").replace("'", "\\'")
+    return f"{key}='{quoted}'"
+
+
+def _master_config(
+    hydra: Any, config_name: str, overrides: list[str], args: argparse.Namespace
+) -> tuple[Any, bool]:
+    """(the config Hydra composes before launching, whether it will sweep): ``-m``, or
+    ``hydra.mode: MULTIRUN`` set in a config."""
+    from hydra.types import RunMode
+
+    multirun = bool(args.multirun)
+    mode = RunMode.MULTIRUN if multirun else RunMode.RUN
+    master = _composed(
+        lambda: hydra.compose_config(
+            config_name, overrides, run_mode=mode, validate_sweep_overrides=False
+        )
+    )
+    if not multirun and master.hydra.mode == RunMode.MULTIRUN:
+        return _master_config(hydra, config_name, overrides, argparse.Namespace(multirun=True))
+    if not multirun:
+        parser = _parser(hydra)
+        for override in _composed(lambda: parser.parse_overrides(overrides)):
+            if override.is_sweep_override():
+                raise ConfigError(f"{override.input_line}: a sweep; run it with -m (--multirun)")
+    return master, multirun
+
+
+def _parser(hydra: Any) -> Any:
+    """Hydra's override parser with the config loader (which ``glob(...)`` needs)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create(config_loader=hydra.config_loader)
+
+
+def _job_overrides(hydra: Any, master: Any, overrides: list[str]) -> list[list[str]]:
+    """Each job's overrides as the configured sweeper will launch them (see the module doc)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    parser = _parser(hydra)
+    sweeper = master.hydra.sweeper
+    params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+    parsed = _composed(lambda: parser.parse_overrides([*params, *overrides]))
+    if sweeper._target_ != BASIC_SWEEPER:
+        return [[o.input_line for o in parsed if not o.is_sweep_override()]]
+    batches = _composed(lambda: BasicSweeper.split_arguments(parsed, max_batch_size=None))
+    return [job for batch in batches for job in batch]
+
+
+# ------------------------------------------------------------------ one job without Hydra's app
+RUN_DIR_OVERRIDE = "hydra.run.dir="
+
+
+def refuse_hydra_options(overrides: list[str], command: str) -> None:
+    """``mptrain bench`` and ``mptrain eval`` are one job without Hydra's launcher: any Hydra
+    option or flag other than ``hydra.run.dir`` would be ignored, so it is refused."""
+    for override in overrides:
+        key = override.partition("=")[0]
+        if override.startswith(RUN_DIR_OVERRIDE):
+            continue
+        if key.startswith("-") or key.lstrip("+~").startswith("hydra"):
+            raise ConfigError(
+                f"{override}: mptrain {command} takes config overrides (key=value) and "
+                "hydra.run.dir=DIR only"
+            )
+
+
+def subcommand_job(overrides: list[str], command: str) -> tuple[Any, Path]:
+    """The checked RunConfig of ``mptrain <command> [overrides]`` (one job, no launcher) and the
+    directory it writes to: ``hydra.run.dir=DIR`` when given (parsed and resolved by Hydra:
+    quotes, ``${now:...}``), else ``outputs/<command>/<date>/<time>_<model>_<dataset>``."""
+    import datetime as dt
+
+    refuse_hydra_options(overrides, command)
+    config_overrides = [o for o in overrides if not o.startswith(RUN_DIR_OVERRIDE)]
+    check_command_line(config_overrides)
+    composed = compose_job(overrides)
+    run_dir = composed.hydra.run.dir if len(config_overrides) < len(overrides) else None
+    if run_dir == "":
+        raise ConfigError(f"hydra.run.dir=: empty; give the directory {command} should write to")
+    cfg = checked_run_config(composed)
+    if run_dir is not None:
+        return cfg, Path(run_dir)
+    stamp = dt.datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    return cfg, Path("outputs") / command / f"{stamp}_{cfg.model.name}_{cfg.dataset.name}"
+
+
+def compose_job(overrides: list[str]) -> Any:
+    """The packaged config composed with ``overrides``, Hydra's node included (for
+    ``hydra.run.dir``); ConfigError in one line."""
+    from hydra import compose, initialize_config_module
+
+    def composed() -> Any:
+        with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
+            return compose(config_name=CONFIG_NAME, overrides=overrides, return_hydra_config=True)
+
+    return _composed(composed)
+
+
+# --------------------------------------------------------------------------------- helpers
+def _check_sweeper(sweeper: Any) -> None:
+    """An Optuna search must maximise: a job returns the final validation accuracy."""
+    if "optuna" not in str(sweeper.get("_target_", "")).lower():
+        return
+    direction = sweeper.get("direction")
+    single = isinstance(direction, str) or not isinstance(direction, Sequence)
+    directions = [direction] if single else list(direction)  # a multi-objective list
+    names = [str(getattr(d, "name", d)).lower() for d in directions]  # Direction enums or strings
+    if names != ["maximize"]:
+        raise ConfigError(
+            f"hydra.sweeper.direction={','.join(names)}: an mptrain job returns its final validation "
+            "accuracy (higher is better); add hydra.sweeper.direction=maximize"
+        )
+
+
+def checked_run_config(cfg: Any) -> Any:
+    """The job's typed RunConfig (Hydra's own node removed), or ConfigError in one line."""
+    from omegaconf import open_dict
+
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return _composed(lambda: to_run_config(cfg))
+
+
+def _composed(compose: Any) -> Any:
+    """``compose()``, with any Hydra/OmegaConf error turned into a one-line ConfigError."""
+    try:
+        return compose()
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(describe_compose_error(exc)) from exc
+
+
+def describe_compose_error(exc: Exception) -> str:
+    """One line for a Hydra/OmegaConf composition error, naming the key and what is accepted."""
+    from dataclasses import is_dataclass
+
+    from hydra.errors import MissingConfigException, OverrideParseException
+    from omegaconf.errors import (
+        ConfigAttributeError,
+        ConfigKeyError,
+        OmegaConfBaseException,
+        ValidationError,
+    )
+
+    from mptrain.compose.registry import accepted_keys
+
+    if isinstance(exc, MissingConfigException) and exc.options is not None:
+        missing = exc.missing_cfg_file or "?"
+        group, _, option = missing.rpartition("/")
+        choices = ", ".join(o for o in sorted(exc.options) if not o.endswith("_schema"))
+        return f"{group}={option}: unknown option; choose one of {choices}"
+    if isinstance(exc, OverrideParseException):
+        return f"cannot parse override: {str(exc).splitlines()[0]}"
+    cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
+    if isinstance(cause, OmegaConfBaseException):
+        key = getattr(cause, "full_key", None) or "?"
+        if isinstance(cause, ConfigKeyError | ConfigAttributeError):
+            schema = getattr(cause, "object_type", None)
+            accepted = f"; accepted keys: {accepted_keys(schema)}" if is_dataclass(schema) else ""
+            return f"{key}: unknown key{accepted}"
+        if isinstance(cause, ValidationError):
+            message = str(cause.msg).splitlines()[0] if hasattr(cause, "msg") else str(cause)
+            return f"{key}: {message}"
+        return f"{key}: {str(cause).splitlines()[0]}"
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return " ".join(lines) if lines else type(exc).__name__

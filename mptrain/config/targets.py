@@ -1,0 +1,125 @@
+"""User code named by ``_target_``: import it, and call it with the keys its signature takes.
+
+Custom models (``model=custom model._target_=my_pkg.MyNet``) and datasets
+(``dataset=custom dataset._target_=my_pkg.make_data``) are built by ``hydra.utils.instantiate``,
+as in any Hydra app. Two things differ from a plain ``instantiate`` call:
+
+- The launch directory is importable. ``python train.py`` puts the script's directory on
+  ``sys.path`` and ``python -m mptrain`` the current directory, but the ``mptrain`` console script
+  puts the virtual environment's ``bin/`` there instead. :func:`locate` appends the launch
+  directory (:func:`mptrain.config.schema.launch_dir`, also under ``hydra.job.chdir=true``) to ``sys.path`` so
+  ``my_pkg`` beside the command is found whichever way mptrain was started. Appended, not
+  prepended: a local file never shadows an installed package mptrain itself imports later.
+- Mistakes are one line: an import that fails, a name that is not there, keys the callable does
+  not take, or an exception raised while it runs each become a
+  :class:`~mptrain.config.schema.ConfigError` naming ``key`` (``model._target_``, ``dataset._target_``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from mptrain.config import schema as config
+from mptrain.config.schema import ConfigError
+
+
+def first_line(exc: BaseException) -> str:
+    """``Type: first line of the message`` (the message alone may be empty)."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def locate(key: str, target: str) -> Any:
+    """The object ``target`` names (``package.module.Name``), importable from the launch
+    directory too; ConfigError naming ``key`` when no module of it imports, when importing it
+    fails inside (the user's error, named), or when the module lacks the name."""
+    launch_dir = str(config.launch_dir())
+    if launch_dir not in sys.path and "" not in sys.path:
+        sys.path.append(launch_dir)
+    parts = target.split(".")
+    for split in range(len(parts) - 1, 0, -1):  # the longest importable module prefix
+        module_name = ".".join(parts[:split])
+        try:
+            found: Any = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (
+                exc.name == module_name or module_name.startswith(f"{exc.name}.")
+            ):
+                continue  # this prefix is no module: try a shorter one
+            raise _import_error(key, target, exc, launch_dir) from exc
+        except Exception as exc:  # the module's own code failed while importing
+            raise _import_error(key, target, exc, launch_dir) from exc
+        for depth, attribute in enumerate(parts[split:], start=split):
+            if not hasattr(found, attribute):
+                raise ConfigError(
+                    f"{key}={target!r}: {'.'.join(parts[:depth])} has no attribute {attribute!r}"
+                )
+            found = getattr(found, attribute)
+        return found
+    raise _import_error(
+        key, target, ModuleNotFoundError(f"No module named {parts[0]!r}"), launch_dir
+    )
+
+
+def _import_error(key: str, target: str, exc: BaseException, launch_dir: str) -> ConfigError:
+    """Where to put a module that was not found; the error itself for one that failed inside."""
+    where = (
+        f"; the module must be installed or lie in the launch directory {launch_dir}"
+        if isinstance(exc, ModuleNotFoundError)
+        else ""
+    )
+    return ConfigError(f"{key}={target!r}: cannot import it ({first_line(exc)}){where}")
+
+
+def accepted(call: Callable[..., Any]) -> tuple[set[str], bool]:
+    """(the keyword names ``call`` takes, whether it takes ``**kwargs`` too)."""
+    try:
+        parameters = inspect.signature(call).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: assume it takes anything
+        return set(), True
+    names = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return names, any(p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def offered(
+    call: Callable[..., Any], user: dict[str, Any], facts: dict[str, Any]
+) -> dict[str, Any]:
+    """The arguments ``call`` gets: every ``user`` key, plus each of ``facts`` (the dataset's
+    ``num_classes``, ``in_channels``, ...) that its signature names and the user did not set."""
+    names, _ = accepted(call)
+    given = dict(user)
+    for name, value in facts.items():
+        if name in names and name not in given:
+            given[name] = value
+    return given
+
+
+def check_keys(key: str, target: str, call: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+    """ConfigError naming ``key`` when ``call`` cannot take ``kwargs`` (unknown or missing)."""
+    try:
+        inspect.signature(call).bind(**kwargs)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ValueError):  # no signature to check against
+            return
+        names, _ = accepted(call)
+        takes = ", ".join(sorted(names)) or "no keyword arguments"
+        raise ConfigError(
+            f"{key}={target!r}: does not take the given keys {sorted(kwargs)} ({exc}); "
+            f"it takes: {takes}"
+        ) from exc
+
+
+def call_target(key: str, target: str, kwargs: dict[str, Any]) -> Any:
+    """``hydra.utils.instantiate({'_target_': target, **kwargs})`` (nested ``_target_`` nodes in
+    the keys are instantiated too); any exception it raises becomes ConfigError naming ``key``."""
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate({"_target_": target, **kwargs}, _convert_="all")
+    except Exception as exc:
+        cause = exc.__cause__ or exc
+        raise ConfigError(f"{key}={target!r}: raised {first_line(cause)}") from exc

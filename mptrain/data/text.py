@@ -1,0 +1,295 @@
+"""Text for language modelling: the embedded corpus, tokens, and the windows a model trains on.
+
+The default corpus needs no download: the source files of the Python standard library that ships
+with the running interpreter (``sysconfig``'s ``stdlib`` path), read in sorted path order, test
+suites and site-packages left out, until ``max_bytes``. Any local text file or directory
+(``path``) can be read the same way. What was read is recorded (:class:`CorpusFacts`), so a report
+can say which files and how many bytes a model saw.
+
+Tokens are bytes (vocabulary 256, no tokenizer) or characters (a vocabulary built from the
+training text; a character only the validation text has maps to the reserved id 0). The token
+stream is split once: the first ``1 - val_fraction`` of it trains, the rest validates, and no
+window crosses the boundary, so no validation token is ever seen in training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from mptrain.platform.hardware import MAX_DEVICE_RESIDENT_BYTES
+from mptrain.platform.seeding import ORDER_STREAM, epoch_generator
+
+# Directories of the standard library that are test suites or third-party code, not the library.
+_SKIPPED_PARTS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})
+UNKNOWN_CHAR = "\x00"  # id 0 of a character vocabulary: characters the training text lacks
+
+
+@dataclass(frozen=True)
+class CorpusFacts:
+    """What was read: where from, how many files and bytes, and a digest of the file list."""
+
+    source: str  # "python stdlib <version dir>" or the path given
+    files: int
+    bytes: int
+    file_list_sha256: str  # of the newline-joined relative paths, in reading order
+    first_file: str | None
+    last_file: str | None
+
+
+def stdlib_root() -> Path:
+    """The directory of the running interpreter's standard library sources."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def corpus_files(root: Path, suffix: str = ".py") -> list[Path]:
+    """The files a corpus directory contributes, in a deterministic (sorted) order; test suites
+    and site-packages left out. A file given as ``root`` is the whole list."""
+    if root.is_file():
+        return [root]
+    found = (p for p in root.rglob(f"*{suffix}") if p.is_file())
+    return sorted(p for p in found if not _SKIPPED_PARTS & set(p.relative_to(root).parts[:-1]))
+
+
+def read_corpus(root: Path, max_bytes: int, suffix: str = ".py") -> tuple[bytes, CorpusFacts]:
+    """The concatenated files of ``root`` (whole files, in order, until ``max_bytes``; a single
+    file is cut at ``max_bytes``) and what was read."""
+    files = corpus_files(root, suffix)
+    if not files:
+        raise FileNotFoundError(f"{root}: no {suffix} files to read")
+    chunks, used, total = [], [], 0
+    for path in files:
+        data = path.read_bytes()
+        if total and total + len(data) > max_bytes:
+            break
+        chunks.append(data[: max_bytes - total])
+        used.append(path)
+        total += len(chunks[-1])
+    names = [str(p.relative_to(root)) if p != root else p.name for p in used]
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
+    facts = CorpusFacts(str(root), len(used), total, digest, names[0], names[-1])
+    return b"".join(chunks), facts
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Token ids for bytes (``chars`` None: id = byte value) or for characters."""
+
+    chars: str | None = None
+
+    @property
+    def size(self) -> int:
+        return 256 if self.chars is None else len(self.chars)
+
+    @classmethod
+    def of_characters(cls, text: str) -> Vocabulary:
+        """Every character of ``text``, sorted, after the reserved unknown character (id 0)."""
+        return cls(UNKNOWN_CHAR + "".join(sorted(set(text) - {UNKNOWN_CHAR})))
+
+    def encode(self, data: bytes) -> torch.Tensor:
+        if self.chars is None:
+            return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).astype(np.int64))
+        index = {c: i for i, c in enumerate(self.chars)}
+        text = data.decode("utf-8", errors="replace")
+        return torch.tensor([index.get(c, 0) for c in text], dtype=torch.int64)
+
+    def decode(self, ids: torch.Tensor | list[int]) -> str:
+        values = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        if self.chars is None:
+            return bytes(values).decode("utf-8", errors="replace")
+        return "".join(self.chars[i] for i in values)
+
+
+@dataclass(frozen=True)
+class TokenSplit:
+    """The token stream split once: ``train`` then ``val``, never overlapping."""
+
+    train: torch.Tensor
+    val: torch.Tensor
+
+
+def split_tokens(tokens: torch.Tensor, val_fraction: float, block_size: int) -> TokenSplit:
+    """The first ``1 - val_fraction`` of ``tokens`` for training, the rest for validation; each
+    part must hold at least one window of ``block_size + 1`` tokens (inputs and next tokens)."""
+    n_val = int(len(tokens) * val_fraction)
+    train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
+    for name, part in (("training", train), ("validation", val)):
+        if len(part) < block_size + 1:
+            raise ValueError(
+                f"the {name} text has {len(part)} tokens, fewer than one window of "
+                f"block_size + 1 = {block_size + 1}"
+            )
+    return TokenSplit(train, val)
+
+
+def random_windows(
+    tokens: torch.Tensor, block_size: int, count: int, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``count`` windows at random offsets: inputs ``(count, block_size)`` and next tokens (on
+    ``tokens``' device, drawn from ``generator`` on that device)."""
+    starts = torch.randint(
+        0, len(tokens) - block_size, (count,), generator=generator, device=tokens.device
+    )
+    rows = starts[:, None] + torch.arange(block_size + 1, device=tokens.device)
+    windows = tokens[rows]
+    return windows[:, :-1], windows[:, 1:]
+
+
+def fixed_windows(
+    tokens: torch.Tensor, block_size: int, max_windows: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Up to ``max_windows`` consecutive, non-overlapping windows from the start of ``tokens``:
+    the same validation set on every evaluation and every run."""
+    count = min(max_windows, (len(tokens) - 1) // block_size)
+    starts = torch.arange(count, device=tokens.device) * block_size
+    rows = starts[:, None] + torch.arange(block_size + 1, device=tokens.device)
+    windows = tokens[rows]
+    return windows[:, :-1], windows[:, 1:]
+
+
+def unigram_loss(train: torch.Tensor, val: torch.Tensor, vocab_size: int) -> float:
+    """Cross-entropy (nats per token) on ``val`` of the unigram model of ``train``: each token's
+    frequency in the training text, add-one smoothed so a token training never saw costs a finite
+    amount. The loss of a model that ignores context entirely."""
+    counts = torch.bincount(train.cpu(), minlength=vocab_size).double() + 1.0
+    log_p = (counts / counts.sum()).log()
+    return float(-log_p[val.cpu().reshape(-1)].mean())
+
+
+# ------------------------------------------------------------------------------------ the feeds
+@dataclass(frozen=True)
+class TextFacts:
+    """What a language-model run trained on: the corpus, the vocabulary, the split and the
+    unigram baseline (report, checkpoints, ``mptrain sample``)."""
+
+    corpus: CorpusFacts
+    vocabulary: Vocabulary
+    block_size: int
+    train_tokens: int
+    val_tokens: int
+    val_windows: int
+    unigram_val_loss: float
+
+    def describe(self) -> dict[str, Any]:
+        """The report's ``data.text`` entry (plain types)."""
+        return {
+            **dataclasses.asdict(self.corpus),
+            "vocabulary": "bytes" if self.vocabulary.chars is None else "chars",
+            "vocab_size": self.vocabulary.size,
+            "block_size": self.block_size,
+            "train_tokens": self.train_tokens,
+            "val_tokens": self.val_tokens,
+            "val_windows": self.val_windows,
+            "unigram_val_loss": self.unigram_val_loss,
+        }
+
+
+def _storage(tokens: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, str]:
+    """Tokens on the training device when they are small enough (they are read every step)."""
+    if device.type == "cuda" and tokens.nbytes > MAX_DEVICE_RESIDENT_BYTES:
+        return tokens, "in host memory"
+    return tokens.to(device), "on the GPU" if device.type == "cuda" else "in memory"
+
+
+class TrainWindows:
+    """Training batches of ``batch_size`` windows at random offsets of the training tokens.
+
+    An epoch is ``len(tokens) // block_size`` windows (one pass over the tokens, in expectation),
+    split over the ``world`` ranks. Each (seed, rank, epoch) has its own generator, so epochs differ,
+    reruns repeat, and a resumed run sees the batches an uninterrupted one would.
+    """
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        block_size: int,
+        batch_size: int,
+        device: torch.device,
+        *,
+        seed: int,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
+        self.tokens, where = _storage(tokens, device)
+        self.device, self.block_size, self.batch_size = device, block_size, batch_size
+        self.seed, self.rank = seed, rank
+        self.num_batches = (len(tokens) // block_size) // (batch_size * world)
+        self.feed = f"random token windows ({where})"
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        generator = epoch_generator(self.seed + self.rank, epoch, ORDER_STREAM, self.tokens.device)
+        for _ in range(self.num_batches):
+            inputs, targets = random_windows(
+                self.tokens, self.block_size, self.batch_size, generator
+            )
+            yield inputs.to(self.device), targets.to(self.device)
+
+
+class ValWindows:
+    """The fixed validation windows, in order, in batches of ``batch_size``; rank ``rank`` of
+    ``world`` evaluates every ``world``-th window."""
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        block_size: int,
+        max_windows: int,
+        batch_size: int,
+        device: torch.device,
+        *,
+        rank: int = 0,
+        world: int = 1,
+    ) -> None:
+        stored, where = _storage(tokens, device)
+        inputs, targets = fixed_windows(stored, block_size, max_windows)
+        self.windows = len(inputs)
+        self.inputs, self.targets = inputs[rank::world], targets[rank::world]
+        self.device, self.batch_size = device, batch_size
+        self.num_batches = -(-len(self.inputs) // batch_size)
+        self.feed = f"fixed token windows ({where})"
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def batches(self, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for b in range(self.num_batches):
+            window = slice(b * self.batch_size, (b + 1) * self.batch_size)
+            yield self.inputs[window].to(self.device), self.targets[window].to(self.device)
+
+
+@dataclass(frozen=True)
+class TokenText:
+    """A text read and tokenised: its tokens, what was read, and the vocabulary."""
+
+    tokens: torch.Tensor
+    corpus: CorpusFacts
+    vocabulary: Vocabulary
+    val_fraction: float  # the share of the tokens, at the end, that validates
+
+
+def read_text_dataset(
+    path: str, max_bytes: int, suffix: str | None, vocabulary: str, val_fraction: float
+) -> TokenText:
+    """Read ``path`` (a file or directory; empty: the interpreter's standard library) and
+    tokenise it with a byte or a character vocabulary (built from the training part only, so
+    nothing of the validation text leaks into it). FileNotFoundError when there is no text."""
+    root = Path(path) if path else stdlib_root()
+    data, facts = read_corpus(root, max_bytes, suffix or (".txt" if path else ".py"))
+    if not path:
+        facts = dataclasses.replace(facts, source=f"python stdlib {root}")
+    vocab = Vocabulary()
+    if vocabulary == "chars":
+        text = data.decode("utf-8", errors="replace")
+        vocab = Vocabulary.of_characters(text[: len(text) - int(len(text) * val_fraction)])
+    return TokenText(vocab.encode(data), facts, vocab, val_fraction)

@@ -1,0 +1,70 @@
+"""metrics.jsonl: one JSON row per logged training step and one per evaluation, flushed as written."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from mptrain.rundir.fileio import atomic_write_text
+from mptrain.train.state import LoopState
+
+
+def _jsonable(value: Any) -> Any:
+    # JSON has no inf/NaN literals; strings keep them readable and the file parseable everywhere.
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+class MetricsLog:
+    """Appends rows to ``path``; each row is flushed so a killed run keeps what it logged."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._file = path.open("a", encoding="utf-8")
+
+    def _write(self, row: dict[str, Any]) -> None:
+        self._file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
+        self._file.flush()
+
+    def on_step(self, state: LoopState) -> None:
+        pass
+
+    def on_log(self, row: dict[str, Any]) -> None:
+        self._write(row)
+
+    def on_eval(self, row: dict[str, Any]) -> None:
+        self._write(row)
+
+    def on_warning(self, message: str) -> None:
+        self._write({"kind": "warning", "message": message})
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def truncate_after(path: Path, step: int) -> int:
+    """Drop every row from the first one past ``step`` on (a resumed run logs those steps again);
+    rows are chronological, so warnings logged after that point go too. Atomic. Returns the number
+    of rows dropped. A partly written row (a kill, a full disk) counts as past ``step``."""
+    if not path.is_file():
+        return 0
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    keep = next((i for i, line in enumerate(lines) if _past(line, step)), len(lines))
+    if keep < len(lines):
+        atomic_write_text(path, "".join(line + "\n" for line in lines[:keep]))
+    return len(lines) - keep
+
+
+def _past(line: str, step: int) -> bool:
+    try:
+        return json.loads(line).get("step", 0) > step
+    except ValueError:  # a row cut short by a kill or a full disk: never complete, dropped
+        return True
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]

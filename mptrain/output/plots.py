@@ -1,0 +1,212 @@
+"""PNG figures: per run (training loss, validation accuracy, loss scale) and per sweep (loss curves).
+
+matplotlib runs headless (Agg backend); figures are written atomically next to the reports.
+
+A run draws its figure in a :class:`FigureWorker`, a child process started with the job: importing
+matplotlib and drawing cost ~0.5 s, as much as a short job's whole training, and the child pays
+the import on another core while the job sets up and trains, then waits idle for the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from mptrain.rundir.fileio import atomic_write
+
+RUN_PNG = "curves.png"
+SWEEP_PNG = "sweep_loss.png"
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig: Any, path: Path) -> None:
+    atomic_write(
+        path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"), binary=True
+    )
+
+
+def _series(rows: list[dict[str, Any]], kind: str, key: str) -> tuple[list[int], list[float]]:
+    points = [
+        (r["step"], r[key])
+        for r in rows
+        if r.get("kind") == kind and isinstance(r.get(key), int | float)
+    ]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_run(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """Three panels over optimizer steps: training loss, validation accuracy, loss scale. A
+    language model's rows (evaluations with a perplexity) put the validation loss beside the
+    training loss, and the accuracy panel is its next-token accuracy."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    lm = any("val_perplexity" in r for r in rows if r.get("kind") == "eval")
+    steps, loss = _series(rows, "train", "loss")
+    axes[0].plot(steps, loss, label="training")
+    if lm:
+        val_steps, val_loss = _series(rows, "eval", "val_loss")
+        axes[0].plot(val_steps, val_loss, marker="o", label="validation")
+        axes[0].legend(fontsize=8)
+        loss = loss + val_loss
+    axes[0].set(
+        title="loss (nats/token)" if lm else "training loss",
+        xlabel="step",
+        yscale="log" if loss and min(loss) > 0 else "linear",
+    )
+    steps, acc = _series(rows, "eval", "val_accuracy")
+    axes[1].plot(steps, [100 * a for a in acc], marker="o")
+    accuracy = "next-token accuracy" if lm else "validation accuracy"
+    axes[1].set(title=f"{accuracy} (%)", xlabel="step")
+    steps, scale = _series(rows, "train", "loss_scale")
+    if scale:
+        axes[2].step(steps, scale, where="post")
+        axes[2].set(yscale="log")
+    else:
+        axes[2].text(0.5, 0.5, "no loss scaling", ha="center", va="center")
+    axes[2].set(title="loss scale", xlabel="step")
+    fig.suptitle(title, y=1.04)
+    _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_sweep(curves: dict[str, list[dict[str, Any]]], title: str, path: Path) -> Path:
+    """Training-loss curves of every job of a sweep (or comparison) on one axis."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    positive = True
+    for label, rows in curves.items():
+        steps, loss = _series(rows, "train", "loss")
+        if steps:
+            ax.plot(steps, loss, label=label)
+            positive = positive and min(loss) > 0
+    ax.set(
+        title=title, xlabel="step", ylabel="training loss", yscale="log" if positive else "linear"
+    )
+    ax.legend(fontsize=8)
+    _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+class FigureWorker:
+    """A child process that imports matplotlib now and draws one run figure when asked.
+
+    Use as a context manager (the child is killed on exit if it was never asked, e.g. after a
+    failed setup). It runs in its own session, so a Ctrl-C meant for the job does not kill it
+    before the interrupted run's figure is drawn; it exits by itself when the job dies (its stdin
+    closes).
+    """
+
+    def __init__(self) -> None:
+        root = str(Path(__file__).resolve().parents[2])  # this mptrain, however it was found
+        code = f"import sys; sys.path.insert(0, {root!r}); from mptrain.output.plots import serve; serve()"
+        try:
+            self._child: subprocess.Popen[str] | None = subprocess.Popen(
+                [sys.executable, "-c", code],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+        except OSError:  # no interpreter to start (an embedded Python), no processes left
+            self._child = None  # plot_run draws here instead
+
+    def __enter__(self) -> FigureWorker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._child is not None:
+            if self._child.poll() is None:
+                self._child.kill()
+            self._child.communicate()
+
+    def plot_run(self, rows: list[dict[str, Any]], title: str, path: Path) -> Path:
+        """:func:`plot_run` in the child (in this process when it could not start); RuntimeError
+        with the child's last line if it fails."""
+        if self._child is None:
+            return plot_run(rows, title, path)
+        # One line (JSON escapes newlines in strings), see serve().
+        request = json.dumps({"rows": rows, "title": title, "path": str(path)}) + "\n"
+        try:
+            _, err = self._child.communicate(request, timeout=300)
+        except (BrokenPipeError, subprocess.TimeoutExpired) as exc:
+            self._child.kill()
+            raise RuntimeError(f"the figure process did not answer ({exc})") from exc
+        if self._child.returncode != 0:
+            last = (err.strip().splitlines() or ["no message"])[-1]
+            raise RuntimeError(f"the figure process failed: {last}")
+        return path
+
+
+def serve() -> None:
+    """The worker's side: import matplotlib, then draw the figure asked for in one line of stdin
+    (JSON with ``rows``, ``title``, ``path``); nothing when stdin closes first.
+
+    One line, not "until end of file": DataLoader workers forked by the job after this child
+    started hold copies of the pipe's write end, so the end of file may never come.
+    """
+    _pyplot()
+    request = sys.stdin.readline()
+    if request:
+        job = json.loads(request)
+        plot_run(job["rows"], job["title"], Path(job["path"]))
+
+
+def plot_advice(
+    curves: dict[str, list[float]],
+    speeds: list[tuple[str, float, float, float]],
+    title: str,
+    path: Path,
+) -> Path:
+    """``mptrain advise``: the short runs' training loss per step (the first curve is FP32's),
+    each other precision's relative difference to it per step, and each precision's speed ratio
+    to FP32 as a bar with its min–max."""
+    plt = _pyplot()
+    fig, (loss_ax, diff_ax, speed_ax) = plt.subplots(1, 3, figsize=(16, 4))
+    reference = next(iter(curves.values()), [])
+    for i, (label, losses) in enumerate(curves.items()):
+        color = f"C{i}"  # the same precision, the same colour in both panels
+        loss_ax.plot(range(1, len(losses) + 1), losses, label=label, color=color)
+        diffs = [
+            100 * abs(a - b) / abs(b) if b and math.isfinite(a) else math.nan
+            for a, b in zip(losses, reference, strict=False)
+        ]
+        if losses is not reference:
+            diff_ax.plot(range(1, len(diffs) + 1), diffs, label=label, color=color)
+    finite = [x for losses in curves.values() for x in losses if math.isfinite(x)]
+    loss_ax.set(
+        title="training loss, same weights and batches",
+        xlabel="step",
+        yscale="log" if finite and min(finite) > 0 else "linear",
+    )
+    diff_ax.set(title="|loss − FP32's| / FP32's (%)", xlabel="step")
+    for ax in (loss_ax, diff_ax):
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    if speeds:
+        labels = [s[0] for s in speeds]
+        medians = [s[1] for s in speeds]
+        errors = [[s[1] - s[2] for s in speeds], [s[3] - s[1] for s in speeds]]
+        speed_ax.bar(labels, medians, yerr=errors, capsize=4, color="tab:blue")
+        speed_ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    else:
+        speed_ax.text(0.5, 0.5, "speed not measured", ha="center", va="center")
+    speed_ax.set(title="samples/s vs FP32 (median, min–max)", ylabel="×")
+    fig.suptitle(title, y=1.03)
+    _save(fig, path)
+    plt.close(fig)
+    return path

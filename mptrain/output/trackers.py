@@ -1,0 +1,290 @@
+"""Experiment trackers: TensorBoard and MLflow, chosen with ``logger=[tensorboard,mlflow]``.
+
+Both receive the same figures, when metrics.jsonl does (every ``log_every`` steps and at each
+evaluation, global optimizer steps): ``train/loss``, ``train/lr``, ``train/loss_scale``,
+``train/grad_norm``, ``train/skipped_steps`` (so far), ``train/samples_per_s``, ``eval/val_loss``,
+``eval/val_accuracy``.
+
+- **TensorBoard** (``torch.utils.tensorboard.SummaryWriter``) writes to ``tensorboard.log_dir``
+  (default ``<run dir>/tensorboard``): the scalars, and the flattened config as hparams. Steps are
+  global: a resumed run writes to the same directory with ``purge_step`` at its first new step, so
+  TensorBoard drops what the interrupted run logged after the checkpoint and the curves continue
+  (a run started over with ``overwrite=true`` purges from step 1).
+- **MLflow** (``MlflowClient``, no global active run: each job of a sweep has its own run) logs
+  the flattened config as params, the metrics, and at the end report.json, report.md and
+  curves.png as artifacts, with the run's status. The run id is kept in ``<run dir>/mlflow_run.json``;
+  a resumed run (``resume=...`` in the same run directory) reopens that MLflow run and goes on
+  logging into it. MLflow cannot delete metric values, so for the steps between the checkpoint and
+  the interruption the history holds the values of both attempts (the later ones are the resumed
+  run's). Params are logged once: non-training settings changed at resume are not re-logged
+  (report.json holds the config the run ended with).
+
+A tracker that cannot start is bad input (:class:`~mptrain.config.schema.ConfigError`, before training).
+One that fails later is warned about once and dropped; training, checkpoints and the report carry
+on without it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from mptrain.config.keys import flatten
+from mptrain.config.schema import ConfigError, MLflowConfig, RunConfig, launch_dir
+from mptrain.rundir.fileio import atomic_write_text
+
+MLFLOW_RUN_JSON = "mlflow_run.json"
+TENSORBOARD_DIR = "tensorboard"
+# metrics row key -> tracker tag
+TRAIN_METRICS = {
+    "loss": "train/loss",
+    "lr": "train/lr",
+    "loss_scale": "train/loss_scale",
+    "grad_norm": "train/grad_norm",
+    "skipped_total": "train/skipped_steps",
+    "samples_per_s": "train/samples_per_s",
+    "tokens_per_s": "train/tokens_per_s",
+}
+EVAL_METRICS = {
+    "val_loss": "eval/val_loss",
+    "val_accuracy": "eval/val_accuracy",
+    "val_perplexity": "eval/val_perplexity",  # language models
+}
+# report status -> MLflow run status
+MLFLOW_STATUS = {"completed": "FINISHED", "interrupted": "KILLED"}
+
+
+class Tracker(Protocol):
+    """One experiment tracker: metrics at a global step, then the outcome."""
+
+    name: str
+
+    def log_metrics(self, values: dict[str, float], step: int) -> None: ...
+
+    def finish(self, status: str, artifacts: list[Path]) -> None: ...
+
+
+def row_metrics(row: dict[str, Any]) -> dict[str, float]:
+    """A metrics.jsonl row's figures under the trackers' tags (absent and None values left out)."""
+    names = EVAL_METRICS if row["kind"] == "eval" else TRAIN_METRICS
+    return {tag: float(row[key]) for key, tag in names.items() if row.get(key) is not None}
+
+
+# ----------------------------------------------------------------------------- TensorBoard
+class TensorBoardTracker:
+    """Scalars and hparams into one TensorBoard run directory (see the module doc)."""
+
+    name = "tensorboard"
+
+    def __init__(
+        self, log_dir: Path, hparams: dict[str, Any], start_step: int, own_dir: bool
+    ) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard.summary import hparams as hparams_summaries
+
+        # purge_step: TensorBoard's readers discard this directory's earlier events at or past it:
+        # an interrupted run's steps after its checkpoint, or, in the run's own directory, a run
+        # started over (overwrite=true). A fresh run in a directory the user shares between runs
+        # purges nothing (step 1 would wipe the other runs' curves).
+        purge = start_step + 1 if start_step > 0 or own_dir else None
+        self.writer = SummaryWriter(str(log_dir), purge_step=purge, flush_secs=30)
+        metrics = {tag: 0.0 for tag in (*EVAL_METRICS.values(), TRAIN_METRICS["loss"])}
+        experiment, session_start, _ = hparams_summaries(hparams, metrics)
+        self.writer.file_writer.add_summary(experiment)
+        self.writer.file_writer.add_summary(session_start)
+
+    def log_metrics(self, values: dict[str, float], step: int) -> None:
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, step)
+
+    def finish(self, status: str, artifacts: list[Path]) -> None:
+        from tensorboard.plugins.hparams import api_pb2
+        from tensorboard.plugins.hparams.summary import session_end_pb
+
+        state = {"completed": api_pb2.STATUS_SUCCESS, "interrupted": api_pb2.STATUS_ABORTED}
+        self.writer.file_writer.add_summary(
+            session_end_pb(state.get(status, api_pb2.STATUS_FAILURE))
+        )
+        self.writer.close()
+
+
+def tensorboard_hparams(cfg: RunConfig) -> dict[str, Any]:
+    """The flattened config in the types TensorBoard's hparams take (None and lists as text)."""
+    return {
+        key: value if isinstance(value, bool | int | float | str) else json.dumps(value)
+        for key, value in flatten(dataclasses.asdict(cfg)).items()
+    }
+
+
+# ---------------------------------------------------------------------------------- MLflow
+def mlflow_tracking_uri(setting: str | None) -> str:
+    """``mlflow.tracking_uri``, else ``$MLFLOW_TRACKING_URI``, else the file store ``./mlruns``;
+    a plain path (relative ones from the launch directory) becomes an absolute ``file:`` URI (the
+    run's id file stays valid from anywhere)."""
+    uri = setting or os.environ.get("MLFLOW_TRACKING_URI") or "mlruns"
+    if ":" in uri or uri == "databricks":  # a URI (file:, sqlite:, http:, databricks://...)
+        return uri
+    return (launch_dir() / Path(uri).expanduser()).resolve().as_uri()
+
+
+class MLflowTracker:
+    """Params, metrics, artifacts and status of one MLflow run (see the module doc)."""
+
+    name = "mlflow"
+
+    def __init__(
+        self, settings: MLflowConfig, output_dir: Path, params: dict[str, str], resumed: bool
+    ) -> None:
+        uri = mlflow_tracking_uri(settings.tracking_uri)
+        if uri.startswith("file:"):
+            # MLflow 3 refuses its file store unless told to (it prefers a database); a local
+            # directory is what this tracker is asked to write to, offline and without SQLAlchemy.
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        from mlflow.tracking import MlflowClient
+
+        self.client = client = MlflowClient(uri)
+        id_file = output_dir / MLFLOW_RUN_JSON
+        self.run_id = self._reopen(id_file, uri) if resumed else None
+        if self.run_id is None:
+            experiment = client.get_experiment_by_name(settings.experiment_name)
+            experiment_id = (
+                experiment.experiment_id
+                if experiment is not None
+                else client.create_experiment(settings.experiment_name)
+            )
+            tags = {"mptrain.run_dir": str(output_dir.resolve())}
+            run_name = settings.run_name or output_dir.resolve().name
+            self.run_id = client.create_run(experiment_id, run_name=run_name, tags=tags).info.run_id
+            atomic_write_text(id_file, json.dumps({"tracking_uri": uri, "run_id": self.run_id}))
+        self._log_params(params)
+
+    def _reopen(self, id_file: Path, uri: str) -> str | None:
+        """The run id this run directory logged to before, when it is in this tracking store."""
+        if not id_file.is_file():
+            return None
+        saved = json.loads(id_file.read_text(encoding="utf-8"))
+        if saved.get("tracking_uri") != uri:
+            return None
+        try:
+            self.client.get_run(saved["run_id"])
+        except Exception:  # deleted, or another store: start a new MLflow run
+            return None
+        self.client.update_run(saved["run_id"], status="RUNNING")
+        return saved["run_id"]
+
+    def _log_params(self, params: dict[str, str]) -> None:
+        """The params the run does not have yet (MLflow params cannot change), 100 per call."""
+        from mlflow.entities import Param
+
+        logged = self.client.get_run(self.run_id).data.params
+        new = [Param(k, v) for k, v in params.items() if k not in logged]
+        for start in range(0, len(new), 100):  # MLflow's limit per log_batch
+            self.client.log_batch(self.run_id, params=new[start : start + 100])
+
+    def log_metrics(self, values: dict[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        stamp = int(time.time() * 1000)
+        metrics = [Metric(tag, value, stamp, step) for tag, value in values.items()]
+        self.client.log_batch(self.run_id, metrics=metrics)
+
+    def finish(self, status: str, artifacts: list[Path]) -> None:
+        for path in artifacts:
+            if path.is_file():
+                self.client.log_artifact(self.run_id, str(path))
+        self.client.set_terminated(self.run_id, MLFLOW_STATUS.get(status, "FAILED"))
+
+
+def mlflow_params(cfg: RunConfig) -> dict[str, str]:
+    """The flattened config as MLflow params (text; lists and None as JSON)."""
+    return {
+        key: value if isinstance(value, str) else json.dumps(value)
+        for key, value in flatten(dataclasses.asdict(cfg)).items()
+    }
+
+
+# --------------------------------------------------------------------------------- together
+class Trackers:
+    """The run's trackers as one loop observer (metrics rows and evaluations; nothing per step).
+
+    A tracker that raises is dropped after one warning (``warn``); the run goes on.
+    """
+
+    def __init__(self, trackers: list[Tracker], warn: Callable[[str], None]) -> None:
+        self.active = list(trackers)
+        self.warn = warn
+
+    def on_step(self, state: object) -> None:
+        pass
+
+    def on_log(self, row: dict[str, Any]) -> None:
+        values = row_metrics(row)
+        self._each(lambda t: t.log_metrics(values, row["step"]))
+
+    def on_eval(self, row: dict[str, Any]) -> None:
+        self.on_log(row)
+
+    def on_warning(self, message: str) -> None:
+        pass  # warnings are in the log file, metrics.jsonl and the report
+
+    def finish(self, status: str, artifacts: list[Path]) -> None:
+        """Send the outcome (and ``artifacts`` that exist) and close every tracker."""
+        self._each(lambda t: t.finish(status, artifacts))
+        self.active = []
+
+    def _each(self, call: Callable[[Tracker], None]) -> None:
+        for tracker in list(self.active):
+            try:
+                call(tracker)
+            except Exception as exc:  # a tracker is not worth losing the run over
+                self.active.remove(tracker)
+                first_line = (str(exc).splitlines() or [""])[0]
+                self.warn(
+                    f"{tracker.name} failed ({type(exc).__name__}: {first_line}); "
+                    f"no more {tracker.name} logging in this run, training goes on"
+                )
+
+
+def start_trackers(
+    cfg: RunConfig, output_dir: Path, start_step: int, warn: Callable[[str], None]
+) -> Trackers | None:
+    """The trackers ``cfg.logger`` names, started; None without any. Raises ConfigError (one line,
+    naming the setting) when one cannot start, before anything trains."""
+    trackers: list[Tracker] = []
+    for name in dict.fromkeys(cfg.logger):  # named twice: started once
+        try:
+            trackers.append(_start(name, cfg, output_dir, start_step))
+        except Exception as exc:
+            for started in trackers:
+                _close_quietly(started)
+            key = _setting_key(name, cfg, output_dir)
+            detail = (str(exc).splitlines() or [""])[0]
+            raise ConfigError(
+                f"{key}: cannot start {name} there ({type(exc).__name__}: {detail})"
+            ) from exc
+    return Trackers(trackers, warn) if trackers else None
+
+
+def _start(name: str, cfg: RunConfig, output_dir: Path, start_step: int) -> Tracker:
+    if name == "tensorboard":
+        own_dir = cfg.tensorboard.log_dir is None
+        log_dir = output_dir / TENSORBOARD_DIR if own_dir else Path(cfg.tensorboard.log_dir)
+        return TensorBoardTracker(log_dir, tensorboard_hparams(cfg), start_step, own_dir)
+    return MLflowTracker(cfg.mlflow, output_dir, mlflow_params(cfg), resumed=start_step > 0)
+
+
+def _setting_key(name: str, cfg: RunConfig, output_dir: Path) -> str:
+    if name == "tensorboard":
+        return f"tensorboard.log_dir={cfg.tensorboard.log_dir or output_dir / TENSORBOARD_DIR}"
+    return f"mlflow.tracking_uri={mlflow_tracking_uri(cfg.mlflow.tracking_uri)}"
+
+
+def _close_quietly(tracker: Tracker) -> None:
+    writer = getattr(tracker, "writer", None)
+    if writer is not None:
+        writer.close()

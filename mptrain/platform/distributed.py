@@ -1,0 +1,233 @@
+"""Data-parallel and sharded training on torch.distributed, launched by ``torchrun``.
+
+``torchrun --nproc_per_node=N -m mptrain ...`` sets RANK / WORLD_SIZE / LOCAL_RANK; mptrain then
+joins the process group (NCCL on GPUs, Gloo on CPUs) and wraps the model:
+
+- ``strategy=ddp``: DistributedDataParallel. Gradients are averaged in their own dtype (FP32: the
+  parameters are FP32 master weights). An inf/NaN gradient on any rank makes the averaged gradient
+  non-finite on every rank, so the loss scaler skips and backs off identically everywhere.
+- ``strategy=fsdp``: FSDP2 ``fully_shard`` with a MixedPrecisionPolicy from the precision recipe —
+  parameters computed in BF16/FP16, gradients reduced in ``distributed.reduce_dtype`` (FP32 by
+  default), sharded FP32 master weights. mptrain's Float8Linear layers all-gather FP32 weights.
+
+FP8 state (scales, amax histories, counters) is agreed on by :mod:`mptrain.precision.fp8_dist`.
+
+Every rank reads its own shard of each epoch's permutation (no overlap), seeds dropout with
+``seed + rank``, and evaluates its shard of the validation set; sums are all-reduced. Only rank 0
+writes metrics, reports and checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from mptrain.platform.dtypes import DTYPES
+from mptrain.precision.fp8 import Float8Linear
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in the job. A single process is rank 0 of a world of 1."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+    strategy: str = "single"  # single | ddp | fsdp
+    reduce_dtype: str = "float32"
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "rank": self.rank,
+            "backend": self.backend,
+            "strategy": self.strategy,
+            "reduce_dtype": self.reduce_dtype if self.enabled else None,
+        }
+
+
+def launched_by_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init_distributed(device_request: str, strategy: str, reduce_dtype: str) -> DistContext:
+    """Join the process group torchrun describes (no-op for a single process)."""
+    if not launched_by_torchrun():
+        return DistContext()
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device_request != "cpu" and torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    backend = "nccl" if use_cuda else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=dt.timedelta(minutes=10))
+    return DistContext(
+        rank=rank,
+        world_size=world,
+        local_rank=local_rank,
+        backend=backend,
+        strategy=strategy,
+        reduce_dtype=reduce_dtype,
+    )
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def wrap_model(
+    model: nn.Module, ctx: DistContext, device: torch.device, param_dtype: torch.dtype | None
+) -> nn.Module:
+    """DDP or FSDP2 around ``model`` (returned unchanged for a single process)."""
+    if not ctx.enabled:
+        return model
+    if ctx.strategy == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(
+            param_dtype=param_dtype, reduce_dtype=DTYPES[ctx.reduce_dtype]
+        )
+        # mptrain's Float8Linear quantizes its FP32 master weight, as in a single process: its
+        # group all-gathers FP32 (a BF16 gather would round the weight twice before FP8).
+        fp32_policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=DTYPES[ctx.reduce_dtype])
+        # A parameter two modules share (a GPT's head tied to its token embedding) must live in
+        # one FSDP group: such modules stay in the root's group.
+        owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
+        for module in list(model.modules())[1:]:
+            own = list(module.parameters(recurse=False))
+            if (
+                isinstance(module, nn.Linear | nn.Conv2d)
+                and any(p.requires_grad for p in own)
+                and all(owners[id(p)] == 1 for p in own)
+            ):
+                fp8 = isinstance(module, Float8Linear)
+                fully_shard(module, mp_policy=fp32_policy if fp8 else policy)
+        fully_shard(model, mp_policy=policy)
+        return model
+    ids = [device.index] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's module inside DDP / torch.compile wrappers."""
+    while hasattr(model, "module") or hasattr(model, "_orig_mod"):
+        model = getattr(model, "module", None) or model._orig_mod
+    return model
+
+
+def local_shard(tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a DTensor (FSDP); the tensor itself otherwise."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+def no_sync(model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+    """Skip DDP's gradient all-reduce (for the non-final micro-batches of an accumulation)."""
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return model.no_sync()
+    return contextlib.nullcontext()
+
+
+def all_reduce_sum(values: list[float], ctx: DistContext, device: torch.device) -> list[float]:
+    if not ctx.enabled:
+        return values
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def any_rank(flag: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """``flag`` (a boolean device tensor) OR-ed across ranks, on the device: nothing is read."""
+    if not ctx.enabled:
+        return flag
+    t = flag.to(torch.int32).reshape(1)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.reshape(flag.shape).bool()
+
+
+def broadcast_flag(flag: bool, ctx: DistContext, device: torch.device) -> bool:
+    """True on every rank when any rank says True (e.g. a stop request seen by one rank)."""
+    if not ctx.enabled:
+        return flag
+    t = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+# ------------------------------------------------------------------------------ state dicts
+def _full_options() -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def model_state(model: nn.Module, ctx: DistContext) -> dict[str, Any]:
+    """The full (unsharded) model state dict, loadable at any world size. Collective under FSDP."""
+    if ctx.strategy == "fsdp" and ctx.enabled:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(model, options=_full_options())
+    return unwrap(model).state_dict()
+
+
+def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, ctx: DistContext) -> dict:
+    if ctx.strategy == "fsdp" and ctx.enabled:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        return get_optimizer_state_dict(model, optimizer, options=_full_options())
+    return optimizer.state_dict()
+
+
+def load_model_state(model: nn.Module, state: dict[str, Any], ctx: DistContext) -> None:
+    if ctx.strategy == "fsdp" and ctx.enabled:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+        return
+    unwrap(model).load_state_dict(state)
+
+
+def load_optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, ctx: DistContext
+) -> None:
+    if ctx.strategy == "fsdp" and ctx.enabled:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        set_optimizer_state_dict(
+            model, optimizer, state, options=StateDictOptions(full_state_dict=True)
+        )
+        return
+    optimizer.load_state_dict(state)
+
+
+def build_scaler_for(ctx: DistContext, device_type: str, **kwargs: Any) -> torch.amp.GradScaler:
+    """FSDP shards gradients, so each rank sees only its shard's infs: the sharded scaler
+    all-reduces the inf flag so every rank skips together. DDP and single processes use
+    torch.amp.GradScaler (DDP's averaged gradients already carry an inf to every rank)."""
+    if ctx.enabled and ctx.strategy == "fsdp":
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device_type, **kwargs)
+    return torch.amp.GradScaler(device_type, **kwargs)

@@ -1,0 +1,322 @@
+"""Precision policy: which dtype autocast runs, whether the loss is scaled, and the TF32 flags.
+
+A :class:`PrecisionPolicy` is decided once per run by :func:`resolve_precision` from the requested
+config and the device, and never changes afterwards. The training loop has a single code path for
+every precision: :meth:`PrecisionPolicy.autocast` is a no-op context for FP32 and the GradScaler is
+built disabled for BF16/FP32 (its calls are then pass-throughs).
+
+Rules (no silent fallbacks):
+- :data:`PRECISIONS` is the one table of what each precision runs (autocast dtype, parameter
+  dtype, loss scaling); configs name a precision and tune only its scaler numbers and TF32.
+- ``auto`` picks BF16 where the device executes it natively, FP16 on CUDA GPUs without BF16, FP32
+  otherwise, and records why.
+- A precision the device cannot run raises :class:`ConfigError` naming what to use instead.
+- An FP16 scaler is created for the real device type and checked to be enabled: never the
+  ``GradScaler("cuda")``-on-a-CPU-machine path that disables itself with only a warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from mptrain.config.schema import ConfigError, FP8Config, PrecisionConfig, ScalerConfig
+from mptrain.platform import hardware
+from mptrain.platform.distributed import DistContext, build_scaler_for
+from mptrain.platform.dtypes import dtype_name
+from mptrain.precision.fp8 import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Recipe, fp8_gemm_available
+
+
+@dataclass(frozen=True)
+class PrecisionSpec:
+    """What a precision runs: the one table validation, resolution, bench and tests read."""
+
+    autocast_dtype: torch.dtype | None  # None: no autocast
+    param_dtype: torch.dtype  # float32: FP32 master weights; else "pure" low-precision training
+    loss_scaling: bool  # dynamic loss scaling (torch.amp.GradScaler)
+    family: str  # what the device must execute natively: fp32 | fp16 | bf16
+    summary: str  # one line for people
+
+
+AUTO = "auto"  # resolved to fp32, fp16 or bf16 for the device (see _auto_choice)
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+PRECISIONS: dict[str, PrecisionSpec] = {
+    "fp32": PrecisionSpec(None, F32, False, "fp32", "FP32 throughout: the baseline"),
+    "fp16": PrecisionSpec(
+        F16, F32, True, "fp16", "FP16 autocast, FP32 master weights, loss scaling"
+    ),
+    "bf16": PrecisionSpec(BF16, F32, False, "bf16", "BF16 autocast, FP32 master weights"),
+    "fp8": PrecisionSpec(BF16, F32, False, "bf16", "FP8 Linear layers, BF16 autocast elsewhere"),
+    "fp16_noscale": PrecisionSpec(F16, F32, False, "fp16", "FP16 autocast without loss scaling"),
+    "fp16_pure": PrecisionSpec(None, F16, False, "fp16", "FP16 weights and state, no master copy"),
+    "bf16_pure": PrecisionSpec(None, BF16, False, "bf16", "BF16 weights and state, no master copy"),
+}
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    """The precision a run actually uses. ``requested`` is what the user asked for."""
+
+    requested: str
+    name: str  # a key of PRECISIONS: what runs
+    autocast_dtype: torch.dtype | None
+    loss_scaling: bool
+    scaler: ScalerConfig  # the loss scaler's numbers (used when loss_scaling)
+    allow_tf32: bool
+    device_type: str
+    reason: str  # why this precision: the user's choice, or how auto decided
+    notes: tuple[str, ...] = ()
+    fp8: FP8Recipe | None = None  # set for precision=fp8
+    param_dtype: torch.dtype = torch.float32  # float32 = master weights; else "pure" training
+
+    @property
+    def master_weights(self) -> bool:
+        return self.param_dtype == torch.float32
+
+    @property
+    def emulated(self) -> bool:
+        """True when FP8 numerics run without FP8 hardware (no speed-up to compare)."""
+        return self.fp8 is not None and not self.fp8.real_gemm
+
+    @property
+    def label(self) -> str:
+        """What ran, for people: "fp8 (emulated)" when the FP8 GEMMs were emulated."""
+        return f"{self.name} (emulated)" if self.emulated else self.name
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Context for forward and loss: torch.autocast with the policy dtype, or nothing (FP32)."""
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
+
+    def describe(self) -> str:
+        scaling = "dynamic loss scaling" if self.loss_scaling else "no loss scaling"
+        dtype = dtype_name(self.autocast_dtype) or "none"
+        if self.fp8 is not None:
+            gemm = "torch._scaled_mm" if self.fp8.real_gemm else "emulated GEMMs"
+            return f"{self.label} (FP8 Linear layers via {gemm}, autocast {dtype} elsewhere)"
+        return f"{self.name} (autocast {dtype}, {scaling})"
+
+
+def _auto_choice(device: torch.device) -> tuple[str, str]:
+    if device.type == "cuda":
+        major, minor = hardware.cuda_capability(device)
+        if hardware.cuda_has_native_bf16(device):
+            return "bf16", f"GPU compute capability {major}.{minor} >= 8.0 has BF16 tensor cores"
+        return (
+            "fp16",
+            f"GPU compute capability {major}.{minor} < 8.0 has no BF16: FP16 + loss scaling",
+        )
+    if hardware.cpu_has_native_bf16():
+        return "bf16", "CPU executes BF16 natively (AVX512-BF16/AMX-BF16)"
+    return "fp32", "CPU has no native BF16 and FP16 CPU kernels are slow: FP32"
+
+
+def _check_family(family: str, name: str, device: torch.device) -> tuple[str, ...]:
+    if device.type == "cuda" and family == "bf16" and not hardware.cuda_has_native_bf16(device):
+        major, minor = hardware.cuda_capability(device)
+        raise ConfigError(
+            f"precision={name}: GPU {torch.cuda.get_device_name(device)} (compute capability "
+            f"{major}.{minor}) has no native BF16 (needs >= 8.0); use precision=fp16 or precision=fp32"
+        )
+    if device.type == "cpu" and family == "fp16":
+        return ("FP16 on CPU: matmuls may use AVX512-FP16, convolutions take a very slow path",)
+    if device.type == "cpu" and family == "bf16" and not hardware.cpu_has_native_bf16():
+        return ("BF16 on a CPU without native BF16: emulated in FP32 units, expect it slower",)
+    return ()
+
+
+def _device_words(device: torch.device) -> str:
+    if device.type != "cuda":
+        return f"the {device.type.upper()}"
+    major, minor = hardware.cuda_capability(device)
+    return f"GPU compute capability {major}.{minor}"
+
+
+def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[str, ...]]:
+    """The FP8 recipe for ``device``: real GEMMs where possible, emulation only where allowed."""
+    available = fp8_gemm_available(device)
+    required = ".".join(map(str, MIN_FP8_CAPABILITY))
+    if cfg.emulate is False and not available:
+        raise ConfigError(
+            f"fp8.emulate=false: real FP8 GEMMs need an NVIDIA GPU of compute capability >= "
+            f"{required}; found {_device_words(device)}. Use fp8.emulate=null to emulate, or bf16"
+        )
+    if cfg.backend == "torchao":
+        if cfg.emulate:
+            raise ConfigError(
+                "fp8.emulate=true: the torchao backend always runs real FP8 GEMMs; "
+                "use fp8.backend=builtin to emulate"
+            )
+        _check_torchao(available, device, required)
+    real = available and cfg.emulate is not True
+    recipe = FP8Recipe(
+        forward_dtype=E4M3,
+        backward_dtype=E5M2 if cfg.format == "hybrid" else E4M3,
+        scaling=cfg.scaling,
+        granularity=cfg.granularity,
+        amax_history_len=cfg.amax_history_len,
+        amax_compute_algo=cfg.amax_compute_algo,
+        margin=cfg.margin,
+        real_gemm=real,
+        pow2_scales=cfg.pow2_scales,
+        min_features=cfg.min_features,
+    )
+    notes = ()
+    if not real:
+        why = "fp8.emulate=true" if cfg.emulate else f"no FP8 GEMMs on {_device_words(device)}"
+        notes = (
+            f"fp8 (emulated): {why}; FP8 numerics with FP32 matmuls, no speed-up, "
+            "throughput not comparable",
+        )
+    return recipe, notes
+
+
+def _check_torchao(available: bool, device: torch.device, required: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("torchao") is None:
+        raise ConfigError("fp8.backend=torchao: torchao is not installed; pip install torchao")
+    if not available:
+        raise ConfigError(
+            f"fp8.backend=torchao: torchao float8 training needs compute capability >= {required}; "
+            f"found {_device_words(device)}. Use fp8.backend=builtin (emulates there)"
+        )
+
+
+def resolve_precision(
+    cfg: PrecisionConfig, device: torch.device, fp8: FP8Config | None = None
+) -> PrecisionPolicy:
+    """Decide the run's precision for ``device``. Raises ConfigError if it cannot run there."""
+    if cfg.name == AUTO:
+        name, reason = _auto_choice(device)
+    else:
+        name, reason = cfg.name, "requested"
+    spec = PRECISIONS[name]
+    notes = _check_family(spec.family, name, device)
+    recipe = None
+    if name == "fp8":
+        recipe, fp8_notes = resolve_fp8(fp8 or FP8Config(), device)
+        notes += fp8_notes
+    if spec.autocast_dtype == torch.float16 and not spec.loss_scaling:
+        notes += ("FP16 without loss scaling: small gradients may underflow to zero",)
+    if spec.param_dtype != torch.float32:
+        notes += (
+            f"pure {spec.family.upper()}: no FP32 master weights; parameters, updates and "
+            "optimizer state are low precision",
+        )
+    return PrecisionPolicy(
+        requested=cfg.name,
+        name=name,
+        autocast_dtype=spec.autocast_dtype,
+        loss_scaling=spec.loss_scaling,
+        scaler=cfg.scaler,
+        allow_tf32=cfg.allow_tf32,
+        device_type=device.type,
+        reason=reason,
+        notes=notes,
+        fp8=recipe,
+        param_dtype=spec.param_dtype,
+    )
+
+
+def to_model_input(
+    images: torch.Tensor, policy: PrecisionPolicy, channels_last: bool
+) -> torch.Tensor:
+    """Float inputs in the parameters' dtype ("pure" low precision) and memory format; token
+    ids stay integers."""
+    if policy.param_dtype != torch.float32 and images.is_floating_point():
+        images = images.to(policy.param_dtype)
+    if channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    return images
+
+
+def build_grad_scaler(
+    policy: PrecisionPolicy, dist: DistContext | None = None
+) -> torch.amp.GradScaler:
+    """A GradScaler for the policy's real device type; enabled exactly when the policy scales.
+
+    Under FSDP the sharded variant (inf flag all-reduced across ranks). Raises RuntimeError if
+    torch disabled a scaler that was asked for (the warn-and-disable path).
+    """
+    s = policy.scaler
+    enabled = policy.loss_scaling
+    scaler = build_scaler_for(
+        dist or DistContext(),
+        policy.device_type,
+        init_scale=s.init_scale,
+        growth_factor=s.growth_factor,
+        backoff_factor=s.backoff_factor,
+        growth_interval=s.growth_interval,
+        enabled=enabled,
+    )
+    if enabled and not scaler.is_enabled():
+        raise RuntimeError(
+            f"torch disabled the loss scaler for device type {policy.device_type!r}; "
+            "FP16 would run unscaled. Use precision=bf16 or fp32."
+        )
+    return scaler
+
+
+def _fp32_precision_api() -> bool:
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+def apply_tf32(allow_tf32: bool) -> dict[str, Any]:
+    """Set the TF32 flags for FP32 matmuls/convs (CUDA only) and return them as they now read.
+
+    Uses the ``fp32_precision`` API where torch has it (2.9+); mixing it with the legacy
+    ``allow_tf32`` flags makes torch raise, so only one of the two is ever touched.
+    """
+    if _fp32_precision_api():
+        mode = "tf32" if allow_tf32 else "ieee"
+        torch.backends.cuda.matmul.fp32_precision = mode
+        torch.backends.cudnn.conv.fp32_precision = mode
+        torch.backends.cudnn.rnn.fp32_precision = mode
+        return {
+            "allow_tf32": allow_tf32,
+            "api": "fp32_precision",
+            "cuda_matmul": torch.backends.cuda.matmul.fp32_precision,
+            "cudnn_conv": torch.backends.cudnn.conv.fp32_precision,
+            "cudnn_rnn": torch.backends.cudnn.rnn.fp32_precision,
+            "mkldnn_matmul": torch.backends.mkldnn.matmul.fp32_precision,
+        }
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32
+    return {
+        "allow_tf32": allow_tf32,
+        "api": "allow_tf32",
+        "cuda_matmul": "tf32" if torch.backends.cuda.matmul.allow_tf32 else "ieee",
+        "cudnn_conv": "tf32" if torch.backends.cudnn.allow_tf32 else "ieee",
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+    }
+
+
+def keep_in_fp32(model: nn.Module, patterns: list[str], device_type: str) -> list[str]:
+    """Run the modules matching ``patterns`` outside autocast, in FP32. Returns their names.
+
+    The module's own forward is wrapped on the instance: parameters and state_dict keys are
+    unchanged. Floating-point inputs are cast to FP32; the output stays FP32.
+    """
+    matched = []
+    for name, module in model.named_modules():
+        if name and any(fnmatch.fnmatchcase(name, p) for p in patterns):
+            original = module.forward
+
+            def forward(*args: Any, _original: Callable[..., Any] = original, **kwargs: Any) -> Any:
+                args = tuple(
+                    a.float() if torch.is_tensor(a) and a.is_floating_point() else a for a in args
+                )
+                with torch.autocast(device_type, enabled=False):
+                    return _original(*args, **kwargs)
+
+            module.forward = forward  # type: ignore[method-assign]
+            matched.append(name)
+    return matched

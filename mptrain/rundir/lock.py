@@ -1,0 +1,172 @@
+"""A run owns its directory: one run at a time, and never over another run's checkpoints.
+
+- :class:`RunDirLock`: an ``flock`` on ``<run dir>/.mptrain.lock``, whose content names the
+  holder (pid, host, start time). A second run in the directory is refused with one line naming
+  the holder; a lock left by a run that is gone (the kernel released it) is reported and taken
+  over. :func:`check_run_dir_free` does both checks before Hydra writes into the directory.
+- :func:`check_no_other_run`: a fresh run (no ``resume``) refuses a directory that holds another
+  run's checkpoints, unless ``overwrite=true`` (then those checkpoints are deleted, and the run
+  says so).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+import tempfile
+from pathlib import Path
+from types import TracebackType
+
+from mptrain.config.schema import NAME_MAX, PATH_MAX, ConfigError
+from mptrain.output.report import METRICS_JSONL
+from mptrain.rundir.checkpoint import CHECKPOINT_DIR, LATEST, candidates
+
+LOCK_NAME = ".mptrain.lock"
+
+
+class RunDirLock:
+    """Exclusive ownership of a run directory for the life of a run (see the module doc).
+
+    An ``flock`` on ``.mptrain.lock``, which the kernel releases when its holder exits, however it
+    exits (kill -9 included): no pid guessing, no race between two runs taking over the same stale
+    lock. The file names the holder (pid, host, start time) for the refusal message. It is deleted
+    on release while still locked; a run that locked the deleted file notices and locks anew.
+    ``stale_note`` says whose lock was left behind by a run that is gone, if any.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / LOCK_NAME
+        self.stale_note: str | None = None
+        self._fd: int | None = None
+
+    def __enter__(self) -> RunDirLock:
+        while True:  # until the file we lock is the one at the path (see __exit__)
+            fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise ConfigError(
+                    f"run directory {self.path.parent}: in use by another run "
+                    f"({_holder(self.path)}); choose another hydra.run.dir or wait for it to finish"
+                ) from None
+            if _same_file(fd, self.path):
+                break
+            os.close(fd)  # its holder removed it as we opened it: lock the new one
+        previous = _holder(self.path, missing="")
+        if previous:
+            self.stale_note = f"took over the lock of a run that is gone ({previous})"
+        owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started_at": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+        }
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(owner).encode(), 0)
+        self._fd = fd
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._fd is not None:
+            # Removed while still locked, so a run waiting on this file sees it is gone (the
+            # check in __enter__) instead of locking a file nobody else can see.
+            self.path.unlink(missing_ok=True)
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.fstat(fd).st_ino == os.stat(path).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _holder(path: Path, missing: str = "holder unknown") -> str:
+    """The lock file's owner in words, or ``missing`` when it names none."""
+    try:
+        owner = json.loads(path.read_text() or "null")
+        return f"pid {owner['pid']} on {owner['host']}, since {owner['started_at']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return missing
+
+
+def check_run_dir_free(output_dir: Path, resume: str | None, overwrite: bool) -> None:
+    """Before Hydra writes into ``output_dir`` (its .hydra/ record): refuse a directory another
+    run holds, or another run's checkpoints a fresh run would overwrite. Takes nothing."""
+    if not output_dir.is_dir():
+        return
+    if (output_dir / LOCK_NAME).exists():
+        with RunDirLock(output_dir):
+            pass  # raises ConfigError, naming the holder, while another run holds it
+    check_no_other_run(output_dir, resume, overwrite, dry_run=True)
+
+
+def check_creatable(path: Path, key: str) -> None:
+    """Refuse, before anything runs, a directory that cannot be created or written: an existing
+    file, a component or path longer than the file system allows, a read-only or virtual file
+    system (/proc). Creates nothing (a probe directory is made and removed in the nearest
+    existing ancestor)."""
+    too_long = next((p for p in path.parts if len(os.fsencode(p)) > NAME_MAX), None)
+    if too_long is not None or len(os.fsencode(str(path.absolute()))) > PATH_MAX:
+        what = f"a name of {len(os.fsencode(too_long))} bytes" if too_long else "the path"
+        raise ConfigError(
+            f"{key}={_short(path)}: {what} is longer than the file system allows "
+            f"({NAME_MAX} bytes per name, {PATH_MAX} per path)"
+        )
+    try:
+        exists = path.exists()
+    except OSError as exc:  # an ancestor that cannot be searched
+        raise ConfigError(f"{key}={_short(path)}: cannot look into it ({exc.strerror})") from exc
+    if exists:
+        if not path.is_dir():
+            raise ConfigError(f"{key}={_short(path)}: exists and is not a directory")
+        ancestor = path
+    else:
+        ancestor = next(p for p in path.absolute().parents if os.path.lexists(p))
+        if not ancestor.is_dir():
+            raise ConfigError(f"{key}={_short(path)}: {ancestor} is not a directory")
+    try:
+        probe = tempfile.mkdtemp(prefix=".mptrain-probe-", dir=ancestor)
+        os.rmdir(probe)
+    except OSError as exc:
+        raise ConfigError(
+            f"{key}={_short(path)}: cannot create directories in {ancestor} ({exc.strerror})"
+        ) from exc
+
+
+def _short(path: Path) -> str:
+    text = str(path)
+    return text if len(text) <= 120 else f"{text[:60]}...{text[-40:]} ({len(text)} characters)"
+
+
+def check_no_other_run(
+    output_dir: Path, resume: str | None, overwrite: bool, dry_run: bool = False
+) -> str | None:
+    """Refuse to start fresh over another run's checkpoints (see the module doc).
+
+    Returns a note when ``overwrite=true`` deleted them (and the old metrics.jsonl, so the new
+    run's log holds only its own steps), else None. ``dry_run``: check only, delete nothing.
+    """
+    directory = output_dir / CHECKPOINT_DIR
+    found = candidates(directory) if directory.is_dir() else []
+    if resume or not found:
+        return None
+    if not overwrite:
+        raise ConfigError(
+            f"run directory {output_dir}: holds another run's checkpoints (newest {found[0].name}); "
+            "continue it with resume=auto, or start over with overwrite=true"
+        )
+    if dry_run:
+        return None
+    for path in [*found, directory / LATEST, directory / "best.pt", output_dir / METRICS_JSONL]:
+        path.unlink(missing_ok=True)
+    return f"overwrite=true: deleted {len(found)} checkpoint(s) of the previous run in {directory}"

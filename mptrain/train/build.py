@@ -1,0 +1,293 @@
+"""Building a run: everything the training loop needs, from a typed config.
+
+:func:`prepare_run` is the one setup path — ``mptrain bench``, the tests and the benchmarks call
+it; ``mptrain`` runs call its two halves, :func:`resolve_run` and :func:`build_run`, so that a
+report written after a failed build still names the device, precision and TF32 flags:
+
+    seed -> device -> precision policy -> TF32 flags | data -> model (FP8 conversion, FP32
+    islands, "pure" casts, channels_last, DDP/FSDP wrapping) -> optimizer -> LR schedule ->
+    torch.compile -> loss scaler -> loop settings -> monitor -> fault injection (debug only)
+
+and returns a :class:`Run`; :func:`mptrain.train.loop.train_loop` trains it. Combinations that cannot
+run are refused by :func:`check_run` before anything is built; what only the built objects reveal
+(no FP8-eligible layer, no module matching ``numerics.fp32_modules``, a batch larger than the
+dataset, missing files) raises :class:`~mptrain.config.schema.ConfigError` during the build.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from mptrain.config.schema import ConfigError, RunConfig
+from mptrain.data.build import BatchLayout, DataBundle, build_data
+from mptrain.models.build import build_model, count_parameters
+from mptrain.models.task import Task, cross_entropy
+from mptrain.platform import hardware
+from mptrain.platform.distributed import DistContext, wrap_model
+from mptrain.platform.dtypes import dtype_name
+from mptrain.platform.seeding import seed_everything
+from mptrain.precision.diagnose import find_culprit
+from mptrain.precision.fp8 import apply_fp8, skip_summary
+from mptrain.precision.fp8_dist import FP8Sync, build_fp8_sync
+from mptrain.precision.policy import (
+    PrecisionPolicy,
+    apply_tf32,
+    build_grad_scaler,
+    keep_in_fp32,
+    resolve_precision,
+)
+from mptrain.train.components import Run
+from mptrain.train.faults import InfGradInjector
+from mptrain.train.monitor import Monitor, MonitorSettings
+from mptrain.train.optim import build_optimizer, build_scheduler
+from mptrain.train.state import LoopSettings
+
+
+def prepare_run(cfg: RunConfig, dist: DistContext | None = None) -> Run:
+    """Seed, resolve the device and precision, set TF32, and build the run (see module doc)."""
+    dist = dist or DistContext()
+    device, policy, tf32 = resolve_run(cfg, dist)
+    return build_run(cfg, device, policy, tf32, dist)
+
+
+def resolve_run(
+    cfg: RunConfig, dist: DistContext
+) -> tuple[torch.device, PrecisionPolicy, dict[str, Any]]:
+    """Seed (the same initial weights on every rank); decide device and precision; set TF32."""
+    seed_everything(cfg.seed)
+    device = _device_for(cfg.device, dist)
+    policy = resolve_precision(cfg.precision, device, cfg.fp8)
+    return device, policy, apply_tf32(policy.allow_tf32)
+
+
+def _device_for(request: str, dist: DistContext) -> torch.device:
+    device = hardware.resolve_device(request)
+    if dist.enabled and device.type == "cuda":
+        return torch.device("cuda", dist.local_rank)  # one GPU per process
+    return device
+
+
+def check_run(cfg: RunConfig, policy: PrecisionPolicy, dist: DistContext) -> None:
+    """Refuse combinations that cannot run, before anything is built."""
+    if cfg.debug.inject_inf_grad_steps and not policy.loss_scaling:
+        raise ConfigError(
+            "debug.inject_inf_grad_steps: needs a precision with loss scaling (fp16); "
+            f"{policy.name} has no scaler to skip the step"
+        )
+    if cfg.numerics.fp32_modules and not policy.master_weights:
+        raise ConfigError(
+            f"numerics.fp32_modules: precision={policy.name} keeps its weights in "
+            f"{dtype_name(policy.param_dtype)}, so no layer can run in FP32; "
+            "use a mixed precision (fp16, bf16) instead"
+        )
+    if dist.enabled and (cfg.audit or cfg.probe):
+        raise ConfigError("audit/probe: run them in a single process, not under torchrun")
+
+
+def build_run(
+    cfg: RunConfig,
+    device: torch.device,
+    policy: PrecisionPolicy,
+    tf32: dict[str, Any],
+    dist: DistContext,
+) -> Run:
+    """Data, model (FP32 parameters on ``device``), optimizer, schedule, scaler, loop settings.
+
+    Distributed (``dist``): this rank's data shard, and the model wrapped in DDP or FSDP2 before
+    the optimizer is built on its (possibly sharded) parameters; afterwards every rank reseeds
+    with ``seed + rank`` (its own dropout and other randomness).
+    """
+    check_run(cfg, policy, dist)
+    data = build_data(cfg.dataset, _batch_layout(cfg, device, dist))
+    task = Task(cfg.task, tokens_per_sample=data.sequence_length)
+    fsdp = dist.enabled and dist.strategy == "fsdp"
+    model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy, fsdp)
+    num_parameters = count_parameters(model)
+    # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
+    model = wrap_model(model, dist, device, policy.autocast_dtype)
+    fp8_sync, fp8 = _fp8_sync_for(model, dist, cfg, policy, fp8)
+    settings = plan_loop(cfg, data, dist)
+    optimizer = build_optimizer(cfg.optimizer, model, fused=dist.strategy != "fsdp")
+    scheduler = build_scheduler(
+        cfg.scheduler, optimizer, settings.steps_per_epoch, settings.total_steps
+    )
+    model = torch.compile(model) if cfg.compile else model
+    run = Run(
+        cfg=cfg,
+        device=device,
+        policy=policy,
+        dist=dist,
+        tf32=tf32,
+        data=data,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        scaler=build_grad_scaler(policy, dist),
+        loss_fn=functools.partial(cross_entropy, label_smoothing=cfg.label_smoothing),
+        task=task,
+        settings=settings,
+        monitor=_build_monitor(cfg, data, model, policy, dist, device),
+        num_parameters=num_parameters,
+        fp8=fp8,
+        fp32_modules=fp32_modules,
+        fp8_sync=fp8_sync,
+    )
+    _install_faults(run)
+    if dist.enabled:
+        seed_everything(cfg.seed + dist.rank)  # per-rank dropout and other randomness
+    return run
+
+
+def _batch_layout(cfg: RunConfig, device: torch.device, dist: DistContext) -> BatchLayout:
+    """How this rank's batches are cut: sizes, device, seed, its shard and window length."""
+    return BatchLayout(
+        batch_size=cfg.batch_size,
+        eval_batch_size=cfg.eval_batch_size,
+        device=device,
+        seed=cfg.seed,
+        num_workers=cfg.num_workers,
+        rank=dist.rank,
+        world=dist.world_size,
+        sequence_length=window_length(cfg),
+    )
+
+
+def _fp8_sync_for(
+    model: torch.nn.Module,
+    dist: DistContext,
+    cfg: RunConfig,
+    policy: PrecisionPolicy,
+    fp8: dict[str, Any] | None,
+) -> tuple[FP8Sync, dict[str, Any] | None]:
+    """What the ranks agree on for the wrapped ``model``'s FP8 layers, and the fp8 section with
+    a record of it."""
+    if fp8 is None or policy.fp8 is None:
+        return FP8Sync(), fp8
+    fp8_sync = build_fp8_sync(model, dist, cfg.fp8.backend, policy.fp8)
+    return fp8_sync, {**fp8, **fp8_sync.describe()}
+
+
+def build_model_for_run(
+    cfg: RunConfig,
+    data: DataBundle,
+    device: torch.device,
+    policy: PrecisionPolicy,
+    fsdp: bool = False,
+) -> tuple[torch.nn.Module, dict[str, Any] | None, list[str]]:
+    """The model with the precision recipe applied: (model, fp8 section, FP32 module names).
+
+    ``fsdp``: the model will be sharded with FSDP2 (torchao's FP8 layers then all-gather in FP8).
+    """
+    model = build_model(
+        cfg.model, data.in_channels, data.image_size, data.num_classes, device, data.sequence_length
+    )
+    fp8 = None
+    if policy.fp8 is not None:
+        sample, _ = next(iter(data.val.batches(0)))
+        fp8 = apply_fp8(
+            model,
+            replace(policy.fp8, fsdp_float8_all_gather=fsdp),
+            sample[:2],
+            include=list(cfg.fp8.include),
+            exclude=list(cfg.fp8.exclude),
+            keep_first_last=cfg.fp8.keep_first_last,
+            backend=cfg.fp8.backend,
+        )
+        fp8["compile"] = cfg.compile  # the report's model section counts the graphs and breaks
+        if not any(layer["converted"] for layer in fp8["layers"]):
+            raise ConfigError(
+                f"precision=fp8: no Linear layer of model={cfg.model.name} can run in FP8 "
+                f"({skip_summary(fp8['layers'])}); "
+                "see fp8.include/exclude/keep_first_last/min_features"
+            )
+    patterns = list(cfg.numerics.fp32_modules)
+    fp32_modules = keep_in_fp32(model, patterns, device.type)
+    if patterns and not fp32_modules:
+        raise ConfigError(
+            f"numerics.fp32_modules={patterns}: no module name matches; names look like "
+            f"{', '.join(n for n, _ in list(model.named_modules())[1:6])}"
+        )
+    if not policy.master_weights:  # "pure" low precision: no FP32 copy of the weights
+        model = model.to(policy.param_dtype)
+    if cfg.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return model, fp8, fp32_modules
+
+
+def window_length(cfg: RunConfig) -> int | None:
+    """Tokens per sample of a language model (its ``model.block_size``); None for classifiers."""
+    return getattr(cfg.model, "block_size", None) if cfg.task == "lm" else None
+
+
+def plan_steps(cfg: RunConfig, data: DataBundle) -> tuple[int, int]:
+    """(optimizer steps per epoch, total optimizer steps) for the configured length."""
+    steps_per_epoch = data.train.num_batches // cfg.grad_accum_steps
+    if steps_per_epoch < 1:
+        raise ConfigError(
+            f"grad_accum_steps={cfg.grad_accum_steps}: batch_size x grad_accum_steps = "
+            f"{cfg.batch_size * cfg.grad_accum_steps} exceeds the {data.num_train} training samples"
+        )
+    limits = []
+    if cfg.epochs is not None:
+        limits.append(cfg.epochs * steps_per_epoch)
+    if cfg.max_steps is not None:
+        limits.append(cfg.max_steps)
+    return steps_per_epoch, min(limits)
+
+
+def plan_loop(cfg: RunConfig, data: DataBundle, dist: DistContext) -> LoopSettings:
+    steps_per_epoch, total_steps = plan_steps(cfg, data)
+    return LoopSettings(
+        total_steps=total_steps,
+        steps_per_epoch=steps_per_epoch,
+        grad_accum_steps=cfg.grad_accum_steps,
+        clip_grad_norm=cfg.clip_grad_norm,
+        eval_every=cfg.eval_every,
+        eval_every_minutes=cfg.eval_every_minutes,
+        log_every=cfg.log_every,
+        probe_every=cfg.probe_every,
+        channels_last=cfg.channels_last,
+        dist=dist,
+    )
+
+
+def _build_monitor(
+    cfg: RunConfig,
+    data: DataBundle,
+    model: torch.nn.Module,
+    policy: PrecisionPolicy,
+    dist: DistContext,
+    device: torch.device,
+) -> Monitor:
+    settings = MonitorSettings(
+        samples_per_step=data.train.batch_size * cfg.grad_accum_steps * dist.world_size,
+        tokens_per_sample=data.sequence_length,
+        precision=policy.name,
+        throughput_warmup_steps=cfg.throughput_warmup_steps,
+        health=cfg.numerics,
+        # The re-run of a batch would call collectives on some ranks only: single process only.
+        find_culprit=cfg.numerics.find_culprit and not dist.enabled,
+    )
+
+    def culprit_finder(images: torch.Tensor, labels: torch.Tensor, loss_scale: float) -> Any:
+        return find_culprit(model, images, labels, policy.autocast, loss_scale)
+
+    return Monitor(settings, device, culprit_finder)
+
+
+def _install_faults(run: Run) -> None:
+    """``debug.inject_inf_grad_steps``: hook the scaler and first parameter (see faults.py)."""
+    debug = run.cfg.debug
+    if not debug.inject_inf_grad_steps or debug.inject_inf_grad_rank not in (None, run.dist.rank):
+        return
+    injector = InfGradInjector(
+        frozenset(debug.inject_inf_grad_steps),
+        run.settings.grad_accum_steps,
+        sharded=run.dist.enabled and run.dist.strategy == "fsdp",
+        steps_done=lambda: run.state.step,
+    )
+    injector.install(run.model, run.scaler)

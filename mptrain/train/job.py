@@ -1,0 +1,550 @@
+"""One training run from a typed config: build it, train it, write its report.
+
+:func:`train` is what the CLI calls for each Hydra job and what tests call directly. It takes plain
+objects (a :class:`~mptrain.config.schema.RunConfig` and an output directory) and never sees OmegaConf.
+A :class:`_Job` follows the run through its life, in this order:
+
+    resolve device and precision -> build (mptrain.train.build) -> audit / probe when asked ->
+    resume when asked -> checkpointer -> trackers -> train_loop (metrics, progress, trackers,
+    signals) -> final checkpoint -> report.json / report.md / curves.png -> trackers' artifacts
+
+Whatever happens after the output directory is known — completion, divergence, an interrupt, an
+exception — a report is written with the matching status before the exception (if any) propagates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.markup import escape
+
+from mptrain.config.schema import ConfigError, RunConfig
+from mptrain.data.build import DataBundle
+from mptrain.models.build import compile_counts, model_facts
+from mptrain.models.task import Task
+from mptrain.output.joblog import JobLog, job_console
+from mptrain.output.metrics import MetricsLog, read_metrics, truncate_after
+from mptrain.output.plots import RUN_PNG, FigureWorker, plot_run
+from mptrain.output.progress import ProgressDisplay
+from mptrain.output.report import (
+    METRICS_JSONL,
+    CheckpointsSection,
+    DataSection,
+    EvaluationSection,
+    MemorySection,
+    ModelSection,
+    NumericsSection,
+    OptimizerSection,
+    PrecisionSection,
+    RunReport,
+    ThroughputSection,
+    TimeSection,
+    TrainingSection,
+    print_summary,
+    summary_rows,
+    write_report,
+)
+from mptrain.output.trackers import Trackers, start_trackers
+from mptrain.platform import hardware
+from mptrain.platform.distributed import DistContext, init_distributed, shutdown
+from mptrain.platform.dtypes import dtype_name
+from mptrain.platform.seeding import seed_everything
+from mptrain.platform.signals import GracefulStop, Terminated
+from mptrain.precision.diagnose import write_diagnostics
+from mptrain.precision.fp8 import fp8_layer_stats
+from mptrain.precision.policy import PrecisionPolicy
+from mptrain.rundir.checkpoint import (
+    CHECKPOINT_DIR,
+    Checkpointer,
+    check_compatible,
+    resolve_resume,
+    restore,
+    run_signature,
+)
+from mptrain.rundir.lock import RunDirLock, check_no_other_run
+from mptrain.train.build import build_run, resolve_run
+from mptrain.train.components import Run
+from mptrain.train.loop import LoopHooks, train_loop
+from mptrain.train.optim import optimizer_implementation
+from mptrain.train.recipe import recipe_verdict
+from mptrain.train.state import LoopState
+
+
+class RunInterrupted(RuntimeError):
+    """Raised by :func:`train` after a SIGINT/SIGTERM stop: checkpoint and report are written."""
+
+    def __init__(self, exit_code: int, report: RunReport) -> None:
+        super().__init__(f"interrupted (exit code {exit_code})")
+        self.exit_code = exit_code
+        self.report = report
+
+
+class RunFailed(RuntimeError):
+    """Raised by :func:`train` after the report was written with status failed or diverged."""
+
+    def __init__(self, status: str, reason: str, report: RunReport) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.report = report
+
+
+def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> RunReport:
+    """Run one job and write its report into ``output_dir``; return the report.
+
+    Raises ConfigError (bad input found before training: no report is written), RunFailed (the
+    run diverged or crashed; the report says why), RunInterrupted (SIGINT/SIGTERM during training:
+    the step finished, a checkpoint and the report written), or KeyboardInterrupt (an interrupt
+    outside training; report: interrupted).
+    """
+    dist = init_distributed(cfg.device, cfg.distributed.strategy, cfg.distributed.reduce_dtype)
+    try:
+        if not dist.is_main:  # rank 0 speaks for the job and owns its directory
+            silent = JobLog(Console(quiet=True), enabled=False)
+            return _Job(cfg, output_dir, dist, silent).execute()
+        check_output_dir(output_dir)
+        # What the job says goes to stdout once and into the job's log file (mptrain.output.joblog).
+        with JobLog(console or job_console()) as log, RunDirLock(output_dir) as lock:
+            if lock.stale_note:
+                log.say(lock.stale_note, "note")
+            overwritten = check_no_other_run(output_dir, cfg.resume, cfg.overwrite)
+            if overwritten:
+                log.say(overwritten, "note")
+            job = _Job(cfg, output_dir, dist, log)
+            with FigureWorker() as job.figures:
+                return job.execute()
+    finally:
+        shutdown(dist)
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """Fail before training, not at the first save, when the run directory is not writable."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"output directory {output_dir}: cannot create it ({exc.strerror})"
+        ) from exc
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"output directory {output_dir}: not writable by this user")
+
+
+class _Job:
+    """One job's life (see the module doc); always ends with a report once it has started."""
+
+    def __init__(self, cfg: RunConfig, output_dir: Path, dist: DistContext, log: JobLog) -> None:
+        self.cfg, self.output_dir, self.dist = cfg, output_dir, dist
+        self.log, self.console = log, log.console
+        self.started_at = _now()
+        self.start_time = time.perf_counter()
+        self.compile_counts_at_start = compile_counts() if cfg.compile else None
+        # Decided before the build, so a report of a failed build still names them.
+        self.device = torch.device("cpu")
+        self.policy: PrecisionPolicy | None = None
+        self.tf32: dict[str, Any] | None = None
+        self.run: Run | None = None
+        self.resumed: dict[str, Any] | None = None
+        self.checkpointer: Checkpointer | None = None
+        self.stop: GracefulStop | None = None
+        self.trackers: Trackers | None = None
+        self.figures: FigureWorker | None = None  # rank 0: draws curves.png
+
+    @property
+    def state(self) -> LoopState:
+        return self.run.state if self.run is not None else LoopState()
+
+    def execute(self) -> RunReport:
+        try:
+            self._prepare()
+            self._loop()
+        except ConfigError:
+            raise
+        except KeyboardInterrupt as exc:
+            name = "SIGTERM" if isinstance(exc, Terminated) else "interrupted"
+            where = f"at step {self.state.step}" if self.run else "before training"
+            self._report("interrupted", f"{name} {where}")
+            raise
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            raise RunFailed("failed", reason, self._report("failed", reason)) from exc
+        return self._conclude()
+
+    def _prepare(self) -> None:
+        cfg = self.cfg
+        self.device, self.policy, self.tf32 = resolve_run(cfg, self.dist)
+        self.run = run = build_run(cfg, self.device, self.policy, self.tf32, self.dist)
+        self._announce()
+        write_diagnostics(run, self.output_dir, self.console)
+        if cfg.resume:
+            self.resumed = self._resume()
+        if cfg.checkpoint.enabled:
+            signature = run_signature(cfg, self.policy)
+            self.checkpointer = Checkpointer(self.output_dir / CHECKPOINT_DIR, run, signature)
+
+    def _announce(self) -> None:
+        run, policy = self.run, self.policy
+        auto = "" if policy.requested == policy.name else f" (auto: {policy.reason})"
+        what = f"{self.cfg.model.name} on {run.data.description} | {policy.describe()}{auto}"
+        self.log.say(
+            f"mptrain {what} | {run.device} | run dir {self.output_dir}",
+            markup=f"[bold]mptrain[/bold] {escape(what)} | {run.device} | run dir "
+            f"{escape(str(self.output_dir))}",
+        )
+        for note in policy.notes:
+            self.log.say(note, "note")
+
+    def _resume(self) -> dict[str, Any]:
+        cfg, run, dist = self.cfg, self.run, self.dist
+        found = resolve_resume(cfg.resume, self.output_dir)
+        if found is None:
+            note = f"{no_checkpoint_hint(self.output_dir)}; started fresh"
+            if self.dist.is_main:  # a fresh start logs from step 1 again
+                truncate_after(self.output_dir / METRICS_JSONL, 0)
+            self.log.say(note, "resume=auto")
+            return {"requested": cfg.resume, "from": None, "note": note}
+        path, payload, notes = found
+        allowed = check_compatible(
+            payload, run_signature(cfg, self.policy), path, cfg.resume_allow_changes
+        )
+        saved_world = payload.get("world_size", 1)
+        if saved_world != dist.world_size:
+            notes.append(
+                f"saved at world size {saved_world}, resumed at {dist.world_size}: weights, "
+                "optimizer and scaler state load as saved; the data position is placed by step count"
+            )
+        notes += restore(payload, run, path)
+        if dist.is_main:  # the steps after the checkpoint will be logged again
+            dropped = truncate_after(self.output_dir / METRICS_JSONL, run.state.step)
+            if dropped:
+                notes.append(f"metrics.jsonl: {dropped} row(s) after step {run.state.step} removed")
+        if dist.enabled:  # rank 0's RNG was saved: give each rank its own stream again
+            seed_everything(cfg.seed + dist.rank + run.state.step)
+        for note in notes:
+            self.log.say(note, "resume")
+        self.log.say(f"resumed from {path} at step {run.state.step}")
+        return {
+            "requested": cfg.resume,
+            "from": str(path),
+            "step": run.state.step,
+            "allowed_differences": allowed,
+            "notes": notes,
+        }
+
+    def _loop(self) -> None:
+        cfg, run, checkpointer = self.cfg, self.run, self.checkpointer
+        total, start = run.settings.total_steps, run.state.step
+        if self.dist.is_main and cfg.logger:  # first: one that cannot start leaves nothing open
+            self.trackers = start_trackers(cfg, self.output_dir, start, self.log.warn)
+        # Only rank 0 writes metrics and shows progress.
+        metrics = MetricsLog(self.output_dir / METRICS_JSONL) if self.dist.is_main else None
+        show = cfg.progress and self.dist.is_main
+        label = f"{self.policy.name} {cfg.model.name}"
+        try:
+            with (
+                ProgressDisplay(total, label, self.console, show, self.log, start) as display,
+                GracefulStop() as stop,
+            ):
+                self.stop = stop
+                observers = (metrics, display, self.trackers)
+                hooks = LoopHooks(
+                    observers=tuple(o for o in observers if o is not None),
+                    checkpoint=checkpointer.after_step if checkpointer else None,
+                    stop_requested=stop.requested,
+                )
+                state = train_loop(run, hooks)
+                ended = state.stopped or state.step == run.settings.total_steps
+                if ended and checkpointer and state.step not in checkpointer.steps:
+                    # The final state (or the interrupted one) is always saved; still inside the
+                    # signal handlers, so a second signal waits for the write.
+                    checkpointer.save(state)
+        finally:
+            if metrics:
+                metrics.close()
+
+    def _kept(self) -> str:
+        """What a run that could not write its report still leaves behind."""
+        c = self.checkpointer
+        checkpoint = f"checkpoint {c.saved[-1]} (intact)" if c and c.saved else "no checkpoint"
+        return f"{checkpoint}, {METRICS_JSONL}"
+
+    def _conclude(self) -> RunReport:
+        """Report the run's outcome; raise for anything but a completed run."""
+        state, diverged = self.run.state, self.run.monitor.diverged_reason
+        if state.stopped and self.stop is not None:
+            name = signal.Signals(self.stop.signum).name
+            saved = self.checkpointer is not None and state.step in self.checkpointer.steps
+            reason = f"{name} at step {state.step}; " + (
+                "checkpoint written, resume with resume=auto"
+                if saved
+                else "no checkpoint (checkpoint.enabled=false): progress is lost"
+            )
+            raise RunInterrupted(self.stop.exit_code, self._report("interrupted", reason))
+        if diverged:
+            raise RunFailed("diverged", diverged, self._report("diverged", diverged))
+        return self._report("completed", None)
+
+    def _report(self, status: str, reason: str | None) -> RunReport:
+        """Build the report; rank 0 writes report.json, report.md and the curves."""
+        report = assemble_report(self, status, reason)
+        if not self.dist.is_main:
+            return report  # only rank 0 writes
+        try:
+            json_path, md_path = write_report(self.output_dir, report)  # first: it must exist
+        except OSError as exc:  # e.g. a full disk: say what survived, in one line
+            lost = f"report.json not written ({exc.strerror or exc}); kept: {self._kept()}"
+            self._finish_trackers("failed" if status == "completed" else status, [])
+            if status == "completed":
+                raise RunFailed("failed", lost, report) from exc
+            # Another outcome is under way (its exception propagates): only say what was lost.
+            self.log.warn(lost)
+            return report
+        metrics_path = self.output_dir / METRICS_JSONL
+        if metrics_path.is_file():
+            title = f"{report.precision.label or self.cfg.precision.name} {self.cfg.model.name}"
+            try:
+                draw = self.figures.plot_run if self.figures else plot_run
+                draw(read_metrics(metrics_path), title, self.output_dir / RUN_PNG)
+                report.figure = RUN_PNG
+                write_report(self.output_dir, report)
+            except Exception as exc:  # a figure is not worth losing the run over; say so
+                self.log.warn(f"curves.png not written: {exc}")
+        figure = self.output_dir / report.figure if report.figure else None
+        self._finish_trackers(status, [json_path, md_path, figure])
+        print_summary(self.console, report, json_path)
+        for key, value in summary_rows(report):  # the outcome, also in the job's log file
+            self.log.record(f"summary: {key}: {value}")
+        self.log.record(f"report: {json_path}")
+        return report
+
+    def _finish_trackers(self, status: str, artifacts: list[Path]) -> None:
+        """The outcome and the report files to the trackers; a failure there is only warned of."""
+        if self.trackers is not None:
+            self.trackers.finish(status, [p for p in artifacts if p is not None])
+            self.trackers = None
+
+
+def no_checkpoint_hint(output_dir: Path) -> str:
+    """Why resume=auto found nothing, and the run it may have meant: resume=auto continues the run
+    of the directory it is given, and without hydra.run.dir each command gets a new one."""
+    found = sorted(
+        (p.parent.parent for p in output_dir.parent.parent.glob("*/*/checkpoints/latest.json")),
+        key=lambda run_dir: (run_dir / CHECKPOINT_DIR / "latest.json").stat().st_mtime,
+    )
+    message = f"no checkpoint in {output_dir}"
+    if found:
+        message += (
+            f" (a new run directory); the most recent resumable run is {found[-1]}: "
+            f"mptrain resume=auto hydra.run.dir={found[-1]}"
+        )
+    return message
+
+
+def _now() -> str:
+    # Milliseconds: sweep comparisons tell jobs that ran at the same time by these (mptrain.commands.sweep).
+    return dt.datetime.now().astimezone().isoformat(timespec="milliseconds")
+
+
+# ------------------------------------------------------------------------------ the report
+def _model_section(job: _Job) -> ModelSection:
+    """The model's name and settings, what was built (source, class, adaptations) and, with
+    compile=true, the graphs and graph breaks torch.compile produced during the run."""
+    cfg, run = job.cfg, job.run
+    facts = model_facts(run.model) if run else None
+    built = dataclasses.asdict(facts) if facts else {}
+    compiled = {}
+    if job.compile_counts_at_start is not None:
+        start, now = job.compile_counts_at_start, compile_counts()
+        compiled = {
+            "compiled_graphs": now["graphs"] - start["graphs"],
+            "graph_breaks": now["graph_breaks"] - start["graph_breaks"],
+        }
+    return ModelSection(
+        cfg.model.name,
+        run.num_parameters if run else None,
+        cfg.channels_last,
+        cfg.compile,
+        **compiled,
+        **built,
+    )
+
+
+def assemble_report(job: _Job, status: str, reason: str | None) -> RunReport:
+    """The report from what the job got to: every section, whatever stage it stopped at."""
+    cfg, run, state = job.cfg, job.run, job.state
+    evaluation = _evaluation_section(state, run, cfg.task)
+    wall_time_s = time.perf_counter() - job.start_time
+    return RunReport(
+        status=status,
+        reason=reason,
+        output_dir=str(job.output_dir),
+        started_at=job.started_at,
+        finished_at=_now(),
+        wall_time_s=wall_time_s,
+        precision=_precision_section(cfg, job.policy),
+        tf32=job.tf32,
+        fp8={**run.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
+        if run and run.fp8
+        else None,
+        hardware=hardware.hardware_info(job.device),
+        versions=hardware.software_versions(),
+        seed=cfg.seed,
+        optimizer=OptimizerSection(
+            cfg.optimizer.name, optimizer_implementation(run.optimizer) if run else None
+        ),
+        model=_model_section(job),
+        data=_data_section(cfg, run, job.dist),
+        training=_training_section(cfg, run, state),
+        numerics=_numerics_section(run),
+        evaluation=evaluation,
+        throughput=_throughput_section(cfg, run, job.policy),
+        memory=MemorySection(
+            run.monitor.peak_memory_bytes if run else None, run.monitor.memory_kind if run else None
+        ),
+        distributed=job.dist.describe(),
+        resumed=job.resumed,
+        checkpoints=_checkpoints_section(job.checkpointer),
+        recipe=recipe_verdict(cfg, status, evaluation),
+        config=dataclasses.asdict(cfg),
+        time=_time_section(run, wall_time_s),
+    )
+
+
+def _precision_section(cfg: RunConfig, p: PrecisionPolicy | None) -> PrecisionSection:
+    if p is None:
+        return PrecisionSection(requested=cfg.precision.name)
+    return PrecisionSection(
+        requested=p.requested,
+        effective=p.name,
+        label=p.label,
+        emulated=p.emulated,
+        autocast_dtype=dtype_name(p.autocast_dtype),
+        loss_scaling=p.loss_scaling,
+        scaler={"enabled": p.loss_scaling, **dataclasses.asdict(p.scaler)},
+        reason=p.reason,
+        notes=list(p.notes),
+        master_weights_dtype=dtype_name(p.param_dtype),
+        master_weights=p.master_weights,
+    )
+
+
+def _data_section(cfg: RunConfig, run: Run | None, dist: DistContext) -> DataSection:
+    data = run.data if run else None
+    return DataSection(
+        description=data.description if data else cfg.dataset.name,
+        feed=data.train.feed if data else None,
+        num_train=data.num_train if data else None,
+        num_val=data.num_val if data else None,
+        batch_size=cfg.batch_size,
+        grad_accum_steps=cfg.grad_accum_steps,
+        effective_batch_size=cfg.batch_size * cfg.grad_accum_steps * dist.world_size,
+        skipped_bad_files=_bad_files(cfg, data),
+        pipeline=getattr(data.train, "pipeline", None) if data else None,
+        text=data.text.describe() if data and data.text else None,
+    )
+
+
+def _bad_files(cfg: RunConfig, data: DataBundle | None) -> int | None:
+    if data is None or not getattr(cfg.dataset, "skip_bad_files", False):
+        return None
+    return data.train.bad_files + data.val.bad_files
+
+
+def _training_section(cfg: RunConfig, run: Run | None, state: LoopState) -> TrainingSection:
+    monitor = run.monitor if run else None
+    scale = monitor.scale_stats if monitor else None
+    return TrainingSection(
+        steps=state.step,
+        total_steps=run.settings.total_steps if run else None,
+        steps_per_epoch=run.settings.steps_per_epoch if run else None,
+        epochs_completed=state.epoch,
+        samples_seen=state.samples_seen,
+        skipped_steps={"count": len(state.skipped_steps), "steps": state.skipped_steps},
+        loss_scale=dataclasses.asdict(scale) if scale else None,
+        final_train_loss=state.last_train_loss,
+        clip_grad_norm=cfg.clip_grad_norm,
+        zero_grad_fraction=monitor.probes.zero_grad_fraction if monitor else None,
+        updates_lost_fraction=monitor.probes.updates_lost_fraction if monitor else None,
+    )
+
+
+def _numerics_section(run: Run | None) -> NumericsSection:
+    if run is None:
+        return NumericsSection()
+    return NumericsSection(
+        **run.monitor.health.summary(),
+        culprit=run.monitor.culprit,
+        fp32_modules=run.fp32_modules,
+    )
+
+
+def _evaluation_section(state: LoopState, run: Run | None, task_name: str) -> EvaluationSection:
+    task = run.task if run else Task(task_name)  # a run that failed to build: the configured task
+    best, final = task.best(state.evals), state.evals[-1] if state.evals else None
+    text = run.data.text if run else None
+    return EvaluationSection(
+        final_val_accuracy=final["val_accuracy"] if final else None,
+        final_val_loss=final["val_loss"] if final else None,
+        best_val_accuracy=best["val_accuracy"] if best else None,
+        best_step=best["step"] if best else None,
+        history=state.evals,
+        task=task.name,
+        primary_metric=task.primary_metric,
+        best_val_loss=best["val_loss"] if best else None,
+        final_val_perplexity=final.get("val_perplexity") if final else None,
+        best_val_perplexity=best.get("val_perplexity") if best else None,
+        baseline_val_loss=text.unigram_val_loss if text else None,
+    )
+
+
+def _throughput_section(
+    cfg: RunConfig, run: Run | None, policy: PrecisionPolicy | None
+) -> ThroughputSection:
+    throughput = run.monitor.throughput if run else None
+    windows = throughput.windows if throughput else []
+    samples = run.monitor.settings.samples_per_step if run else 0
+    return ThroughputSection(
+        samples_per_s=throughput.samples_per_s if throughput else None,
+        measured_steps=throughput.measured_steps if throughput else 0,
+        measured_time_s=throughput.measured_time_s if throughput else 0.0,
+        warmup_steps=cfg.throughput_warmup_steps,
+        data_wait_fraction=throughput.data_wait_fraction if throughput else None,
+        # Emulated FP8 runs FP32 matmuls: its speed says nothing about FP8 hardware.
+        comparable=not (policy is not None and policy.emulated),
+        window_samples_per_s=[n * samples / s for n, s in windows],
+        tokens_per_s=run.monitor.tokens_per_s if run else None,
+        window_steps=[n for n, _ in windows],
+    )
+
+
+def _time_section(run: Run | None, wall_time_s: float) -> TimeSection | None:
+    if run is None:
+        return None
+    t = run.monitor.time
+    inside = t.training_s + t.evaluation_s + t.checkpoint_s
+    return TimeSection(
+        training_s=t.training_s,
+        evaluation_s=t.evaluation_s,
+        evaluations=t.evaluations,
+        checkpoint_s=t.checkpoint_s,
+        checkpoints=t.checkpoints,
+        other_s=max(wall_time_s - inside, 0.0),
+    )
+
+
+def _checkpoints_section(c: Checkpointer | None) -> CheckpointsSection | None:
+    if c is None:
+        return None
+    return CheckpointsSection(
+        directory=str(c.directory),
+        kept=[str(p) for p in c.saved],
+        latest=str(c.saved[-1]) if c.saved else None,
+        best=str(c.best[1]) if c.best else None,
+    )

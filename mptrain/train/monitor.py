@@ -1,0 +1,521 @@
+"""What a run measures and watches while it trains, kept out of the training loop.
+
+The loop hands every step's :class:`StepOutcome` to :meth:`Monitor.after_step`, which
+
+- counts throughput after warm-up (the :class:`Stopwatch` pauses around evaluation) and data wait;
+- averages the gradient/update probes;
+- records the loss scale's history (:class:`ScaleStats`) and feeds the per-step health watch
+  (:class:`ScaleHealth`): warnings once per kind, divergence with a reason;
+- searches for the module that first produced a non-finite value when the run diverges
+  (re-running the batch with hooks, once per run);
+- writes a metrics row to the observers every ``log_every`` steps (the loop's logging sync point).
+
+It also resets and reads the device's peak-memory counter. Its state (scale history, health,
+probe sums) is saved in checkpoints through :meth:`Monitor.state_dict` and restored with
+:meth:`Monitor.load_state_dict`, so a resumed run reports the figures of the whole run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+from mptrain.config.schema import NumericsConfig
+from mptrain.platform import hardware
+
+if TYPE_CHECKING:
+    from mptrain.train.state import LoopState
+
+# find(images, labels, loss_scale) -> the culprit description, or None when the batch re-ran finite
+CulpritFinder = Callable[[torch.Tensor, torch.Tensor, float], "dict[str, Any] | None"]
+
+
+class LoopObserver(Protocol):
+    """Receives what the run measured: the metrics log and the progress display implement it."""
+
+    def on_step(self, state: LoopState) -> None: ...
+
+    def on_log(self, row: dict[str, Any]) -> None: ...
+
+    def on_eval(self, row: dict[str, Any]) -> None: ...
+
+    def on_warning(self, message: str) -> None: ...
+
+
+@dataclass
+class StepOutcome:
+    """What one optimizer step produced, as the loop hands it to the monitor."""
+
+    loss: torch.Tensor  # the effective batch's loss, on the device (not read yet)
+    skipped: bool  # the loss scaler skipped the update (inf/NaN gradients)
+    scale: float | None  # the loss scale after the step's update; None without loss scaling
+    grad_norm: torch.Tensor | None  # unscaled FP32 norm, when clipping or logging needed it
+    batch: tuple[torch.Tensor, torch.Tensor]  # the last micro-batch, for the culprit search
+    data_wait_s: float = 0.0  # time spent waiting for this step's micro-batches
+    zero_grads: float | None = None  # probe: share of gradient values that were zero
+    updates_lost: float | None = None  # probe: share of non-zero gradients the update lost
+    loss_finite: bool = True  # with loss scaling: the loss was finite on every rank (read per step)
+
+
+@dataclass
+class ScaleStats:
+    """The dynamic loss scale's history: extremes, backoffs, growths and every change."""
+
+    initial: float
+    final: float
+    min: float
+    max: float
+    backoffs: int = 0
+    growths: int = 0
+    changes: list[tuple[int, float]] = field(default_factory=list)  # (step, new scale)
+
+    def record(self, step: int, scale: float) -> None:
+        if scale < self.final:
+            self.backoffs += 1
+        elif scale > self.final:
+            self.growths += 1
+        else:
+            return
+        self.final = scale
+        self.min = min(self.min, scale)
+        self.max = max(self.max, scale)
+        self.changes.append((step, scale))
+
+
+@dataclass
+class Throughput:
+    """Training samples and time after warm-up, evaluation excluded."""
+
+    measured_steps: int = 0
+    measured_samples: int = 0
+    measured_time_s: float = 0.0
+    data_wait_s: float = 0.0
+    # (steps, seconds) of each metrics-row interval measured whole (every step after warm-up),
+    # timed to the row's device read: the spread of the run's speed (mptrain.commands.spread).
+    windows: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def samples_per_s(self) -> float | None:
+        if self.measured_time_s <= 0:
+            return None
+        return self.measured_samples / self.measured_time_s
+
+    @property
+    def data_wait_fraction(self) -> float | None:
+        if self.measured_time_s <= 0:
+            return None
+        return self.data_wait_s / self.measured_time_s
+
+
+@dataclass
+class LoopTime:
+    """Where the loop's wall time went, in seconds: steps, evaluations, checkpoint writes."""
+
+    training_s: float = 0.0  # set by Monitor.end: the loop's time minus the pauses inside it
+    evaluation_s: float = 0.0
+    evaluations: int = 0
+    checkpoint_s: float = 0.0
+    checkpoints: int = 0
+
+    def add(self, kind: str, seconds: float) -> None:
+        """One pause of ``kind`` (evaluation | checkpoint)."""
+        setattr(self, f"{kind}_s", getattr(self, f"{kind}_s") + seconds)
+        setattr(self, f"{kind}s", getattr(self, f"{kind}s") + 1)
+
+
+@dataclass
+class Probes:
+    """Averages of the gradient/update probes taken every ``probe_every`` steps."""
+
+    probes: int = 0
+    zero_grad_fraction_sum: float = 0.0
+    update_probes: int = 0
+    updates_lost_fraction_sum: float = 0.0
+
+    def record(self, zero_grads: float | None, updates_lost: float | None) -> None:
+        if zero_grads is not None:
+            self.probes += 1
+            self.zero_grad_fraction_sum += zero_grads
+        if updates_lost is not None:
+            self.update_probes += 1
+            self.updates_lost_fraction_sum += updates_lost
+
+    @property
+    def zero_grad_fraction(self) -> float | None:
+        return self.zero_grad_fraction_sum / self.probes if self.probes else None
+
+    @property
+    def updates_lost_fraction(self) -> float | None:
+        return self.updates_lost_fraction_sum / self.update_probes if self.update_probes else None
+
+
+@dataclass
+class ScaleHealth:
+    """Watches the loss scale and the loss, step by step; says when to warn and when to stop.
+
+    ``observe`` is called once per optimizer step with values the loop already has on the host.
+    A warning is raised at most once per kind; ``diverged`` is set with a reason to stop the run.
+    """
+
+    settings: NumericsConfig  # min_loss_scale, warn_* and max_consecutive_nonfinite_loss
+    consecutive_backoffs: int = 0
+    consecutive_nonfinite_loss: int = 0
+    nonfinite_loss_steps: list[int] = field(default_factory=list)
+    recent_skips: list[bool] = field(default_factory=list)
+    warnings: list[dict[str, Any]] = field(default_factory=list)
+    diverged: str | None = None
+
+    def _warn_once(self, kind: str, step: int, message: str) -> str | None:
+        if any(w["kind"] == kind for w in self.warnings):
+            return None
+        self.warnings.append({"kind": kind, "step": step, "message": message})
+        return message
+
+    def observe(
+        self, step: int, skipped: bool, scale: float | None, grew: bool, loss_finite: bool
+    ) -> list[str]:
+        """Record one step; return the warnings raised by it (each kind only once per run)."""
+        s, raised = self.settings, []
+        if loss_finite:
+            self.consecutive_nonfinite_loss = 0
+        else:
+            self.consecutive_nonfinite_loss += 1
+            self.nonfinite_loss_steps.append(step)
+        if skipped:
+            self.consecutive_backoffs += 1
+        elif grew:
+            self.consecutive_backoffs = 0
+        self.recent_skips = [*self.recent_skips, skipped][-s.warn_window :]
+        if self.consecutive_backoffs >= s.warn_consecutive_backoffs:
+            raised.append(
+                self._warn_once(
+                    "consecutive_backoffs",
+                    step,
+                    f"loss scale backed off {self.consecutive_backoffs} times in a row without "
+                    f"growing (now {scale:g}) at step {step}: gradients keep overflowing",
+                )
+            )
+        rate = sum(self.recent_skips) / len(self.recent_skips)
+        if len(self.recent_skips) >= min(s.warn_window, 20) and rate > s.warn_skip_rate:
+            raised.append(
+                self._warn_once(
+                    "skip_rate",
+                    step,
+                    f"{rate:.0%} of the last {len(self.recent_skips)} steps were skipped "
+                    f"(threshold {s.warn_skip_rate:.0%}) at step {step}",
+                )
+            )
+        if scale is not None and skipped and scale <= s.min_loss_scale:
+            self.diverged = (
+                f"loss scale collapsed to {scale:g} (minimum {s.min_loss_scale:g}) at step {step}. "
+                "A collapsed scale means a real numerical problem (bad data, an unstable component, "
+                "a forward overflow), not a tuning issue; try precision=bf16, whose range needs no "
+                "scaling"
+            )
+        elif self.consecutive_nonfinite_loss >= s.max_consecutive_nonfinite_loss:
+            self.diverged = (
+                f"the loss was non-finite for {self.consecutive_nonfinite_loss} consecutive steps "
+                f"(up to step {step}): a forward overflow, which loss scaling cannot fix; try "
+                "precision=bf16 or keep the culprit layer in FP32 (numerics.fp32_modules)"
+            )
+        return [w for w in raised if w]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "nonfinite_loss_steps": {
+                "count": len(self.nonfinite_loss_steps),
+                "steps": self.nonfinite_loss_steps[:100],
+            },
+            "warnings": self.warnings,
+            "min_loss_scale": self.settings.min_loss_scale,
+        }
+
+
+class Stopwatch:
+    """Accumulates time into a :class:`Throughput`; pauses around evaluation.
+
+    On CUDA it synchronises at each start/stop so the interval covers the kernels, not just their
+    launch; it runs only at warm-up end, around evaluations and at the end of the run.
+    """
+
+    def __init__(self, device: torch.device, throughput: Throughput) -> None:
+        self.device = device
+        self.throughput = throughput
+        self.started_at: float | None = None
+
+    def start(self) -> None:
+        hardware.synchronize(self.device)
+        self.started_at = time.perf_counter()
+
+    def stop(self) -> None:
+        if self.started_at is not None:
+            hardware.synchronize(self.device)
+            self.throughput.measured_time_s += time.perf_counter() - self.started_at
+            self.started_at = None
+
+    @property
+    def running(self) -> bool:
+        return self.started_at is not None
+
+
+@dataclass
+class _Interval:
+    """Losses and timing since the last metrics row; read (one device sync) when a row is logged.
+
+    The per-step losses stay on the device as a list (appending costs no kernel); the row sums
+    them in one go.
+    """
+
+    started: float  # time.perf_counter() at the interval's start, evaluations excluded
+    losses: list[torch.Tensor] = field(default_factory=list)
+    measured: int = 0  # steps of the interval the throughput counted (after warm-up)
+
+    def restart(self) -> None:
+        self.losses.clear()
+        self.measured = 0
+        self.started = time.perf_counter()
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    """How the monitor measures and when it warns or stops (from the run's config)."""
+
+    samples_per_step: int  # batch size x micro-batches x world size
+    tokens_per_sample: int | None = None  # language models: the window length
+    precision: str = "fp32"  # the effective precision's name, for messages
+    throughput_warmup_steps: int = 5
+    health: NumericsConfig = field(default_factory=NumericsConfig)
+    find_culprit: bool = True  # single process only: the re-run would call collectives
+
+
+class Monitor:
+    """Measures the run step by step and decides warnings and divergence (see module doc).
+
+    Call order per run: :meth:`begin`, then per step :meth:`before_step` and :meth:`after_step`,
+    evaluations and checkpoint writes inside :meth:`paused`, and :meth:`end`. ``diverged_reason`` is set when the run
+    must stop; ``culprit`` holds the first non-finite module once searched for.
+    """
+
+    def __init__(
+        self,
+        settings: MonitorSettings,
+        device: torch.device,
+        culprit_finder: CulpritFinder | None = None,
+    ) -> None:
+        self.settings = settings
+        self.device = device
+        self.culprit_finder = culprit_finder
+        self.throughput = Throughput()
+        self.time = LoopTime()
+        self._loop_started: float | None = None
+        self.probes = Probes()
+        self.scale_stats: ScaleStats | None = None
+        self.health = ScaleHealth(settings.health)
+        self.scale: float | None = None  # the current loss scale, None without loss scaling
+        self.culprit: dict[str, Any] | None = None
+        self.diverged_reason: str | None = None
+        self.memory_kind: str | None = None  # what peak memory measures; None before begin()
+        self.stopwatch = Stopwatch(device, self.throughput)
+        self.observers: tuple[LoopObserver, ...] = ()
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._interval = _Interval(started=time.perf_counter())
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def begin(
+        self,
+        scaler: torch.amp.GradScaler,
+        optimizer: torch.optim.Optimizer,
+        observers: tuple[LoopObserver, ...],
+    ) -> None:
+        """Before the first step: read the loss scale, reset the peak-memory counter."""
+        self.observers = observers
+        self._optimizer = optimizer
+        self.memory_kind = hardware.reset_peak_memory(self.device)
+        self.scale = scaler.get_scale() if scaler.is_enabled() else None
+        if self.scale_stats is None and self.scale is not None:
+            s = self.scale
+            self.scale_stats = ScaleStats(initial=s, final=s, min=s, max=s)
+        self._interval.restart()
+        self._loop_started = time.perf_counter()
+
+    def before_step(self, steps_done: int) -> None:
+        if steps_done == self.settings.throughput_warmup_steps:
+            self.stopwatch.start()
+
+    def end(self) -> None:
+        self.stopwatch.stop()
+        if self._loop_started is not None:
+            t = self.time
+            elapsed = time.perf_counter() - self._loop_started
+            t.training_s = elapsed - t.evaluation_s - t.checkpoint_s
+            self._loop_started = None
+
+    @contextmanager
+    def paused(self, kind: str) -> Iterator[None]:
+        """Evaluations and checkpoint writes (``kind``) are not training time: neither the
+        throughput nor the row's samples/s count them; :attr:`time` records them."""
+        running, started = self.stopwatch.running, time.perf_counter()
+        self.stopwatch.stop()
+        try:
+            yield
+        finally:
+            elapsed = time.perf_counter() - started
+            self._interval.started += elapsed
+            self.time.add(kind, elapsed)
+            if running:
+                self.stopwatch.start()
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Language models: the measured samples/s times the window length; None otherwise."""
+        tokens, speed = self.settings.tokens_per_sample, self.throughput.samples_per_s
+        return speed * tokens if tokens and speed is not None else None
+
+    @property
+    def peak_memory_bytes(self) -> int | None:
+        return hardware.peak_memory_bytes(self.device) if self.memory_kind else None
+
+    # ------------------------------------------------------------------------------ per step
+    def after_step(self, state: LoopState, outcome: StepOutcome, logged: bool) -> None:
+        """Record one finished step (``state`` already counts it); log a row when ``logged``."""
+        self._interval.losses.append(outcome.loss)
+        self.probes.record(outcome.zero_grads, outcome.updates_lost)
+        if self.scale is not None:
+            self._watch_scale(state.step, outcome)
+        if self.stopwatch.running:
+            self._interval.measured += 1
+            self.throughput.measured_steps += 1
+            self.throughput.measured_samples += self.settings.samples_per_step
+            self.throughput.data_wait_s += outcome.data_wait_s
+        if not self.diverged_reason and logged:
+            self._log(state, outcome)
+            if not math.isfinite(state.last_train_loss) and self.scale is None:
+                self._diverge_without_scaler(state, outcome)
+        for observer in self.observers:
+            observer.on_step(state)
+
+    def record_eval(self, row: dict[str, Any]) -> None:
+        for observer in self.observers:
+            observer.on_eval(row)
+
+    def _watch_scale(self, step: int, outcome: StepOutcome) -> None:
+        """Scale history, health warnings (once per kind), divergence and its culprit."""
+        previous, self.scale = self.scale, outcome.scale
+        if self.scale != previous:
+            self.scale_stats.record(step, self.scale)
+        loss_finite = outcome.loss_finite  # agreed across ranks, or they would part ways
+        if not loss_finite and not self.health.nonfinite_loss_steps:
+            self._search_culprit(outcome, 1.0)
+        grew = self.scale > previous
+        for message in self.health.observe(step, outcome.skipped, self.scale, grew, loss_finite):
+            self._warn(message)
+        if self.health.diverged:
+            self._search_culprit(outcome, previous)  # at the scale that overflowed
+            self.diverged_reason = self.health.diverged + self._culprit_text()
+
+    def _diverge_without_scaler(self, state: LoopState, outcome: StepOutcome) -> None:
+        self._search_culprit(outcome, 1.0)
+        self.diverged_reason = (
+            f"training loss became {state.last_train_loss} by step {state.step} "
+            f"({self.settings.precision}, no loss scaler to skip the update)" + self._culprit_text()
+        )
+
+    def _log(self, state: LoopState, outcome: StepOutcome) -> None:
+        # The logging sync point: one device read for the loss and the gradient norm together.
+        device_values = [torch.stack(self._interval.losses).mean().float()]
+        if outcome.grad_norm is not None:
+            device_values.append(outcome.grad_norm)
+        mean_loss, *grad_norm = torch.stack(device_values).tolist()
+        now = time.perf_counter()  # after the read: the device finished the interval's work
+        state.last_train_loss = mean_loss
+        steps = len(self._interval.losses)
+        if self._interval.measured == steps:  # every step of the interval after warm-up
+            self.throughput.windows.append((steps, now - self._interval.started))
+        row = {
+            "kind": "train",
+            "step": state.step,
+            "epoch": state.epoch,
+            "loss": mean_loss,
+            "lr": self._optimizer.param_groups[0]["lr"],
+            "loss_scale": self.scale,
+            "grad_norm": grad_norm[0] if grad_norm else None,
+            "skipped": outcome.skipped,
+            "skipped_total": len(state.skipped_steps),
+            "zero_grad_fraction": outcome.zero_grads,
+            "updates_lost_fraction": outcome.updates_lost,
+            "samples_per_s": steps
+            * self.settings.samples_per_step
+            / (now - self._interval.started),
+        }
+        if self.settings.tokens_per_sample:
+            row["tokens_per_s"] = row["samples_per_s"] * self.settings.tokens_per_sample
+        for observer in self.observers:
+            observer.on_log(row)
+        self._interval.restart()
+
+    def _warn(self, message: str) -> None:
+        for observer in self.observers:
+            observer.on_warning(message)
+
+    def _search_culprit(self, outcome: StepOutcome, loss_scale: float) -> None:
+        """Name the first module that produced a non-finite value on this batch (once per run)."""
+        if self.culprit is None and self.settings.find_culprit and self.culprit_finder:
+            found = self.culprit_finder(*outcome.batch, loss_scale)
+            self.culprit = found or {"forward": None, "backward": None, "reproduced": False}
+
+    def _culprit_text(self) -> str:
+        if self.culprit is None:
+            return ""
+        if self.culprit.get("reproduced") is False:
+            return "; " + describe_culprit(None)
+        return "; " + describe_culprit(self.culprit)
+
+    # ------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """The measurements a resumed run continues from (throughput restarts with the run)."""
+        p = self.probes
+        return {
+            "scale": dataclasses.asdict(self.scale_stats) if self.scale_stats else None,
+            "health": dataclasses.asdict(self.health),
+            "probes": [
+                p.probes,
+                p.zero_grad_fraction_sum,
+                p.update_probes,
+                p.updates_lost_fraction_sum,
+            ],
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        if saved["scale"]:
+            scale = dict(saved["scale"])
+            scale["changes"] = [tuple(c) for c in scale["changes"]]
+            self.scale_stats = ScaleStats(**scale)
+        if saved["health"]:
+            health = {k: v for k, v in saved["health"].items() if k != "settings"}
+            self.health = ScaleHealth(settings=self.settings.health, **health)  # this run's limits
+        self.probes = Probes(*saved["probes"])
+
+
+def describe_culprit(culprit: dict[str, Any] | None) -> str:
+    """One line for a :func:`find_culprit` result: the forward culprit if any, else the backward."""
+    if culprit is None:
+        return "re-running the batch gave finite values (the failure did not reproduce)"
+    fwd, bwd = culprit.get("forward"), culprit.get("backward")
+    if fwd:
+        return (
+            f"forward: first non-finite output at {fwd['module']} ({fwd['module_type']}, "
+            f"{fwd['dtype']}); largest finite value before it {fwd['largest_finite_before']:.4g}; "
+            f"{fwd['kind']}"
+        )
+    return (
+        f"backward: first non-finite gradient at {bwd['module']} ({bwd['module_type']}, "
+        f"{bwd['dtype']}) with loss scale {culprit['loss_scale']:g}; largest finite incoming "
+        f"gradient {bwd['largest_finite_grad_output']:.4g}"
+    )
