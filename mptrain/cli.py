@@ -224,7 +224,7 @@ def _exit_if_jobs_failed(sweep_dir: Path, launched: float) -> None:
     directory belongs to this launch when Hydra wrote its ``.hydra/`` record (or the job its
     report) since ``launched``; a sweep directory may hold earlier sweeps' jobs."""
     from mptrain.commands.sweep import find_runs
-    from mptrain.output.report import FAILURE_JSON, REPORT_JSON
+    from mptrain.rundir.layout import FAILURE_JSON, REPORT_JSON
 
     def written_since(path: Path) -> bool:
         return path.is_file() and path.stat().st_mtime >= launched

@@ -8,9 +8,9 @@ from conftest import tiny_run, train
 
 import mptrain.train.cadence
 from mptrain.platform.distributed import DistContext
-from mptrain.rundir.checkpoint import Checkpointer
 from mptrain.train.build import prepare_run
 from mptrain.train.cadence import TimeCadence
+from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.state import LoopState
 

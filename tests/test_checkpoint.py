@@ -32,8 +32,6 @@ from mptrain.output.metrics import MetricsLog, read_metrics
 from mptrain.rundir.checkpoint import (
     ADDED_SETTINGS,
     FORMAT_VERSION,
-    LATEST,
-    Checkpointer,
     CheckpointError,
     atomic_torch_save,
     candidates,
@@ -41,8 +39,10 @@ from mptrain.rundir.checkpoint import (
     remove_stray_temporaries,
 )
 from mptrain.rundir.fileio import atomic_link
+from mptrain.rundir.layout import LATEST
 from mptrain.train import job as run_module
 from mptrain.train.build import prepare_run
+from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.job import RunFailed, RunInterrupted
 from mptrain.train.state import LoopState
 

@@ -9,9 +9,9 @@ import time
 import torch
 from conftest import tiny_run
 
-from mptrain.rundir.checkpoint import Checkpointer
 from mptrain.train import loop
 from mptrain.train.build import prepare_run
+from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.monitor import StepOutcome
 

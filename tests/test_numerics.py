@@ -25,14 +25,10 @@ from torch import nn
 
 from mptrain.config.schema import ConfigError, NumericsConfig
 from mptrain.output.metrics import read_metrics
-from mptrain.precision.diagnose import (
-    FP16_MIN_SUBNORMAL,
-    audit_step,
-    find_culprit,
-    range_probe,
-    render_audit,
-    render_probe,
-)
+from mptrain.precision.diagnostics.audit import audit_step, render_audit
+from mptrain.precision.diagnostics.culprit import find_culprit
+from mptrain.precision.diagnostics.hooks import FP16_MIN_SUBNORMAL
+from mptrain.precision.diagnostics.probe import range_probe, render_probe
 from mptrain.precision.policy import keep_in_fp32
 from mptrain.train import build as build_module
 from mptrain.train.job import RunFailed

@@ -19,7 +19,8 @@ from conftest import describe, run_command, run_mptrain, tiny_run, train
 from mptrain.config.schema import ConfigError
 from mptrain.platform.signals import Terminated, terminate_like_interrupt
 from mptrain.rundir.checkpoint import load_checkpoint
-from mptrain.rundir.lock import LOCK_NAME, RunDirLock
+from mptrain.rundir.layout import LOCK_NAME
+from mptrain.rundir.lock import RunDirLock
 from mptrain.train import job as run_module
 
 QUIET = ("progress=false", "device=cpu")

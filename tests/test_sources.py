@@ -26,7 +26,7 @@ from mptrain.data.build import BatchLayout, build_data
 from mptrain.models.build import build_model, config_has_convolutions, model_facts
 from mptrain.output.report import load_report
 from mptrain.precision.policy import resolve_precision
-from mptrain.rundir.checkpoint import run_signature
+from mptrain.train.checkpointer import run_signature
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -12,7 +12,7 @@ from conftest import FP16_STORY, compose_run, describe, run_mptrain, tiny_run, t
 
 from mptrain.config.schema import ConfigError
 from mptrain.precision.policy import resolve_precision
-from mptrain.rundir.checkpoint import run_signature
+from mptrain.train.checkpointer import run_signature
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("mlflow")

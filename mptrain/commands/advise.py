@@ -45,7 +45,8 @@ from mptrain.commands import bench
 from mptrain.config.schema import AdviseConfig, ConfigError, RunConfig
 from mptrain.models.build import config_has_convolutions
 from mptrain.platform import hardware
-from mptrain.precision.diagnose import audit_step, range_probe
+from mptrain.precision.diagnostics.audit import audit_step
+from mptrain.precision.diagnostics.probe import range_probe
 from mptrain.precision.policy import PRECISIONS, to_model_input
 from mptrain.train.build import prepare_run
 from mptrain.train.loop import LoopHooks, train_loop

@@ -45,22 +45,16 @@ from mptrain.data.build import BatchLayout, DataBundle, build_data
 from mptrain.data.text import Vocabulary
 from mptrain.models.build import MODELS, build_model
 from mptrain.models.task import Task
-from mptrain.output.report import clean_json
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
-from mptrain.rundir.checkpoint import (
-    CHECKPOINT_DIR,
-    CheckpointError,
-    load_checkpoint,
-    newest_loadable,
-)
-from mptrain.rundir.fileio import atomic_write_text
+from mptrain.rundir.checkpoint import CheckpointError, load_checkpoint, newest_loadable
+from mptrain.rundir.fileio import atomic_write_text, clean_json
+from mptrain.rundir.layout import BEST, CHECKPOINT_DIR
 from mptrain.rundir.lock import check_creatable
 from mptrain.train.build import build_model_for_run, check_run, resolve_run, window_length
 from mptrain.train.loop import evaluate
 
-BEST = "best.pt"
 _FP8_BUFFERS = (".input_scaler.", ".weight_scaler.", ".grad_scaler.")  # Float8Linear's scalers
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DDP
 

@@ -40,11 +40,8 @@ from mptrain.commands.spread import (
 from mptrain.config.keys import flatten, is_non_training_key
 from mptrain.output.joblog import table_console
 from mptrain.output.metrics import read_metrics
-from mptrain.output.plots import SWEEP_PNG, plot_sweep
+from mptrain.output.plots import plot_sweep
 from mptrain.output.report import (
-    FAILURE_JSON,
-    METRICS_JSONL,
-    REPORT_JSON,
     ReportError,
     RunReport,
     ThroughputSection,
@@ -53,6 +50,7 @@ from mptrain.output.report import (
     load_report,
 )
 from mptrain.rundir.fileio import atomic_write_text
+from mptrain.rundir.layout import FAILURE_JSON, METRICS_JSONL, REPORT_JSON, SWEEP_PNG
 
 SWEEP_MD, SWEEP_JSON = "sweep.md", "sweep.json"
 

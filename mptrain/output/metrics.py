@@ -7,8 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from mptrain.output.progress import StepCounters
 from mptrain.rundir.fileio import atomic_write_text
-from mptrain.train.state import LoopState
 
 
 def _jsonable(value: Any) -> Any:
@@ -29,7 +29,7 @@ class MetricsLog:
         self._file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
         self._file.flush()
 
-    def on_step(self, state: LoopState) -> None:
+    def on_step(self, state: StepCounters) -> None:
         pass
 
     def on_log(self, row: dict[str, Any]) -> None:

@@ -18,9 +18,6 @@ from typing import Any
 
 from mptrain.rundir.fileio import atomic_write
 
-RUN_PNG = "curves.png"
-SWEEP_PNG = "sweep_loss.png"
-
 
 def _pyplot() -> Any:
     import matplotlib

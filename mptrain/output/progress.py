@@ -15,13 +15,20 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from mptrain.output.joblog import JobLog
-from mptrain.train.state import LoopState
+
+
+class StepCounters(Protocol):
+    """What observers read of the loop's counters (:class:`mptrain.train.state.LoopState` has
+    them): the output layer sees the counters, never the loop's state object."""
+
+    step: int
+    epoch: int
 
 
 class ProgressDisplay:
@@ -60,7 +67,7 @@ class ProgressDisplay:
         )
         self._task = self._progress.add_task(label, total=total_steps, status="")
         self._fields: dict[str, str] = {}
-        self._state: LoopState | None = None
+        self._state: StepCounters | None = None
         self._next_update = 0.0
         self._started = time.monotonic()
 
@@ -74,13 +81,13 @@ class ProgressDisplay:
             self._refresh(self._state)  # the final step, whenever the last update was
         self._progress.stop()
 
-    def _refresh(self, state: LoopState) -> None:
+    def _refresh(self, state: StepCounters) -> None:
         status = " ".join(f"{k} {v}" for k, v in self._fields.items())
         self._progress.update(
             self._task, completed=state.step, status=f"epoch {state.epoch} {status}"
         )
 
-    def on_step(self, state: LoopState) -> None:
+    def on_step(self, state: StepCounters) -> None:
         # Called every step; the bar redraws at REFRESH_PER_S anyway, so updating it more often
         # than that only costs the training loop time (~10 us per update on a 1 ms step).
         self._state = state

@@ -24,12 +24,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mptrain.rundir.fileio import atomic_write_text
+from mptrain.rundir.fileio import atomic_write_text, clean_json
+from mptrain.rundir.layout import FAILURE_JSON, METRICS_JSONL, REPORT_JSON, REPORT_MD
 
-REPORT_JSON = "report.json"
-REPORT_MD = "report.md"
-METRICS_JSONL = "metrics.jsonl"
-FAILURE_JSON = "failure.json"
 SCHEMA_VERSION = 1
 
 
@@ -292,17 +289,6 @@ def _section_type(hint: Any) -> type | None:
 
 
 # ------------------------------------------------------------------------------------ writing
-def clean_json(value: Any) -> Any:
-    """Make a value strict-JSON: non-finite floats become strings ("nan", "inf")."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): clean_json(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [clean_json(v) for v in value]
-    return value
-
-
 def write_report(output_dir: Path, report: RunReport) -> tuple[Path, Path]:
     json_path, md_path = output_dir / REPORT_JSON, output_dir / REPORT_MD
     atomic_write_text(json_path, json.dumps(clean_json(report.to_dict()), indent=2) + "\n")

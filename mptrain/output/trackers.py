@@ -37,9 +37,8 @@ from typing import Any, Protocol
 from mptrain.config.keys import flatten
 from mptrain.config.schema import ConfigError, MLflowConfig, RunConfig, launch_dir
 from mptrain.rundir.fileio import atomic_write_text
+from mptrain.rundir.layout import MLFLOW_RUN_JSON, TENSORBOARD_DIR
 
-MLFLOW_RUN_JSON = "mlflow_run.json"
-TENSORBOARD_DIR = "tensorboard"
 # metrics row key -> tracker tag
 TRAIN_METRICS = {
     "loss": "train/loss",

@@ -23,6 +23,7 @@ import contextlib
 import datetime as dt
 import os
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +32,6 @@ import torch.distributed as dist
 from torch import nn
 
 from mptrain.platform.dtypes import DTYPES
-from mptrain.precision.fp8 import Float8Linear
 
 
 @dataclass(frozen=True)
@@ -95,10 +95,21 @@ def shutdown(ctx: DistContext) -> None:
         dist.destroy_process_group()
 
 
+def _never(module: nn.Module) -> bool:
+    return False
+
+
 def wrap_model(
-    model: nn.Module, ctx: DistContext, device: torch.device, param_dtype: torch.dtype | None
+    model: nn.Module,
+    ctx: DistContext,
+    device: torch.device,
+    param_dtype: torch.dtype | None,
+    gathers_fp32: Callable[[nn.Module], bool] = _never,
 ) -> nn.Module:
-    """DDP or FSDP2 around ``model`` (returned unchanged for a single process)."""
+    """DDP or FSDP2 around ``model`` (returned unchanged for a single process).
+
+    Under FSDP2 a module for which ``gathers_fp32(module)`` is true all-gathers its FP32 master
+    weight whatever ``param_dtype`` is (the precision layer says which: FP8 layers)."""
     if not ctx.enabled:
         return model
     if ctx.strategy == "fsdp":
@@ -107,8 +118,6 @@ def wrap_model(
         policy = MixedPrecisionPolicy(
             param_dtype=param_dtype, reduce_dtype=DTYPES[ctx.reduce_dtype]
         )
-        # mptrain's Float8Linear quantizes its FP32 master weight, as in a single process: its
-        # group all-gathers FP32 (a BF16 gather would round the weight twice before FP8).
         fp32_policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=DTYPES[ctx.reduce_dtype])
         # A parameter two modules share (a GPT's head tied to its token embedding) must live in
         # one FSDP group: such modules stay in the root's group.
@@ -120,8 +129,7 @@ def wrap_model(
                 and any(p.requires_grad for p in own)
                 and all(owners[id(p)] == 1 for p in own)
             ):
-                fp8 = isinstance(module, Float8Linear)
-                fully_shard(module, mp_policy=fp32_policy if fp8 else policy)
+                fully_shard(module, mp_policy=fp32_policy if gathers_fp32(module) else policy)
         fully_shard(model, mp_policy=policy)
         return model
     ids = [device.index] if device.type == "cuda" else None

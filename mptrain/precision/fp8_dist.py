@@ -43,6 +43,7 @@ from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.fp8 import (
     AMAX_EVENT_COUNTERS,
     E4M3,
+    Float8Linear,
     FP8Recipe,
     TensorScaler,
     history_amax,
@@ -50,6 +51,13 @@ from mptrain.precision.fp8 import (
 )
 
 COUNTERS = ("saturated", "seen", *AMAX_EVENT_COUNTERS)
+
+
+def gathers_fp32(module: nn.Module) -> bool:
+    """Whether FSDP2 must all-gather ``module``'s weight in FP32 (for
+    :func:`mptrain.platform.distributed.wrap_model`): mptrain's Float8Linear quantizes its FP32
+    master weight, as in a single process; a BF16 gather would round the weight twice before FP8."""
+    return isinstance(module, Float8Linear)
 
 
 class FP8Sync:

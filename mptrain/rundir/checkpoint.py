@@ -1,4 +1,6 @@
-"""Checkpoints that survive crashes, and exact resume.
+"""The checkpoint file: its format, atomic writes, safe loading and the lookup used by resume.
+
+When to save and how a run is restored: :mod:`mptrain.train.checkpointer`.
 
 A checkpoint holds everything the next step depends on: model (FP8 scales and amax histories are
 buffers, so they come with it), optimizer, LR scheduler, loss scaler (scale and growth tracker),
@@ -17,36 +19,19 @@ no second copy on disk, and pruning the step leaves ``best.pt`` whole.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import pickle
 import re
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from mptrain.config.keys import flatten, is_non_training_key
-from mptrain.config.schema import ConfigError, RunConfig
-from mptrain.platform.distributed import (
-    load_model_state,
-    load_optimizer_state,
-    model_state,
-    optimizer_state,
-)
-from mptrain.platform.seeding import restore_rng_states, rng_states
-from mptrain.rundir.fileio import atomic_link, atomic_write
-from mptrain.train.cadence import TimeCadence
-from mptrain.train.state import LoopState
+from mptrain.config.schema import ConfigError
+from mptrain.rundir.fileio import atomic_write
+from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST
 
-if TYPE_CHECKING:
-    from mptrain.precision.policy import PrecisionPolicy
-    from mptrain.train.components import Run
-
-CHECKPOINT_DIR = "checkpoints"
-LATEST = "latest.json"
 FORMAT_VERSION = 2  # 2: loadable with torch.load(weights_only=True)
 _NAME = re.compile(r"step_(\d+)\.pt$")
 
@@ -78,131 +63,8 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
         raise
 
 
-def _atomic_json(obj: Any, path: Path) -> None:
+def atomic_json(obj: Any, path: Path) -> None:
     atomic_write(path, lambda f: json.dump(obj, f))
-
-
-class Checkpointer:
-    """Saves checkpoints on the configured cadence, keeps the last K and the best, atomically."""
-
-    def __init__(self, directory: Path, run: Run, signature: dict[str, Any]) -> None:
-        self.run = run
-        self.dist = run.dist
-        self.directory = directory
-        self.signature = signature
-        c = run.cfg.checkpoint
-        self.every_steps = c.every_steps
-        self.every_epoch = c.every_epoch
-        self.clock = TimeCadence(c.every_minutes)  # since the loop started or the last save
-        self.keep_last = c.keep_last
-        self.keep_best = c.keep_best
-        self.saved: list[Path] = []
-        self.steps: set[int] = set()  # steps saved by this run
-        self.best: tuple[float, Path] | None = None
-        if self.dist.is_main:
-            directory.mkdir(parents=True, exist_ok=True)
-            remove_stray_temporaries(directory)
-            # Files of an earlier (interrupted) run of this directory count towards keep_last.
-            self.saved = list(reversed(candidates(directory)))
-
-    def payload(self, state: LoopState) -> dict[str, Any]:
-        run = self.run
-        model = run.checkpoint_model
-        return {
-            "format_version": FORMAT_VERSION,
-            "model": model_state(model, self.dist),
-            "optimizer": optimizer_state(model, run.optimizer, self.dist),
-            "scheduler": run.scheduler.state_dict(),
-            "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
-            "loop": {**state.state_dict(), **run.monitor.state_dict()},
-            "rng": rng_states(),
-            "signature": self.signature,
-            "world_size": self.dist.world_size,
-            "config": dataclasses.asdict(run.cfg),
-            "data": data_facts(run),
-        }
-
-    def save(self, state: LoopState) -> Path:
-        """Write ``step_<N>.pt`` atomically, then move ``latest.json`` to it; prune old ones.
-
-        Distributed: every rank gathers (a collective under FSDP); only rank 0 writes.
-        """
-        with self.run.monitor.paused("checkpoint"):  # not training time
-            path = self._save(state)
-        self.clock.restart()
-        return path
-
-    def _save(self, state: LoopState) -> Path:
-        path = self.directory / f"step_{state.step:08d}.pt"
-        payload = self.payload(state)
-        if not self.dist.is_main:
-            self.steps.add(state.step)
-            return path
-        atomic_torch_save(payload, path)
-        _atomic_json({"checkpoint": path.name, "step": state.step}, self.directory / LATEST)
-        self.steps.add(state.step)
-        if path not in self.saved:
-            self.saved.append(path)
-        if self._new_best(state):
-            # The same state: a second name for the file just written, not a second write.
-            self._record_best(state, lambda best_path: atomic_link(path, best_path))
-        self._prune()
-        return path
-
-    def _prune(self) -> None:
-        while len(self.saved) > self.keep_last:
-            old = self.saved.pop(0)
-            old.unlink(missing_ok=True)
-
-    def after_step(self, state: LoopState, end_of_epoch: bool) -> None:
-        run = self.run
-        due = (
-            (self.every_steps and state.step % self.every_steps == 0)
-            or (self.every_epoch and end_of_epoch)
-            or self.clock.due(state.step, run.settings.log_every, self.dist, run.device)
-        )
-        if due:
-            self.save(state)
-        elif self._new_best(state):
-            with self.run.monitor.paused("checkpoint"):
-                payload = self.payload(state)  # every rank: a collective under FSDP
-                self._record_best(state, lambda best_path: atomic_torch_save(payload, best_path))
-
-    def _new_best(self, state: LoopState) -> bool:
-        if not self.keep_best or not state.evals or state.evals[-1]["step"] != state.step:
-            return False  # no evaluation at this step (checked first: this runs every step)
-        task = self.run.task
-        best = task.best(state.evals)
-        if best is None or best["step"] != state.step:
-            return False
-        return self.best is None or task.better(best[task.primary_metric], self.best[0])
-
-    def _record_best(self, state: LoopState, write: Callable[[Path], None]) -> None:
-        """Rank 0: ``write(best.pt)`` and remember the primary metric it holds."""
-        if self.dist.is_main:
-            best_path = self.directory / "best.pt"
-            write(best_path)
-            task = self.run.task
-            self.best = (task.best(state.evals)[task.primary_metric], best_path)
-
-
-def data_facts(run: Run) -> dict[str, Any]:
-    """What rebuilding and feeding the model needs beyond ``config`` (plain types only): the
-    shapes the model was built for, the class names in label order, and the preprocessing raw
-    inputs get (:func:`mptrain.data.build.preprocessing`); see :mod:`mptrain.commands.evaluate`."""
-    data = run.data
-    return {
-        "num_classes": data.num_classes,
-        "in_channels": data.in_channels,
-        "image_size": data.image_size,
-        "classes": None if data.classes is None else list(data.classes),
-        "preprocessing": data.preprocessing,
-        "description": data.description,
-        # Token data: the window length and the characters of a character vocabulary (None:
-        # bytes), all that mptrain sample needs to encode a prompt and decode the tokens.
-        "sequence_length": data.sequence_length,
-        "vocabulary": None if data.text is None else data.text.vocabulary.chars,
-    }
 
 
 def remove_stray_temporaries(directory: Path) -> list[Path]:
@@ -362,77 +224,3 @@ def _added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
         for key, value in ADDED_SETTINGS.items()
         if key not in saved and (fp8 or not key.startswith("fp8."))
     }
-
-
-def restore(payload: dict[str, Any], run: Run, path: Path) -> list[str]:
-    """Load every saved state into the freshly built run: components, loop state, monitor, RNGs.
-
-    This run's optimizer and schedule settings win over the checkpoint's (they equal them unless
-    ``resume_allow_changes=true`` allowed a change): the saved optimizer state brings its own
-    hyperparameters, which are replaced by the configured ones. Returns notes for the report.
-    """
-    model, optimizer = run.checkpoint_model, run.optimizer
-    load_model_state(model, payload["model"], run.dist)
-    notes = []
-    saved_optimizer = payload["config"]["optimizer"]["name"]
-    if saved_optimizer == run.cfg.optimizer.name:
-        configured = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
-        try:
-            load_optimizer_state(model, optimizer, payload["optimizer"], run.dist)
-        except ValueError as exc:  # e.g. weight decay 0 <-> > 0 changed the parameter groups
-            notes.append(f"optimizer state not resumed ({exc}): it starts fresh")
-        for group, settings in zip(optimizer.param_groups, configured, strict=True):
-            group.update(settings)  # this run's hyperparameters and implementation (fused...)
-    else:
-        notes.append(
-            f"optimizer changed ({saved_optimizer} -> {run.cfg.optimizer.name}): its state "
-            "(moments, momentum) starts fresh; weights, schedule position and scaler are resumed"
-        )
-    _restore_schedule(run.scheduler, payload["scheduler"])
-    if run.scaler.is_enabled():
-        if payload["scaler"] is None:
-            raise ConfigError(
-                f"resume: {path} holds no loss-scaler state (saved without loss scaling); an FP16 "
-                "run cannot start from an empty scaler. Resume with the checkpoint's precision"
-            )
-        run.scaler.load_state_dict(payload["scaler"])
-    run.state.load_state_dict(payload["loop"])
-    run.monitor.load_state_dict(payload["loop"])
-    restore_rng_states(payload["rng"])
-    return notes
-
-
-def _restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict[str, Any]) -> None:
-    """The schedule's position (applied steps) from the checkpoint; its peak lr and shape from
-    this run's config, and the optimizer's lr set to where that schedule is now."""
-    base_lrs = list(scheduler.base_lrs)
-    scheduler.load_state_dict(saved)
-    scheduler.base_lrs = base_lrs
-    step = scheduler.last_epoch
-    groups = scheduler.optimizer.param_groups
-    for group, base, factor in zip(groups, base_lrs, scheduler.lr_lambdas, strict=True):
-        group["initial_lr"] = base
-        group["lr"] = base * factor(step)
-    scheduler._last_lr = [group["lr"] for group in groups]
-
-
-def run_signature(cfg: RunConfig, policy: PrecisionPolicy) -> dict[str, Any]:
-    """What a checkpoint must agree on to be resumed: every training setting, flattened
-    (``optimizer.lr``, ``scheduler.name``, ``batch_size``, ...), with the precision that ran.
-
-    Settings that do not change what a run computes (:data:`mptrain.config.keys.NON_TRAINING_KEYS`)
-    are left out, and so are the FP8 settings unless the run is FP8, and the distributed ones.
-    """
-    settings = flatten(dataclasses.asdict(cfg))
-    # The seed too: it orders the data and draws dropout (sweeps pair runs across seeds, so
-    # the comparison policy leaves it out).
-    signature: dict[str, Any] = {"precision": policy.name, "seed": cfg.seed}
-    for key, value in settings.items():
-        fp8_unused = key.startswith("fp8.") and policy.fp8 is None
-        # distributed.*: how the work is spread; a change of world size or strategy is resumed
-        # by design (full state dicts) and noted separately.
-        where = key.startswith(("precision.name", "distributed."))
-        if where or fp8_unused or is_non_training_key(key):
-            continue
-        signature[key] = value
-    return signature

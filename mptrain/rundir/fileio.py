@@ -7,6 +7,7 @@ Every file written here gets the permissions an ordinary ``open(path, "w")`` wou
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -89,3 +90,14 @@ def atomic_link(source: Path, path: Path) -> None:
             shutil.copyfile(source, tmp)
             with open(tmp, "rb") as f:
                 os.fsync(f.fileno())
+
+
+def clean_json(value: Any) -> Any:
+    """Make a value strict-JSON: non-finite floats become strings ("nan", "inf")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): clean_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [clean_json(v) for v in value]
+    return value

@@ -21,10 +21,8 @@ from pathlib import Path
 from types import TracebackType
 
 from mptrain.config.schema import NAME_MAX, PATH_MAX, ConfigError
-from mptrain.output.report import METRICS_JSONL
-from mptrain.rundir.checkpoint import CHECKPOINT_DIR, LATEST, candidates
-
-LOCK_NAME = ".mptrain.lock"
+from mptrain.rundir.checkpoint import candidates
+from mptrain.rundir.layout import BEST, CHECKPOINT_DIR, LATEST, LOCK_NAME, METRICS_JSONL
 
 
 class RunDirLock:
@@ -167,6 +165,6 @@ def check_no_other_run(
         )
     if dry_run:
         return None
-    for path in [*found, directory / LATEST, directory / "best.pt", output_dir / METRICS_JSONL]:
+    for path in [*found, directory / LATEST, directory / BEST, output_dir / METRICS_JSONL]:
         path.unlink(missing_ok=True)
     return f"overwrite=true: deleted {len(found)} checkpoint(s) of the previous run in {directory}"

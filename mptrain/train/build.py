@@ -30,9 +30,9 @@ from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
-from mptrain.precision.diagnose import find_culprit
+from mptrain.precision.diagnostics.culprit import find_culprit
 from mptrain.precision.fp8 import apply_fp8, skip_summary
-from mptrain.precision.fp8_dist import FP8Sync, build_fp8_sync
+from mptrain.precision.fp8_dist import FP8Sync, build_fp8_sync, gathers_fp32
 from mptrain.precision.policy import (
     PrecisionPolicy,
     apply_tf32,
@@ -108,7 +108,7 @@ def build_run(
     model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy, fsdp)
     num_parameters = count_parameters(model)
     # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
-    model = wrap_model(model, dist, device, policy.autocast_dtype)
+    model = wrap_model(model, dist, device, policy.autocast_dtype, gathers_fp32)
     fp8_sync, fp8 = _fp8_sync_for(model, dist, cfg, policy, fp8)
     settings = plan_loop(cfg, data, dist)
     optimizer = build_optimizer(cfg.optimizer, model, fused=dist.strategy != "fsdp")

@@ -32,10 +32,9 @@ from mptrain.models.build import compile_counts, model_facts
 from mptrain.models.task import Task
 from mptrain.output.joblog import JobLog, job_console
 from mptrain.output.metrics import MetricsLog, read_metrics, truncate_after
-from mptrain.output.plots import RUN_PNG, FigureWorker, plot_run
+from mptrain.output.plots import FigureWorker, plot_run
 from mptrain.output.progress import ProgressDisplay
 from mptrain.output.report import (
-    METRICS_JSONL,
     CheckpointsSection,
     DataSection,
     EvaluationSection,
@@ -58,20 +57,15 @@ from mptrain.platform.distributed import DistContext, init_distributed, shutdown
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.signals import GracefulStop, Terminated
-from mptrain.precision.diagnose import write_diagnostics
 from mptrain.precision.fp8 import fp8_layer_stats
 from mptrain.precision.policy import PrecisionPolicy
-from mptrain.rundir.checkpoint import (
-    CHECKPOINT_DIR,
-    Checkpointer,
-    check_compatible,
-    resolve_resume,
-    restore,
-    run_signature,
-)
+from mptrain.rundir.checkpoint import check_compatible, resolve_resume
+from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, METRICS_JSONL, RUN_PNG
 from mptrain.rundir.lock import RunDirLock, check_no_other_run
 from mptrain.train.build import build_run, resolve_run
+from mptrain.train.checkpointer import Checkpointer, restore, run_signature
 from mptrain.train.components import Run
+from mptrain.train.diagnostics import write_diagnostics
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.optim import optimizer_implementation
 from mptrain.train.recipe import recipe_verdict
@@ -335,8 +329,8 @@ def no_checkpoint_hint(output_dir: Path) -> str:
     """Why resume=auto found nothing, and the run it may have meant: resume=auto continues the run
     of the directory it is given, and without hydra.run.dir each command gets a new one."""
     found = sorted(
-        (p.parent.parent for p in output_dir.parent.parent.glob("*/*/checkpoints/latest.json")),
-        key=lambda run_dir: (run_dir / CHECKPOINT_DIR / "latest.json").stat().st_mtime,
+        (p.parent.parent for p in output_dir.parent.parent.glob(f"*/*/{CHECKPOINT_DIR}/{LATEST}")),
+        key=lambda run_dir: (run_dir / CHECKPOINT_DIR / LATEST).stat().st_mtime,
     )
     message = f"no checkpoint in {output_dir}"
     if found:

@@ -1,0 +1,37 @@
+"""Every file name in a run directory, in one place.
+
+A run directory (``outputs/<date>/<time>_<precision>_<model>_<dataset>/`` or ``hydra.run.dir``)::
+
+    .mptrain.lock          held while a job writes here (rundir.lock.RunDirLock)
+    report.json, report.md the run's report (output.report); failure.json when it stopped early
+    metrics.jsonl          one row per log/eval/warning (output.metrics), appended as it runs
+    curves.png             loss and metric curves (output.plots)
+    mptrain.log            what the job said (output.joblog, through Hydra's job logging)
+    audit.md/.json, probe.md/.json   diagnostics asked for with audit=true / probe=true
+    mlflow_run.json, tensorboard/    trackers (output.trackers)
+    checkpoints/step_<N>.pt, latest.json, best.pt   (rundir.checkpoint, train.checkpointer)
+
+A sweep directory holds ``sweep.md``, ``sweep.json`` and ``sweep_loss.png`` beside its jobs.
+"""
+
+from __future__ import annotations
+
+LOCK_NAME = ".mptrain.lock"
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+FAILURE_JSON = "failure.json"
+METRICS_JSONL = "metrics.jsonl"
+RUN_PNG = "curves.png"
+SWEEP_PNG = "sweep_loss.png"
+AUDIT_JSON, AUDIT_MD = "audit.json", "audit.md"
+PROBE_JSON, PROBE_MD = "probe.json", "probe.md"
+MLFLOW_RUN_JSON = "mlflow_run.json"
+TENSORBOARD_DIR = "tensorboard"
+CHECKPOINT_DIR = "checkpoints"
+LATEST = "latest.json"
+BEST = "best.pt"
+
+
+def step_checkpoint_name(step: int) -> str:
+    """``step_00000030.pt``: zero-padded so names sort by step."""
+    return f"step_{step:08d}.pt"
