@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mptrain.config.schema import ImageFolderConfig
+from mptrain.config.data import ImageFolderConfig
 from mptrain.data import build as data
 from mptrain.data import decode
 from mptrain.data.decode import CropSpec, crop_params, draft_factor

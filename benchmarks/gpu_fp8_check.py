@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from mptrain.config.schema import MLPConfig
+from mptrain.config.models import MLPConfig
 from mptrain.models.build import build_mlp
 from mptrain.platform.hardware import (
     hardware_info,

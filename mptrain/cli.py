@@ -8,7 +8,7 @@
    (exit code 2), and pins the output directory it checked;
 2. runs the jobs on the preflight's Hydra instance (:func:`mptrain.compose.preflight.launch`), whose task
    (:func:`run_job`) converts the composed config into a typed
-   :class:`~mptrain.config.schema.RunConfig` (relative paths taken from the launch directory) and calls
+   :class:`~mptrain.config.run.RunConfig` (relative paths taken from the launch directory) and calls
    :func:`mptrain.train.job.train` with the job's output directory;
 3. after a sweep, reads every job's report: a job that did not complete makes the exit code 1,
    whichever launcher ran it (joblib's worker processes, a cluster).
@@ -41,7 +41,7 @@ from mptrain.compose.preflight import (
     subcommand_job,
 )
 from mptrain.compose.registry import absolute_paths, register_configs, to_run_config
-from mptrain.config.schema import ConfigError, launch_dir, set_launch_dir
+from mptrain.config.base import ConfigError, launch_dir, set_launch_dir
 from mptrain.platform.signals import Terminated, terminate_like_interrupt
 
 

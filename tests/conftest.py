@@ -14,7 +14,7 @@ import torch
 from hydra import compose, initialize_config_module
 
 from mptrain.compose.registry import register_configs, to_run_config
-from mptrain.config.schema import RunConfig
+from mptrain.config.run import RunConfig
 
 # Hydra's ConfigStore needs mptrain's schemas and recipes before any test composes: importing
 # mptrain registers nothing by itself.

@@ -209,7 +209,7 @@ def test_the_scout_skips_a_precision_whose_fidelity_run_cannot_fit(monkeypatch, 
 
 
 def tiny_cfg(**advise_settings):
-    from mptrain.config.schema import AdviseConfig
+    from mptrain.config.commands import AdviseConfig
 
     class Cfg:  # only what pilot_one reads
         advise = AdviseConfig(**advise_settings)

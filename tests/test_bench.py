@@ -14,7 +14,8 @@ from conftest import compose_run, describe, run_mptrain, tiny_run
 from rich.console import Console
 
 from mptrain.commands import bench
-from mptrain.config.schema import ConfigError, PrecisionConfig
+from mptrain.config.base import ConfigError
+from mptrain.config.precision import PrecisionConfig
 from mptrain.platform import hardware
 
 CPU = torch.device("cpu")

@@ -27,7 +27,7 @@ import pytest
 import torch
 from conftest import NoFigure, tiny_run, train
 
-from mptrain.config.schema import ConfigError
+from mptrain.config.base import ConfigError
 from mptrain.output.metrics import MetricsLog, read_metrics
 from mptrain.rundir.checkpoint import (
     ADDED_SETTINGS,

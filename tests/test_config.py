@@ -21,15 +21,10 @@ from mptrain import cli
 from mptrain.compose.preflight import check_command_line, describe_compose_error
 from mptrain.compose.registry import group_options as registered_options
 from mptrain.compose.registry import schema_node_name, to_run_config
-from mptrain.config.schema import (
-    TASKS,
-    ConfigError,
-    PrecisionConfig,
-    RunConfig,
-    ScalerConfig,
-    ViTConfig,
-    validate,
-)
+from mptrain.config.base import ConfigError
+from mptrain.config.models import ViTConfig
+from mptrain.config.precision import PrecisionConfig, ScalerConfig
+from mptrain.config.run import TASKS, RunConfig, validate
 from mptrain.precision.policy import PRECISIONS
 
 CONF = importlib.resources.files("mptrain.conf")

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from mptrain.config.schema import (
-    ConfigError,
+from mptrain.config.base import ConfigError
+from mptrain.config.data import (
     DigitsConfig,
     ImageFolderConfig,
     SyntheticConfig,
@@ -721,7 +721,7 @@ def test_digits_are_scikit_learns_split_exactly(val_size, split_seed):
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
-    from mptrain.config.schema import DigitsConfig
+    from mptrain.config.data import DigitsConfig
     from mptrain.data.build import load_digits_arrays
 
     arrays = load_digits_arrays(DigitsConfig(val_size=val_size, split_seed=split_seed))
@@ -742,7 +742,7 @@ def test_a_default_run_does_not_import_scikit_learn():
     import sys
 
     code = (
-        "import sys; from mptrain.config.schema import DigitsConfig; "
+        "import sys; from mptrain.config.data import DigitsConfig; "
         "from mptrain.data.build import load_digits_arrays; load_digits_arrays(DigitsConfig()); "
         "print('sklearn' in sys.modules)"
     )

@@ -16,7 +16,8 @@ import pytest
 import torch
 from conftest import describe, requires_cuda, run_command, tiny_run, train
 
-from mptrain.config.schema import ConfigError, ImageFolderConfig
+from mptrain.config.base import ConfigError
+from mptrain.config.data import ImageFolderConfig
 from mptrain.data import build as data
 from mptrain.data import decode
 from mptrain.data.build import BatchLayout, build_data

@@ -19,7 +19,9 @@ from conftest import NoFigure, compose_run, requires_cuda, tiny_run, train
 from torch import nn
 
 from mptrain.compose.preflight import check_command_line
-from mptrain.config.schema import ConfigError, FP8Config, PrecisionConfig, ViTConfig, validate_fp8
+from mptrain.config.base import ConfigError
+from mptrain.config.models import ViTConfig
+from mptrain.config.precision import FP8Config, PrecisionConfig, validate_fp8
 from mptrain.models.build import build_vit
 from mptrain.platform.distributed import DistContext
 from mptrain.precision.fp8 import (

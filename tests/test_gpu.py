@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import compose_run, requires_cuda, train
 
-from mptrain.config.schema import PrecisionConfig
+from mptrain.config.precision import PrecisionConfig
 from mptrain.precision.policy import build_grad_scaler, resolve_precision
 from mptrain.train.build import prepare_run
 from mptrain.train.loop import host_reads_per_step, take_step

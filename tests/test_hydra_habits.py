@@ -13,7 +13,7 @@ import yaml
 from conftest import describe, run_mptrain
 
 from mptrain.compose.preflight import check_command_line
-from mptrain.config.schema import ConfigError
+from mptrain.config.base import ConfigError
 
 TINY = (
     "model=mlp",

@@ -27,7 +27,7 @@ from torch import nn
 
 import mptrain
 from mptrain.commands import evaluate as evaluation
-from mptrain.config.schema import ConfigError
+from mptrain.config.base import ConfigError
 from mptrain.precision.fp8 import Float8Linear
 from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.train import job as run_module
@@ -213,7 +213,7 @@ def test_checkpoint_records_data_facts_in_plain_types(trained):
 
 
 def test_preprocessing_of_fed_as_is_and_uint8_data():
-    from mptrain.config.schema import SyntheticConfig
+    from mptrain.config.data import SyntheticConfig
     from mptrain.data.build import ArrayDataset, BatchLayout, _array_bundle
 
     layout = BatchLayout(
@@ -332,7 +332,7 @@ def test_image_folder_facts_reproduce_the_validation_inputs_from_the_files(tmp_p
     from PIL import Image
     from test_data import build, collect, write_image_folder
 
-    from mptrain.config.schema import ImageFolderConfig
+    from mptrain.config.data import ImageFolderConfig
 
     write_image_folder(tmp_path, {"train": {"cat": 2, "dog": 2}, "val": {"cat": 2, "dog": 2}})
     bundle = build(ImageFolderConfig(root=str(tmp_path), image_size=32, resize_size=36))

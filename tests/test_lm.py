@@ -14,7 +14,8 @@ from conftest import compose_run, describe, run_mptrain, train
 
 from mptrain.commands.evaluate import load_model
 from mptrain.commands.sample import encode_prompt, generate
-from mptrain.config.schema import ConfigError, RunConfig
+from mptrain.config.base import ConfigError
+from mptrain.config.run import RunConfig
 from mptrain.data.text import (
     TrainWindows,
     ValWindows,

@@ -13,7 +13,7 @@ from conftest import tiny_run
 
 import mptrain.train.loop
 import mptrain.train.optim
-from mptrain.config.schema import RunConfig
+from mptrain.config.run import RunConfig
 from mptrain.platform.distributed import DistContext
 from mptrain.precision.policy import PrecisionPolicy, resolve_precision
 from mptrain.train.build import build_run, resolve_run

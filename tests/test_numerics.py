@@ -23,7 +23,8 @@ import torch
 from conftest import tiny_run, train
 from torch import nn
 
-from mptrain.config.schema import ConfigError, NumericsConfig
+from mptrain.config.base import ConfigError
+from mptrain.config.run import NumericsConfig
 from mptrain.output.metrics import read_metrics
 from mptrain.precision.diagnostics.audit import audit_step, render_audit
 from mptrain.precision.diagnostics.culprit import find_culprit

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mptrain.config.schema import ConfigError, PrecisionConfig
+from mptrain.config.base import ConfigError
+from mptrain.config.precision import PrecisionConfig
 from mptrain.platform import hardware
 from mptrain.precision.policy import apply_tf32, build_grad_scaler, resolve_precision
 

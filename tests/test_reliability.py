@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import describe, run_command, run_mptrain, tiny_run, train
 
-from mptrain.config.schema import ConfigError
+from mptrain.config.base import ConfigError
 from mptrain.platform.signals import Terminated, terminate_like_interrupt
 from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.rundir.layout import LOCK_NAME

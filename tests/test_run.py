@@ -173,7 +173,7 @@ def test_interrupt_writes_an_interrupted_report(tmp_path, monkeypatch):
 def test_unwritable_output_directory_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    from mptrain.config.schema import ConfigError
+    from mptrain.config.base import ConfigError
 
     with pytest.raises(ConfigError, match="output directory"):
         train(tiny_run("max_steps=2"), blocker / "run")

@@ -15,13 +15,9 @@ import pytest
 import torch
 from conftest import compose_run, describe, run_command, run_mptrain, tiny_run, train
 
-from mptrain.config.schema import (
-    ConfigError,
-    CustomDatasetConfig,
-    CustomModelConfig,
-    TimmModelConfig,
-    TorchvisionModelConfig,
-)
+from mptrain.config.base import ConfigError
+from mptrain.config.data import CustomDatasetConfig
+from mptrain.config.models import CustomModelConfig, TimmModelConfig, TorchvisionModelConfig
 from mptrain.data.build import BatchLayout, build_data
 from mptrain.models.build import build_model, config_has_convolutions, model_facts
 from mptrain.output.report import load_report

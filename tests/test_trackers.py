@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import FP16_STORY, compose_run, describe, run_mptrain, tiny_run, train
 
-from mptrain.config.schema import ConfigError
+from mptrain.config.base import ConfigError
 from mptrain.precision.policy import resolve_precision
 from mptrain.train.checkpointer import run_signature
 

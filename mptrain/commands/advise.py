@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 
 from mptrain.commands import advise_decide as advice
 from mptrain.commands import bench
-from mptrain.config.schema import AdviseConfig, ConfigError, RunConfig
+from mptrain.config.base import ConfigError
+from mptrain.config.commands import AdviseConfig
+from mptrain.config.run import RunConfig
 from mptrain.models.build import config_has_convolutions
 from mptrain.platform import hardware
 from mptrain.precision.diagnostics.audit import audit_step

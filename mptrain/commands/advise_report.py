@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import torch
     from rich.console import Console
 
-    from mptrain.config.schema import RunConfig
+    from mptrain.config.run import RunConfig
 
 ADVISE_JSON, ADVISE_MD, ADVISE_PNG = "advise.json", "advise.md", "advise.png"
 

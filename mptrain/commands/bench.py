@@ -35,7 +35,9 @@ from mptrain.commands.spread import (
     format_ratio,
     repetition_spread,
 )
-from mptrain.config.schema import ConfigError, PrecisionConfig, RunConfig
+from mptrain.config.base import ConfigError
+from mptrain.config.precision import PrecisionConfig
+from mptrain.config.run import RunConfig
 from mptrain.models.build import config_has_convolutions
 from mptrain.output.report import fmt_bytes, fmt_pct
 from mptrain.platform import hardware

@@ -39,8 +39,11 @@ from mptrain.compose.preflight import (
     describe_compose_error,
     refuse_hydra_options,
 )
+from mptrain.config.base import ConfigError
+from mptrain.config.commands import check_eval_checkpoint
 from mptrain.config.keys import flatten
-from mptrain.config.schema import EXTRA_KEYS_FIELD, ConfigError, RunConfig, check_eval_checkpoint
+from mptrain.config.models import EXTRA_KEYS_FIELD
+from mptrain.config.run import RunConfig
 from mptrain.data.build import BatchLayout, DataBundle, build_data
 from mptrain.data.text import Vocabulary
 from mptrain.models.build import MODELS, build_model

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mptrain.config.schema import ConfigError
+from mptrain.config.base import ConfigError
 from mptrain.data.text import Vocabulary
 from mptrain.platform import hardware
 

@@ -13,7 +13,7 @@ the master config as Hydra does, and then each job's config with Hydra's own
   config with the sweep's fixed values only. Each job is checked again in the task
   (:func:`mptrain.cli.run_job`), and a bad one fails that job, not the sweep.
 
-Bad input raises :class:`~mptrain.config.schema.ConfigError` with one line naming the key, so it stops
+Bad input raises :class:`~mptrain.config.base.ConfigError` with one line naming the key, so it stops
 the command before a job has trained (exit code 2).
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mptrain.compose.registry import to_run_config
-from mptrain.config.schema import ConfigError
+from mptrain.config.base import ConfigError
 from mptrain.rundir.lock import check_creatable, check_run_dir_free
 
 CONFIG_MODULE = "mptrain.conf"

@@ -10,7 +10,7 @@ the tests and the benchmarks call it before composing; importing mptrain registe
 
 :func:`to_run_config` is the CLI edge: it refuses keys no schema declares, converts the composed
 OmegaConf config into plain dataclasses once, checks the names against the tables, and runs the
-range rules of :mod:`mptrain.config.schema`. One exception to the unknown-key rule: a schema with
+range rules of :mod:`mptrain.config`. One exception to the unknown-key rule: a schema with
 ``accepts_extra_keys`` (``model=custom``, ``dataset=custom``) takes any key, and its undeclared
 keys (``+model.width=64``) are moved into its ``kwargs`` dict, the arguments of its ``_target_``.
 """
@@ -22,14 +22,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from mptrain.config.schema import (
-    EXTRA_KEYS_FIELD,
-    ConfigError,
-    Option,
-    PrecisionConfig,
-    RunConfig,
-    validate,
-)
+from mptrain.config.base import ConfigError, Option
+from mptrain.config.models import EXTRA_KEYS_FIELD
+from mptrain.config.precision import PrecisionConfig
+from mptrain.config.run import RunConfig, validate
 from mptrain.data.build import DATASETS
 from mptrain.models.build import MODELS
 from mptrain.precision.policy import AUTO, PRECISIONS
@@ -100,7 +96,7 @@ def check_names(run: RunConfig) -> None:
 
 
 def absolute_paths(run: RunConfig, launch_dir: Path) -> RunConfig:
-    """``run`` with every relative path key (:data:`mptrain.config.schema.PATH` metadata) joined to
+    """``run`` with every relative path key (:data:`mptrain.config.base.PATH` metadata) joined to
     ``launch_dir``, the directory mptrain was started in (``hydra.runtime.cwd``): a job moved
     into its output directory (``hydra.job.chdir=true``) still finds the user's files."""
     _absolute_paths(run, launch_dir)

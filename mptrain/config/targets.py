@@ -7,12 +7,12 @@ as in any Hydra app. Two things differ from a plain ``instantiate`` call:
 - The launch directory is importable. ``python train.py`` puts the script's directory on
   ``sys.path`` and ``python -m mptrain`` the current directory, but the ``mptrain`` console script
   puts the virtual environment's ``bin/`` there instead. :func:`locate` appends the launch
-  directory (:func:`mptrain.config.schema.launch_dir`, also under ``hydra.job.chdir=true``) to ``sys.path`` so
+  directory (:func:`mptrain.config.base.launch_dir`, also under ``hydra.job.chdir=true``) to ``sys.path`` so
   ``my_pkg`` beside the command is found whichever way mptrain was started. Appended, not
   prepended: a local file never shadows an installed package mptrain itself imports later.
 - Mistakes are one line: an import that fails, a name that is not there, keys the callable does
   not take, or an exception raised while it runs each become a
-  :class:`~mptrain.config.schema.ConfigError` naming ``key`` (``model._target_``, ``dataset._target_``).
+  :class:`~mptrain.config.base.ConfigError` naming ``key`` (``model._target_``, ``dataset._target_``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from mptrain.config import schema as config
-from mptrain.config.schema import ConfigError
+from mptrain.config import base as config
+from mptrain.config.base import ConfigError
 
 
 def first_line(exc: BaseException) -> str:

@@ -29,7 +29,7 @@ Entry point: :func:`build_data` with the dataset config and a :class:`BatchLayou
 :data:`DATASETS` maps each ``dataset.name`` to its schema and the function that loads it.
 
 Raw files are only read from ``root``; nothing downloads unless ``download=true`` is set. A missing
-dataset raises :class:`~mptrain.config.schema.ConfigError` naming the path and how to get the files.
+dataset raises :class:`~mptrain.config.base.ConfigError` naming the path and how to get the files.
 """
 
 from __future__ import annotations
@@ -46,16 +46,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from mptrain.config.schema import (
-    ConfigError,
-    CustomDatasetConfig,
-    DigitsConfig,
-    ImageFolderConfig,
-    Option,
-    SyntheticConfig,
-    TextDatasetConfig,
-    TorchvisionDatasetConfig,
-)
+from mptrain.config.data import CustomDatasetConfig, DigitsConfig, ImageFolderConfig, SyntheticConfig, TextDatasetConfig, TorchvisionDatasetConfig
+from mptrain.config.base import ConfigError, Option
 from mptrain.data.decode import (
     BadDataFile,
     CropSpec,

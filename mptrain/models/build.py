@@ -27,14 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mptrain.config.schema import (
+from mptrain.config.base import ConfigError, Option
+from mptrain.config.models import (
     CNNConfig,
-    ConfigError,
     CustomModelConfig,
     GPTConfig,
     MLPConfig,
     ModelConfig,
-    Option,
     ResNetConfig,
     TimmModelConfig,
     TorchvisionModelConfig,

@@ -19,7 +19,7 @@ evaluation, global optimizer steps): ``train/loss``, ``train/lr``, ``train/loss_
   run's). Params are logged once: non-training settings changed at resume are not re-logged
   (report.json holds the config the run ended with).
 
-A tracker that cannot start is bad input (:class:`~mptrain.config.schema.ConfigError`, before training).
+A tracker that cannot start is bad input (:class:`~mptrain.config.base.ConfigError`, before training).
 One that fails later is warned about once and dropped; training, checkpoints and the report carry
 on without it.
 """
@@ -34,8 +34,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from mptrain.config.base import ConfigError, launch_dir
 from mptrain.config.keys import flatten
-from mptrain.config.schema import ConfigError, MLflowConfig, RunConfig, launch_dir
+from mptrain.config.run import MLflowConfig, RunConfig
 from mptrain.rundir.fileio import atomic_write_text
 from mptrain.rundir.layout import MLFLOW_RUN_JSON, TENSORBOARD_DIR
 

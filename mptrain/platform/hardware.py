@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from mptrain.config.schema import ConfigError
+from mptrain.config.base import ConfigError
 
 # In-memory data (tensors, token streams) larger than this stays in host memory instead of being
 # copied to the GPU once at the start.

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from mptrain.config.schema import ConfigError, FP8Config, PrecisionConfig, ScalerConfig
+from mptrain.config.base import ConfigError
+from mptrain.config.precision import FP8Config, PrecisionConfig, ScalerConfig
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext, build_scaler_for
 from mptrain.platform.dtypes import dtype_name

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from mptrain.config.schema import ConfigError
+from mptrain.config.base import ConfigError
 from mptrain.rundir.fileio import atomic_write
 from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST
 

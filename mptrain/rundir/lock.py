@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from types import TracebackType
 
-from mptrain.config.schema import NAME_MAX, PATH_MAX, ConfigError
+from mptrain.config.base import NAME_MAX, PATH_MAX, ConfigError
 from mptrain.rundir.checkpoint import candidates
 from mptrain.rundir.layout import BEST, CHECKPOINT_DIR, LATEST, LOCK_NAME, METRICS_JSONL
 

@@ -11,7 +11,7 @@ report written after a failed build still names the device, precision and TF32 f
 and returns a :class:`Run`; :func:`mptrain.train.loop.train_loop` trains it. Combinations that cannot
 run are refused by :func:`check_run` before anything is built; what only the built objects reveal
 (no FP8-eligible layer, no module matching ``numerics.fp32_modules``, a batch larger than the
-dataset, missing files) raises :class:`~mptrain.config.schema.ConfigError` during the build.
+dataset, missing files) raises :class:`~mptrain.config.base.ConfigError` during the build.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from mptrain.config.schema import ConfigError, RunConfig
+from mptrain.config.base import ConfigError
+from mptrain.config.run import RunConfig
 from mptrain.data.build import BatchLayout, DataBundle, build_data
 from mptrain.models.build import build_model, count_parameters
 from mptrain.models.task import Task, cross_entropy

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mptrain.config.base import ConfigError
 from mptrain.config.keys import flatten, is_non_training_key
-from mptrain.config.schema import ConfigError, RunConfig
+from mptrain.config.run import RunConfig
 from mptrain.platform.distributed import (
     load_model_state,
     load_optimizer_state,

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from mptrain.config.schema import RunConfig
+from mptrain.config.run import RunConfig
 from mptrain.data.build import DataBundle
 from mptrain.models.task import Task
 from mptrain.platform.distributed import DistContext, unwrap

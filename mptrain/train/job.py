@@ -1,7 +1,7 @@
 """One training run from a typed config: build it, train it, write its report.
 
 :func:`train` is what the CLI calls for each Hydra job and what tests call directly. It takes plain
-objects (a :class:`~mptrain.config.schema.RunConfig` and an output directory) and never sees OmegaConf.
+objects (a :class:`~mptrain.config.run.RunConfig` and an output directory) and never sees OmegaConf.
 A :class:`_Job` follows the run through its life, in this order:
 
     resolve device and precision -> build (mptrain.train.build) -> audit / probe when asked ->
@@ -26,7 +26,8 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 
-from mptrain.config.schema import ConfigError, RunConfig
+from mptrain.config.base import ConfigError
+from mptrain.config.run import RunConfig
 from mptrain.data.build import DataBundle
 from mptrain.models.build import compile_counts, model_facts
 from mptrain.models.task import Task

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from mptrain.config.schema import NumericsConfig
+from mptrain.config.run import NumericsConfig
 from mptrain.platform import hardware
 
 if TYPE_CHECKING:

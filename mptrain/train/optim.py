@@ -15,7 +15,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from mptrain.config.schema import AdamWConfig, OptimizerConfig, Option, SchedulerConfig, SGDConfig
+from mptrain.config.base import Option
+from mptrain.config.optim import AdamWConfig, OptimizerConfig, SchedulerConfig, SGDConfig
 
 
 def parameter_groups(

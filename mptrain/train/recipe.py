@@ -17,7 +17,7 @@ from importlib.resources import files
 from typing import Any
 
 from mptrain.config.keys import flatten, is_non_training_key
-from mptrain.config.schema import RunConfig
+from mptrain.config.run import RunConfig
 from mptrain.models.task import lower_is_better
 from mptrain.output.report import EvaluationSection, RecipeSection
 

@@ -1,0 +1,101 @@
+"""What every schema uses: :class:`ConfigError` (one line naming the key), the range-rule helpers
+(``require``, ``positive``, ``at_least``, path and ``_target_`` checks), the ``PATH`` field
+metadata with the launch directory relative paths are taken from, and :class:`Option`, the row
+type of the builder tables.
+
+Range checks that types cannot express (``lr > 0``, ``0 < backoff_factor < 1``) raise
+:class:`ConfigError` with a message of the form ``key=value: what is accepted``. This package
+imports no torch, and from OmegaConf only its ``MISSING`` marker.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value the user must change. The message is one line naming the key."""
+
+
+PATH = {"path": True}
+
+_launch_dir: Path | None = None
+
+
+def set_launch_dir(path: Path) -> None:
+    """Record the directory mptrain was launched in (a Hydra job: ``hydra.runtime.cwd``, which
+    stays the user's directory when ``hydra.job.chdir=true`` moves the job into its output)."""
+    global _launch_dir
+    _launch_dir = path
+
+
+def launch_dir() -> Path:
+    """Where relative paths, ``_target_`` modules and the default ``./mlruns`` are looked up: the
+    recorded launch directory, else the current one (mptrain used from Python)."""
+    return _launch_dir if _launch_dir is not None else Path.cwd()
+
+
+# ---------------------------------------------------------------------------------- group options
+@dataclass(frozen=True)
+class Option:
+    """A config-group option as a registry lists it: its schema and what builds from it."""
+
+    schema: type
+    build: Callable[..., Any]
+
+
+# ------------------------------------------------------------------------------------- validation
+FP32_MAX = 3.4028234663852886e38  # the loss scale is an FP32 tensor
+NAME_MAX, PATH_MAX = 255, 4096  # Linux limits on one path component and on a whole path (bytes)
+
+
+def check_path(key: str, path: str) -> None:
+    """A path the file system could hold: no name over NAME_MAX bytes, at most PATH_MAX bytes."""
+    longest = max((len(part.encode()) for part in path.split("/")), default=0)
+    require(
+        longest <= NAME_MAX and len(path.encode()) <= PATH_MAX,
+        key,
+        path if len(path) <= 80 else f"{path[:40]}...({len(path)} characters)",
+        f"longer than the file system allows ({NAME_MAX} bytes per name, {PATH_MAX} per path)",
+    )
+
+
+def check_target(key: str, target: str) -> None:
+    """A dotted import path: ``package.module.Name``."""
+    require(
+        re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", target) is not None,
+        key,
+        target,
+        "a dotted import path such as my_pkg.MyNet (module, then the name in it)",
+    )
+
+
+def check_dropout(dropout: float) -> None:
+    require(0 <= dropout < 1, "model.dropout", dropout, "must be in [0, 1)")
+
+
+def require(ok: bool, key: str, value: object, accepted: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r}: {accepted}")
+
+
+def positive(key: str, value: float | int | None, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    require(
+        value is not None and value > 0 and math.isfinite(value),
+        key,
+        value,
+        "must be > 0 and finite",
+    )
+
+
+def at_least(key: str, value: int | None, minimum: int, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    require(value is not None and value >= minimum, key, value, f"must be an integer >= {minimum}")

@@ -1,0 +1,65 @@
+"""Settings of the commands beside training (``bench.*``, ``advise.*``, ``eval.*``) and their range
+rules. They ride in :class:`~mptrain.config.run.RunConfig` but never change what a run
+computes (:data:`mptrain.config.keys.NON_TRAINING_KEYS`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mptrain.config.base import at_least, positive, require
+
+
+@dataclass
+class BenchConfig:
+    """``mptrain bench``: how long and how often each precision is timed."""
+
+    warmup_steps: int = 5
+    steps: int = 30
+    reps: int = 3  # repetitions in rotating order; fewer than 3 cannot judge the spread
+
+
+@dataclass
+class AdviseConfig:
+    """``mptrain advise``: how long the advice may take and what counts as faithful to FP32."""
+
+    budget_s: float = 120.0  # the whole advice; parts that would not fit are skipped and listed
+    tolerance: float = 0.05  # largest relative loss difference to FP32 a recommendation may show
+    max_skipped_fraction: float = 0.1  # skipped optimizer steps (lost updates) a winner may have
+    fidelity_steps: int = 40  # optimizer steps of each precision's short run beside FP32's
+    warmup_steps: int = 3  # speed: optimizer steps run before timing starts
+    speed_steps: int = 20  # speed: optimizer steps timed per precision and repetition
+    reps: int = 3  # speed: repetitions in rotating order (fewer than 3 cannot judge the spread)
+
+
+@dataclass
+class EvalConfig:
+    """``mptrain eval resume=PATH``: which checkpoint of a run directory is evaluated."""
+
+    checkpoint: str = "latest"  # latest: the newest that loads | best: best.pt
+
+
+def check_eval_checkpoint(which: str) -> None:
+    """``eval.checkpoint``: which checkpoint of a run directory ``mptrain eval`` takes."""
+    require(
+        which in ("latest", "best"),
+        "eval.checkpoint",
+        which,
+        "latest (the newest checkpoint that loads) or best (best.pt)",
+    )
+
+
+def validate_advise(a: AdviseConfig) -> None:
+    """``mptrain advise``: a positive budget and tolerance, whole step counts, a fraction."""
+    positive("advise.budget_s", a.budget_s)
+    positive("advise.tolerance", a.tolerance)
+    require(
+        0 <= a.max_skipped_fraction < 1,
+        "advise.max_skipped_fraction",
+        a.max_skipped_fraction,
+        "must be in [0, 1)",
+    )
+    at_least("advise.fidelity_steps", a.fidelity_steps, 2)
+    at_least("advise.warmup_steps", a.warmup_steps, 1)
+    at_least("advise.speed_steps", a.speed_steps, 1)
+    at_least("advise.reps", a.reps, 1)

@@ -1,0 +1,111 @@
+"""The precision group's schemas (``precision=...``, ``precision.scaler.*``, ``fp8.*``) and their
+range rules; what each precision runs is :data:`mptrain.precision.policy.PRECISIONS`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from mptrain.config.base import FP32_MAX, at_least, require
+
+# --------------------------------------------------------------------------------------- precision
+REDUCE_DTYPES = ("float32", "float16", "bfloat16")
+
+
+@dataclass
+class ScalerConfig:
+    """Dynamic loss scaling (torch.amp.GradScaler), for the precisions that scale (fp16)."""
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+
+
+@dataclass
+class PrecisionConfig:
+    """A precision by name (what each runs: mptrain.precision.policy.PRECISIONS) and its tunables."""
+
+    name: str = "auto"
+    scaler: ScalerConfig = field(default_factory=ScalerConfig)
+    allow_tf32: bool = False
+
+
+@dataclass
+class FP8Config:
+    """FP8 Linear layers (precision=fp8). Ignored by every other precision."""
+
+    format: str = "hybrid"  # hybrid: E4M3 forward, E5M2 gradients | e4m3: E4M3 everywhere
+    scaling: str = "dynamic"  # dynamic (current amax) | delayed (amax history)
+    granularity: str = "tensorwise"  # tensorwise: a scale per tensor | rowwise: per row (dynamic)
+    amax_history_len: int = 16
+    amax_compute_algo: str = "max"  # max | most_recent (delayed scaling)
+    margin: int = 0  # scale divided by 2**margin: headroom against growing amax
+    pow2_scales: bool = False  # scales rounded down to a power of two: scaling adds no rounding
+    emulate: bool | None = None  # None: real where the GPU has FP8, emulated elsewhere
+    backend: str = "builtin"  # builtin | torchao
+    keep_first_last: bool = True
+    include: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    min_features: int = 0  # a Linear with fewer in or out features stays in BF16; 0: off
+
+
+# Field metadata of the keys that hold a file-system path: relative ones are taken from the
+# directory mptrain was launched in (mptrain.compose.registry.absolute_paths), whatever the job's cwd.
+def validate_precision(p: PrecisionConfig) -> None:
+    """The scaler's numbers (the name is checked against the precision table at the CLI edge)."""
+    s = p.scaler
+    require(
+        0 < s.init_scale <= FP32_MAX,
+        "precision.scaler.init_scale",
+        s.init_scale,
+        f"must be > 0 and at most FP32's largest value {FP32_MAX:.4g}",
+    )
+    require(
+        1 < s.growth_factor < math.inf,
+        "precision.scaler.growth_factor",
+        s.growth_factor,
+        "must be > 1 and finite",
+    )
+    require(
+        0 < s.backoff_factor < 1,
+        "precision.scaler.backoff_factor",
+        s.backoff_factor,
+        "must be in the open interval (0, 1)",
+    )
+    at_least("precision.scaler.growth_interval", s.growth_interval, 1)
+
+
+def validate_fp8(f: FP8Config) -> None:
+    require(f.format in ("hybrid", "e4m3"), "fp8.format", f.format, "hybrid or e4m3")
+    require(f.scaling in ("dynamic", "delayed"), "fp8.scaling", f.scaling, "dynamic or delayed")
+    require(
+        f.granularity in ("tensorwise", "rowwise"),
+        "fp8.granularity",
+        f.granularity,
+        "tensorwise or rowwise",
+    )
+    require(
+        f.granularity == "tensorwise" or f.scaling == "dynamic",
+        "fp8.granularity",
+        f.granularity,
+        "rowwise scales are dynamic (one per row of each tensor, no history): "
+        "use fp8.scaling=dynamic or fp8.granularity=tensorwise",
+    )
+    at_least("fp8.amax_history_len", f.amax_history_len, 1)
+    require(
+        f.amax_compute_algo in ("max", "most_recent"),
+        "fp8.amax_compute_algo",
+        f.amax_compute_algo,
+        "max or most_recent",
+    )
+    require(f.margin >= 0, "fp8.margin", f.margin, "must be an integer >= 0")
+    require(f.backend in ("builtin", "torchao"), "fp8.backend", f.backend, "builtin or torchao")
+    require(isinstance(f.pow2_scales, bool), "fp8.pow2_scales", f.pow2_scales, "true or false")
+    require(
+        type(f.min_features) is int and f.min_features >= 0,
+        "fp8.min_features",
+        f.min_features,
+        "must be an integer >= 0 (0: every size converts)",
+    )

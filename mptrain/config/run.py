@@ -1,0 +1,296 @@
+"""The whole job's schema, :class:`RunConfig`, with the groups it holds (numerics, checkpoint,
+distributed, debug, trackers, recipe), the task/model/dataset agreement and :func:`validate`, the
+range rules of a whole run.
+
+Hydra composes YAML from ``conf/`` on top of these schemas (registered in the ConfigStore by
+:func:`mptrain.compose.registry.register_configs`), so an unknown key or a value of the wrong type
+fails at compose time, naming the key; :func:`mptrain.compose.registry.to_run_config` converts a
+composed config into these plain dataclasses once, at the CLI edge.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from mptrain.config.base import PATH, ConfigError, at_least, check_path, positive, require
+from mptrain.config.commands import (
+    AdviseConfig,
+    BenchConfig,
+    EvalConfig,
+    check_eval_checkpoint,
+    validate_advise,
+)
+from mptrain.config.data import DatasetConfig
+from mptrain.config.models import ModelConfig
+from mptrain.config.optim import OptimizerConfig, SchedulerConfig
+from mptrain.config.precision import (
+    REDUCE_DTYPES,
+    FP8Config,
+    PrecisionConfig,
+    validate_fp8,
+    validate_precision,
+)
+
+
+# ----------------------------------------------------------------------------------------- recipe
+@dataclass
+class ExpectedResult:
+    """The result a recipe's source reports, and where it was obtained."""
+
+    metric: str = "final_val_accuracy"  # a key of the report's evaluation section
+    value: float | None = None
+    tolerance: float = (
+        0.0  # met at least value - tolerance (loss/perplexity metrics: at most value + tolerance)
+    )
+    hardware: str = ""
+    data: str = ""
+
+
+@dataclass
+class RecipeConfig:
+    """Set by ``recipe=NAME`` (recipes/NAME.yaml); empty when no recipe is applied."""
+
+    name: str | None = None
+    source: str = ""
+    command: str = ""
+    expected: ExpectedResult = field(default_factory=ExpectedResult)
+    note: str = ""
+
+
+# -------------------------------------------------------------------------------------------- run
+@dataclass
+class NumericsConfig:
+    """Loss-scale health limits, culprit search and per-layer FP32 overrides."""
+
+    min_loss_scale: float = 1.0
+    warn_consecutive_backoffs: int = 5
+    warn_skip_rate: float = 0.25
+    warn_window: int = 200
+    max_consecutive_nonfinite_loss: int = 5
+    find_culprit: bool = True
+    fp32_modules: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CheckpointConfig:
+    enabled: bool = True
+    every_minutes: float | None = 10.0
+    every_steps: int | None = None
+    every_epoch: bool = False
+    keep_last: int = 2
+    keep_best: bool = True
+
+
+@dataclass
+class DistributedConfig:
+    """Used when launched by torchrun (WORLD_SIZE > 1)."""
+
+    strategy: str = "ddp"  # ddp | fsdp
+    reduce_dtype: str = "float32"  # FSDP gradient reduction dtype
+
+
+@dataclass
+class DebugConfig:
+    # Steps (1-based optimizer steps) whose gradients get an inf after backward: exercises the
+    # loss scaler's skip path on purpose (tests, checking a setup). Empty in every real run.
+    inject_inf_grad_steps: list[int] = field(default_factory=list)
+    inject_inf_grad_rank: int | None = None  # distributed: inject on this rank only
+
+
+@dataclass
+class TensorBoardConfig:
+    """logger=[tensorboard]: scalars and the config as hparams (``pip install "mptrain[tensorboard]"``)."""
+
+    log_dir: str | None = field(default=None, metadata=PATH)  # None: <run dir>/tensorboard
+
+
+@dataclass
+class MLflowConfig:
+    """logger=[mlflow]: params, metrics and the report as artifacts (``pip install "mptrain[mlflow]"``)."""
+
+    tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else the file store ./mlruns
+    experiment_name: str = "mptrain"
+    run_name: str | None = None  # None: the run directory's name
+
+
+# logger=[...]: each experiment tracker a config may name -> the package it needs (and the extra
+# that installs it, mptrain[<name>]).
+LOGGERS = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+
+
+@dataclass
+class RunConfig:
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    model: ModelConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    optimizer: OptimizerConfig = MISSING
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    fp8: FP8Config = field(default_factory=FP8Config)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    task: str = "classify"  # classify | lm (set by task=NAME, conf/task/)
+    epochs: int | None = 15
+    max_steps: int | None = None
+    batch_size: int = 64
+    eval_batch_size: int = 512
+    grad_accum_steps: int = 1
+    clip_grad_norm: float | None = None
+    label_smoothing: float = 0.0
+    seed: int = 0
+    device: str = "auto"
+    eval_every: int | None = None
+    eval_every_minutes: float | None = None
+    log_every: int = 50
+    probe_every: int | None = 100
+    throughput_warmup_steps: int = 5
+    channels_last: bool = False
+    compile: bool = False
+    num_workers: int = 2
+    progress: bool = True
+    audit: bool = False
+    probe: bool = False
+    probe_batches: int = 4
+    numerics: NumericsConfig = field(default_factory=NumericsConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: str | None = field(default=None, metadata=PATH)  # or "auto"
+    resume_allow_changes: bool = False
+    overwrite: bool = False
+    bench: BenchConfig = field(default_factory=BenchConfig)
+    advise: AdviseConfig = field(default_factory=AdviseConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig)
+    logger: list[str] = field(default_factory=list)  # experiment trackers: names of LOGGERS
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
+    mlflow: MLflowConfig = field(default_factory=MLflowConfig)
+
+
+def _validate_numerics(n: NumericsConfig) -> None:
+    positive("numerics.min_loss_scale", n.min_loss_scale)
+    at_least("numerics.warn_consecutive_backoffs", n.warn_consecutive_backoffs, 1)
+    require(
+        0 < n.warn_skip_rate <= 1, "numerics.warn_skip_rate", n.warn_skip_rate, "must be in (0, 1]"
+    )
+    at_least("numerics.warn_window", n.warn_window, 1)
+    at_least("numerics.max_consecutive_nonfinite_loss", n.max_consecutive_nonfinite_loss, 1)
+
+
+# The tasks (each an overlay conf/task/<name>.yaml), and the models and datasets of the
+# language-model task; every other one classifies.
+TASKS = ("classify", "lm")
+LM_MODELS, LM_DATASETS = ("gpt",), ("text",)
+
+
+def _check_task(run: RunConfig) -> None:
+    """The task, the model and the dataset must agree: a language model reads token windows."""
+    require(run.task in TASKS, "task", run.task, " or ".join(TASKS))
+    lm = run.task == "lm"
+    for group, names, accepted in (
+        ("model", LM_MODELS, "model=gpt"),
+        ("dataset", LM_DATASETS, "dataset=text"),
+    ):
+        name = getattr(run, group).name
+        if lm and name not in names:
+            raise ConfigError(f"{group}={name}: task=lm trains a language model; use {accepted}")
+        if not lm and name in names:
+            raise ConfigError(f"{group}={name}: for language models; add task=lm")
+
+
+def validate(run: RunConfig) -> None:
+    """Check every range and cross-key rule; raise :class:`ConfigError` on the first violation."""
+    validate_precision(run.precision)
+    validate_fp8(run.fp8)
+    for group in (run.model, run.dataset, run.optimizer, run.scheduler):
+        group.validate()  # each schema's own range rules
+    require(
+        run.epochs is not None or run.max_steps is not None,
+        "epochs",
+        run.epochs,
+        "set epochs or max_steps (both null leaves the run without an end)",
+    )
+    at_least("epochs", run.epochs, 1, allow_none=True)
+    _check_task(run)
+    at_least("max_steps", run.max_steps, 1, allow_none=True)
+    require(
+        -(2**63) <= run.seed < 2**64,
+        "seed",
+        run.seed,
+        "must fit in 64 bits (torch.manual_seed's range: -2**63 .. 2**64 - 1)",
+    )
+    if run.resume not in (None, "auto"):
+        check_path("resume", run.resume)
+    at_least("batch_size", run.batch_size, 1)
+    at_least("eval_batch_size", run.eval_batch_size, 1)
+    at_least("grad_accum_steps", run.grad_accum_steps, 1)
+    positive("clip_grad_norm", run.clip_grad_norm, allow_none=True)
+    require(
+        0 <= run.label_smoothing < 1, "label_smoothing", run.label_smoothing, "must be in [0, 1)"
+    )
+    require(
+        re.fullmatch(r"auto|cpu|cuda(:\d+)?", run.device) is not None,
+        "device",
+        run.device,
+        "one of auto, cpu, cuda, cuda:N",
+    )
+    at_least("eval_every", run.eval_every, 1, allow_none=True)
+    positive("eval_every_minutes", run.eval_every_minutes, allow_none=True)
+    at_least("log_every", run.log_every, 1)
+    at_least("probe_every", run.probe_every, 1, allow_none=True)
+    at_least("throughput_warmup_steps", run.throughput_warmup_steps, 0)
+    at_least("num_workers", run.num_workers, 0)
+    _validate_numerics(run.numerics)
+    at_least("probe_batches", run.probe_batches, 1)
+    _validate_mechanics(run)
+    validate_loggers(run.logger)
+
+
+def _validate_mechanics(run: RunConfig) -> None:
+    """Checkpoints, bench, distributed and debug: how the run is carried out."""
+    at_least("checkpoint.every_steps", run.checkpoint.every_steps, 1, allow_none=True)
+    positive("checkpoint.every_minutes", run.checkpoint.every_minutes, allow_none=True)
+    at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)
+    at_least("bench.warmup_steps", run.bench.warmup_steps, 1)
+    at_least("bench.steps", run.bench.steps, 1)
+    at_least("bench.reps", run.bench.reps, 1)
+    validate_advise(run.advise)
+    check_eval_checkpoint(run.eval.checkpoint)
+    require(
+        run.distributed.strategy in ("ddp", "fsdp"),
+        "distributed.strategy",
+        run.distributed.strategy,
+        "ddp or fsdp",
+    )
+    require(
+        run.distributed.reduce_dtype in REDUCE_DTYPES,
+        "distributed.reduce_dtype",
+        run.distributed.reduce_dtype,
+        "float32 (default), bfloat16 or float16",
+    )
+    require(
+        all(s >= 1 for s in run.debug.inject_inf_grad_steps),
+        "debug.inject_inf_grad_steps",
+        run.debug.inject_inf_grad_steps,
+        "optimizer step numbers >= 1",
+    )
+
+
+def validate_loggers(names: list[str]) -> None:
+    """Every name in ``logger`` is a tracker of :data:`LOGGERS` whose package is installed."""
+    for name in names:
+        require(
+            name in LOGGERS,
+            "logger",
+            names,
+            f"unknown logger {name!r}; one of {', '.join(LOGGERS)}",
+        )
+        package = LOGGERS[name]
+        require(
+            importlib.util.find_spec(package) is not None,
+            "logger",
+            names,
+            f"{name} needs the {package} package, which is not installed: "
+            f'pip install "mptrain[{name}]"',
+        )
