@@ -36,8 +36,8 @@ import numpy as np
 import torch
 
 from mptrain.config.data import ImageFolderConfig
+from mptrain.data import batches, decode, feeds, folder
 from mptrain.data import build as data
-from mptrain.data import decode
 from mptrain.data.decode import CropSpec, crop_params, draft_factor
 
 CLASSES = 4
@@ -57,31 +57,31 @@ def write_images(root: Path, count: int, seed: int = 0) -> list[tuple[int, int]]
             coarse = rng.integers(0, 256, (h // 12, w // 12, 3), dtype=np.uint8)
             image = Image.fromarray(coarse).resize((w, h), Image.Resampling.BICUBIC)
             pixels = np.asarray(image).astype(np.int16) + rng.integers(-6, 7, (h, w, 3))
-            folder = root / split / f"class{k % CLASSES}"
-            folder.mkdir(parents=True, exist_ok=True)
+            class_dir = root / split / f"class{k % CLASSES}"
+            class_dir.mkdir(parents=True, exist_ok=True)
             Image.fromarray(pixels.clip(0, 255).astype(np.uint8)).save(
-                folder / f"{k}.jpg", quality=90
+                class_dir / f"{k}.jpg", quality=90
             )
             if split == "train":
                 sizes.append((h, w))
     return sizes
 
 
-def old_epochs(cfg: ImageFolderConfig, layout: data.BatchLayout, epochs: int) -> int:
+def old_epochs(cfg: ImageFolderConfig, layout: batches.BatchLayout, epochs: int) -> int:
     """Serve ``epochs`` epochs the way the code did before: images served."""
     from torchvision import datasets
     from torchvision import transforms as T
 
-    normalize = T.Normalize(data._IMAGENET_MEAN, data._IMAGENET_STD)
+    normalize = T.Normalize(folder.IMAGENET_MEAN, folder.IMAGENET_STD)
     transform = T.Compose(
         [T.RandomResizedCrop(cfg.image_size), T.RandomHorizontalFlip(), T.ToTensor(), normalize]
     )
-    folder = datasets.ImageFolder(str(Path(cfg.root) / "train"), loader=decode.load_image)
-    seeded = data.SeededTransforms(folder, transform, layout.seed)
+    train_images = datasets.ImageFolder(str(Path(cfg.root) / "train"), loader=decode.load_image)
+    seeded = feeds.SeededTransforms(train_images, transform, layout.seed)
     served = 0
     for epoch in range(epochs):
         seeded.epoch = epoch
-        order = data.epoch_indices(len(folder), True, layout.seed, epoch).tolist()
+        order = feeds.epoch_indices(len(train_images), True, layout.seed, epoch).tolist()
         loader = torch.utils.data.DataLoader(
             seeded,
             batch_size=layout.batch_size,
@@ -98,7 +98,7 @@ def old_epochs(cfg: ImageFolderConfig, layout: data.BatchLayout, epochs: int) ->
     return served
 
 
-def new_epochs(cfg: ImageFolderConfig, layout: data.BatchLayout, epochs: int) -> int:
+def new_epochs(cfg: ImageFolderConfig, layout: batches.BatchLayout, epochs: int) -> int:
     """Serve ``epochs`` epochs with the feed ``build_data`` builds now: images served."""
     bundle = data.build_data(cfg, layout)
     served = 0
@@ -128,9 +128,9 @@ def pipelines(args: argparse.Namespace, root: Path) -> dict[str, tuple]:
 def measure(args: argparse.Namespace, root: Path) -> dict[str, list[float]]:
     """images/s of each pipeline per repetition, alternating (reversed every other one)."""
     device = torch.device(args.device)
-    layout = data.BatchLayout(args.batch_size, args.batch_size, device, 0, args.workers)
+    layout = batches.BatchLayout(args.batch_size, args.batch_size, device, 0, args.workers)
     if device.type == "cpu":  # device decoding's code on the CPU (the config would refuse it)
-        data._check_decode_device = lambda device: None
+        folder._check_decode_device = lambda device: None
     chosen = pipelines(args, root)
     rates: dict[str, list[float]] = {name: [] for name in chosen}
     for rep in range(args.reps):

@@ -46,7 +46,7 @@ from data_path import write_images  # benchmarks/ is on sys.path when this scrip
 
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
 from mptrain.compose.registry import register_configs, to_run_config
-from mptrain.data import build as data
+from mptrain.data import folder
 from mptrain.platform.hardware import hardware_info, software_versions
 
 PIPELINES = ("cpu", "cuda")
@@ -141,7 +141,7 @@ def child_run(args: argparse.Namespace) -> int:
     from mptrain.train.job import train
 
     if args.device == "cpu":  # device decoding's code on the CPU (the config would refuse it)
-        data._check_decode_device = lambda device: None
+        folder._check_decode_device = lambda device: None
     register_configs()  # explicit: importing mptrain registers nothing
     train(run_config(args, args.root, args.child), args.run_dir)
     return 0

@@ -21,8 +21,11 @@ from mptrain.config.data import (
     SyntheticConfig,
     TorchvisionDatasetConfig,
 )
+from mptrain.data import batches, folder
 from mptrain.data import build as data
-from mptrain.data.build import BatchLayout, TensorBatches, build_data, random_crop_flip
+from mptrain.data.batches import BatchLayout
+from mptrain.data.build import build_data
+from mptrain.data.feeds import TensorBatches, random_crop_flip
 
 CPU = torch.device("cpu")
 
@@ -37,7 +40,7 @@ PUBLISHED_STATS = {
 
 
 # ----------------------------------------------------------------------------------------- helpers
-def build(cfg, batch_size: int = 2, eval_batch_size: int = 4, seed: int = 0) -> data.DataBundle:
+def build(cfg, batch_size: int = 2, eval_batch_size: int = 4, seed: int = 0) -> batches.DataBundle:
     """build_data on the CPU, without worker processes, as the only rank."""
     layout = BatchLayout(
         batch_size=batch_size, eval_batch_size=eval_batch_size, device=CPU, seed=seed, num_workers=0
@@ -304,8 +307,8 @@ def test_imagefolder_val_batches_keep_class_order_and_colours(tmp_path):
     images, labels = collect(bundle.val)
     assert images.shape == (4, 3, 32, 32)
     assert labels.tolist() == [0, 0, 1, 1]  # classes sorted by name: cat, dog
-    mean = torch.tensor(data._IMAGENET_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(data._IMAGENET_STD).view(1, 3, 1, 1)
+    mean = torch.tensor(folder.IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(folder.IMAGENET_STD).view(1, 3, 1, 1)
     pixels = (images * std + mean) * 255
     for k, (image, label) in enumerate(zip(pixels, labels, strict=True)):
         colour = colour_of(("cat", "dog")[label], k % 2)  # files 0.png, 1.png of each class
@@ -593,7 +596,7 @@ def test_random_crop_flip_is_reproducible_from_the_generator_seed():
 
 # ------------------------------------------------------------------------------------------ digits
 @pytest.fixture(scope="module")
-def digits_bundle() -> data.DataBundle:
+def digits_bundle() -> batches.DataBundle:
     # One batch holding the whole training set, so the statistics cover every sample.
     return build(DigitsConfig(), batch_size=1437, eval_batch_size=360)
 
@@ -722,7 +725,7 @@ def test_digits_are_scikit_learns_split_exactly(val_size, split_seed):
     from sklearn.model_selection import train_test_split
 
     from mptrain.config.data import DigitsConfig
-    from mptrain.data.build import load_digits_arrays
+    from mptrain.data.arrays import load_digits_arrays
 
     arrays = load_digits_arrays(DigitsConfig(val_size=val_size, split_seed=split_seed))
     digits = load_digits()

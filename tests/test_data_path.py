@@ -18,9 +18,10 @@ from conftest import describe, requires_cuda, run_command, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.config.data import ImageFolderConfig
+from mptrain.data import batches, decode, folder
 from mptrain.data import build as data
-from mptrain.data import decode
-from mptrain.data.build import BatchLayout, build_data
+from mptrain.data.batches import BatchLayout
+from mptrain.data.build import build_data
 from mptrain.data.decode import BadDataFile, CropSpec, DecodeCrop, crop_params, draft_factor
 
 CPU = torch.device("cpu")
@@ -56,7 +57,7 @@ def folder_cfg(root: Path, **keys) -> ImageFolderConfig:
     return ImageFolderConfig(root=str(root), image_size=32, resize_size=40, **keys)
 
 
-def build(cfg, workers: int = 0, batch_size: int = 4, seed: int = 0) -> data.DataBundle:
+def build(cfg, workers: int = 0, batch_size: int = 4, seed: int = 0) -> batches.DataBundle:
     layout = BatchLayout(
         batch_size=batch_size, eval_batch_size=4, device=CPU, seed=seed, num_workers=workers
     )
@@ -72,7 +73,7 @@ def old_transforms(cfg: ImageFolderConfig):
     """The pipeline before this change: torchvision Compose on the full decode, float output."""
     from torchvision import transforms as T
 
-    normalize = T.Normalize(data._IMAGENET_MEAN, data._IMAGENET_STD)
+    normalize = T.Normalize(folder.IMAGENET_MEAN, folder.IMAGENET_STD)
     val = T.Compose(
         [T.Resize(cfg.resize_size), T.CenterCrop(cfg.image_size), T.ToTensor(), normalize]
     )
@@ -110,10 +111,10 @@ def test_pipeline_without_a_draft_reproduces_the_old_batches_exactly(tmp_path):
         ImageFolderConfig(str(tmp_path), image_size=64, resize_size=72),
     ):
         old_train, old_val = old_transforms(cfg)
-        train, val = data._imagefolder_transforms(cfg)
+        train, val = folder._imagefolder_transforms(cfg)
         paths = sorted(str(p) for p in tmp_path.rglob("*.jpg"))
-        mean = torch.tensor(data._IMAGENET_MEAN).view(1, 3, 1, 1)
-        std = torch.tensor(data._IMAGENET_STD).view(1, 3, 1, 1)
+        mean = torch.tensor(folder.IMAGENET_MEAN).view(1, 3, 1, 1)
+        std = torch.tensor(folder.IMAGENET_STD).view(1, 3, 1, 1)
         for path in paths:
             for new, old in ((train, old_train), (val, old_val)):
                 torch.manual_seed(7)
@@ -191,7 +192,7 @@ def test_bad_files_are_named_or_skipped_on_the_cpu_path(tmp_path):
 @pytest.fixture
 def decode_on_cpu(monkeypatch):
     """Let dataset.decode_device=cuda build on the CPU: the device pipeline's code, CPU device."""
-    monkeypatch.setattr(data, "_check_decode_device", lambda device: None)
+    monkeypatch.setattr(folder, "_check_decode_device", lambda device: None)
 
 
 def test_device_decode_matches_the_pil_pipeline(tmp_path, decode_on_cpu):
@@ -300,9 +301,9 @@ def test_png_bytes_are_decoded_in_the_worker_and_jpeg_bytes_are_not(tmp_path):
     buffer = io.BytesIO()
     Image.fromarray(photo(20, 10, seed=1)).save(buffer, "PNG")
     png.write_bytes(buffer.getvalue())
-    folder = data.load_image_folders(folder_cfg(tmp_path)).train
-    encoded = decode.EncodedImages(folder)
-    kinds = {Path(p).suffix: encoded[i][0][0].dim() for i, (p, _) in enumerate(folder.samples)}
+    train = folder.load_image_folders(folder_cfg(tmp_path)).train
+    encoded = decode.EncodedImages(train)
+    kinds = {Path(p).suffix: encoded[i][0][0].dim() for i, (p, _) in enumerate(train.samples)}
     assert kinds == {".jpg": 1, ".png": 3}
 
 

@@ -214,7 +214,8 @@ def test_checkpoint_records_data_facts_in_plain_types(trained):
 
 def test_preprocessing_of_fed_as_is_and_uint8_data():
     from mptrain.config.data import SyntheticConfig
-    from mptrain.data.build import ArrayDataset, BatchLayout, _array_bundle
+    from mptrain.data.arrays import ArrayDataset, array_bundle
+    from mptrain.data.batches import BatchLayout
 
     layout = BatchLayout(
         batch_size=2, eval_batch_size=2, device=torch.device("cpu"), seed=0, num_workers=0
@@ -223,7 +224,7 @@ def test_preprocessing_of_fed_as_is_and_uint8_data():
     labels = torch.tensor([0, 1, 0, 1])
     stats = ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))
     arrays = ArrayDataset(images, labels, images, labels, 2, *stats, classes=["a", "b"])
-    bundle = _array_bundle(SyntheticConfig(), arrays, layout)
+    bundle = array_bundle(SyntheticConfig(), arrays, layout)
     assert bundle.classes == ["a", "b"] and bundle.preprocessing["pixel_scale"] == 255.0
     assert bundle.preprocessing["mean"] == [0.5] * 3
     raw = torch.full((1, 3, 4, 4), 255)
@@ -234,7 +235,7 @@ def test_preprocessing_of_fed_as_is_and_uint8_data():
         mptrain.preprocess(torch.zeros(4, 4, 3), bundle.preprocessing)  # channels last
 
     floats = ArrayDataset(images.float(), labels, images.float(), labels, 2)
-    plain = _array_bundle(SyntheticConfig(), floats, layout).preprocessing
+    plain = array_bundle(SyntheticConfig(), floats, layout).preprocessing
     assert plain["pixel_scale"] == 1.0 and plain["mean"] is None
 
 

@@ -18,7 +18,8 @@ from conftest import compose_run, describe, run_command, run_mptrain, tiny_run, 
 from mptrain.config.base import ConfigError
 from mptrain.config.data import CustomDatasetConfig
 from mptrain.config.models import CustomModelConfig, TimmModelConfig, TorchvisionModelConfig
-from mptrain.data.build import BatchLayout, build_data
+from mptrain.data.batches import BatchLayout
+from mptrain.data.build import build_data
 from mptrain.models.build import build_model, config_has_convolutions, model_facts
 from mptrain.output.report import load_report
 from mptrain.precision.policy import resolve_precision

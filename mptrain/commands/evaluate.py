@@ -44,7 +44,8 @@ from mptrain.config.commands import check_eval_checkpoint
 from mptrain.config.keys import flatten
 from mptrain.config.models import EXTRA_KEYS_FIELD
 from mptrain.config.run import RunConfig
-from mptrain.data.build import BatchLayout, DataBundle, build_data
+from mptrain.data.batches import BatchLayout, DataBundle
+from mptrain.data.build import build_data
 from mptrain.data.text import Vocabulary
 from mptrain.models.build import MODELS, build_model
 from mptrain.models.task import Task

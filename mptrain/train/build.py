@@ -24,7 +24,8 @@ import torch
 
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
-from mptrain.data.build import BatchLayout, DataBundle, build_data
+from mptrain.data.batches import BatchLayout, DataBundle
+from mptrain.data.build import build_data
 from mptrain.models.build import build_model, count_parameters
 from mptrain.models.task import Task, cross_entropy
 from mptrain.platform import hardware

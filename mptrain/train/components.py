@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from mptrain.config.run import RunConfig
-from mptrain.data.build import DataBundle
+from mptrain.data.batches import DataBundle
 from mptrain.models.task import Task
 from mptrain.platform.distributed import DistContext, unwrap
 from mptrain.precision.fp8_dist import FP8Sync

@@ -28,7 +28,7 @@ from rich.markup import escape
 
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
-from mptrain.data.build import DataBundle
+from mptrain.data.batches import DataBundle
 from mptrain.models.build import compile_counts, model_facts
 from mptrain.models.task import Task
 from mptrain.output.joblog import JobLog, job_console

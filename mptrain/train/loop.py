@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from mptrain.data.build import Batch, BatchSource
+from mptrain.data.batches import Batch, BatchSource
 from mptrain.models.task import correct_predictions, cross_entropy
 from mptrain.platform.distributed import (
     DistContext,
