@@ -29,7 +29,8 @@ import torch
 from torch import nn
 
 from mptrain.platform.hardware import software_versions
-from mptrain.precision.fp8 import Float8Linear, FP8Recipe
+from mptrain.precision.fp8.linear import Float8Linear
+from mptrain.precision.fp8.quant import FP8Recipe
 
 ROWS, FEATURES, EVERY = 512, 1024, 16
 

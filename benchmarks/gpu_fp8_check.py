@@ -46,16 +46,9 @@ from mptrain.platform.hardware import (
     software_versions,
     synchronize,
 )
-from mptrain.precision.fp8 import (
-    E4M3,
-    E5M2,
-    FP8Recipe,
-    apply_fp8,
-    fp8_gemm,
-    fp8_gemm_available,
-    quantize,
-    scale_from_amax,
-)
+from mptrain.precision.fp8.convert import apply_fp8, fp8_gemm_available
+from mptrain.precision.fp8.linear import fp8_gemm
+from mptrain.precision.fp8.quant import E4M3, E5M2, FP8Recipe, quantize, scale_from_amax
 
 
 def sqnr_db(reference: torch.Tensor, other: torch.Tensor) -> float:

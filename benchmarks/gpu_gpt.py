@@ -54,7 +54,7 @@ from mptrain.commands.bench import measure, precision_config
 from mptrain.compose.registry import register_configs, to_run_config
 from mptrain.models.gpt import GPT, GPTShape
 from mptrain.platform.hardware import hardware_info, software_versions
-from mptrain.precision.fp8 import fp8_gemm_available
+from mptrain.precision.fp8.convert import fp8_gemm_available
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 VOCAB = 256  # dataset.vocabulary=bytes

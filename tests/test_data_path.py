@@ -19,7 +19,6 @@ from conftest import describe, requires_cuda, run_command, tiny_run, train
 from mptrain.config.base import ConfigError
 from mptrain.config.data import ImageFolderConfig
 from mptrain.data import batches, decode, folder
-from mptrain.data import build as data
 from mptrain.data.batches import BatchLayout
 from mptrain.data.build import build_data
 from mptrain.data.decode import BadDataFile, CropSpec, DecodeCrop, crop_params, draft_factor

@@ -24,26 +24,26 @@ from mptrain.config.models import ViTConfig
 from mptrain.config.precision import FP8Config, PrecisionConfig, validate_fp8
 from mptrain.models.build import build_vit
 from mptrain.platform.distributed import DistContext
-from mptrain.precision.fp8 import (
+from mptrain.precision.fp8.convert import (
+    apply_fp8,
+    choose_layers,
+    convert_to_fp8,
+    fp8_gemm_available,
+    fp8_layer_stats,
+    skip_summary,
+)
+from mptrain.precision.fp8.dist import FP8Sync, build_fp8_sync
+from mptrain.precision.fp8.linear import Float8Linear, check_gemm_operands, fp8_gemm
+from mptrain.precision.fp8.quant import (
     E4M3,
     E5M2,
     FP8_MAX,
-    Float8Linear,
     FP8Recipe,
     TensorScaler,
-    apply_fp8,
-    check_gemm_operands,
-    choose_layers,
-    convert_to_fp8,
     dequantize,
-    fp8_gemm,
-    fp8_gemm_available,
-    fp8_layer_stats,
     quantize,
     scale_from_amax,
-    skip_summary,
 )
-from mptrain.precision.fp8_dist import FP8Sync, build_fp8_sync
 from mptrain.precision.policy import resolve_precision
 from mptrain.train import job as run_module
 from mptrain.train.build import prepare_run
@@ -1212,7 +1212,7 @@ def test_parameters_and_optimizer_state_stay_fp32_after_fp8_training(tmp_path, m
 # ------------------------------------------------------------------------ 11. data parallel
 def test_a_deferred_delayed_scale_waits_for_update_scale_then_matches_the_undeferred_one():
     """Under data parallelism the delayed scale is computed once the ranks' amaxes are in the
-    history (mptrain.precision.fp8_dist): casts then use the scale of the last update."""
+    history (mptrain.precision.fp8.dist): casts then use the scale of the last update."""
     eager, deferred = delayed_scaler(), delayed_scaler()
     deferred.defer_scale_update = True
     used = [deferred.cast(with_amax(amax))[1].item() for amax in AMAXES[:3]]
@@ -1383,7 +1383,8 @@ def test_fp8_policy_uses_real_gemms_on_this_gpu():
 
 def test_evaluation_leaves_fp8_scaling_state_alone():
     """Delayed scaling: eval forwards must not push validation amaxes into the history."""
-    from mptrain.precision.fp8 import E4M3, E5M2, Float8Linear, FP8Recipe
+    from mptrain.precision.fp8.linear import Float8Linear
+    from mptrain.precision.fp8.quant import E4M3, E5M2, FP8Recipe
 
     recipe = FP8Recipe(
         forward_dtype=E4M3, backward_dtype=E5M2, scaling="delayed", amax_history_len=4

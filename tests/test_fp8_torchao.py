@@ -17,7 +17,9 @@ import pytest
 import torch
 from torch import nn
 
-from mptrain.precision.fp8 import E4M3, E5M2, Float8Linear, FP8Recipe, torchao_config
+from mptrain.precision.fp8.convert import torchao_config
+from mptrain.precision.fp8.linear import Float8Linear
+from mptrain.precision.fp8.quant import E4M3, E5M2, FP8Recipe
 
 float8 = pytest.importorskip("torchao.float8", reason="torchao is not installed (test extra)")
 

@@ -41,7 +41,7 @@ from mptrain.config.run import RunConfig
 from mptrain.models.build import config_has_convolutions
 from mptrain.output.report import fmt_bytes, fmt_pct
 from mptrain.platform import hardware
-from mptrain.precision.fp8 import fp8_gemm_available
+from mptrain.precision.fp8.convert import fp8_gemm_available
 from mptrain.rundir.fileio import atomic_write_text
 from mptrain.train.build import prepare_run, window_length
 from mptrain.train.components import Run

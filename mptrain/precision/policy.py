@@ -31,7 +31,8 @@ from mptrain.config.precision import FP8Config, PrecisionConfig, ScalerConfig
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext, build_scaler_for
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.fp8 import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Recipe, fp8_gemm_available
+from mptrain.precision.fp8.convert import fp8_gemm_available
+from mptrain.precision.fp8.quant import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Recipe
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
 from mptrain.precision.diagnostics.culprit import find_culprit
-from mptrain.precision.fp8 import apply_fp8, skip_summary
-from mptrain.precision.fp8_dist import FP8Sync, build_fp8_sync, gathers_fp32
+from mptrain.precision.fp8.convert import apply_fp8, skip_summary
+from mptrain.precision.fp8.dist import FP8Sync, build_fp8_sync, gathers_fp32
 from mptrain.precision.policy import (
     PrecisionPolicy,
     apply_tf32,

@@ -17,7 +17,7 @@ from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.models.task import Task
 from mptrain.platform.distributed import DistContext, unwrap
-from mptrain.precision.fp8_dist import FP8Sync
+from mptrain.precision.fp8.dist import FP8Sync
 from mptrain.precision.policy import PrecisionPolicy
 from mptrain.train.monitor import Monitor
 from mptrain.train.state import LoopSettings, LoopState

@@ -58,7 +58,7 @@ from mptrain.platform.distributed import DistContext, init_distributed, shutdown
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.signals import GracefulStop, Terminated
-from mptrain.precision.fp8 import fp8_layer_stats
+from mptrain.precision.fp8.convert import fp8_layer_stats
 from mptrain.precision.policy import PrecisionPolicy
 from mptrain.rundir.checkpoint import check_compatible, resolve_resume
 from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, METRICS_JSONL, RUN_PNG

@@ -14,7 +14,7 @@ Per optimizer step (:func:`take_step`, ``grad_accum_steps`` micro-batches), in t
 6. gradients set to ``None`` (``optimizer.zero_grad(set_to_none=True)``, see :func:`clear_grads`).
 
 Data-parallel FP8 runs agree on their FP8 state through ``run.fp8_sync`` after the backward and
-after the optimizer step (:mod:`mptrain.precision.fp8_dist`; nothing for other runs).
+after the optimizer step (:mod:`mptrain.precision.fp8.dist`; nothing for other runs).
 
 Around the step, :func:`train_loop` hands the outcome to the run's
 :class:`~mptrain.train.monitor.Monitor` (measurements, logging, health, divergence), then evaluates,

@@ -40,10 +40,10 @@ from torch import nn
 
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.fp8 import (
+from mptrain.precision.fp8.linear import Float8Linear
+from mptrain.precision.fp8.quant import (
     AMAX_EVENT_COUNTERS,
     E4M3,
-    Float8Linear,
     FP8Recipe,
     TensorScaler,
     history_amax,

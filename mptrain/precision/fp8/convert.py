@@ -1,0 +1,254 @@
+"""Which layers become FP8 and how: the per-layer choice with its reasons, the conversion, GEMM
+FLOPs and the layer statistics the report shows, whether a device has FP8 GEMMs, the torchao
+bridge (``fp8.backend=torchao``) and :func:`apply_fp8`, the run's one entry point.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from mptrain.platform.dtypes import dtype_name
+from mptrain.precision.fp8.linear import Float8Linear
+from mptrain.precision.fp8.quant import (
+    AMAX_EVENT_COUNTERS,
+    GEMM_ALIGNMENT,
+    MIN_FP8_CAPABILITY,
+    FP8Recipe,
+    TensorScaler,
+)
+
+
+# ------------------------------------------------------------------------------ conversion
+@dataclass
+class LayerChoice:
+    name: str
+    in_features: int
+    out_features: int
+    converted: bool
+    reason: str
+
+
+def _skip_reason(
+    name: str,
+    layer: nn.Linear,
+    include: list[str],
+    exclude: list[str],
+    first_or_last_kept: bool,
+    min_features: int,
+) -> str | None:
+    """Why ``layer`` stays in high precision, or None when it converts (see choose_layers)."""
+    if include and not any(fnmatch.fnmatchcase(name, p) for p in include):
+        return "not matched by fp8.include"
+    matched = [p for p in exclude if fnmatch.fnmatchcase(name, p)]
+    if matched:
+        return f"excluded by fp8.exclude pattern {matched[0]!r}"
+    if first_or_last_kept:
+        return "first/last layer kept in BF16"
+    if layer.in_features % GEMM_ALIGNMENT or layer.out_features % GEMM_ALIGNMENT:
+        return f"in/out features not multiples of {GEMM_ALIGNMENT} (torch._scaled_mm alignment)"
+    if min(layer.in_features, layer.out_features) < min_features:
+        return f"smaller than fp8.min_features={min_features}"
+    return None
+
+
+def choose_layers(
+    model: nn.Module,
+    include: list[str],
+    exclude: list[str],
+    keep_first_last: bool,
+    min_features: int = 0,
+) -> list[LayerChoice]:
+    """Decide, for every nn.Linear in registration order, whether it converts and why not.
+
+    In this order: a layer not matched by ``include`` (when given) or matched by ``exclude`` is
+    kept; so are the first and last Linear with ``keep_first_last`` (unless ``include`` names
+    layers), layers whose in/out features are not multiples of 16 (torch._scaled_mm) and, with
+    ``min_features`` > 0, those whose in_features or out_features is below it.
+    """
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    choices = []
+    for i, (name, layer) in enumerate(linears):
+        first_or_last_kept = keep_first_last and not include and i in (0, len(linears) - 1)
+        reason = _skip_reason(name, layer, include, exclude, first_or_last_kept, min_features)
+        choices.append(
+            LayerChoice(
+                name, layer.in_features, layer.out_features, reason is None, reason or "converted"
+            )
+        )
+    return choices
+
+
+def skip_summary(layers: list[dict[str, Any]]) -> str:
+    """Why the unconverted layers of an fp8 section were kept, each reason once with its count
+    ("2 layers: first/last layer kept in BF16; 1 layer: ..."); "no nn.Linear layer" if none."""
+    counts = Counter(row["reason"] for row in layers if not row["converted"])
+    if not counts:
+        return "no nn.Linear layer"
+    return "; ".join(f"{n} layer{'s' if n > 1 else ''}: {why}" for why, n in counts.items())
+
+
+def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def convert_to_fp8(model: nn.Module, choices: list[LayerChoice], recipe: FP8Recipe) -> nn.Module:
+    """Replace the chosen nn.Linear layers in place by Float8Linear. Returns ``model``."""
+    for choice in choices:
+        if choice.converted:
+            layer = model.get_submodule(choice.name)
+            _set_submodule(model, choice.name, Float8Linear.from_linear(layer, recipe))
+    return model
+
+
+@torch.no_grad()
+def linear_flops(model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
+    """FLOPs of each nn.Linear (by name) for one forward pass of ``sample``."""
+    flops: dict[str, int] = {}
+    hooks = []
+    for name, layer in model.named_modules():
+        if isinstance(layer, nn.Linear):
+
+            def hook(mod: nn.Module, args: tuple, out: torch.Tensor, name: str = name) -> None:
+                rows = args[0].numel() // mod.in_features
+                flops[name] = flops.get(name, 0) + 2 * rows * mod.in_features * mod.out_features
+
+            hooks.append(layer.register_forward_hook(hook))
+    was_training = model.training
+    model.eval()
+    try:
+        model(sample)
+    finally:
+        model.train(was_training)
+        for h in hooks:
+            h.remove()
+    return flops
+
+
+def fp8_layer_stats(model: nn.Module) -> list[dict[str, Any]]:
+    """Per Float8Linear and role (input, weight, grad): final scale and amax, saturated fraction,
+    and ``<role>_zero_amax_casts`` / ``<role>_nonfinite_amax_casts``: the training casts whose
+    amax was zero / inf or NaN, from which no scale was taken (reads device values)."""
+    stats = []
+    for name, layer in model.named_modules():
+        if isinstance(layer, Float8Linear):
+            row: dict[str, Any] = {"name": name}
+            for role in ("input", "weight", "grad"):
+                scaler: TensorScaler = getattr(layer, f"{role}_scaler")
+                seen = float(scaler.seen)
+                row[f"{role}_scale"] = float(scaler.scale)
+                row[f"{role}_amax"] = float(scaler.amax_history[0])
+                row[f"{role}_saturated_fraction"] = float(scaler.saturated) / seen if seen else 0.0
+                for counter in AMAX_EVENT_COUNTERS:
+                    row[f"{role}_{counter}"] = int(getattr(scaler, counter))
+            stats.append(row)
+    return stats
+
+
+# ------------------------------------------------------------------------------ hardware
+def fp8_gemm_available(device: torch.device) -> bool:
+    """True on NVIDIA GPUs of compute capability >= 8.9 with torch._scaled_mm."""
+    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
+        return False
+    return torch.cuda.get_device_capability(device) >= MIN_FP8_CAPABILITY
+
+
+# ------------------------------------------------------------------------------ run glue
+def torchao_config(recipe: FP8Recipe) -> Any:
+    """torchao's ``Float8LinearConfig`` doing what ``recipe`` says (dynamic scaling only): its
+    tensorwise or rowwise recipe, with this recipe's formats (E5M2 gradients in the hybrid format;
+    torchao's rowwise recipe alone would use E4M3), power-of-two scales and GEMM (emulated when
+    ``recipe.real_gemm`` is false); with ``recipe.fsdp_float8_all_gather`` and tensorwise scales
+    (torchao has no rowwise FP8 all-gather), FSDP2 all-gathers the weights in FP8, their scales
+    precomputed by mptrain.precision.fp8.dist."""
+    from torchao.float8 import Float8LinearConfig
+    from torchao.float8.config import CastConfig, ScalingGranularity
+
+    rowwise = recipe.granularity == "rowwise"
+    granularity = ScalingGranularity.AXISWISE if rowwise else ScalingGranularity.TENSORWISE
+    forward = CastConfig(scaling_granularity=granularity, target_dtype=recipe.forward_dtype)
+    backward = CastConfig(scaling_granularity=granularity, target_dtype=recipe.backward_dtype)
+    return replace(
+        Float8LinearConfig.from_recipe_name(recipe.granularity),
+        cast_config_input=forward,
+        cast_config_input_for_grad_weight=forward,
+        cast_config_weight=forward,
+        cast_config_weight_for_grad_input=forward,
+        cast_config_grad_output=backward,
+        cast_config_grad_output_for_grad_weight=backward,
+        round_scales_to_power_of_2=recipe.pow2_scales,
+        emulate=not recipe.real_gemm,
+        enable_fsdp_float8_all_gather=recipe.fsdp_float8_all_gather and not rowwise,
+    )
+
+
+def _torchao_convert(model: nn.Module, converted: set[str], recipe: FP8Recipe) -> None:
+    """Convert the chosen layers with torchao's float8 training (:func:`torchao_config`)."""
+    from torchao.float8 import convert_to_float8_training
+
+    convert_to_float8_training(
+        model,
+        config=torchao_config(recipe),
+        module_filter_fn=lambda module, name: name in converted,
+    )
+
+
+def apply_fp8(
+    model: nn.Module,
+    recipe: FP8Recipe,
+    sample: torch.Tensor,
+    *,
+    include: list[str],
+    exclude: list[str],
+    keep_first_last: bool,
+    backend: str = "builtin",
+) -> dict[str, Any]:
+    """Convert the model's eligible Linear layers in place; return the report's ``fp8`` section:
+    the recipe's settings, and per Linear whether it converted and, if not, why.
+
+    ``sample`` is one input batch, used only to count each Linear's FLOPs. Layers with in or out
+    features below ``recipe.min_features`` stay in high precision.
+    """
+    choices = choose_layers(model, include, exclude, keep_first_last, recipe.min_features)
+    flops = linear_flops(model, sample)
+    total = sum(flops.values())
+    converted = {c.name for c in choices if c.converted}
+    if backend == "torchao":
+        if recipe.scaling != "dynamic":
+            raise ValueError("fp8.backend=torchao supports fp8.scaling=dynamic only")
+        _torchao_convert(model, converted, recipe)
+    else:
+        convert_to_fp8(model, choices, recipe)
+    share = sum(flops.get(n, 0) for n in converted) / total if total else 0.0
+    return {
+        "backend": backend,
+        "gemm": "torch._scaled_mm" if recipe.real_gemm else "emulated (FP8 cast, FP32 matmul)",
+        "emulated": not recipe.real_gemm,
+        "forward_dtype": dtype_name(recipe.forward_dtype),
+        "backward_dtype": dtype_name(recipe.backward_dtype),
+        "scaling": recipe.scaling,
+        "granularity": recipe.granularity,
+        "amax_history_len": recipe.amax_history_len,
+        "amax_compute_algo": recipe.amax_compute_algo,
+        "margin": recipe.margin,
+        "pow2_scales": recipe.pow2_scales,
+        "min_features": recipe.min_features,
+        "converted_linear_flops_share": share,
+        "layers": [
+            {
+                "name": c.name,
+                "shape": [c.in_features, c.out_features],
+                "converted": c.converted,
+                "reason": c.reason,
+                "flops_share": flops.get(c.name, 0) / total if total else 0.0,
+            }
+            for c in choices
+        ],
+    }
