@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from mptrain.config.models import MLPConfig
-from mptrain.models.build import build_mlp
+from mptrain.models.builtin import build_mlp
 from mptrain.platform.hardware import (
     hardware_info,
     peak_memory_bytes,

@@ -61,7 +61,7 @@ def run_job(cfg: DictConfig) -> float | None:
     """
     from hydra.core.hydra_config import HydraConfig
 
-    from mptrain.output.report import write_failure
+    from mptrain.output.render import write_failure
     from mptrain.train.job import RunFailed, RunInterrupted, train
 
     hydra_cfg = HydraConfig.get()

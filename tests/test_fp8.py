@@ -22,7 +22,7 @@ from mptrain.compose.preflight import check_command_line
 from mptrain.config.base import ConfigError
 from mptrain.config.models import ViTConfig
 from mptrain.config.precision import FP8Config, PrecisionConfig, validate_fp8
-from mptrain.models.build import build_vit
+from mptrain.models.builtin import build_vit
 from mptrain.platform.distributed import DistContext
 from mptrain.precision.fp8.convert import (
     apply_fp8,

@@ -32,8 +32,8 @@ from mptrain.precision.diagnostics.hooks import FP16_MIN_SUBNORMAL
 from mptrain.precision.diagnostics.probe import range_probe, render_probe
 from mptrain.precision.policy import keep_in_fp32
 from mptrain.train import build as build_module
+from mptrain.train.health import ScaleHealth, describe_culprit
 from mptrain.train.job import RunFailed
-from mptrain.train.monitor import ScaleHealth, describe_culprit
 
 FP16 = lambda: torch.autocast("cpu", dtype=torch.float16)  # noqa: E731
 BF16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731

@@ -22,7 +22,7 @@ from conftest import describe, run_command, run_mptrain, tiny_run, train
 from omegaconf import OmegaConf
 
 from mptrain.commands import sweep
-from mptrain.output.report import write_failure
+from mptrain.output.render import write_failure
 from mptrain.rundir.layout import FAILURE_JSON, REPORT_JSON
 from mptrain.train.job import RunFailed
 

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mptrain.commands.advise_decide import CHAOS_MARGIN, Advice
-from mptrain.output.report import fmt_bytes
+from mptrain.output.render import fmt_bytes
 from mptrain.platform import hardware
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 

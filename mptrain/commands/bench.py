@@ -39,7 +39,7 @@ from mptrain.config.base import ConfigError
 from mptrain.config.precision import PrecisionConfig
 from mptrain.config.run import RunConfig
 from mptrain.models.build import config_has_convolutions
-from mptrain.output.report import fmt_bytes, fmt_pct
+from mptrain.output.render import fmt_bytes, fmt_pct
 from mptrain.platform import hardware
 from mptrain.precision.fp8.convert import fp8_gemm_available
 from mptrain.rundir.fileio import atomic_write_text

@@ -41,14 +41,8 @@ from mptrain.config.keys import flatten, is_non_training_key
 from mptrain.output.joblog import table_console
 from mptrain.output.metrics import read_metrics
 from mptrain.output.plots import plot_sweep
-from mptrain.output.report import (
-    ReportError,
-    RunReport,
-    ThroughputSection,
-    fmt_bytes,
-    fmt_pct,
-    load_report,
-)
+from mptrain.output.render import fmt_bytes, fmt_pct
+from mptrain.output.report import ReportError, RunReport, ThroughputSection, load_report
 from mptrain.rundir.fileio import atomic_write_text
 from mptrain.rundir.layout import FAILURE_JSON, METRICS_JSONL, REPORT_JSON, SWEEP_PNG
 

@@ -1,0 +1,319 @@
+"""The report written and shown: report.json (strict JSON) and report.md in the run directory,
+failure.json for a job stopped before training, and the terminal summary; the ``fmt_*`` helpers
+other tables use.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from mptrain.output.report import (
+    EvaluationSection,
+    ModelSection,
+    PrecisionSection,
+    RunReport,
+    ThroughputSection,
+    TimeSection,
+    TrainingSection,
+)
+from mptrain.rundir.fileio import atomic_write_text, clean_json
+from mptrain.rundir.layout import FAILURE_JSON, METRICS_JSONL, REPORT_JSON, REPORT_MD
+
+
+# ------------------------------------------------------------------------------------ writing
+def write_report(output_dir: Path, report: RunReport) -> tuple[Path, Path]:
+    json_path, md_path = output_dir / REPORT_JSON, output_dir / REPORT_MD
+    atomic_write_text(json_path, json.dumps(clean_json(report.to_dict()), indent=2) + "\n")
+    atomic_write_text(md_path, render_markdown(report))
+    return json_path, md_path
+
+
+def write_failure(output_dir: Path, reason: str) -> Path:
+    """failure.json for a job that stopped before training (bad input found at run time)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / FAILURE_JSON
+    atomic_write_text(path, json.dumps({"status": "failed", "reason": reason}, indent=2) + "\n")
+    return path
+
+
+# ------------------------------------------------------------------------------------ formatting
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    if abs(n) < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB"):
+        n /= 1024
+        if abs(n) < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
+
+
+def fmt_pct(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"
+
+
+def fmt_num(x: float | None, spec: str = ".4g") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def _skipped_text(training: TrainingSection) -> str:
+    skipped = training.skipped_steps
+    if not skipped["count"]:
+        return "0"
+    steps = ", ".join(map(str, skipped["steps"][:20]))
+    more = " …" if skipped["count"] > 20 else ""
+    return f"{skipped['count']} (steps {steps}{more})"
+
+
+def _scale_text(scale: dict[str, Any] | None) -> str:
+    if scale is None:
+        return "off"
+    return (
+        f"initial {scale['initial']:g}, final {scale['final']:g}, min {scale['min']:g}, "
+        f"max {scale['max']:g}, {scale['backoffs']} backoffs, {scale['growths']} growths"
+    )
+
+
+def _precision_text(p: PrecisionSection) -> str:
+    label = p.label or p.effective
+    ran = label if p.requested == p.effective else f"{label} (requested {p.requested})"
+    scaling = "on" if p.loss_scaling else "off"
+    return f"{ran}; autocast {p.autocast_dtype or 'none'}; loss scaling {scaling}"
+
+
+def _corpus_rows(text: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """A language model's corpus in one row: where from, which files, and the list's digest."""
+    if text is None:
+        return []
+    files = f"{text['files']} files ({text['first_file']} … {text['last_file']})"
+    return [
+        (
+            "text",
+            f"{text['source']}: {files}, {text['bytes']:,} bytes, list sha256 "
+            f"{text['file_list_sha256'][:12]}; {text['vocabulary']} vocabulary of "
+            f"{text['vocab_size']}",
+        )
+    ]
+
+
+def _tokens_text(thr: ThroughputSection) -> str:
+    return "" if thr.tokens_per_s is None else f" = {thr.tokens_per_s:,.0f} tokens/s"
+
+
+def _evaluation_rows(e: EvaluationSection) -> list[tuple[str, str]]:
+    if e.task != "lm":
+        return [
+            ("final val accuracy", fmt_pct(e.final_val_accuracy)),
+            ("best val accuracy", f"{fmt_pct(e.best_val_accuracy)} (step {e.best_step})"),
+            ("final val loss", fmt_num(e.final_val_loss)),
+        ]
+    return [
+        (
+            "final val loss",
+            f"{fmt_num(e.final_val_loss)} (perplexity {fmt_num(e.final_val_perplexity, '.2f')})",
+        ),
+        ("best val loss", f"{fmt_num(e.best_val_loss)} (step {e.best_step})"),
+        ("unigram baseline", _baseline_text(e)),
+        ("next-token accuracy", fmt_pct(e.final_val_accuracy)),
+    ]
+
+
+def _evaluation_table(evals: list[dict[str, Any]], task: str) -> list[str]:
+    """report.md's table of evaluations (language models: perplexity, per-token accuracy)."""
+    if task != "lm":
+        head = ["| step | epoch | val loss | val accuracy |", "|---:|---:|---:|---:|"]
+        return head + [
+            f"| {e['step']} | {e['epoch']} | {fmt_num(e['val_loss'])} | "
+            f"{fmt_pct(e['val_accuracy'])} |"
+            for e in evals
+        ]
+    head = [
+        "| step | epoch | val loss | val perplexity | next-token accuracy |",
+        "|---:|---:|---:|---:|---:|",
+    ]
+    return head + [
+        f"| {e['step']} | {e['epoch']} | {fmt_num(e['val_loss'])} | "
+        f"{fmt_num(e.get('val_perplexity'), '.2f')} | {fmt_pct(e['val_accuracy'])} |"
+        for e in evals
+    ]
+
+
+def _baseline_text(e: EvaluationSection) -> str:
+    """How the final validation loss compares with the unigram baseline, in words."""
+    if e.baseline_val_loss is None:
+        return "—"
+    words = f"{fmt_num(e.baseline_val_loss)} nats/token"
+    if e.final_val_loss is None or math.isnan(e.final_val_loss):
+        return words
+    gap = e.baseline_val_loss - e.final_val_loss
+    side = "below" if gap > 0 else "NOT below"
+    return (
+        f"{words}; final val loss {abs(gap):.3f} {side} it ({abs(gap) / e.baseline_val_loss:.0%})"
+    )
+
+
+def _model_words(model: ModelSection) -> str:
+    """``custom tiny_net.TinyNet`` / ``torchvision resnet34 (conv1 ... replaced ...)`` / ``cnn``."""
+    words = model.name if model.arch is None else f"{model.name} {model.arch}"
+    return f"{words} ({'; '.join(model.adaptations)})" if model.adaptations else words
+
+
+def summary_rows(report: RunReport) -> list[tuple[str, str]]:
+    """The key figures, in the order the terminal summary and report.md show them."""
+    p, t, e = report.precision, report.training, report.evaluation
+    thr, mem = report.throughput, report.memory
+    rows = [
+        ("status", report.status + (f": {report.reason}" if report.reason else "")),
+        ("precision", _precision_text(p)),
+        ("precision choice", p.reason),
+        ("device", report.hardware["device"]),
+        ("model / data", f"{_model_words(report.model)} / {report.data.description}"),
+        *_corpus_rows(report.data.text),
+        *_fp8_rows(report.fp8),
+        *_compile_rows(report.model),
+        ("steps", f"{t.steps} of {t.total_steps} ({t.epochs_completed} epochs)"),
+        ("skipped steps", _skipped_text(t)),
+        ("loss scale", _scale_text(t.loss_scale)),
+        *_evaluation_rows(e),
+        ("final train loss", fmt_num(t.final_train_loss)),
+        (
+            "throughput",
+            f"{fmt_num(thr.samples_per_s, '.1f')} samples/s{_tokens_text(thr)} "
+            f"({thr.measured_steps} steps after {thr.warmup_steps} warm-up, eval excluded)",
+        ),
+        ("data wait", fmt_pct(thr.data_wait_fraction)),
+        ("peak memory", f"{fmt_bytes(mem.peak_bytes)} ({mem.kind})"),
+        ("wall time", f"{report.wall_time_s:.1f} s"),
+    ]
+    if report.time:
+        rows.append(("time", _time_text(report.time)))
+    if report.recipe:
+        r, exp = report.recipe, report.recipe.expected
+        rows.append(
+            (
+                "recipe",
+                f"{r.name}: expected {exp['metric']} {exp['value']} ± "
+                f"{exp['tolerance']}, got {fmt_num(r.actual)}: {r.verdict}",
+            )
+        )
+    if t.zero_grad_fraction is not None:
+        rows.append(
+            (
+                "gradient probes",
+                f"zero gradients {fmt_pct(t.zero_grad_fraction)}, updates lost "
+                f"to rounding {fmt_pct(t.updates_lost_fraction)} (averages of probes every probe_every steps)",
+            )
+        )
+    rows += [("note", n) for n in p.notes]
+    return rows
+
+
+def _fp8_rows(fp8: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """What the FP8 recipe was: scaling, formats, the layers it converted."""
+    if fp8 is None:
+        return []
+    layers = fp8["layers"]
+    converted = sum(layer["converted"] for layer in layers)
+    pow2 = ", power-of-two scales" if fp8.get("pow2_scales") else ""
+    return [
+        (
+            "fp8",
+            f"{fp8['scaling']} {fp8.get('granularity', 'tensorwise')} scaling{pow2}, "
+            f"{fp8['forward_dtype']}/{fp8['backward_dtype']}, {fp8['gemm']}; {converted} of "
+            f"{len(layers)} Linear layers ({fmt_pct(fp8['converted_linear_flops_share'])} of "
+            "their FLOPs)",
+        )
+    ]
+
+
+def _compile_rows(model: ModelSection) -> list[tuple[str, str]]:
+    if model.compiled_graphs is None:
+        return []
+    return [("compile", f"{model.compiled_graphs} graphs, {model.graph_breaks} graph breaks")]
+
+
+def _time_text(t: TimeSection) -> str:
+    return (
+        f"training {t.training_s:.1f} s, evaluation {t.evaluation_s:.1f} s ({t.evaluations}×), "
+        f"checkpoints {t.checkpoint_s:.1f} s ({t.checkpoints}×): "
+        f"{fmt_pct(t.non_training_share)} of the loop; other {t.other_s:.1f} s"
+    )
+
+
+def _hardware_lines(hw: dict[str, Any]) -> list[str]:
+    cpu, gpu = hw["cpu"], hw.get("gpu")
+    lines = [
+        f"- CPU: {cpu['model']}, {cpu['logical_cores']} logical cores, torch threads "
+        f"{cpu['torch_threads']}, capability {cpu['torch_cpu_capability']}; native BF16: "
+        f"{cpu['native_bf16']} (AVX512-BF16 {cpu['avx512_bf16']}, AMX-BF16 {cpu['amx_bf16']}), "
+        f"AVX512-FP16 {cpu['avx512_fp16']}",
+    ]
+    if gpu:
+        lines.append(
+            f"- GPU: {gpu['name']} (compute capability {gpu['compute_capability']}, "
+            f"{fmt_bytes(gpu['memory_bytes'])}, driver {gpu['driver']}, {gpu['count']} visible)"
+        )
+    else:
+        lines.append("- GPU: none used")
+    return lines
+
+
+def render_markdown(report: RunReport) -> str:
+    v, hw = report.versions, report.hardware
+    lines = [
+        f"# mptrain run report — {report.status}",
+        "",
+        f"Run directory: `{report.output_dir}`  ",
+        f"Started {report.started_at}, finished {report.finished_at}.",
+        "",
+        "## Summary",
+        "",
+        "| | |",
+        "|---|---|",
+    ]
+    lines += [f"| {k} | {str(val).replace('|', '/')} |" for k, val in summary_rows(report)]
+    lines += ["", "## Hardware", "", *_hardware_lines(hw)]
+    lines += [f"- TF32: {json.dumps(report.tf32)}", "", "## Software", ""]
+    lines += [f"- {k}: {val}" for k, val in v.items()]
+    evals = report.evaluation.history
+    if evals:
+        lines += [
+            "",
+            "## Evaluations",
+            "",
+            *_evaluation_table(evals, report.evaluation.task),
+        ]
+    if report.figure:
+        lines += [
+            "",
+            "## Curves",
+            "",
+            f"![training loss, validation accuracy, loss scale]({report.figure})",
+        ]
+    lines += [
+        "",
+        "## Files",
+        "",
+        f"- `{REPORT_JSON}`: every figure above, machine-readable, with the resolved config",
+        f"- `{METRICS_JSONL}`: a row per logged step and per evaluation",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def print_summary(console: Console, report: RunReport, report_path: Path) -> None:
+    table = Table(title=f"mptrain — {report.status}", show_header=False, box=None)
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in summary_rows(report):
+        table.add_row(key, escape(value))  # values are text, never rich markup
+    table.add_row("report", escape(str(report_path)))
+    console.print(table)
