@@ -176,7 +176,7 @@ class _ClosedPipeSafe:
 # Commands that are not a training run: name -> (module, function taking the remaining arguments),
 # imported only when asked for.
 _SUBCOMMANDS = {
-    "advise": ("mptrain.commands.advise", "advise_main"),
+    "advise": ("mptrain.commands.advise.run", "advise_main"),
     "eval": ("mptrain.commands.evaluate", "eval_main"),
     "sample": ("mptrain.commands.sample", "sample_main"),
 }

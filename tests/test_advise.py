@@ -12,8 +12,10 @@ import torch
 from conftest import describe, run_mptrain, tiny_run
 from test_lm import LM
 
-from mptrain.commands import advise, advise_report, bench
-from mptrain.commands.advise_decide import (
+from mptrain.commands import bench
+from mptrain.commands.advise import measure, run, trials
+from mptrain.commands.advise import report as advise_report
+from mptrain.commands.advise.decide import (
     Context,
     Fidelity,
     Measured,
@@ -118,7 +120,7 @@ def test_the_nudge_moves_every_weight_by_one_or_two_ulps():
     torch.manual_seed(0)
     model = torch.nn.Linear(64, 64)
     before = [p.detach().clone() for p in model.parameters()]
-    advise.nudge_weights(model)
+    trials.nudge_weights(model)
     for old, new in zip(before, model.parameters(), strict=True):
         ulp = torch.nextafter(old.abs(), torch.tensor(math.inf)) - old.abs()
         ulps = ((new.detach() - old).abs() / ulp).round()
@@ -185,8 +187,8 @@ def test_relative_differences_are_windowed_and_inf_where_not_finite():
 
 # ------------------------------------------------------------------------------ the budget
 def test_costs_come_from_the_measured_trial():
-    trial = advise.Trial("fp16", 6, [1.0] * 6, 0, None, step_time_s=0.5, wall_s=4.0)
-    cost = advise.cost_of(trial)
+    trial = trials.Trial("fp16", 6, [1.0] * 6, 0, None, step_time_s=0.5, wall_s=4.0)
+    cost = trials.cost_of(trial)
 
     assert cost.step_s == 0.5 and cost.overhead_s == pytest.approx(1.0)
     assert cost.of(10) == pytest.approx(6.0)
@@ -194,13 +196,13 @@ def test_costs_come_from_the_measured_trial():
 
 @pytest.mark.parametrize(("small_s", "skipped"), [(0.3, True), (0.01, False)])
 def test_the_scout_skips_a_precision_whose_fidelity_run_cannot_fit(monkeypatch, small_s, skipped):
-    monkeypatch.setattr(advise, "scout", lambda cfg: small_s)
+    monkeypatch.setattr(measure, "scout", lambda cfg: small_s)
     pilots = []
-    monkeypatch.setattr(advise, "short_run", lambda *args, **kwargs: pilots.append(args))
-    fp16 = advise.Candidate("fp16", cfg=tiny_cfg(fidelity_steps=40), timed=True)
-    fp32_steps = advise.Yardstick(small_s=0.01, full_s=0.08)  # 8× on the full batch
+    monkeypatch.setattr(measure, "short_run", lambda *args, **kwargs: pilots.append(args))
+    fp16 = measure.Candidate("fp16", cfg=tiny_cfg(fidelity_steps=40), timed=True)
+    fp32_steps = measure.Yardstick(small_s=0.01, full_s=0.08)  # 8× on the full batch
 
-    advise.pilot_one(fp16, advise.Budget(100.0), share_s=30.0, yardstick=fp32_steps)
+    measure.pilot_one(fp16, trials.Budget(100.0), share_s=30.0, yardstick=fp32_steps)
 
     assert bool(fp16.skipped) == skipped and len(pilots) == (not skipped)
     if skipped:  # 40 steps of 30× FP32's 0.08 s cannot fit ~95 s: said with the figures
@@ -221,7 +223,7 @@ def tiny_cfg(**advise_settings):
 def test_gpu_candidates_add_tf32_and_label_fp8_by_the_hardware(monkeypatch, fp8_gemm):
     monkeypatch.setattr(hardware, "cuda_has_native_bf16", lambda device: True)
     monkeypatch.setattr(bench, "fp8_gemm_available", lambda device: fp8_gemm)
-    cands = advise.candidates(tiny_run(), torch.device("cuda"))
+    cands = measure.candidates(tiny_run(), torch.device("cuda"))
     by_name = {c.name: c for c in cands}
 
     assert list(by_name) == ["fp32", "tf32", "fp16", "bf16", "fp8"]
@@ -232,14 +234,14 @@ def test_gpu_candidates_add_tf32_and_label_fp8_by_the_hardware(monkeypatch, fp8_
 
 def test_a_cpu_without_native_bf16_skips_it_and_keeps_fp16_for_convolutions(monkeypatch):
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
-    by_name = {c.name: c for c in advise.candidates(tiny_run("model=cnn"), torch.device("cpu"))}
+    by_name = {c.name: c for c in measure.candidates(tiny_run("model=cnn"), torch.device("cpu"))}
 
     assert "no native BF16" in by_name["bf16"].skipped["all"]
     assert not by_name["fp16"].skipped  # measured (the scout and pilot say how slow), not assumed
 
 
 def test_the_command_keeps_the_users_overrides_but_not_advises_own():
-    command = advise.command_for(
+    command = run.command_for(
         [
             "model=mlp",
             "precision=fp16",

@@ -746,7 +746,7 @@ def test_a_default_run_does_not_import_scikit_learn():
 
     code = (
         "import sys; from mptrain.config.data import DigitsConfig; "
-        "from mptrain.data.build import load_digits_arrays; load_digits_arrays(DigitsConfig()); "
+        "from mptrain.data.arrays import load_digits_arrays; load_digits_arrays(DigitsConfig()); "
         "print('sklearn' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -1,28 +1,7 @@
-"""``mptrain advise [overrides]``: which precision to train this model with on this machine.
-
-For every precision :func:`mptrain.commands.bench.bench_precisions` lists for the device (FP32, BF16 where
-native, FP16, TF32 on GPUs; FP8 always, emulated and labelled where there is no FP8 hardware) it
-measures, on the configured model and data, in this order:
-
-1. **pilot**: builds the run and trains a few steps, timed: what a step and a run's set-up cost
-   here. A scout step on 4 samples goes before each (scaled by FP32's own small-to-full ratio):
-   that is how the budget learns that FP16 convolutions crawl on a CPU — measured, not assumed.
-2. **numerics** (on FP32's initial weights, before any training): the FP16 range probe, the
-   autocast audit under each low-precision autocast, and the FP8 layer choice (from FP8's pilot).
-3. **fidelity**: ``advise.fidelity_steps`` optimizer steps per precision from the same seed (the
-   same initial weights and batches) as an FP32 run; the loss trajectories are compared
-   (:func:`mptrain.commands.advise_decide.fidelity_of`), skipped steps and divergence recorded.
-4. **speed**: bench's alternating repetitions (:func:`mptrain.commands.bench.measure_reps`), in rotated
-   order, ``advise.reps`` times; ratios to FP32 with their min–max (emulated FP8 is not timed).
-
-The measured costs decide what fits ``advise.budget_s``: FP32 first (the reference), then each
-precision whole (its fidelity run and its speed measurement together: one without the other
-cannot be recommended), each estimated from what was measured when its turn comes; what does not
-fit is skipped and listed with the estimate that ruled it out. Every run also stops at the
-budget's deadline between steps (a step cannot be interrupted). :func:`mptrain.commands.advise_decide.recommend`
-decides; :mod:`mptrain.commands.advise_report` writes advise.md, advise.json and advise.png into
-``outputs/advise/<date>/<time>_<model>_<dataset>`` (or ``hydra.run.dir=DIR``) and prints the
-recommendation and the table.
+"""Measuring every candidate precision within ``advise.budget_s``: the scout and pilot runs,
+the numerics (FP16 range probe, autocast audit), the fidelity runs against FP32 (and FP32
+nudged by one ulp), and bench's alternating speed repetitions; what does not fit is skipped
+with the estimate that ruled it out.
 """
 
 from __future__ import annotations
@@ -32,182 +11,43 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 if TYPE_CHECKING:
-    from rich.console import Console
+    pass
 
-from mptrain.commands import advise_decide as advice
 from mptrain.commands import bench
+from mptrain.commands.advise import decide as advice
+from mptrain.commands.advise.trials import (
+    MIN_TIMED_S,
+    NOT_COMPARED,
+    PILOT_STEPS,
+    PILOT_WARMUP,
+    REP_MARGIN,
+    SCOUT_SAMPLES,
+    SPEED_SHARE,
+    Budget,
+    Cost,
+    OutOfBudget,
+    Trial,
+    cost_of,
+    short_run,
+)
 from mptrain.config.base import ConfigError
 from mptrain.config.commands import AdviseConfig
 from mptrain.config.run import RunConfig
 from mptrain.models.build import config_has_convolutions
-from mptrain.platform import hardware
 from mptrain.precision.diagnostics.audit import audit_step
 from mptrain.precision.diagnostics.probe import range_probe
 from mptrain.precision.policy import PRECISIONS, to_model_input
 from mptrain.train.build import prepare_run
-from mptrain.train.loop import LoopHooks, train_loop
-
-PILOT_STEPS = 6  # a run's first steps pay one-off costs (kernel set-up, lazy imports), so
-PILOT_WARMUP = 3  # 3 untimed steps, then 3 timed ones
-SCOUT_SAMPLES = 4  # a scout step's batch: cheap, and enough to extrapolate a full step from
-MIN_TIMED_S = 0.5  # the fastest precision's timed seconds per measurement, at least
-REP_MARGIN = 1.5  # a busy machine runs slower than the estimates taken a minute earlier
-# The share of the budget left after the fidelity runs that the speed repetitions may fill: longer
-# timing windows average out a shared machine's bursts (the rest is the estimates' safety margin).
-SPEED_SHARE = 0.5
-RESERVE_S = 5.0  # kept back for the report and the figure (matplotlib's import alone ~1.8 s)
-NOT_COMPARED = "not compared: the FP32 reference run did not fit"
-
-
-# ------------------------------------------------------------------------------ one short run
-class _Losses:
-    """Loop observer keeping every logged training loss (``log_every=1``: one per step)."""
-
-    def __init__(self) -> None:
-        self.losses: list[float] = []
-
-    def on_step(self, state: Any) -> None:
-        pass
-
-    def on_log(self, row: dict[str, Any]) -> None:
-        self.losses.append(row["loss"])
-
-    def on_eval(self, row: dict[str, Any]) -> None:
-        pass
-
-    def on_warning(self, message: str) -> None:
-        pass
-
-
-@dataclass
-class Trial:
-    """One short training run: its losses, what went wrong, what it measured and cost."""
-
-    label: str
-    steps: int  # optimizer steps run (fewer than asked when the deadline cut it short)
-    losses: list[float]
-    skipped_steps: int
-    diverged: str | None
-    step_time_s: float | None  # after the warm-up steps; None when none was timed
-    wall_s: float  # build + steps
-    cut_short: bool = False
-    figures: dict[str, Any] = field(default_factory=dict)  # bench's figures (run_figures)
-    fp8: dict[str, Any] | None = None  # the FP8 layer report, for precision=fp8
-
-
-def nudge_weights(model: torch.nn.Module) -> None:
-    """Move every floating-point parameter by one FP32 epsilon relative (× (1 ± 2⁻²³), the sign
-    drawn from a fixed generator; one or two ulps): about the smallest perturbation there is, to
-    see how far the training forks on its own."""
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.is_floating_point():
-                sign = torch.randint(0, 2, p.shape, generator=generator).to(p) * 2 - 1
-                p.mul_(1 + sign * 2.0**-23)
-
-
-def short_run(
-    cfg: RunConfig,
-    steps: int,
-    warmup: int,
-    deadline: float | None = None,
-    per_step: bool = True,
-    nudge: bool = False,
-) -> Trial:
-    """Build ``cfg`` fresh (seeded: the same initial weights and batches for every precision) and
-    train ``steps`` optimizer steps — fewer when ``time.perf_counter()`` passes ``deadline``
-    (checked after each step: at least one runs). ``per_step``: log the loss every step (a host
-    read per step; off for speed measurements). ``nudge``: the initial weights moved by one ulp
-    (:func:`nudge_weights`). No evaluation, nothing written to disk.
-
-    Raises ConfigError when the precision cannot run this model (FP8 without an eligible layer).
-    """
-    started = time.perf_counter()
-    cfg = dataclasses.replace(
-        cfg,
-        max_steps=steps + 1,  # one more than run: the loop's final evaluation never comes
-        epochs=None,
-        log_every=1 if per_step else steps,
-        eval_every=10**9,
-        probe_every=None,  # the update probe copies every parameter: not needed here
-        throughput_warmup_steps=min(warmup, steps - 1),
-        progress=False,
-    )
-    run = prepare_run(cfg)
-    if nudge:
-        nudge_weights(run.model)
-    losses = _Losses()
-
-    def stop() -> bool:
-        return run.state.step >= steps or (deadline is not None and time.perf_counter() > deadline)
-
-    state = train_loop(run, LoopHooks(observers=(losses,), stop_requested=stop))
-    t = run.monitor.throughput
-    return Trial(
-        label=run.policy.label,
-        steps=state.step,
-        losses=losses.losses,
-        skipped_steps=len(state.skipped_steps),
-        diverged=run.monitor.diverged_reason,
-        step_time_s=t.measured_time_s / t.measured_steps if t.measured_steps else None,
-        wall_s=time.perf_counter() - started,
-        cut_short=state.step < steps and run.monitor.diverged_reason is None,
-        figures=bench.run_figures(run),
-        fp8=run.fp8,
-    )
-
-
-# ------------------------------------------------------------------------------ the budget
-@dataclass(frozen=True)
-class Cost:
-    """What a run of this precision costs here, from its pilot."""
-
-    overhead_s: float  # build + first step + final evaluation
-    step_s: float
-
-    def of(self, steps: int) -> float:
-        return self.overhead_s + steps * self.step_s
-
-
-def cost_of(trial: Trial) -> Cost:
-    """A run's cost model from a measured ``trial``: its timed steps' mean and the rest."""
-    step_s = trial.step_time_s if trial.step_time_s is not None else trial.wall_s / trial.steps
-    return Cost(max(0.0, trial.wall_s - trial.steps * step_s), step_s)
 
 
 def latest_cost(c: Candidate) -> Cost:
     """From the fidelity run where there is one (tens of steps), else from the pilot (two)."""
     return cost_of(c.fidelity or c.pilot)
-
-
-@dataclass
-class Budget:
-    """``advise.budget_s`` seconds from ``started``."""
-
-    total_s: float
-    started: float = field(default_factory=time.perf_counter)
-
-    def elapsed_s(self) -> float:
-        return time.perf_counter() - self.started
-
-    def left_s(self) -> float:
-        return self.total_s - self.elapsed_s() - RESERVE_S
-
-    def deadline(self) -> float:
-        """When measuring must stop (``time.perf_counter()``): the report's reserve is kept."""
-        return self.started + self.total_s - RESERVE_S
-
-
-class OutOfBudget(ConfigError):
-    """A speed measurement the budget cut short before it timed a step (measure_reps records
-    the reason and does not measure that precision again)."""
 
 
 # ------------------------------------------------------------------------------ the parts
@@ -542,98 +382,3 @@ def measure_whole_reps(
         for name, figures in measured.items():
             reps[name] += figures
     return reps
-
-
-# ------------------------------------------------------------------------------ to a decision
-def to_measured(c: Candidate, reference: Trial | None, numerics: dict[str, Any]) -> advice.Measured:
-    """The decision's view of a candidate: figures only, reasons for what is missing."""
-    not_run = c.skipped.get("all")
-    speed = None
-    if c.speed is not None and "vs_fp32" in c.speed:
-        low, high = c.speed["vs_fp32_range"]
-        speed = advice.Speed(c.speed["vs_fp32"], low, high)
-    audit = numerics.get("audit", {}).get(c.name, {})
-    # In the order the step ran them (the model's order), each once: a fix reads like the model.
-    flagged = (o["module"] for o in audit.get("flagged_ops", []))
-    modules = list(dict.fromkeys(m for m in flagged if m != "(autograd)"))
-    probe = numerics["probe"]
-    overflow = tuple(probe["overflow_modules"]) if c.name == "fp16" and probe else ()
-    return advice.Measured(
-        precision=c.name,
-        not_run=not_run,
-        speed=speed,
-        speed_note=c.skipped.get("speed"),
-        fidelity=c.fidelity_against(reference),
-        fidelity_note=c.skipped.get("fidelity and speed"),
-        emulated=c.emulated,
-        fp16_overflow=overflow,
-        audit_modules=tuple(modules),
-    )
-
-
-def command_for(overrides: list[str], precision: str) -> str:
-    """The command that trains with ``precision``: the user's overrides without what only
-    advise reads (advise.*, bench.*, hydra.run.dir) and without their own precision."""
-    import shlex
-
-    dropped = ("precision=", "advise.", "bench.", "hydra.run.dir=")
-    kept = [o for o in overrides if not o.lstrip("+~").startswith(dropped)]
-    return " ".join(["mptrain", f"precision={precision}", *(shlex.quote(o) for o in kept)])
-
-
-def decide(
-    cfg: RunConfig, cands: list[Candidate], numerics: dict[str, Any], device: torch.device
-) -> advice.Advice:
-    reference = next((c.fidelity for c in cands if c.name == "fp32"), None)
-    ctx = advice.Context(
-        tolerance=cfg.advise.tolerance,
-        fp32_spread=next((c.nudge_spread for c in cands if c.name == "fp32"), None),
-        max_skipped_fraction=cfg.advise.max_skipped_fraction,
-        device_type=device.type,
-        has_convolutions=config_has_convolutions(cfg.model),
-        channels_last=cfg.channels_last,
-    )
-    return advice.recommend([to_measured(c, reference, numerics) for c in cands], ctx)
-
-
-def measure_all(cfg: RunConfig, device: torch.device, budget: Budget) -> dict[str, Any]:
-    """Steps 1–4 of the module doc within ``budget``; returns candidates, numerics, timings."""
-    timings: dict[str, float] = {}
-    cands = candidates(cfg, device)
-    run_pilots(cands, budget, timings)
-    started = time.perf_counter()
-    numerics = measure_numerics(cfg, cands, budget)
-    timings["numerics"] = time.perf_counter() - started
-    run_fidelity(cands, cfg.advise, budget, timings)
-    run_speed(cands, cfg.advise, budget, timings)
-    return {"candidates": cands, "numerics": numerics, "timings": timings}
-
-
-def run_advise(
-    cfg: RunConfig, overrides: list[str], output_dir: Path, console: Console, budget: Budget
-) -> dict[str, Any]:
-    """Measure (see module doc) within ``budget``, decide, write advise.md/.json/.png, print;
-    return the result."""
-    from mptrain.commands import advise_report
-
-    device = hardware.resolve_device(cfg.device)
-    found = measure_all(cfg, device, budget)
-    decision = decide(cfg, found["candidates"], found["numerics"], device)
-    result = advise_report.assemble(
-        cfg, device, found, decision, command_for(overrides, decision.precision)
-    )
-    advise_report.write(result, output_dir, budget.elapsed_s)
-    advise_report.show(console, result, output_dir)
-    return result
-
-
-def advise_main(overrides: list[str]) -> None:
-    """``mptrain advise [overrides]`` (the CLI's subcommand table calls this). Bad input raises
-    ConfigError (one line; exit 2)."""
-
-    from mptrain.compose.preflight import subcommand_job
-    from mptrain.output.joblog import job_console
-
-    started = time.perf_counter()  # the budget covers composing the config too
-    cfg, output_dir = subcommand_job(overrides, "advise")
-    run_advise(cfg, overrides, output_dir, job_console(), Budget(cfg.advise.budget_s, started))

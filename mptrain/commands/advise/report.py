@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from mptrain.commands.advise_decide import CHAOS_MARGIN, Advice
+from mptrain.commands.advise.decide import CHAOS_MARGIN, Advice
 from mptrain.output.render import fmt_bytes
 from mptrain.platform import hardware
 from mptrain.rundir.fileio import atomic_write_text, clean_json
@@ -37,7 +37,7 @@ def _trial(t: Any) -> dict[str, Any] | None:
 
 
 def _row(c: Any, reference: Any) -> dict[str, Any]:
-    """One precision's record from an :class:`mptrain.commands.advise.Candidate` (``reference``: FP32's
+    """One precision's record from an :class:`mptrain.commands.advise.measure.Candidate` (``reference``: FP32's
     fidelity Trial): what ran, its pilot, fidelity against FP32, speed, skipped parts."""
     fidelity = c.fidelity_against(reference)
     return {

@@ -1,0 +1,30 @@
+"""``mptrain advise [overrides]``: which precision to train this model with on this machine.
+
+For every precision :func:`mptrain.commands.bench.bench_precisions` lists for the device (FP32, BF16 where
+native, FP16, TF32 on GPUs; FP8 always, emulated and labelled where there is no FP8 hardware) it
+measures, on the configured model and data, in this order:
+
+1. **pilot**: builds the run and trains a few steps, timed: what a step and a run's set-up cost
+   here. A scout step on 4 samples goes before each (scaled by FP32's own small-to-full ratio):
+   that is how the budget learns that FP16 convolutions crawl on a CPU — measured, not assumed.
+2. **numerics** (on FP32's initial weights, before any training): the FP16 range probe, the
+   autocast audit under each low-precision autocast, and the FP8 layer choice (from FP8's pilot).
+3. **fidelity**: ``advise.fidelity_steps`` optimizer steps per precision from the same seed (the
+   same initial weights and batches) as an FP32 run; the loss trajectories are compared
+   (:func:`mptrain.commands.advise.decide.fidelity_of`), skipped steps and divergence recorded.
+4. **speed**: bench's alternating repetitions (:func:`mptrain.commands.bench.measure_reps`), in rotated
+   order, ``advise.reps`` times; ratios to FP32 with their min–max (emulated FP8 is not timed).
+
+The measured costs decide what fits ``advise.budget_s``: FP32 first (the reference), then each
+precision whole (its fidelity run and its speed measurement together: one without the other
+cannot be recommended), each estimated from what was measured when its turn comes; what does not
+fit is skipped and listed with the estimate that ruled it out. Every run also stops at the
+budget's deadline between steps (a step cannot be interrupted). :func:`mptrain.commands.advise.decide.recommend`
+decides; :mod:`mptrain.commands.advise.report` writes advise.md, advise.json and advise.png into
+``outputs/advise/<date>/<time>_<model>_<dataset>`` (or ``hydra.run.dir=DIR``) and prints the
+recommendation and the table.
+
+Modules: :mod:`.trials` (one short run, the budget), :mod:`.measure` (every precision within the
+budget), :mod:`.decide` (the decision as a pure function), :mod:`.report` (advise.md/.json/.png),
+:mod:`.run` (the command).
+"""

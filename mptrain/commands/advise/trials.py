@@ -1,0 +1,173 @@
+"""One short measured run of a candidate precision (:func:`short_run`: losses per step, step
+times, skipped steps), the nudge that sets FP32's chaos bar, and the budget every run is
+charged against (:class:`Budget`, :class:`Cost`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    pass
+
+from mptrain.commands import bench
+from mptrain.config.base import ConfigError
+from mptrain.config.run import RunConfig
+from mptrain.train.build import prepare_run
+from mptrain.train.loop import LoopHooks, train_loop
+
+PILOT_STEPS = 6  # a run's first steps pay one-off costs (kernel set-up, lazy imports), so
+PILOT_WARMUP = 3  # 3 untimed steps, then 3 timed ones
+SCOUT_SAMPLES = 4  # a scout step's batch: cheap, and enough to extrapolate a full step from
+MIN_TIMED_S = 0.5  # the fastest precision's timed seconds per measurement, at least
+REP_MARGIN = 1.5  # a busy machine runs slower than the estimates taken a minute earlier
+# The share of the budget left after the fidelity runs that the speed repetitions may fill: longer
+# timing windows average out a shared machine's bursts (the rest is the estimates' safety margin).
+SPEED_SHARE = 0.5
+RESERVE_S = 5.0  # kept back for the report and the figure (matplotlib's import alone ~1.8 s)
+NOT_COMPARED = "not compared: the FP32 reference run did not fit"
+
+
+# ------------------------------------------------------------------------------ one short run
+class _Losses:
+    """Loop observer keeping every logged training loss (``log_every=1``: one per step)."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_step(self, state: Any) -> None:
+        pass
+
+    def on_log(self, row: dict[str, Any]) -> None:
+        self.losses.append(row["loss"])
+
+    def on_eval(self, row: dict[str, Any]) -> None:
+        pass
+
+    def on_warning(self, message: str) -> None:
+        pass
+
+
+@dataclass
+class Trial:
+    """One short training run: its losses, what went wrong, what it measured and cost."""
+
+    label: str
+    steps: int  # optimizer steps run (fewer than asked when the deadline cut it short)
+    losses: list[float]
+    skipped_steps: int
+    diverged: str | None
+    step_time_s: float | None  # after the warm-up steps; None when none was timed
+    wall_s: float  # build + steps
+    cut_short: bool = False
+    figures: dict[str, Any] = field(default_factory=dict)  # bench's figures (run_figures)
+    fp8: dict[str, Any] | None = None  # the FP8 layer report, for precision=fp8
+
+
+def nudge_weights(model: torch.nn.Module) -> None:
+    """Move every floating-point parameter by one FP32 epsilon relative (× (1 ± 2⁻²³), the sign
+    drawn from a fixed generator; one or two ulps): about the smallest perturbation there is, to
+    see how far the training forks on its own."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.is_floating_point():
+                sign = torch.randint(0, 2, p.shape, generator=generator).to(p) * 2 - 1
+                p.mul_(1 + sign * 2.0**-23)
+
+
+def short_run(
+    cfg: RunConfig,
+    steps: int,
+    warmup: int,
+    deadline: float | None = None,
+    per_step: bool = True,
+    nudge: bool = False,
+) -> Trial:
+    """Build ``cfg`` fresh (seeded: the same initial weights and batches for every precision) and
+    train ``steps`` optimizer steps — fewer when ``time.perf_counter()`` passes ``deadline``
+    (checked after each step: at least one runs). ``per_step``: log the loss every step (a host
+    read per step; off for speed measurements). ``nudge``: the initial weights moved by one ulp
+    (:func:`nudge_weights`). No evaluation, nothing written to disk.
+
+    Raises ConfigError when the precision cannot run this model (FP8 without an eligible layer).
+    """
+    started = time.perf_counter()
+    cfg = dataclasses.replace(
+        cfg,
+        max_steps=steps + 1,  # one more than run: the loop's final evaluation never comes
+        epochs=None,
+        log_every=1 if per_step else steps,
+        eval_every=10**9,
+        probe_every=None,  # the update probe copies every parameter: not needed here
+        throughput_warmup_steps=min(warmup, steps - 1),
+        progress=False,
+    )
+    run = prepare_run(cfg)
+    if nudge:
+        nudge_weights(run.model)
+    losses = _Losses()
+
+    def stop() -> bool:
+        return run.state.step >= steps or (deadline is not None and time.perf_counter() > deadline)
+
+    state = train_loop(run, LoopHooks(observers=(losses,), stop_requested=stop))
+    t = run.monitor.throughput
+    return Trial(
+        label=run.policy.label,
+        steps=state.step,
+        losses=losses.losses,
+        skipped_steps=len(state.skipped_steps),
+        diverged=run.monitor.diverged_reason,
+        step_time_s=t.measured_time_s / t.measured_steps if t.measured_steps else None,
+        wall_s=time.perf_counter() - started,
+        cut_short=state.step < steps and run.monitor.diverged_reason is None,
+        figures=bench.run_figures(run),
+        fp8=run.fp8,
+    )
+
+
+# ------------------------------------------------------------------------------ the budget
+@dataclass(frozen=True)
+class Cost:
+    """What a run of this precision costs here, from its pilot."""
+
+    overhead_s: float  # build + first step + final evaluation
+    step_s: float
+
+    def of(self, steps: int) -> float:
+        return self.overhead_s + steps * self.step_s
+
+
+def cost_of(trial: Trial) -> Cost:
+    """A run's cost model from a measured ``trial``: its timed steps' mean and the rest."""
+    step_s = trial.step_time_s if trial.step_time_s is not None else trial.wall_s / trial.steps
+    return Cost(max(0.0, trial.wall_s - trial.steps * step_s), step_s)
+
+
+@dataclass
+class Budget:
+    """``advise.budget_s`` seconds from ``started``."""
+
+    total_s: float
+    started: float = field(default_factory=time.perf_counter)
+
+    def elapsed_s(self) -> float:
+        return time.perf_counter() - self.started
+
+    def left_s(self) -> float:
+        return self.total_s - self.elapsed_s() - RESERVE_S
+
+    def deadline(self) -> float:
+        """When measuring must stop (``time.perf_counter()``): the report's reserve is kept."""
+        return self.started + self.total_s - RESERVE_S
+
+
+class OutOfBudget(ConfigError):
+    """A speed measurement the budget cut short before it timed a step (measure_reps records
+    the reason and does not measure that precision again)."""
