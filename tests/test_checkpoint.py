@@ -34,12 +34,11 @@ from mptrain.rundir.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
     atomic_torch_save,
-    candidates,
     load_checkpoint,
     remove_stray_temporaries,
 )
 from mptrain.rundir.fileio import atomic_link
-from mptrain.rundir.layout import LATEST
+from mptrain.rundir.layout import LATEST, candidates
 from mptrain.train import job as run_module
 from mptrain.train.build import prepare_run
 from mptrain.train.checkpointer import Checkpointer

@@ -151,6 +151,28 @@ def test_console_script_help_exits_0(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
+
+# What a composition-only command may load: composing needs the schemas, not the builders.
+NO_TORCH = """
+import sys
+from mptrain import cli
+try:
+    cli.main(sys.argv[1:])
+except SystemExit as exit:
+    assert exit.code in (0, None), exit.code
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchvision", "matplotlib"))
+assert not heavy, heavy[:5]
+"""
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--cfg", "job"], ["model=mlp", "--cfg", "job"]])
+def test_composing_imports_no_torch(tmp_path, args):
+    """``mptrain --help`` and ``--cfg job`` answer without importing torch or any builder."""
+    result = run_command(tmp_path, sys.executable, "-c", NO_TORCH, *args)
+    assert result.returncode == 0, describe(result)
+    assert not (tmp_path / "outputs").exists()
+
+
 # ----------------------------------------------------------------------------------------- sweep
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:

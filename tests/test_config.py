@@ -19,10 +19,10 @@ from hydra import compose, initialize_config_module
 
 from mptrain import cli
 from mptrain.compose.preflight import check_command_line, describe_compose_error
-from mptrain.compose.registry import group_options as registered_options
 from mptrain.compose.registry import schema_node_name, to_run_config
 from mptrain.config.base import ConfigError
 from mptrain.config.models import ViTConfig
+from mptrain.config.options import SCHEMAS
 from mptrain.config.precision import PrecisionConfig, ScalerConfig
 from mptrain.config.run import TASKS, RunConfig, validate
 from mptrain.precision.policy import PRECISIONS
@@ -129,7 +129,7 @@ GROUP_OPTIONS = [(group, option) for group in SCHEMA_GROUPS for option in group_
 
 # ------------------------------------------------------------------------------- groups and options
 def test_config_groups_are_the_registered_ones():
-    assert sorted(registered_options()) == SCHEMA_GROUPS
+    assert sorted(SCHEMAS) == SCHEMA_GROUPS
 
 
 def test_task_options_are_the_tasks():
@@ -138,9 +138,31 @@ def test_task_options_are_the_tasks():
         assert compose_run(f"task={task}").task == task
 
 
-@pytest.mark.parametrize("group", sorted(registered_options()))
+@pytest.mark.parametrize("group", sorted(SCHEMAS))
 def test_group_option_files_are_the_options_of_the_table(group):
-    assert set(group_options(group)) == set(registered_options()[group])
+    assert set(group_options(group)) == set(SCHEMAS[group])
+
+
+def builder_tables() -> dict[str, dict[str, object]]:
+    from mptrain.data.build import DATASETS
+    from mptrain.models.build import MODELS
+    from mptrain.train.optim import OPTIMIZERS, SCHEDULES
+
+    return {"model": MODELS, "dataset": DATASETS, "optimizer": OPTIMIZERS, "scheduler": SCHEDULES}
+
+
+@pytest.mark.parametrize("group", ["model", "dataset", "optimizer", "scheduler"])
+def test_every_option_name_has_one_schema_and_one_builder(group):
+    """config.options (what composing needs, no torch) and the builder tables name the same
+    options with the same schemas."""
+    built = {name: option.schema for name, option in builder_tables()[group].items()}
+    assert built == SCHEMAS[group]
+
+
+def test_the_precision_names_are_the_precision_table():
+    from mptrain.config.options import AUTO, PRECISION_NAMES
+
+    assert set(SCHEMAS["precision"]) == {AUTO, *PRECISION_NAMES} == {AUTO, *PRECISIONS}
 
 
 @pytest.mark.parametrize(
@@ -151,7 +173,7 @@ def test_every_group_option_composes_to_its_typed_schema(group, option):
     assert len(schema_names) == 1, f"{group}/{option}.yaml must name exactly one schema"
     # Defaults entries read /<option>_<group>_schema@_here_: the option's own schema node.
     assert schema_names[0].split("@")[0] == "/" + schema_node_name(group, option)
-    expected_type = registered_options()[group][option].schema
+    expected_type = SCHEMAS[group][option]
 
     run = compose_run(f"{group}={option}", *REQUIRED_OVERRIDES.get((group, option), []))
 

@@ -20,11 +20,12 @@ from conftest import compose_run, scalar_key_lines, train, yaml_leaf_paths
 from hydra import compose, initialize_config_module
 
 from mptrain.commands.sweep import compare, find_runs
+from mptrain.config.recipes import recipe_files
 from mptrain.config.run import RunConfig
 from mptrain.models.task import lower_is_better
 from mptrain.output.metrics import read_metrics
 from mptrain.output.report import EvaluationSection
-from mptrain.train.recipe import recipe_files, recipe_verdict, schedule_differences
+from mptrain.train.recipe import recipe_verdict, schedule_differences
 
 RECIPES = recipe_files()
 NAMES = sorted(RECIPES)

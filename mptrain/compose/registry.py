@@ -1,8 +1,8 @@
 """What a config may name, and how a composed config becomes a checked :class:`RunConfig`.
 
-The component tables are the only lists of names: :data:`mptrain.precision.policy.PRECISIONS`,
-:data:`mptrain.models.build.MODELS`, :data:`mptrain.data.build.DATASETS`, :data:`mptrain.train.optim.OPTIMIZERS`
-and :data:`mptrain.train.optim.SCHEDULES`. From them :func:`register_configs` stores, in Hydra's
+What a config may name is :data:`mptrain.config.options.SCHEMAS` (option names and their schemas,
+kept equal to the builder tables by a test; no torch, so composing never imports a builder). From
+it :func:`register_configs` stores, in Hydra's
 ConfigStore, the run schema and one schema node per option (``<option>_<group>_schema``, its
 ``name`` preset), which each ``conf/<group>/<option>.yaml`` names in its defaults list; and the
 reference recipes (``recipes/*.yaml``) as the ``recipe`` group. Registration is explicit: the CLI,
@@ -22,27 +22,11 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from mptrain.config.base import ConfigError, Option
+from mptrain.config.base import ConfigError
 from mptrain.config.models import EXTRA_KEYS_FIELD
-from mptrain.config.precision import PrecisionConfig
+from mptrain.config.options import SCHEMAS
+from mptrain.config.recipes import load_recipes
 from mptrain.config.run import RunConfig, validate
-from mptrain.data.build import DATASETS
-from mptrain.models.build import MODELS
-from mptrain.precision.policy import AUTO, PRECISIONS
-from mptrain.train.optim import OPTIMIZERS, SCHEDULES
-from mptrain.train.recipe import load_recipes
-
-
-def group_options() -> dict[str, dict[str, Option]]:
-    """Every config group's options: group -> option name -> (schema, builder)."""
-    precisions = {name: Option(PrecisionConfig, None) for name in (AUTO, *PRECISIONS)}
-    return {
-        "precision": precisions,
-        "model": MODELS,
-        "dataset": DATASETS,
-        "optimizer": OPTIMIZERS,
-        "scheduler": SCHEDULES,
-    }
 
 
 def schema_node_name(group: str, option: str) -> str:
@@ -57,9 +41,9 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     # At the root rather than in <group>/, so schemas are neither options nor listed as groups.
-    for group, options in group_options().items():
-        for option, entry in options.items():
-            store.store(name=schema_node_name(group, option), node=entry.schema(name=option))
+    for group, options in SCHEMAS.items():
+        for option, schema in options.items():
+            store.store(name=schema_node_name(group, option), node=schema(name=option))
     for name, node in load_recipes().items():
         store.store(group="recipe", name=name, node=node, package="_global_")
 
@@ -83,12 +67,12 @@ def to_run_config(cfg: Any) -> RunConfig:
 def check_names(run: RunConfig) -> None:
     """Each group's ``name`` must be an option of its table, and the one its schema belongs to
     (``model.name=vit`` over ``model=cnn`` would build a ViT from a CNN's settings)."""
-    for group, options in group_options().items():
+    for group, options in SCHEMAS.items():
         node = getattr(run, group)
-        entry = options.get(node.name)
-        if entry is None:
+        schema = options.get(node.name)
+        if schema is None:
             raise ConfigError(f"{group}.name={node.name!r}: one of {', '.join(options)}")
-        if type(node) is not entry.schema:
+        if type(node) is not schema:
             raise ConfigError(
                 f"{group}.name={node.name!r}: names another option than this {group}'s "
                 f"settings ({type(node).__name__}); choose it with {group}={node.name}"
@@ -140,7 +124,7 @@ def _take_extra_keys(cfg: Any) -> tuple[Any, dict[str, dict[str, Any]]]:
     from omegaconf import DictConfig, OmegaConf, open_dict
 
     extras: dict[str, dict[str, Any]] = {}
-    for group in group_options():
+    for group in SCHEMAS:
         node = cfg.get(group) if isinstance(cfg, DictConfig) else None
         schema = OmegaConf.get_type(node) if isinstance(node, DictConfig) else None
         if not getattr(schema, "accepts_extra_keys", False):

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from mptrain.config.base import ConfigError
+from mptrain.config.options import AUTO
 from mptrain.config.precision import FP8Config, PrecisionConfig, ScalerConfig
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext, build_scaler_for
@@ -46,7 +47,6 @@ class PrecisionSpec:
     summary: str  # one line for people
 
 
-AUTO = "auto"  # resolved to fp32, fp16 or bf16 for the device (see _auto_choice)
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
 PRECISIONS: dict[str, PrecisionSpec] = {
     "fp32": PrecisionSpec(None, F32, False, "fp32", "FP32 throughout: the baseline"),

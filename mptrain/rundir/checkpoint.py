@@ -22,7 +22,6 @@ from __future__ import annotations
 import errno
 import json
 import pickle
-import re
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +29,9 @@ import torch
 
 from mptrain.config.base import ConfigError
 from mptrain.rundir.fileio import atomic_write
-from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST
+from mptrain.rundir.layout import CHECKPOINT_DIR, candidates
 
 FORMAT_VERSION = 2  # 2: loadable with torch.load(weights_only=True)
-_NAME = re.compile(r"step_(\d+)\.pt$")
 
 
 class CheckpointError(RuntimeError):
@@ -117,25 +115,6 @@ def quarantine(path: Path) -> str:
     except OSError as exc:
         return f"could not quarantine it ({exc.strerror})"
     return f"quarantined as {target.name}"
-
-
-def candidates(directory: Path) -> list[Path]:
-    """Checkpoints in a run's checkpoint directory, newest first (latest.json's target first)."""
-    files = sorted(
-        (p for p in directory.glob("step_*.pt") if _NAME.search(p.name)),
-        key=lambda p: int(_NAME.search(p.name).group(1)),
-        reverse=True,
-    )
-    latest = directory / LATEST
-    if latest.is_file():
-        try:
-            target = directory / json.loads(latest.read_text())["checkpoint"]
-            if target in files:
-                files.remove(target)
-                files.insert(0, target)
-        except (ValueError, KeyError, OSError):
-            pass
-    return files
 
 
 def newest_loadable(

@@ -16,6 +16,10 @@ A sweep directory holds ``sweep.md``, ``sweep.json`` and ``sweep_loss.png`` besi
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 LOCK_NAME = ".mptrain.lock"
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
@@ -30,8 +34,28 @@ TENSORBOARD_DIR = "tensorboard"
 CHECKPOINT_DIR = "checkpoints"
 LATEST = "latest.json"
 BEST = "best.pt"
+_STEP_NAME = re.compile(r"step_(\d+)\.pt$")
 
 
 def step_checkpoint_name(step: int) -> str:
     """``step_00000030.pt``: zero-padded so names sort by step."""
     return f"step_{step:08d}.pt"
+
+
+def candidates(directory: Path) -> list[Path]:
+    """Checkpoints in a run's checkpoint directory, newest first (latest.json's target first)."""
+    files = sorted(
+        (p for p in directory.glob("step_*.pt") if _STEP_NAME.search(p.name)),
+        key=lambda p: int(_STEP_NAME.search(p.name).group(1)),
+        reverse=True,
+    )
+    latest = directory / LATEST
+    if latest.is_file():
+        try:
+            target = directory / json.loads(latest.read_text())["checkpoint"]
+            if target in files:
+                files.remove(target)
+                files.insert(0, target)
+        except (ValueError, KeyError, OSError):
+            pass
+    return files

@@ -21,8 +21,7 @@ from pathlib import Path
 from types import TracebackType
 
 from mptrain.config.base import NAME_MAX, PATH_MAX, ConfigError
-from mptrain.rundir.checkpoint import candidates
-from mptrain.rundir.layout import BEST, CHECKPOINT_DIR, LATEST, LOCK_NAME, METRICS_JSONL
+from mptrain.rundir.layout import BEST, CHECKPOINT_DIR, LATEST, LOCK_NAME, METRICS_JSONL, candidates
 
 
 class RunDirLock:

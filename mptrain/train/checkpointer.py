@@ -30,11 +30,10 @@ from mptrain.rundir.checkpoint import (
     FORMAT_VERSION,
     atomic_json,
     atomic_torch_save,
-    candidates,
     remove_stray_temporaries,
 )
 from mptrain.rundir.fileio import atomic_link
-from mptrain.rundir.layout import BEST, LATEST, step_checkpoint_name
+from mptrain.rundir.layout import BEST, LATEST, candidates, step_checkpoint_name
 from mptrain.train.cadence import TimeCadence
 from mptrain.train.state import LoopState
 

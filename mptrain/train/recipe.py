@@ -13,26 +13,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from importlib.resources import files
 from typing import Any
 
 from mptrain.config.keys import flatten, is_non_training_key
+from mptrain.config.recipes import recipe_files
 from mptrain.config.run import RunConfig
 from mptrain.models.task import lower_is_better
 from mptrain.output.report import EvaluationSection, RecipeSection
-
-
-def recipe_files() -> dict[str, Any]:
-    """recipes/*.yaml shipped in the package mptrain.recipes, by recipe name."""
-    root = files("mptrain.recipes")
-    return {p.name.removesuffix(".yaml"): p for p in root.iterdir() if p.name.endswith(".yaml")}
-
-
-def load_recipes() -> dict[str, Any]:
-    """Each recipe as an OmegaConf node: an overlay (package _global_) selected by recipe=NAME."""
-    from omegaconf import OmegaConf
-
-    return {name: OmegaConf.create(path.read_text()) for name, path in recipe_files().items()}
 
 
 def _group_choices(defaults: list[Any]) -> dict[str, str]:

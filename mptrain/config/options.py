@@ -1,0 +1,64 @@
+"""Every option a config group offers, by name, with the schema it takes: what a user may type
+after ``model=``, ``dataset=``, ``optimizer=``, ``scheduler=`` and ``precision=``.
+
+Composing a config (``mptrain --help``, ``--cfg job``, the preflight) needs only these names and
+schemas, not the builders: this module imports no torch. The builder tables
+(:data:`mptrain.models.build.MODELS`, :data:`mptrain.data.build.DATASETS`,
+:data:`mptrain.train.optim.OPTIMIZERS`, :data:`mptrain.train.optim.SCHEDULES`,
+:data:`mptrain.precision.policy.PRECISIONS`) pair each name with what builds it;
+tests/config/test_options.py keeps both lists, and ``conf/<group>/<option>.yaml``, in step.
+"""
+
+from __future__ import annotations
+
+from mptrain.config.data import (
+    CustomDatasetConfig,
+    DigitsConfig,
+    ImageFolderConfig,
+    SyntheticConfig,
+    TextDatasetConfig,
+    TorchvisionDatasetConfig,
+)
+from mptrain.config.models import (
+    CNNConfig,
+    CustomModelConfig,
+    GPTConfig,
+    MLPConfig,
+    ResNetConfig,
+    TimmModelConfig,
+    TorchvisionModelConfig,
+    ViTConfig,
+)
+from mptrain.config.optim import AdamWConfig, SchedulerConfig, SGDConfig
+from mptrain.config.precision import PrecisionConfig
+
+AUTO = "auto"  # precision=auto: resolved for the device (mptrain.precision.policy)
+PRECISION_NAMES = ("fp32", "fp16", "bf16", "fp8", "fp16_noscale", "fp16_pure", "bf16_pure")
+
+SCHEMAS: dict[str, dict[str, type]] = {
+    "precision": {name: PrecisionConfig for name in (AUTO, *PRECISION_NAMES)},
+    "model": {
+        "mlp": MLPConfig,
+        "cnn": CNNConfig,
+        "resnet18": ResNetConfig,
+        "resnet50": ResNetConfig,
+        "vit": ViTConfig,
+        "gpt": GPTConfig,
+        "torchvision": TorchvisionModelConfig,
+        "timm": TimmModelConfig,
+        "custom": CustomModelConfig,
+    },
+    "dataset": {
+        "digits": DigitsConfig,
+        "synthetic": SyntheticConfig,
+        "cifar10": TorchvisionDatasetConfig,
+        "cifar100": TorchvisionDatasetConfig,
+        "mnist": TorchvisionDatasetConfig,
+        "fashion_mnist": TorchvisionDatasetConfig,
+        "imagefolder": ImageFolderConfig,
+        "custom": CustomDatasetConfig,
+        "text": TextDatasetConfig,
+    },
+    "optimizer": {"sgd": SGDConfig, "adamw": AdamWConfig},
+    "scheduler": {name: SchedulerConfig for name in ("constant", "cosine", "multistep")},
+}
