@@ -198,6 +198,9 @@ COMMANDS = commands()
 DISTINCT = [c for i, c in enumerate(COMMANDS) if all(c.args != d.args for d in COMMANDS[:i])]
 
 
+REGISTERED: list[bool] = []  # non-empty once main() ran to its end (its configs registered)
+
+
 @dataclass
 class Outcome:
     code: int | str | None
@@ -219,6 +222,8 @@ def run_in_process(args: list[str], cwd: Path, monkeypatch, jobs: bool = False) 
     launched = []
     if not jobs:
         monkeypatch.setattr(cli, "launch", lambda *a, **k: launched.append(a))
+    if REGISTERED:  # Hydra's ConfigStore is the process's: main() registering again costs ~40 %
+        monkeypatch.setattr(cli, "register_configs", lambda: None, raising=False)
     monkeypatch.chdir(cwd)
     monkeypatch.setattr(sys, "path", list(sys.path))  # a run appends its launch directory
     monkeypatch.setattr(sys, "argv", ["mptrain"])  # main() sets it for Hydra's app
@@ -228,6 +233,7 @@ def run_in_process(args: list[str], cwd: Path, monkeypatch, jobs: bool = False) 
     try:
         with contextlib.redirect_stderr(stderr):
             cli.main(list(args))
+        REGISTERED.append(True)
     except SystemExit as exc:
         code = exc.code
     finally:
