@@ -1,7 +1,8 @@
 """Using a trained model: ``mptrain eval``, ``mptrain.load_model``, the data facts every checkpoint
-records, the README's commands and snippet as written, and file permissions under the umask.
+records, the commands and snippet of docs/python-api.md as written, and file permissions under the
+umask.
 
-One digits MLP is trained once through the real CLI (the README's command, made short); the
+One digits MLP is trained once through the real CLI (the page's command, made short); the
 evaluations run in-process through ``eval_main`` (the CLI's own entry) except where the exit code
 and the one-line error are the point.
 """
@@ -32,7 +33,8 @@ from mptrain.precision.fp8.linear import Float8Linear
 from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.train import job as run_module
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+# The page that shows how to use a trained model (the README's tour repeats its two commands).
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
 # Epoch-end checkpoints too: the tests need an older checkpoint (step 22) beside the final one.
 SHORT = (
     "device=cpu",
@@ -43,25 +45,21 @@ SHORT = (
 )
 
 
-def readme_section() -> str:
-    text = README.read_text()
-    return text.split("## Use the trained model", 1)[1].split("\n## ", 1)[0]
-
-
-def readme_commands() -> list[list[str]]:
-    block = re.search(r"```bash\n(.*?)```", readme_section(), re.S)[1]
+def page_commands() -> list[list[str]]:
+    """The page's first ``bash`` block (train, then evaluate), each line's arguments."""
+    block = re.search(r"```bash\n(.*?)```", PAGE.read_text(), re.S)[1]
     return [shlex.split(line.split("#")[0])[1:] for line in block.splitlines() if line.strip()]
 
 
-def readme_snippet() -> str:
-    return re.search(r"```python\n(.*?)```", readme_section(), re.S)[1]
+def page_snippet() -> str:
+    return re.search(r"```python\n(.*?)```", PAGE.read_text(), re.S)[1]
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """The README's training command (kept short), run by the CLI: the directory it ran in."""
-    cwd = tmp_path_factory.mktemp("readme")
-    train_args = readme_commands()[0]
+    """The page's training command (kept short), run by the CLI: the directory it ran in."""
+    cwd = tmp_path_factory.mktemp("trained")
+    train_args = page_commands()[0]
     result = run_mptrain(cwd, *train_args, *SHORT, "precision=fp32")
     assert result.returncode == 0, describe(result)
     return cwd
@@ -84,9 +82,9 @@ def evaluate_in_process(cwd: Path, out: Path, *overrides: str) -> dict:
     return json.loads((out / "eval.json").read_text())
 
 
-# ------------------------------------------------------------------------------------ the README
-def test_readme_eval_command_and_snippet_work_as_written(trained, monkeypatch, capsys):
-    eval_args = readme_commands()[1]
+# ----------------------------------------------------------------------------- docs/python-api.md
+def test_docs_eval_command_and_snippet_work_as_written(trained, monkeypatch, capsys):
+    eval_args = page_commands()[1]
     result = run_mptrain(trained, *eval_args)
     assert result.returncode == 0, describe(result)
     (written,) = list((trained / "outputs" / "eval").glob("*/*_bf16_mlp_digits/eval.json"))
@@ -102,15 +100,15 @@ def test_readme_eval_command_and_snippet_work_as_written(trained, monkeypatch, c
     assert (written.parent / "eval.md").is_file()
 
     monkeypatch.chdir(trained)
-    exec(readme_snippet(), {})  # the three lines, as written
+    exec(page_snippet(), {})  # the three lines, as written
     printed = capsys.readouterr().out
     assert re.fullmatch(r"\['\d'(, '\d'){7}\]\n", printed), printed
 
 
-def test_readme_snippet_is_load_preprocess_predict():
+def test_docs_snippet_is_load_preprocess_predict():
     code = [
         line
-        for line in readme_snippet().splitlines()
+        for line in page_snippet().splitlines()
         if line and not line.startswith(("import", "from"))
     ]
     assert len(code) == 3
