@@ -38,7 +38,6 @@ from mptrain.compose.preflight import (
     hydra_like_main,
     launch,
     parse_command_line,
-    subcommand_job,
 )
 from mptrain.compose.registry import absolute_paths, register_configs, to_run_config
 from mptrain.config.base import ConfigError, launch_dir, set_launch_dir
@@ -95,23 +94,6 @@ def run_job(cfg: DictConfig) -> float | None:
 hydra_app = hydra.main(
     config_path=f"pkg://{CONFIG_MODULE}", config_name=CONFIG_NAME, version_base=HYDRA_VERSION_BASE
 )(run_job)
-
-
-def bench_main(overrides: list[str]) -> None:
-    """``mptrain bench [overrides]``: time every precision for the configured model and data.
-
-    Writes bench.md and bench.json to ``outputs/bench/<date>/<time>_<model>_<dataset>``, or to
-    ``hydra.run.dir=DIR`` when given (parsed and resolved by Hydra: quotes, ``${now:...}``).
-    """
-    from mptrain.commands.bench import run_bench
-    from mptrain.output.joblog import table_console
-
-    try:
-        cfg, output_dir = subcommand_job(overrides, "bench")
-        b = cfg.bench
-        run_bench(cfg, output_dir, b.warmup_steps, b.steps, b.reps, table_console(140))
-    except ConfigError as exc:
-        _fail(str(exc))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -176,6 +158,7 @@ class _ClosedPipeSafe:
 # Commands that are not a training run: name -> (module, function taking the remaining arguments),
 # imported only when asked for.
 _SUBCOMMANDS = {
+    "bench": ("mptrain.commands.bench", "bench_main"),
     "advise": ("mptrain.commands.advise.run", "advise_main"),
     "eval": ("mptrain.commands.evaluate", "eval_main"),
     "sample": ("mptrain.commands.sample", "sample_main"),
@@ -186,9 +169,6 @@ def _main(argv: Sequence[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     terminate_like_interrupt()  # SIGTERM during setup ends the run like Ctrl-C (report, 143)
     register_configs()
-    if argv[:1] == ["bench"]:
-        bench_main(argv[1:])
-        return
     if argv[:1] and argv[0] in _SUBCOMMANDS:
         module, function = _SUBCOMMANDS[argv[0]]
         try:

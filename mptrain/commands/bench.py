@@ -328,3 +328,18 @@ def _print(console: Console, result: dict[str, Any]) -> None:
     console.print(table)
     for line in notes(result):
         console.print(escape(line))
+
+
+def bench_main(overrides: list[str]) -> None:
+    """``mptrain bench [overrides]``: time every precision for the configured model and data.
+
+    Writes bench.md and bench.json to ``outputs/bench/<date>/<time>_<model>_<dataset>``, or to
+    ``hydra.run.dir=DIR`` when given (parsed and resolved by Hydra: quotes, ``${now:...}``).
+    Bad input raises ConfigError (the CLI's one-line error, exit 2).
+    """
+    from mptrain.compose.preflight import subcommand_job
+    from mptrain.output.joblog import table_console
+
+    cfg, output_dir = subcommand_job(overrides, "bench")
+    b = cfg.bench
+    run_bench(cfg, output_dir, b.warmup_steps, b.steps, b.reps, table_console(140))
