@@ -17,7 +17,7 @@ next one runs; ``--only`` reruns some steps, after setup):
    CUDA build from it). Install time counts against the budget. When setup fails, no other step
    runs: summary.md says so.
 2. ``nvidia_smi`` and ``collect_env`` (``python -m torch.utils.collect_env``): the machine.
-3. ``sync_test``: ``pytest tests/test_gpu.py -k test_host_syncs_per_step_on_cuda`` (torch's sync
+3. ``sync_test``: ``pytest tests/e2e/test_gpu.py -k test_host_syncs_per_step_on_cuda`` (torch's sync
    detector: one host sync per FP16 step, none for BF16/FP32).
 4. ``fp8_check``: benchmarks/gpu_fp8_check.py (``_scaled_mm`` vs emulation, FP8 vs BF16 training).
 5. ``resnet50``: benchmarks/gpu_resnet50.py, FP32/TF32/FP16/BF16, batch 256, 40 steps after 10.
@@ -46,7 +46,7 @@ registry is reachable. So first, here: ``python3 benchmarks/gpu_all.py --fetch-w
 (.whl/ is git-ignored), then run ``python3 benchmarks/gpu_all.py`` there with ``.whl`` carried.
 
 ``--smoke`` runs every step on the CPU with tiny sizes (``--device cpu`` modes of the scripts; the
-pytest steps skip their CUDA tests): tests/test_benchmarks.py runs it, so this driver is known to
+pytest steps skip their CUDA tests): tests/e2e/test_benchmarks.py runs it, so this driver is known to
 work before GPU time is spent on it. Exit code: 0 when every step that ran succeeded, else 1.
 This file imports only the standard library: it runs before mptrain's dependencies exist.
 """
@@ -69,7 +69,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BENCHMARKS = REPO / "benchmarks"
-SYNC_TEST = "tests/test_gpu.py::test_host_syncs_per_step_on_cuda"
+SYNC_TEST = "tests/e2e/test_gpu.py::test_host_syncs_per_step_on_cuda"
 IMPORTS = "import torch, torchvision, hydra, omegaconf, mptrain.cli"
 # What the GPU image lacks of mptrain's runtime dependencies (pyproject.toml), fetched as wheels:
 # the versions this project is tested with (omegaconf 2.4 does not satisfy hydra-core 1.3.8).

@@ -1,5 +1,12 @@
 """Shared helpers: compose the real YAML configs (Hydra compose API) into typed RunConfigs; run
-the ``mptrain`` command line as a subprocess."""
+the ``mptrain`` command line as a subprocess. And the two tiers:
+
+- plain ``pytest`` is the fast tier: every test not marked ``slow`` (unit tests, in-process CLI
+  checks, one short in-process run per precision and task), a few minutes on 2 cores;
+- ``pytest -m slow`` is the end-to-end tier: subprocess CLI runs, torchrun, compile, long runs.
+  ``.ci/run`` runs the fast tier, then this one. Any ``-m`` expression, or a test named by its
+  node id (``path::test``), selects as written: slow tests are left out only by default.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,16 @@ from hydra import compose, initialize_config_module
 
 from mptrain.compose.registry import register_configs, to_run_config
 from mptrain.config.run import RunConfig
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Leave ``slow`` tests out of a plain ``pytest`` (see the module docstring)."""
+    if config.option.markexpr or any("::" in arg for arg in config.args):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
 
 # Hydra's ConfigStore needs mptrain's schemas and recipes before any test composes: importing
 # mptrain registers nothing by itself.
@@ -136,3 +153,21 @@ def train(cfg: RunConfig, output_dir: Path) -> dict:
     from mptrain.train.job import train as run_train
 
     return run_train(cfg, output_dir).to_dict()
+
+
+# A GPT small enough for a few seconds per run on 2 cores (every Linear stays FP8-aligned).
+LM = (
+    "task=lm",
+    "device=cpu",
+    "progress=false",
+    "model.layers=1",
+    "model.heads=2",
+    "model.width=32",
+    "model.block_size=32",
+    "dataset.max_bytes=60000",
+    "dataset.val_windows=16",
+    "batch_size=8",
+    "eval_batch_size=32",
+    "log_every=5",
+    "throughput_warmup_steps=2",
+)

@@ -1,4 +1,4 @@
-"""Run by tests/test_distributed.py under torchrun: one mptrain job, then each rank dumps its state.
+"""Run by tests/e2e/test_distributed.py under torchrun: one mptrain job, then each rank dumps its state.
 
     python -m torch.distributed.run --nproc_per_node=2 tests/distributed_worker.py OUT override...
 

@@ -6,7 +6,7 @@ schemas, not the builders: this module imports no torch. The builder tables
 (:data:`mptrain.models.build.MODELS`, :data:`mptrain.data.build.DATASETS`,
 :data:`mptrain.train.optim.OPTIMIZERS`, :data:`mptrain.train.optim.SCHEDULES`,
 :data:`mptrain.precision.policy.PRECISIONS`) pair each name with what builds it;
-tests/config/test_options.py keeps both lists, and ``conf/<group>/<option>.yaml``, in step.
+tests/config/test_config.py keeps both lists, and ``conf/<group>/<option>.yaml``, in step.
 """
 
 from __future__ import annotations

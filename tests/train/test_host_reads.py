@@ -3,7 +3,7 @@
 On a GPU every read of a device value drains the queue. A TorchFunctionMode sees every Python
 call that brings a tensor's value to the host (``item``, ``tolist``, ``bool``, ...), so the
 count holds for whatever the loop, the scaler and the optimizer do in Python; the GPU test
-(tests/test_gpu.py) checks the same with ``torch.cuda.set_sync_debug_mode``.
+(tests/e2e/test_gpu.py) checks the same with ``torch.cuda.set_sync_debug_mode``.
 """
 
 from __future__ import annotations

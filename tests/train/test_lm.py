@@ -10,7 +10,7 @@ import signal
 
 import pytest
 import torch
-from conftest import compose_run, describe, run_mptrain, train
+from conftest import LM, compose_run, describe, run_mptrain, train
 
 from mptrain.commands.evaluate import load_model
 from mptrain.commands.sample import encode_prompt, generate
@@ -103,24 +103,6 @@ def test_training_and_validation_windows_never_overlap():
 
 
 # ------------------------------------------------------------------------ the task, end to end
-# A GPT small enough for a few seconds per run on 2 cores (every Linear stays FP8-aligned).
-LM = (
-    "task=lm",
-    "device=cpu",
-    "progress=false",
-    "model.layers=1",
-    "model.heads=2",
-    "model.width=32",
-    "model.block_size=32",
-    "dataset.max_bytes=60000",
-    "dataset.val_windows=16",
-    "batch_size=8",
-    "eval_batch_size=32",
-    "log_every=5",
-    "throughput_warmup_steps=2",
-)
-
-
 def assert_one_error_line(stderr: str) -> None:
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mptrain: error: "), stderr

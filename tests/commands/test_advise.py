@@ -9,8 +9,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import describe, run_mptrain, tiny_run
-from test_lm import LM
+from conftest import LM, describe, run_mptrain, tiny_run
 
 from mptrain.commands import bench
 from mptrain.commands.advise import measure, run, trials

@@ -151,7 +151,6 @@ def test_console_script_help_exits_0(tmp_path):
     assert not (tmp_path / "outputs").exists()
 
 
-
 # What a composition-only command may load: composing needs the schemas, not the builders.
 NO_TORCH = """
 import sys
@@ -208,7 +207,7 @@ def test_sweep_writes_one_report_per_job_with_its_precision(sweep):
     assert [p["requested"] for p in precisions] == ["fp32", "bf16"]
 
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # `python -m mptrain` from a checkout's root after a non-editable `pip install .`: the source tree's
 # mptrain/ comes first on sys.path and shadows the installed package (the editable finder here is

@@ -25,7 +25,7 @@ from mptrain.output.report import load_report
 from mptrain.precision.policy import resolve_precision
 from mptrain.train.checkpointer import run_signature
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 TINY = (
     "epochs=null",

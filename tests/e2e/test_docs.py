@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 README_MAX_LINES = 250
@@ -42,10 +42,10 @@ README_MAX_LINES = 250
 # `mptrain advise` compose the same config (one job, no launcher) before they measure, so their
 # overrides are checked as a run's.
 AS_A_RUN = {"bench", "advise"}
-# `mptrain eval` needs a trained run: tests/test_inference.py runs the lines of this page's first
+# `mptrain eval` needs a trained run: tests/commands/test_inference.py runs the lines of this page's first
 # bash block (train, then eval) as written, and every `mptrain eval` line shown must be one of them.
 EVAL_PAGE = ROOT / "docs" / "python-api.md"
-# `mptrain sample` needs a trained language model (tests/test_lm.py samples one). Its key=value
+# `mptrain sample` needs a trained language model (tests/train/test_lm.py samples one). Its key=value
 # arguments are parsed before the checkpoint is looked for, so with nothing at `resume` the error
 # must name that path, not an argument.
 SAMPLE = "sample"

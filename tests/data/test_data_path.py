@@ -24,7 +24,7 @@ from mptrain.data.build import build_data
 from mptrain.data.decode import BadDataFile, CropSpec, DecodeCrop, crop_params, draft_factor
 
 CPU = torch.device("cpu")
-BENCHMARK = Path(__file__).resolve().parent.parent / "benchmarks" / "data_path.py"
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "data_path.py"
 
 
 def photo(width: int, height: int, seed: int) -> np.ndarray:

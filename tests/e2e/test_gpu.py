@@ -62,7 +62,7 @@ def test_tf32_opt_in_is_recorded(tmp_path):
 
 @pytest.mark.parametrize(("precision", "expected"), [("fp16", 1), ("bf16", 0), ("fp32", 0)])
 def test_host_syncs_per_step_on_cuda(precision, expected):
-    """torch's own sync detector agrees with tests/test_host_reads.py: one per FP16 step."""
+    """torch's own sync detector agrees with tests/train/test_host_reads.py: one per FP16 step."""
     run = prepare_run(gpu_run(f"precision={precision}", "model=mlp", "max_steps=4"))
     assert host_reads_per_step(run) == expected
     params = [p for p in run.model.parameters() if p.requires_grad]

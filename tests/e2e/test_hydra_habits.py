@@ -201,7 +201,7 @@ def test_chdir_job_finds_relative_resume_and_data_paths(tmp_path):
 def test_chdir_job_imports_targets_and_writes_trackers_from_the_launch_directory(tmp_path):
     pytest.importorskip("tensorboard")
     pytest.importorskip("mlflow")
-    examples = Path(__file__).resolve().parent.parent / "examples"
+    examples = Path(__file__).resolve().parents[2] / "examples"
     for source in examples.glob("*.py"):
         shutil.copy(source, tmp_path)
     result = run_mptrain(

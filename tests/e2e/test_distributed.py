@@ -14,7 +14,7 @@ from conftest import tiny_run, train
 
 from mptrain.rundir.checkpoint import load_checkpoint
 
-WORKER = Path(__file__).parent / "distributed_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "distributed_worker.py"
 
 
 def torchrun(out: Path, *overrides: str, nproc: int = 2) -> list[dict]:

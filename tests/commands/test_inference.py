@@ -34,7 +34,7 @@ from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.train import job as run_module
 
 # The page that shows how to use a trained model (the README's tour repeats its two commands).
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "python-api.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "python-api.md"
 # Epoch-end checkpoints too: the tests need an older checkpoint (step 22) beside the final one.
 SHORT = (
     "device=cpu",

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import describe, run_command
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 TIMEOUT_S = 300
 
 

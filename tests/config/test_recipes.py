@@ -76,7 +76,7 @@ def evaluation(accuracy: float | None) -> EvaluationSection:
 
 # ---------------------------------------------------------------------------------- recipe files
 def test_the_shipped_recipes_are_the_yaml_files_of_recipes_dir():
-    repo_recipes = Path(__file__).resolve().parents[1] / "recipes"
+    repo_recipes = Path(__file__).resolve().parents[2] / "recipes"
     assert sorted(p.stem for p in repo_recipes.glob("*.yaml")) == NAMES
     assert {
         "digits_cnn",

@@ -700,7 +700,7 @@ def test_imagefolder_batch_size_larger_than_training_set_raises_config_error(tmp
 # ------------------------------------------------------------------------------- loader table
 def test_every_dataset_option_file_is_a_dataset_of_the_table():
     options = sorted(
-        p.stem for p in (Path(__file__).parents[1] / "conf" / "dataset").glob("*.yaml")
+        p.stem for p in (Path(__file__).parents[2] / "conf" / "dataset").glob("*.yaml")
     )
     assert sorted(data.DATASETS) == options
 
