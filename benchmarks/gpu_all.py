@@ -179,6 +179,7 @@ def plan(python: str, out: Path, smoke: bool) -> list[Step]:
     fp8 = ["--gemm-shapes", "64x128x256", "--steps", "4", "--warmup", "2", "--batch", "64"]
     fp8 += ["--width", "64", "--variants", "bf16,fp8,fp8_rowwise,fp8_rowwise_compiled"]
     fp8 += ["--compile-backend", "aot_eager"]  # the compiled code path without inductor's wait
+    fp8 += ["--speed-shapes", "64x128x256", "--speed-repeats", "2"]
     rn50 = ["--batch", "2", "--image-size", "32", "--steps", "1", "--warmup", "1"]
     rn50 += ["--precisions", "fp32,bf16"]
     gpt = ["--precisions", "fp32,fp8"]  # --device cpu: the script's tiny sizes; FP8 emulated

@@ -67,11 +67,14 @@ def test_resnet50_script_smoke_run_on_cpu(tmp_path):
         "--steps", "1", "--warmup", "1", "--precisions", "fp32,bf16", cwd=tmp_path,
     )  # fmt: skip
 
-    assert [r["precision"] for r in doc["rows"]] == ["fp32", "bf16"]
-    assert all(r["samples_per_s"] > 0 for r in doc["rows"])
+    # Each precision as mptrain trains (cudnn.benchmark off), then BF16 autotuned (the default
+    # --autotuned), as the DeepLearningExamples reference runs.
+    rows = [(r["precision"], r["cudnn_benchmark"]) for r in doc["rows"]]
+    assert rows == [("fp32", False), ("bf16", False), ("bf16", True)]
+    assert all(r["samples_per_s"] > 0 and "error" not in r for r in doc["rows"])
     assert doc["rows"][0]["vs_fp32"] == 1.0
     assert "vs_tf32" not in doc["rows"][0]  # no TF32 row to compare with
-    assert "32 px, batch 2" in doc["benchmark"]
+    assert "32 px, batch 2" in doc["benchmark"] and "cudnn.benchmark on" in doc["reference"]
 
 
 def test_fp8_script_smoke_run_on_cpu(tmp_path):
@@ -79,7 +82,7 @@ def test_fp8_script_smoke_run_on_cpu(tmp_path):
         "gpu_fp8_check.py", "--device", "cpu", "--gemm-shapes", "64x128x256", "--steps", "4",
         "--warmup", "2", "--batch", "64", "--width", "64",
         "--variants", "bf16,fp8,fp8_rowwise,fp8_rowwise_compiled", "--compile-backend", "aot_eager",
-        cwd=tmp_path,
+        "--speed-shapes", "64x128x256", "--speed-repeats", "2", cwd=tmp_path,
     )  # fmt: skip
 
     assert "not FP8 hardware" in doc["note"]
@@ -105,12 +108,30 @@ def test_fp8_script_smoke_run_on_cpu(tmp_path):
         "fp8": "bf16",
         "fp8_rowwise": "bf16",
     }
+    # Compiled variants say how many graph breaks torch._dynamo counted (none in this MLP);
+    # eager ones have nothing to count.
+    compiled = variants["fp8_rowwise_compiled"]
+    assert compiled["graph_breaks"] == 0 and compiled["graphs"] >= 1
+    assert "graph_breaks" not in variants["fp8"]
+    assert training["use_fast_accum"] is False and "use_fast_accum=True" in doc["accumulation"]
+    speeds = doc["forward_gemm"]
+    assert [(g["shape"], g["granularity"]) for g in speeds] == [
+        ([64, 128, 256], "tensorwise"),
+        ([64, 128, 256], "rowwise"),
+    ]
+    for row in speeds:
+        assert set(row["tflops"]) == {"bf16", "fp8", "fp8_fast_accum"}, row
+        assert row["fast_accum_vs_emulated_sqnr_db"] > 60  # same FP8 operands: BF16 rounding
 
 
 def load_script(name: str):
-    """A benchmark script as a module (its functions, without running main)."""
+    """A benchmark script as a module (its functions, without running main). benchmarks/ goes on
+    sys.path (last), as when a script runs: they import jsondoc and data_path from there."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), BENCHMARKS / name)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pickled functions (a process pool's) are looked up there
     spec.loader.exec_module(module)
     return module
 
@@ -186,6 +207,148 @@ def test_gpu_scripts_need_a_gpu_or_say_so(tmp_path):
         result = run_script(name, cwd=tmp_path, timeout=60)
         assert result.returncode == 2, name
         assert "--device cpu" in result.stderr, name
+
+
+# ------------------------------------------------------------- a row that raises loses only itself
+def run_main(module, monkeypatch, *argv: str) -> int:
+    """A script's main() in this process, with ``argv`` as its command line."""
+    monkeypatch.setattr(sys, "argv", [module.__file__, *argv])
+    return module.main()
+
+
+def rows_on_disk(out: Path, key: str = "rows") -> list:
+    return json.loads(out.read_text())[key] if out.exists() else None
+
+
+def test_gpt_row_that_raises_is_recorded_and_the_other_rows_kept(tmp_path, monkeypatch):
+    """Any exception, not only out of memory: an FP8 kernel's RuntimeError must not cost the
+    rows measured before and after it. The document is on disk after every row."""
+    gpt = load_script("gpu_gpt.py")
+    out, real, seen = tmp_path / "gpt.json", gpt.measure, []
+
+    def measure(cfg, warmup, steps):
+        seen.append([r["precision"] for r in rows_on_disk(out) or []])
+        if cfg.precision.name == "bf16":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+        return real(cfg, warmup, steps)
+
+    monkeypatch.setattr(gpt, "measure", measure)
+    code = run_main(gpt, monkeypatch, "--device", "cpu", "--precisions", "fp32,bf16,fp8",
+                    "--out", str(out))  # fmt: skip
+
+    assert code == 1 and seen == [[], ["fp32"], ["fp32", "bf16"]]
+    rows = {r["precision"]: r for r in rows_on_disk(out)}
+    assert list(rows) == ["fp32", "bf16", "fp8"]
+    error = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert rows["bf16"]["error"] == error and rows["bf16"]["mfu_note"] == "not measured"
+    assert rows["fp8"]["tokens_per_s"] > 0 and rows["fp8"]["vs_fp32"] > 0
+
+
+def test_resnet50_precision_that_raises_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
+    resnet = load_script("gpu_resnet50.py")
+    out, real = tmp_path / "rn50.json", resnet.measure
+
+    def measure(cfg, warmup, steps):
+        if cfg.precision.name == "bf16" and not torch.backends.cudnn.benchmark:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(cfg, warmup, steps)
+
+    monkeypatch.setattr(resnet, "measure", measure)
+    code = run_main(
+        resnet, monkeypatch, "--device", "cpu", "--batch", "2", "--image-size", "32", "--steps",
+        "1", "--warmup", "1", "--precisions", "fp32,bf16", "--out", str(out),
+    )  # fmt: skip
+
+    assert code == 1
+    fp32, bf16, autotuned = rows_on_disk(out)
+    assert bf16["error"].startswith("OutOfMemoryError: CUDA out of memory")
+    assert fp32["vs_fp32"] == 1.0 and autotuned["cudnn_benchmark"] and autotuned["vs_fp32"] > 0
+    assert torch.backends.cudnn.benchmark is False  # the autotuned row turned it off again
+
+
+def test_imagefolder_keeps_the_cpu_row_when_the_cuda_pipeline_fails(tmp_path, monkeypatch):
+    folder = load_script("imagefolder_train.py")
+    real = folder.train_once
+
+    def train_once(args, root, pipeline, run_dir):
+        if pipeline == "cuda":
+            raise RuntimeError("the cuda pipeline's run failed (exit 1; output above)")
+        return real(args, root, pipeline, run_dir)
+
+    monkeypatch.setattr(folder, "train_once", train_once)
+    out = tmp_path / "folder.json"
+    code = run_main(
+        folder, monkeypatch, "--device", "cpu", "--images", "8", "--image-size", "32",
+        "--batch", "4", "--steps", "1", "--warmup", "1", "--workers", "0", "--jobs", "1",
+        "--precision", "fp32", "--model", "cnn", "--out", str(out),
+    )  # fmt: skip
+
+    assert code == 1
+    pipelines = rows_on_disk(out, "pipelines")
+    assert pipelines["cpu"]["images_per_s"] > 0 and pipelines["cpu"]["host_decoded"] is None
+    assert pipelines["cuda (on cpu)"] == {"error": "RuntimeError: the cuda pipeline's run failed "
+                                                   "(exit 1; output above)"}  # fmt: skip
+
+
+def test_fp8_check_gemm_and_variant_that_raise_are_recorded(tmp_path, monkeypatch):
+    """The GEMM check sits inside its own per-row try: one GEMM that raises costs the verdict
+    (FAIL, with the reason) but not the other GEMMs or the training."""
+    fp8 = load_script("gpu_fp8_check.py")
+    real_gemm, real_train = fp8.gemm_row, fp8.train_throughput
+
+    def gemm_row(device, shape, granularity, a_dtype):
+        if granularity == "rowwise" and a_dtype == fp8.E5M2:
+            raise RuntimeError("Only bf16 high precision output types are supported for row-wise")
+        return real_gemm(device, shape, granularity, a_dtype)
+
+    def train_throughput(device, name, sizes, backend):
+        if name == "fp8_rowwise":
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul")
+        return real_train(device, name, sizes, backend)
+
+    monkeypatch.setattr(fp8, "gemm_row", gemm_row)
+    monkeypatch.setattr(fp8, "train_throughput", train_throughput)
+    out = tmp_path / "fp8.json"
+    code = run_main(
+        fp8, monkeypatch, "--device", "cpu", "--gemm-shapes", "64x128x256", "--steps", "3",
+        "--warmup", "1", "--batch", "32", "--width", "64", "--variants", "bf16,fp8,fp8_rowwise",
+        "--speed-shapes", "64x128x256", "--speed-repeats", "1", "--out", str(out),
+    )  # fmt: skip
+
+    assert code == 0
+    doc = json.loads(out.read_text())
+    errors = [g.get("error") for g in doc["gemm_agreement"]]
+    assert errors[:3] == [None, None, None] and errors[3].startswith("RuntimeError: Only bf16")
+    training = doc["training"]
+    assert list(training["variants"]) == ["bf16", "fp8"] and list(training["failed"]) == [
+        "fp8_rowwise"
+    ]
+
+
+def test_data_path_pipeline_that_raises_is_recorded_and_not_rerun(tmp_path, monkeypatch):
+    data_path = load_script("data_path.py")
+    real, calls = data_path.new_epochs, []
+
+    def new_epochs(cfg, layout, epochs):
+        calls.append(cfg.decode_device)
+        if cfg.decode_device == "cuda":
+            raise RuntimeError("nvjpeg: NVJPEG_STATUS_EXECUTION_FAILED")
+        return real(cfg, layout, epochs)
+
+    monkeypatch.setattr(data_path, "new_epochs", new_epochs)
+    out = tmp_path / "dp.json"
+    code = run_main(
+        data_path, monkeypatch, "--workers", "0", "--images", "8", "--image-size", "32",
+        "--reps", "2", "--epochs", "1", "--batch-size", "4", "--device-decode", "--json", str(out),
+    )  # fmt: skip
+
+    assert code == 1 and calls.count("cuda") == 1  # the failed pipeline is not run again
+    doc = json.loads(out.read_text())
+    assert set(doc["pipelines"]) == {"old", "new", "new, draft off"}
+    assert all(len(row["reps"]) == 2 for row in doc["pipelines"].values())
+    assert doc["errors"] == {
+        "device-decode (cpu)": "RuntimeError: nvjpeg: NVJPEG_STATUS_EXECUTION_FAILED"
+    }
 
 
 # ------------------------------------------------------------------------ benchmarks/gpu_all.py
