@@ -339,6 +339,8 @@ def test_data_path_pipeline_that_raises_is_recorded_and_not_rerun(tmp_path, monk
         return real(cfg, layout, epochs)
 
     monkeypatch.setattr(data_path, "new_epochs", new_epochs)
+    # The script lifts mptrain.data's decode_device check on a CPU: put it back afterwards.
+    monkeypatch.setattr(data_path.data, "_check_decode_device", data_path.data._check_decode_device)
     out = tmp_path / "dp.json"
     code = run_main(
         data_path, monkeypatch, "--workers", "0", "--images", "8", "--image-size", "32",
