@@ -19,13 +19,16 @@ repetition), a fresh feed per repetition (worker start-up included):
   ``device-decode (cpu)`` (only a check that it runs: nvJPEG is the point of it).
 
 Printed: median and range of images/s (and per worker) over the repetitions, and how many of the
-training crops drawn could be decoded at reduced size.
+training crops drawn could be decoded at reduced size. Each pipeline's time ends with a device
+synchronisation, so copies still queued count. ``--json`` gets the document, rewritten
+atomically after every pipeline's repetition (a run stopped midway keeps what it timed); a
+pipeline that raises is recorded under ``errors`` and not run again, the others go on; device
+decoding records ``host_decoded`` (JPEGs the device decoder refused and the host decoded).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import tempfile
@@ -34,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from jsondoc import error_text, write_json  # benchmarks/ is on sys.path when this script runs
 
 from mptrain.config.data import ImageFolderConfig
 from mptrain.data import batches, decode, feeds, folder
@@ -67,8 +71,8 @@ def write_images(root: Path, count: int, seed: int = 0) -> list[tuple[int, int]]
     return sizes
 
 
-def old_epochs(cfg: ImageFolderConfig, layout: batches.BatchLayout, epochs: int) -> int:
-    """Serve ``epochs`` epochs the way the code did before: images served."""
+def old_epochs(cfg: ImageFolderConfig, layout: batches.BatchLayout, epochs: int) -> tuple:
+    """Serve ``epochs`` epochs the way the code did before: (images served, None)."""
     from torchvision import datasets
     from torchvision import transforms as T
 
@@ -95,11 +99,14 @@ def old_epochs(cfg: ImageFolderConfig, layout: batches.BatchLayout, epochs: int)
             images = images.to(layout.device, non_blocking=True)
             labels = labels.to(layout.device, non_blocking=True)
             served += len(labels)
-    return served
+    if layout.device.type == "cuda":
+        torch.cuda.synchronize()  # the last non-blocking copies are still queued: time them too
+    return served, None
 
 
-def new_epochs(cfg: ImageFolderConfig, layout: batches.BatchLayout, epochs: int) -> int:
-    """Serve ``epochs`` epochs with the feed ``build_data`` builds now: images served."""
+def new_epochs(cfg: ImageFolderConfig, layout: batches.BatchLayout, epochs: int) -> tuple:
+    """Serve ``epochs`` epochs with the feed ``build_data`` builds now: (images served, JPEGs
+    the host decoded because the device decoder refused them; None without device decoding)."""
     bundle = data.build_data(cfg, layout)
     served = 0
     for epoch in range(epochs):
@@ -107,7 +114,7 @@ def new_epochs(cfg: ImageFolderConfig, layout: batches.BatchLayout, epochs: int)
             served += len(labels)
     if layout.device.type == "cuda":
         torch.cuda.synchronize()
-    return served
+    return served, (getattr(bundle.train, "pipeline", None) or {}).get("host_decoded")
 
 
 def pipelines(args: argparse.Namespace, root: Path) -> dict[str, tuple]:
@@ -125,22 +132,44 @@ def pipelines(args: argparse.Namespace, root: Path) -> dict[str, tuple]:
     return chosen
 
 
-def measure(args: argparse.Namespace, root: Path) -> dict[str, list[float]]:
-    """images/s of each pipeline per repetition, alternating (reversed every other one)."""
+class Timings:
+    """What the repetitions measured so far: images/s per pipeline and repetition, the first
+    error of each pipeline that raised, and device decoding's host fallbacks (summed)."""
+
+    def __init__(self, names: list[str]):
+        self.rates: dict[str, list[float]] = {name: [] for name in names}
+        self.errors: dict[str, str] = {}
+        self.host_decoded: dict[str, int] = {}
+
+    def time(self, name: str, function, cfg: ImageFolderConfig, args, layout) -> None:
+        """One pipeline's epochs, timed; an exception is kept in ``errors``."""
+        start = time.perf_counter()
+        try:
+            served, host = function(cfg, layout, args.epochs)
+        except Exception as exc:  # recorded in the document, the other pipelines go on
+            self.errors[name] = error_text(exc)
+            return
+        self.rates[name].append(served / (time.perf_counter() - start))
+        if host is not None:
+            self.host_decoded[name] = self.host_decoded.get(name, 0) + host
+
+
+def measure(args: argparse.Namespace, root: Path, save) -> Timings:
+    """images/s of each pipeline per repetition, alternating (reversed every other one);
+    ``save(timings)`` after each pipeline's repetition. A pipeline that raised is not rerun."""
     device = torch.device(args.device)
     layout = batches.BatchLayout(args.batch_size, args.batch_size, device, 0, args.workers)
     if device.type == "cpu":  # device decoding's code on the CPU (the config would refuse it)
         folder._check_decode_device = lambda device: None
     chosen = pipelines(args, root)
-    rates: dict[str, list[float]] = {name: [] for name in chosen}
+    timings = Timings(list(chosen))
     for rep in range(args.reps):
         order = list(chosen) if rep % 2 == 0 else list(reversed(chosen))
-        for name in order:
+        for name in (n for n in order if n not in timings.errors):
             function, cfg = chosen[name]
-            start = time.perf_counter()
-            served = function(cfg, layout, args.epochs)
-            rates[name].append(served / (time.perf_counter() - start))
-    return rates
+            timings.time(name, function, cfg, args, layout)
+            save(timings)
+    return timings
 
 
 def draft_share(sizes: list[tuple[int, int]], image_size: int, seeds: int = 4) -> float:
@@ -157,8 +186,11 @@ def draft_share(sizes: list[tuple[int, int]], image_size: int, seeds: int = 4) -
 
 
 def summary(rates: dict[str, list[float]], workers: int) -> dict[str, dict]:
+    """Median and range per pipeline that was timed at least once."""
     rows = {}
     for name, reps in rates.items():
+        if not reps:
+            continue
         per = max(workers, 1)
         rows[name] = {
             "reps": reps,
@@ -168,7 +200,21 @@ def summary(rates: dict[str, list[float]], workers: int) -> dict[str, dict]:
     return rows
 
 
-def main() -> None:
+def document(args: argparse.Namespace, timings: Timings, share: float) -> dict:
+    settings = {k: v for k, v in vars(args).items() if k != "json"}
+    return {
+        "benchmark": "imagefolder data path, no model",
+        "settings": settings,
+        "pipelines": summary(timings.rates, args.workers),
+        "errors": timings.errors,
+        "host_decoded": timings.host_decoded,
+        "draft_share": share,
+        "hardware": {"device": args.device, "cpus": torch.get_num_threads()},
+        "versions": {"torch": torch.__version__, "python": platform.python_version()},
+    }
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--images", type=int, default=300)
@@ -186,29 +232,23 @@ def main() -> None:
         sizes = write_images(Path(tmp), args.images)
         for path in Path(tmp).rglob("*.jpg"):
             path.read_bytes()  # every pipeline reads from the page cache
-        rates = measure(args, Path(tmp))
-    rows = summary(rates, args.workers)
-    share = draft_share(sizes, args.image_size)
-    for name, row in rows.items():
+        share = draft_share(sizes, args.image_size)
+        timings = measure(
+            args, Path(tmp), lambda t: write_json(args.json, document(args, t, share))
+        )
+    for name, row in summary(timings.rates, args.workers).items():
         low, high = row["images_per_s"]["range"]
+        host = timings.host_decoded.get(name)
         print(
             f"{name:<22} {row['images_per_s']['median']:8.1f} images/s "
             f"(range {low:.1f}-{high:.1f}; {row['images_per_s_per_worker']:.1f} per worker)"
+            + (f"; {host} JPEGs host-decoded" if host else "")
         )
+    for name, error in timings.errors.items():
+        print(f"{name:<22} failed: {error}")
     print(f"training crops decodable at reduced size: {share:.0%}")
-    if args.json:
-        settings = {k: v for k, v in vars(args).items() if k != "json"}
-        doc = {
-            "benchmark": "imagefolder data path, no model",
-            "settings": settings,
-            "pipelines": rows,
-            "draft_share": share,
-            "hardware": {"device": args.device, "cpus": torch.get_num_threads()},
-            "versions": {"torch": torch.__version__, "python": platform.python_version()},
-        }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=2) + "\n")
+    return 1 if timings.errors else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -33,6 +33,10 @@ an unknown GPU (or a CPU) gets MFU null with the reason. FP8 converts the attent
 and MLP Linears only (SDPA and the head stay BF16), so its MFU against the FP8 peak understates
 what the FP8 GEMMs reach. Emulated FP8 (no FP8 GEMMs: compute capability < 8.9, or a CPU) is
 measured and labelled, but gets no MFU: it is not a speed.
+
+The JSON document is rewritten into ``--out`` atomically after every row; a precision that raises
+(out of memory or any other error) is a row with its ``error`` and the others still run (exit
+code 1 then).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jsondoc import error_text, write_json  # benchmarks/ is on sys.path when this script runs
 
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
 from mptrain.commands.bench import measure, precision_config
@@ -162,12 +167,13 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 
 
 def measure_precision(cfg: Any, name: str, args: argparse.Namespace, device: torch.device) -> dict:
-    """One precision through mptrain's loop; an out-of-memory is a row with the error."""
+    """One precision through mptrain's loop; an exception (out of memory, an FP8 kernel error) is a
+    row with its ``error``, so the rows measured before and after it are kept."""
     run_cfg = dataclasses.replace(cfg, precision=precision_config(name, cfg.precision))
     try:
         row = measure(run_cfg, args.warmup, args.steps)
-    except torch.cuda.OutOfMemoryError as exc:
-        row = {"error": f"out of memory: {str(exc).splitlines()[0]}"}
+    except Exception as exc:  # recorded in the document, the other precisions still run
+        row = {"error": error_text(exc)}
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -221,12 +227,8 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def main() -> int:
-    args = parse_args()
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("needs a CUDA GPU (or --device cpu for a smoke run)", file=sys.stderr)
-        return 2
+def run_config(args: argparse.Namespace) -> Any:
+    """The typed RunConfig every row starts from (composed from the shipped YAML)."""
     from hydra import compose, initialize_config_module
 
     overrides = [
@@ -244,21 +246,13 @@ def main() -> int:
     ]
     register_configs()  # explicit: importing mptrain registers nothing
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-        cfg = to_run_config(compose(config_name=CONFIG_NAME, overrides=overrides))
-    shape = GPTShape(VOCAB, args.block, args.layers, args.heads, args.width)
-    per_token = flops_per_token(shape)
-    hardware = hardware_info(device)
-    gpu_name = hardware["gpu"]["name"] if hardware.get("gpu") else None
-    peaks = peak_table(gpu_name, args.peak_override)
-    rows = []
-    for name in args.precisions:
-        rows.append(measure_precision(cfg, name, args, device))
-    add_ratios(rows)
-    for row in rows:
-        add_mfu(row, per_token, peaks)
-        print(describe(row), flush=True)
+        return to_run_config(compose(config_name=CONFIG_NAME, overrides=overrides))
+
+
+def document(args: argparse.Namespace, shape: GPTShape, peaks: dict, hardware: dict) -> dict:
+    """The JSON document without its rows."""
     tokens_per_step = args.batch * args.block
-    result = {
+    return {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "benchmark": (
             f"GPT width {args.width}, {args.layers} layers, {args.heads} heads, block {args.block}, "
@@ -267,7 +261,7 @@ def main() -> int:
         ),
         "settings": {k: getattr(args, k) for k in (*SIZES["cuda"], "precisions")},
         "flops": {
-            "per_token": per_token,
+            "per_token": flops_per_token(shape),
             "parameters_counted": parameters_counted(shape),
             "formula": "6 * N + 12 * layers * block * width (PaLM appendix B)",
             "N": "parameters except the position embedding; the tied token embedding / output "
@@ -276,12 +270,31 @@ def main() -> int:
         "mfu": {**peaks, "basis": MFU_BASIS},
         "hardware": hardware,
         "versions": software_versions(),
-        "rows": rows,
+        "rows": [],
     }
+
+
+def main() -> int:
+    args = parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("needs a CUDA GPU (or --device cpu for a smoke run)", file=sys.stderr)
+        return 2
+    cfg = run_config(args)
+    shape = GPTShape(VOCAB, args.block, args.layers, args.heads, args.width)
+    hardware = hardware_info(device)
+    gpu_name = hardware["gpu"]["name"] if hardware.get("gpu") else None
+    peaks = peak_table(gpu_name, args.peak_override)
+    result = document(args, shape, peaks, hardware)
+    rows = result["rows"]
+    for name in args.precisions:
+        rows.append(measure_precision(cfg, name, args, device))
+        add_ratios(rows)  # against the rows so far: fp32 comes first
+        for row in rows:
+            add_mfu(row, result["flops"]["per_token"], peaks)
+        print(describe(rows[-1]), flush=True)
+        write_json(args.out, result)
     print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
     return 1 if any(r.get("error") for r in rows) else 0
 
 

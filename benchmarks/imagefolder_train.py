@@ -19,7 +19,11 @@ once into the page cache, then trains ResNet-50 (ImageNet stem, channels_last, S
 Each run is ``--warmup`` + ``--steps`` optimizer steps (``epochs=null``, no checkpoints, evaluation
 only at the end, which the stopwatch excludes). Reported per pipeline, read from the run's report:
 training images/s after warm-up, the fraction of that time spent waiting for data, peak memory,
-the pipeline facts and the run's wall time. Each run is a child process of this script. Prints a JSON document; ``--out`` also writes it.
+the pipeline facts, the run's wall time and, for ``cuda``, ``host_decoded``: the JPEGs nvJPEG
+refused and the host decoded instead (when that is most of them, the figure is not nvJPEG's).
+Each run is a child process of this script. Prints a JSON document; ``--out`` also gets it,
+rewritten atomically after every pipeline; a pipeline whose run fails is recorded with its
+``error`` (exit code 1 then) and the other pipeline's figures are kept.
 
 ``--device cpu --images 16 --image-size 32 --batch 4 --steps 2 --warmup 1 --workers 1 --jobs 2
 --precision fp32 --model cnn`` runs the same code on a CPU in seconds (a smoke run, as the test
@@ -43,6 +47,7 @@ from pathlib import Path
 
 import torch
 from data_path import write_images  # benchmarks/ is on sys.path when this script runs
+from jsondoc import error_text, write_json
 
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
 from mptrain.compose.registry import register_configs, to_run_config
@@ -132,6 +137,8 @@ def train_once(args: argparse.Namespace, root: Path, pipeline: str, run_dir: Pat
         "measured_time_s": throughput["measured_time_s"],
         "peak_memory_bytes": report["memory"]["peak_bytes"],
         "pipeline": report["data"]["pipeline"],
+        # Device decoding's host fallback (None for the CPU pipeline): see mptrain.decode.
+        "host_decoded": (report["data"]["pipeline"] or {}).get("host_decoded"),
         "wall_time_s": report["wall_time_s"],
     }
 
@@ -175,19 +182,30 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
-def measure(args: argparse.Namespace, root: Path, runs_dir: Path) -> dict[str, dict]:
-    """Generate the JPEGs, then one training run per pipeline: label -> figures."""
+def describe(label: str, row: dict) -> str:
+    if row.get("error"):
+        return f"{label:>13}: {row['error']}"
+    rate, wait = row["images_per_s"], row["data_wait_fraction"]
+    rate_text = "no figure" if rate is None else f"{rate:8.1f} images/s"
+    wait_text = "no figure" if wait is None else f"{wait:.1%}"
+    host = "" if not row["host_decoded"] else f", {row['host_decoded']} JPEGs host-decoded"
+    return f"{label:>13}: {rate_text}, data wait {wait_text}{host}"
+
+
+def measure(args: argparse.Namespace, root: Path, runs_dir: Path, result: dict) -> None:
+    """Generate the JPEGs, then one training run per pipeline into ``result["pipelines"]``
+    (label -> figures, or ``error``), the document rewritten into ``--out`` after each."""
     written = generate(root, args.images, args.jobs)
     print(f"wrote {written} JPEGs into {root}", flush=True)
-    rows = {}
     for pipeline in args.pipelines:
         label = pipeline if args.device != "cpu" or pipeline == "cpu" else "cuda (on cpu)"
-        rows[label] = row = train_once(args, root, pipeline, runs_dir / pipeline)
-        rate, wait = row["images_per_s"], row["data_wait_fraction"]
-        rate_text = "no figure" if rate is None else f"{rate:8.1f} images/s"
-        wait_text = "no figure" if wait is None else f"{wait:.1%}"
-        print(f"{label:>13}: {rate_text}, data wait {wait_text}", flush=True)
-    return rows
+        try:
+            row = train_once(args, root, pipeline, runs_dir / pipeline)
+        except Exception as exc:  # recorded in the document, the other pipeline is kept
+            row = {"error": error_text(exc)}
+        result["pipelines"][label] = row
+        print(describe(label, row), flush=True)
+        write_json(args.out, result)
 
 
 def main() -> int:
@@ -198,31 +216,26 @@ def main() -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("needs a CUDA GPU (or --device cpu for a smoke run)", file=sys.stderr)
         return 2
-    with tempfile.TemporaryDirectory() as tmp:
-        root = args.root or Path(tmp) / "jpegs"
-        rows = measure(args, root, Path(tmp) / "runs")
     hidden = ("out", "root", "child", "run_dir")
-    settings = {k: v for k, v in vars(args).items() if k not in hidden}
     result = {
         "date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "benchmark": (
             f"{args.model} through dataset=imagefolder, {args.images} generated JPEGs, "
             f"{args.image_size} px, batch {args.batch}, {args.precision}, {args.workers} workers"
         ),
-        "settings": settings,
+        "settings": {k: v for k, v in vars(args).items() if k not in hidden},
         "hardware": hardware_info(device),
         "versions": software_versions(),
         "note": None
         if device.type == "cuda"
         else "CPU smoke run: the device-decode code decodes on the CPU; the speeds mean nothing",
-        "pipelines": rows,
+        "pipelines": {},
     }
-    text = json.dumps(result, indent=2, default=str)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        root = args.root or Path(tmp) / "jpegs"
+        measure(args, root, Path(tmp) / "runs", result)
+    print(json.dumps(result, indent=2, default=str))
+    return 1 if any(row.get("error") for row in result["pipelines"].values()) else 0
 
 
 if __name__ == "__main__":

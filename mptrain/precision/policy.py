@@ -274,9 +274,18 @@ def _fp32_precision_api() -> bool:
 def apply_tf32(allow_tf32: bool) -> dict[str, Any]:
     """Set the TF32 flags for FP32 matmuls/convs (CUDA only) and return them as they now read.
 
-    Uses the ``fp32_precision`` API where torch has it (2.9+); mixing it with the legacy
-    ``allow_tf32`` flags makes torch raise, so only one of the two is ever touched.
+    Both APIs are set and agree, so every getter reads without raising: torch's legacy ones
+    (``cudnn.allow_tf32``, ``cuda.matmul.allow_tf32``, ``get_float32_matmul_precision``), which
+    torch internals and user code still call, and the ``fp32_precision`` ones. Where torch has no
+    ``fp32_precision`` API (before ~2.9, which also brought its ``"ieee"`` value; pyproject admits
+    2.6) only the legacy flags exist and are set. CPU (mkldnn) matmuls are left alone: after a
+    ``torch.set_float32_matmul_precision("high")`` elsewhere, ``apply_tf32(False)`` leaves CPU and
+    CUDA matmul precisions apart and ``get_float32_matmul_precision`` raises.
     """
+    # Legacy flags first: after the new API alone the legacy getters raise ("a mix of the legacy
+    # and new APIs"), and a legacy setter run after the new API resets cudnn conv/rnn to "none".
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    torch.backends.cudnn.allow_tf32 = allow_tf32
     if _fp32_precision_api():
         mode = "tf32" if allow_tf32 else "ieee"
         torch.backends.cuda.matmul.fp32_precision = mode
@@ -290,8 +299,6 @@ def apply_tf32(allow_tf32: bool) -> dict[str, Any]:
             "cudnn_rnn": torch.backends.cudnn.rnn.fp32_precision,
             "mkldnn_matmul": torch.backends.mkldnn.matmul.fp32_precision,
         }
-    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-    torch.backends.cudnn.allow_tf32 = allow_tf32
     return {
         "allow_tf32": allow_tf32,
         "api": "allow_tf32",

@@ -290,6 +290,8 @@ def test_data_path_benchmark_smoke_run(tmp_path):
     for row in doc["pipelines"].values():
         assert row["images_per_s"]["median"] > 0 and len(row["reps"]) == 1
     assert doc["settings"]["workers"] == 1 and doc["settings"]["epochs"] == 2
+    # Device decoding counts the JPEGs its decoder refused (the host decoded them): none here.
+    assert doc["errors"] == {} and doc["host_decoded"] == {"device-decode (cpu)": 0}
 
 
 def test_png_bytes_are_decoded_in_the_worker_and_jpeg_bytes_are_not(tmp_path):

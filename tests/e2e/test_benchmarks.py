@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import sys
 import tarfile
 from pathlib import Path
@@ -67,11 +68,14 @@ def test_resnet50_script_smoke_run_on_cpu(tmp_path):
         "--steps", "1", "--warmup", "1", "--precisions", "fp32,bf16", cwd=tmp_path,
     )  # fmt: skip
 
-    assert [r["precision"] for r in doc["rows"]] == ["fp32", "bf16"]
-    assert all(r["samples_per_s"] > 0 for r in doc["rows"])
+    # Each precision as mptrain trains (cudnn.benchmark off), then BF16 autotuned (the default
+    # --autotuned), as the DeepLearningExamples reference runs.
+    rows = [(r["precision"], r["cudnn_benchmark"]) for r in doc["rows"]]
+    assert rows == [("fp32", False), ("bf16", False), ("bf16", True)]
+    assert all(r["samples_per_s"] > 0 and "error" not in r for r in doc["rows"])
     assert doc["rows"][0]["vs_fp32"] == 1.0
     assert "vs_tf32" not in doc["rows"][0]  # no TF32 row to compare with
-    assert "32 px, batch 2" in doc["benchmark"]
+    assert "32 px, batch 2" in doc["benchmark"] and "cudnn.benchmark on" in doc["reference"]
 
 
 def test_fp8_script_smoke_run_on_cpu(tmp_path):
@@ -79,7 +83,7 @@ def test_fp8_script_smoke_run_on_cpu(tmp_path):
         "gpu_fp8_check.py", "--device", "cpu", "--gemm-shapes", "64x128x256", "--steps", "4",
         "--warmup", "2", "--batch", "64", "--width", "64",
         "--variants", "bf16,fp8,fp8_rowwise,fp8_rowwise_compiled", "--compile-backend", "aot_eager",
-        cwd=tmp_path,
+        "--speed-shapes", "64x128x256", "--speed-repeats", "2", cwd=tmp_path,
     )  # fmt: skip
 
     assert "not FP8 hardware" in doc["note"]
@@ -105,12 +109,30 @@ def test_fp8_script_smoke_run_on_cpu(tmp_path):
         "fp8": "bf16",
         "fp8_rowwise": "bf16",
     }
+    # Compiled variants say how many graph breaks torch._dynamo counted (none in this MLP);
+    # eager ones have nothing to count.
+    compiled = variants["fp8_rowwise_compiled"]
+    assert compiled["graph_breaks"] == 0 and compiled["graphs"] >= 1
+    assert "graph_breaks" not in variants["fp8"]
+    assert training["use_fast_accum"] is False and "use_fast_accum=True" in doc["accumulation"]
+    speeds = doc["forward_gemm"]
+    assert [(g["shape"], g["granularity"]) for g in speeds] == [
+        ([64, 128, 256], "tensorwise"),
+        ([64, 128, 256], "rowwise"),
+    ]
+    for row in speeds:
+        assert set(row["tflops"]) == {"bf16", "fp8", "fp8_fast_accum"}, row
+        assert row["fast_accum_vs_emulated_sqnr_db"] > 60  # same FP8 operands: BF16 rounding
 
 
 def load_script(name: str):
-    """A benchmark script as a module (its functions, without running main)."""
+    """A benchmark script as a module (its functions, without running main). benchmarks/ goes on
+    sys.path (last), as when a script runs: they import jsondoc and data_path from there."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), BENCHMARKS / name)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # pickled functions (a process pool's) are looked up there
     spec.loader.exec_module(module)
     return module
 
@@ -188,14 +210,162 @@ def test_gpu_scripts_need_a_gpu_or_say_so(tmp_path):
         assert "--device cpu" in result.stderr, name
 
 
+# ------------------------------------------------------------- a row that raises loses only itself
+def run_main(module, monkeypatch, *argv: str) -> int:
+    """A script's main() in this process, with ``argv`` as its command line."""
+    monkeypatch.setattr(sys, "argv", [module.__file__, *argv])
+    return module.main()
+
+
+def rows_on_disk(out: Path, key: str = "rows") -> list:
+    return json.loads(out.read_text())[key] if out.exists() else None
+
+
+def test_gpt_row_that_raises_is_recorded_and_the_other_rows_kept(tmp_path, monkeypatch):
+    """Any exception, not only out of memory: an FP8 kernel's RuntimeError must not cost the
+    rows measured before and after it. The document is on disk after every row."""
+    gpt = load_script("gpu_gpt.py")
+    out, real, seen = tmp_path / "gpt.json", gpt.measure, []
+
+    def measure(cfg, warmup, steps):
+        seen.append([r["precision"] for r in rows_on_disk(out) or []])
+        if cfg.precision.name == "bf16":
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\nmore")
+        return real(cfg, warmup, steps)
+
+    monkeypatch.setattr(gpt, "measure", measure)
+    code = run_main(gpt, monkeypatch, "--device", "cpu", "--precisions", "fp32,bf16,fp8",
+                    "--out", str(out))  # fmt: skip
+
+    assert code == 1 and seen == [[], ["fp32"], ["fp32", "bf16"]]
+    rows = {r["precision"]: r for r in rows_on_disk(out)}
+    assert list(rows) == ["fp32", "bf16", "fp8"]
+    error = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert rows["bf16"]["error"] == error and rows["bf16"]["mfu_note"] == "not measured"
+    assert rows["fp8"]["tokens_per_s"] > 0 and rows["fp8"]["vs_fp32"] > 0
+
+
+def test_resnet50_precision_that_raises_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
+    resnet = load_script("gpu_resnet50.py")
+    out, real = tmp_path / "rn50.json", resnet.measure
+
+    def measure(cfg, warmup, steps):
+        if cfg.precision.name == "bf16" and not torch.backends.cudnn.benchmark:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(cfg, warmup, steps)
+
+    monkeypatch.setattr(resnet, "measure", measure)
+    code = run_main(
+        resnet, monkeypatch, "--device", "cpu", "--batch", "2", "--image-size", "32", "--steps",
+        "1", "--warmup", "1", "--precisions", "fp32,bf16", "--out", str(out),
+    )  # fmt: skip
+
+    assert code == 1
+    fp32, bf16, autotuned = rows_on_disk(out)
+    assert bf16["error"].startswith("OutOfMemoryError: CUDA out of memory")
+    assert fp32["vs_fp32"] == 1.0 and autotuned["cudnn_benchmark"] and autotuned["vs_fp32"] > 0
+    assert torch.backends.cudnn.benchmark is False  # the autotuned row turned it off again
+
+
+def test_imagefolder_keeps_the_cpu_row_when_the_cuda_pipeline_fails(tmp_path, monkeypatch):
+    folder = load_script("imagefolder_train.py")
+    real = folder.train_once
+
+    def train_once(args, root, pipeline, run_dir):
+        if pipeline == "cuda":
+            raise RuntimeError("the cuda pipeline's run failed (exit 1; output above)")
+        return real(args, root, pipeline, run_dir)
+
+    monkeypatch.setattr(folder, "train_once", train_once)
+    out = tmp_path / "folder.json"
+    code = run_main(
+        folder, monkeypatch, "--device", "cpu", "--images", "8", "--image-size", "32",
+        "--batch", "4", "--steps", "1", "--warmup", "1", "--workers", "0", "--jobs", "1",
+        "--precision", "fp32", "--model", "cnn", "--out", str(out),
+    )  # fmt: skip
+
+    assert code == 1
+    pipelines = rows_on_disk(out, "pipelines")
+    assert pipelines["cpu"]["images_per_s"] > 0 and pipelines["cpu"]["host_decoded"] is None
+    assert pipelines["cuda (on cpu)"] == {"error": "RuntimeError: the cuda pipeline's run failed "
+                                                   "(exit 1; output above)"}  # fmt: skip
+
+
+def test_fp8_check_gemm_and_variant_that_raise_are_recorded(tmp_path, monkeypatch):
+    """The GEMM check sits inside its own per-row try: one GEMM that raises costs the verdict
+    (FAIL, with the reason) but not the other GEMMs or the training."""
+    fp8 = load_script("gpu_fp8_check.py")
+    real_gemm, real_train = fp8.gemm_row, fp8.train_throughput
+
+    def gemm_row(device, shape, granularity, a_dtype):
+        if granularity == "rowwise" and a_dtype == fp8.E5M2:
+            raise RuntimeError("Only bf16 high precision output types are supported for row-wise")
+        return real_gemm(device, shape, granularity, a_dtype)
+
+    def train_throughput(device, name, sizes, backend):
+        if name == "fp8_rowwise":
+            raise RuntimeError("CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul")
+        return real_train(device, name, sizes, backend)
+
+    monkeypatch.setattr(fp8, "gemm_row", gemm_row)
+    monkeypatch.setattr(fp8, "train_throughput", train_throughput)
+    out = tmp_path / "fp8.json"
+    code = run_main(
+        fp8, monkeypatch, "--device", "cpu", "--gemm-shapes", "64x128x256", "--steps", "3",
+        "--warmup", "1", "--batch", "32", "--width", "64", "--variants", "bf16,fp8,fp8_rowwise",
+        "--speed-shapes", "64x128x256", "--speed-repeats", "1", "--out", str(out),
+    )  # fmt: skip
+
+    assert code == 0
+    doc = json.loads(out.read_text())
+    errors = [g.get("error") for g in doc["gemm_agreement"]]
+    assert errors[:3] == [None, None, None] and errors[3].startswith("RuntimeError: Only bf16")
+    training = doc["training"]
+    assert list(training["variants"]) == ["bf16", "fp8"] and list(training["failed"]) == [
+        "fp8_rowwise"
+    ]
+    verdict, reading = load_gpu_all().fp8_verdict(doc)
+    assert verdict == "FAIL" and "1 GEMMs raised" in reading
+
+
+def test_data_path_pipeline_that_raises_is_recorded_and_not_rerun(tmp_path, monkeypatch):
+    data_path = load_script("data_path.py")
+    real, calls = data_path.new_epochs, []
+
+    def new_epochs(cfg, layout, epochs):
+        calls.append(cfg.decode_device)
+        if cfg.decode_device == "cuda":
+            raise RuntimeError("nvjpeg: NVJPEG_STATUS_EXECUTION_FAILED")
+        return real(cfg, layout, epochs)
+
+    monkeypatch.setattr(data_path, "new_epochs", new_epochs)
+    # The script lifts mptrain.data's decode_device check on a CPU: put it back afterwards.
+    monkeypatch.setattr(data_path.data, "_check_decode_device", data_path.data._check_decode_device)
+    out = tmp_path / "dp.json"
+    code = run_main(
+        data_path, monkeypatch, "--workers", "0", "--images", "8", "--image-size", "32",
+        "--reps", "2", "--epochs", "1", "--batch-size", "4", "--device-decode", "--json", str(out),
+    )  # fmt: skip
+
+    assert code == 1 and calls.count("cuda") == 1  # the failed pipeline is not run again
+    doc = json.loads(out.read_text())
+    assert set(doc["pipelines"]) == {"old", "new", "new, draft off"}
+    assert all(len(row["reps"]) == 2 for row in doc["pipelines"].values())
+    assert doc["errors"] == {
+        "device-decode (cpu)": "RuntimeError: nvjpeg: NVJPEG_STATUS_EXECUTION_FAILED"
+    }
+
+
 # ------------------------------------------------------------------------ benchmarks/gpu_all.py
 GPU_ALL_STEPS = [
-    "setup", "nvidia_smi", "collect_env", "sync_test", "fp8_check", "resnet50", "gpt",
-    "imagefolder_train", "pytest_gpu", "data_path",
+    "setup", "nvidia_smi", "pytest_gpu", "fp8_check", "gpt", "resnet50", "imagefolder_train",
+    "collect_env", "data_path",
 ]  # fmt: skip
 
 
 def load_gpu_all():
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.append(str(BENCHMARKS))  # gpu_all imports jsondoc from there
     spec = importlib.util.spec_from_file_location("gpu_all", BENCHMARKS / "gpu_all.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["gpu_all"] = module  # dataclasses look their module up
@@ -215,54 +385,283 @@ def test_gpu_all_smoke_run_runs_every_step_and_summarises(tmp_path):
         if name == "nvidia_smi" and step["status"].startswith("not run"):
             continue  # no nvidia-smi on this machine
         assert step["status"] == "ok" and step["exit_code"] == 0, (name, step)
+        assert not step["partial"], name
         assert f"[gpu_all] {name}: ok, exit 0" in result.stdout
     assert steps["resnet50"]["result"]["rows"][1]["precision"] == "bf16"
     assert [r["precision"] for r in steps["gpt"]["result"]["rows"]] == ["fp32", "fp8"]
     assert set(steps["imagefolder_train"]["result"]["pipelines"]) == {"cpu", "cuda (on cpu)"}
+    # Every GPU test by name, with its outcome (here all skip: no CUDA).
+    tests = steps["pytest_gpu"]["tests"]
+    names = {t["test"] for t in tests}
+    assert "tests/test_gpu.py::test_host_syncs_per_step_on_cuda[fp16-1]" in names
+    assert len(tests) > 10 and {t["outcome"] for t in tests} == {"skipped"}
     summary = (out / "summary.md").read_text()
     assert "every step that ran succeeded" in summary
-    assert "FP8 check: **PASS**" in summary
-    assert "| cuda (on cpu) |" in summary and "| bf16 |" in summary
+    assert "FP8 check: **PASS**" in summary and "use_fast_accum: false" in summary
+    assert "fp8_rowwise_compiled: 0 graph breaks" in summary
+    assert "| cuda (on cpu) |" in summary and "| bf16 + cudnn.benchmark |" in summary
     assert "| precision | tokens/s | vs fp32 | MFU | peak memory |" in summary
     assert "| fp8 (emulated) |" in summary and "emulated FP8: none" in summary
-    assert "- pytest_gpu: 0 passed, 0 failures, 0 errors," in summary  # CUDA tests skip here
+    assert f"- pytest_gpu: 0 passed, 0 failed, 0 error, {len(tests)} skipped" in summary
+    assert "- `tests/test_gpu.py::test_channels_last_and_compile`: skipped" in summary
     assert sorted(p.name for p in out.iterdir()) == [
         "gpu_all_files.tar.gz", "summary.json", "summary.md",
     ]  # fmt: skip
     with tarfile.open(out / "gpu_all_files.tar.gz") as tar:
         members = set(tar.getnames())
     assert {"setup.log", "fp8_check.json", "imagefolder_train.log", "pytest_gpu.xml"} <= members
+    pytest_log = tar_text(out / "gpu_all_files.tar.gz", "pytest_gpu.log")
+    assert " -v " in pytest_log.splitlines()[0]  # every test's name in the log, come what may
+
+
+def tar_text(path: Path, member: str) -> str:
+    with tarfile.open(path) as tar:
+        return tar.extractfile(member).read().decode()
+
+
+def test_gpu_all_plan_fits_the_budget_and_the_device_call():
+    """The planned steps' limits, setup's included, add up to the budget; their estimates fit
+    in it with the optional steps; the budget leaves time of the device call for the summary."""
+    gpu_all = load_gpu_all()
+    steps = gpu_all.plan("python3", Path("/out"), smoke=False, test_timeout_s=90)
+    planned = [s for s in steps if not s.optional]
+    assert gpu_all.SETUP_S + sum(s.timeout_s for s in planned) == gpu_all.BUDGET_S
+    estimates = gpu_all.SETUP_ESTIMATE_S + sum(s.estimate_s for s in steps)
+    assert estimates <= gpu_all.BUDGET_S < gpu_all.DEVICE_TIMEOUT_S - 20
+    assert gpu_all.DEVICE_TIMEOUT_S <= 600  # the device tool's most per command
+    # The GPU tests and the FP8 verdict first (after the one-second nvidia-smi).
+    assert [s.name for s in steps][:3] == ["nvidia_smi", "pytest_gpu", "fp8_check"]
+    assert all(s.timeout_s >= s.estimate_s > s.start_s() for s in steps)
+    assert "pytest -v -p no:cacheprovider -p timeout --timeout=90 " in " ".join(steps[1].argv)
+    without = gpu_all.plan("python3", Path("/out"), smoke=False, test_timeout_s=None)[1].argv
+    assert not any(arg.startswith("--timeout") for arg in without) and "timeout" not in without
 
 
 def test_gpu_all_reports_a_failed_and_a_hung_step_and_goes_on(tmp_path):
     gpu_all = load_gpu_all()
     python = sys.executable
+    writes = f"import json; open({str(tmp_path / 'fails.json')!r}, 'w').write(json.dumps({{'rows': [1]}}))"
     steps = [
-        gpu_all.Step("fails", [python, "-c", "print('boom'); raise SystemExit(3)"], 30, "exit 3"),
-        gpu_all.Step("hangs", [python, "-c", "import time; time.sleep(60)"], 1, "sleeps", min_s=0),
-        gpu_all.Step("late", [python, "-c", "pass"], 30, "no budget left", min_s=10**6),
-        gpu_all.Step("missing", ["no-such-command-here"], 30, "cannot start"),
-    ]
+        gpu_all.Step("fails", [python, "-c", f"{writes}; print('boom'); raise SystemExit(3)"], 30,
+                     "exit 3", "fails.json", estimate_s=1),
+        gpu_all.Step("hangs", [python, "-c", "import time; time.sleep(60)"], 2, "sleeps",
+                     estimate_s=1),
+        gpu_all.Step("late", [python, "-c", "pass"], 30, "no budget left", estimate_s=200),
+        gpu_all.Step("missing", ["no-such-command-here"], 30, "cannot start", "missing.json",
+                     estimate_s=1),
+    ]  # fmt: skip
+    (tmp_path / "missing.json").write_text('{"stale": true}')  # an earlier run's, same --out
     budget = gpu_all.Budget(60)
     outcomes = [gpu_all.run_step(step, tmp_path, budget) for step in steps]
 
-    assert [(o.status, o.exit_code) for o in outcomes[:2]] == [("failed", 3), ("timed out", None)]
-    assert outcomes[2].status.startswith("not run (") and outcomes[2].log is None
+    assert [o.status for o in outcomes[:2]] == ["failed", "timed out"]
+    assert outcomes[0].exit_code == 3
+    # A failed step's document is read all the same, marked partial.
+    assert outcomes[0].result == {"rows": [1]} and outcomes[0].partial
+    assert outcomes[1].wall_s < 2.5  # SIGINT before its limit: it ended within it
+    # 60 s left, half of the 200 s estimate needed to start: proportionate, not a flat 15 s.
+    assert re.fullmatch(r"not run \(5\d s of the budget left, 100 s needed to start\)",
+                        outcomes[2].status)  # fmt: skip
+    assert outcomes[2].log is None
     assert outcomes[3].status.startswith("failed (cannot start")
+    assert outcomes[3].result is None  # not the earlier run's document
     meta = {"date": "d", "smoke": True, "verdict": "SOME STEPS FAILED", "total_s": 2.0,
             "budget_s": 60.0, "python": python, "commit": "c"}  # fmt: skip
     summary = gpu_all.summary_md(outcomes, tmp_path, meta)
-    assert "| fails | exit 3 | failed | 3 |" in summary
+    assert "| fails | exit 3 | failed, partial figures | 3 |" in summary
     assert "## fails: failed (last lines of fails.log)" in summary and "boom" in summary
-    assert "## hangs: timed out" in summary and "killed after 1 s" in summary
+    assert "## hangs: timed out" in summary and "stopped at its limit of 2 s" in summary
     assert "## late" not in summary  # not run: in the table only
+
+
+SLOW_SCRIPT = """
+import os, sys, time
+sys.path.append({benchmarks!r})
+from pathlib import Path
+from jsondoc import write_json
+out = Path(sys.argv[1])
+Path(str(out) + ".pid").write_text(str(os.getpid()))
+rows = []
+for k in range(2):
+    rows.append({{"row": k}})
+    write_json(out, {{"rows": rows}})
+time.sleep(120)
+"""
+
+
+def test_gpu_all_keeps_what_a_step_over_its_limit_measured(tmp_path):
+    gpu_all = load_gpu_all()
+    code = SLOW_SCRIPT.format(benchmarks=str(BENCHMARKS))
+    step = gpu_all.Step("slow", [sys.executable, "-c", code, str(tmp_path / "slow.json")], 4,
+                        "two rows, then hangs", "slow.json", estimate_s=1)  # fmt: skip
+    outcome = gpu_all.run_step(step, tmp_path, gpu_all.Budget(60))
+
+    assert outcome.status == "timed out" and outcome.partial and outcome.wall_s < 4.5
+    assert outcome.result == {"rows": [{"row": 0}, {"row": 1}]}
+    meta = {"date": "d", "smoke": True, "verdict": "SOME STEPS FAILED", "total_s": 4.0,
+            "budget_s": 60.0, "python": "p", "commit": "c"}  # fmt: skip
+    assert "| slow | two rows, then hangs | timed out, partial figures |" in gpu_all.summary_md(
+        [outcome], tmp_path, meta
+    )
+
+
+def test_gpu_all_pytest_over_its_limit_leaves_junit_and_every_test_named(tmp_path):
+    """SIGINT first: pytest writes its JUnit XML; the test it interrupted is named from the
+    ``-v`` log."""
+    gpu_all = load_gpu_all()
+    tests = tmp_path / "test_slow.py"
+    tests.write_text(
+        "import time\n\ndef test_quick():\n    pass\n\n"
+        "def test_hangs():\n    time.sleep(60)\n\ndef test_never_reached():\n    pass\n"
+    )
+    argv = gpu_all.pytest_argv(sys.executable, tmp_path / "p.xml", [str(tests)], None)
+    step = gpu_all.Step("p", argv, 10, "pytest", estimate_s=1, junit="p.xml")
+    outcome = gpu_all.run_step(step, tmp_path, gpu_all.Budget(60))
+
+    assert outcome.status == "timed out" and (tmp_path / "p.xml").exists()
+    outcomes = {gpu_all.same_test(t["test"]): t["outcome"] for t in outcome.tests}
+    assert outcomes == {
+        "test_slow::test_quick": "passed",
+        "test_slow::test_hangs": "running when stopped",
+    }
+
+
+def test_gpu_all_names_every_test_from_junit_xml(tmp_path):
+    gpu_all = load_gpu_all()
+    (tmp_path / "p.xml").write_text(
+        '<testsuites><testsuite name="pytest" tests="4">'
+        '<testcase classname="tests.test_gpu" name="test_a[fp16]" time="1.5"/>'
+        '<testcase classname="tests.test_gpu" name="test_b" time="0.1">'
+        '<failure message="AssertionError: 2 syncs&#10;more">trace</failure></testcase>'
+        '<testcase classname="tests.test_fp8" name="test_c" time="0.0">'
+        '<skipped type="pytest.skip" message="needs 2 GPUs">skip</skipped></testcase>'
+        '<testcase classname="tests.test_fp8" name="test_d" time="90.0">'
+        '<failure message="Failed: Timeout >90.0s">t</failure><error message="teardown">e</error>'
+        "</testcase></testsuite></testsuites>"
+    )
+    (tmp_path / "p.log").write_text("tests/test_gpu.py::test_a[fp16] PASSED  [ 25%]\n")
+
+    tests = gpu_all.step_tests(tmp_path / "p.xml", tmp_path / "p.log")
+    assert [(t["test"], t["outcome"], t["message"]) for t in tests] == [
+        ("tests/test_gpu.py::test_a[fp16]", "passed", ""),
+        ("tests/test_gpu.py::test_b", "failed", "AssertionError: 2 syncs"),
+        ("tests/test_fp8.py::test_c", "skipped", "needs 2 GPUs"),
+        ("tests/test_fp8.py::test_d", "error", "teardown"),
+    ]
+    # No XML (a hard kill): the log alone names them.
+    assert gpu_all.step_tests(tmp_path / "none.xml", tmp_path / "p.log") == [
+        {"test": "tests/test_gpu.py::test_a[fp16]", "outcome": "passed", "time_s": None,
+         "message": ""},
+    ]  # fmt: skip
+    lines = gpu_all.test_lines([gpu_all.Outcome("pytest_gpu", "w", "ok", tests=tests)])
+    assert "- `tests/test_gpu.py::test_b`: failed (0.1 s): AssertionError: 2 syncs" in lines
+
+
+DRIVER = """
+import sys, time
+sys.path.append({benchmarks!r})
+import gpu_all
+
+def setup(args, out, budget):
+    return gpu_all.Outcome("setup", gpu_all.SETUP_WHAT, "ok", 0, 0.1, 45, None)
+
+def plan(python, out, smoke, test_timeout_s):
+    slow = [python, "-c", {slow!r}, str(out / "slow.json")]
+    return [
+        gpu_all.Step("quick", [python, "-c", "print('quick')"], 30, "ends at once", estimate_s=1),
+        gpu_all.Step("slow", slow, 100, "two rows, then hangs", "slow.json", estimate_s=1),
+        gpu_all.Step("after", [python, "-c", "pass"], 30, "never reached", estimate_s=1),
+    ]
+
+gpu_all.setup, gpu_all.plan = setup, plan
+raise SystemExit(gpu_all.main(sys.argv[1:]))
+"""
+
+
+def test_gpu_all_killed_driver_leaves_the_summary_and_the_partial_json(tmp_path):
+    """SIGTERM to the driver (the device tool's time limit): the running step's process group
+    is stopped, what it measured is read, the summary written and the files bundled."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    slow = SLOW_SCRIPT.format(benchmarks=str(BENCHMARKS))
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(benchmarks=str(BENCHMARKS), slow=slow))
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, str(driver), "--out", str(out), "--budget-s", "200", "--bundle"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (out / "slow.json").exists() or len(rows_on_disk(out / "slow.json")) < 2:
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stdout.read()
+            time.sleep(0.1)
+        # Written after the first step, before the driver was stopped.
+        early = json.loads((out / "summary.json").read_text())
+        assert early["verdict"].startswith("RUNNING") and early["steps"][2]["status"] == (
+            "not run yet"
+        )
+        proc.send_signal(signal.SIGTERM)
+        stdout, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, stdout
+    doc = json.loads((out / "summary.json").read_text())
+    assert doc["verdict"] == "STOPPED (the driver got SIGTERM)"
+    steps = {s["name"]: s for s in doc["steps"]}
+    assert steps["quick"]["status"] == "ok"
+    assert steps["slow"]["status"] == "stopped (the driver got SIGTERM)"
+    assert steps["slow"]["partial"] and steps["slow"]["result"] == {
+        "rows": [{"row": 0}, {"row": 1}]
+    }
+    assert steps["after"]["status"] == "not run yet"
+    assert "STOPPED (the driver got SIGTERM)" in (out / "summary.md").read_text()
+    pid = int(tar_text(out / "gpu_all_files.tar.gz", "slow.json.pid"))
+    try:  # the step's process is gone, not left running on the device
+        os.kill(pid, 0)
+        alive = True
+    except ProcessLookupError:
+        alive = False
+    assert not alive
+
+
+def test_gpu_all_without_wheels_fails_fast_with_the_two_commands(tmp_path, capsys):
+    """No .whl carried, hydra missing: one line and the two commands, no pip retries."""
+    gpu_all = load_gpu_all()
+    fake = tmp_path / "python3"
+    fake.write_text(
+        "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'hydra'\" >&2\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    args = gpu_all.parse_args(["--python", str(fake), "--out", str(tmp_path)])
+    args.wheels = None  # as on a device where .whl/ was not carried
+
+    outcome = gpu_all.setup(args, tmp_path, gpu_all.Budget(60))
+    assert outcome.status.startswith("failed (the wheels were not carried: no module 'hydra'")
+    assert outcome.wall_s < 10 and not (tmp_path / "install.log").exists()
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("[gpu_all] setup: no module 'hydra', and the wheels were not")
+    assert printed[1].strip() == "python3 benchmarks/gpu_all.py --fetch-wheels .whl"
+    assert 'carry=[".whl"]' in printed[2] and "timeout_s=540" in printed[2]
+
+
+def test_gpu_all_import_check_that_hangs_is_a_failed_setup(tmp_path):
+    gpu_all = load_gpu_all()
+    fake = tmp_path / "python3"
+    fake.write_text("#!/bin/sh\nsleep 30\n")
+    fake.chmod(0o755)
+    ok, said = gpu_all.can_import(str(fake), smoke=True, timeout_s=1)
+    assert not ok and said == "the import check timed out after 1 s"
 
 
 def test_gpu_all_writes_to_out_bundled_by_default(monkeypatch, tmp_path):
     gpu_all = load_gpu_all()
     monkeypatch.setenv("OUT", str(tmp_path))
     args = gpu_all.parse_args([])
-    assert args.out == tmp_path and args.bundle and args.budget_s <= 480
+    assert args.out == tmp_path and args.bundle and args.budget_s == gpu_all.BUDGET_S
     monkeypatch.delenv("OUT")
     args = gpu_all.parse_args(["--smoke"])
     assert not args.bundle and args.out.parent.name == "results"

@@ -131,3 +131,71 @@ def test_tf32_flags_are_set_and_reported():
         assert on["cuda_matmul"] == "tf32" and on["cudnn_conv"] == "tf32"
     finally:
         apply_tf32(False)
+
+
+def legacy_tf32_getters() -> tuple:
+    """What torch's legacy TF32 getters read; each raises when the new API was set alone."""
+    return (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+    )
+
+
+def test_tf32_legacy_and_new_getters_read_alike_after_every_switch():
+    """Torch internals and user code still read the legacy flags: after apply_tf32 they must
+    not raise ("a mix of the legacy and new APIs") and must say what the new API says."""
+    try:
+        for allow in (True, False, True, False):
+            flags = apply_tf32(allow)
+            mode = "tf32" if allow else "ieee"
+            assert legacy_tf32_getters() == (allow, allow, "high" if allow else "highest")
+            assert flags["cuda_matmul"] == flags["cudnn_conv"] == mode, flags
+            if flags["api"] == "fp32_precision":
+                assert flags["cudnn_rnn"] == mode
+                assert (
+                    torch.backends.cuda.matmul.fp32_precision,
+                    torch.backends.cudnn.conv.fp32_precision,
+                    torch.backends.cudnn.rnn.fp32_precision,
+                ) == (mode, mode, mode)
+    finally:
+        apply_tf32(False)
+
+
+class CuBLASWithoutNewAPI(type(torch.backends.cuda.matmul)):
+    """``torch.backends.cuda.matmul`` as torch before ~2.9 has it: no ``fp32_precision``."""
+
+    def __getattr__(self, name):
+        if name == "fp32_precision":
+            raise AttributeError(name)
+        return super().__getattr__(name)
+
+    def __setattr__(self, name, value):
+        if name == "fp32_precision":
+            raise AttributeError(name)
+        super().__setattr__(name, value)
+
+
+class NoSuchModule:
+    """``torch.backends.cudnn.conv`` / ``.rnn`` before ~2.9: absent, any use is an error."""
+
+    def __getattr__(self, name):
+        raise AttributeError(name)
+
+    def __setattr__(self, name, value):
+        raise AttributeError(name)
+
+
+def test_tf32_on_a_torch_without_the_fp32_precision_api_sets_only_the_legacy_flags(monkeypatch):
+    """pyproject admits torch 2.6, which has neither ``fp32_precision`` nor its "ieee"."""
+    monkeypatch.setattr(torch.backends.cuda, "matmul", CuBLASWithoutNewAPI())
+    monkeypatch.setattr(torch.backends.cudnn, "conv", NoSuchModule())
+    monkeypatch.setattr(torch.backends.cudnn, "rnn", NoSuchModule())
+    try:
+        for allow in (True, False):
+            flags = apply_tf32(allow)
+            assert flags["api"] == "allow_tf32", flags
+            assert flags["cuda_matmul"] == flags["cudnn_conv"] == ("tf32" if allow else "ieee")
+            assert legacy_tf32_getters() == (allow, allow, "high" if allow else "highest")
+    finally:
+        apply_tf32(False)
