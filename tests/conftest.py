@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_module
 from mptrain.compose.registry import register_configs, to_run_config
 from mptrain.config.run import RunConfig
 
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Leave ``slow`` tests out of a plain ``pytest`` (see the module docstring)."""
     if config.option.markexpr or any("::" in arg for arg in config.args):

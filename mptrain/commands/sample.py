@@ -1,9 +1,11 @@
 """``mptrain sample``: text from a trained language model, so a user sees what it learned.
 
-    mptrain sample resume=RUN_DIR prompt="def " max_new_tokens=200 temperature=0.8 top_k=40
+    mptrain sample resume=RUN_DIR prompt="def " sample.max_new_tokens=200 sample.temperature=0.8
 
-``resume`` is a checkpoint file or a run directory (``checkpoint=latest``: its newest checkpoint
-that loads; ``best``: best.pt). The model is rebuilt as :func:`mptrain.commands.evaluate.load_model`
+Settings compose like every command's (``sample.*``, ``seed``, ``device``, ``eval.checkpoint``;
+conf/config.yaml), with the short forms ``prompt=``, ``max_new_tokens=``, ``temperature=``,
+``top_k=`` and ``checkpoint=``. ``resume`` is a checkpoint file or a run directory
+(``eval.checkpoint=latest``: its newest checkpoint that loads; ``best``: best.pt). The model is rebuilt as :func:`mptrain.commands.evaluate.load_model`
 does (the plain FP32 architecture with the trained weights) and generates autoregressively:
 each new token is drawn from the softmax of the last position's logits divided by
 ``temperature``, restricted to the ``top_k`` most likely tokens (``temperature=0``: always the most
@@ -14,71 +16,52 @@ go to stdout; where they came from goes to stderr, so the text can be piped.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, fields
-from typing import Any
 
 import torch
 from torch import nn
 
 from mptrain.config.base import ConfigError
+from mptrain.config.run import RunConfig
 from mptrain.data.text import Vocabulary
 from mptrain.platform import hardware
 
-
-@dataclass
-class SampleArgs:
-    """What ``mptrain sample`` accepts (``key=value`` each)."""
-
-    resume: str | None = None  # a checkpoint file or run directory (required)
-    prompt: str = "\n"
-    max_new_tokens: int = 200
-    temperature: float = 0.8
-    top_k: int | None = 40  # None (top_k=null): sample from the whole vocabulary
-    seed: int = 0
-    device: str = "auto"
-    checkpoint: str = "latest"  # in a run directory: latest | best
+# The short forms mptrain sample has always taken, for the keys every command reads.
+SHORT_FORMS = {
+    "max_new_tokens": "sample.max_new_tokens",
+    "temperature": "sample.temperature",
+    "top_k": "sample.top_k",
+    "checkpoint": "eval.checkpoint",
+}
+# A prompt is free text: taken verbatim, not through Hydra's override grammar, which strips
+# surrounding spaces ("def " would lose its space) and reads , [ ] { } as structure.
+PROMPT_KEYS = ("prompt", "sample.prompt")
 
 
-def parse_args(argv: list[str]) -> SampleArgs:
-    """``key=value`` arguments -> :class:`SampleArgs`; ConfigError (one line) for anything else."""
-    args, kinds = SampleArgs(), {f.name: f.type for f in fields(SampleArgs)}
-    accepted = ", ".join(kinds)
+def sample_settings(argv: list[str]) -> tuple[RunConfig, str]:
+    """The checked RunConfig of ``mptrain sample argv`` (composed like every command's) and the
+    prompt; ConfigError (one line) for anything else, or without ``resume``."""
+    from mptrain.compose.preflight import (
+        check_command_line,
+        checked_run_config,
+        compose_job,
+        refuse_hydra_options,
+    )
+
+    prompt, overrides = None, []
     for item in argv:
         key, sep, value = item.partition("=")
-        if not sep or key not in kinds:
-            raise ConfigError(
-                f"{item}: unknown argument; mptrain sample takes key=value of {accepted}"
-            )
-        setattr(args, key, _convert(key, value, kinds[key]))
-    _check(args)
-    return args
-
-
-def _convert(key: str, value: str, kind: str) -> Any:
-    if value in ("null", "None") and "None" in kind:
-        return None
-    if kind.startswith("str"):
-        return value
-    number = float if kind.startswith("float") else int
-    try:
-        return number(value)
-    except ValueError:
-        raise ConfigError(f"{key}={value!r}: must be a number ({number.__name__})") from None
-
-
-def _check(args: SampleArgs) -> None:
-    if not args.resume:
+        if sep and key in PROMPT_KEYS:
+            prompt = value
+        else:
+            overrides.append(f"{SHORT_FORMS[key]}={value}" if sep and key in SHORT_FORMS else item)
+    refuse_hydra_options(overrides, "sample")
+    if any(o.startswith("hydra.") for o in overrides):
+        raise ConfigError("hydra.run.dir: mptrain sample writes to stdout only; leave it out")
+    check_command_line(overrides)
+    cfg = checked_run_config(compose_job(overrides))
+    if not cfg.resume:
         raise ConfigError("resume: required, a checkpoint file or a run directory of task=lm")
-    if args.max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens={args.max_new_tokens}: must be an integer >= 1")
-    if args.temperature < 0:
-        raise ConfigError(
-            f"temperature={args.temperature}: must be >= 0 (0: the most likely token)"
-        )
-    if args.top_k is not None and args.top_k < 1:
-        raise ConfigError(f"top_k={args.top_k}: must be an integer >= 1, or null for all tokens")
-    if args.checkpoint not in ("latest", "best"):
-        raise ConfigError(f"checkpoint={args.checkpoint!r}: latest or best")
+    return cfg, cfg.sample.prompt if prompt is None else prompt
 
 
 @torch.no_grad()
@@ -123,34 +106,35 @@ def sample_main(argv: list[str]) -> None:
     """``mptrain sample ...``: print the prompt and its continuation (see the module doc)."""
     from mptrain.commands.evaluate import load_model
 
-    args = parse_args(argv)
-    device = hardware.resolve_device(args.device)
-    model = load_model(args.resume, device, args.checkpoint)
+    cfg, prompt = sample_settings(argv)
+    s = cfg.sample
+    device = hardware.resolve_device(cfg.device)
+    model = load_model(cfg.resume, device, cfg.eval.checkpoint)
     vocab = model.mptrain_vocabulary
     if vocab is None:
         raise ConfigError(
-            f"resume={args.resume}: an image classifier; mptrain sample needs a model trained "
+            f"resume={cfg.resume}: an image classifier; mptrain sample needs a model trained "
             "with task=lm"
         )
-    ids, missing = encode_prompt(vocab, args.prompt)
+    ids, missing = encode_prompt(vocab, prompt)
     if missing:
         print(
             f"mptrain sample: note: {missing} not in the vocabulary: read as unknown",
             file=sys.stderr,
         )
-    generator = torch.Generator(device=device).manual_seed(args.seed)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
     out = generate(
         model,
         ids.to(device),
-        args.max_new_tokens,
+        s.max_new_tokens,
         model.mptrain_sequence_length,
-        temperature=args.temperature,
-        top_k=args.top_k,
+        temperature=s.temperature,
+        top_k=s.top_k,
         generator=generator,
     )
     print(
-        f"mptrain sample: {model.mptrain_checkpoint}, temperature {args.temperature:g}, "
-        f"top_k {args.top_k}, seed {args.seed}, {args.max_new_tokens} new tokens",
+        f"mptrain sample: {model.mptrain_checkpoint}, temperature {s.temperature:g}, "
+        f"top_k {s.top_k}, seed {cfg.seed}, {s.max_new_tokens} new tokens",
         file=sys.stderr,
     )
     sys.stdout.write(vocab.decode(out[0].cpu()) + "\n")

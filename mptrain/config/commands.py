@@ -1,4 +1,4 @@
-"""Settings of the commands beside training (``bench.*``, ``advise.*``, ``eval.*``) and their range
+"""Settings of the commands beside training (``bench.*``, ``advise.*``, ``eval.*``, ``sample.*``) and their range
 rules. They ride in :class:`~mptrain.config.run.RunConfig` but never change what a run
 computes (:data:`mptrain.config.keys.NON_TRAINING_KEYS`).
 """
@@ -37,6 +37,29 @@ class EvalConfig:
     """``mptrain eval resume=PATH``: which checkpoint of a run directory is evaluated."""
 
     checkpoint: str = "latest"  # latest: the newest that loads | best: best.pt
+
+
+@dataclass
+class SampleConfig:
+    """``mptrain sample resume=PATH``: what to generate from a trained language model (which
+    checkpoint: ``eval.checkpoint``; the generator's seed and device: ``seed``, ``device``)."""
+
+    prompt: str = "\n"  # the text to continue (taken verbatim: spaces and punctuation kept)
+    max_new_tokens: int = 200
+    temperature: float = 0.8  # 0: always the most likely token
+    top_k: int | None = 40  # None (null): sample from the whole vocabulary
+
+
+def validate_sample(s: SampleConfig) -> None:
+    """``mptrain sample``: at least one new token, a temperature >= 0, a top_k >= 1 or null."""
+    at_least("sample.max_new_tokens", s.max_new_tokens, 1)
+    require(
+        s.temperature >= 0,
+        "sample.temperature",
+        s.temperature,
+        "must be >= 0 (0: the most likely token)",
+    )
+    at_least("sample.top_k", s.top_k, 1, allow_none=True)
 
 
 def check_eval_checkpoint(which: str) -> None:

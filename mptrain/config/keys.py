@@ -32,6 +32,7 @@ NON_TRAINING_KEYS = (
     "checkpoint",
     "bench",
     "eval",
+    "sample",
     "debug",
     "recipe",
     "dataset.root",

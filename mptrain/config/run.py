@@ -21,8 +21,10 @@ from mptrain.config.commands import (
     AdviseConfig,
     BenchConfig,
     EvalConfig,
+    SampleConfig,
     check_eval_checkpoint,
     validate_advise,
+    validate_sample,
 )
 from mptrain.config.data import DatasetConfig
 from mptrain.config.models import ModelConfig
@@ -161,6 +163,7 @@ class RunConfig:
     bench: BenchConfig = field(default_factory=BenchConfig)
     advise: AdviseConfig = field(default_factory=AdviseConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     debug: DebugConfig = field(default_factory=DebugConfig)
     logger: list[str] = field(default_factory=list)  # experiment trackers: names of LOGGERS
@@ -257,6 +260,7 @@ def _validate_mechanics(run: RunConfig) -> None:
     at_least("bench.reps", run.bench.reps, 1)
     validate_advise(run.advise)
     check_eval_checkpoint(run.eval.checkpoint)
+    validate_sample(run.sample)
     require(
         run.distributed.strategy in ("ddp", "fsdp"),
         "distributed.strategy",

@@ -340,7 +340,9 @@ def test_data_path_pipeline_that_raises_is_recorded_and_not_rerun(tmp_path, monk
 
     monkeypatch.setattr(data_path, "new_epochs", new_epochs)
     # The script lifts mptrain.data's decode_device check on a CPU: put it back afterwards.
-    monkeypatch.setattr(data_path.data, "_check_decode_device", data_path.data._check_decode_device)
+    monkeypatch.setattr(
+        data_path.folder, "_check_decode_device", data_path.folder._check_decode_device
+    )
     out = tmp_path / "dp.json"
     code = run_main(
         data_path, monkeypatch, "--workers", "0", "--images", "8", "--image-size", "32",
@@ -393,7 +395,7 @@ def test_gpu_all_smoke_run_runs_every_step_and_summarises(tmp_path):
     # Every GPU test by name, with its outcome (here all skip: no CUDA).
     tests = steps["pytest_gpu"]["tests"]
     names = {t["test"] for t in tests}
-    assert "tests/test_gpu.py::test_host_syncs_per_step_on_cuda[fp16-1]" in names
+    assert "tests/e2e/test_gpu.py::test_host_syncs_per_step_on_cuda[fp16-1]" in names
     assert len(tests) > 10 and {t["outcome"] for t in tests} == {"skipped"}
     summary = (out / "summary.md").read_text()
     assert "every step that ran succeeded" in summary
@@ -403,7 +405,7 @@ def test_gpu_all_smoke_run_runs_every_step_and_summarises(tmp_path):
     assert "| precision | tokens/s | vs fp32 | MFU | peak memory |" in summary
     assert "| fp8 (emulated) |" in summary and "emulated FP8: none" in summary
     assert f"- pytest_gpu: 0 passed, 0 failed, 0 error, {len(tests)} skipped" in summary
-    assert "- `tests/test_gpu.py::test_channels_last_and_compile`: skipped" in summary
+    assert "- `tests/e2e/test_gpu.py::test_channels_last_and_compile`: skipped" in summary
     assert sorted(p.name for p in out.iterdir()) == [
         "gpu_all_files.tar.gz", "summary.json", "summary.md",
     ]  # fmt: skip
@@ -530,31 +532,31 @@ def test_gpu_all_names_every_test_from_junit_xml(tmp_path):
     gpu_all = load_gpu_all()
     (tmp_path / "p.xml").write_text(
         '<testsuites><testsuite name="pytest" tests="4">'
-        '<testcase classname="tests.test_gpu" name="test_a[fp16]" time="1.5"/>'
-        '<testcase classname="tests.test_gpu" name="test_b" time="0.1">'
+        '<testcase classname="tests.e2e.test_gpu" name="test_a[fp16]" time="1.5"/>'
+        '<testcase classname="tests.e2e.test_gpu" name="test_b" time="0.1">'
         '<failure message="AssertionError: 2 syncs&#10;more">trace</failure></testcase>'
-        '<testcase classname="tests.test_fp8" name="test_c" time="0.0">'
+        '<testcase classname="tests.precision.test_fp8" name="test_c" time="0.0">'
         '<skipped type="pytest.skip" message="needs 2 GPUs">skip</skipped></testcase>'
-        '<testcase classname="tests.test_fp8" name="test_d" time="90.0">'
+        '<testcase classname="tests.precision.test_fp8" name="test_d" time="90.0">'
         '<failure message="Failed: Timeout >90.0s">t</failure><error message="teardown">e</error>'
         "</testcase></testsuite></testsuites>"
     )
-    (tmp_path / "p.log").write_text("tests/test_gpu.py::test_a[fp16] PASSED  [ 25%]\n")
+    (tmp_path / "p.log").write_text("tests/e2e/test_gpu.py::test_a[fp16] PASSED  [ 25%]\n")
 
     tests = gpu_all.step_tests(tmp_path / "p.xml", tmp_path / "p.log")
     assert [(t["test"], t["outcome"], t["message"]) for t in tests] == [
-        ("tests/test_gpu.py::test_a[fp16]", "passed", ""),
-        ("tests/test_gpu.py::test_b", "failed", "AssertionError: 2 syncs"),
-        ("tests/test_fp8.py::test_c", "skipped", "needs 2 GPUs"),
-        ("tests/test_fp8.py::test_d", "error", "teardown"),
+        ("tests/e2e/test_gpu.py::test_a[fp16]", "passed", ""),
+        ("tests/e2e/test_gpu.py::test_b", "failed", "AssertionError: 2 syncs"),
+        ("tests/precision/test_fp8.py::test_c", "skipped", "needs 2 GPUs"),
+        ("tests/precision/test_fp8.py::test_d", "error", "teardown"),
     ]
     # No XML (a hard kill): the log alone names them.
     assert gpu_all.step_tests(tmp_path / "none.xml", tmp_path / "p.log") == [
-        {"test": "tests/test_gpu.py::test_a[fp16]", "outcome": "passed", "time_s": None,
+        {"test": "tests/e2e/test_gpu.py::test_a[fp16]", "outcome": "passed", "time_s": None,
          "message": ""},
     ]  # fmt: skip
     lines = gpu_all.test_lines([gpu_all.Outcome("pytest_gpu", "w", "ok", tests=tests)])
-    assert "- `tests/test_gpu.py::test_b`: failed (0.1 s): AssertionError: 2 syncs" in lines
+    assert "- `tests/e2e/test_gpu.py::test_b`: failed (0.1 s): AssertionError: 2 syncs" in lines
 
 
 DRIVER = """

@@ -346,7 +346,7 @@ def test_sample_refuses_a_classifier_and_bad_arguments(tmp_path):
         ),
         (("prompt=x",), "resume: required"),
         ((f"resume={tmp_path}", "temperature=-1"), "temperature=-1.0: must be >= 0"),
-        ((f"resume={tmp_path}", "colour=red"), "colour=red: unknown argument"),
+        ((f"resume={tmp_path}", "colour=red"), "colour: unknown key"),
     ):
         result = run_mptrain(tmp_path, "sample", *args)
         assert result.returncode == 2, describe(result)
