@@ -10,10 +10,14 @@ the ``mptrain`` command line as a subprocess. And the two tiers:
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
+import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -172,3 +176,51 @@ LM = (
     "log_every=5",
     "throughput_warmup_steps=2",
 )
+
+
+# ------------------------------------------------------------------- the CLI, in-process
+REGISTERED: list[bool] = []  # non-empty once main() ran to its end (its configs registered)
+
+
+@dataclass
+class Outcome:
+    code: int | str | None
+    stderr: str
+    launched: bool
+
+
+def run_cli(args: list[str], cwd: Path, monkeypatch, jobs: bool = False) -> Outcome:
+    """``mptrain <args>`` through ``mptrain.cli.main`` in ``cwd``: up to the launch of its jobs,
+    or with ``jobs`` the whole command."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    from mptrain import cli
+
+    assert hasattr(cli, "launch"), (
+        "mptrain.cli.main no longer starts its jobs with launch(); point this test at the step "
+        "that does, so that the checks before it still run in-process"
+    )
+    launched = []
+    if not jobs:
+        monkeypatch.setattr(cli, "launch", lambda *a, **k: launched.append(a))
+    if REGISTERED:  # Hydra's ConfigStore is the process's: main() registering again costs ~40 %
+        monkeypatch.setattr(cli, "register_configs", lambda: None, raising=False)
+    monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # a run appends its launch directory
+    monkeypatch.setattr(sys, "argv", ["mptrain"])  # main() sets it for Hydra's app
+    monkeypatch.setattr(sys, "stdout", io.StringIO())  # main() wraps it
+    sigterm = signal.getsignal(signal.SIGTERM)  # main() installs its own handler
+    stderr, code = io.StringIO(), 0
+    try:
+        with contextlib.redirect_stderr(stderr):
+            cli.main(list(args))
+        REGISTERED.append(True)
+    except SystemExit as exc:
+        code = exc.code
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
+        GlobalHydra.instance().clear()
+        for name, module in list(sys.modules.items()):  # the examples a run imported from cwd
+            if str(getattr(module, "__file__", None) or "").startswith(str(cwd)):
+                del sys.modules[name]
+    return Outcome(code, stderr.getvalue(), bool(launched))

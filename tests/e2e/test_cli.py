@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import describe, run_command, run_mptrain
+from conftest import describe, run_cli, run_command, run_mptrain
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -67,16 +67,16 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("overrides", "named", "at_train_time"), BAD_INPUTS)
 def test_bad_input_exits_2_with_one_error_line_and_no_report(
-    tmp_path, overrides, named, at_train_time
+    tmp_path, monkeypatch, overrides, named, at_train_time
 ):
     if overrides == ["device=cuda"] and cuda_available():
         pytest.skip("a CUDA device is visible: device=cuda is valid here")
 
-    result = run_mptrain(tmp_path, *overrides)
+    result = run_cli(overrides, tmp_path, monkeypatch, jobs=True)  # cli.main, in this process
 
-    assert result.returncode == 2, describe(result)
+    assert result.code == 2, result
     lines = result.stderr.splitlines()
-    assert len(lines) == 1, describe(result)
+    assert len(lines) == 1, result
     assert lines[0].startswith("mptrain: error: ")
     assert lines[0].removeprefix("mptrain: error: ").strip()
     for text in named:

@@ -19,19 +19,16 @@ second or two per error found at build time.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
-import io
 import re
 import shlex
 import shutil
-import signal
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -198,53 +195,6 @@ COMMANDS = commands()
 DISTINCT = [c for i, c in enumerate(COMMANDS) if all(c.args != d.args for d in COMMANDS[:i])]
 
 
-REGISTERED: list[bool] = []  # non-empty once main() ran to its end (its configs registered)
-
-
-@dataclass
-class Outcome:
-    code: int | str | None
-    stderr: str
-    launched: bool
-
-
-def run_in_process(args: list[str], cwd: Path, monkeypatch, jobs: bool = False) -> Outcome:
-    """``mptrain <args>`` through ``mptrain.cli.main`` in ``cwd``: up to the launch of its jobs,
-    or with ``jobs`` the whole command."""
-    from hydra.core.global_hydra import GlobalHydra
-
-    from mptrain import cli
-
-    assert hasattr(cli, "launch"), (
-        "mptrain.cli.main no longer starts its jobs with launch(); point this test at the step "
-        "that does, so that the checks before it still run in-process"
-    )
-    launched = []
-    if not jobs:
-        monkeypatch.setattr(cli, "launch", lambda *a, **k: launched.append(a))
-    if REGISTERED:  # Hydra's ConfigStore is the process's: main() registering again costs ~40 %
-        monkeypatch.setattr(cli, "register_configs", lambda: None, raising=False)
-    monkeypatch.chdir(cwd)
-    monkeypatch.setattr(sys, "path", list(sys.path))  # a run appends its launch directory
-    monkeypatch.setattr(sys, "argv", ["mptrain"])  # main() sets it for Hydra's app
-    monkeypatch.setattr(sys, "stdout", io.StringIO())  # main() wraps it
-    sigterm = signal.getsignal(signal.SIGTERM)  # main() installs its own handler
-    stderr, code = io.StringIO(), 0
-    try:
-        with contextlib.redirect_stderr(stderr):
-            cli.main(list(args))
-        REGISTERED.append(True)
-    except SystemExit as exc:
-        code = exc.code
-    finally:
-        signal.signal(signal.SIGTERM, sigterm)
-        GlobalHydra.instance().clear()
-        for name, module in list(sys.modules.items()):  # the examples a run imported from cwd
-            if str(getattr(module, "__file__", None) or "").startswith(str(cwd)):
-                del sys.modules[name]
-    return Outcome(code, stderr.getvalue(), bool(launched))
-
-
 def installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
@@ -291,7 +241,7 @@ def test_command_is_accepted_as_written(command, tmp_path, monkeypatch):
         return
     if subcommand == SAMPLE:
         resume = next(a.partition("=")[2] for a in args if a.startswith("resume="))
-        outcome = run_in_process(args, tmp_path, monkeypatch)
+        outcome = run_cli(args, tmp_path, monkeypatch)
         assert outcome.code == 2, outcome
         assert outcome.stderr.startswith(f"mptrain: error: resume='{resume}': no such"), outcome
         return
@@ -302,7 +252,7 @@ def test_command_is_accepted_as_written(command, tmp_path, monkeypatch):
         subprocess.run(["bash", "-c", line], cwd=tmp_path, check=True)
     if subcommand in AS_A_RUN:
         args = args[1:]
-    outcome = run_in_process(args, tmp_path, monkeypatch)
+    outcome = run_cli(args, tmp_path, monkeypatch)
     assert outcome.code in (0, None), f"exit {outcome.code}: {outcome.stderr}"
     assert outcome.launched or "--cfg" in args, "the command did not reach its jobs"
 
@@ -337,6 +287,6 @@ def test_error_example_exits_2_with_the_line_shown(where, args, shown, tmp_path,
     for source in (ROOT / "examples").glob("*.py"):  # for the examples that name them
         shutil.copy(source, tmp_path)
     run_args = [*(args[1:] if args[:1] and args[0] in AS_A_RUN else args), *GUARD]
-    outcome = run_in_process(run_args, tmp_path, monkeypatch, jobs=True)
+    outcome = run_cli(run_args, tmp_path, monkeypatch, jobs=True)
     assert outcome.code == 2, outcome
     assert outcome.stderr.strip() == shown, where
