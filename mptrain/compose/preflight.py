@@ -106,7 +106,7 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
             # Before Hydra rewrites the directory's .hydra/ record of another run.
             check_run_dir_free(output, run.resume, run.overwrite)
         return Preflight([overrides], multirun=False, output_dir=str(output))
-    _check_sweeper(master.hydra.sweeper)
+    _check_sweeper(master.hydra.sweeper, str(master.get("task", "classify")))
     jobs = _job_overrides(hydra, master, overrides)
     for number, job in enumerate(jobs):
         composed = _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
@@ -253,18 +253,25 @@ def compose_job(overrides: list[str]) -> Any:
 
 
 # --------------------------------------------------------------------------------- helpers
-def _check_sweeper(sweeper: Any) -> None:
-    """An Optuna search must maximise: a job returns the final validation accuracy."""
+def _check_sweeper(sweeper: Any, task: str) -> None:
+    """An Optuna search must go the way the job's result is better: a job returns its task's
+    primary metric (:class:`mptrain.models.task.Task`: classify, the final validation accuracy,
+    to maximise; lm, the final validation loss, to minimise)."""
     if "optuna" not in str(sweeper.get("_target_", "")).lower():
         return
+    from mptrain.models.task import Task  # torch: only when an Optuna search is checked
+
+    best = Task(task)
+    wanted = "minimize" if best.lower_is_better else "maximize"
     direction = sweeper.get("direction")
     single = isinstance(direction, str) or not isinstance(direction, Sequence)
     directions = [direction] if single else list(direction)  # a multi-objective list
     names = [str(getattr(d, "name", d)).lower() for d in directions]  # Direction enums or strings
-    if names != ["maximize"]:
+    if names != [wanted]:
         raise ConfigError(
-            f"hydra.sweeper.direction={','.join(names)}: an mptrain job returns its final validation "
-            "accuracy (higher is better); add hydra.sweeper.direction=maximize"
+            f"hydra.sweeper.direction={','.join(names)}: an mptrain job of task={task} returns its "
+            f"{best.primary_metric.replace('_', ' ')} ({'lower' if best.lower_is_better else 'higher'}"
+            f" is better); add hydra.sweeper.direction={wanted}"
         )
 
 

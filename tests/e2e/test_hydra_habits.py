@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import describe, run_mptrain
+from conftest import describe, run_cli, run_mptrain
 
 from mptrain.compose.preflight import check_command_line
 from mptrain.config.base import ConfigError
@@ -119,13 +119,23 @@ def test_joblib_sweep_whose_jobs_all_fail_exits_1(tmp_path):
     assert result.stderr.count("cifar10 files not found") >= 2
 
 
-def test_optuna_minimising_accuracy_is_refused(tmp_path):
-    result = run_mptrain(
-        tmp_path, "-m", "hydra/sweeper=optuna", "optimizer.lr=interval(1e-4,1e-2)", *TINY
-    )
-    assert result.returncode == 2, describe(result)
+def test_optuna_minimising_accuracy_is_refused(tmp_path, monkeypatch):
+    search = ("-m", "hydra/sweeper=optuna", "optimizer.lr=interval(1e-4,1e-2)")
+    result = run_cli([*search, *TINY], tmp_path, monkeypatch)
+    assert result.code == 2 and not result.launched, result
     assert "add hydra.sweeper.direction=maximize" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_optuna_over_a_language_model_must_minimise_its_loss(tmp_path, monkeypatch):
+    """task=lm jobs return the final validation loss: maximising it would seek the worst model."""
+    search = ("-m", "hydra/sweeper=optuna", "optimizer.lr=interval(1e-4,1e-2)", "task=lm")
+    result = run_cli([*search, "hydra.sweeper.direction=maximize"], tmp_path, monkeypatch)
+    assert result.code == 2 and not result.launched, result
+    assert "task=lm returns its val loss (lower is better)" in result.stderr
+    assert "add hydra.sweeper.direction=minimize" in result.stderr
+    result = run_cli([*search, "hydra.sweeper.direction=minimize"], tmp_path, monkeypatch)
+    assert result.code == 0 and result.launched, result
 
 
 def test_optuna_searches_the_learning_rate_maximising_accuracy(tmp_path):
