@@ -31,6 +31,7 @@ NON_TRAINING_KEYS = (
     "overwrite",
     "checkpoint",
     "bench",
+    "advise",
     "eval",
     "sample",
     "debug",

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from mptrain.config.base import ConfigError
+from mptrain.config.keys import is_non_training_key
 from mptrain.rundir.fileio import atomic_write
 from mptrain.rundir.layout import CHECKPOINT_DIR, candidates
 
@@ -181,7 +182,14 @@ def check_compatible(
     """Refuse a resume whose training settings differ from the checkpoint's, listing every
     difference, unless allowed. Returns the differences that were allowed (recorded in the
     report; :func:`restore` applies them)."""
-    saved = {**_added_defaults(payload["signature"]), **payload["signature"]}
+    # Keys an older mptrain signed that no longer change what a run computes (advise.*) are not
+    # differences: such a checkpoint resumes.
+    signed = {
+        k: v
+        for k, v in payload["signature"].items()
+        if k in signature or not is_non_training_key(k)
+    }
+    saved = {**_added_defaults(signed), **signed}
     differences = [
         f"{key}: checkpoint {saved.get(key)!r}, now {signature.get(key)!r}"
         for key in dict.fromkeys([*signature, *saved])  # both key sets, in order
