@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 import torch
-from conftest import compose_run, describe, run_mptrain, tiny_run
+from conftest import compose_run, describe, run_cli, run_mptrain, tiny_run
 from rich.console import Console
 
 from mptrain.commands import bench
@@ -118,6 +118,7 @@ def test_run_bench_measures_every_cpu_precision_and_writes_its_files(tmp_path, m
     assert not any("tokens_per_s" in row for row in rows)
 
 
+@pytest.mark.slow
 def test_lm_bench_reports_tokens_per_s_as_samples_per_s_times_the_window(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)  # fp32 and fp16 timed
     block = 32
@@ -236,6 +237,7 @@ def test_repetitions_rotate_the_order_of_the_precisions(monkeypatch):
     assert refused == {"x": "refused"} and list(measured) == ["fp32"]
 
 
+@pytest.mark.slow
 def test_bench_command_writes_to_hydra_run_dir_as_hydra_parses_it(tmp_path):
     # Hydra's own parsing: quotes are removed and ${now:...} is resolved.
     result = run_mptrain(
@@ -277,11 +279,11 @@ def test_bench_command_writes_to_hydra_run_dir_as_hydra_parses_it(tmp_path):
         (["hydra.run.dir="], "hydra.run.dir=: empty"),
     ],
 )
-def test_bench_command_refuses_bad_input_in_one_line(tmp_path, args, named):
-    result = run_mptrain(tmp_path, "bench", *args)
+def test_bench_command_refuses_bad_input_in_one_line(tmp_path, monkeypatch, args, named):
+    result = run_cli(["bench", *args], tmp_path, monkeypatch)  # cli.main, in this process
 
-    assert result.returncode == 2, describe(result)
+    assert result.code == 2, result
     errors = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(errors) == 1 and errors[0].startswith("mptrain: error:"), describe(result)
+    assert len(errors) == 1 and errors[0].startswith("mptrain: error:"), result
     assert named in errors[0]
     assert not (tmp_path / "outputs").exists()

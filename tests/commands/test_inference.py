@@ -83,6 +83,7 @@ def evaluate_in_process(cwd: Path, out: Path, *overrides: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- docs/python-api.md
+@pytest.mark.slow
 def test_docs_eval_command_and_snippet_work_as_written(trained, monkeypatch, capsys):
     eval_args = page_commands()[1]
     result = run_mptrain(trained, *eval_args)
@@ -115,6 +116,7 @@ def test_docs_snippet_is_load_preprocess_predict():
 
 
 # --------------------------------------------------------------------------------------- eval
+@pytest.mark.slow
 def test_same_precision_reproduces_the_training_accuracy_and_others_are_reported(trained, tmp_path):
     fp32 = evaluate_in_process(trained, tmp_path / "fp32", "resume=outputs/digits-run")
     assert fp32["precision"] == "fp32"  # the checkpoint's precision by default
@@ -137,6 +139,7 @@ def test_same_precision_reproduces_the_training_accuracy_and_others_are_reported
     assert fp8["eval_batch_size"] == 100 and fp8["samples"] == 360
 
 
+@pytest.mark.slow
 def test_best_and_explicit_file_and_skipped_unreadable(trained, tmp_path):
     best = evaluate_in_process(
         trained, tmp_path / "best", "resume=outputs/digits-run", "eval.checkpoint=best"
@@ -156,6 +159,7 @@ def test_best_and_explicit_file_and_skipped_unreadable(trained, tmp_path):
     assert newest.is_file()  # evaluation quarantines nothing: the run directory is unchanged
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
@@ -176,6 +180,7 @@ def test_bad_inputs_are_one_line_config_errors(trained, tmp_path, overrides, mes
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -193,6 +198,7 @@ def test_cli_bad_input_exit_2(trained, args, message):
 
 
 # ------------------------------------------------------------------------------ checkpoints
+@pytest.mark.slow
 def test_checkpoint_records_data_facts_in_plain_types(trained):
     path = run_dir(trained) / "checkpoints" / "step_00000030.pt"
     payload = torch.load(path, map_location="cpu", weights_only=True)
@@ -263,6 +269,7 @@ def test_load_model_returns_the_plain_fp32_architecture(tmp_path, no_run_figure,
     assert model.mptrain_classes[3] == "3"
 
 
+@pytest.mark.slow
 def test_load_model_of_an_fsdp_run_of_two_processes(tmp_path):
     """FSDP2 on 2 Gloo ranks: the checkpoint holds the gathered, unwrapped state."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", "mptrain"]
@@ -299,6 +306,7 @@ def test_import_mptrain_stays_cheap_and_exports_load_model():
 
 
 # ------------------------------------------------------------------------------------- umask
+@pytest.mark.slow
 @pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600)], ids=["022", "077"])
 def test_written_files_honour_the_umask(tmp_path, umask, mode):
     env = {k: v for k, v in os.environ.items() if k not in ("HYDRA_FULL_ERROR", "COLUMNS", "LINES")}

@@ -96,6 +96,7 @@ def sweep_rows(precision_sweep) -> list[dict]:
     return data["runs"]
 
 
+@pytest.mark.slow
 def test_precision_sweep_exits_0_and_writes_the_comparison(precision_sweep):
     result, sweep_dir = precision_sweep
     assert result.returncode == 0, describe(result)
@@ -104,6 +105,7 @@ def test_precision_sweep_exits_0_and_writes_the_comparison(precision_sweep):
     assert is_png(sweep_dir / "sweep_loss.png")
 
 
+@pytest.mark.slow
 def test_sweep_json_has_one_row_per_job_in_job_order(precision_sweep, sweep_rows):
     _, sweep_dir = precision_sweep
     # The overrides common to every job (model, max_steps, ...) are left out of the labels.
@@ -121,6 +123,7 @@ def test_fp32_row_is_its_own_baseline(sweep_rows):
     assert Path(fp32["baseline"]).name == Path(fp32["directory"]).name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("index", [1, 2], ids=["bf16", "fp16"])
 def test_mixed_precision_rows_are_compared_with_the_fp32_job(precision_sweep, sweep_rows, index):
     _, sweep_dir = precision_sweep
@@ -153,6 +156,7 @@ def test_every_row_has_the_gradient_probes(sweep_rows):
         assert 0 <= row["updates_lost_fraction"] <= 1
 
 
+@pytest.mark.slow
 def test_sweep_md_shows_the_table_and_the_figure(precision_sweep, sweep_rows):
     _, sweep_dir = precision_sweep
     text = (sweep_dir / "sweep.md").read_text(encoding="utf-8")
@@ -174,6 +178,7 @@ def test_sweep_md_shows_the_table_and_the_figure(precision_sweep, sweep_rows):
     assert "![training loss](sweep_loss.png)" in text
 
 
+@pytest.mark.slow
 def test_each_job_has_its_curves_and_a_report_md_showing_them(precision_sweep):
     _, sweep_dir = precision_sweep
     jobs = job_dirs(sweep_dir)
@@ -211,6 +216,7 @@ def printed_table(result: subprocess.CompletedProcess) -> str:
     return out[out.rindex("sweep sweep", 0, end) : end]
 
 
+@pytest.mark.slow
 def test_sweep_prints_the_table(precision_sweep, sweep_rows):
     result, _ = precision_sweep
     out = printed_table(result)
@@ -225,6 +231,7 @@ def test_sweep_prints_the_table(precision_sweep, sweep_rows):
     assert "65536" in out
 
 
+@pytest.mark.slow
 def test_printed_table_shows_each_run_label_whole(precision_sweep, sweep_rows):
     result, _ = precision_sweep
     table = printed_table(result)
@@ -250,12 +257,14 @@ def failing_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     return result, cwd / "sweep"
 
 
+@pytest.mark.slow
 def test_sweep_with_a_failed_job_exits_1(failing_sweep):
     result, _ = failing_sweep
     assert result.returncode == 1, describe(result)
     assert "1 job(s) did not complete" in result.stderr
 
 
+@pytest.mark.slow
 def test_sweep_md_still_lists_every_job_with_the_failure_reason(failing_sweep):
     _, sweep_dir = failing_sweep
     rows = md_table((sweep_dir / "sweep.md").read_text(encoding="utf-8"))
@@ -266,6 +275,7 @@ def test_sweep_md_still_lists_every_job_with_the_failure_reason(failing_sweep):
     assert "data/cifar-10-batches-py" in cifar["status"]
 
 
+@pytest.mark.slow
 def test_sweep_json_records_the_failed_job_and_its_reason(failing_sweep):
     _, sweep_dir = failing_sweep
     digits, cifar = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))["runs"]
@@ -313,6 +323,7 @@ def rows_by_label(paths: list[Path]) -> dict[str, dict]:
     return {row["run"]: row for row in sweep.compare(sweep.find_runs(paths))}
 
 
+@pytest.mark.slow
 def test_compare_main_compares_runs_made_on_different_days(runs, tmp_path, capsys):
     out = tmp_path / "comparison"
     sweep.compare_main([str(runs["fp32_monday"]), str(runs["bf16_tuesday"]), "--out", str(out)])
@@ -346,6 +357,7 @@ def test_compare_main_compares_runs_made_on_different_days(runs, tmp_path, capsy
     assert "".join(f"comparison written to {out / 'sweep.md'}".split()) in printed
 
 
+@pytest.mark.slow
 def test_mptrain_compare_console_script(runs, tmp_path):
     script = Path(sys.executable).parent / "mptrain-compare"
     assert script.is_file(), f"no console script at {script}"
@@ -383,6 +395,7 @@ def test_compare_refuses_a_directory_that_is_neither_a_run_nor_a_sweep(tmp_path,
     assert not out.exists(), "nothing is written for bad input"
 
 
+@pytest.mark.slow
 def test_compare_refuses_a_missing_path(runs, tmp_path, capsys):
     missing = tmp_path / "no_such_run"
     with pytest.raises(SystemExit) as exc:
@@ -393,6 +406,7 @@ def test_compare_refuses_a_missing_path(runs, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_each_run_is_paired_with_the_fp32_run_of_identical_config(runs):
     order = ["fp32_monday", "bf16_seed1", "fp32_seed1", "bf16_batch32"]
     rows = rows_by_label([runs[name] for name in order])
@@ -423,6 +437,7 @@ def test_each_run_is_paired_with_the_fp32_run_of_identical_config(runs):
     assert md["bf16_seed1"]["Δ acc vs fp32"].endswith(" pt")
 
 
+@pytest.mark.slow
 def test_emulated_fp8_gets_an_accuracy_delta_but_no_speed_ratio(runs):
     report = read_report(runs["fp8"])
     assert report["precision"]["emulated"] is True  # CPU: no FP8 hardware
@@ -442,6 +457,7 @@ def test_emulated_fp8_gets_an_accuracy_delta_but_no_speed_ratio(runs):
     assert md["fp8"]["Δ acc vs fp32"].endswith(" pt")
 
 
+@pytest.mark.slow
 def test_failed_and_diverged_runs_appear_with_their_reason(runs, tmp_path):
     # A crashed fp32 run: a real report, rewritten as train() writes it for an exception.
     crashed = tmp_path / "fp32_crashed"
@@ -467,6 +483,7 @@ def test_failed_and_diverged_runs_appear_with_their_reason(runs, tmp_path):
     assert md["bf16_tuesday"]["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_jobs_without_a_report_show_why(runs, tmp_path):
     sweep_dir = tmp_path / "sweep"
     completed = fake_job(sweep_dir, 0, ["precision=fp32"])
@@ -496,6 +513,7 @@ def test_sweep_jobs_are_ordered_by_job_number_not_by_name(tmp_path):
     assert labels == ["seed=0", "seed=1", "seed=2", "seed=10", "seed=11"]
 
 
+@pytest.mark.slow
 def test_comparing_two_sweeps_of_the_same_jobs_keeps_every_curve(
     precision_sweep, tmp_path, monkeypatch
 ):
@@ -617,6 +635,7 @@ def test_summary_callback_does_nothing_without_runs(tmp_path):
     assert list(empty.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_a_report_written_before_schema_version_loads_as_version_0(runs, tmp_path):
     """report.json files of earlier mptrain versions (no schema_version) are still compared."""
     from mptrain.output.report import load_report
@@ -677,6 +696,7 @@ def at(report, directory: str, start: str, end: str):
     )
 
 
+@pytest.mark.slow
 def test_jobs_whose_spans_overlap_ran_at_the_same_time(runs):
     from mptrain.output.report import load_report
 
@@ -689,6 +709,7 @@ def test_jobs_whose_spans_overlap_ran_at_the_same_time(runs):
     assert count == {sweep._job(a): 1, sweep._job(b): 1, sweep._job(c): 0}
 
 
+@pytest.mark.slow
 def test_a_speed_ratio_is_noisy_when_either_job_ran_alongside_another(runs):
     from mptrain.output.report import load_report
 
@@ -709,6 +730,7 @@ def test_a_speed_ratio_is_noisy_when_either_job_ran_alongside_another(runs):
     assert speed.noisy.endswith("its FP32 baseline ran at the same time as 2 other jobs")
 
 
+@pytest.mark.slow
 def test_a_report_without_windows_gives_one_measurement_marked_noisy(runs, tmp_path):
     for name in ("fp32_monday", "bf16_tuesday"):
         legacy = read_report(runs[name])
@@ -749,6 +771,7 @@ def parallel_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]
     return result, cwd / "sweep"
 
 
+@pytest.mark.slow
 def test_jobs_run_in_parallel_mark_every_speed_ratio_noisy(parallel_sweep):
     result, sweep_dir = parallel_sweep
     assert result.returncode == 0, describe(result)

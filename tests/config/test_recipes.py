@@ -283,6 +283,7 @@ def digits_cnn_run(tmp_path_factory) -> tuple[dict, Path]:
     return train(compose_run("recipe=digits_cnn", *QUIET), out), out
 
 
+@pytest.mark.slow
 def test_real_digits_cnn_run_meets_the_recipe(digits_cnn_run):
     report, out = digits_cnn_run
     assert report["status"] == "completed"
@@ -334,6 +335,7 @@ def claim_jobs(tmp_path_factory):
     return jobs
 
 
+@pytest.mark.slow
 def test_claim_a_fp16_with_master_weights_matches_fp32(claim_jobs):
     jobs = claim_jobs("mp_claim_a_fp16_master_weights")
     fp32, fp16 = jobs["fp32"], jobs["fp16"]
@@ -350,6 +352,7 @@ def test_claim_a_fp16_with_master_weights_matches_fp32(claim_jobs):
     assert "epochs=4 (recipe: 10)" in fp16.report["recipe"]["verdict"]
 
 
+@pytest.mark.slow
 def test_claim_b_pure_fp16_loses_its_updates_and_accuracy(claim_jobs):
     jobs = claim_jobs("mp_claim_b_pure_fp16_stalls")
     fp32, fp16, pure = jobs["fp32"], jobs["fp16"], jobs["fp16_pure"]
@@ -362,6 +365,7 @@ def test_claim_b_pure_fp16_loses_its_updates_and_accuracy(claim_jobs):
     assert abs(fp16.accuracy - fp32.accuracy) <= 0.02
 
 
+@pytest.mark.slow
 def test_claim_c_without_loss_scaling_more_fp16_gradients_underflow(claim_jobs):
     jobs = claim_jobs("mp_claim_c_fp16_underflow")
     scaled, noscale = jobs["fp16"], jobs["fp16_noscale"]
@@ -384,6 +388,7 @@ def test_claim_c_without_loss_scaling_more_fp16_gradients_underflow(claim_jobs):
     assert b[15] > a[15] and b[20] > a[20]
 
 
+@pytest.mark.slow
 def test_claim_d_bf16_trains_without_loss_scaling(claim_jobs):
     jobs = claim_jobs("mp_claim_d_bf16_no_scaling")
     fp32, bf16 = jobs["fp32"], jobs["bf16"]

@@ -175,6 +175,7 @@ def test_pipeline_facts_name_what_runs(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- bad files
+@pytest.mark.slow
 def test_bad_files_are_named_or_skipped_on_the_cpu_path(tmp_path):
     write_jpegs(tmp_path, per_class=2)
     (tmp_path / "train" / "a" / "notes.jpg").write_bytes(b"just text")
@@ -235,6 +236,7 @@ def test_device_decode_names_or_skips_a_broken_jpeg(tmp_path, decode_on_cpu):
     assert len(images) == len(labels) == 4 and skipping.train.bad_files == 2
 
 
+@pytest.mark.slow
 def test_decode_device_cuda_without_a_gpu_is_a_one_line_config_error(tmp_path):
     write_jpegs(tmp_path, per_class=2)
     if torch.cuda.is_available():
@@ -277,6 +279,7 @@ def test_cuda_decode_matches_the_pil_pipeline(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- benchmark
+@pytest.mark.slow
 def test_data_path_benchmark_smoke_run(tmp_path):
     out = tmp_path / "result.json"
     result = run_command(

@@ -76,6 +76,7 @@ def cli_error(cwd: Path, *args: str) -> str:
 
 
 # ------------------------------------------------------------------------------ the docs/ example
+@pytest.mark.slow
 def test_docs_example_runs_under_the_console_script_and_reports_what_was_built(launch_dir):
     command = docs_command()
     assert command[0] == "mptrain"
@@ -156,6 +157,7 @@ def test_bench_knows_convolutions_of_models_from_elsewhere_before_the_data(cfg, 
     assert config_has_convolutions(cfg) is convolutional
 
 
+@pytest.mark.slow
 def test_unknown_torchvision_arch_suggests_close_names(tmp_path):
     message = cli_error(tmp_path, "model=torchvision", "model.arch=resnet35")
     assert message.startswith("model.arch='resnet35': not a torchvision classification model")
@@ -171,6 +173,7 @@ def test_timm_model_takes_the_channels_and_classes():
     assert "stem built for 1 input channels (in_chans=1)" in facts.adaptations
 
 
+@pytest.mark.slow
 def test_unknown_timm_arch_is_one_line(tmp_path):
     pytest.importorskip("timm")
     message = cli_error(tmp_path, "model=timm", "model.arch=resnet1x")
@@ -229,6 +232,7 @@ def test_a_user_value_wins_over_the_dataset_fact(launch_dir):
         build_model(cfg, 1, 8, 4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "pattern"),
     [
@@ -313,6 +317,7 @@ def test_numpy_integer_labels_are_labels(launch_dir):
     assert labels.dtype == torch.int64 and sorted(labels.tolist()) == [0] * 8 + [1] * 8
 
 
+@pytest.mark.slow
 def test_a_dataset_of_wrong_shapes_is_one_line_before_training(launch_dir):
     (launch_dir / "squares.py").write_text(FOLDER_DATA)
     message = cli_error(
@@ -321,6 +326,7 @@ def test_a_dataset_of_wrong_shapes_is_one_line_before_training(launch_dir):
     assert message.startswith("dataset._target_='squares.flat': validation sample 0: the image is")
 
 
+@pytest.mark.slow
 def test_a_custom_model_is_evaluated_and_loaded_back_with_its_constructor_arguments(launch_dir):
     import mptrain
 
@@ -348,6 +354,7 @@ def test_a_custom_model_is_evaluated_and_loaded_back_with_its_constructor_argume
     assert again.returncode == 0, describe(again)
 
 
+@pytest.mark.slow
 def test_a_custom_dataset_fed_by_workers_has_no_preprocessing_to_replay(launch_dir):
     import mptrain
 

@@ -33,6 +33,7 @@ def run_to_json(name: str, *args: str, cwd: Path) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_overhead_benchmark_pairs_every_variant_with_the_bare_loop(tmp_path):
     doc = run_to_json(
         "overhead.py", "--models", "linear", "--steps", "3", "--warmup", "2", "--reps", "2",
@@ -62,6 +63,7 @@ def test_overhead_benchmark_pairs_every_variant_with_the_bare_loop(tmp_path):
     assert doc["hardware"]["device"] == "cpu" and doc["versions"]["torch"]
 
 
+@pytest.mark.slow
 def test_resnet50_script_smoke_run_on_cpu(tmp_path):
     doc = run_to_json(
         "gpu_resnet50.py", "--device", "cpu", "--batch", "2", "--image-size", "32",
@@ -78,6 +80,7 @@ def test_resnet50_script_smoke_run_on_cpu(tmp_path):
     assert "32 px, batch 2" in doc["benchmark"] and "cudnn.benchmark on" in doc["reference"]
 
 
+@pytest.mark.slow
 def test_fp8_script_smoke_run_on_cpu(tmp_path):
     doc = run_to_json(
         "gpu_fp8_check.py", "--device", "cpu", "--gemm-shapes", "64x128x256", "--steps", "4",
@@ -137,6 +140,7 @@ def load_script(name: str):
     return module
 
 
+@pytest.mark.slow
 def test_gpt_script_smoke_run_on_cpu(tmp_path):
     doc = run_to_json(
         "gpu_gpt.py", "--device", "cpu", "--precisions", "fp32,bf16,fp8", cwd=tmp_path
@@ -202,6 +206,7 @@ def test_gpt_flops_count_and_mfu_against_the_peak_table():
         gpt.parse_peaks("int8=10")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without CUDA")
 def test_gpu_scripts_need_a_gpu_or_say_so(tmp_path):
     for name in ("gpu_resnet50.py", "gpu_fp8_check.py", "gpu_gpt.py"):
@@ -221,6 +226,7 @@ def rows_on_disk(out: Path, key: str = "rows") -> list:
     return json.loads(out.read_text())[key] if out.exists() else None
 
 
+@pytest.mark.slow
 def test_gpt_row_that_raises_is_recorded_and_the_other_rows_kept(tmp_path, monkeypatch):
     """Any exception, not only out of memory: an FP8 kernel's RuntimeError must not cost the
     rows measured before and after it. The document is on disk after every row."""
@@ -245,6 +251,7 @@ def test_gpt_row_that_raises_is_recorded_and_the_other_rows_kept(tmp_path, monke
     assert rows["fp8"]["tokens_per_s"] > 0 and rows["fp8"]["vs_fp32"] > 0
 
 
+@pytest.mark.slow
 def test_resnet50_precision_that_raises_is_recorded_and_the_others_kept(tmp_path, monkeypatch):
     resnet = load_script("gpu_resnet50.py")
     out, real = tmp_path / "rn50.json", resnet.measure
@@ -267,6 +274,7 @@ def test_resnet50_precision_that_raises_is_recorded_and_the_others_kept(tmp_path
     assert torch.backends.cudnn.benchmark is False  # the autotuned row turned it off again
 
 
+@pytest.mark.slow
 def test_imagefolder_keeps_the_cpu_row_when_the_cuda_pipeline_fails(tmp_path, monkeypatch):
     folder = load_script("imagefolder_train.py")
     real = folder.train_once
@@ -375,6 +383,7 @@ def load_gpu_all():
     return module
 
 
+@pytest.mark.slow
 def test_gpu_all_smoke_run_runs_every_step_and_summarises(tmp_path):
     out = tmp_path / "gpu"
     result = run_script("gpu_all.py", "--smoke", "--bundle", "--out", str(out), cwd=tmp_path)
@@ -491,6 +500,7 @@ time.sleep(120)
 """
 
 
+@pytest.mark.slow
 def test_gpu_all_keeps_what_a_step_over_its_limit_measured(tmp_path):
     gpu_all = load_gpu_all()
     code = SLOW_SCRIPT.format(benchmarks=str(BENCHMARKS))
@@ -507,6 +517,7 @@ def test_gpu_all_keeps_what_a_step_over_its_limit_measured(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_gpu_all_pytest_over_its_limit_leaves_junit_and_every_test_named(tmp_path):
     """SIGINT first: pytest writes its JUnit XML; the test it interrupted is named from the
     ``-v`` log."""
@@ -670,6 +681,7 @@ def test_gpu_all_writes_to_out_bundled_by_default(monkeypatch, tmp_path):
     assert "gpu_smoke_" in args.out.name
 
 
+@pytest.mark.slow
 def test_fp8_rowwise_sqnr_script_shows_rowwise_keeping_ordinary_rows(tmp_path):
     doc = run_to_json("fp8_rowwise_sqnr.py", "--outliers", "1,1e5", cwd=tmp_path)
 

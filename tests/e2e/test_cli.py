@@ -103,11 +103,13 @@ def tiny_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     return result, cwd / "run"
 
 
+@pytest.mark.slow
 def test_tiny_run_exits_0(tiny_run):
     result, _ = tiny_run
     assert result.returncode == 0, describe(result)
 
 
+@pytest.mark.slow
 def test_tiny_run_reports_completed(tiny_run):
     _, run_dir = tiny_run
     report = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
@@ -116,6 +118,7 @@ def test_tiny_run_reports_completed(tiny_run):
     assert (run_dir / "report.md").read_text(encoding="utf-8").strip()
 
 
+@pytest.mark.slow
 def test_tiny_run_logs_every_4_steps_and_evaluates_every_6(tiny_run):
     _, run_dir = tiny_run
     rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -124,6 +127,7 @@ def test_tiny_run_logs_every_4_steps_and_evaluates_every_6(tiny_run):
     assert len(rows) == 5
 
 
+@pytest.mark.slow
 def test_tiny_run_saves_the_composed_config(tiny_run):
     import yaml
 
@@ -135,6 +139,7 @@ def test_tiny_run_saves_the_composed_config(tiny_run):
 
 
 # ---------------------------------------------------------------------------------- console script
+@pytest.mark.slow
 def test_console_script_help_exits_0(tmp_path):
     script = Path(sys.executable).parent / "mptrain"
     assert script.is_file(), f"no console script at {script}"
@@ -164,6 +169,7 @@ assert not heavy, heavy[:5]
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["--help"], ["--cfg", "job"], ["model=mlp", "--cfg", "job"]])
 def test_composing_imports_no_torch(tmp_path, args):
     """``mptrain --help`` and ``--cfg job`` answer without importing torch or any builder."""
@@ -188,11 +194,13 @@ def sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     return result, cwd / "sweep"
 
 
+@pytest.mark.slow
 def test_sweep_exits_0(sweep):
     result, _ = sweep
     assert result.returncode == 0, describe(result)
 
 
+@pytest.mark.slow
 def test_sweep_writes_one_report_per_job_with_its_precision(sweep):
     _, sweep_dir = sweep
     job_dirs = sorted(

@@ -35,6 +35,7 @@ def params_close(a: dict, b: dict, **tol) -> None:
         torch.testing.assert_close(a[key], b[key], **tol)
 
 
+@pytest.mark.slow
 def test_ddp_two_ranks_of_16_match_one_process_of_32_in_fp32(tmp_path):
     common = ("model=mlp", "precision=fp32", "max_steps=8", "optimizer=sgd", "scheduler=constant")
     ranks = torchrun(tmp_path / "ddp", *common, "batch_size=16")
@@ -56,6 +57,7 @@ def test_ddp_two_ranks_of_16_match_one_process_of_32_in_fp32(tmp_path):
     assert report["data"]["effective_batch_size"] == 32
 
 
+@pytest.mark.slow
 def test_inf_on_rank_1_only_makes_both_ranks_skip_and_back_off(tmp_path):
     ranks = torchrun(
         tmp_path,
@@ -71,6 +73,7 @@ def test_inf_on_rank_1_only_makes_both_ranks_skip_and_back_off(tmp_path):
     params_close(ranks[0]["params"], ranks[1]["params"], rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_only_rank_0_writes(tmp_path):
     torchrun(tmp_path, "model=mlp", "precision=bf16", "max_steps=4", "checkpoint.every_steps=2")
     run_dir = tmp_path / "run"
@@ -84,6 +87,7 @@ def test_only_rank_0_writes(tmp_path):
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_fsdp_trains_and_its_checkpoint_resumes_in_one_process(tmp_path, precision):
     ranks = torchrun(
@@ -120,6 +124,7 @@ def test_fsdp_trains_and_its_checkpoint_resumes_in_one_process(tmp_path, precisi
     assert any("world size 2" in note for note in resumed["resumed"]["notes"])
 
 
+@pytest.mark.slow
 def test_time_cadences_agree_across_ranks_at_log_rows(tmp_path):
     """A clock read on each rank could make one rank save (a collective under FSDP) or evaluate
     (an all-reduce) without the other: time cadences are decided at log rows, by rank 0."""
@@ -141,6 +146,7 @@ def test_time_cadences_agree_across_ranks_at_log_rows(tmp_path):
     assert [r["step"] for r in rows if r["kind"] == "eval"] == [3, 6, 7]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_the_language_model_trains_on_two_ranks(tmp_path, strategy):
     """task=lm under torchrun: ranks stay identical, the validation windows are split between
@@ -174,6 +180,7 @@ def fp8_buffers(buffers: dict) -> dict:
     return {k: v for k, v in buffers.items() if "_scaler." in k}
 
 
+@pytest.mark.slow
 def test_fp8_delayed_scaling_state_is_the_same_on_every_rank_and_fsdp_computes_like_ddp(tmp_path):
     """Delayed scaling reduces the amax histories with MAX over the ranks and sums the counters:
     both ranks hold the same FP8 state. FSDP's FP8 layer quantizes its FP32 weight (gathered in
@@ -201,6 +208,7 @@ def test_fp8_delayed_scaling_state_is_the_same_on_every_rank_and_fsdp_computes_l
     assert report["weight_all_gather_dtype"] == "float32"
 
 
+@pytest.mark.slow
 def test_fsdp_fp8_delayed_checkpoint_is_every_ranks_state_and_resumes(tmp_path):
     """Rank 0's checkpoint holds the FP8 state of both ranks; a run resumed from it at the same
     world size continues as the uninterrupted run did (histories, scales and job-wide counters
@@ -242,6 +250,7 @@ def test_fsdp_fp8_delayed_checkpoint_is_every_ranks_state_and_resumes(tmp_path):
     assert any("world size 2" in note for note in single["resumed"]["notes"])
 
 
+@pytest.mark.slow
 def test_fp8_language_model_with_dynamic_scaling_under_fsdp(tmp_path):
     """Dynamic scaling: input and grad scales are each rank's own; a weight's amax is taken over
     the all-gathered weight, so weight scales agree; the counters count both ranks' casts."""
@@ -261,6 +270,7 @@ def test_fp8_language_model_with_dynamic_scaling_under_fsdp(tmp_path):
     assert report["fp8"]["amax_reduction"].startswith("none: dynamic scaling")
 
 
+@pytest.mark.slow
 def test_torchao_fp8_under_fsdp_all_gathers_in_fp8_with_scales_precomputed_after_each_step(
     tmp_path, monkeypatch
 ):

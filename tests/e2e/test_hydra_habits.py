@@ -47,12 +47,14 @@ def report_of(run_dir: Path) -> dict:
 
 
 # ------------------------------------------------------------------------ the user's own configs
+@pytest.mark.slow
 def test_config_dir_option_trains_with_it(tmp_path, user_conf):
     result = run_mptrain(tmp_path, "-cd", "myconf", *TINY, "model=mlp_wide", "hydra.run.dir=run")
     assert result.returncode == 0, describe(result)
     assert report_of(tmp_path / "run")["config"]["model"]["hidden_sizes"] == [96, 96]
 
 
+@pytest.mark.slow
 def test_experiment_overlay_from_the_user_config_dir(tmp_path, user_conf):
     result = run_mptrain(
         tmp_path,
@@ -102,6 +104,7 @@ def test_sweeper_params_in_a_config_are_expanded_and_checked(user_conf):
         check_command_line(["-m", "-cd", str(user_conf), "+experiment=batches"])
 
 
+@pytest.mark.slow
 def test_joblib_sweep_whose_jobs_all_fail_exits_1(tmp_path):
     # Absent CIFAR files are found when each job loads its data, in joblib's worker processes.
     result = run_mptrain(
@@ -138,6 +141,7 @@ def test_optuna_over_a_language_model_must_minimise_its_loss(tmp_path, monkeypat
     assert result.code == 0 and result.launched, result
 
 
+@pytest.mark.slow
 def test_optuna_searches_the_learning_rate_maximising_accuracy(tmp_path):
     result = run_mptrain(
         tmp_path,
@@ -162,6 +166,7 @@ def test_optuna_searches_the_learning_rate_maximising_accuracy(tmp_path):
     assert best["best_value"] == pytest.approx(max(accuracies))
 
 
+@pytest.mark.slow
 def test_optuna_values_outside_the_ranges_fail_that_job_not_the_check(tmp_path):
     # The sweeper picks the values as it runs: the preflight checks the fixed ones; a trial with a
     # bad value fails as a job, and the exit code says so.
@@ -185,6 +190,7 @@ def test_sweep_syntax_needs_multirun():
 
 
 # ------------------------------------------------------------------------------- hydra.job.chdir
+@pytest.mark.slow
 def test_chdir_job_finds_relative_resume_and_data_paths(tmp_path):
     first = run_mptrain(tmp_path, *TINY, "checkpoint.enabled=true", "hydra.run.dir=first")
     assert first.returncode == 0, describe(first)
@@ -208,6 +214,7 @@ def test_chdir_job_finds_relative_resume_and_data_paths(tmp_path):
     assert f"{tmp_path / 'mydata'}" in missing.stderr
 
 
+@pytest.mark.slow
 def test_chdir_job_imports_targets_and_writes_trackers_from_the_launch_directory(tmp_path):
     pytest.importorskip("tensorboard")
     pytest.importorskip("mlflow")
@@ -231,6 +238,7 @@ def test_chdir_job_imports_targets_and_writes_trackers_from_the_launch_directory
     assert (tmp_path / "mlruns").is_dir() and not (tmp_path / "run" / "mlruns").exists()
 
 
+@pytest.mark.slow
 def test_a_reused_sweep_directory_judges_only_this_launch(tmp_path):
     failed = run_mptrain(tmp_path, "-m", *TINY, "dataset=cifar10", "hydra.sweep.dir=sweep")
     assert failed.returncode == 1, describe(failed)

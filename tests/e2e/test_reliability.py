@@ -92,6 +92,7 @@ def test_a_fresh_run_refuses_a_directory_with_another_runs_checkpoints(tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == kept
 
 
+@pytest.mark.slow
 def test_the_refusal_comes_before_hydra_rewrites_the_run_record(tmp_path):
     out = tmp_path / "run"
     first = run_mptrain(tmp_path, "max_steps=2", "epochs=null", *QUIET, f"hydra.run.dir={out}")
@@ -111,6 +112,7 @@ def test_overwrite_true_starts_over_and_says_so(tmp_path, capsys):
     assert metric_steps(tmp_path) == [2]  # the old run's rows went with its checkpoints
 
 
+@pytest.mark.slow
 def test_resume_auto_is_still_allowed_over_its_own_checkpoints(tmp_path):
     train(tiny_run("max_steps=2", "checkpoint.every_steps=2"), tmp_path)
     report = train(tiny_run("max_steps=4", "resume=auto", "resume_allow_changes=true"), tmp_path)
@@ -137,6 +139,7 @@ def test_sigterm_while_building_writes_an_interrupted_report(tmp_path, monkeypat
     assert on_disk["status"] == "interrupted" and on_disk["reason"] == "SIGTERM before training"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_during_setup_ends_the_command_alike(tmp_path, sig, code):
     """SIGTERM during setup used to kill the process silently (-15, no report)."""
@@ -205,6 +208,7 @@ def test_resume_after_a_kill_between_checkpoints_logs_each_step_once(tmp_path):
     assert any("row(s) after step 4 removed" in note for note in report["resumed"]["notes"])
 
 
+@pytest.mark.slow
 def test_a_corrupt_newest_checkpoint_is_quarantined_not_kept_in_place_of_a_good_one(tmp_path):
     common = ("checkpoint.every_steps=2", "checkpoint.every_epoch=false", "checkpoint.keep_last=2")
     train(tiny_run("max_steps=6", *common), tmp_path)
@@ -283,6 +287,7 @@ def test_an_allowed_learning_rate_change_is_applied_for_real(tmp_path):
     assert "optimizer.lr: checkpoint 0.003, now 0.01" in report["resumed"]["allowed_differences"]
 
 
+@pytest.mark.slow
 def test_a_changed_optimizer_is_refused_then_starts_fresh_when_allowed(tmp_path):
     """optimizer=sgd on an AdamW checkpoint crashed with KeyError: 'momentum'."""
     train(tiny_run("max_steps=2", "checkpoint.every_steps=2"), tmp_path)
@@ -340,6 +345,7 @@ def test_values_that_used_to_fail_mid_run_are_refused_up_front(tmp_path, overrid
     assert not list(tmp_path.glob("outputs/*/*/report.json")), "something trained"
 
 
+@pytest.mark.slow
 def test_help_into_a_closed_pipe_ends_quietly(tmp_path):
     read_end, write_end = os.pipe()
     os.close(read_end)
@@ -440,6 +446,7 @@ def test_skip_bad_files_skips_and_counts_them(tmp_path):
     assert not png.exists()
 
 
+@pytest.mark.slow
 def test_a_corrupt_cifar_batch_file_is_named(tmp_path):
     folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()
@@ -468,6 +475,7 @@ def test_resume_auto_refuses_an_other_format_checkpoint_without_quarantining_it(
     assert path.is_file() and not list((tmp_path / "checkpoints").glob("*.corrupt"))
 
 
+@pytest.mark.slow
 def test_a_metrics_row_cut_short_by_a_kill_does_not_stop_the_resume(tmp_path):
     common = ("log_every=1", "checkpoint.every_steps=2", "checkpoint.every_epoch=false")
     train(tiny_run("max_steps=2", *common), tmp_path)

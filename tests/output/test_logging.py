@@ -43,6 +43,7 @@ def _story(log_text: str) -> list[str]:
     return [LOG_PREFIX.sub("", line) for line in log_text.splitlines() if LOG_PREFIX.match(line)]
 
 
+@pytest.mark.slow
 def test_piped_stdout_has_a_plain_line_per_log_row_and_evaluation(piped_run):
     result, _ = piped_run
     lines = result.stdout.splitlines()
@@ -57,6 +58,7 @@ def test_piped_stdout_has_a_plain_line_per_log_row_and_evaluation(piped_run):
     assert "[mptrain]" not in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_piped_stdout_keeps_long_paths_whole(piped_run):
     result, run_dir = piped_run
     report = str(run_dir.resolve() / "report.json")
@@ -66,6 +68,7 @@ def test_piped_stdout_keeps_long_paths_whole(piped_run):
     assert f"run dir {run_dir.resolve()}" in result.stdout  # the announce line, unwrapped
 
 
+@pytest.mark.slow
 def test_the_job_log_file_holds_the_same_story(piped_run):
     result, run_dir = piped_run
     story = _story((run_dir / "mptrain.log").read_text(encoding="utf-8"))
@@ -121,6 +124,7 @@ def test_job_log_records_to_files_only_and_restores_the_logger(tmp_path):
     assert (tmp_path / "job.log").read_text(encoding="utf-8") == "note: a path [not markup]\n"
 
 
+@pytest.mark.slow
 def test_each_job_of_a_sweep_has_its_own_log_file(tmp_path):
     result = run_mptrain(
         tmp_path,

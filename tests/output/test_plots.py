@@ -44,6 +44,7 @@ def test_an_unused_worker_is_gone_when_the_job_ends():
     assert child.returncode is not None
 
 
+@pytest.mark.slow
 def test_ctrl_c_to_the_job_still_draws_its_figure(tmp_path):
     """A terminal's Ctrl-C signals the whole process group; the worker is in its own session."""
     run_dir = tmp_path / "run"

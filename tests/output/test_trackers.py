@@ -69,6 +69,7 @@ def cli_run(tmp_path_factory):
     return cwd
 
 
+@pytest.mark.slow
 def test_tensorboard_gets_every_scalar_at_global_steps_and_the_config(cli_run):
     found = scalars(cli_run / "run" / "tensorboard")
     for tag in TRAIN_TAGS:
@@ -85,6 +86,7 @@ def test_tensorboard_gets_every_scalar_at_global_steps_and_the_config(cli_run):
     )
 
 
+@pytest.mark.slow
 def test_mlflow_gets_params_metrics_artifacts_and_status_in_mlruns(cli_run):
     client = MlflowClient((cli_run / "mlruns").as_uri())  # the default store: ./mlruns
     experiment = client.get_experiment_by_name("mptrain")
@@ -109,6 +111,7 @@ def test_mlflow_gets_params_metrics_artifacts_and_status_in_mlruns(cli_run):
     assert saved["run_id"] == run.info.run_id
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_the_same_curves(tmp_path):
     store = (tmp_path / "mlruns").as_uri()
     run_dir = tmp_path / "run"
@@ -196,6 +199,7 @@ def test_tracker_settings_are_not_training_settings():
     assert run_signature(plain, policy) == run_signature(tracked, policy)
 
 
+@pytest.mark.slow
 def test_a_fresh_run_keeps_the_other_runs_curves_in_a_shared_log_dir(tmp_path):
     shared = tmp_path / "tb"
     for name in ("first", "second"):
@@ -205,6 +209,7 @@ def test_a_fresh_run_keeps_the_other_runs_curves_in_a_shared_log_dir(tmp_path):
     assert [step for step, _ in scalars(shared)["train/loss"]] == [2, 4, 2, 4]
 
 
+@pytest.mark.slow
 def test_a_tracker_that_cannot_start_stops_the_run_before_training(tmp_path):
     blocked = tmp_path / "a_file"
     blocked.write_text("not a directory")

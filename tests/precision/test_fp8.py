@@ -1094,6 +1094,7 @@ def test_fp8_run_reports_emulation_and_its_fp8_layers(tmp_path):
     assert report["evaluation"]["final_val_accuracy"] > 0.3
 
 
+@pytest.mark.slow
 def test_fp8_mlp_accuracy_is_within_3_points_of_bf16(tmp_path):
     fp8 = val_accuracy(tmp_path, "fp8", "precision=fp8", "epochs=3")
     bf16 = val_accuracy(tmp_path, "bf16", "precision=bf16", "epochs=3")
@@ -1101,6 +1102,7 @@ def test_fp8_mlp_accuracy_is_within_3_points_of_bf16(tmp_path):
     assert fp8 >= bf16 - 0.03, (fp8, bf16)
 
 
+@pytest.mark.slow
 def test_fp8_vit_accuracy_is_within_5_points_of_bf16(tmp_path):
     vit = (
         "model=vit",
@@ -1153,6 +1155,7 @@ def test_fp8_rowwise_run_records_its_granularity_and_trains(tmp_path, monkeypatc
     assert "dynamic rowwise scaling, float8_e4m3fn/float8_e5m2, emulated" in summary
 
 
+@pytest.mark.slow
 def test_fp8_run_compiles_without_graph_breaks_and_says_so(tmp_path, monkeypatch):
     """compile=true with FP8 layers (inductor on the CPU): the report counts the graphs and graph
     breaks torch.compile produced, and the fp8 section records that the layers were compiled."""
@@ -1400,6 +1403,7 @@ def test_evaluation_leaves_fp8_scaling_state_alone():
 
 
 # ------------------------------------------------------------------------------ torch.compile
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scaling", "granularity", "real_gemm"),
     [

@@ -374,6 +374,7 @@ def test_higher_min_loss_scale_stops_earlier(tmp_path):
     assert report["numerics"]["warnings"][0]["kind"] == "consecutive_backoffs"
 
 
+@pytest.mark.slow
 def test_command_line_collapse_exits_1_with_the_report(tmp_path):
     steps = ",".join(str(s) for s in range(1, 26))
     result = subprocess.run(
@@ -700,6 +701,7 @@ def test_probe_with_a_pure_precision(tmp_path):
 
 
 # ------------------------------------------------------------- diagnostics don't change training
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_audit_and_probe_leave_training_bit_identical(tmp_path, precision):
     common = (f"precision={precision}", "max_steps=6", "log_every=3", "eval_every=3")

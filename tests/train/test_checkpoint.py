@@ -368,6 +368,7 @@ def processes():
             proc.wait()
 
 
+@pytest.mark.slow
 def test_sigterm_and_sigint_to_the_cli_then_resume_is_bit_identical(tmp_path, processes):
     term_cwd, ref_cwd, int_cwd = tmp_path / "term", tmp_path / "ref", tmp_path / "int"
     term = start_mptrain(term_cwd)

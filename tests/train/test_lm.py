@@ -157,6 +157,7 @@ def test_every_precision_trains_the_language_model(tmp_path, precision):
         assert report["training"]["loss_scale"] is not None
 
 
+@pytest.mark.slow
 def test_pure_fp16_does_not_train_the_language_model_fp32_does(tmp_path):
     """The seed claim on this workload: without FP32 master weights (and with AdamW's epsilon
     below FP16's range) the same 12 steps end far above FP32's loss."""
@@ -214,6 +215,7 @@ def test_training_windows_repeat_per_epoch_and_validation_shards_cover_every_win
     assert len(seen) == 50
 
 
+@pytest.mark.slow
 def test_lm_resume_is_bit_identical(tmp_path, monkeypatch):
     overrides = (
         "precision=fp32",
@@ -267,6 +269,7 @@ def test_task_model_and_dataset_must_agree(overrides, message):
         compose_run(*overrides)
 
 
+@pytest.mark.slow
 def test_missing_text_and_too_little_text_are_one_line_errors(tmp_path):
     result = run_mptrain(tmp_path, "task=lm", "dataset.path=nowhere.txt", "device=cpu")
     assert result.returncode == 2, describe(result)
@@ -280,6 +283,7 @@ def test_missing_text_and_too_little_text_are_one_line_errors(tmp_path):
     assert "fewer than one window" in result.stderr
 
 
+@pytest.mark.slow
 def test_sample_continues_what_the_model_learned(tmp_path):
     """A character model trained on one repeated line continues a prompt with that line."""
     text = tmp_path / "abc.txt"
@@ -334,6 +338,7 @@ def test_sample_continues_what_the_model_learned(tmp_path):
     assert "val loss at training time" in result.stdout and "difference +0.0000" in result.stdout
 
 
+@pytest.mark.slow
 def test_sample_refuses_a_classifier_and_bad_arguments(tmp_path):
     train(
         compose_run("model=mlp", "device=cpu", "progress=false", "max_steps=2", "epochs=null"),
@@ -354,6 +359,7 @@ def test_sample_refuses_a_classifier_and_bad_arguments(tmp_path):
         assert message in result.stderr, result.stderr
 
 
+@pytest.mark.slow
 def test_the_audit_shows_attention_dtypes_and_the_fp32_override_reaches_attention(tmp_path):
     def attention_rows(overrides, out):
         train(lm_run("precision=bf16", "max_steps=1", "audit=true", *overrides), out)
@@ -369,6 +375,7 @@ def test_the_audit_shows_attention_dtypes_and_the_fp32_override_reaches_attentio
     assert rows and all(set(r["input_dtypes"].split(",")) == {"float32"} for r in rows)
 
 
+@pytest.mark.slow
 def test_a_precision_sweep_of_the_language_model_compares_on_loss(tmp_path):
     tiny = [o for o in LM if o != "task=lm"]
     result = run_mptrain(

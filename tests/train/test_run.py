@@ -89,6 +89,7 @@ def test_skipped_steps_are_counted_in_the_report(tmp_path):
     assert rows[-2]["skipped_total"] == 2
 
 
+@pytest.mark.slow
 def test_default_job_reaches_95_percent(tmp_path):
     """`mptrain` with no overrides: cnn on digits, precision=auto, 15 epochs."""
     cfg = compose_run("progress=false")
@@ -97,6 +98,7 @@ def test_default_job_reaches_95_percent(tmp_path):
     assert report["evaluation"]["final_val_accuracy"] >= 0.95
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "overrides",
     [
