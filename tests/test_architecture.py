@@ -177,3 +177,16 @@ def test_only_the_entry_point_and_the_loop_are_named_after_training():
         if "train" in fn.name.lower().split("_")  # train, train_loop, _train (not training)
     )
     assert named == ["train.job.train", "train.loop.train_loop"]
+
+
+def test_every_package_ships_in_the_wheel():
+    """pyproject.toml lists the packages explicitly (conf/ and recipes/ are mapped in): each
+    folder of mptrain/ must be there, or an installed mptrain lacks it."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())
+    listed = set(pyproject["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(init.parent.relative_to(PACKAGE.parent).parts)
+        for init in PACKAGE.rglob("__init__.py")
+    }
+    assert folders - listed == set()
