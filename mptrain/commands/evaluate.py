@@ -52,9 +52,8 @@ from mptrain.models.task import Task
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
-from mptrain.rundir.checkpoint import CheckpointError, load_checkpoint, newest_loadable
+from mptrain.rundir.checkpoint import find_checkpoint as checkpoint_at
 from mptrain.rundir.fileio import atomic_write_text, clean_json
-from mptrain.rundir.layout import BEST, CHECKPOINT_DIR
 from mptrain.rundir.lock import check_creatable
 from mptrain.train.build import build_model_for_run, check_run, resolve_run, window_length
 from mptrain.train.loop import evaluate
@@ -65,44 +64,15 @@ _WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DDP
 
 # ------------------------------------------------------------------------------ the checkpoint
 def find_checkpoint(resume: str | None, which: str = "latest") -> tuple[Path, dict, list[str]]:
-    """(path, payload, notes) of the checkpoint ``resume`` names: a file, or in a run directory
-    (or its checkpoints/) the newest that loads (``which="latest"``) or best.pt (``"best"``).
-    ConfigError, one line, for anything else."""
+    """(path, payload, notes) of the trained checkpoint ``resume`` names (see
+    :func:`mptrain.rundir.checkpoint.find_checkpoint`; in a run directory, ``latest`` falls back
+    past unreadable checkpoints to the newest that loads). ConfigError, one line, otherwise."""
     if resume in (None, "auto"):
         given = "" if resume is None else f"={resume}"
         raise ConfigError(
             f"resume{given}: mptrain eval needs resume=PATH, a checkpoint file or a run directory"
         )
-    path = Path(resume)
-    if not path.exists():
-        raise ConfigError(f"resume={resume!r}: no such file or directory")
-    if path.is_dir():
-        directory = path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
-        if which == "best":
-            path = directory / BEST
-            if not path.is_file():
-                raise ConfigError(
-                    f"resume={resume!r}: no {BEST} in {directory} (eval.checkpoint=best); "
-                    "use eval.checkpoint=latest"
-                )
-        else:
-            return _newest_loadable(resume, directory)
-    try:
-        return path, load_checkpoint(path), []
-    except CheckpointError as exc:
-        raise ConfigError(f"resume={resume!r}: {exc}") from exc
-
-
-def _newest_loadable(resume: str, directory: Path) -> tuple[Path, dict, list[str]]:
-    """The newest checkpoint in ``directory`` that loads; the ones skipped are noted (and left
-    where they are: evaluating changes nothing in a run directory)."""
-    found, notes = newest_loadable(directory, f"resume={resume!r}", quarantine_unreadable=False)
-    if found is None:
-        skipped = f" ({len(notes)} unreadable)" if notes else ""
-        raise ConfigError(
-            f"resume={resume!r}: no checkpoint (step_*.pt) that loads in {directory}{skipped}"
-        )
-    return (*found, notes)
+    return checkpoint_at(resume, which, fall_back=True)
 
 
 def load_weights(model: nn.Module, state: dict[str, torch.Tensor], where: str) -> list[str]:

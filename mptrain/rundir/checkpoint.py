@@ -30,7 +30,7 @@ import torch
 from mptrain.config.base import ConfigError
 from mptrain.config.keys import is_non_training_key
 from mptrain.rundir.fileio import atomic_write
-from mptrain.rundir.layout import CHECKPOINT_DIR, candidates
+from mptrain.rundir.layout import BEST, CHECKPOINT_DIR, candidates
 
 FORMAT_VERSION = 2  # 2: loadable with torch.load(weights_only=True)
 
@@ -139,11 +139,12 @@ def newest_loadable(
 
 
 def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
-    """(path, payload, notes) for ``resume=PATH|auto``; None when auto finds nothing.
+    """(path, payload, notes) for training's ``resume=PATH|auto``; None when auto finds nothing.
 
-    PATH may be a checkpoint file, a run directory or its checkpoints/ directory. ``auto`` looks
-    in this run's directory and falls back past unreadable checkpoints to the newest that loads;
-    an explicit file that does not load is an error.
+    ``auto`` looks in this run's directory and falls back past unreadable checkpoints to the
+    newest that loads (setting them aside as ``*.corrupt``). PATH goes through
+    :func:`find_checkpoint` without falling back: in a run directory its newest checkpoint, and a
+    checkpoint the user named that does not load is an error.
     """
     if resume == "auto":
         directory = output_dir / CHECKPOINT_DIR
@@ -151,19 +152,55 @@ def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any],
             return None
         found, notes = newest_loadable(directory, "resume=auto", quarantine_unreadable=True)
         return (*found, notes) if found is not None else None
+    return find_checkpoint(resume)
+
+
+def find_checkpoint(
+    resume: str, which: str = "latest", *, fall_back: bool = False
+) -> tuple[Path, dict[str, Any], list[str]]:
+    """(path, payload, notes) of the checkpoint ``resume`` names: the one lookup of a user's path
+    (training's resume=PATH, ``mptrain eval``, ``mptrain sample``, ``mptrain.load_model``).
+
+    ``resume`` is a checkpoint file, a run directory or its checkpoints/ directory. In a directory:
+    ``which="best"`` is best.pt; ``"latest"`` its newest checkpoint, or with ``fall_back`` the
+    newest that loads (the unreadable ones noted and left in place). ConfigError, one line, for
+    anything else.
+    """
     path = Path(resume)
-    if path.is_dir():
-        directory = path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
-        found = candidates(directory)
-        if not found:
-            raise ConfigError(f"resume={resume!r}: no checkpoint (step_*.pt) in {directory}")
-        path = found[0]
     if not path.exists():
         raise ConfigError(f"resume={resume!r}: no such file or directory")
+    if path.is_dir():
+        directory = path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
+        if which == "best":
+            path = directory / BEST
+            if not path.is_file():
+                raise ConfigError(
+                    f"resume={resume!r}: no {BEST} in {directory} (eval.checkpoint=best); "
+                    "use eval.checkpoint=latest"
+                )
+        elif fall_back:
+            return _newest_that_loads(resume, directory)
+        else:
+            found = candidates(directory)
+            if not found:
+                raise ConfigError(f"resume={resume!r}: no checkpoint (step_*.pt) in {directory}")
+            path = found[0]
     try:
         return path, load_checkpoint(path), []
-    except CheckpointError as exc:  # the user named this file: bad input, before training
+    except CheckpointError as exc:  # the user named this file: bad input, before anything runs
         raise ConfigError(f"resume={resume!r}: {exc}") from exc
+
+
+def _newest_that_loads(resume: str, directory: Path) -> tuple[Path, dict[str, Any], list[str]]:
+    """The newest checkpoint in ``directory`` that loads; the ones skipped are noted (and left
+    where they are: reading a run directory changes nothing in it)."""
+    found, notes = newest_loadable(directory, f"resume={resume!r}", quarantine_unreadable=False)
+    if found is None:
+        skipped = f" ({len(notes)} unreadable)" if notes else ""
+        raise ConfigError(
+            f"resume={resume!r}: no checkpoint (step_*.pt) that loads in {directory}{skipped}"
+        )
+    return (*found, notes)
 
 
 # Training settings added after checkpoints were first written, with the value that computes what

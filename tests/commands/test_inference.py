@@ -336,8 +336,8 @@ def test_written_files_honour_the_umask(tmp_path, umask, mode):
 
 # ------------------------------------------------------------------------ each dataset's facts
 def test_image_folder_facts_reproduce_the_validation_inputs_from_the_files(tmp_path):
+    from datafiles import build, collect, write_image_folder
     from PIL import Image
-    from test_data import build, collect, write_image_folder
 
     from mptrain.config.data import ImageFolderConfig
 
@@ -353,7 +353,7 @@ def test_image_folder_facts_reproduce_the_validation_inputs_from_the_files(tmp_p
 
 
 def test_torchvision_datasets_name_their_classes(tmp_path):
-    from test_data import build, tv_config, write_cifar10, write_cifar100, write_mnist
+    from datafiles import build, tv_config, write_cifar10, write_cifar100, write_mnist
 
     write_cifar10(tmp_path)
     write_cifar100(tmp_path)
@@ -374,8 +374,8 @@ def test_torchvision_datasets_name_their_classes(tmp_path):
 def test_image_folder_run_loads_predicts_from_files_and_notes_renamed_classes(
     tmp_path, no_run_figure
 ):
+    from datafiles import write_image_folder
     from PIL import Image
-    from test_data import write_image_folder
 
     first, second = tmp_path / "a", tmp_path / "b"
     write_image_folder(first, {"train": {"cat": 4, "dog": 4}, "val": {"cat": 2, "dog": 2}})
