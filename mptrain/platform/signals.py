@@ -1,4 +1,10 @@
-"""Graceful stop on SIGINT / SIGTERM: finish the current step, save, report, exit 130 / 143."""
+"""Graceful stop on SIGINT / SIGTERM / SIGHUP: finish the current step, save, report, exit
+128 + the signal number (130 / 143 / 129).
+
+SIGHUP (a closed terminal, a dropped ssh session) is handled like SIGTERM: Python's default would
+end the process with no checkpoint and no report. While the report is written
+(:class:`SignalsHeld`), further signals are recorded and otherwise ignored: a burst of SIGTERMs
+(``timeout -k``, schedulers, impatient users) cannot cut the report short."""
 
 from __future__ import annotations
 
@@ -6,12 +12,22 @@ import signal
 import threading
 from types import FrameType, TracebackType
 
+# The signals that stop a run gracefully; SIGINT raises KeyboardInterrupt by Python's default.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+_TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM outside training: raised like Ctrl-C's KeyboardInterrupt, so both signals end a run
-    alike (an ``interrupted`` report, then exit 128 + the signal number)."""
+    """SIGTERM or SIGHUP outside training: raised like Ctrl-C's KeyboardInterrupt, so every stop
+    signal ends a run alike (an ``interrupted`` report, then exit 128 + the signal number)."""
 
-    signum = signal.SIGTERM
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__()
+        self.signum = signum
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
 
     @property
     def exit_code(self) -> int:
@@ -19,25 +35,27 @@ class Terminated(KeyboardInterrupt):
 
 
 def _raise_terminated(signum: int, frame: FrameType | None) -> None:
-    raise Terminated
+    raise Terminated(signum)
 
 
 def terminate_like_interrupt() -> None:
-    """From now on (outside :class:`GracefulStop`), SIGTERM raises :class:`Terminated` instead of
-    killing the process silently. Call it first thing in the entry point (main thread only)."""
+    """From now on (outside :class:`GracefulStop`), SIGTERM and SIGHUP raise :class:`Terminated`
+    instead of killing the process silently. Call it first thing in the entry point (main thread
+    only)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _raise_terminated)
+        for sig in _TERMINATING:
+            signal.signal(sig, _raise_terminated)
 
 
 class GracefulStop:
-    """While active, SIGINT and SIGTERM only record that a stop was requested.
+    """While active, SIGINT, SIGTERM and SIGHUP only record that a stop was requested.
 
     The training loop polls :meth:`requested` after each step. A second signal during the final
     save does not interrupt the write (the first signal's number is the one reported). Outside
     the main thread (where Python cannot install handlers) it does nothing.
     """
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = STOP_SIGNALS
 
     def __init__(self) -> None:
         self.signum: int | None = None
@@ -70,3 +88,9 @@ class GracefulStop:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous.clear()
+
+
+class SignalsHeld(GracefulStop):
+    """While active, SIGINT, SIGTERM and SIGHUP are recorded (``signum``: the first) and otherwise
+    ignored, so what runs inside finishes: the report of a run that is ending anyway. The process
+    exits as soon as it is written, with the outcome the report states."""

@@ -36,7 +36,7 @@ from mptrain.output.report import RunReport
 from mptrain.output.trackers import Trackers, start_trackers
 from mptrain.platform.distributed import DistContext, init_distributed, shutdown
 from mptrain.platform.seeding import seed_everything
-from mptrain.platform.signals import GracefulStop, Terminated
+from mptrain.platform.signals import GracefulStop, SignalsHeld, Terminated
 from mptrain.precision.policy import PrecisionPolicy
 from mptrain.rundir.checkpoint import check_compatible, resolve_resume
 from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, METRICS_JSONL, RUN_PNG
@@ -140,7 +140,7 @@ class Job:
         except ConfigError:
             raise
         except KeyboardInterrupt as exc:
-            name = "SIGTERM" if isinstance(exc, Terminated) else "interrupted"
+            name = exc.name if isinstance(exc, Terminated) else "interrupted"
             where = f"at step {self.state.step}" if self.run else "before training"
             self._report("interrupted", f"{name} {where}")
             raise
@@ -264,7 +264,16 @@ class Job:
         return self._report("completed", None)
 
     def _report(self, status: str, reason: str | None) -> RunReport:
-        """Build the report; rank 0 writes report.json, report.md and the curves."""
+        """Build the report; rank 0 writes report.json, report.md and the curves. A stop signal
+        meanwhile is noted and ignored: the report of a run that is ending is never cut short."""
+        with SignalsHeld() as held:
+            report = self._write_report(status, reason)
+        if held.signum is not None:
+            name = signal.Signals(held.signum).name
+            self.log.warn(f"{name} while the report was written: ignored until it was complete")
+        return report
+
+    def _write_report(self, status: str, reason: str | None) -> RunReport:
         report = assemble_report(self, status, reason)
         if not self.dist.is_main:
             return report  # only rank 0 writes

@@ -120,12 +120,25 @@ def test_resume_auto_is_still_allowed_over_its_own_checkpoints(tmp_path):
 
 
 # ----------------------------------------------------------------------------- signals in setup
+class SighupUnhandled(Exception):
+    """SIGHUP reached a handler mptrain did not install (Python's default would end the process)."""
+
+
+def _sighup_unhandled(signum, frame):
+    raise SighupUnhandled("SIGHUP was not handled by mptrain")
+
+
 @pytest.fixture
 def sigterm_raises():
-    previous = signal.getsignal(signal.SIGTERM)
+    """terminate_like_interrupt() for one test, every handler put back afterwards. SIGHUP first
+    gets a handler that raises SighupUnhandled: where mptrain does not handle SIGHUP, the test
+    fails instead of the signal ending the test run."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    signal.signal(signal.SIGHUP, _sighup_unhandled)
     terminate_like_interrupt()
     yield
-    signal.signal(signal.SIGTERM, previous)
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 def test_sigterm_while_building_writes_an_interrupted_report(tmp_path, monkeypatch, sigterm_raises):
@@ -137,6 +150,42 @@ def test_sigterm_while_building_writes_an_interrupted_report(tmp_path, monkeypat
         train(tiny_run("max_steps=2"), tmp_path)
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["status"] == "interrupted" and on_disk["reason"] == "SIGTERM before training"
+
+
+def test_sighup_while_building_writes_an_interrupted_report_and_exits_129(
+    tmp_path, monkeypatch, sigterm_raises
+):
+    """A closed terminal or dropped ssh session (SIGHUP) ends a run like SIGTERM, with a report."""
+
+    def build_then_hung_up(*args, **kwargs):
+        signal.raise_signal(signal.SIGHUP)
+
+    monkeypatch.setattr(run_module, "build_run", build_then_hung_up)
+    with pytest.raises(Terminated) as stopped:
+        train(tiny_run("max_steps=2"), tmp_path)
+    assert stopped.value.exit_code == 129
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk["status"] == "interrupted" and on_disk["reason"] == "SIGHUP before training"
+
+
+def test_a_burst_of_signals_while_the_report_is_written_cannot_cut_it_short(
+    tmp_path, monkeypatch, sigterm_raises
+):
+    """timeout -k, schedulers and impatient users send signal after signal: once the run is ending,
+    they are ignored until its report is complete (a later SIGTERM used to kill the report)."""
+    real_write = run_module.write_report
+
+    def write_under_fire(output_dir, report):
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGTERM, signal.SIGINT):
+            signal.raise_signal(sig)
+        return real_write(output_dir, report)
+
+    monkeypatch.setattr(run_module, "write_report", write_under_fire)
+    report = train(tiny_run("max_steps=2", "epochs=null"), tmp_path)
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == on_disk["status"] == "completed"
+    assert (tmp_path / "report.md").is_file()
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # the handlers are back
 
 
 @pytest.mark.slow

@@ -177,6 +177,24 @@ def assert_interrupted_at(err: RunInterrupted, out: Path, step: int, code: int, 
     assert not temporaries(out / "checkpoints")
 
 
+def test_sighup_during_training_stops_after_the_step_with_a_checkpoint_and_exit_129(
+    tmp_path, monkeypatch
+):
+    """SIGHUP (a closed terminal, a dropped ssh session) stops a run like SIGTERM."""
+
+    def unhandled(signum, frame):  # where mptrain does not handle SIGHUP: fail, do not die
+        raise AssertionError("SIGHUP was not handled by mptrain")
+
+    previous = signal.signal(signal.SIGHUP, unhandled)
+    try:
+        err = run_stopped_at(
+            monkeypatch, tiny_run("max_steps=8", "epochs=null"), tmp_path, 3, signal.SIGHUP
+        )
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert_interrupted_at(err, tmp_path, 3, 129, "SIGHUP")
+
+
 # ------------------------------------------------------------------ 1, 2. bitwise resume in-process
 def interrupt_and_resume(tmp_path, monkeypatch, overrides, stop_step):
     """(uninterrupted report, its final state, resumed report, its final state, run dirs)."""
