@@ -22,6 +22,8 @@ from __future__ import annotations
 import errno
 import json
 import pickle
+import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -92,18 +94,30 @@ def load_checkpoint(path: Path) -> dict[str, Any]:
     except FileNotFoundError as exc:
         raise CheckpointError(f"checkpoint {path}: no such file") from exc
     except pickle.UnpicklingError as exc:
-        if "Unsupported global" not in str(exc):  # torch's words for a refused object
-            raise _unreadable(path, exc) from exc
+        # In a torch.save zip archive (every mptrain checkpoint), an UnpicklingError is the
+        # weights-only unpickler saying no: a truncated or garbled archive fails before, as a
+        # RuntimeError. Recognised by that, whatever torch's wording ("Unsupported global",
+        # "... whose module posix is blocked"); torch's advice (weights_only=False) is never
+        # repeated. A file that is no zip archive at all is unreadable, not refused.
+        if not zipfile.is_zipfile(path):  # the unpickler's own reason, not torch's advice
+            raise _unreadable(path, exc.__context__ or exc) from None
         raise CheckpointRefused(
             f"checkpoint {path}: refused: it holds objects other than tensors and plain Python "
-            "types, which could run code when loaded (mptrain checkpoints never do: written by "
-            "something else, or by an mptrain older than checkpoint format 2)"
-        ) from exc
+            f"types{_what_was_refused(exc)}, which could run code when loaded (mptrain "
+            "checkpoints never do: written by something else, or by an mptrain older than "
+            "checkpoint format 2)"
+        ) from None
     except Exception as exc:
         raise _unreadable(path, exc) from exc
     if not isinstance(payload, dict) or payload.get("format_version") != FORMAT_VERSION:
         raise CheckpointRefused(f"checkpoint {path}: not an mptrain checkpoint of this version")
     return payload
+
+
+def _what_was_refused(exc: pickle.UnpicklingError) -> str:
+    """`` (posix.system)``: the global the weights-only unpickler refused, when it names one."""
+    found = re.search(r"GLOBAL ([\w.]+)", str(exc.__context__ or exc))
+    return f" ({found[1]})" if found else ""
 
 
 def quarantine(path: Path) -> str:

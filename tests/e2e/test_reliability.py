@@ -277,25 +277,54 @@ def test_a_corrupt_newest_checkpoint_is_quarantined_not_kept_in_place_of_a_good_
 
 # --------------------------------------------------------------------------------- safe loading
 class _RunsCodeWhenUnpickled:
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
+    """Unpickling it would create ``marker``: through pathlib (torch: "Unsupported global") or
+    through os.system (torch 2.14: "... whose module posix is blocked")."""
+
+    def __init__(self, marker: Path, via_system: bool = False) -> None:
+        self.marker, self.via_system = marker, via_system
 
     def __reduce__(self):
+        if self.via_system:
+            return (os.system, (f"touch {self.marker}",))
         return (Path.touch, (self.marker,))
 
 
-def test_a_checkpoint_that_would_run_code_is_refused_and_nothing_runs(tmp_path):
-    """resume=PATH used torch.load(weights_only=False): a crafted file could run code."""
+def craft(source: Path, target: Path, marker: Path, via_system: bool) -> None:
+    """``source`` checkpoint's payload with an object that would run code, saved at ``target``."""
+    payload = load_checkpoint(source)
+    payload["scheduler"]["evil"] = _RunsCodeWhenUnpickled(marker, via_system)
+    torch.save(payload, target)
+
+
+@pytest.mark.parametrize("via_system", [False, True], ids=["pathlib", "os-system"])
+def test_a_checkpoint_that_would_run_code_is_refused_and_nothing_runs(tmp_path, via_system):
+    """resume=PATH used torch.load(weights_only=False): a crafted file could run code. torch's
+    refusal of os.system is worded differently: it was called 'truncated or corrupt'."""
     source = tmp_path / "source"
     train(tiny_run("max_steps=2"), source)
-    payload = load_checkpoint(source / "checkpoints" / "step_00000002.pt")
     marker = tmp_path / "code_ran"
-    payload["scheduler"]["evil"] = _RunsCodeWhenUnpickled(marker)
     crafted = tmp_path / "step_00000002.pt"
-    torch.save(payload, crafted)
-    with pytest.raises(ConfigError, match=r"refused: it holds objects other than tensors"):
+    craft(source / "checkpoints" / "step_00000002.pt", crafted, marker, via_system)
+    with pytest.raises(ConfigError, match=r"refused: it holds objects other than tensors") as err:
         train(tiny_run("max_steps=4", f"resume={crafted}"), tmp_path / "run")
     assert not marker.exists(), "unpickling the checkpoint ran code"
+    assert "weights_only=False" not in str(err.value) and "\n" not in str(err.value)
+    if via_system:
+        assert "(posix.system)" in str(err.value)
+
+
+def test_resume_auto_stops_at_a_crafted_newest_checkpoint_and_keeps_it(tmp_path):
+    """A refused file is not corrupt: resume=auto names it in one line rather than renaming it
+    .corrupt and silently starting from an older checkpoint."""
+    run_dir = tmp_path / "run"
+    common = ("max_steps=4", "epochs=null", "checkpoint.every_steps=2")
+    train(tiny_run(*common), run_dir)
+    newest = run_dir / "checkpoints" / "step_00000004.pt"
+    craft(newest, newest, tmp_path / "code_ran", via_system=True)
+    with pytest.raises(ConfigError, match=r"resume=auto: checkpoint .*step_00000004.pt: refused"):
+        train(tiny_run(*common, "max_steps=6", "resume=auto"), run_dir)
+    assert newest.is_file() and not newest.with_name(newest.name + ".corrupt").exists()
+    assert not (tmp_path / "code_ran").exists()
 
 
 def test_checkpoints_load_with_weights_only(tmp_path):
