@@ -583,7 +583,9 @@ def test_unreadable_checkpoints_are_named(tmp_path):
     junk.write_bytes(b"not a zip file at all")
     with pytest.raises(CheckpointError, match="truncated or corrupt") as err:
         load_checkpoint(junk)
-    assert str(junk) in str(err.value) and "weights_only" not in str(err.value)  # not torch's advice
+    assert str(junk) in str(err.value) and "weights_only" not in str(
+        err.value
+    )  # not torch's advice
     foreign = tmp_path / step_name(3)
     torch.save({"weights": torch.ones(2)}, foreign)
     with pytest.raises(CheckpointError, match="not an mptrain checkpoint") as err:
