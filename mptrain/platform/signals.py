@@ -69,6 +69,11 @@ class GracefulStop:
         return self.signum is not None
 
     @property
+    def name(self) -> str | None:
+        """The recorded signal's name (``SIGTERM``), None before one came."""
+        return None if self.signum is None else signal.Signals(self.signum).name
+
+    @property
     def exit_code(self) -> int:
         """128 + signal number: 130 for SIGINT, 143 for SIGTERM (the shell convention)."""
         return 128 + (self.signum or 0)

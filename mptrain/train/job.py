@@ -15,7 +15,6 @@ exception — a report is written with the matching status before the exception 
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -251,7 +250,7 @@ class Job:
         """Report the run's outcome; raise for anything but a completed run."""
         state, diverged = self.run.state, self.run.monitor.diverged_reason
         if state.stopped and self.stop is not None:
-            name = signal.Signals(self.stop.signum).name
+            name = self.stop.name
             saved = self.checkpointer is not None and state.step in self.checkpointer.steps
             reason = f"{name} at step {state.step}; " + (
                 "checkpoint written, resume with resume=auto"
@@ -268,9 +267,10 @@ class Job:
         meanwhile is noted and ignored: the report of a run that is ending is never cut short."""
         with SignalsHeld() as held:
             report = self._write_report(status, reason)
-        if held.signum is not None:
-            name = signal.Signals(held.signum).name
-            self.log.warn(f"{name} while the report was written: ignored until it was complete")
+        if held.requested():
+            self.log.warn(
+                f"{held.name} while the report was written: ignored until it was complete"
+            )
         return report
 
     def _write_report(self, status: str, reason: str | None) -> RunReport:
