@@ -156,7 +156,8 @@ def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any],
     """(path, payload, notes) for training's ``resume=PATH|auto``; None when auto finds nothing.
 
     ``auto`` looks in this run's directory and falls back past unreadable checkpoints to the
-    newest that loads (setting them aside as ``*.corrupt``). PATH goes through
+    newest that loads (setting them aside as ``*.corrupt``), and to ``best.pt`` when no step
+    checkpoint loads (said in the notes). PATH goes through
     :func:`find_checkpoint` without falling back: in a run directory its newest checkpoint, and a
     checkpoint the user named that does not load is an error.
     """
@@ -165,8 +166,31 @@ def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any],
         if not directory.is_dir():
             return None
         found, notes = newest_loadable(directory, "resume=auto", quarantine_unreadable=True)
+        if found is None and (directory / BEST).is_file():
+            return _resume_from_best(directory / BEST, notes)
         return (*found, notes) if found is not None else None
     return find_checkpoint(resume)
+
+
+def _resume_from_best(
+    path: Path, notes: list[str]
+) -> tuple[Path, dict[str, Any], list[str]] | None:
+    """resume=auto when best.pt is all a run left (killed before its first periodic checkpoint):
+    it holds a full state, that of the best evaluation, so the run continues from there and the
+    steps after it are trained again. Said in the notes; an unreadable best.pt is set aside."""
+    try:
+        payload = load_checkpoint(path)
+    except CheckpointRefused as exc:
+        raise ConfigError(f"resume=auto: {exc}") from exc
+    except CheckpointError as exc:
+        notes.append(f"skipped {exc}; {quarantine(path)}")
+        return None
+    step = payload["loop"].get("step")
+    notes.append(
+        f"no step checkpoint: resumed from {BEST} (the best evaluation, step {step}); the steps "
+        "after it are trained again"
+    )
+    return path, payload, notes
 
 
 def find_checkpoint(

@@ -5,8 +5,8 @@
   the holder; a lock left by a run that is gone (the kernel released it) is reported and taken
   over. :func:`check_run_dir_free` does both checks before Hydra writes into the directory.
 - :func:`check_no_other_run`: a fresh run (no ``resume``) refuses a directory that holds another
-  run's checkpoints, unless ``overwrite=true`` (then those checkpoints are deleted, and the run
-  says so).
+  run's checkpoints, metrics or report, unless ``overwrite=true`` (then they are deleted, and the
+  run says so).
 """
 
 from __future__ import annotations
@@ -21,7 +21,17 @@ from pathlib import Path
 from types import TracebackType
 
 from mptrain.config.base import NAME_MAX, PATH_MAX, ConfigError
-from mptrain.rundir.layout import BEST, CHECKPOINT_DIR, LATEST, LOCK_NAME, METRICS_JSONL, candidates
+from mptrain.rundir.layout import (
+    BEST,
+    CHECKPOINT_DIR,
+    LATEST,
+    LOCK_NAME,
+    METRICS_JSONL,
+    REPORT_JSON,
+    REPORT_MD,
+    RUN_PNG,
+    candidates,
+)
 
 
 class RunDirLock:
@@ -148,22 +158,49 @@ def _short(path: Path) -> str:
 def check_no_other_run(
     output_dir: Path, resume: str | None, overwrite: bool, dry_run: bool = False
 ) -> str | None:
-    """Refuse to start fresh over another run's checkpoints (see the module doc).
+    """Refuse to start fresh over another run's work (see the module doc).
 
-    Returns a note when ``overwrite=true`` deleted them (and the old metrics.jsonl, so the new
-    run's log holds only its own steps), else None. ``dry_run``: check only, delete nothing.
+    Another run's work is any of :func:`earlier_run_files`: its checkpoints, ``best.pt`` (a run
+    killed before its first periodic checkpoint leaves only that), ``metrics.jsonl`` or its
+    report. Returns a note when ``overwrite=true`` deleted them, so the new run's log and report
+    hold only its own steps; else None. ``dry_run``: check only, delete nothing.
     """
-    directory = output_dir / CHECKPOINT_DIR
-    found = candidates(directory) if directory.is_dir() else []
+    found = earlier_run_files(output_dir)
     if resume or not found:
         return None
     if not overwrite:
+        names = ", ".join(str(p.relative_to(output_dir)) for p in found[:3])
+        more = f" and {len(found) - 3} more" if len(found) > 3 else ""
         raise ConfigError(
-            f"run directory {output_dir}: holds another run's checkpoints (newest {found[0].name}); "
-            "continue it with resume=auto, or start over with overwrite=true"
+            f"run directory {output_dir}: holds another run's checkpoints or results ({names}"
+            f"{more}); continue it with resume=auto, or start over with overwrite=true"
         )
     if dry_run:
         return None
-    for path in [*found, directory / LATEST, directory / BEST, output_dir / METRICS_JSONL]:
+    directory = output_dir / CHECKPOINT_DIR
+    for path in [*found, directory / LATEST]:
         path.unlink(missing_ok=True)
-    return f"overwrite=true: deleted {len(found)} checkpoint(s) of the previous run in {directory}"
+    steps = [p for p in found if p.parent == directory and p.name != BEST]
+    others = [p.name for p in found if p not in steps]
+    return (
+        f"overwrite=true: deleted {len(steps)} checkpoint(s) of the previous run in {directory}"
+        + (f" and its {', '.join(others)}" if others else "")
+    )
+
+
+def earlier_run_files(output_dir: Path) -> list[Path]:
+    """What an earlier run left in ``output_dir`` that a fresh run would overwrite or mix with its
+    own: step checkpoints (newest first), best.pt, metrics.jsonl, the report and its figure.
+    (failure.json is not: a refused job writes only that, and may be run again.)"""
+    directory = output_dir / CHECKPOINT_DIR
+    found = candidates(directory) if directory.is_dir() else []
+    found += [
+        path
+        for path in (
+            directory / BEST,
+            *(output_dir / name for name in (METRICS_JSONL, REPORT_JSON, REPORT_MD)),
+            output_dir / RUN_PNG,
+        )
+        if path.is_file()
+    ]
+    return found
