@@ -23,6 +23,11 @@ class ConfigError(ValueError):
 
 
 PATH = {"path": True}
+# Field metadata of a setting that does not change what a run computes: where the data lives, what
+# is shown or logged (trackers too), checkpoint and resume mechanics, diagnostics, the commands
+# beside training. Resume signatures, sweep pairing and recipe verdicts leave such keys out
+# (mptrain.config.keys derives the list from the schema).
+NOT_TRAINING = {"training": False}
 
 _launch_dir: Path | None = None
 

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
-from mptrain.config.base import PATH, at_least, check_path, check_target, require
+from mptrain.config.base import NOT_TRAINING, PATH, at_least, check_path, check_target, require
 
 
 # ---------------------------------------------------------------------------------------- datasets
@@ -56,8 +56,8 @@ class SyntheticConfig(DatasetConfig):
 @dataclass
 class TorchvisionDatasetConfig(DatasetConfig):
     name: str = "cifar10"
-    root: str = field(default="data", metadata=PATH)
-    download: bool = False
+    root: str = field(default="data", metadata=PATH | NOT_TRAINING)
+    download: bool = field(default=False, metadata=NOT_TRAINING)
     augment: bool = True
 
     def validate(self) -> None:
@@ -68,7 +68,7 @@ class TorchvisionDatasetConfig(DatasetConfig):
 @dataclass
 class ImageFolderConfig(DatasetConfig):
     name: str = "imagefolder"
-    root: str = field(default=MISSING, metadata=PATH)
+    root: str = field(default=MISSING, metadata=PATH | NOT_TRAINING)
     train_dir: str = "train"
     val_dir: str = "val"
     image_size: int = 224

@@ -1,52 +1,43 @@
 """When two runs are comparable: the config keys that do not change what a run computes.
 
 Sweep comparisons (:mod:`mptrain.commands.sweep`) pair each run with the FP32 run whose config is otherwise
-identical, and recipe verdicts (:mod:`mptrain.train.recipe`) accept a run as the recipe's full schedule
-when every key that matters has the recipe's value; both ignore the keys listed here.
+identical, resume (:mod:`mptrain.train.checkpointer`) compares every training setting with the
+checkpoint's, and recipe verdicts (:mod:`mptrain.train.recipe`) accept a run as the recipe's full
+schedule when every key that matters has the recipe's value; all ignore the keys whose schema field
+is marked :data:`~mptrain.config.base.NOT_TRAINING`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
-# Dotted config keys (or key prefixes) that do not change what a run computes: where the data
-# lives, what is displayed or logged (trackers too), checkpoint and resume mechanics, diagnostics, benchmarks.
-# Comparisons (sweeps, recipe verdicts) ignore them.
-NON_TRAINING_KEYS = (
-    "seed",
-    "device",
-    "progress",
-    "log_every",
-    "probe_every",
-    "eval_every",
-    "eval_every_minutes",
-    "throughput_warmup_steps",
-    "num_workers",
-    "compile",
-    "audit",
-    "probe",
-    "probe_batches",
-    "resume",
-    "resume_allow_changes",
-    "overwrite",
-    "checkpoint",
-    "bench",
-    "advise",
-    "eval",
-    "sample",
-    "debug",
-    "recipe",
-    "dataset.root",
-    "dataset.download",
-    "numerics.find_culprit",
-    "numerics.warn_consecutive_backoffs",
-    "numerics.warn_skip_rate",
-    "numerics.warn_window",
-    # experiment trackers: where the run is reported, not what it computes
-    "logger",
-    "tensorboard",
-    "mlflow",
-)
+from mptrain.config.options import SCHEMAS
+from mptrain.config.run import RunConfig
+
+
+def non_training_keys(
+    schema: type = RunConfig, groups: dict[str, dict[str, type]] = SCHEMAS
+) -> tuple[str, ...]:
+    """The dotted keys (or key prefixes) of ``schema`` whose fields are marked
+    :data:`~mptrain.config.base.NOT_TRAINING`, found by walking its nested dataclasses and, for a
+    config group (``model``, ``dataset``, ...), every option's schema in ``groups``. A new setting
+    is a training setting unless its field says otherwise, so it is compared by default."""
+    keys: dict[str, None] = {}
+    for f in dataclasses.fields(schema):
+        if f.metadata.get("training") is False:
+            keys[f.name] = None
+            continue
+        nested = [*groups.get(f.name, {}).values()]
+        if dataclasses.is_dataclass(f.default_factory):
+            nested.append(f.default_factory)
+        for cls in dict.fromkeys(nested):
+            keys.update(dict.fromkeys(f"{f.name}.{k}" for k in non_training_keys(cls, {})))
+    return tuple(keys)
+
+
+# Comparisons (resume signatures, sweeps, recipe verdicts) ignore these keys.
+NON_TRAINING_KEYS = non_training_keys()
 
 
 def is_non_training_key(key: str) -> bool:

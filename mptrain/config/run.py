@@ -16,7 +16,15 @@ from dataclasses import dataclass, field
 
 from omegaconf import MISSING
 
-from mptrain.config.base import PATH, ConfigError, at_least, check_path, positive, require
+from mptrain.config.base import (
+    NOT_TRAINING,
+    PATH,
+    ConfigError,
+    at_least,
+    check_path,
+    positive,
+    require,
+)
 from mptrain.config.commands import (
     AdviseConfig,
     BenchConfig,
@@ -69,11 +77,11 @@ class NumericsConfig:
     """Loss-scale health limits, culprit search and per-layer FP32 overrides."""
 
     min_loss_scale: float = 1.0
-    warn_consecutive_backoffs: int = 5
-    warn_skip_rate: float = 0.25
-    warn_window: int = 200
+    warn_consecutive_backoffs: int = field(default=5, metadata=NOT_TRAINING)
+    warn_skip_rate: float = field(default=0.25, metadata=NOT_TRAINING)
+    warn_window: int = field(default=200, metadata=NOT_TRAINING)
     max_consecutive_nonfinite_loss: int = 5
-    find_culprit: bool = True
+    find_culprit: bool = field(default=True, metadata=NOT_TRAINING)
     fp32_modules: list[str] = field(default_factory=list)
 
 
@@ -132,7 +140,7 @@ class RunConfig:
     optimizer: OptimizerConfig = MISSING
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     fp8: FP8Config = field(default_factory=FP8Config)
-    recipe: RecipeConfig = field(default_factory=RecipeConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig, metadata=NOT_TRAINING)
     task: str = "classify"  # classify | lm (set by task=NAME, conf/task/)
     epochs: int | None = 15
     max_steps: int | None = None
@@ -141,34 +149,36 @@ class RunConfig:
     grad_accum_steps: int = 1
     clip_grad_norm: float | None = None
     label_smoothing: float = 0.0
-    seed: int = 0
-    device: str = "auto"
-    eval_every: int | None = None
-    eval_every_minutes: float | None = None
-    log_every: int = 50
-    probe_every: int | None = 100
-    throughput_warmup_steps: int = 5
+    # Not compared: sweeps pair runs across seeds (a resume signature adds it back).
+    seed: int = field(default=0, metadata=NOT_TRAINING)
+    device: str = field(default="auto", metadata=NOT_TRAINING)
+    eval_every: int | None = field(default=None, metadata=NOT_TRAINING)
+    eval_every_minutes: float | None = field(default=None, metadata=NOT_TRAINING)
+    log_every: int = field(default=50, metadata=NOT_TRAINING)
+    probe_every: int | None = field(default=100, metadata=NOT_TRAINING)
+    throughput_warmup_steps: int = field(default=5, metadata=NOT_TRAINING)
     channels_last: bool = False
-    compile: bool = False
-    num_workers: int = 2
-    progress: bool = True
-    audit: bool = False
-    probe: bool = False
-    probe_batches: int = 4
+    compile: bool = field(default=False, metadata=NOT_TRAINING)
+    num_workers: int = field(default=2, metadata=NOT_TRAINING)
+    progress: bool = field(default=True, metadata=NOT_TRAINING)
+    audit: bool = field(default=False, metadata=NOT_TRAINING)
+    probe: bool = field(default=False, metadata=NOT_TRAINING)
+    probe_batches: int = field(default=4, metadata=NOT_TRAINING)
     numerics: NumericsConfig = field(default_factory=NumericsConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    resume: str | None = field(default=None, metadata=PATH)  # or "auto"
-    resume_allow_changes: bool = False
-    overwrite: bool = False
-    bench: BenchConfig = field(default_factory=BenchConfig)
-    advise: AdviseConfig = field(default_factory=AdviseConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-    sample: SampleConfig = field(default_factory=SampleConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=NOT_TRAINING)
+    resume: str | None = field(default=None, metadata=PATH | NOT_TRAINING)  # or "auto"
+    resume_allow_changes: bool = field(default=False, metadata=NOT_TRAINING)
+    overwrite: bool = field(default=False, metadata=NOT_TRAINING)
+    bench: BenchConfig = field(default_factory=BenchConfig, metadata=NOT_TRAINING)
+    advise: AdviseConfig = field(default_factory=AdviseConfig, metadata=NOT_TRAINING)
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata=NOT_TRAINING)
+    sample: SampleConfig = field(default_factory=SampleConfig, metadata=NOT_TRAINING)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    debug: DebugConfig = field(default_factory=DebugConfig)
-    logger: list[str] = field(default_factory=list)  # experiment trackers: names of LOGGERS
-    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
-    mlflow: MLflowConfig = field(default_factory=MLflowConfig)
+    debug: DebugConfig = field(default_factory=DebugConfig, metadata=NOT_TRAINING)
+    # Experiment trackers (names of LOGGERS): where the run is reported, not what it computes.
+    logger: list[str] = field(default_factory=list, metadata=NOT_TRAINING)
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig, metadata=NOT_TRAINING)
+    mlflow: MLflowConfig = field(default_factory=MLflowConfig, metadata=NOT_TRAINING)
 
 
 def _validate_numerics(n: NumericsConfig) -> None:

@@ -528,3 +528,46 @@ def test_sweep_syntax_without_multirun_is_refused():
     message = preflight_error("model=mlp,cnn")
     assert_one_line(message)
     assert "model=mlp,cnn" in message
+
+
+# ------------------------------------------------------------- settings that do not train
+def test_non_training_keys_come_from_the_schema_and_a_new_setting_is_compared():
+    """Issue 27, item 12: a hand-kept list missed advise.*, putting it in every resume signature
+    and sweep pairing key. The list is derived from field metadata; unmarked means compared."""
+    from dataclasses import dataclass, field
+
+    from mptrain.config.base import NOT_TRAINING
+    from mptrain.config.keys import non_training_keys
+
+    @dataclass
+    class Tool:
+        budget: float = 1.0
+
+    @dataclass
+    class Option:
+        width: int = 8
+        cache: str = field(default="x", metadata=NOT_TRAINING)
+
+    @dataclass
+    class Schema:
+        lr: float = 0.1
+        new_setting: int = 0
+        tool: Tool = field(default_factory=Tool, metadata=NOT_TRAINING)
+        group: object = None
+
+    assert non_training_keys(Schema, {"group": {"a": Option}}) == ("tool", "group.cache")
+
+
+def test_every_command_setting_is_left_out_of_resume_and_comparisons():
+    from types import SimpleNamespace
+
+    from mptrain.config.keys import flatten as flat
+    from mptrain.config.keys import is_non_training_key
+    from mptrain.train.checkpointer import run_signature
+
+    cfg = compose_run("model=mlp", "device=cpu")
+    for key in flat(dataclasses.asdict(cfg)):
+        if key.split(".")[0] in ("bench", "advise", "eval", "sample", "logger", "mlflow"):
+            assert is_non_training_key(key), key
+    signature = run_signature(cfg, SimpleNamespace(name="fp32", fp8=None))
+    assert not [k for k in signature if k.startswith(("advise.", "bench.", "sample.", "eval."))]
