@@ -1,0 +1,109 @@
+"""Bad and hostile data files (issue 27): a CIFAR batch whose pickle would run code is refused
+without running it, and a genuine one in any pickle protocol reads back exactly.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import pickle
+import re
+
+import numpy as np
+import pytest
+from datafiles import (
+    build,
+    collect,
+    random_bytes,
+    tv_config,
+    unnormalise,
+    write_cifar10,
+    write_cifar100,
+)
+
+from mptrain.config.base import ConfigError
+
+
+# -------------------------------------------------------------------- CIFAR batches (item 10)
+class ShellCommand:
+    """What a crafted batch file holds: unpickling it would call ``os.system(command)``."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_a_cifar_batch_whose_pickle_would_run_code_is_refused_without_running_it(tmp_path):
+    write_cifar10(tmp_path)
+    marker = tmp_path / "ran"
+    batch = tmp_path / "cifar-10-batches-py" / "data_batch_1"
+    crafted = {b"data": ShellCommand(f"touch {marker}"), b"labels": [0]}
+    batch.write_bytes(pickle.dumps(crafted, protocol=2))
+    with pytest.raises(ConfigError) as refused:
+        build(tv_config("cifar10", tmp_path))
+    assert not marker.exists()
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1
+    assert re.search(
+        rf"dataset.root='{tmp_path}': \S*data_batch_1 is not a cifar10 batch: its pickle would "
+        rf"call {os.system.__module__}.system; refused",
+        message,
+    ), message
+
+
+def test_a_cifar100_meta_file_whose_pickle_would_run_code_is_refused(tmp_path):
+    write_cifar100(tmp_path)
+    marker = tmp_path / "ran"
+    meta = tmp_path / "cifar-100-python" / "meta"
+    meta.write_bytes(pickle.dumps({b"fine_label_names": ShellCommand(f"touch {marker}")}))
+    with pytest.raises(ConfigError, match=r"meta is not a cifar100 batch: its pickle would call"):
+        build(tv_config("cifar100", tmp_path))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_a_genuine_cifar_batch_reads_back_in_every_pickle_protocol(tmp_path, protocol):
+    """torchvision's format: b'data' uint8 N x 3072 (R, G, B planes), b'labels' a list of ints."""
+    written = write_cifar10(tmp_path)
+    images = random_bytes((3, 3072), seed=7)
+    entry = {b"batch_label": b"testing batch 1 of 1", b"data": images, b"labels": [4, 0, 9]}
+    entry[b"filenames"] = [b"a.png", b"b.png", b"c.png"]
+    test_batch = tmp_path / "cifar-10-batches-py" / "test_batch"
+    test_batch.write_bytes(pickle.dumps(entry, protocol=protocol))
+    bundle = build(tv_config("cifar10", tmp_path), eval_batch_size=2)
+    val_images, val_labels = collect(bundle.val)
+    assert val_labels.tolist() == [4, 0, 9]
+    assert np.array_equal(unnormalise(val_images, "cifar10").reshape(3, 3072).numpy(), images)
+    assert len(collect(bundle.train, epoch=0)[1]) == len(written["train_labels"])
+
+
+def test_a_batch_written_by_python_2_and_numpy_1_names_numpys_old_module(tmp_path):
+    """The authors' files name ``numpy.core.multiarray._reconstruct`` (numpy 2 writes
+    ``numpy._core``): both are the one reconstruction function, and read."""
+    entry = {b"data": random_bytes((2, 3072), seed=1), b"fine_labels": [3, 99]}
+    data = pickle.dumps(entry, protocol=2).replace(b"numpy._core.", b"numpy.core.")
+    assert b"cnumpy.core.multiarray\n_reconstruct" in data
+    from mptrain.data.cifarfile import read_cifar_pickle
+
+    path = tmp_path / "train"
+    path.write_bytes(data)
+    read = read_cifar_pickle(path)
+    assert read[b"fine_labels"] == [3, 99] and np.array_equal(read[b"data"], entry[b"data"])
+
+
+def test_protocol_2_bytes_decode_only_as_latin1(tmp_path):
+    """Protocol 2 writes bytes as ``_codecs.encode(text, 'latin1')``; any other codec is refused,
+    so a file cannot choose what the codec registry looks up."""
+    from mptrain.data.cifarfile import RefusedGlobal, read_cifar_pickle
+
+    path = tmp_path / "data_batch_1"
+
+    class Rot13:
+        def __reduce__(self):
+            return codecs.encode, ("payload", "rot13")
+
+    path.write_bytes(pickle.dumps({b"data": Rot13()}, protocol=2))
+    with pytest.raises(RefusedGlobal, match=r"_codecs.encode\(\.\.\., 'rot13'\)"):
+        read_cifar_pickle(path)
