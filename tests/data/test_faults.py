@@ -1,5 +1,6 @@
-"""Bad and hostile data files (issue 27): a CIFAR batch whose pickle would run code is refused
-without running it, and a genuine one in any pickle protocol reads back exactly.
+"""Bad and hostile data (issue 27): a CIFAR batch whose pickle would run code is refused without
+running it (a genuine one in any pickle protocol reads back exactly); a language model's text
+that is missing, too short for a window or not UTF-8 is refused in one line naming the cause.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 import numpy as np
 import pytest
 from datafiles import (
+    CPU,
     build,
     collect,
     random_bytes,
@@ -22,6 +24,9 @@ from datafiles import (
 )
 
 from mptrain.config.base import ConfigError
+from mptrain.config.data import TextDatasetConfig
+from mptrain.data.batches import BatchLayout
+from mptrain.data.build import build_data
 
 
 # -------------------------------------------------------------------- CIFAR batches (item 10)
@@ -107,3 +112,74 @@ def test_protocol_2_bytes_decode_only_as_latin1(tmp_path):
     path.write_bytes(pickle.dumps({b"data": Rot13()}, protocol=2))
     with pytest.raises(RefusedGlobal, match=r"_codecs.encode\(\.\.\., 'rot13'\)"):
         read_cifar_pickle(path)
+
+
+# ------------------------------------------------------------------------ language-model text
+def build_text(path, block_size: int = 32, **keys):
+    """build_data of dataset=text on ``path`` with windows of ``block_size`` tokens."""
+    layout = BatchLayout(2, 4, CPU, seed=0, num_workers=0, sequence_length=block_size)
+    return build_data(TextDatasetConfig(path=str(path), **keys), layout)
+
+
+def test_a_missing_text_path_is_said_to_be_missing(tmp_path):
+    with pytest.raises(ConfigError, match=r"dataset.path='\S*nowhere.txt': \S* does not exist"):
+        build_text(tmp_path / "nowhere.txt")
+
+
+@pytest.mark.parametrize(
+    ("content", "keys", "message"),
+    [
+        (
+            b"x" * 20,
+            {},
+            r"dataset.path='\S+': the text has 20 bytes \(20 tokens\), and its training split "
+            r"18 tokens, fewer than one window of model.block_size \+ 1 = 33; use a longer text",
+        ),
+        (
+            b"x" * 100,
+            {},
+            r"dataset.path='\S+': the text has 100 bytes \(100 tokens\), and its validation "
+            r"\(the last dataset.val_fraction=0.1 of it\) split 10 tokens, fewer than one window of "
+            r"model.block_size \+ 1 = 33; use a longer text, a larger dataset.val_fraction",
+        ),
+        (b"", {}, r"dataset.path='\S+': the text is empty, and its training split 0 tokens"),
+        (
+            b"x" * 10_000,
+            {"max_bytes": 30},
+            r"dataset.max_bytes=30: the 30 bytes \(30 tokens\) read leave the training split 27 "
+            r"tokens, fewer than one window of model.block_size \+ 1 = 33; raise dataset.max_bytes",
+        ),
+    ],
+    ids=["short", "short-validation", "empty", "cut-by-max-bytes"],
+)
+def test_a_text_too_short_for_a_window_names_the_cause_and_its_key(
+    tmp_path, content, keys, message
+):
+    text = tmp_path / "input.txt"
+    text.write_bytes(content)
+    with pytest.raises(ConfigError, match=message) as refused:
+        build_text(text, **keys)
+    assert len(str(refused.value).splitlines()) == 1
+    if not keys:
+        assert "max_bytes" not in str(refused.value)
+
+
+def test_a_text_mostly_not_utf8_is_refused_for_characters_and_read_as_bytes(tmp_path):
+    text = tmp_path / "latin1.txt"
+    text.write_bytes("Größe, Maß und Fuß. ".encode("latin-1") * 100)  # 4 of 20 bytes not UTF-8
+    message = (
+        r"dataset.path='\S+': 400 of its 2,000 bytes \(20.0%\) are not UTF-8, and "
+        r"dataset.vocabulary=chars would read each as U\+FFFD; use dataset.vocabulary=bytes"
+    )
+    with pytest.raises(ConfigError, match=message):
+        build_text(text, vocabulary="chars")
+    assert build_text(text, vocabulary="bytes").num_classes == 256
+
+
+def test_a_few_bytes_not_utf8_are_noted_not_hidden(tmp_path):
+    text = tmp_path / "cut.txt"
+    text.write_bytes(("naïve café " * 200).encode() + b"\xff")  # one stray byte in 2,601
+    bundle = build_text(text, vocabulary="chars")
+    assert "1 byte not UTF-8, read as U+FFFD" in bundle.description
+    assert bundle.text.describe()["not_utf8_bytes"] == 1
+    assert build_text(text, vocabulary="bytes").text.describe()["not_utf8_bytes"] is None
