@@ -9,9 +9,12 @@ import codecs
 import os
 import pickle
 import re
+import sys
+import textwrap
 
 import numpy as np
 import pytest
+from conftest import run_cli
 from datafiles import (
     CPU,
     build,
@@ -24,7 +27,7 @@ from datafiles import (
 )
 
 from mptrain.config.base import ConfigError
-from mptrain.config.data import TextDatasetConfig
+from mptrain.config.data import CustomDatasetConfig, TextDatasetConfig
 from mptrain.data.batches import BatchLayout
 from mptrain.data.build import build_data
 
@@ -183,3 +186,67 @@ def test_a_few_bytes_not_utf8_are_noted_not_hidden(tmp_path):
     assert "1 byte not UTF-8, read as U+FFFD" in bundle.description
     assert bundle.text.describe()["not_utf8_bytes"] == 1
     assert build_text(text, vocabulary="bytes").text.describe()["not_utf8_bytes"] is None
+
+
+# ------------------------------------------------------------------ labels read by workers
+# A custom dataset whose sample 37 of the training set has label 17 of 10 classes: the first
+# sample (checked before training) is fine, the bad one is met only as the workers read it.
+BAD_LABEL_DATA = textwrap.dedent(
+    """
+    import torch
+
+    class Labelled(torch.utils.data.Dataset):
+        def __init__(self, n, bad):
+            self.n, self.bad = n, bad
+
+        def __len__(self):
+            return self.n
+
+        def __getitem__(self, i):
+            return torch.full((1, 4, 4), float(i % 10)), 17 if i == self.bad else i % 10
+
+    def make(bad=37):
+        return Labelled(48, bad), Labelled(16, None)
+    """
+)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_label_out_of_range_read_by_a_worker_names_the_dataset_sample_and_range(
+    tmp_path, monkeypatch, workers
+):
+    (tmp_path / "labelled.py").write_text(BAD_LABEL_DATA)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = CustomDatasetConfig(_target_="labelled.make", num_classes=10, in_memory=False)
+    bundle = build_data(cfg, BatchLayout(8, 8, CPU, seed=0, num_workers=workers))
+    message = r"^dataset custom: training sample 37 has label 17, outside 0\.\.9 \(dataset.num_classes=10\)$"
+    with pytest.raises(RuntimeError, match=message) as refused:
+        collect(bundle.train)
+    assert refused.type.__name__ == "BadLabel"
+    monkeypatch.delitem(sys.modules, "labelled")
+
+
+@pytest.mark.slow
+def test_a_bad_label_in_a_worker_fed_run_is_one_line_exit_1(tmp_path, monkeypatch):
+    (tmp_path / "labelled.py").write_text(BAD_LABEL_DATA)
+    args = [
+        "model=mlp",
+        "device=cpu",
+        "progress=false",
+        "dataset=custom",
+        "dataset._target_=labelled.make",
+        "+dataset.num_classes=10",
+        "num_workers=1",
+        "batch_size=8",
+        "max_steps=12",
+        "checkpoint.enabled=false",
+    ]
+    outcome = run_cli(args, tmp_path, monkeypatch, jobs=True)
+    assert outcome.code == 1, outcome
+    lines = outcome.stderr.splitlines()
+    assert len(lines) == 1, outcome
+    assert re.search(
+        r"^mptrain: error: run failed: BadLabel: dataset custom: training sample 37 has label 17, "
+        r"outside 0\.\.9 \(dataset.num_classes=10\) \(report in ",
+        lines[0],
+    ), lines[0]
