@@ -28,6 +28,7 @@ from mptrain.data.batches import (
     check_labels,
     make_bundle,
 )
+from mptrain.data.cifarfile import RefusedGlobal, read_cifar_pickle
 from mptrain.data.feeds import TensorBatches
 
 
@@ -212,10 +213,11 @@ def load_cifar_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
             if not path.is_file():
                 raise _missing(cfg, path)
             try:
-                with path.open("rb") as f:
-                    entry = pickle.load(f, encoding="bytes")
+                entry = read_cifar_pickle(path)
                 images.append(np.asarray(entry[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32))
                 labels.extend(entry[label_key])
+            except RefusedGlobal as exc:
+                raise _refused(cfg, path, exc) from None
             except (pickle.UnpicklingError, EOFError, KeyError, ValueError, TypeError) as exc:
                 raise ConfigError(
                     f"dataset.root={cfg.root!r}: {path} is not a readable {cfg.name} batch file "
@@ -227,7 +229,7 @@ def load_cifar_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
     train_images, train_labels = read(train_files)
     val_images, val_labels = read(val_files)
     mean, std = _STATS[cfg.name]
-    classes = _cifar_classes(base, cfg.name)
+    classes = _cifar_classes(cfg, base)
     return ArrayDataset(
         train_images, train_labels, val_images, val_labels, num_classes, mean, std, classes
     )
@@ -238,13 +240,25 @@ _CIFAR10_NAMES = [
 ]  # fmt: skip
 
 
-def _cifar_classes(base: Path, name: str) -> list[str] | None:
-    """CIFAR-10's names; CIFAR-100's from its ``meta`` file (None when the file is absent)."""
-    if name == "cifar10":
+def _refused(cfg: TorchvisionDatasetConfig, path: Path, exc: RefusedGlobal) -> ConfigError:
+    """The one-line refusal of a batch file whose pickle names code to run (none of it ran)."""
+    return ConfigError(
+        f"dataset.root={cfg.root!r}: {path} is not a {cfg.name} batch: {exc}; refused (a CIFAR "
+        "batch holds only dicts, lists, bytes, ints and numpy arrays); copy the files again from "
+        "the authors or with dataset.download=true"
+    )
+
+
+def _cifar_classes(cfg: TorchvisionDatasetConfig, base: Path) -> list[str] | None:
+    """CIFAR-10's names; CIFAR-100's from its ``meta`` file (None when the file is absent or
+    unreadable: the names are a convenience). A ``meta`` whose pickle names code is refused."""
+    if cfg.name == "cifar10":
         return _CIFAR10_NAMES
+    path = base / "meta"
     try:
-        with (base / "meta").open("rb") as f:
-            return [n.decode() for n in pickle.load(f, encoding="bytes")[b"fine_label_names"]]
+        return [n.decode() for n in read_cifar_pickle(path)[b"fine_label_names"]]
+    except RefusedGlobal as exc:
+        raise _refused(cfg, path, exc) from None
     except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError, AttributeError):
         return None
 

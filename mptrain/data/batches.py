@@ -5,6 +5,7 @@ way a dataset's two feeds are assembled on this rank's shard, with the size and 
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -69,6 +70,60 @@ class BatchLayout:
     rank: int = 0
     world: int = 1
     sequence_length: int | None = None  # token data: the window length (the model's block_size)
+
+
+class DataError(RuntimeError):
+    """Bad data met while batches are served; the message is one line naming what is wrong.
+
+    Raised in a DataLoader worker, it reaches the main process re-created with the worker's
+    traceback in its message; ``str()`` still gives the one line."""
+
+    def __str__(self) -> str:
+        last = str(self.args[0]).rstrip().splitlines()[-1] if self.args else ""
+        return last.split(f"{type(self).__name__}: ", 1)[-1]
+
+
+class BadLabel(DataError):
+    """A sample whose label is not an int in ``0..num_classes-1``, found as it is read."""
+
+
+def is_int_label(label: Any) -> bool:
+    """Python and NumPy integers, 0-d integer tensors; not bools, not floats."""
+    if isinstance(label, torch.Tensor):
+        return label.dim() == 0 and not label.is_floating_point() and label.dtype != torch.bool
+    return isinstance(label, numbers.Integral) and not isinstance(label, bool)
+
+
+class CheckedLabels(torch.utils.data.Dataset):
+    """A map-style dataset whose every sample's label is checked as it is read (in the DataLoader
+    worker that reads it): :class:`BadLabel` naming ``name``, the split, the sample index and the
+    accepted range, instead of an IndexError (CPU) or a device-side assert (CUDA) in the loss.
+    ``classes_from`` says where ``num_classes`` came from (``dataset.num_classes=10``)."""
+
+    def __init__(
+        self, dataset: Any, num_classes: int, name: str, split: str, classes_from: str
+    ) -> None:
+        self.dataset, self.num_classes = dataset, num_classes
+        self.where, self.classes_from = f"dataset {name}: {split} sample", classes_from
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        sample = self.dataset[index]
+        label = sample[1]
+        if not is_int_label(label) or not 0 <= int(label) < self.num_classes:
+            what = "outside" if is_int_label(label) else "not an int in"
+            raise BadLabel(
+                f"{self.where} {index} has label {label!r}, {what} 0..{self.num_classes - 1} "
+                f"({self.classes_from})"
+            )
+        return sample
+
+    def __getattr__(self, name: str) -> Any:  # classes, ... of the wrapped dataset
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
 
 
 def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:

@@ -5,7 +5,6 @@ checked, then they are fed from memory (``dataset.in_memory``) or through DataLo
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +16,14 @@ from mptrain.config.data import (
 )
 from mptrain.config.targets import call_target, check_keys, locate, offered
 from mptrain.data.arrays import ArrayDataset, array_bundle
-from mptrain.data.batches import BatchLayout, DataBundle, check_batch_size, make_bundle
+from mptrain.data.batches import (
+    BatchLayout,
+    CheckedLabels,
+    DataBundle,
+    check_batch_size,
+    is_int_label,
+    make_bundle,
+)
 from mptrain.data.feeds import LoaderBatches
 
 
@@ -103,11 +109,7 @@ def _check_sample(
         raise ConfigError(f"{where}: the image is {what}; expected a float C x H x W tensor")
     if image.shape[1] != image.shape[2]:
         raise ConfigError(f"{where}: the image is {_side(tuple(image.shape))}; expected H == W")
-    # Python and NumPy integers, 0-d integer tensors; not bools, not floats.
-    is_int = (isinstance(label, numbers.Integral) and not isinstance(label, bool)) or (
-        isinstance(label, torch.Tensor) and label.dim() == 0 and not label.is_floating_point()
-    )
-    if not is_int or not 0 <= int(label) < num_classes:
+    if not is_int_label(label) or not 0 <= int(label) < num_classes:
         raise ConfigError(
             f"{where}: the label is {label!r}; expected an int in 0..{num_classes - 1}"
         )
@@ -137,7 +139,7 @@ def custom_bundle(cfg: CustomDatasetConfig, data: CustomDataset, layout: BatchLa
         bundle = array_bundle(cfg, arrays, layout)
     else:
         check_batch_size(layout.batch_size, len(data.train), "training samples")
-        bundle = _custom_loader_bundle(data, layout)
+        bundle = _custom_loader_bundle(cfg, data, layout)
     bundle.description = description
     bundle.classes = _custom_class_names(data)
     return bundle
@@ -151,13 +153,25 @@ def _custom_class_names(data: CustomDataset) -> list[str] | None:
     return None
 
 
-def _custom_loader_bundle(data: CustomDataset, layout: BatchLayout) -> DataBundle:
-    """DataLoader workers over the user's datasets (preprocessing is the datasets' own)."""
+def _custom_loader_bundle(
+    cfg: CustomDatasetConfig, data: CustomDataset, layout: BatchLayout
+) -> DataBundle:
+    """DataLoader workers over the user's datasets (preprocessing is the datasets' own), every
+    sample's label checked as a worker reads it (only sample 0 was checked before training)."""
     channels, side, _ = data.sample_shape
+    classes_from = (
+        f"dataset.num_classes={cfg.num_classes}"
+        if cfg.num_classes is not None
+        else f"the {data.num_classes} classes of the training set's 'classes'"
+    )
+    train, val = (
+        CheckedLabels(dataset, data.num_classes, "custom", split, classes_from)
+        for dataset, split in ((data.train, "training"), (data.val, "validation"))
+    )
     return make_bundle(
         LoaderBatches,
-        (data.train,),
-        (data.val,),
+        (train,),
+        (val,),
         layout,
         (data.num_classes, channels, side),
         "",

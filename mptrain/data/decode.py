@@ -28,6 +28,8 @@ from typing import Any
 
 import torch
 
+from mptrain.data.batches import DataError
+
 # Draft scales libjpeg offers (Image.draft): decode at 1/8, 1/4, 1/2 of each side, or full size.
 DRAFT_FACTORS = (8, 4, 2, 1)
 JPEG_MAGIC = b"\xff\xd8\xff"
@@ -36,15 +38,9 @@ JPEG_MAGIC = b"\xff\xd8\xff"
 _DECODE_ERRORS = (OSError, ValueError, SyntaxError, RuntimeError)
 
 
-class BadDataFile(RuntimeError):
-    """A data file that does not decode; the message is one line naming it.
-
-    Raised in a DataLoader worker, it reaches the main process re-created with the worker's
-    traceback in its message; ``str()`` still gives the one line."""
-
-    def __str__(self) -> str:
-        last = str(self.args[0]).rstrip().splitlines()[-1] if self.args else ""
-        return last.split(f"{type(self).__name__}: ", 1)[-1]
+class BadDataFile(DataError):
+    """A data file that does not decode; the message is one line naming it (also when raised in
+    a DataLoader worker, see :class:`DataError`)."""
 
 
 def bad_file(path: str, exc: BaseException) -> BadDataFile:

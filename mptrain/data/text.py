@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import re
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -61,7 +62,12 @@ def corpus_files(root: Path, suffix: str = ".py") -> list[Path]:
 
 def read_corpus(root: Path, max_bytes: int, suffix: str = ".py") -> tuple[bytes, CorpusFacts]:
     """The concatenated files of ``root`` (whole files, in order, until ``max_bytes``; a single
-    file is cut at ``max_bytes``) and what was read."""
+    file is cut at ``max_bytes``) and what was read. FileNotFoundError when ``root`` does not
+    exist or holds no ``suffix`` file."""
+    if not root.exists():
+        raise FileNotFoundError(
+            f"{root} does not exist; give a file or a directory of {suffix} files"
+        )
     files = corpus_files(root, suffix)
     if not files:
         raise FileNotFoundError(f"{root}: no {suffix} files to read")
@@ -116,17 +122,27 @@ class TokenSplit:
     val: torch.Tensor
 
 
+class ShortText(ValueError):
+    """A split of the token stream holds no window: ``split`` ("training" or "validation") has
+    ``tokens`` tokens, fewer than ``block_size + 1``."""
+
+    def __init__(self, split: str, tokens: int, block_size: int) -> None:
+        super().__init__(
+            f"the {split} text has {tokens} tokens, fewer than one window of "
+            f"block_size + 1 = {block_size + 1}"
+        )
+        self.split, self.tokens, self.block_size = split, tokens, block_size
+
+
 def split_tokens(tokens: torch.Tensor, val_fraction: float, block_size: int) -> TokenSplit:
     """The first ``1 - val_fraction`` of ``tokens`` for training, the rest for validation; each
-    part must hold at least one window of ``block_size + 1`` tokens (inputs and next tokens)."""
+    part must hold at least one window of ``block_size + 1`` tokens (inputs and next tokens), else
+    :class:`ShortText` naming the first part that does not."""
     n_val = int(len(tokens) * val_fraction)
     train, val = tokens[: len(tokens) - n_val], tokens[len(tokens) - n_val :]
     for name, part in (("training", train), ("validation", val)):
         if len(part) < block_size + 1:
-            raise ValueError(
-                f"the {name} text has {len(part)} tokens, fewer than one window of "
-                f"block_size + 1 = {block_size + 1}"
-            )
+            raise ShortText(name, len(part), block_size)
     return TokenSplit(train, val)
 
 
@@ -177,6 +193,7 @@ class TextFacts:
     val_tokens: int
     val_windows: int
     unigram_val_loss: float
+    not_utf8_bytes: int | None = None  # character vocabulary: bytes read as U+FFFD
 
     def describe(self) -> dict[str, Any]:
         """The report's ``data.text`` entry (plain types)."""
@@ -189,6 +206,7 @@ class TextFacts:
             "val_tokens": self.val_tokens,
             "val_windows": self.val_windows,
             "unigram_val_loss": self.unigram_val_loss,
+            "not_utf8_bytes": self.not_utf8_bytes,
         }
 
 
@@ -276,6 +294,30 @@ class TokenText:
     corpus: CorpusFacts
     vocabulary: Vocabulary
     val_fraction: float  # the share of the tokens, at the end, that validates
+    # Character vocabulary: bytes that are not UTF-8 (each read as U+FFFD); None: bytes vocabulary.
+    not_utf8_bytes: int | None = None
+
+
+# One lone surrogate per byte that is not part of valid UTF-8 (errors="surrogateescape").
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+
+
+def count_not_utf8(data: bytes) -> int:
+    """How many bytes of ``data`` are not part of a valid UTF-8 sequence."""
+    return len(_NOT_UTF8.findall(data.decode("utf-8", errors="surrogateescape")))
+
+
+def _source(path: str, suffix: str | None) -> tuple[Path, str]:
+    """(root, suffix) that ``dataset.path`` and ``dataset.suffix`` name: empty ``path`` is the
+    standard library's ``.py`` files, a path its ``.txt`` files, unless ``suffix`` says."""
+    return (Path(path) if path else stdlib_root()), suffix or (".txt" if path else ".py")
+
+
+def text_left_unread(path: str, max_bytes: int, suffix: str | None) -> bool:
+    """Whether :func:`read_text_dataset` stops at ``max_bytes`` with text of ``path`` unread (it
+    lists the files again: call it to explain a failure, not on every run)."""
+    root, suffix = _source(path, suffix)
+    return sum(file.stat().st_size for file in corpus_files(root, suffix)) > max_bytes
 
 
 def read_text_dataset(
@@ -283,13 +325,15 @@ def read_text_dataset(
 ) -> TokenText:
     """Read ``path`` (a file or directory; empty: the interpreter's standard library) and
     tokenise it with a byte or a character vocabulary (built from the training part only, so
-    nothing of the validation text leaks into it). FileNotFoundError when there is no text."""
-    root = Path(path) if path else stdlib_root()
-    data, facts = read_corpus(root, max_bytes, suffix or (".txt" if path else ".py"))
+    nothing of the validation text leaks into it); with characters, the bytes that are not UTF-8
+    are counted (``not_utf8_bytes``). FileNotFoundError when there is no text."""
+    root, suffix = _source(path, suffix)
+    data, facts = read_corpus(root, max_bytes, suffix)
     if not path:
         facts = dataclasses.replace(facts, source=f"python stdlib {root}")
-    vocab = Vocabulary()
+    vocab, not_utf8 = Vocabulary(), None
     if vocabulary == "chars":
         text = data.decode("utf-8", errors="replace")
         vocab = Vocabulary.of_characters(text[: len(text) - int(len(text) * val_fraction)])
-    return TokenText(vocab.encode(data), facts, vocab, val_fraction)
+        not_utf8 = count_not_utf8(data)
+    return TokenText(vocab.encode(data), facts, vocab, val_fraction, not_utf8)
