@@ -27,6 +27,7 @@ from mptrain.data.batches import (
     check_batch_size,
     check_labels,
     make_bundle,
+    tensors_identity,
 )
 from mptrain.data.cifarfile import RefusedGlobal, read_cifar_pickle
 from mptrain.data.feeds import TensorBatches
@@ -327,6 +328,9 @@ def array_bundle(cfg: Any, arrays: ArrayDataset, layout: BatchLayout) -> DataBun
         std=arrays.std,
     )
     bundle.classes = arrays.classes
+    bundle.identity = tensors_identity(
+        arrays.train_images, arrays.train_labels, arrays.val_images, arrays.val_labels
+    )
     # uint8 images are scaled to [0, 1] by the feed; float ones are fed as they are.
     scale = 255.0 if arrays.train_images.dtype == torch.uint8 else 1.0
     bundle.preprocessing = arrays.preprocessing or preprocessing(

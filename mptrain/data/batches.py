@@ -5,7 +5,9 @@ way a dataset's two feeds are assembled on this rank's shard, with the size and 
 
 from __future__ import annotations
 
+import hashlib
 import numbers
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -51,6 +53,11 @@ class DataBundle:
     # Token data (dataset=text): window length and what was read; num_classes is the vocabulary.
     sequence_length: int | None = None
     text: TextFacts | None = None
+    # What the data was, cheap to recompute (a digest of the tensors or the text read, or of the
+    # image files' names, sizes and mtimes): a resumed run must train on the data its checkpoint
+    # saw (mptrain.train.checkpointer.run_signature). None where nothing cheap names it (datasets
+    # of the user's code read by DataLoader workers).
+    identity: str | None = None
 
 
 @dataclass(frozen=True)
@@ -189,3 +196,22 @@ def make_bundle(
         num_val=len(val[-1]),
         description=description,
     )
+
+
+def tensors_identity(*tensors: torch.Tensor) -> str:
+    """``sha256:<digest>`` of the tensors' bytes, in order (a DataBundle's ``identity``)."""
+    digest = hashlib.sha256()
+    for tensor in tensors:
+        flat = tensor.detach().cpu().contiguous().reshape(-1)
+        digest.update(memoryview(flat.view(torch.uint8).numpy()))
+    return f"sha256:{digest.hexdigest()}"
+
+
+def files_identity(paths: list[str]) -> str:
+    """``files:<digest>`` of each file's name, size and modification time (a DataBundle's
+    ``identity`` for data read from files: no file is read, one stat each)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        info = os.stat(path)
+        digest.update(f"{path}\0{info.st_size}\0{info.st_mtime_ns}\n".encode())
+    return f"files:{digest.hexdigest()}"

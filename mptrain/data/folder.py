@@ -17,7 +17,13 @@ from mptrain.config.data import (
     ImageFolderConfig,
 )
 from mptrain.data.arrays import preprocessing
-from mptrain.data.batches import BatchLayout, DataBundle, check_batch_size, make_bundle
+from mptrain.data.batches import (
+    BatchLayout,
+    DataBundle,
+    check_batch_size,
+    files_identity,
+    make_bundle,
+)
 from mptrain.data.decode import (
     CropSpec,
     DecodeCrop,
@@ -121,6 +127,9 @@ def folder_bundle(
     for source in (bundle.train, bundle.val):
         source.feed += f": {_pipeline_words(source.pipeline)}"  # type: ignore[attr-defined]
     bundle.classes = list(folders.train.classes)  # the class folders' names, sorted
+    bundle.identity = files_identity(
+        [path for path, _ in folders.train.samples + folders.val.samples]
+    )
     bundle.preprocessing = preprocessing(
         255.0,  # ToTensor's scaling of 8-bit RGB
         IMAGENET_MEAN,

@@ -127,4 +127,5 @@ def text_bundle(cfg: TextDatasetConfig, text: TokenText, layout: BatchLayout) ->
         f"{len(split.val)} val tokens ({kind}), windows of {block}",
         sequence_length=block,
         text=facts,
+        identity=f"sha256:{text.corpus.content_sha256}",
     )

@@ -44,6 +44,7 @@ class CorpusFacts:
     file_list_sha256: str  # of the newline-joined relative paths, in reading order
     first_file: str | None
     last_file: str | None
+    content_sha256: str = ""  # of the bytes read: a resumed run must train on the same text
 
 
 def stdlib_root() -> Path:
@@ -81,8 +82,10 @@ def read_corpus(root: Path, max_bytes: int, suffix: str = ".py") -> tuple[bytes,
         total += len(chunks[-1])
     names = [str(p.relative_to(root)) if p != root else p.name for p in used]
     digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
-    facts = CorpusFacts(str(root), len(used), total, digest, names[0], names[-1])
-    return b"".join(chunks), facts
+    text = b"".join(chunks)
+    content = hashlib.sha256(text).hexdigest()
+    facts = CorpusFacts(str(root), len(used), total, digest, names[0], names[-1], content)
+    return text, facts
 
 
 @dataclass(frozen=True)

@@ -251,12 +251,22 @@ ADDED_SETTINGS: dict[str, Any] = {
 }
 
 
+# The signature key of what the data was (mptrain.data.batches.DataBundle.identity). Checkpoints
+# of an older mptrain lack it: then it is not compared (nothing says what their data was).
+DATA_IDENTITY = "data.identity"
+
+
 def check_compatible(
-    payload: dict[str, Any], signature: dict[str, Any], path: Path, allow_changes: bool
+    payload: dict[str, Any],
+    signature: dict[str, Any],
+    path: Path,
+    allow_changes: bool,
+    data_key: str = "dataset",
 ) -> list[str]:
     """Refuse a resume whose training settings differ from the checkpoint's, listing every
     difference, unless allowed. Returns the differences that were allowed (recorded in the
-    report; :func:`restore` applies them)."""
+    report; :func:`restore` applies them). Data whose content changed under the same settings
+    is refused in one line naming ``data_key`` (``dataset.path=...``)."""
     # Keys an older mptrain signed that no longer change what a run computes (advise.*) are not
     # differences: such a checkpoint resumes.
     signed = {
@@ -265,17 +275,31 @@ def check_compatible(
         if k in signature or not is_non_training_key(k)
     }
     saved = {**_added_defaults(signed), **signed}
+    if DATA_IDENTITY not in saved:
+        signature = {k: v for k, v in signature.items() if k != DATA_IDENTITY}
     differences = [
         f"{key}: checkpoint {saved.get(key)!r}, now {signature.get(key)!r}"
         for key in dict.fromkeys([*signature, *saved])  # both key sets, in order
         if saved.get(key) != signature.get(key)
     ]
     if differences and not allow_changes:
+        if differences[0].startswith(DATA_IDENTITY) and len(differences) == 1:
+            then, now = (_short_digest(x.get(DATA_IDENTITY)) for x in (saved, signature))
+            raise ConfigError(
+                f"resume: {data_key} holds other data than {path} was trained on (content {then} "
+                f"then, {now} now); resume with the data it was trained on, or set "
+                "resume_allow_changes=true to go on with this data"
+            )
         raise ConfigError(
             f"resume: {path} was saved with different settings ({'; '.join(differences)}); "
             "set resume_allow_changes=true to resume anyway"
         )
     return differences
+
+
+def _short_digest(identity: str | None) -> str:
+    """``sha256:1a2b3c4d5e6f`` of a data identity (enough to tell two apart in a message)."""
+    return "unknown" if identity is None else identity[: identity.index(":") + 13]
 
 
 def _added_defaults(saved: dict[str, Any]) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from mptrain.platform.distributed import (
 )
 from mptrain.platform.seeding import restore_rng_states, rng_states
 from mptrain.rundir.checkpoint import (
+    DATA_IDENTITY,
     FORMAT_VERSION,
     atomic_json,
     atomic_torch_save,
@@ -217,9 +218,13 @@ def _restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict[
     scheduler._last_lr = [group["lr"] for group in groups]
 
 
-def run_signature(cfg: RunConfig, policy: PrecisionPolicy) -> dict[str, Any]:
+def run_signature(
+    cfg: RunConfig, policy: PrecisionPolicy, data_identity: str | None = None
+) -> dict[str, Any]:
     """What a checkpoint must agree on to be resumed: every training setting, flattened
-    (``optimizer.lr``, ``scheduler.name``, ``batch_size``, ...), with the precision that ran.
+    (``optimizer.lr``, ``scheduler.name``, ``batch_size``, ...), with the precision that ran and
+    what the data was (``data.identity``: the DataBundle's digest of its content, when it has one;
+    a path alone does not say the text behind it is the same).
 
     Settings that do not change what a run computes (:data:`mptrain.config.keys.NON_TRAINING_KEYS`)
     are left out, and so are the FP8 settings unless the run is FP8, and the distributed ones.
@@ -236,4 +241,6 @@ def run_signature(cfg: RunConfig, policy: PrecisionPolicy) -> dict[str, Any]:
         if where or fp8_unused or is_non_training_key(key):
             continue
         signature[key] = value
+    if data_identity is not None:
+        signature[DATA_IDENTITY] = data_identity
     return signature

@@ -157,7 +157,7 @@ class Job:
         if cfg.resume:
             self.resumed = self._resume()
         if cfg.checkpoint.enabled:
-            signature = run_signature(cfg, self.policy)
+            signature = run_signature(cfg, self.policy, run.data.identity)
             self.checkpointer = Checkpointer(self.output_dir / CHECKPOINT_DIR, run, signature)
 
     def _announce(self) -> None:
@@ -183,7 +183,11 @@ class Job:
             return {"requested": cfg.resume, "from": None, "note": note}
         path, payload, notes = found
         allowed = check_compatible(
-            payload, run_signature(cfg, self.policy), path, cfg.resume_allow_changes
+            payload,
+            run_signature(cfg, self.policy, run.data.identity),
+            path,
+            cfg.resume_allow_changes,
+            data_key=data_key(cfg),
         )
         saved_world = payload.get("world_size", 1)
         if saved_world != dist.world_size:
@@ -191,7 +195,7 @@ class Job:
                 f"saved at world size {saved_world}, resumed at {dist.world_size}: weights, "
                 "optimizer and scaler state load as saved; the data position is placed by step count"
             )
-        notes += restore(payload, run, path)
+        notes += restore_or_refuse(payload, run, path)
         if dist.is_main:  # the steps after the checkpoint will be logged again
             dropped = truncate_after(self.output_dir / METRICS_JSONL, run.state.step)
             if dropped:
@@ -310,6 +314,31 @@ class Job:
         if self.trackers is not None:
             self.trackers.finish(status, [p for p in artifacts if p is not None])
             self.trackers = None
+
+
+def restore_or_refuse(payload: dict[str, Any], run: Run, path: Path) -> list[str]:
+    """:func:`restore`, with a checkpoint that does not fit the model built now (its weights'
+    shapes or names, e.g. a text with another vocabulary under resume_allow_changes=true) refused
+    as bad input in one line: a resume that cannot start must not end in a failed report written
+    over the run's own (a finished run's report, curves and metrics stay as they were)."""
+    try:
+        return restore(payload, run, path)
+    except ConfigError:
+        raise
+    except (RuntimeError, KeyError, ValueError) as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        raise ConfigError(
+            f"resume: {path} does not fit the run built now ({': '.join(lines[:2])})"
+        ) from exc
+
+
+def data_key(cfg: RunConfig) -> str:
+    """The setting that names where the data comes from, with its value, for messages."""
+    for key in ("path", "root"):
+        value = getattr(cfg.dataset, key, None)
+        if value:
+            return f"dataset.{key}={value!r}"
+    return f"dataset={cfg.dataset.name}"
 
 
 def no_checkpoint_hint(output_dir: Path) -> str:

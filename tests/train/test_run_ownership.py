@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
-from conftest import tiny_run, train
+import torch
+from conftest import LM, compose_run, tiny_run, train
 
 from mptrain.config.base import ConfigError
+from mptrain.data.batches import files_identity, tensors_identity
 from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.rundir.layout import BEST, CHECKPOINT_DIR, LATEST, METRICS_JSONL, REPORT_JSON
 
@@ -31,6 +34,7 @@ def killed_before_its_first_periodic_checkpoint(directory: Path) -> None:
     assert (checkpoints / BEST).is_file()
 
 
+@pytest.mark.slow
 def test_a_fresh_run_over_a_killed_runs_best_and_metrics_is_refused(tmp_path):
     killed_before_its_first_periodic_checkpoint(tmp_path)
     best = (tmp_path / CHECKPOINT_DIR / BEST).read_bytes()
@@ -70,3 +74,51 @@ def test_resume_auto_starts_from_best_when_it_is_all_there_is_and_says_so(tmp_pa
     assert any("resumed from best.pt" in note for note in report["resumed"]["notes"])
     assert metric_steps(tmp_path) == [1, 2, 3, 4]  # each step once
     assert "no step checkpoint: resumed from best.pt" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------ the data a checkpoint was trained on
+def lm_run(text: Path, *overrides: str):
+    return compose_run(*LM, f"dataset.path={text}", "dataset.vocabulary=chars", *overrides)
+
+
+@pytest.mark.slow
+def test_resume_refuses_a_text_changed_in_place_and_keeps_the_finished_runs_report(tmp_path):
+    """Item 2: the same path, other content: refused naming dataset.path, before anything of the
+    finished run is touched (it used to fail in load_state_dict and write a 'failed' report)."""
+    text, out = tmp_path / "corpus.txt", tmp_path / "run"
+    text.write_text("to be or not to be, that is the question\n" * 400)
+    train(lm_run(text, "max_steps=4"), out)
+    finished = {name: (out / name).read_bytes() for name in ("report.json", "report.md")}
+    text.write_text("TO BE OR NOT TO BE; WHAT A QUESTION!\n" * 400)  # other characters
+    with pytest.raises(ConfigError, match=rf"dataset.path='{text}' holds other data than"):
+        train(lm_run(text, "max_steps=4", "resume=auto"), out)
+    with pytest.raises(ConfigError, match=r"does not fit the run built now .*size mismatch"):
+        train(lm_run(text, "max_steps=4", "resume=auto", "resume_allow_changes=true"), out)
+    assert {name: (out / name).read_bytes() for name in finished} == finished
+
+
+def test_data_identity_follows_content_not_names(tmp_path):
+    a, b = tmp_path / "a.jpg", tmp_path / "b.jpg"
+    a.write_bytes(b"x" * 10)
+    b.write_bytes(b"y" * 10)
+    before = files_identity([str(a), str(b)])
+    assert files_identity([str(a), str(b)]) == before
+    os.utime(b, ns=(0, 0))  # rewritten (here: only its mtime changed)
+    assert files_identity([str(a), str(b)]) != before
+    assert files_identity([str(a)]) != before  # a file gone
+    x = torch.arange(6)
+    assert tensors_identity(x) == tensors_identity(x.clone())
+    assert tensors_identity(x) != tensors_identity(x.flip(0))
+
+
+@pytest.mark.slow
+def test_a_checkpoint_without_a_data_identity_still_resumes(tmp_path):
+    """Checkpoints of an older mptrain name no data: nothing to compare, nothing refused."""
+    out = tmp_path / "run"
+    train(tiny_run("max_steps=2", "checkpoint.every_steps=2"), out)
+    path = out / CHECKPOINT_DIR / "step_00000002.pt"
+    payload = torch.load(path, weights_only=True)
+    assert payload["signature"].pop("data.identity").startswith("sha256:")
+    torch.save(payload, path)
+    report = train(tiny_run("max_steps=3", "resume=auto", "resume_allow_changes=true"), out)
+    assert report["resumed"]["allowed_differences"] == ["max_steps: checkpoint 2, now 3"]
