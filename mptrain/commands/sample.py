@@ -10,14 +10,19 @@ does (the plain FP32 architecture with the trained weights) and generates autore
 each new token is drawn from the softmax of the last position's logits divided by
 ``temperature``, restricted to the ``top_k`` most likely tokens (``temperature=0``: always the most
 likely token; any temperature > 0, however small, is computed without overflow and nears that
-choice as it nears 0). The context is cut to the model's ``block_size``. The prompt and the continuation
-go to stdout; where they came from goes to stderr, so the text can be piped. A prompt given as bytes that are not UTF-8 is taken as those bytes by a bytes vocabulary
+choice as it nears 0). The context is cut to the model's ``block_size``. The prompt and then each
+new token's text go to stdout as the token is chosen (a character a bytes vocabulary spreads over
+several tokens shows when complete); where they came from goes to stderr, so the text can be
+piped. A prompt given as bytes that are not UTF-8 is taken as those bytes by a bytes vocabulary
 and refused by a characters vocabulary.
 """
 
 from __future__ import annotations
 
+import codecs
 import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 import torch
 from torch import nn
@@ -101,7 +106,7 @@ def choose_next(
 
 
 @torch.no_grad()
-def generate(
+def new_tokens(
     model: nn.Module,
     ids: torch.Tensor,
     max_new_tokens: int,
@@ -110,13 +115,47 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """``ids (batch, length)`` followed by ``max_new_tokens`` tokens the model chose, one at a time
-    (see :func:`choose_next`); the model sees at most the last ``block_size`` tokens."""
+) -> Iterator[torch.Tensor]:
+    """Each of ``max_new_tokens`` tokens ``(batch, 1)`` the model chooses after ``ids (batch,
+    length)``, yielded as soon as it is chosen (see :func:`choose_next`). The model sees at most
+    the last ``block_size`` tokens, and only those are kept: memory does not grow with the count."""
+    context = ids[:, -block_size:]
     for _ in range(max_new_tokens):
-        logits = model(ids[:, -block_size:])[:, -1, :].float()
-        ids = torch.cat([ids, choose_next(logits, temperature, top_k, generator)], dim=1)
-    return ids
+        logits = model(context)[:, -1, :].float()
+        next_id = choose_next(logits, temperature, top_k, generator)
+        yield next_id
+        context = torch.cat([context, next_id], dim=1)[:, -block_size:]
+
+
+def generate(
+    model: nn.Module, ids: torch.Tensor, max_new_tokens: int, block_size: int, **sampling: Any
+) -> torch.Tensor:
+    """``ids (batch, length)`` followed by the ``max_new_tokens`` tokens of :func:`new_tokens`
+    (``sampling``: its keywords ``temperature``, ``top_k``, ``generator``)."""
+    chosen = new_tokens(model, ids, max_new_tokens, block_size, **sampling)
+    return torch.cat([ids, *chosen], dim=1)
+
+
+class TextStream:
+    """Token ids to text piece by piece: the pieces joined (with :meth:`end`) are exactly
+    ``vocab.decode`` of all the ids at once. Under a bytes vocabulary a piece may end inside a
+    UTF-8 character; its bytes are held until the character is complete (or, at the end, shown
+    as U+FFFD, as ``vocab.decode`` does)."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self._vocab = vocab
+        bytes_vocab = vocab.chars is None
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace") if bytes_vocab else None
+
+    def piece(self, ids: list[int]) -> str:
+        """The text ``ids`` complete (possibly empty)."""
+        if self._utf8 is None:
+            return self._vocab.decode(ids)
+        return self._utf8.decode(bytes(ids))
+
+    def end(self) -> str:
+        """What is left: U+FFFD for an unfinished UTF-8 character, else nothing."""
+        return "" if self._utf8 is None else self._utf8.decode(b"", final=True)
 
 
 def prompt_bytes(vocab: Vocabulary, prompt: str) -> bytes:
@@ -163,6 +202,38 @@ def encode_prompt(vocab: Vocabulary, prompt: str) -> tuple[torch.Tensor, list[st
     return ids[None, :], missing
 
 
+def write_sample(model: nn.Module, ids: torch.Tensor, cfg: RunConfig, out: TextIO) -> None:
+    """Write the prompt ``ids (1, length)`` and, as each new token is chosen, its text (flushed:
+    a long sample shows as it grows), then a newline. Draws come from a generator seeded with
+    ``cfg.seed`` on ``ids``' device. ConfigError naming ``resume`` if the model's logits are not
+    finite."""
+    s = cfg.sample
+    stream = TextStream(model.mptrain_vocabulary)
+    out.write(stream.piece(ids[0].tolist()))
+    out.flush()
+    generator = torch.Generator(device=ids.device).manual_seed(cfg.seed)
+    chosen = new_tokens(
+        model,
+        ids,
+        s.max_new_tokens,
+        model.mptrain_sequence_length,
+        temperature=s.temperature,
+        top_k=s.top_k,
+        generator=generator,
+    )
+    try:
+        for next_id in chosen:
+            out.write(stream.piece(next_id[0].tolist()))
+            out.flush()
+    except LogitsNotFinite as exc:
+        out.write("\n")
+        raise ConfigError(
+            f"resume={cfg.resume}: {exc} in {model.mptrain_checkpoint}; its weights are damaged "
+            "(a run that diverged?): sample from an earlier checkpoint"
+        ) from None
+    out.write(stream.end() + "\n")
+
+
 def sample_main(argv: list[str]) -> None:
     """``mptrain sample ...``: print the prompt and its continuation (see the module doc)."""
     from mptrain.commands.evaluate import load_model
@@ -188,20 +259,4 @@ def sample_main(argv: list[str]) -> None:
         f"top_k {s.top_k}, seed {cfg.seed}, {s.max_new_tokens} new tokens",
         file=sys.stderr,
     )
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    try:
-        out = generate(
-            model,
-            ids.to(device),
-            s.max_new_tokens,
-            model.mptrain_sequence_length,
-            temperature=s.temperature,
-            top_k=s.top_k,
-            generator=generator,
-        )
-    except LogitsNotFinite as exc:
-        raise ConfigError(
-            f"resume={cfg.resume}: {exc} in {model.mptrain_checkpoint}; its weights are damaged "
-            "(a run that diverged?): sample from an earlier checkpoint"
-        ) from None
-    sys.stdout.write(vocab.decode(out[0].cpu()) + "\n")
+    write_sample(model, ids.to(device), cfg, sys.stdout)

@@ -169,3 +169,27 @@ def test_a_model_whose_logits_are_not_finite_is_a_one_line_error(monkeypatch, tm
         model.head.weight[3, 0] = math.nan
     error = sample_refusal(monkeypatch, tmp_path, model, "max_new_tokens=3")
     assert "resume=tiny.pt: the model's logits are not finite (NaN or inf) in tiny.pt" in error
+
+
+def test_the_text_streams_out_as_each_token_is_chosen(monkeypatch):
+    """Issue 27, "also": a huge max_new_tokens printed nothing until the end. Each token's text is
+    written (and flushed) after the forward pass that chose it, before the next one."""
+    out = sample_text(monkeypatch, tiny_lm(CHARS), "prompt=the", "max_new_tokens=12")
+    assert out.writes[0] == (0, "the")
+    assert [forwards for forwards, _ in out.writes[1:-1]] == list(range(1, 13))
+    assert out.writes[-1] == (12, "\n")
+    assert "".join(text for _, text in out.writes) == out.getvalue()
+
+
+def test_streamed_bytes_decode_as_the_whole_text_does():
+    """A bytes vocabulary spreads a character over several tokens: the stream holds its first
+    bytes until it is complete, and ends an unfinished one with U+FFFD, as Vocabulary.decode."""
+    from mptrain.commands.sample import TextStream
+
+    stream = TextStream(BYTES)
+    assert (stream.piece([0xC3]), stream.piece([0xA9]), stream.piece([0xE2, 0x82])) == ("", "é", "")
+    assert stream.end() == "\ufffd"
+    data = list("naïve €5 ".encode()) + list(torch.randint(0, 256, (300,), generator=None).tolist())
+    stream = TextStream(BYTES)
+    pieces = [stream.piece([b]) for b in data] + [stream.end()]
+    assert "".join(pieces) == BYTES.decode(data)
