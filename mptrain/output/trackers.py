@@ -6,7 +6,9 @@ evaluation, global optimizer steps): ``train/loss``, ``train/lr``, ``train/loss_
 ``eval/val_accuracy``.
 
 - **TensorBoard** (``torch.utils.tensorboard.SummaryWriter``) writes to ``tensorboard.log_dir``
-  (default ``<run dir>/tensorboard``): the scalars, and the flattened config as hparams. Steps are
+  (default ``<run dir>/tensorboard``): the scalars, and the flattened config as hparams with the
+  run's outcome as the hparams session's status (no TensorFlow needed). The writer is closed at
+  the end even when the status cannot be written (that failure is warned of in one line). Steps are
   global: a resumed run writes to the same directory with ``purge_step`` at its first new step, so
   TensorBoard drops what the interrupted run logged after the checkpoint and the curves continue
   (a run started over with ``overwrite=true`` purges from step 1).
@@ -103,14 +105,38 @@ class TensorBoardTracker:
             self.writer.add_scalar(tag, value, step)
 
     def finish(self, status: str, artifacts: list[Path]) -> None:
-        from tensorboard.plugins.hparams import api_pb2
-        from tensorboard.plugins.hparams.summary import session_end_pb
+        """Write the hparams session end with ``status``, then close the writer; it is closed
+        (its events flushed) even when the session end cannot be written, and that error raised."""
+        try:
+            self.writer.file_writer.add_summary(session_end_summary(status))
+        finally:
+            self.writer.close()
 
-        state = {"completed": api_pb2.STATUS_SUCCESS, "interrupted": api_pb2.STATUS_ABORTED}
-        self.writer.file_writer.add_summary(
-            session_end_pb(state.get(status, api_pb2.STATUS_FAILURE))
-        )
-        self.writer.close()
+
+def session_end_summary(status: str) -> Any:
+    """The hparams plugin's session-end ``Summary`` for a report status (completed: success,
+    interrupted: unknown, anything else: failure), stamped now.
+
+    Built from TensorBoard's protobufs directly: ``tensorboard.plugins.hparams.summary``
+    (``session_end_pb``) imports TensorFlow, which ``pip install "mptrain[tensorboard]"`` does not
+    install; torch's ``hparams()`` builds a session end too, but always with success.
+    """
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+    # The hparams Status has no "aborted" (unknown, success, failure, running): an interrupted run
+    # neither succeeded nor failed, and may be resumed.
+    state = {"completed": api_pb2.STATUS_SUCCESS, "interrupted": api_pb2.STATUS_UNKNOWN}
+    info = plugin_data_pb2.SessionEndInfo(
+        status=state.get(status, api_pb2.STATUS_FAILURE), end_time_secs=time.time()
+    )
+    content = plugin_data_pb2.HParamsPluginData(session_end_info=info)
+    value = Summary.Value(
+        tag=metadata.SESSION_END_INFO_TAG,
+        metadata=metadata.create_summary_metadata(content),
+        tensor=metadata.NULL_TENSOR,  # as TensorBoard's own session_end_pb writes it
+    )
+    return Summary(value=[value])
 
 
 def tensorboard_hparams(cfg: RunConfig) -> dict[str, Any]:

@@ -3,6 +3,7 @@ readers: what a run sends, a resumed run's curves, a tracker failing mid-run, an
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 
@@ -19,7 +20,10 @@ pytest.importorskip("mlflow")
 
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.plugins.hparams import plugin_data_pb2
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+from mptrain.output import trackers as trackers_module
+from mptrain.output.trackers import TensorBoardTracker, Trackers
 
 TRAIN_TAGS = (
     "train/loss",
@@ -53,6 +57,15 @@ def hparams_of(log_dir) -> dict[str, object]:
         k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
         for k, v in data.session_start_info.hparams.items()
     }
+
+
+def hparams_session(log_dir) -> tuple[dict[str, object], list[plugin_data_pb2.SessionEndInfo]]:
+    """The hparams TensorBoard reads from ``log_dir``: the session's values and its session ends."""
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")
+    ends = [metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])]
+    return hparams_of(log_dir), ends if metadata.SESSION_END_INFO_TAG in content else []
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +237,44 @@ def test_a_tracker_that_cannot_start_stops_the_run_before_training(tmp_path):
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"mptrain: error: mlflow.tracking_uri={(blocked / 'mlruns').as_uri()}: ")
     assert not list(tmp_path.glob("outputs/*/*/report.json"))  # nothing trained
+
+
+# ------------------------------------------------ TensorBoard without TensorFlow (issue 27, item 14)
+def test_tensorboard_ends_the_hparams_session_without_tensorflow(tmp_path, capsys):
+    # Exactly what `pip install "mptrain[tensorboard]"` installs: tensorboard, no TensorFlow.
+    assert importlib.util.find_spec("tensorflow") is None
+    cfg = tiny_run("epochs=null", "max_steps=4", "log_every=2", "logger=[tensorboard]")
+    report = train(cfg, tmp_path)
+    assert report["status"] == "completed"
+    assert "tensorboard failed" not in capsys.readouterr().out
+    values, ends = hparams_session(tmp_path / "tensorboard")
+    assert values["max_steps"] == 4 and values["precision.name"] == cfg.precision.name
+    (end,) = ends
+    assert end.status == api_pb2.STATUS_SUCCESS and end.end_time_secs > 0
+    assert [step for step, _ in scalars(tmp_path / "tensorboard")["train/loss"]] == [2, 4]
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [("interrupted", api_pb2.STATUS_UNKNOWN), ("diverged", api_pb2.STATUS_FAILURE)],
+)
+def test_the_hparams_session_end_carries_the_run_status(tmp_path, status, expected):
+    tracker = TensorBoardTracker(tmp_path, {"lr": 0.1}, start_step=0, own_dir=True)
+    tracker.finish(status, [])
+    values, (end,) = hparams_session(tmp_path)
+    assert values == {"lr": 0.1} and end.status == expected
+
+
+def test_the_writer_is_closed_when_the_session_end_cannot_be_written(tmp_path, monkeypatch):
+    def broken(status):
+        raise OSError("no session end today")
+
+    monkeypatch.setattr(trackers_module, "session_end_summary", broken)
+    warnings: list[str] = []
+    together = Trackers([TensorBoardTracker(tmp_path, {"lr": 0.1}, 0, True)], warnings.append)
+    together.on_log({"kind": "train", "step": 3, "loss": 1.5})
+    together.finish("completed", [])
+    (warning,) = warnings
+    assert warning.startswith("tensorboard failed (OSError: no session end today)")
+    # The scalar is on disk only because the writer was closed (flushed) all the same.
+    assert scalars(tmp_path)["train/loss"] == [(3, 1.5)]
