@@ -9,13 +9,20 @@ conf/config.yaml), with the short forms ``prompt=``, ``max_new_tokens=``, ``temp
 does (the plain FP32 architecture with the trained weights) and generates autoregressively:
 each new token is drawn from the softmax of the last position's logits divided by
 ``temperature``, restricted to the ``top_k`` most likely tokens (``temperature=0``: always the most
-likely token). The context is cut to the model's ``block_size``. The prompt and the continuation
-go to stdout; where they came from goes to stderr, so the text can be piped.
+likely token; any temperature > 0, however small, is computed without overflow and nears that
+choice as it nears 0). The context is cut to the model's ``block_size``. The prompt and then each
+new token's text go to stdout as the token is chosen (a character a bytes vocabulary spreads over
+several tokens shows when complete); where they came from goes to stderr, so the text can be
+piped. A prompt given as bytes that are not UTF-8 is taken as those bytes by a bytes vocabulary
+and refused by a characters vocabulary.
 """
 
 from __future__ import annotations
 
+import codecs
 import sys
+from collections.abc import Iterator
+from typing import Any, TextIO
 
 import torch
 from torch import nn
@@ -64,8 +71,42 @@ def sample_settings(argv: list[str]) -> tuple[RunConfig, str]:
     return cfg, cfg.sample.prompt if prompt is None else prompt
 
 
+class LogitsNotFinite(ValueError):
+    """The model gave NaN or inf logits: nothing can be drawn from them (damaged weights)."""
+
+
+def choose_next(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The next token ``(batch, 1)`` for the last position's ``logits (batch, vocab)``: the most
+    likely one at ``temperature=0``, else a draw from ``softmax(logits / temperature)`` over the
+    ``top_k`` most likely tokens (all of them when None). Any temperature > 0, however small or
+    large, gives finite probabilities; raises ValueError for a temperature that is not >= 0 and
+    :class:`LogitsNotFinite` when the logits are not all finite. Syncs the device (the checks)."""
+    if not temperature >= 0:  # NaN included
+        raise ValueError(f"temperature={temperature}: must be >= 0")
+    if not bool(torch.isfinite(logits).all()):
+        raise LogitsNotFinite("the model's logits are not finite (NaN or inf)")
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)
+    # The largest logit is shifted to 0 before dividing, in float64 (where the temperature keeps
+    # its value: 1e-300 is 0 in float32): a tiny temperature then sends the others to -inf
+    # (probability 0) and never the largest to +inf, whose softmax would be inf/inf = NaN. As the
+    # temperature nears 0 the draw nears the greedy choice (ties share the probability).
+    shifted = logits.double() - logits.double().amax(dim=-1, keepdim=True)
+    scaled = shifted / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        # Chosen on the logits, not the scaled values: at a huge temperature those all round to 0.
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(logits < kth, -torch.inf)
+    return torch.multinomial(torch.softmax(scaled, dim=-1), 1, generator=generator)
+
+
 @torch.no_grad()
-def generate(
+def new_tokens(
     model: nn.Module,
     ids: torch.Tensor,
     max_new_tokens: int,
@@ -74,32 +115,123 @@ def generate(
     temperature: float = 1.0,
     top_k: int | None = None,
     generator: torch.Generator | None = None,
-) -> torch.Tensor:
-    """``ids (batch, length)`` followed by ``max_new_tokens`` tokens the model chose, one at a time
-    (see the module doc); the model sees at most the last ``block_size`` tokens."""
+) -> Iterator[torch.Tensor]:
+    """Each of ``max_new_tokens`` tokens ``(batch, 1)`` the model chooses after ``ids (batch,
+    length)``, yielded as soon as it is chosen (see :func:`choose_next`). The model sees at most
+    the last ``block_size`` tokens, and only those are kept: memory does not grow with the count."""
+    context = ids[:, -block_size:]
     for _ in range(max_new_tokens):
-        logits = model(ids[:, -block_size:])[:, -1, :].float()
-        if temperature == 0:
-            next_id = logits.argmax(dim=-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k is not None and top_k < logits.shape[-1]:
-                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, -torch.inf)
-            probs = torch.softmax(logits, dim=-1)
-            next_id = torch.multinomial(probs, 1, generator=generator)
-        ids = torch.cat([ids, next_id], dim=1)
-    return ids
+        logits = model(context)[:, -1, :].float()
+        next_id = choose_next(logits, temperature, top_k, generator)
+        yield next_id
+        context = torch.cat([context, next_id], dim=1)[:, -block_size:]
+
+
+def generate(
+    model: nn.Module, ids: torch.Tensor, max_new_tokens: int, block_size: int, **sampling: Any
+) -> torch.Tensor:
+    """``ids (batch, length)`` followed by the ``max_new_tokens`` tokens of :func:`new_tokens`
+    (``sampling``: its keywords ``temperature``, ``top_k``, ``generator``)."""
+    chosen = new_tokens(model, ids, max_new_tokens, block_size, **sampling)
+    return torch.cat([ids, *chosen], dim=1)
+
+
+class TextStream:
+    """Token ids to text piece by piece: the pieces joined (with :meth:`end`) are exactly
+    ``vocab.decode`` of all the ids at once. Under a bytes vocabulary a piece may end inside a
+    UTF-8 character; its bytes are held until the character is complete (or, at the end, shown
+    as U+FFFD, as ``vocab.decode`` does)."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        self._vocab = vocab
+        bytes_vocab = vocab.chars is None
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace") if bytes_vocab else None
+
+    def piece(self, ids: list[int]) -> str:
+        """The text ``ids`` complete (possibly empty)."""
+        if self._utf8 is None:
+            return self._vocab.decode(ids)
+        return self._utf8.decode(bytes(ids))
+
+    def end(self) -> str:
+        """What is left: U+FFFD for an unfinished UTF-8 character, else nothing."""
+        return "" if self._utf8 is None else self._utf8.decode(b"", final=True)
+
+
+def prompt_bytes(vocab: Vocabulary, prompt: str) -> bytes:
+    """The prompt as the bytes the user gave. Bytes of a command line that are not UTF-8 reach
+    Python as surrogate escapes (PEP 383) and turn back into those bytes: a bytes vocabulary takes
+    them as they are; a characters vocabulary, whose tokens are UTF-8 characters, refuses them
+    (ConfigError naming ``sample.prompt``), as it refuses anything not encodable."""
+    try:
+        data = prompt.encode("utf-8", errors="surrogateescape")
+    except UnicodeEncodeError as exc:  # a surrogate that stands for no byte
+        shown = _shown(prompt.encode("utf-8", errors="backslashreplace"))
+        raise ConfigError(
+            f"sample.prompt={shown}: character {exc.start} cannot be encoded (a lone "
+            "surrogate); give UTF-8 text"
+        ) from None
+    if vocab.chars is not None:
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(
+                f"sample.prompt={_shown(data)}: not UTF-8 (byte 0x{data[exc.start]:02x} at "
+                f"offset {exc.start}); this model's tokens are characters "
+                "(dataset.vocabulary=chars): give UTF-8 text"
+            ) from None
+    return data
+
+
+def _shown(data: bytes, limit: int = 40) -> str:
+    """``data`` for a one-line message: bytes that are not UTF-8 as ``\\xNN``, characters that
+    do not print (a newline) escaped, cut after ``limit`` characters."""
+    text = data.decode("utf-8", errors="backslashreplace")
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def encode_prompt(vocab: Vocabulary, prompt: str) -> tuple[torch.Tensor, list[str]]:
-    """The prompt's token ids ``(1, length)`` and the characters the vocabulary lacks."""
-    data = prompt.encode("utf-8")
+    """The prompt's token ids ``(1, length)`` and the characters the vocabulary lacks;
+    ConfigError for an empty prompt or bytes the vocabulary cannot take (:func:`prompt_bytes`)."""
+    data = prompt_bytes(vocab, prompt)
     missing = [] if vocab.chars is None else sorted(set(prompt) - set(vocab.chars))
     ids = vocab.encode(data)
     if len(ids) == 0:
         raise ConfigError("prompt: empty; give at least one character (the default is a newline)")
     return ids[None, :], missing
+
+
+def write_sample(model: nn.Module, ids: torch.Tensor, cfg: RunConfig, out: TextIO) -> None:
+    """Write the prompt ``ids (1, length)`` and, as each new token is chosen, its text (flushed:
+    a long sample shows as it grows), then a newline. Draws come from a generator seeded with
+    ``cfg.seed`` on ``ids``' device. ConfigError naming ``resume`` if the model's logits are not
+    finite."""
+    s = cfg.sample
+    stream = TextStream(model.mptrain_vocabulary)
+    out.write(stream.piece(ids[0].tolist()))
+    out.flush()
+    generator = torch.Generator(device=ids.device).manual_seed(cfg.seed)
+    chosen = new_tokens(
+        model,
+        ids,
+        s.max_new_tokens,
+        model.mptrain_sequence_length,
+        temperature=s.temperature,
+        top_k=s.top_k,
+        generator=generator,
+    )
+    try:
+        for next_id in chosen:
+            out.write(stream.piece(next_id[0].tolist()))
+            out.flush()
+    except LogitsNotFinite as exc:
+        out.write("\n")
+        raise ConfigError(
+            f"resume={cfg.resume}: {exc} in {model.mptrain_checkpoint}; its weights are damaged "
+            "(a run that diverged?): sample from an earlier checkpoint"
+        ) from None
+    out.write(stream.end() + "\n")
 
 
 def sample_main(argv: list[str]) -> None:
@@ -122,19 +254,9 @@ def sample_main(argv: list[str]) -> None:
             f"mptrain sample: note: {missing} not in the vocabulary: read as unknown",
             file=sys.stderr,
         )
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
-    out = generate(
-        model,
-        ids.to(device),
-        s.max_new_tokens,
-        model.mptrain_sequence_length,
-        temperature=s.temperature,
-        top_k=s.top_k,
-        generator=generator,
-    )
     print(
         f"mptrain sample: {model.mptrain_checkpoint}, temperature {s.temperature:g}, "
         f"top_k {s.top_k}, seed {cfg.seed}, {s.max_new_tokens} new tokens",
         file=sys.stderr,
     )
-    sys.stdout.write(vocab.decode(out[0].cpu()) + "\n")
+    write_sample(model, ids.to(device), cfg, sys.stdout)

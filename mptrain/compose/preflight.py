@@ -29,6 +29,7 @@ from typing import Any
 
 from mptrain.compose.registry import to_run_config
 from mptrain.config.base import ConfigError
+from mptrain.output.trackers import check_tracking_server
 from mptrain.rundir.lock import check_creatable, check_run_dir_free
 
 CONFIG_MODULE = "mptrain.conf"
@@ -102,6 +103,7 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
     check_creatable(output, key)  # Hydra creates it next, with a traceback if it cannot
     if not multirun:
         run = checked_run_config(master)
+        check_tracking_server(run)  # before the run directory is touched (seconds, not minutes)
         if int(os.environ.get("RANK", "0")) == 0:
             # Before Hydra rewrites the directory's .hydra/ record of another run.
             check_run_dir_free(output, run.resume, run.overwrite)
@@ -111,7 +113,7 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
     for number, job in enumerate(jobs):
         composed = _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
         _check_job_dir(composed, output, number)  # first: the check below drops hydra's node
-        checked_run_config(composed)
+        check_tracking_server(checked_run_config(composed))
     return Preflight(jobs, multirun=True, output_dir=str(output))
 
 

@@ -6,7 +6,9 @@ evaluation, global optimizer steps): ``train/loss``, ``train/lr``, ``train/loss_
 ``eval/val_accuracy``.
 
 - **TensorBoard** (``torch.utils.tensorboard.SummaryWriter``) writes to ``tensorboard.log_dir``
-  (default ``<run dir>/tensorboard``): the scalars, and the flattened config as hparams. Steps are
+  (default ``<run dir>/tensorboard``): the scalars, and the flattened config as hparams with the
+  run's outcome as the hparams session's status (no TensorFlow needed). The writer is closed at
+  the end even when the status cannot be written (that failure is warned of in one line). Steps are
   global: a resumed run writes to the same directory with ``purge_step`` at its first new step, so
   TensorBoard drops what the interrupted run logged after the checkpoint and the curves continue
   (a run started over with ``overwrite=true`` purges from step 1).
@@ -19,7 +21,9 @@ evaluation, global optimizer steps): ``train/loss``, ``train/lr``, ``train/loss_
   run's). Params are logged once: non-training settings changed at resume are not re-logged
   (report.json holds the config the run ended with).
 
-A tracker that cannot start is bad input (:class:`~mptrain.config.base.ConfigError`, before training).
+A tracker that cannot start is bad input (:class:`~mptrain.config.base.ConfigError`, before training);
+an http(s) MLflow server that does not answer is found so in seconds by
+:func:`check_tracking_server`, which the preflight calls before the run directory is touched.
 One that fails later is warned about once and dropped; training, checkpoints and the report carry
 on without it.
 """
@@ -30,6 +34,7 @@ import dataclasses
 import json
 import os
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
@@ -57,6 +62,9 @@ EVAL_METRICS = {
 }
 # report status -> MLflow run status
 MLFLOW_STATUS = {"completed": "FINISHED", "interrupted": "KILLED"}
+# How long an http(s) MLflow server may take to answer the probe before a run is refused; MLflow's
+# own client retries an unreachable server for about 4 1/2 minutes.
+PROBE_TIMEOUT_S = 5.0
 
 
 class Tracker(Protocol):
@@ -103,14 +111,38 @@ class TensorBoardTracker:
             self.writer.add_scalar(tag, value, step)
 
     def finish(self, status: str, artifacts: list[Path]) -> None:
-        from tensorboard.plugins.hparams import api_pb2
-        from tensorboard.plugins.hparams.summary import session_end_pb
+        """Write the hparams session end with ``status``, then close the writer; it is closed
+        (its events flushed) even when the session end cannot be written, and that error raised."""
+        try:
+            self.writer.file_writer.add_summary(session_end_summary(status))
+        finally:
+            self.writer.close()
 
-        state = {"completed": api_pb2.STATUS_SUCCESS, "interrupted": api_pb2.STATUS_ABORTED}
-        self.writer.file_writer.add_summary(
-            session_end_pb(state.get(status, api_pb2.STATUS_FAILURE))
-        )
-        self.writer.close()
+
+def session_end_summary(status: str) -> Any:
+    """The hparams plugin's session-end ``Summary`` for a report status (completed: success,
+    interrupted: unknown, anything else: failure), stamped now.
+
+    Built from TensorBoard's protobufs directly: ``tensorboard.plugins.hparams.summary``
+    (``session_end_pb``) imports TensorFlow, which ``pip install "mptrain[tensorboard]"`` does not
+    install; torch's ``hparams()`` builds a session end too, but always with success.
+    """
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+    # The hparams Status has no "aborted" (unknown, success, failure, running): an interrupted run
+    # neither succeeded nor failed, and may be resumed.
+    state = {"completed": api_pb2.STATUS_SUCCESS, "interrupted": api_pb2.STATUS_UNKNOWN}
+    info = plugin_data_pb2.SessionEndInfo(
+        status=state.get(status, api_pb2.STATUS_FAILURE), end_time_secs=time.time()
+    )
+    content = plugin_data_pb2.HParamsPluginData(session_end_info=info)
+    value = Summary.Value(
+        tag=metadata.SESSION_END_INFO_TAG,
+        metadata=metadata.create_summary_metadata(content),
+        tensor=metadata.NULL_TENSOR,  # as TensorBoard's own session_end_pb writes it
+    )
+    return Summary(value=[value])
 
 
 def tensorboard_hparams(cfg: RunConfig) -> dict[str, Any]:
@@ -130,6 +162,67 @@ def mlflow_tracking_uri(setting: str | None) -> str:
     if ":" in uri or uri == "databricks":  # a URI (file:, sqlite:, http:, databricks://...)
         return uri
     return (launch_dir() / Path(uri).expanduser()).resolve().as_uri()
+
+
+def probe_tracking_server(uri: str, timeout_s: float) -> None:
+    """Raise OSError (the cause) when the MLflow server of an http(s) ``uri`` does not answer a
+    ``GET <uri>/health`` within about ``timeout_s`` (per connect and per read; name resolution is the
+    system's), or answers with a server error (5xx: what MLflow's client retries for minutes, e.g.
+    a proxy's 502 when the server behind it is down). Any other status counts as an answer (a
+    proxy's 401, a 404 where the server sits under a path). Other URIs (files, databases,
+    databricks) are not probed: they have no server.
+    """
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https"):
+        return
+    # Here, not at the top: every command's preflight imports this module (~20 ms for these).
+    import http.client
+    import ssl
+    from urllib.error import HTTPError, URLError
+    from urllib.request import urlopen
+
+    try:
+        # Under the URI's path, where a server started with --static-prefix has its /health.
+        # Rebuilt from host and port: user:password@ in the URI is not sent to /health.
+        host = f"[{parts.hostname}]" if ":" in (parts.hostname or "") else parts.hostname
+        port = f":{parts.port}" if parts.port else ""
+        url = f"{parts.scheme}://{host}{port}{parts.path.rstrip('/')}/health"
+        # Reachability only: no credentials go out, so a certificate MLflow is told to trust
+        # (MLFLOW_TRACKING_INSECURE_TLS, a private CA) must not make the probe refuse the run.
+        context = ssl.create_default_context() if parts.scheme == "https" else None
+        if context is not None:
+            context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+        with urlopen(url, timeout=timeout_s, context=context):
+            pass
+    except HTTPError as exc:
+        if exc.code >= 500:
+            raise OSError(f"the server answered {exc.code} {exc.reason}") from exc
+    except URLError as exc:  # no answer: the reason is the cause
+        reason = exc.reason
+        raise reason if isinstance(reason, OSError) else OSError(str(reason)) from exc
+    except (ValueError, http.client.HTTPException) as exc:  # a malformed URI or answer
+        raise OSError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def check_tracking_server(cfg: RunConfig, timeout_s: float | None = None) -> None:
+    """Raise ConfigError (one line naming ``mlflow.tracking_uri`` and the cause) when ``cfg.logger``
+    names mlflow and its http(s) server does not answer within ``timeout_s`` (default
+    :data:`PROBE_TIMEOUT_S`): refused in seconds, before the run takes its directory, rather than
+    after MLflow's minutes of retries with the run lock held. Other URIs pass unchecked."""
+    if "mlflow" not in cfg.logger:
+        return
+    timeout_s = PROBE_TIMEOUT_S if timeout_s is None else timeout_s
+    uri = mlflow_tracking_uri(cfg.mlflow.tracking_uri)
+    try:
+        probe_tracking_server(uri, timeout_s)
+    except OSError as exc:
+        source = "" if cfg.mlflow.tracking_uri else " (from $MLFLOW_TRACKING_URI)"
+        cause = (str(exc).splitlines() or [""])[0]
+        raise ConfigError(
+            f"mlflow.tracking_uri={uri}{source}: the MLflow server is unreachable "
+            f"({type(exc).__name__}: {cause}; probed for {timeout_s:g} s); start it, or name a "
+            "server that runs, a directory or sqlite:///mlflow.db"
+        ) from exc
 
 
 class MLflowTracker:
@@ -255,6 +348,7 @@ def start_trackers(
 ) -> Trackers | None:
     """The trackers ``cfg.logger`` names, started; None without any. Raises ConfigError (one line,
     naming the setting) when one cannot start, before anything trains."""
+    check_tracking_server(cfg)  # the preflight probed too; jobs an Optuna sweep picks were not
     trackers: list[Tracker] = []
     for name in dict.fromkeys(cfg.logger):  # named twice: started once
         try:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mptrain.config.run import NumericsConfig
+from mptrain.precision.diagnostics.culprit import describe_input
 
 if TYPE_CHECKING:
     pass
@@ -155,9 +156,12 @@ class ScaleHealth:
 
 
 def describe_culprit(culprit: dict[str, Any] | None) -> str:
-    """One line for a :func:`find_culprit` result: the forward culprit if any, else the backward."""
+    """One line for a :func:`find_culprit` result: a non-finite input batch if so, else the forward
+    culprit if any, else the backward."""
     if culprit is None:
         return "re-running the batch gave finite values (the failure did not reproduce)"
+    if culprit.get("input"):  # NaN/inf that came with the data: no module is to blame
+        return describe_input(culprit["input"])
     fwd, bwd = culprit.get("forward"), culprit.get("backward")
     if fwd:
         return (

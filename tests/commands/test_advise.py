@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +30,7 @@ from mptrain.commands.advise.decide import (
     recommend,
     relative_differences,
 )
+from mptrain.output import plots
 from mptrain.platform import hardware
 
 CTX = Context(tolerance=0.05, max_skipped_fraction=0.1)
@@ -385,3 +392,150 @@ def test_bad_input_is_one_line_naming_the_key(tmp_path, monkeypatch, override, m
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("mptrain: error: "), result.stderr
     assert message in lines[0]
+
+
+# ------------------------------------------------------------------------------ cut short
+def test_with_fp32_unmeasured_nothing_is_recommended_as_if_measured():
+    """Issue 27, item 15: a budget that measured nothing worded its verdict as if it had ("no
+    other precision is measurably faster") for a model whose FP16 overflows."""
+    advice = recommend(
+        [
+            Measured("fp32", not_run="no advise.budget_s left"),
+            Measured("fp16", not_run="no advise.budget_s left", fp16_overflow=("boost",)),
+        ],
+        CTX,
+    )
+
+    assert not advice.measured
+    assert advice.reasons == ("nothing measured within the budget; raise advise.budget_s",)
+    assert "overflows in the forward at boost" in lost(advice, "fp16")  # the probe did measure
+    alone = recommend([FP32, Measured("bf16", not_run="no advise.budget_s left")], CTX)
+    assert alone.measured and "no other precision was compared" in alone.reasons[0]
+
+
+def test_no_run_starts_that_the_budget_cannot_fit(monkeypatch):
+    """Issue 27, item 15: ``budget_s=5`` took 42 s. Nothing starts once nothing is left (the
+    process warm-up included), and no pilot whose set-up and first step, estimated from the last
+    run, cannot fit what is left."""
+    runs = []
+    slow = trials.Trial("fp32", 2, [1.0, 1.0], 0, None, step_time_s=None, wall_s=60.0)
+    monkeypatch.setattr(measure, "short_run", lambda *a, **k: runs.append(a) or slow)
+    cands = measure.candidates(tiny_run(), torch.device("cpu"))
+
+    measure.run_pilots(cands, trials.Budget(5.0), {})  # 5 s: all kept for the report
+    assert runs == []
+    assert all("no advise.budget_s left after" in c.skipped["all"] for c in cands)
+
+    cands = measure.candidates(tiny_run(), torch.device("cpu"))
+    measure.run_pilots(cands, trials.Budget(30.0), {})  # the warm-up: 30 s a step, ~25 s left
+    assert len(runs) == 1
+    assert "set-up and first step (~30.0 s" in cands[0].skipped["all"]
+
+
+def test_a_budget_too_small_to_measure_says_so_and_how_long_it_took(tmp_path, monkeypatch):
+    outcome = run_cli(
+        ["advise", "model=mlp", "device=cpu", "advise.budget_s=5", "hydra.run.dir=out"],
+        tmp_path,
+        monkeypatch,
+    )
+    assert outcome.code == 0, outcome
+    data = json.loads((tmp_path / "out" / "advise.json").read_text())
+    markdown = (tmp_path / "out" / "advise.md").read_text()
+
+    assert not data["recommendation"]["measured"]
+    assert "**No recommendation**" in markdown and "Train with it" not in markdown
+    assert "- nothing measured within the budget; raise advise.budget_s" in markdown
+    assert {trials.START_UP, trials.REPORT} <= set(data["timings_s"])
+    assert f"Time: {data['elapsed_s']:.1f} s of a 5 s budget" in markdown
+    assert "Fixed costs in it, which no budget cuts: start-up (config, imports)" in markdown
+
+
+@pytest.fixture
+def stop_signals_handled():
+    """The stop signals' handlers put back after the test, and never the default action while it
+    runs: a signal a test sends itself must not end pytest."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig in saved:
+        signal.signal(sig, lambda signum, frame: pytest.fail(f"{signum} reached the test"))
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def send(sig: int) -> None:
+    assert signal.getsignal(sig) not in (signal.SIG_DFL, signal.SIG_IGN)
+    os.kill(os.getpid(), sig)
+
+
+def test_an_interrupted_advise_writes_what_it_measured(tmp_path, monkeypatch, stop_signals_handled):
+    """Issue 27, item 8: SIGHUP during FP16's pilot; a SIGTERM while the partial advice is
+    written does not cut it short; exit 129, the file named on one line."""
+    real_run, real_write = measure.short_run, advise_report.write
+
+    def short_run(cfg, steps, *args, **kwargs):
+        if steps == trials.PILOT_STEPS and cfg.precision.name == "fp16":
+            send(signal.SIGHUP)
+        return real_run(cfg, steps, *args, **kwargs)
+
+    def write(*args):
+        send(signal.SIGTERM)
+        real_write(*args)
+
+    monkeypatch.setattr(measure, "short_run", short_run)
+    monkeypatch.setattr(advise_report, "write", write)
+    monkeypatch.setattr(plots, "plot_advice", lambda *args: None)  # not this test's subject
+    args = ["advise", "model=mlp", *TINY, "advise.budget_s=60", "hydra.run.dir=out"]
+    outcome = run_cli(args, tmp_path, monkeypatch)
+
+    out = tmp_path / "out"
+    assert outcome.code == 129, outcome
+    assert outcome.stderr.strip().splitlines() == [
+        f"mptrain: advise interrupted by SIGHUP; what was measured: {Path('out') / 'advise.md'}"
+    ]
+    data = json.loads((out / "advise.json").read_text())
+    markdown = (out / "advise.md").read_text()
+    assert data["interrupted"]["signal"] == "SIGHUP"
+    assert data["interrupted"]["during"] == "pilot fp16"
+    rows = {r["precision"]: r for r in data["precisions"]}
+    assert rows["fp32"]["pilot"] is not None  # measured before the signal: kept
+    assert rows["fp32"]["skipped"] == {
+        "fidelity and speed": "interrupted by SIGHUP during pilot fp16"
+    }
+    assert rows["fp16"]["skipped"] == {"all": "interrupted by SIGHUP during pilot fp16"}
+    assert "- fp8: interrupted by SIGHUP during pilot fp16" in markdown
+    assert "Interrupted by SIGHUP after" in markdown
+    assert "- nothing measured before SIGHUP interrupted advise" in markdown
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_and_a_burst_after_it_keep_the_partial_advice(tmp_path, sig):
+    """Issue 27, item 8, with real signals to a real process: the first stops the measuring, the
+    burst after it (``timeout -k``, an impatient user) cannot cut the partial advice short."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+    args = ["model=mlp", *TINY, "advise.budget_s=120", "hydra.run.dir=out"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "mptrain", "advise", *args],
+        cwd=tmp_path,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "out").is_dir() and time.monotonic() < deadline:
+        time.sleep(0.05)  # the directory appears once the handlers are in and measuring starts
+    time.sleep(0.5)
+    for signum in (sig, signal.SIGTERM, signal.SIGTERM, signal.SIGTERM):
+        process.send_signal(signum)
+        time.sleep(0.05)
+    stdout, stderr = process.communicate(timeout=60)
+
+    assert process.returncode == 128 + sig, f"{process.returncode}\n{stdout}\n{stderr}"
+    name = signal.Signals(sig).name
+    assert f"mptrain: advise interrupted by {name}; what was measured: " in stderr
+    data = json.loads((tmp_path / "out" / "advise.json").read_text())
+    assert data["interrupted"]["signal"] == name
+    assert f"Interrupted by {name} after" in (tmp_path / "out" / "advise.md").read_text()

@@ -1,13 +1,26 @@
 """mptrain sample's settings: composed like every command's (sample.*, seed, device,
-eval.checkpoint), its short forms, and a prompt taken verbatim. Generation itself is tested on a
-trained model in tests/train/test_lm.py."""
+eval.checkpoint), its short forms, and a prompt taken verbatim; what it refuses in one line
+(temperatures, seeds, prompts, damaged weights) and how the text streams out, on an untrained
+tiny GPT in place of a checkpoint. Generation from a trained model is tested in
+tests/train/test_lm.py."""
 
 from __future__ import annotations
 
-import pytest
+import io
+import math
+import sys
 
-from mptrain.commands.sample import sample_settings
+import pytest
+import torch
+from conftest import run_cli
+
+from mptrain.commands.sample import sample_main, sample_settings
 from mptrain.config.base import ConfigError
+from mptrain.data.text import Vocabulary
+from mptrain.models.gpt import GPT, GPTShape
+
+CHARS = Vocabulary.of_characters("the quick brown fox\n")
+BYTES = Vocabulary()  # chars None: a token is a byte
 
 
 def test_short_forms_and_full_keys_compose_to_the_same_settings():
@@ -53,3 +66,130 @@ def test_bad_settings_are_one_line_errors(args, message):
     with pytest.raises(ConfigError, match=None) as raised:
         sample_settings(args)
     assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+# ------------------------------------------------------- sampling, on an untrained tiny GPT
+
+
+def tiny_lm(vocab: Vocabulary) -> GPT:
+    """What load_model returns for a language model, untrained: random weights, a context of 8."""
+    torch.manual_seed(0)
+    model = GPT(GPTShape(vocab_size=vocab.size, block_size=8, layers=1, heads=2, width=16))
+    model.eval()
+    model.mptrain_vocabulary, model.mptrain_sequence_length = vocab, 8
+    model.mptrain_checkpoint = "tiny.pt"
+    return model
+
+
+class Recorder(io.StringIO):
+    """stdout that notes, at each write, how many forward passes the model had made."""
+
+    def __init__(self, model: GPT) -> None:
+        super().__init__()
+        self.forwards, self.writes = 0, []
+        model.register_forward_hook(lambda *_: setattr(self, "forwards", self.forwards + 1))
+
+    def write(self, text: str) -> int:
+        if text:
+            self.writes.append((self.forwards, text))
+        return super().write(text)
+
+
+def sample_text(monkeypatch, model: GPT, *args: str) -> Recorder:
+    """``mptrain sample`` in-process with ``model`` as the checkpoint's; its stdout."""
+    monkeypatch.setattr("mptrain.commands.evaluate.load_model", lambda *a, **k: model)
+    out = Recorder(model)
+    monkeypatch.setattr(sys, "stdout", out)
+    sample_main(["resume=tiny.pt", "device=cpu", *args])
+    return out
+
+
+def sample_refusal(monkeypatch, tmp_path, model: GPT, *args: str) -> str:
+    """``mptrain sample`` through the command line's entry point: its one-line error (exit 2)."""
+    monkeypatch.setattr("mptrain.commands.evaluate.load_model", lambda *a, **k: model)
+    outcome = run_cli(["sample", "resume=tiny.pt", "device=cpu", *args], tmp_path, monkeypatch)
+    assert outcome.code == 2, outcome.stderr
+    error = outcome.stderr.splitlines()[-1]  # after the line saying what is sampled, if any
+    assert error.startswith("mptrain: error: ") and "Traceback" not in outcome.stderr
+    return error
+
+
+@pytest.mark.parametrize("temperature", ["1e-30", "1e-300", "5e-324"])
+def test_a_tiny_temperature_samples_the_most_likely_tokens(monkeypatch, temperature):
+    """Issue 27, item 17: logits / 1e-300 overflowed (1e-300 is 0 in float32) to NaN
+    probabilities; as the temperature nears 0 the draw nears the greedy choice."""
+    greedy = sample_text(monkeypatch, tiny_lm(CHARS), "temperature=0", "max_new_tokens=20")
+    tiny = sample_text(
+        monkeypatch, tiny_lm(CHARS), f"temperature={temperature}", "max_new_tokens=20"
+    )
+    greedy, tiny = greedy.getvalue(), tiny.getvalue()
+    assert tiny == greedy and len(greedy) > 10
+
+
+def test_a_huge_temperature_draws_from_the_top_k(monkeypatch):
+    """At temperature=inf every scaled logit rounds to 0: top_k still picks by the logits."""
+    out = sample_text(
+        monkeypatch, tiny_lm(CHARS), "temperature=inf", "top_k=1", "max_new_tokens=20"
+    )
+    greedy = sample_text(monkeypatch, tiny_lm(CHARS), "temperature=0", "max_new_tokens=20")
+    assert out.getvalue() == greedy.getvalue()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["temperature=nan"], "mptrain: error: sample.temperature=nan: must be >= 0"),
+        ([f"seed={2**70}"], f"mptrain: error: seed={2**70}: must fit in 64 bits"),
+    ],
+)
+def test_a_nan_temperature_and_a_seed_beyond_64_bits_are_one_line_errors(
+    monkeypatch, tmp_path, args, message
+):
+    assert sample_refusal(monkeypatch, tmp_path, tiny_lm(CHARS), *args).startswith(message)
+
+
+def test_prompt_bytes_that_are_not_utf8_are_refused_by_a_characters_vocabulary(
+    monkeypatch, tmp_path
+):
+    """Issue 27, item 17: ``prompt=$'ab\\xff'`` reaches Python as a surrogate escape (PEP 383),
+    which str.encode('utf-8') refused with a traceback."""
+    error = sample_refusal(monkeypatch, tmp_path, tiny_lm(CHARS), "prompt=ab\udcff\nc")
+    assert error.startswith("mptrain: error: sample.prompt=ab\\xff\\nc: not UTF-8 (byte 0xff")
+    assert "dataset.vocabulary=chars" in error
+
+
+def test_prompt_bytes_that_are_not_utf8_are_taken_as_bytes_by_a_bytes_vocabulary(monkeypatch):
+    out = sample_text(monkeypatch, tiny_lm(BYTES), "prompt=ab\udcff", "max_new_tokens=3")
+    assert out.getvalue().startswith("ab\ufffd")  # the byte 0xff, shown as U+FFFD
+
+
+def test_a_model_whose_logits_are_not_finite_is_a_one_line_error(monkeypatch, tmp_path):
+    model = tiny_lm(CHARS)
+    with torch.no_grad():
+        model.head.weight[3, 0] = math.nan
+    error = sample_refusal(monkeypatch, tmp_path, model, "max_new_tokens=3")
+    assert "resume=tiny.pt: the model's logits are not finite (NaN or inf) in tiny.pt" in error
+
+
+def test_the_text_streams_out_as_each_token_is_chosen(monkeypatch):
+    """Issue 27, "also": a huge max_new_tokens printed nothing until the end. Each token's text is
+    written (and flushed) after the forward pass that chose it, before the next one."""
+    out = sample_text(monkeypatch, tiny_lm(CHARS), "prompt=the", "max_new_tokens=12")
+    assert out.writes[0] == (0, "the")
+    assert [forwards for forwards, _ in out.writes[1:-1]] == list(range(1, 13))
+    assert out.writes[-1] == (12, "\n")
+    assert "".join(text for _, text in out.writes) == out.getvalue()
+
+
+def test_streamed_bytes_decode_as_the_whole_text_does():
+    """A bytes vocabulary spreads a character over several tokens: the stream holds its first
+    bytes until it is complete, and ends an unfinished one with U+FFFD, as Vocabulary.decode."""
+    from mptrain.commands.sample import TextStream
+
+    stream = TextStream(BYTES)
+    assert (stream.piece([0xC3]), stream.piece([0xA9]), stream.piece([0xE2, 0x82])) == ("", "é", "")
+    assert stream.end() == "\ufffd"
+    data = list("naïve €5 ".encode()) + list(torch.randint(0, 256, (300,), generator=None).tolist())
+    stream = TextStream(BYTES)
+    pieces = [stream.piece([b]) for b in data] + [stream.end()]
+    assert "".join(pieces) == BYTES.decode(data)

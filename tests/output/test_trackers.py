@@ -3,12 +3,17 @@ readers: what a run sends, a resumed run's curves, a tracker failing mid-run, an
 
 from __future__ import annotations
 
+import http.server
+import importlib.util
 import json
+import socket
 import sys
+import threading
+import time
 
 import pytest
 import torch
-from conftest import FP16_STORY, compose_run, describe, run_mptrain, tiny_run, train
+from conftest import FP16_STORY, compose_run, describe, run_cli, run_mptrain, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.precision.policy import resolve_precision
@@ -19,7 +24,10 @@ pytest.importorskip("mlflow")
 
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.plugins.hparams import plugin_data_pb2
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+from mptrain.output import trackers as trackers_module
+from mptrain.output.trackers import TensorBoardTracker, Trackers, probe_tracking_server
 
 TRAIN_TAGS = (
     "train/loss",
@@ -53,6 +61,15 @@ def hparams_of(log_dir) -> dict[str, object]:
         k: v.WhichOneof("kind") and getattr(v, v.WhichOneof("kind"))
         for k, v in data.session_start_info.hparams.items()
     }
+
+
+def hparams_session(log_dir) -> tuple[dict[str, object], list[plugin_data_pb2.SessionEndInfo]]:
+    """The hparams TensorBoard reads from ``log_dir``: the session's values and its session ends."""
+    acc = EventAccumulator(str(log_dir))
+    acc.Reload()
+    content = acc.PluginTagToContent("hparams")
+    ends = [metadata.parse_session_end_info_plugin_data(content[metadata.SESSION_END_INFO_TAG])]
+    return hparams_of(log_dir), ends if metadata.SESSION_END_INFO_TAG in content else []
 
 
 @pytest.fixture(scope="module")
@@ -224,3 +241,132 @@ def test_a_tracker_that_cannot_start_stops_the_run_before_training(tmp_path):
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith(f"mptrain: error: mlflow.tracking_uri={(blocked / 'mlruns').as_uri()}: ")
     assert not list(tmp_path.glob("outputs/*/*/report.json"))  # nothing trained
+
+
+# ------------------------------------------------ TensorBoard without TensorFlow (issue 27, item 14)
+def test_tensorboard_ends_the_hparams_session_without_tensorflow(tmp_path, capsys):
+    # Exactly what `pip install "mptrain[tensorboard]"` installs: tensorboard, no TensorFlow.
+    assert importlib.util.find_spec("tensorflow") is None
+    cfg = tiny_run("epochs=null", "max_steps=4", "log_every=2", "logger=[tensorboard]")
+    report = train(cfg, tmp_path)
+    assert report["status"] == "completed"
+    assert "tensorboard failed" not in capsys.readouterr().out
+    values, ends = hparams_session(tmp_path / "tensorboard")
+    assert values["max_steps"] == 4 and values["precision.name"] == cfg.precision.name
+    (end,) = ends
+    assert end.status == api_pb2.STATUS_SUCCESS and end.end_time_secs > 0
+    assert [step for step, _ in scalars(tmp_path / "tensorboard")["train/loss"]] == [2, 4]
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [("interrupted", api_pb2.STATUS_UNKNOWN), ("diverged", api_pb2.STATUS_FAILURE)],
+)
+def test_the_hparams_session_end_carries_the_run_status(tmp_path, status, expected):
+    tracker = TensorBoardTracker(tmp_path, {"lr": 0.1}, start_step=0, own_dir=True)
+    tracker.finish(status, [])
+    values, (end,) = hparams_session(tmp_path)
+    assert values == {"lr": 0.1} and end.status == expected
+
+
+def test_the_writer_is_closed_when_the_session_end_cannot_be_written(tmp_path, monkeypatch):
+    def broken(status):
+        raise OSError("no session end today")
+
+    monkeypatch.setattr(trackers_module, "session_end_summary", broken)
+    warnings: list[str] = []
+    together = Trackers([TensorBoardTracker(tmp_path, {"lr": 0.1}, 0, True)], warnings.append)
+    together.on_log({"kind": "train", "step": 3, "loss": 1.5})
+    together.finish("completed", [])
+    (warning,) = warnings
+    assert warning.startswith("tensorboard failed (OSError: no session end today)")
+    # The scalar is on disk only because the writer was closed (flushed) all the same.
+    assert scalars(tmp_path)["train/loss"] == [(3, 1.5)]
+
+
+# ---------------------------------------------- an unreachable MLflow server (issue 27, "Also")
+@pytest.fixture
+def closed_port() -> int:
+    """A local TCP port nothing listens on (bound once by the OS, then released)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def no_mlflow_retries(monkeypatch):
+    # Were the probe missing, MLflow's client would retry the closed port for minutes.
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+
+
+def test_an_unreachable_mlflow_server_stops_the_command_before_the_run(
+    tmp_path, monkeypatch, closed_port, no_mlflow_retries
+):
+    uri = f"http://127.0.0.1:{closed_port}"
+    args = ["model=mlp", "logger=[mlflow]", f"mlflow.tracking_uri={uri}", "hydra.run.dir=run"]
+    started = time.monotonic()
+    outcome = run_cli(args, tmp_path, monkeypatch)
+    assert outcome.code == 2 and not outcome.launched, outcome
+    (line,) = outcome.stderr.strip().splitlines()
+    assert line.startswith(
+        f"mptrain: error: mlflow.tracking_uri={uri}: the MLflow server is unreachable"
+    )
+    assert "ConnectionRefusedError" in line
+    assert not (tmp_path / "run").exists()  # nothing taken: no directory, no lock
+    assert time.monotonic() - started < 5
+
+
+def test_a_run_started_from_python_refuses_an_unreachable_mlflow_server(
+    tmp_path, closed_port, no_mlflow_retries
+):
+    cfg = tiny_run("logger=[mlflow]", f"mlflow.tracking_uri=http://127.0.0.1:{closed_port}")
+    with pytest.raises(
+        ConfigError, match=r"^mlflow.tracking_uri=\S+: the MLflow server is unreachable"
+    ):
+        train(cfg, tmp_path / "run")
+
+
+def test_the_probe_gives_up_after_its_timeout():
+    # A server that takes the connection and never answers (the kernel accepts it from the backlog).
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            probe_tracking_server(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_s=0.3)
+        assert time.monotonic() - started < 2
+
+
+class _Answers(http.server.BaseHTTPRequestHandler):
+    """/health: 200; /down/health: 502, as a proxy in front of a stopped server; else 404."""
+
+    def do_GET(self):  # http.server calls it by this name
+        status = {"/health": 200, "/down/health": 502}.get(self.path, 404)
+        self.send_response(status)
+        self.end_headers()
+        self.wfile.write(b"OK")
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def answering_port():
+    """The port of a local HTTP server answering as :class:`_Answers` says."""
+    server = http.server.HTTPServer(("127.0.0.1", 0), _Answers)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server.server_port
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_server_that_answers_passes_the_probe(answering_port):
+    probe_tracking_server(f"http://user:pw@127.0.0.1:{answering_port}", 2.0)  # 200 at /health
+    probe_tracking_server(f"http://127.0.0.1:{answering_port}/under/a/path", 2.0)  # 404 answers
+    probe_tracking_server("sqlite:///never/opened.db", 2.0)  # no server: not probed
+
+
+def test_a_server_error_fails_the_probe(answering_port):
+    with pytest.raises(OSError, match="the server answered 502"):
+        probe_tracking_server(f"http://127.0.0.1:{answering_port}/down", 2.0)

@@ -10,6 +10,7 @@ and ``debug.inject_inf_grad_steps`` makes the loss scale collapse.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import random
@@ -25,6 +26,7 @@ from torch import nn
 
 from mptrain.config.base import ConfigError
 from mptrain.config.run import NumericsConfig
+from mptrain.data.build import DATASETS
 from mptrain.output.metrics import read_metrics
 from mptrain.precision.diagnostics.audit import audit_step, render_audit
 from mptrain.precision.diagnostics.culprit import find_culprit
@@ -198,6 +200,30 @@ def test_backward_overflow_is_named_at_the_module_whose_output_gradient_overflow
     assert find_culprit(model, x, y, FP16, loss_scale=1024.0) is None
     assert find_culprit(model, x, y, BF16, loss_scale=2048.0) is None
     assert "did not reproduce" in describe_culprit(None)
+
+
+def test_nan_that_came_with_the_batch_is_blamed_on_the_batch_not_the_first_module():
+    model = plain_mlp()
+    x, y = batch()
+    x[2, 5], x[3, 0], x[3, 1] = float("nan"), float("inf"), float("nan")
+    before = snapshot(model)
+
+    culprit = find_culprit(model, x, y, FP16)
+
+    assert_unchanged(before, snapshot(model))
+    assert culprit["input"] == {
+        "tensor": "inputs",
+        "dtype": "float32",
+        "nonfinite": 3,
+        "nan": 2,
+        "inf": 1,
+        "values": 128,
+    }
+    assert culprit["forward"] is None and culprit["backward"] is None
+    text = describe_culprit(culprit)
+    assert text.startswith("the input batch is not finite: 3 of 128 values of its inputs (float32)")
+    assert "fc1" not in text and "Linear" not in text
+    assert find_culprit(model, *batch(), FP16) is None  # a finite batch: back to the modules
 
 
 def test_culprit_finder_sees_a_weight_gradient_overflow():
@@ -433,6 +459,25 @@ def test_forward_overflow_in_a_run_names_the_culprit(tmp_path, monkeypatch):
     reason = report["reason"]
     assert "non-finite for 5 consecutive steps" in reason
     assert "body.blowup" in reason and "bf16" in reason and "BF16" in reason
+
+
+@pytest.mark.slow
+def test_a_run_fed_nan_says_the_input_batch_is_not_finite(tmp_path, monkeypatch):
+    digits = DATASETS["digits"]
+
+    def poisoned(cfg):
+        arrays = digits.build(cfg)
+        arrays.train_images[:, :, 3, 3] = float("nan")  # every batch: whichever the run stops at
+        return arrays
+
+    monkeypatch.setitem(DATASETS, "digits", dataclasses.replace(digits, build=poisoned))
+    with pytest.raises(RunFailed) as err:
+        train(tiny_run("dataset=digits", "precision=fp32", "max_steps=5"), tmp_path)
+    report = err.value.report.to_dict()
+    assert report["status"] == "diverged"
+    assert "the input batch is not finite" in report["reason"], report["reason"]
+    assert report["numerics"]["culprit"]["input"]["tensor"] == "inputs"
+    assert report["numerics"]["culprit"]["forward"] is None
 
 
 def test_the_same_run_in_bf16_trains(tmp_path, monkeypatch):

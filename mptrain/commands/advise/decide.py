@@ -3,7 +3,9 @@
 Pure functions on plain data, no torch: :func:`recommend` takes one :class:`Measured` per precision
 (what ``mptrain advise`` found on this machine) and returns an :class:`Advice`; the rules:
 
-1. FP32 is the reference and always a candidate: it wins when nothing else qualifies.
+1. FP32 is the reference and always a candidate: it wins when nothing else qualifies. When FP32
+   itself was not measured (its short run did not fit the budget, or an interrupt came first)
+   nothing can be compared: the advice says so (``measured`` false) and recommends nothing.
 2. Another precision qualifies only when it was measured; its short run beside FP32 did not
    diverge; FP16's range probe found no forward overflow (loss scaling cannot fix one); it skipped
    at most ``max_skipped_fraction`` of its optimizer steps (lost updates); its loss trajectory stayed
@@ -80,6 +82,8 @@ class Context:
     device_type: str = "cpu"
     has_convolutions: bool = False
     channels_last: bool = False
+    # Why measuring stopped before the budget's end ("SIGINT"); None: it ran its course.
+    interrupted_by: str | None = None
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,8 @@ class Advice:
     reasons: tuple[str, ...]
     runners_up: tuple[tuple[str, str], ...]  # (precision, why it lost)
     fixes: tuple[str, ...] = field(default_factory=tuple)  # override strings with a why
+    # False when FP32, the reference, was not measured: ``precision`` is then only the default.
+    measured: bool = True
 
 
 def speed_words(speed: Speed) -> str:
@@ -213,12 +219,19 @@ def recommend(measured: Sequence[Measured], ctx: Context) -> Advice:
     why_not = {m.precision: disqualified(m, ctx) for m in others}
     qualified = [m for m in others if why_not[m.precision] is None]
     runners_up = [(m.precision, why_not[m.precision]) for m in others if why_not[m.precision]]
-    if not qualified:
-        reasons = (
-            "no other precision is measurably faster here with its loss as close to FP32's as "
-            f"allowed ({allowance_words(ctx)}) and no numerical flags",
+    fp32 = next((m for m in measured if m.precision == REFERENCE), None)
+    if fp32 is None or fp32.fidelity is None:  # nothing to compare with: no verdict
+        reasons = (f"nothing measured {_shortfall(ctx)}",)
+        return Advice(
+            REFERENCE, reasons, tuple(runners_up), tuple(fixes(measured, "fp32", ctx)), False
         )
-        return Advice(REFERENCE, reasons, tuple(runners_up), tuple(fixes(measured, "fp32", ctx)))
+    if not qualified:
+        return Advice(
+            REFERENCE,
+            (_fp32_wins(others, ctx),),
+            tuple(runners_up),
+            tuple(fixes(measured, "fp32", ctx)),
+        )
     winner, lost = choose(qualified)
     f = winner.fidelity
     reasons = (
@@ -233,6 +246,24 @@ def recommend(measured: Sequence[Measured], ctx: Context) -> Advice:
         reasons,
         (*lost, fp32, *runners_up),
         tuple(fixes(measured, winner.precision, ctx)),
+    )
+
+
+def _shortfall(ctx: Context) -> str:
+    """What stopped the measuring and what to do: ``within the budget; raise advise.budget_s``."""
+    if ctx.interrupted_by:
+        return f"before {ctx.interrupted_by} interrupted advise; run it again to measure the rest"
+    return "within the budget; raise advise.budget_s"
+
+
+def _fp32_wins(others: Sequence[Measured], ctx: Context) -> str:
+    """Why FP32 stays: nothing else qualified, or nothing else got as far as a fidelity run
+    (then that is said, not a comparison that never happened)."""
+    if all(m.not_run or m.fidelity is None for m in others):
+        return f"FP32, the reference: no other precision was compared with it {_shortfall(ctx)}"
+    return (
+        "no other precision is measurably faster here with its loss as close to FP32's as "
+        f"allowed ({allowance_words(ctx)}) and no numerical flags"
     )
 
 

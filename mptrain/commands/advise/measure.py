@@ -26,14 +26,17 @@ from mptrain.commands.advise.trials import (
     PILOT_STEPS,
     PILOT_WARMUP,
     REP_MARGIN,
+    RESERVE_S,
     SCOUT_SAMPLES,
     SPEED_SHARE,
+    WARM_UP,
     Budget,
     Cost,
     OutOfBudget,
     Trial,
     cost_of,
     short_run,
+    timed_part,
 )
 from mptrain.config.base import ConfigError
 from mptrain.config.commands import AdviseConfig
@@ -141,43 +144,68 @@ def run_pilots(cands: list[Candidate], budget: Budget, timings: dict[str, Any]) 
     then its scout step, the yardstick for the others' (see :func:`pilot_one`).
 
     A throw-away FP32 run of two steps goes first: a process's first run pays one-off costs
-    (lazy imports, kernel and allocator set-up) that would inflate FP32's estimate tenfold."""
-    started = time.perf_counter()
-    short_run(cands[0].cfg, 2, warmup=1, deadline=budget.deadline())
-    timings["process warm-up"] = time.perf_counter() - started
+    (lazy imports, kernel and allocator set-up) that would inflate FP32's estimate tenfold. It is
+    also the first estimate of what any run costs at least (its set-up and one step: a run stops
+    between steps, never within one); no run starts, the warm-up included, that cannot fit."""
     todo = [c for c in cands if not c.skipped]
+    if budget.left_s() <= 0:
+        _skip_all(todo, f"no advise.budget_s left after {budget.elapsed_s():.1f} s of start-up")
+        return
+    with timed_part(timings, WARM_UP):
+        first_s = cost_of(short_run(cands[0].cfg, 2, 1, deadline=budget.deadline())).of(1)
     yardstick = None
     for i, c in enumerate(todo):
-        if budget.left_s() <= 0:
-            c.skipped["all"] = "no advise.budget_s left for its pilot"
+        if first_s > budget.left_s():
+            c.skipped["all"] = f"{_first_step_words(first_s, budget)} for its pilot"
             continue
-        started = time.perf_counter()
-        pilot_one(c, budget, budget.left_s() / (len(todo) - i), yardstick)
-        if c.name == "fp32" and c.pilot is not None:
-            yardstick = Yardstick(scout(c.cfg), latest_cost(c).step_s)
-        timings[f"pilot {c.name}"] = time.perf_counter() - started
+        with timed_part(timings, f"pilot {c.name}"):
+            pilot_one(c, budget, budget.left_s() / (len(todo) - i), yardstick)
+            if c.name == "fp32" and c.pilot is not None:
+                first_s = latest_cost(c).of(1)
+                if first_s <= budget.left_s():  # the scout costs less than a full step
+                    yardstick = Yardstick(scout(c.cfg), latest_cost(c).step_s)
+
+
+def _skip_all(cands: list[Candidate], why: str) -> None:
+    for c in cands:
+        c.skipped["all"] = f"{why} ({RESERVE_S:g} s of advise.budget_s are kept for the report)"
+
+
+def _first_step_words(first_s: float, budget: Budget) -> str:
+    return (
+        f"a run's set-up and first step (~{first_s:.1f} s, from FP32's last run) cannot fit the "
+        f"{max(budget.left_s(), 0):.1f} s of advise.budget_s left"
+    )
 
 
 AUDIT_SLOWDOWN = 3.0  # a traced step (every op through a dispatch mode) against a plain one
 
 
-def measure_numerics(cfg: RunConfig, cands: list[Candidate], budget: Budget) -> dict[str, Any]:
-    """The FP16 range probe and the autocast audit per low-precision autocast, on FP32's initial
-    weights (a fresh seeded build; nothing trains); FP8's layer report from its pilot. Each part
-    is estimated from the pilots first and skipped (``skipped``: part -> why) if it would not fit.
+def new_numerics() -> dict[str, Any]:
+    """What :func:`measure_numerics` fills: nothing measured yet."""
+    return {"probe": None, "audit": {}, "skipped": {}, "fp8": None}
+
+
+def measure_numerics(
+    cfg: RunConfig, cands: list[Candidate], budget: Budget, out: dict[str, Any]
+) -> None:
+    """Fill ``out`` (:func:`new_numerics`, filled part by part: an interrupt keeps what was
+    done) with the FP16 range probe and the autocast audit per low-precision autocast, on FP32's
+    initial weights (a fresh seeded build; nothing trains), and FP8's layer report from its
+    pilot. Each part is estimated from the pilots first and skipped (``skipped``: part -> why)
+    if it would not fit.
     """
     fp8 = next((c for c in cands if c.name == "fp8"), None)
-    out: dict[str, Any] = {"probe": None, "audit": {}, "skipped": {}}
     out["fp8"] = fp8.pilot.fp8 if fp8 and fp8.pilot else {"skipped": fp8 and fp8.skipped.get("all")}
     fp32 = cands[0]
     if fp32.pilot is None:
         out["skipped"]["all"] = "FP32's pilot did not run"
-        return out
+        return
     cost = cost_of(fp32.pilot)
     probe_s = cost.overhead_s + cfg.probe_batches * cost.step_s
     if probe_s > budget.left_s():
         out["skipped"]["fp16 range probe"] = _over(probe_s, budget)
-        return out
+        return
     run = prepare_run(dataclasses.replace(cfg, precision=fp32.cfg.precision))
     batches = run.data.train.batches(0)
     first = [next(batches) for _ in range(cfg.probe_batches)]
@@ -199,7 +227,6 @@ def measure_numerics(cfg: RunConfig, cands: list[Candidate], budget: Budget) -> 
             mixed=True,
         )
         out["audit"][c.name] = {k: audit[k] for k in ("flagged_ops", "state_flags")}
-    return out
 
 
 def _over(estimate_s: float, budget: Budget) -> str:
@@ -247,9 +274,8 @@ def run_fidelity(
                 f"{max(left_s, 0):.0f} s of advise.budget_s left"
             )
             continue
-        started = time.perf_counter()
-        trial = short_run(c.cfg, settings.fidelity_steps, PILOT_WARMUP, budget.deadline())
-        timings[f"fidelity {c.name}"] = time.perf_counter() - started
+        with timed_part(timings, f"fidelity {c.name}"):
+            trial = short_run(c.cfg, settings.fidelity_steps, PILOT_WARMUP, budget.deadline())
         if trial.cut_short:
             c.skipped["fidelity and speed"] = (
                 f"the budget ran out after {trial.steps} of {settings.fidelity_steps} steps"
@@ -274,11 +300,10 @@ def run_nudged_reference(
             f"({max(budget.left_s(), 0):.0f} s of advise.budget_s left)"
         )
         return
-    started = time.perf_counter()
-    trial = short_run(
-        fp32.cfg, settings.fidelity_steps, PILOT_WARMUP, budget.deadline(), nudge=True
-    )
-    timings["fidelity fp32 nudged"] = time.perf_counter() - started
+    with timed_part(timings, "fidelity fp32 nudged"):
+        trial = short_run(
+            fp32.cfg, settings.fidelity_steps, PILOT_WARMUP, budget.deadline(), nudge=True
+        )
     if trial.cut_short:
         fp32.nudge_note = f"the budget ran out after {trial.steps} steps"
     else:
@@ -343,8 +368,8 @@ def run_speed(
         for c in timed:
             c.skipped["speed"] = "no other precision's speed fit the budget"
         return
-    started = time.perf_counter()
-    reps = measure_whole_reps(timed, settings, steps, budget)
+    with timed_part(timings, "speed"):
+        reps = measure_whole_reps(timed, settings, steps, budget)
     if len(reps[timed[0].name]) < settings.reps:
         timings["speed_reps_cut"] = (
             f"{len(reps[timed[0].name])} of {settings.reps} repetitions fit advise.budget_s"
@@ -357,7 +382,6 @@ def run_speed(
     else:
         for c in timed:
             c.skipped["speed"] = "not one whole repetition fit the budget"
-    timings["speed"] = time.perf_counter() - started
     timings["speed_steps"] = steps
 
 
@@ -382,3 +406,25 @@ def measure_whole_reps(
         for name, figures in measured.items():
             reps[name] += figures
     return reps
+
+
+# ------------------------------------------------------------------------------ cut short
+def mark_not_reached(
+    cands: list[Candidate], numerics: dict[str, Any], timings: dict[str, Any], why: str
+) -> None:
+    """After an interrupt: every part neither measured nor already skipped (with its own reason)
+    is listed as not measured because of ``why`` (``interrupted by SIGINT``)."""
+    if "numerics" not in timings:
+        part = "autocast audit" if numerics["probe"] is not None else "fp16 range probe and audit"
+        numerics["skipped"].setdefault(part, why)
+    for c in cands:
+        if c.skipped.get("all"):
+            continue
+        if c.pilot is None:
+            c.skipped["all"] = why
+        elif c.fidelity is None:
+            c.skipped.setdefault("fidelity and speed", why)
+        elif c.timed and c.speed is None and "speed" not in c.skipped:
+            c.skipped["speed"] = why
+        if c.name == "fp32" and c.fidelity is not None and c.nudged is None:
+            c.nudge_note = c.nudge_note or why

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Callable
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mptrain.commands.advise.decide import CHAOS_MARGIN, Advice
+from mptrain.commands.advise.trials import REPORT, START_UP, WARM_UP, Budget
 from mptrain.output.render import fmt_bytes
 from mptrain.platform import hardware
 from mptrain.rundir.fileio import atomic_write_text, clean_json
@@ -101,7 +102,9 @@ def assemble(
         "settings": dataclasses.asdict(cfg.advise),
         "hardware": hardware.hardware_info(device),
         "versions": hardware.software_versions(),
+        "interrupted": found["interrupted"],  # {signal, during, after_s} or None
         "recommendation": {
+            "measured": decision.measured,  # false: FP32 not measured, nothing recommended
             "precision": decision.precision,
             "reasons": list(decision.reasons),
             "runners_up": [{"precision": p, "why": w} for p, w in decision.runners_up],
@@ -116,6 +119,7 @@ def assemble(
 
 
 # ------------------------------------------------------------------------------ the table
+FIXED_COSTS = (START_UP, WARM_UP, REPORT)
 HEADERS = (
     "precision",
     "speed (min–max)",
@@ -214,20 +218,57 @@ def table_rows(result: dict[str, Any]) -> list[list[str]]:
 def recommendation_lines(result: dict[str, Any]) -> list[str]:
     """The decision in Markdown: the precision and why, the others, fixes, the command."""
     rec = result["recommendation"]
-    lines = [f"**Recommendation: {rec['precision']}**", ""]
+    headline = f"Recommendation: {rec['precision']}" if rec["measured"] else "No recommendation"
+    lines = [f"**{headline}**", ""]
     lines += [f"- {r}" for r in rec["reasons"]]
     lines += ["", "Runners-up:"]
     lines += [f"- {r['precision']}: {r['why']}" for r in rec["runners_up"]]
     if rec["fixes"]:
         lines += ["", "Fixes worth trying:"]
         lines += [f"- `{f.split(': ', 1)[0]}`: {f.split(': ', 1)[1]}" for f in rec["fixes"]]
-    lines += ["", "Train with it:", "", "```bash", rec["command"], "```"]
+    if rec["measured"]:
+        lines += ["", "Train with it:", "", "```bash", rec["command"], "```"]
     return lines
+
+
+def interrupted_line(result: dict[str, Any]) -> str | None:
+    """``Interrupted by SIGINT after 12 s, during fidelity fp16: ...``; None when not."""
+    cut = result["interrupted"]
+    if cut is None:
+        return None
+    during = f", during {cut['during']}" if cut["during"] else ""
+    return (
+        f"Interrupted by {cut['signal']} after {cut['after_s']:.0f} s{during}: what was measured "
+        "until then; the parts not reached are listed under Not measured."
+    )
+
+
+def took_words(result: dict[str, Any]) -> str:
+    """``7.2 s of a 10 s budget`` or ``42.0 s against a 5 s budget: 37.0 s over``."""
+    budget_s, elapsed_s = result["settings"]["budget_s"], result["elapsed_s"]
+    if elapsed_s > budget_s:
+        return (
+            f"{elapsed_s:.1f} s against a {budget_s:g} s budget: {elapsed_s - budget_s:.1f} s over"
+        )
+    return f"{elapsed_s:.1f} s of a {budget_s:g} s budget"
+
+
+def time_lines(result: dict[str, Any]) -> list[str]:
+    """The time taken against the budget, and the fixed costs in it that the budget counts but
+    cannot cut short (said, not hidden: they are why a small budget is overrun)."""
+    timings = result["timings_s"]
+    fixed = [f"{part} {timings[part]:.1f} s" for part in FIXED_COSTS if part in timings]
+    return [
+        f"Time: {took_words(result)}. Fixed costs in it, which no budget cuts: {', '.join(fixed)}; "
+        "a step, once started, runs to its end. Not counted: the interpreter's start before "
+        "the command."
+    ]
 
 
 def skipped_lines(result: dict[str, Any]) -> list[str]:
     """Every part not measured, with why (the budget's estimates included)."""
-    lines = [f"- {part}: {why}" for part, why in result["numerics"]["skipped"].items()]
+    numerics = result["numerics"]["skipped"].items()
+    lines = [f"- {'numerics' if part == 'all' else part}: {why}" for part, why in numerics]
     if result["timings_s"].get("speed_reps_cut"):
         lines.append(f"- speed: {result['timings_s']['speed_reps_cut']}")
     for row in result["precisions"]:
@@ -243,9 +284,9 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"# mptrain advise: {result['model']} on {result['dataset']}, batch {result['batch_size']}",
         "",
-        f"{_where(result)}; torch {result['versions']['torch']}; "
-        f"{result['elapsed_s']:.0f} s of a {s['budget_s']:g} s budget.",
+        f"{_where(result)}; torch {result['versions']['torch']}; {took_words(result)}.",
         "",
+        *([cut, ""] if (cut := interrupted_line(result)) else []),
         *recommendation_lines(result),
         "",
         "## Evidence",
@@ -264,6 +305,7 @@ def render(result: dict[str, Any]) -> str:
     skipped = skipped_lines(result)
     if skipped:
         lines += ["", "Not measured:", *skipped]
+    lines += ["", *time_lines(result)]
     lines += ["", f"![loss and speed per precision]({ADVISE_PNG})"]
     return "\n".join(lines) + "\n"
 
@@ -283,10 +325,11 @@ def _where(result: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------ out
-def write(result: dict[str, Any], output_dir: Path, elapsed_s: Callable[[], float]) -> None:
-    """advise.png, then advise.json and advise.md with ``elapsed_s()``: the time taken, the
-    figure included."""
-    from mptrain.output.plots import plot_advice
+def write(result: dict[str, Any], output_dir: Path, budget: Budget) -> None:
+    """advise.png, then advise.json and advise.md with the time taken against ``budget`` (the
+    figure included), each file written atomically."""
+    started = time.perf_counter()
+    from mptrain.output.plots import plot_advice  # matplotlib: most of the report's time
 
     output_dir.mkdir(parents=True, exist_ok=True)
     curves = {r["label"]: r["losses"] for r in result["precisions"] if r["losses"]}
@@ -297,7 +340,8 @@ def write(result: dict[str, Any], output_dir: Path, elapsed_s: Callable[[], floa
     ]
     title = f"mptrain advise: {result['model']} on {result['dataset']}"
     plot_advice(curves, speeds, title, output_dir / ADVISE_PNG)
-    result["elapsed_s"] = elapsed_s()
+    result["timings_s"][REPORT] = time.perf_counter() - started  # the files: milliseconds
+    result["elapsed_s"] = budget.elapsed_s()
     atomic_write_text(output_dir / ADVISE_JSON, json.dumps(clean_json(result), indent=2) + "\n")
     atomic_write_text(output_dir / ADVISE_MD, render(result))
 
@@ -308,7 +352,8 @@ def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
         print(render(result).split("\n![")[0].rstrip())
         print(f"advise written to {output_dir / ADVISE_MD}")
         return
-    for line in recommendation_lines(result):
+    cut = interrupted_line(result)
+    for line in ([cut, ""] if cut else []) + recommendation_lines(result):
         if line.startswith("```"):
             continue  # Markdown's fence: the command stands on its own line
         if line.startswith("**"):
@@ -326,5 +371,6 @@ def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
         console.print("Not measured:")
     for line in skipped:
         console.print(escape(line))
-    console.print(f"{result['elapsed_s']:.0f} s of a {result['settings']['budget_s']:g} s budget")
+    for line in time_lines(result):
+        console.print(escape(line))
     console.print(f"advise written to {output_dir / ADVISE_MD}")

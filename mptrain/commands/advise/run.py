@@ -1,31 +1,29 @@
 """``mptrain advise``'s entry point: measure every candidate, turn the measurements into
 :class:`~mptrain.commands.advise.decide.Measured` records, decide, and write the report.
+
+Torch and the training code are imported inside the functions, not here: the budget's clock
+starts when :func:`advise_main` is called, and importing them is part of what advise costs.
 """
 
 from __future__ import annotations
 
+import signal
+import sys
 import time
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import torch
+from mptrain.commands.advise import decide as advice
+from mptrain.platform.signals import SignalsHeld, Terminated
 
 if TYPE_CHECKING:
+    import torch
     from rich.console import Console
 
-from mptrain.commands.advise import decide as advice
-from mptrain.commands.advise.measure import (
-    Candidate,
-    candidates,
-    measure_numerics,
-    run_fidelity,
-    run_pilots,
-    run_speed,
-)
-from mptrain.commands.advise.trials import Budget, Trial
-from mptrain.config.run import RunConfig
-from mptrain.models.build import config_has_convolutions
-from mptrain.platform import hardware
+    from mptrain.commands.advise.measure import Candidate
+    from mptrain.commands.advise.trials import Budget, Trial
+    from mptrain.config.run import RunConfig
 
 
 # ------------------------------------------------------------------------------ to a decision
@@ -65,10 +63,12 @@ def command_for(overrides: list[str], precision: str) -> str:
     return " ".join(["mptrain", f"precision={precision}", *(shlex.quote(o) for o in kept)])
 
 
-def decide(
-    cfg: RunConfig, cands: list[Candidate], numerics: dict[str, Any], device: torch.device
-) -> advice.Advice:
+def decide(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> advice.Advice:
+    from mptrain.models.build import config_has_convolutions
+
+    cands, numerics = found["candidates"], found["numerics"]
     reference = next((c.fidelity for c in cands if c.name == "fp32"), None)
+    interrupted = found["interrupted"]
     ctx = advice.Context(
         tolerance=cfg.advise.tolerance,
         fp32_spread=next((c.nudge_spread for c in cands if c.name == "fp32"), None),
@@ -76,48 +76,134 @@ def decide(
         device_type=device.type,
         has_convolutions=config_has_convolutions(cfg.model),
         channels_last=cfg.channels_last,
+        interrupted_by=interrupted["signal"] if interrupted else None,
     )
     return advice.recommend([to_measured(c, reference, numerics) for c in cands], ctx)
 
 
-def measure_all(cfg: RunConfig, device: torch.device, budget: Budget) -> dict[str, Any]:
-    """Steps 1–4 of the module doc within ``budget``; returns candidates, numerics, timings."""
-    timings: dict[str, float] = {}
-    cands = candidates(cfg, device)
+def new_findings(cands: list[Candidate]) -> dict[str, Any]:
+    """What :func:`measure_all` fills in place, so that an interrupt keeps what was measured:
+    the candidates, the numerics, each part's seconds, and (set after an interrupt) which
+    signal came during which part."""
+    from mptrain.commands.advise.measure import new_numerics
+
+    return {"candidates": cands, "numerics": new_numerics(), "timings": {}, "interrupted": None}
+
+
+def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
+    """Steps 1–4 of the module doc within ``budget``, into ``found`` (:func:`new_findings`)."""
+    from mptrain.commands.advise.measure import (
+        measure_numerics,
+        run_fidelity,
+        run_pilots,
+        run_speed,
+    )
+    from mptrain.commands.advise.trials import START_UP, timed_part
+
+    cands, timings = found["candidates"], found["timings"]
+    timings[START_UP] = budget.elapsed_s()
     run_pilots(cands, budget, timings)
-    started = time.perf_counter()
-    numerics = measure_numerics(cfg, cands, budget)
-    timings["numerics"] = time.perf_counter() - started
+    with timed_part(timings, "numerics"):
+        measure_numerics(cfg, cands, budget, found["numerics"])
     run_fidelity(cands, cfg.advise, budget, timings)
     run_speed(cands, cfg.advise, budget, timings)
-    return {"candidates": cands, "numerics": numerics, "timings": timings}
+
+
+def note_interrupt(found: dict[str, Any], signal_name: str, budget: Budget) -> None:
+    """Record in ``found`` that ``signal_name`` stopped the measuring, during which part and
+    when, and list every part not reached as not measured because of it."""
+    from mptrain.commands.advise.measure import mark_not_reached
+    from mptrain.commands.advise.trials import IN_PROGRESS
+
+    timings = found["timings"]
+    during = timings.pop(IN_PROGRESS, None)
+    found["interrupted"] = {"signal": signal_name, "during": during, "after_s": budget.elapsed_s()}
+    why = f"interrupted by {signal_name}" + (f" during {during}" if during else "")
+    mark_not_reached(found["candidates"], found["numerics"], timings, why)
+
+
+class StopOnce(SignalsHeld):
+    """While active, the first SIGINT, SIGTERM or SIGHUP raises :class:`Terminated` where the
+    measuring is, as long as it is ``armed``; every later signal, and any once disarmed, is
+    recorded (``signum`` keeps the first) and otherwise ignored, so that the advice — partial
+    or whole — is written to its end. No gap between the two: the handler stays installed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed = True
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        first = self.signum is None
+        super()._handle(signum, frame)
+        if first and self.armed:
+            raise Terminated(signum)
 
 
 def run_advise(
     cfg: RunConfig, overrides: list[str], output_dir: Path, console: Console, budget: Budget
 ) -> dict[str, Any]:
     """Measure (see module doc) within ``budget``, decide, write advise.md/.json/.png, print;
-    return the result."""
-    from mptrain.commands.advise import report as advise_report
+    return the result.
+
+    A stop signal while measuring ends the measuring: what was measured is written all the same,
+    with the parts not reached listed as interrupted; then one line on stderr says where, and
+    SystemExit(128 + the signal: 130, 143, 129) ends the command like an interrupted training
+    run. A signal once measuring is over is ignored until the advice is written."""
+    from mptrain.commands.advise.measure import candidates
+    from mptrain.platform import hardware
 
     device = hardware.resolve_device(cfg.device)
-    found = measure_all(cfg, device, budget)
-    decision = decide(cfg, found["candidates"], found["numerics"], device)
+    with StopOnce() as stop:
+        found = new_findings(candidates(cfg, device))
+        output_dir.mkdir(parents=True, exist_ok=True)  # where the advice goes, from the start
+        try:
+            measure_all(cfg, budget, found)
+        except KeyboardInterrupt:  # Terminated too; without a handler (not the main thread) SIGINT
+            note_interrupt(found, stop.name or "SIGINT", budget)
+        stop.armed = False
+        result = write_advice(cfg, overrides, output_dir, console, budget, found, device)
+    if found["interrupted"]:
+        signal_name = found["interrupted"]["signal"]
+        from mptrain.commands.advise.report import ADVISE_MD  # imported by now
+
+        where = output_dir / ADVISE_MD
+        print(
+            f"mptrain: advise interrupted by {signal_name}; what was measured: {where}",
+            file=sys.stderr,
+        )
+        raise SystemExit(128 + signal.Signals[signal_name])
+    return result
+
+
+def write_advice(
+    cfg: RunConfig,
+    overrides: list[str],
+    output_dir: Path,
+    console: Console,
+    budget: Budget,
+    found: dict[str, Any],
+    device: torch.device,
+) -> dict[str, Any]:
+    """Decide on ``found``, write advise.png/.json/.md into ``output_dir``, print; the result."""
+    from mptrain.commands.advise import report as advise_report
+
+    decision = decide(cfg, found, device)
     result = advise_report.assemble(
         cfg, device, found, decision, command_for(overrides, decision.precision)
     )
-    advise_report.write(result, output_dir, budget.elapsed_s)
+    advise_report.write(result, output_dir, budget)
     advise_report.show(console, result, output_dir)
     return result
 
 
 def advise_main(overrides: list[str]) -> None:
     """``mptrain advise [overrides]`` (the CLI's subcommand table calls this). Bad input raises
-    ConfigError (one line; exit 2)."""
-
+    ConfigError (one line; exit 2); a stop signal exits 128 + its number after writing what was
+    measured (:func:`run_advise`)."""
+    started = time.perf_counter()  # the budget covers composing the config and the imports
+    from mptrain.commands.advise.trials import Budget
     from mptrain.compose.preflight import subcommand_job
     from mptrain.output.joblog import job_console
 
-    started = time.perf_counter()  # the budget covers composing the config too
     cfg, output_dir = subcommand_job(overrides, "advise")
     run_advise(cfg, overrides, output_dir, job_console(), Budget(cfg.advise.budget_s, started))

@@ -5,8 +5,10 @@ charged against (:class:`Budget`, :class:`Cost`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -166,6 +168,25 @@ class Budget:
     def deadline(self) -> float:
         """When measuring must stop (``time.perf_counter()``): the report's reserve is kept."""
         return self.started + self.total_s - RESERVE_S
+
+
+# timings' fixed costs, which the budget counts but cannot cut short
+START_UP = "start-up (config, imports)"  # from advise_main's call to the first measurement
+WARM_UP = "process warm-up"  # the first run's one-off set-up (see measure.run_pilots)
+REPORT = "report (figure, files)"
+IN_PROGRESS = "in progress"  # timings' key naming the part being measured (until it is done)
+
+
+@contextlib.contextmanager
+def timed_part(timings: dict[str, Any], part: str) -> Iterator[None]:
+    """Measure ``part``: while it runs ``timings[IN_PROGRESS]`` names it (what an interrupt cut
+    short); once it is done its seconds go to ``timings[part]``. A part that raises records
+    nothing: it was not measured."""
+    started = time.perf_counter()
+    timings[IN_PROGRESS] = part
+    yield
+    timings[part] = time.perf_counter() - started
+    del timings[IN_PROGRESS]
 
 
 class OutOfBudget(ConfigError):

@@ -1,5 +1,6 @@
 """The culprit finder (:func:`find_culprit`): re-runs one batch and names the first module whose
-output or gradient went non-finite (:func:`mptrain.train.monitor.describe_culprit` words it).
+output or gradient went non-finite (:func:`mptrain.train.health.describe_culprit` words it), or,
+before any module, the batch itself when NaN/inf came with the data (:func:`describe_input`).
 The model is left as it was found (parameters, buffers, gradients, training flag, RNG state).
 """
 
@@ -25,6 +26,37 @@ from mptrain.precision.diagnostics.hooks import (
     preserved_state,
     tensors_in,
 )
+
+
+# ------------------------------------------------------------------------------- the input batch
+def nonfinite_input(images: torch.Tensor, labels: torch.Tensor) -> dict[str, Any] | None:
+    """The first tensor of the batch holding NaN or inf, as ``{"tensor", "dtype", "nonfinite",
+    "nan", "inf", "values"}`` (``tensor``: "inputs" or "labels"); None when both are finite.
+    Integer tensors (class indices, token ids) are finite by construction."""
+    for name, tensor in (("inputs", images), ("labels", labels)):
+        if not tensor.is_floating_point():
+            continue
+        nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+        if nan or inf:
+            return {
+                "tensor": name,
+                "dtype": dtype_name(tensor.dtype),
+                "nonfinite": nan + inf,
+                "nan": nan,
+                "inf": inf,
+                "values": tensor.numel(),
+            }
+    return None
+
+
+def describe_input(record: dict[str, Any]) -> str:
+    """One line for a :func:`nonfinite_input` record."""
+    return (
+        f"the input batch is not finite: {record['nonfinite']} of {record['values']} values of "
+        f"its {record['tensor']} ({record['dtype']}) are NaN or inf ({record['nan']} NaN, "
+        f"{record['inf']} inf); they came with the data, before any module, so no precision "
+        "setting fixes them: check the dataset and its transforms"
+    )
 
 
 # ------------------------------------------------------------------------------ culprit finder
@@ -141,20 +173,34 @@ def find_culprit(
 ) -> dict[str, Any] | None:
     """Re-run one batch with hooks; name the first module whose output or gradient went non-finite.
 
+    The batch is checked first: NaN/inf that came with the data would otherwise be blamed on the
+    first module that reads it. A non-finite batch is the answer, and the model is not run.
     Forward: the first leaf module (in execution order) with a non-finite output. Backward, when the
     forward was finite: the first module whose output gradient went non-finite. For FP16 outputs,
     an inf beyond 65504 is an overflow (BF16's range fixes it); a NaN from finite inputs is an
     invalid operation. Model state and RNG are restored afterwards.
 
-    Returns ``None`` when everything stayed finite, else ``{"forward", "backward", "loss",
-    "loss_scale"}`` (``forward``/``backward`` ``None`` where nothing was found).
+    Returns ``None`` when everything stayed finite, else ``{"input", "forward", "backward",
+    "loss", "loss_scale"}``: ``input`` the :func:`nonfinite_input` record (then ``forward``,
+    ``backward`` and ``loss`` are None: nothing ran), else None and ``forward``/``backward``
+    ``None`` where nothing was found.
     """
+    bad_input = nonfinite_input(images, labels)
+    if bad_input is not None:
+        return {
+            "input": bad_input,
+            "forward": None,
+            "backward": None,
+            "loss": None,
+            "loss_scale": loss_scale,
+        }
     hooks = _CulpritHooks(model)
     with preserved_state(model), installed(hooks.registrations(model)):
         loss = hooks.run(model, images, labels, autocast, loss_scale)
     if not hooks.found:
         return None
     return {
+        "input": None,
         "forward": hooks.found.get("forward"),
         "backward": hooks.found.get("backward"),
         "loss": float(loss.detach()),
