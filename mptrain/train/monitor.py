@@ -106,6 +106,7 @@ class Monitor:
         self.observers: tuple[LoopObserver, ...] = ()
         self._optimizer: torch.optim.Optimizer | None = None
         self._interval = Interval(started=time.perf_counter())
+        self._first_step: int | None = None  # the step the loop started from (before_step)
 
     # ------------------------------------------------------------------------------ lifecycle
     def begin(
@@ -124,9 +125,14 @@ class Monitor:
             self.scale_stats = ScaleStats(initial=s, final=s, min=s, max=s)
         self._interval.restart()
         self._loop_started = time.perf_counter()
+        self._first_step = None
 
     def before_step(self, steps_done: int) -> None:
-        if steps_done == self.settings.throughput_warmup_steps:
+        """Start timing after this process's first ``throughput_warmup_steps`` steps: counted
+        from where the loop started, so a resumed run (at step 1000) is timed too."""
+        if self._first_step is None:
+            self._first_step = steps_done
+        if steps_done - self._first_step == self.settings.throughput_warmup_steps:
             self.stopwatch.start()
 
     def end(self) -> None:

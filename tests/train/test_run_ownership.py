@@ -122,3 +122,14 @@ def test_a_checkpoint_without_a_data_identity_still_resumes(tmp_path):
     torch.save(payload, path)
     report = train(tiny_run("max_steps=3", "resume=auto", "resume_allow_changes=true"), out)
     assert report["resumed"]["allowed_differences"] == ["max_steps: checkpoint 2, now 3"]
+
+
+def test_a_resumed_run_reports_its_throughput(tmp_path):
+    """Item 6: the stopwatch started only at the absolute warm-up step, so any resumed run said
+    'n/a samples/s (0 steps after 5 warm-up)' and sweep speed columns broke."""
+    train(tiny_run("max_steps=4", "checkpoint.every_steps=4"), tmp_path)
+    report = train(tiny_run("max_steps=10", "resume=auto", "resume_allow_changes=true"), tmp_path)
+    assert report["resumed"]["step"] == 4
+    throughput = report["throughput"]
+    assert throughput["measured_steps"] == 10 - 4 - 2  # after this process's 2 warm-up steps
+    assert throughput["samples_per_s"] > 0
