@@ -39,6 +39,7 @@ from mptrain.compose.preflight import (
     launch,
     parse_command_line,
 )
+from mptrain.compose.record import discard, promote, staged_record
 from mptrain.compose.registry import absolute_paths, register_configs, to_run_config
 from mptrain.config.base import ConfigError, launch_dir, set_launch_dir
 from mptrain.platform.signals import Terminated, terminate_like_interrupt
@@ -60,18 +61,33 @@ def run_job(cfg: DictConfig) -> float | None:
     """
     from hydra.core.hydra_config import HydraConfig
 
+    hydra_cfg = HydraConfig.get()
+    output_dir = Path(hydra_cfg.runtime.output_dir)
+    multirun = hydra_cfg.mode.name == "MULTIRUN"
+    # Hydra's record of the command, staged until the run owns the directory (compose.record).
+    record = staged_record(output_dir, hydra_cfg.output_subdir)
+    try:
+        return _run_job(cfg, output_dir, multirun, record)
+    finally:
+        discard(record)  # still staged: the run never owned the directory
+
+
+def _run_job(
+    cfg: DictConfig, output_dir: Path, multirun: bool, record: Path | None
+) -> float | None:
+    """:func:`run_job`'s work: train, and turn each outcome into its exit (see there)."""
+    from hydra.core.hydra_config import HydraConfig
+
     from mptrain.output.render import write_failure
     from mptrain.train.job import RunFailed, RunInterrupted, train
 
     hydra_cfg = HydraConfig.get()
-    output_dir = Path(hydra_cfg.runtime.output_dir)
-    multirun = hydra_cfg.mode.name == "MULTIRUN"
     try:
         # Relative paths are the user's, from where mptrain was launched (hydra.job.chdir=true
         # moves the job into its output directory).
         set_launch_dir(Path(hydra_cfg.runtime.cwd))
         run = absolute_paths(to_run_config(cfg), launch_dir())
-        report = train(run, output_dir)
+        report = train(run, output_dir, on_owned=lambda: promote(record))
     except ConfigError as exc:
         if not multirun:
             _fail(str(exc))

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mptrain.compose.record import staged_subdir
 from mptrain.compose.registry import to_run_config
 from mptrain.config.base import ConfigError
 from mptrain.output.trackers import check_tracking_server
@@ -47,6 +48,7 @@ class Preflight:
     jobs: list[list[str]]
     multirun: bool
     output_dir: str  # hydra.run.dir, or hydra.sweep.dir of a multirun, as composed here
+    record_subdir: str | None = ".hydra"  # hydra.output_subdir: the run's record (compose.record)
 
 
 def parse_command_line(argv: list[str]) -> argparse.Namespace:
@@ -100,6 +102,7 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
     master, multirun = _master_config(hydra, args.config_name or CONFIG_NAME, overrides, args)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     output = Path(master.hydra.sweep.dir if multirun else master.hydra.run.dir)
+    record = master.hydra.output_subdir  # read first: the checks below drop hydra's node
     check_creatable(output, key)  # Hydra creates it next, with a traceback if it cannot
     if not multirun:
         run = checked_run_config(master)
@@ -107,14 +110,14 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
         if int(os.environ.get("RANK", "0")) == 0:
             # Before Hydra rewrites the directory's .hydra/ record of another run.
             check_run_dir_free(output, run.resume, run.overwrite)
-        return Preflight([overrides], multirun=False, output_dir=str(output))
+        return Preflight([overrides], False, str(output), record)
     _check_sweeper(master.hydra.sweeper, str(master.get("task", "classify")))
     jobs = _job_overrides(hydra, master, overrides)
     for number, job in enumerate(jobs):
         composed = _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
         _check_job_dir(composed, output, number)  # first: the check below drops hydra's node
         check_tracking_server(checked_run_config(composed))
-    return Preflight(jobs, multirun=True, output_dir=str(output))
+    return Preflight(jobs, True, str(output), record)
 
 
 def _check_job_dir(composed: Any, sweep_dir: Path, number: int) -> None:
@@ -146,6 +149,8 @@ def launch(hydra: Any, args: argparse.Namespace, checked: Preflight, task: Any) 
 
     mode = "MULTIRUN" if checked.multirun else "RUN"
     overrides = [*args.overrides, pinned_output_dir(checked), f"hydra.mode={mode}"]
+    if checked.record_subdir is not None:  # written where the run's job moves it (compose.record)
+        overrides.append(f"hydra.output_subdir={_quoted(staged_subdir(checked.record_subdir))}")
     start = hydra.multirun if checked.multirun else hydra.run
     config_name = args.config_name or CONFIG_NAME
     run_and_report(lambda: start(config_name=config_name, task_function=task, overrides=overrides))
@@ -155,8 +160,13 @@ def pinned_output_dir(checked: Preflight) -> str:
     """The override fixing Hydra's output directory to the one the preflight checked (Hydra
     would resolve ``${now:...}`` again)."""
     key = "hydra.sweep.dir" if checked.multirun else "hydra.run.dir"
-    quoted = checked.output_dir.replace("\\", "\\\\").replace("'", "\\'")
-    return f"{key}='{quoted}'"
+    return f"{key}={_quoted(checked.output_dir)}"
+
+
+def _quoted(value: str) -> str:
+    """``value`` as a quoted override value (Hydra's grammar: backslash and quote escaped)."""
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
 
 
 def _master_config(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +69,17 @@ class RunFailed(RuntimeError):
         self.report = report
 
 
-def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> RunReport:
+def train(
+    cfg: RunConfig,
+    output_dir: Path,
+    console: Console | None = None,
+    on_owned: Callable[[], None] | None = None,
+) -> RunReport:
     """Run one job and write its report into ``output_dir``; return the report.
+
+    ``on_owned`` is called once the run owns the directory: a fresh run once it holds the lock
+    and no other run's work is there, a resumed one once its checkpoint was accepted (the CLI
+    moves Hydra's record of the command into place then: mptrain.compose.record).
 
     Raises ConfigError (bad input found before training: no report is written), RunFailed (the
     run diverged or crashed; the report says why), RunInterrupted (SIGINT/SIGTERM during training:
@@ -89,7 +99,7 @@ def train(cfg: RunConfig, output_dir: Path, console: Console | None = None) -> R
             overwritten = check_no_other_run(output_dir, cfg.resume, cfg.overwrite)
             if overwritten:
                 log.say(overwritten, "note")
-            job = Job(cfg, output_dir, dist, log)
+            job = Job(cfg, output_dir, dist, log, on_owned)
             with FigureWorker() as job.figures:
                 return job.execute()
     finally:
@@ -111,8 +121,16 @@ def check_output_dir(output_dir: Path) -> None:
 class Job:
     """One job's life (see the module doc); always ends with a report once it has started."""
 
-    def __init__(self, cfg: RunConfig, output_dir: Path, dist: DistContext, log: JobLog) -> None:
+    def __init__(
+        self,
+        cfg: RunConfig,
+        output_dir: Path,
+        dist: DistContext,
+        log: JobLog,
+        on_owned: Callable[[], None] | None = None,
+    ) -> None:
         self.cfg, self.output_dir, self.dist = cfg, output_dir, dist
+        self.on_owned = on_owned
         self.log, self.console = log, log.console
         self.started_at = now_iso()
         self.start_time = time.perf_counter()
@@ -151,14 +169,23 @@ class Job:
     def _prepare(self) -> None:
         cfg = self.cfg
         self.device, self.policy, self.tf32 = resolve_run(cfg, self.dist)
+        if not cfg.resume:
+            self._own()
         self.run = run = build_run(cfg, self.device, self.policy, self.tf32, self.dist)
         self._announce()
         write_diagnostics(run, self.output_dir, self.console)
         if cfg.resume:
             self.resumed = self._resume()
+            self._own()
         if cfg.checkpoint.enabled:
             signature = run_signature(cfg, self.policy, run.data.identity)
             self.checkpointer = Checkpointer(self.output_dir / CHECKPOINT_DIR, run, signature)
+
+    def _own(self) -> None:
+        """The run owns its directory from now on (see :func:`train`'s ``on_owned``)."""
+        if self.on_owned is not None and self.dist.is_main:
+            self.on_owned()
+            self.on_owned = None
 
     def _announce(self) -> None:
         run, policy = self.run, self.policy

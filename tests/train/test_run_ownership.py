@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LM, compose_run, tiny_run, train
+import yaml
+from conftest import LM, compose_run, describe, run_mptrain, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.data.batches import files_identity, tensors_identity
@@ -133,3 +134,35 @@ def test_a_resumed_run_reports_its_throughput(tmp_path):
     throughput = report["throughput"]
     assert throughput["measured_steps"] == 10 - 4 - 2  # after this process's 2 warm-up steps
     assert throughput["samples_per_s"] > 0
+
+
+# ------------------------------------------------------------------ the run's record (.hydra/)
+@pytest.mark.slow
+def test_a_refused_resume_leaves_the_earlier_runs_record_as_it_was(tmp_path):
+    """Item 6: refused for different settings, `resume=auto hydra.run.dir=<an earlier run>`
+    still rewrote that run's .hydra/config.yaml and overrides.yaml."""
+    out = tmp_path / "run"
+    common = ("model=mlp", "device=cpu", "progress=false", "epochs=null", f"hydra.run.dir={out}")
+    first = run_mptrain(tmp_path, *common, "max_steps=2")
+    assert first.returncode == 0, describe(first)
+    record = {p.name: p.read_bytes() for p in (out / ".hydra").iterdir()}
+    second = run_mptrain(tmp_path, *common, "max_steps=3", "resume=auto")
+    assert second.returncode == 2, describe(second)
+    assert "saved with different settings (max_steps: checkpoint 2, now 3)" in second.stderr
+    assert {p.name: p.read_bytes() for p in (out / ".hydra").iterdir()} == record
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".hydra")) == [".hydra"]
+
+
+@pytest.mark.slow
+def test_an_accepted_resume_records_its_own_command(tmp_path):
+    out = tmp_path / "run"
+    common = ("model=mlp", "device=cpu", "progress=false", "epochs=null", f"hydra.run.dir={out}")
+    assert run_mptrain(tmp_path, *common, "max_steps=2").returncode == 0
+    resumed = run_mptrain(
+        tmp_path, *common, "max_steps=3", "resume=auto", "resume_allow_changes=true"
+    )
+    assert resumed.returncode == 0, describe(resumed)
+    assert "resume_allow_changes=true" in (out / ".hydra" / "overrides.yaml").read_text()
+    hydra_yaml = yaml.safe_load((out / ".hydra" / "hydra.yaml").read_text())
+    assert hydra_yaml["hydra"]["output_subdir"] == ".hydra"  # not the staged name
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(".hydra")) == [".hydra"]
