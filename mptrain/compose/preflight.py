@@ -314,7 +314,7 @@ def describe_compose_error(exc: Exception) -> str:
         choices = ", ".join(o for o in sorted(exc.options) if not o.endswith("_schema"))
         return f"{group}={option}: unknown option; choose one of {choices}"
     if isinstance(exc, OverrideParseException):
-        return f"cannot parse override: {str(exc).splitlines()[0]}"
+        return f"cannot parse override: {str(exc).splitlines()[0]}{_quoting_hint(exc.override)}"
     cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
     if isinstance(cause, OmegaConfBaseException):
         key = getattr(cause, "full_key", None) or "?"
@@ -328,3 +328,16 @@ def describe_compose_error(exc: Exception) -> str:
         return f"{key}: {str(cause).splitlines()[0]}"
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return " ".join(lines) if lines else type(exc).__name__
+
+
+def _quoting_hint(override: str) -> str:
+    """How to quote ``override`` when Hydra's lexer refused it for its non-ASCII characters
+    (Hydra reads unquoted values as ASCII only); "" otherwise."""
+    key, sep, value = override.partition("=")
+    if not sep or value.isascii() or value[:1] in ("'", '"'):
+        return ""
+    quoted = value.replace("\\", "\\\\").replace('"', '\\"')
+    return (
+        f"; a value with non-ASCII characters must be quoted for Hydra, and the quotes for the "
+        f"shell: '{key}=\"{quoted}\"'"
+    )
