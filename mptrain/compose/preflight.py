@@ -29,7 +29,8 @@ from typing import Any
 
 from mptrain.compose.registry import to_run_config
 from mptrain.config.base import ConfigError
-from mptrain.rundir.lock import check_creatable, check_run_dir_free
+from mptrain.rundir.layout import SWEEP_LOCK_NAME
+from mptrain.rundir.lock import RunDirLock, check_creatable, check_run_dir_free
 
 CONFIG_MODULE = "mptrain.conf"
 CONFIG_NAME = "config"
@@ -108,28 +109,54 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
         return Preflight([overrides], multirun=False, output_dir=str(output))
     _check_sweeper(master.hydra.sweeper, str(master.get("task", "classify")))
     jobs = _job_overrides(hydra, master, overrides)
+    # Only the basic sweeper's job directories are known before it runs (see the module doc).
+    known_dirs = master.hydra.sweeper._target_ == BASIC_SWEEPER
     for number, job in enumerate(jobs):
         composed = _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
-        _check_job_dir(composed, output, number)  # first: the check below drops hydra's node
-        checked_run_config(composed)
+        job_dir = _check_job_dir(composed, output, number)  # first: the next drops hydra's node
+        run = checked_run_config(composed)
+        if known_dirs and int(os.environ.get("RANK", "0")) == 0:
+            # A sweep into a directory an earlier sweep used: each job's directory follows the
+            # rules of a run's, before Hydra rewrites an earlier job's .hydra/ record there.
+            try:
+                check_run_dir_free(job_dir, run.resume, run.overwrite)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc}; or give this sweep its own hydra.sweep.dir") from exc
     return Preflight(jobs, multirun=True, output_dir=str(output))
 
 
-def _check_job_dir(composed: Any, sweep_dir: Path, number: int) -> None:
-    """The job's directory (``hydra.sweep.subdir``, by default its number and overrides) must be
-    one the file system can hold: many overrides make a name over 255 bytes, and Hydra would
-    stop the sweep with a traceback when it creates it."""
+@contextmanager
+def hold_sweep_dir(sweep_dir: Path) -> Iterator[str | None]:
+    """Hold ``sweep_dir`` for a sweep's life (a :class:`~mptrain.rundir.lock.RunDirLock` on its
+    own file, created with the directory): a second sweep into it while this one runs is refused
+    (ConfigError naming the holder), so neither can take the other's jobs for its own. Yields the
+    note of a lock taken over from a sweep that is gone, or None. torchrun ranks other than 0 run
+    the same sweep as rank 0 and take nothing."""
+    if int(os.environ.get("RANK", "0")) > 0:
+        yield None
+        return
+    sweep_dir.mkdir(parents=True, exist_ok=True)  # check_jobs found it creatable
+    with RunDirLock(sweep_dir, SWEEP_LOCK_NAME, kind="sweep", key="hydra.sweep.dir") as lock:
+        yield lock.stale_note
+
+
+def _check_job_dir(composed: Any, sweep_dir: Path, number: int) -> Path:
+    """The job's directory (``hydra.sweep.subdir``, by default its number and overrides), which
+    must be one the file system can hold: many overrides make a name over 255 bytes, and Hydra
+    would stop the sweep with a traceback when it creates it."""
     from omegaconf import open_dict
 
     with open_dict(composed):
         composed.hydra.job.num = number
+    job_dir = sweep_dir / str(composed.hydra.sweep.subdir)
     try:
-        check_creatable(sweep_dir / str(composed.hydra.sweep.subdir), "hydra.sweep.subdir")
+        check_creatable(job_dir, "hydra.sweep.subdir")
     except ConfigError as exc:
         raise ConfigError(
             f"{exc}; shorten it: 'hydra.sweep.subdir=${{hydra.job.num}}' (quoted for the shell), "
             "or name keys to leave out in hydra.job.config.override_dirname.exclude_keys"
         ) from exc
+    return job_dir
 
 
 def launch(hydra: Any, args: argparse.Namespace, checked: Preflight, task: Any) -> None:
