@@ -198,9 +198,38 @@ def _main(argv: Sequence[str] | None) -> None:
                 _say_note(held.enter_context(hold_sweep_dir(Path(checked.output_dir))))
         except ConfigError as exc:
             _fail(str(exc))
-        launch(hydra, args, checked, run_job)
-        if checked.multirun:
-            _exit_if_jobs_failed(Path(checked.output_dir), launched)
+        if not checked.multirun:
+            launch(hydra, args, checked, run_job)
+            return
+        sweep_dir = Path(checked.output_dir)
+        launch(
+            hydra, args, checked, run_job, lambda exc: _every_job_failed(sweep_dir, launched, exc)
+        )
+        _exit_if_jobs_failed(sweep_dir, launched)
+
+
+def _every_job_failed(sweep_dir: Path, launched: float, exc: Exception) -> bool:
+    """After the sweeper raised ``exc``: when every job of this sweep had failed (an Optuna
+    search with no completed trial has no best value), say so in one line and write the sweep's
+    summary, which Hydra's end-of-sweep callback never got to; True then (the jobs' failures
+    follow). False for any other sweeper error, which Hydra reports with its traceback."""
+    from mptrain.commands.runs import this_sweeps_runs
+    from mptrain.commands.sweep import write_sweep_summary
+
+    try:
+        runs = this_sweeps_runs(sweep_dir, launched)
+    except FileNotFoundError:  # no job wrote anything
+        return False
+    if not runs or any(run.report and run.report.status == "completed" for run in runs):
+        return False
+    why = " ".join(str(exc).split()) or "no message"
+    print(
+        f"mptrain: error: every job of the sweep failed, and then the sweeper stopped "
+        f"({type(exc).__name__}: {why})",
+        file=sys.stderr,
+    )
+    write_sweep_summary(sweep_dir, launched)
+    return True
 
 
 def _say_note(note: str | None) -> None:

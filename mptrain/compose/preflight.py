@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -159,13 +159,20 @@ def _check_job_dir(composed: Any, sweep_dir: Path, number: int) -> Path:
     return job_dir
 
 
-def launch(hydra: Any, args: argparse.Namespace, checked: Preflight, task: Any) -> None:
+def launch(
+    hydra: Any,
+    args: argparse.Namespace,
+    checked: Preflight,
+    task: Any,
+    sweeper_failed: Callable[[Exception], bool] | None = None,
+) -> None:
     """Run the checked command on ``hydra`` the way ``@hydra.main`` runs it (Hydra's
     ``_run_app``), in the output directory the preflight checked.
 
     ``@hydra.main`` would build a second Hydra instance and compose the config twice more (once
     only to read ``hydra.mode``); the preflight already knows the mode. Errors are reported by
-    Hydra's ``run_and_report``, as under ``@hydra.main``.
+    Hydra's ``run_and_report``, as under ``@hydra.main``, except an error of a sweep for which
+    ``sweeper_failed(error)`` returns True: it has been reported, and launch returns.
     """
     from hydra._internal.utils import run_and_report
 
@@ -173,7 +180,15 @@ def launch(hydra: Any, args: argparse.Namespace, checked: Preflight, task: Any) 
     overrides = [*args.overrides, pinned_output_dir(checked), f"hydra.mode={mode}"]
     start = hydra.multirun if checked.multirun else hydra.run
     config_name = args.config_name or CONFIG_NAME
-    run_and_report(lambda: start(config_name=config_name, task_function=task, overrides=overrides))
+
+    def run() -> None:
+        try:
+            start(config_name=config_name, task_function=task, overrides=overrides)
+        except Exception as exc:
+            if not (checked.multirun and sweeper_failed and sweeper_failed(exc)):
+                raise
+
+    run_and_report(run)
 
 
 def pinned_output_dir(checked: Preflight) -> str:
