@@ -19,6 +19,7 @@ Exit codes: 0 all jobs completed, 1 a job failed or diverged, 2 bad input, 130 i
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import sys
@@ -35,6 +36,7 @@ from mptrain.compose.preflight import (
     CONFIG_NAME,
     HYDRA_VERSION_BASE,
     check_jobs,
+    hold_sweep_dir,
     hydra_like_main,
     launch,
     parse_command_line,
@@ -205,40 +207,67 @@ def _main(argv: Sequence[str] | None) -> None:
         hydra_app()
         return
     launched = time.time()
-    with hydra_like_main(args) as hydra:
+    with hydra_like_main(args) as hydra, contextlib.ExitStack() as held:
         try:
             checked = check_jobs(hydra, args)
+            if checked.multirun:  # held until this sweep's jobs are judged
+                _say_note(held.enter_context(hold_sweep_dir(Path(checked.output_dir))))
         except ConfigError as exc:
             _fail(str(exc))
-        launch(hydra, args, checked, run_job)
-    if checked.multirun:
-        _exit_if_jobs_failed(Path(checked.output_dir), launched)
+        if not checked.multirun:
+            launch(hydra, args, checked, run_job)
+            return
+        sweep_dir = Path(checked.output_dir)
+        launch(
+            hydra, args, checked, run_job, lambda exc: _every_job_failed(sweep_dir, launched, exc)
+        )
+        _exit_if_jobs_failed(sweep_dir, launched)
+
+
+def _every_job_failed(sweep_dir: Path, launched: float, exc: Exception) -> bool:
+    """After the sweeper raised ``exc``: when every job of this sweep had failed (an Optuna
+    search with no completed trial has no best value), say so in one line and write the sweep's
+    summary, which Hydra's end-of-sweep callback never got to; True then (the jobs' failures
+    follow). False for any other sweeper error, which Hydra reports with its traceback."""
+    from mptrain.commands.runs import this_sweeps_runs
+    from mptrain.commands.sweep import write_sweep_summary
+
+    try:
+        runs = this_sweeps_runs(sweep_dir, launched)
+    except FileNotFoundError:  # no job wrote anything
+        return False
+    if not runs or any(run.report and run.report.status == "completed" for run in runs):
+        return False
+    why = " ".join(str(exc).split()) or "no message"
+    print(
+        f"mptrain: error: every job of the sweep failed, and then the sweeper stopped "
+        f"({type(exc).__name__}: {why})",
+        file=sys.stderr,
+    )
+    write_sweep_summary(sweep_dir, launched)
+    return True
+
+
+def _say_note(note: str | None) -> None:
+    if note:
+        print(f"mptrain: note: {note}", file=sys.stderr)
 
 
 def _exit_if_jobs_failed(sweep_dir: Path, launched: float) -> None:
-    """Exit 1 naming each job of this launch whose report says it did not complete. A job
-    directory belongs to this launch when Hydra wrote its ``.hydra/`` record (or the job its
-    report) since ``launched``; a sweep directory may hold earlier sweeps' jobs."""
-    from mptrain.commands.sweep import find_runs
-    from mptrain.rundir.layout import FAILURE_JSON, REPORT_JSON
-
-    def written_since(path: Path) -> bool:
-        return path.is_file() and path.stat().st_mtime >= launched
+    """Exit 1 naming each job of this launch that did not complete, as
+    :func:`mptrain.commands.sweep.this_sweeps_runs` judges the jobs written since ``launched``
+    (a refused job is never credited with an earlier run's report)."""
+    from mptrain.commands.runs import this_sweeps_runs
 
     try:
-        runs = find_runs([sweep_dir])
+        runs = this_sweeps_runs(sweep_dir, launched)
     except FileNotFoundError:  # no job wrote anything
         runs = []
-    failed = []
-    for run in runs:
-        marks = (".hydra/overrides.yaml", REPORT_JSON, FAILURE_JSON)
-        if not any(written_since(run.directory / mark) for mark in marks):
-            continue  # an earlier sweep's job
-        if run.report is not None and not written_since(run.directory / REPORT_JSON):
-            failed.append(f"{run.directory}: no report.json from this launch")
-        elif run.report is None or run.report.status != "completed":
-            reason = run.reason or f"{run.report.status}: {run.report.reason}"
-            failed.append(f"{run.directory}: {reason}")
+    failed = [
+        f"{run.directory}: {run.reason or f'{run.report.status}: {run.report.reason}'}"
+        for run in runs
+        if run.report is None or run.report.status != "completed"
+    ]
     if failed:
         print(f"mptrain: {len(failed)} job(s) did not complete:", file=sys.stderr)
         for line in failed:

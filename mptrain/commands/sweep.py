@@ -20,8 +20,7 @@ import argparse
 import datetime as dt
 import json
 import sys
-from collections import Counter
-from dataclasses import dataclass, field
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from mptrain.commands.runs import RunRecord, find_runs, this_sweeps_runs
 from mptrain.commands.spread import (
     MIN_SAMPLES,
     NOISY_SPREAD,
@@ -42,92 +42,11 @@ from mptrain.output.joblog import table_console
 from mptrain.output.metrics import read_metrics
 from mptrain.output.plots import plot_sweep
 from mptrain.output.render import fmt_bytes, fmt_pct
-from mptrain.output.report import ReportError, RunReport, ThroughputSection, load_report
+from mptrain.output.report import RunReport, ThroughputSection
 from mptrain.rundir.fileio import atomic_write_text
-from mptrain.rundir.layout import FAILURE_JSON, METRICS_JSONL, REPORT_JSON, SWEEP_PNG
+from mptrain.rundir.layout import METRICS_JSONL, SWEEP_PNG
 
 SWEEP_MD, SWEEP_JSON = "sweep.md", "sweep.json"
-
-
-@dataclass
-class RunRecord:
-    """One run directory as the comparison sees it."""
-
-    directory: Path
-    label: str  # the job's overrides, or the directory name
-    report: RunReport | None
-    reason: str | None = None  # why there is no usable report
-    row: dict[str, Any] = field(default_factory=dict)
-
-
-def _overrides(directory: Path) -> list[str] | None:
-    path = directory / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return None
-    from omegaconf import OmegaConf
-
-    return [str(o) for o in OmegaConf.load(path)]
-
-
-def load_run(directory: Path) -> RunRecord:
-    overrides = _overrides(directory)
-    label = " ".join(overrides) if overrides else directory.name
-    path = directory / REPORT_JSON
-    if not path.is_file():
-        failure = directory / FAILURE_JSON
-        if failure.is_file():
-            return RunRecord(
-                directory, label, None, reason=json.loads(failure.read_text())["reason"]
-            )
-        return RunRecord(
-            directory, label, None, reason="no report.json (the job ended before training)"
-        )
-    try:
-        return RunRecord(directory, label, load_report(path))
-    except (OSError, json.JSONDecodeError, ReportError) as exc:
-        return RunRecord(directory, label, None, reason=f"unreadable report.json: {exc}")
-
-
-def _job_order(directory: Path) -> tuple[int, str]:
-    """Hydra names sweep jobs <number>_<overrides>: order by that number, then by name."""
-    number, _, _ = directory.name.partition("_")
-    return (int(number) if number.isdigit() else sys.maxsize, directory.name)
-
-
-def _shorten_labels(runs: list[RunRecord]) -> None:
-    """Keep only the overrides that differ between runs (what the comparison is about), and
-    prefix labels that would still collide (two sweeps of the same jobs) with their directory."""
-    split = [run.label.split(" ") for run in runs]
-    common = set.intersection(*(set(s) for s in split)) if len(split) > 1 else set()
-    for run, parts in zip(runs, split, strict=True):
-        run.label = " ".join(p for p in parts if p not in common) or run.label
-    counts = Counter(run.label for run in runs)
-    for run in runs:
-        if counts[run.label] > 1:
-            where = f"{run.directory.parent.name}/{run.directory.name}"
-            run.label = where if run.label == run.directory.name else f"{where}: {run.label}"
-
-
-def find_runs(paths: list[Path]) -> list[RunRecord]:
-    """Run directories among ``paths``: each path is a run, or a sweep holding runs."""
-    runs = []
-    for path in paths:
-        if (path / REPORT_JSON).is_file() or (path / ".hydra").is_dir():
-            runs.append(load_run(path))
-            continue
-        children = sorted(
-            (
-                c
-                for c in path.iterdir()
-                if c.is_dir() and ((c / ".hydra").is_dir() or (c / REPORT_JSON).is_file())
-            ),
-            key=_job_order,
-        )
-        if not children:
-            raise FileNotFoundError(f"{path}: neither a run directory nor a sweep of runs")
-        runs.extend(load_run(c) for c in children)
-    _shorten_labels(runs)
-    return runs
 
 
 def _comparison_key(report: RunReport) -> str:
@@ -427,15 +346,32 @@ def _wide_console() -> Console:
 class SweepSummaryCallback(Callback):
     """Hydra callback: after a multirun, compare its jobs (configured in conf/config.yaml)."""
 
+    def __init__(self) -> None:
+        self.started: float | None = None
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        self.started = time.time()  # the jobs of this sweep are those written since
+
     def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        """Compare this sweep's jobs (:func:`this_sweeps_runs`); every run in the directory when
+        the sweep's start was not seen (called on its own)."""
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return
-        try:
-            runs = find_runs([sweep_dir])
-        except FileNotFoundError:
-            return
+        write_sweep_summary(sweep_dir, self.started)
+
+
+def write_sweep_summary(sweep_dir: Path, started: float | None) -> list[RunRecord]:
+    """Write and print the comparison of the sweep that started at ``started`` in ``sweep_dir``
+    (:func:`this_sweeps_runs`; every run there when ``started`` is None) and return its runs;
+    nothing when it has none."""
+    try:
+        runs = find_runs([sweep_dir]) if started is None else this_sweeps_runs(sweep_dir, started)
+    except FileNotFoundError:
+        return []
+    if runs:
         write_comparison(runs, sweep_dir, f"sweep {sweep_dir}", _wide_console())
+    return runs
 
 
 def compare_main(argv: list[str] | None = None) -> None:

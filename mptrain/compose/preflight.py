@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +31,8 @@ from mptrain.compose.record import staged_subdir
 from mptrain.compose.registry import to_run_config
 from mptrain.config.base import ConfigError
 from mptrain.output.trackers import check_tracking_server
-from mptrain.rundir.lock import check_creatable, check_run_dir_free
+from mptrain.rundir.layout import SWEEP_LOCK_NAME
+from mptrain.rundir.lock import RunDirLock, check_creatable, check_run_dir_free
 
 CONFIG_MODULE = "mptrain.conf"
 CONFIG_NAME = "config"
@@ -113,37 +114,71 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
         return Preflight([overrides], False, str(output), record)
     _check_sweeper(master.hydra.sweeper, str(master.get("task", "classify")))
     jobs = _job_overrides(hydra, master, overrides)
+    # Only the basic sweeper's job directories are known before it runs (see the module doc).
+    known_dirs = master.hydra.sweeper._target_ == BASIC_SWEEPER
     for number, job in enumerate(jobs):
         composed = _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
-        _check_job_dir(composed, output, number)  # first: the check below drops hydra's node
-        check_tracking_server(checked_run_config(composed))
+        job_dir = _check_job_dir(composed, output, number)  # first: the next drops hydra's node
+        run = checked_run_config(composed)
+        check_tracking_server(run)
+        if known_dirs and int(os.environ.get("RANK", "0")) == 0:
+            # A sweep into a directory an earlier sweep used: each job's directory follows the
+            # rules of a run's, before Hydra rewrites an earlier job's .hydra/ record there.
+            try:
+                check_run_dir_free(job_dir, run.resume, run.overwrite)
+            except ConfigError as exc:
+                raise ConfigError(f"{exc}; or give this sweep its own hydra.sweep.dir") from exc
     return Preflight(jobs, True, str(output), record)
 
 
-def _check_job_dir(composed: Any, sweep_dir: Path, number: int) -> None:
-    """The job's directory (``hydra.sweep.subdir``, by default its number and overrides) must be
-    one the file system can hold: many overrides make a name over 255 bytes, and Hydra would
-    stop the sweep with a traceback when it creates it."""
+@contextmanager
+def hold_sweep_dir(sweep_dir: Path) -> Iterator[str | None]:
+    """Hold ``sweep_dir`` for a sweep's life (a :class:`~mptrain.rundir.lock.RunDirLock` on its
+    own file, created with the directory): a second sweep into it while this one runs is refused
+    (ConfigError naming the holder), so neither can take the other's jobs for its own. Yields the
+    note of a lock taken over from a sweep that is gone, or None. torchrun ranks other than 0 run
+    the same sweep as rank 0 and take nothing."""
+    if int(os.environ.get("RANK", "0")) > 0:
+        yield None
+        return
+    sweep_dir.mkdir(parents=True, exist_ok=True)  # check_jobs found it creatable
+    with RunDirLock(sweep_dir, SWEEP_LOCK_NAME, kind="sweep", key="hydra.sweep.dir") as lock:
+        yield lock.stale_note
+
+
+def _check_job_dir(composed: Any, sweep_dir: Path, number: int) -> Path:
+    """The job's directory (``hydra.sweep.subdir``, by default its number and overrides), which
+    must be one the file system can hold: many overrides make a name over 255 bytes, and Hydra
+    would stop the sweep with a traceback when it creates it."""
     from omegaconf import open_dict
 
     with open_dict(composed):
         composed.hydra.job.num = number
+    job_dir = sweep_dir / str(composed.hydra.sweep.subdir)
     try:
-        check_creatable(sweep_dir / str(composed.hydra.sweep.subdir), "hydra.sweep.subdir")
+        check_creatable(job_dir, "hydra.sweep.subdir")
     except ConfigError as exc:
         raise ConfigError(
             f"{exc}; shorten it: 'hydra.sweep.subdir=${{hydra.job.num}}' (quoted for the shell), "
             "or name keys to leave out in hydra.job.config.override_dirname.exclude_keys"
         ) from exc
+    return job_dir
 
 
-def launch(hydra: Any, args: argparse.Namespace, checked: Preflight, task: Any) -> None:
+def launch(
+    hydra: Any,
+    args: argparse.Namespace,
+    checked: Preflight,
+    task: Any,
+    sweeper_failed: Callable[[Exception], bool] | None = None,
+) -> None:
     """Run the checked command on ``hydra`` the way ``@hydra.main`` runs it (Hydra's
     ``_run_app``), in the output directory the preflight checked.
 
     ``@hydra.main`` would build a second Hydra instance and compose the config twice more (once
     only to read ``hydra.mode``); the preflight already knows the mode. Errors are reported by
-    Hydra's ``run_and_report``, as under ``@hydra.main``.
+    Hydra's ``run_and_report``, as under ``@hydra.main``, except an error of a sweep for which
+    ``sweeper_failed(error)`` returns True: it has been reported, and launch returns.
     """
     from hydra._internal.utils import run_and_report
 
@@ -153,7 +188,15 @@ def launch(hydra: Any, args: argparse.Namespace, checked: Preflight, task: Any) 
         overrides.append(f"hydra.output_subdir={_quoted(staged_subdir(checked.record_subdir))}")
     start = hydra.multirun if checked.multirun else hydra.run
     config_name = args.config_name or CONFIG_NAME
-    run_and_report(lambda: start(config_name=config_name, task_function=task, overrides=overrides))
+
+    def run() -> None:
+        try:
+            start(config_name=config_name, task_function=task, overrides=overrides)
+        except Exception as exc:
+            if not (checked.multirun and sweeper_failed and sweeper_failed(exc)):
+                raise
+
+    run_and_report(run)
 
 
 def pinned_output_dir(checked: Preflight) -> str:
@@ -326,7 +369,7 @@ def describe_compose_error(exc: Exception) -> str:
         choices = ", ".join(o for o in sorted(exc.options) if not o.endswith("_schema"))
         return f"{group}={option}: unknown option; choose one of {choices}"
     if isinstance(exc, OverrideParseException):
-        return f"cannot parse override: {str(exc).splitlines()[0]}"
+        return f"cannot parse override: {str(exc).splitlines()[0]}{_quoting_hint(exc.override)}"
     cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
     if isinstance(cause, OmegaConfBaseException):
         key = getattr(cause, "full_key", None) or "?"
@@ -340,3 +383,16 @@ def describe_compose_error(exc: Exception) -> str:
         return f"{key}: {str(cause).splitlines()[0]}"
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return " ".join(lines) if lines else type(exc).__name__
+
+
+def _quoting_hint(override: str) -> str:
+    """How to quote ``override`` when Hydra's lexer refused it for its non-ASCII characters
+    (Hydra reads unquoted values as ASCII only); "" otherwise."""
+    key, sep, value = override.partition("=")
+    if not sep or value.isascii() or value[:1] in ("'", '"'):
+        return ""
+    quoted = value.replace("\\", "\\\\").replace('"', '\\"')
+    return (
+        f"; a value with non-ASCII characters must be quoted for Hydra, and the quotes for the "
+        f"shell: '{key}=\"{quoted}\"'"
+    )

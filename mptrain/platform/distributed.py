@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mptrain.config.base import ConfigError
 from mptrain.platform.dtypes import DTYPES
 
 
@@ -88,6 +89,43 @@ def init_distributed(device_request: str, strategy: str, reduce_dtype: str) -> D
         strategy=strategy,
         reduce_dtype=reduce_dtype,
     )
+
+
+class StartGate:
+    """Rank 0 checks the job's directory alone (its lock, another run's work); the other ranks
+    wait here for its word instead of in their first collective, where a refusal on rank 0 left
+    them until torchrun killed them.
+
+    Rank 0 calls :meth:`open` once its checks passed, or :meth:`refuse` with the ConfigError that
+    stopped it (a no-op once opened: later errors are every rank's own). The other ranks call
+    :meth:`wait`, which returns on open and raises rank 0's ConfigError on refuse. One
+    ``broadcast_object_list`` from rank 0 (Gloo or NCCL); nothing for a single process.
+    """
+
+    def __init__(self, ctx: DistContext) -> None:
+        self.ctx = ctx
+        self._said = not ctx.enabled
+
+    def open(self) -> None:
+        self._say(None)
+
+    def refuse(self, exc: ConfigError) -> None:
+        self._say(str(exc))
+
+    def wait(self) -> None:
+        if self._said:
+            return
+        word: list[str | None] = [None]
+        dist.broadcast_object_list(word, src=0)
+        self._said = True
+        if word[0] is not None:
+            raise ConfigError(f"rank 0 refused the job: {word[0]}")
+
+    def _say(self, refusal: str | None) -> None:
+        if self._said:
+            return
+        self._said = True
+        dist.broadcast_object_list([refusal], src=0)
 
 
 def shutdown(ctx: DistContext) -> None:

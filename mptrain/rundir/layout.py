@@ -11,7 +11,8 @@ A run directory (``outputs/<date>/<time>_<precision>_<model>_<dataset>/`` or ``h
     mlflow_run.json, tensorboard/    trackers (output.trackers)
     checkpoints/step_<N>.pt, latest.json, best.pt   (rundir.checkpoint, train.checkpointer)
 
-A sweep directory holds ``sweep.md``, ``sweep.json`` and ``sweep_loss.png`` beside its jobs.
+A sweep directory holds ``sweep.md``, ``sweep.json`` and ``sweep_loss.png`` beside its jobs, and
+``.mptrain-sweep.lock`` while a sweep runs there (``compose.preflight.hold_sweep_dir``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import re
 from pathlib import Path
 
 LOCK_NAME = ".mptrain.lock"
+SWEEP_LOCK_NAME = ".mptrain-sweep.lock"
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 FAILURE_JSON = "failure.json"

@@ -42,10 +42,20 @@ class RunDirLock:
     lock. The file names the holder (pid, host, start time) for the refusal message. It is deleted
     on release while still locked; a run that locked the deleted file notices and locks anew.
     ``stale_note`` says whose lock was left behind by a run that is gone, if any.
+
+    A sweep holds its sweep directory the same way, on its own file (``name``; ``kind`` and ``key``
+    word the refusal): a job whose directory is the sweep directory still takes its run lock.
     """
 
-    def __init__(self, directory: Path) -> None:
-        self.path = directory / LOCK_NAME
+    def __init__(
+        self,
+        directory: Path,
+        name: str = LOCK_NAME,
+        kind: str = "run",
+        key: str = "hydra.run.dir",
+    ) -> None:
+        self.path = directory / name
+        self.kind, self.key = kind, key
         self.stale_note: str | None = None
         self._fd: int | None = None
 
@@ -57,15 +67,15 @@ class RunDirLock:
             except BlockingIOError:
                 os.close(fd)
                 raise ConfigError(
-                    f"run directory {self.path.parent}: in use by another run "
-                    f"({_holder(self.path)}); choose another hydra.run.dir or wait for it to finish"
+                    f"{self.kind} directory {self.path.parent}: in use by another {self.kind} "
+                    f"({_holder(self.path)}); choose another {self.key} or wait for it to finish"
                 ) from None
             if _same_file(fd, self.path):
                 break
             os.close(fd)  # its holder removed it as we opened it: lock the new one
         previous = _holder(self.path, missing="")
         if previous:
-            self.stale_note = f"took over the lock of a run that is gone ({previous})"
+            self.stale_note = f"took over the lock of a {self.kind} that is gone ({previous})"
         owner = {
             "pid": os.getpid(),
             "host": socket.gethostname(),

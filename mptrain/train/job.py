@@ -34,7 +34,7 @@ from mptrain.output.progress import ProgressDisplay
 from mptrain.output.render import print_summary, summary_rows, write_report
 from mptrain.output.report import RunReport
 from mptrain.output.trackers import Trackers, start_trackers
-from mptrain.platform.distributed import DistContext, init_distributed, shutdown
+from mptrain.platform.distributed import DistContext, StartGate, init_distributed, shutdown
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.signals import GracefulStop, SignalsHeld, Terminated
 from mptrain.precision.policy import PrecisionPolicy
@@ -87,8 +87,10 @@ def train(
     outside training; report: interrupted).
     """
     dist = init_distributed(cfg.device, cfg.distributed.strategy, cfg.distributed.reduce_dtype)
+    gate = StartGate(dist)  # the other ranks go on once rank 0's checks below passed
     try:
         if not dist.is_main:  # rank 0 speaks for the job and owns its directory
+            gate.wait()
             silent = JobLog(Console(quiet=True), enabled=False)
             return Job(cfg, output_dir, dist, silent).execute()
         check_output_dir(output_dir)
@@ -97,11 +99,15 @@ def train(
             if lock.stale_note:
                 log.say(lock.stale_note, "note")
             overwritten = check_no_other_run(output_dir, cfg.resume, cfg.overwrite)
+            gate.open()
             if overwritten:
                 log.say(overwritten, "note")
             job = Job(cfg, output_dir, dist, log, on_owned)
             with FigureWorker() as job.figures:
                 return job.execute()
+    except ConfigError as exc:
+        gate.refuse(exc)  # rank 0 refused before the others went on: they stop with it
+        raise
     finally:
         shutdown(dist)
 

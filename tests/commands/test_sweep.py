@@ -9,21 +9,25 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import pickle
 import shutil
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import describe, run_command, run_mptrain, tiny_run, train
+from conftest import describe, run_cli, run_command, run_mptrain, tiny_run, train
 from omegaconf import OmegaConf
 
 from mptrain.commands import sweep
 from mptrain.output.render import write_failure
+from mptrain.rundir import layout
 from mptrain.rundir.layout import FAILURE_JSON, REPORT_JSON
+from mptrain.rundir.lock import RunDirLock
 from mptrain.train.job import RunFailed
 
 TIMEOUT_S = 240
@@ -791,3 +795,112 @@ def test_jobs_run_in_parallel_mark_every_speed_ratio_noisy(parallel_sweep):
     for row in (fp32, bf16):
         line = f"{row['run']}: speed noisy: {row['throughput_noisy']}"
         assert f"- {line}" in text and line in printed
+
+
+# ------------------------------------------------------------------ two sweeps into one directory
+SWEEP = (
+    "-m",
+    "model=mlp",
+    "device=cpu",
+    "progress=false",
+    "epochs=null",
+    "max_steps=2",
+    "throughput_warmup_steps=0",
+    "hydra.sweep.dir=sweep",
+)
+
+
+@pytest.fixture(scope="module")
+def earlier_run(tmp_path_factory) -> Path:
+    """A finished run whose report.json the tests below leave in another job's directory."""
+    directory = tmp_path_factory.mktemp("earlier") / "run"
+    train(tiny_run("max_steps=2", "checkpoint.enabled=false"), directory)
+    return directory
+
+
+def test_a_sweep_into_a_directory_another_sweep_holds_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "sweep").mkdir()
+    held = RunDirLock(
+        tmp_path / "sweep", layout.SWEEP_LOCK_NAME, kind="sweep", key="hydra.sweep.dir"
+    )
+    with held:  # another sweep, running (this process holds it: the kernel's flock is per open)
+        result = run_cli([*SWEEP, "seed=1,2"], tmp_path, monkeypatch)
+    assert result.code == 2 and not result.launched, result
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(
+        f"mptrain: error: sweep directory sweep: in use by another sweep (pid {os.getpid()} on "
+    )
+    assert line.endswith("; choose another hydra.sweep.dir or wait for it to finish")
+    assert not list((tmp_path / "sweep").iterdir())  # nothing written, the lock file gone
+
+
+@pytest.mark.slow
+def test_a_job_refused_at_run_time_is_not_credited_with_another_runs_report(
+    earlier_run, tmp_path, monkeypatch
+):
+    """Another run takes a job's directory after the preflight checked it and writes its report
+    while the sweep runs: the sweep's job, refused, did not complete (exit 1), in the summary too."""
+    from mptrain import cli
+
+    job_dir = tmp_path / "sweep" / "job0"
+    launch = cli.launch
+
+    def launch_while_another_run_holds_the_job_dir(*args, **kwargs):
+        job_dir.mkdir(parents=True)
+        with RunDirLock(job_dir):
+            shutil.copy(
+                earlier_run / REPORT_JSON, job_dir / REPORT_JSON
+            )  # written during the sweep
+            launch(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "launch", launch_while_another_run_holds_the_job_dir)
+    subdir = "hydra.sweep.subdir=job${hydra.job.num}"
+    result = run_cli([*SWEEP, "seed=1", subdir], tmp_path, monkeypatch, jobs=True)
+    assert result.code == 1, result
+    assert "mptrain: 1 job(s) did not complete:\n  sweep/job0: " in result.stderr
+    (row,) = json.loads((tmp_path / "sweep" / sweep.SWEEP_JSON).read_text())["runs"]
+    assert row["status"] == "failed" and row["reason"], row
+
+
+@pytest.mark.slow
+def test_only_this_sweeps_jobs_are_judged_and_never_by_an_earlier_report(earlier_run, tmp_path):
+    def job_with_the_earlier_report(number: int, overrides: list[str]) -> Path:
+        job = fake_job(tmp_path, number, overrides)
+        shutil.copy(earlier_run / REPORT_JSON, job / REPORT_JSON)
+        return job
+
+    earlier_sweeps = job_with_the_earlier_report(0, ["seed=1"])
+    for path in (earlier_sweeps / REPORT_JSON, earlier_sweeps / ".hydra" / "overrides.yaml"):
+        os.utime(path, (time.time() - 3600,) * 2)
+    started = time.time() - 1  # the sweep began before its jobs below were written
+    kept = job_with_the_earlier_report(1, ["seed=2"])  # Hydra's record new, the report not
+    refused = job_with_the_earlier_report(2, ["seed=3"])
+    write_failure(refused, "run directory: in use by another run")
+
+    runs = sweep.this_sweeps_runs(tmp_path, started)
+    assert [run.directory for run in runs] == [kept, refused]
+    assert [run.report for run in runs] == [None, None]
+    assert runs[0].reason.startswith(
+        "no report.json from this sweep (the one there: a run started "
+    )
+    assert runs[1].reason == "run directory: in use by another run"
+    assert [run.label for run in runs] == ["seed=2", "seed=3"]
+
+
+@pytest.mark.slow
+def test_a_second_sweep_into_a_finished_sweeps_directory_answers_for_its_own_jobs(
+    tmp_path, monkeypatch
+):
+    first = run_cli([*SWEEP, "seed=1"], tmp_path, monkeypatch, jobs=True)
+    assert first.code == 0, first
+    # The same job again would start fresh over the first one's checkpoints: refused up front,
+    # before Hydra rewrites that job's .hydra/ record.
+    again = run_cli([*SWEEP, "seed=1"], tmp_path, monkeypatch, jobs=True)
+    assert again.code == 2, again
+    (line,) = again.stderr.splitlines()
+    assert "sweep/0_" in line and "seed=1" in line and "holds another run's checkpoints" in line
+    # Other jobs into the same directory run; the summary and the exit code are theirs alone.
+    other = run_cli([*SWEEP, "seed=2"], tmp_path, monkeypatch, jobs=True)
+    assert other.code == 0, other
+    rows = json.loads((tmp_path / "sweep" / sweep.SWEEP_JSON).read_text())["runs"]
+    assert [(row["status"], "seed=2" in row["directory"]) for row in rows] == [("completed", True)]

@@ -485,6 +485,22 @@ def test_unparseable_override_is_one_line():
 
 
 @pytest.mark.parametrize(
+    ("override", "quoted"),
+    [
+        ("mlflow.run_name=café", """'mlflow.run_name="café"'"""),
+        ("dataset.path=/tmp/dätä.txt", """'dataset.path="/tmp/dätä.txt"'"""),
+    ],
+)
+def test_a_non_ascii_value_unquoted_is_refused_with_how_to_quote_it(override, quoted):
+    """Hydra reads unquoted values as ASCII only; its lexer error alone does not say so."""
+    message = preflight_error(override)
+    assert_one_line(message)
+    assert message.startswith(f"cannot parse override: LexerNoViableAltException: {override}")
+    assert message.endswith(f"must be quoted for Hydra, and the quotes for the shell: {quoted}")
+    check_command_line(["task=lm", quoted.strip("'")])  # what the hint says is accepted
+
+
+@pytest.mark.parametrize(
     ("override", "prefix"),
     [
         ("precision=fp12", "precision=fp12: unknown option"),

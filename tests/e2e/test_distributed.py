@@ -324,3 +324,22 @@ def test_real_fp8_gemms_under_fsdp_on_two_gpus(tmp_path, monkeypatch, backend, g
         assert ranks[0]["precomputed_scales"].keys() == {"1.weight", "3.weight"}
         for name, scale in ranks[0]["precomputed_scales"].items():
             torch.testing.assert_close(scale, ranks[1]["precomputed_scales"][name])
+
+
+@pytest.mark.slow
+def test_a_refusal_on_rank_0_stops_every_rank_with_it(tmp_path):
+    """Rank 0 alone checks the run directory: the others stop with its refusal, not in their
+    first collective until torchrun kills them."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "step_00000004.pt").write_bytes(b"another run's")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(WORKER), str(tmp_path), "model=mlp", "max_steps=2",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0, output[-3000:]
+    refusal = f"run directory {tmp_path / 'run'}: holds another run's checkpoints"
+    assert f"ConfigError: {refusal}" in output, output[-3000:]  # rank 0
+    assert f"ConfigError: rank 0 refused the job: {refusal}" in output, output[-3000:]  # rank 1

@@ -184,6 +184,31 @@ def test_optuna_values_outside_the_ranges_fail_that_job_not_the_check(tmp_path):
     assert "label_smoothing=" in result.stderr and "must be in [0, 1)" in result.stderr
 
 
+@pytest.mark.slow
+def test_optuna_search_whose_trials_all_fail_ends_in_one_line_and_its_summary(
+    tmp_path, monkeypatch
+):
+    # Optuna has no best trial to report and raises; Hydra's end-of-sweep callback never runs.
+    search = (
+        "-m",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.direction=maximize",
+        "hydra.sweeper.n_trials=2",
+        "label_smoothing=interval(1.5,2.0)",
+    )
+    result = run_cli([*search, *TINY, "hydra.sweep.dir=sweep"], tmp_path, monkeypatch, jobs=True)
+    assert result.code == 1, result
+    assert "Traceback" not in result.stderr
+    assert (
+        "mptrain: error: every job of the sweep failed, and then the sweeper stopped "
+        "(ValueError: No trials are completed yet.)\nmptrain: 2 job(s) did not complete:\n"
+    ) in result.stderr
+    rows = json.loads((tmp_path / "sweep" / "sweep.json").read_text())["runs"]
+    assert [row["status"] for row in rows] == ["failed", "failed"]
+    assert all("must be in [0, 1)" in row["reason"] for row in rows)
+    assert (tmp_path / "sweep" / "sweep.md").is_file()
+
+
 def test_sweep_syntax_needs_multirun():
     with pytest.raises(ConfigError, match=r"seed=1,2: a sweep; run it with -m"):
         check_command_line(["seed=1,2"])

@@ -1,0 +1,152 @@
+"""The run directories a comparison reads: each run's report (or why it has none), and which jobs
+of a sweep directory are the sweep's that is running there.
+
+A run directory holds ``report.json``, or ``failure.json`` when the job stopped before training,
+and ``.hydra/overrides.yaml`` when Hydra made it (its label). A sweep directory holds one run
+directory per job; a later sweep into it adds its own beside them, or reuses a job's directory
+(:func:`this_sweeps_runs` tells them apart).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mptrain.output.report import ReportError, RunReport, load_report
+from mptrain.rundir.layout import FAILURE_JSON, REPORT_JSON
+
+
+@dataclass
+class RunRecord:
+    """One run directory as the comparison sees it."""
+
+    directory: Path
+    label: str  # the job's overrides, or the directory name
+    report: RunReport | None
+    reason: str | None = None  # why there is no usable report
+    row: dict[str, Any] = field(default_factory=dict)
+
+
+def _overrides(directory: Path) -> list[str] | None:
+    path = directory / ".hydra" / "overrides.yaml"
+    if not path.is_file():
+        return None
+    from omegaconf import OmegaConf
+
+    return [str(o) for o in OmegaConf.load(path)]
+
+
+def load_run(directory: Path) -> RunRecord:
+    overrides = _overrides(directory)
+    label = " ".join(overrides) if overrides else directory.name
+    path = directory / REPORT_JSON
+    if not path.is_file():
+        failure = directory / FAILURE_JSON
+        if failure.is_file():
+            return RunRecord(directory, label, None, reason=_failure_reason(failure))
+        return RunRecord(
+            directory, label, None, reason="no report.json (the job ended before training)"
+        )
+    try:
+        return RunRecord(directory, label, load_report(path))
+    except (OSError, json.JSONDecodeError, ReportError) as exc:
+        return RunRecord(directory, label, None, reason=f"unreadable report.json: {exc}")
+
+
+def _job_order(directory: Path) -> tuple[int, str]:
+    """Hydra names sweep jobs <number>_<overrides>: order by that number, then by name."""
+    number, _, _ = directory.name.partition("_")
+    return (int(number) if number.isdigit() else sys.maxsize, directory.name)
+
+
+def _shorten_labels(runs: list[RunRecord]) -> None:
+    """Keep only the overrides that differ between runs (what the comparison is about), and
+    prefix labels that would still collide (two sweeps of the same jobs) with their directory."""
+    split = [run.label.split(" ") for run in runs]
+    common = set.intersection(*(set(s) for s in split)) if len(split) > 1 else set()
+    for run, parts in zip(runs, split, strict=True):
+        run.label = " ".join(p for p in parts if p not in common) or run.label
+    counts = Counter(run.label for run in runs)
+    for run in runs:
+        if counts[run.label] > 1:
+            where = f"{run.directory.parent.name}/{run.directory.name}"
+            run.label = where if run.label == run.directory.name else f"{where}: {run.label}"
+
+
+def find_runs(paths: list[Path]) -> list[RunRecord]:
+    """Run directories among ``paths``: each path is a run, or a sweep holding runs."""
+    runs = [load_run(directory) for path in paths for directory in _run_dirs(path)]
+    _shorten_labels(runs)
+    return runs
+
+
+def _run_dirs(path: Path) -> list[Path]:
+    """``path`` when it is a run directory, else the run directories in it in job order;
+    FileNotFoundError when neither."""
+    if _is_run_dir(path):
+        return [path]
+    children = sorted((c for c in path.iterdir() if c.is_dir() and _is_run_dir(c)), key=_job_order)
+    if not children:
+        raise FileNotFoundError(f"{path}: neither a run directory nor a sweep of runs")
+    return children
+
+
+def _is_run_dir(path: Path) -> bool:
+    return (path / REPORT_JSON).is_file() or (path / ".hydra").is_dir()
+
+
+def this_sweeps_runs(sweep_dir: Path, started: float) -> list[RunRecord]:
+    """The jobs of the sweep that started at ``started`` (a ``time.time()``) in ``sweep_dir``, as
+    that sweep left them; a sweep directory may hold earlier sweeps' jobs, and a job directory
+    an earlier run's report:
+
+    - a job directory is this sweep's when Hydra's ``.hydra/overrides.yaml``, report.json or
+      failure.json was written there since ``started``;
+    - a job that stopped before training in this sweep (failure.json written since: refused, bad
+      data) did not complete, whatever report.json an earlier run left beside it;
+    - a report.json of a run that started before ``started`` is not this job's: the job did not
+      complete ("no report.json from this sweep").
+
+    FileNotFoundError when ``sweep_dir`` holds no run directory.
+    """
+    runs = [
+        _as_of(load_run(d), started) for d in _run_dirs(sweep_dir) if _touched_since(d, started)
+    ]
+    if runs:
+        _shorten_labels(runs)
+    return runs
+
+
+def _written_since(path: Path, started: float) -> bool:
+    return path.is_file() and path.stat().st_mtime >= started
+
+
+def _touched_since(directory: Path, started: float) -> bool:
+    marks = (Path(".hydra", "overrides.yaml"), Path(REPORT_JSON), Path(FAILURE_JSON))
+    return any(_written_since(directory / mark, started) for mark in marks)
+
+
+def _as_of(run: RunRecord, started: float) -> RunRecord:
+    """``run`` as the sweep that started at ``started`` left it (see :func:`this_sweeps_runs`)."""
+    failure = run.directory / FAILURE_JSON
+    if _written_since(failure, started):
+        return RunRecord(run.directory, run.label, None, reason=_failure_reason(failure))
+    report = run.report
+    if report is not None and dt.datetime.fromisoformat(report.started_at).timestamp() < started:
+        reason = (
+            f"no report.json from this sweep (the one there: a run started {report.started_at})"
+        )
+        return RunRecord(run.directory, run.label, None, reason=reason)
+    return run
+
+
+def _failure_reason(path: Path) -> str:
+    try:
+        return str(json.loads(path.read_text())["reason"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"unreadable {FAILURE_JSON}: {exc}"
