@@ -99,3 +99,18 @@ class SignalsHeld(GracefulStop):
     """While active, SIGINT, SIGTERM and SIGHUP are recorded (``signum``: the first) and otherwise
     ignored, so what runs inside finishes: the report of a run that is ending anyway. The process
     exits as soon as it is written, with the outcome the report states."""
+
+
+class DeferredStop(SignalsHeld):
+    """Holds stop signals over a stretch that cannot yet report them (a run taking its directory
+    and starting its helpers), then :meth:`release` raises the first one where it can be: as
+    Ctrl-C's KeyboardInterrupt or :class:`Terminated`, so the run ends with an ``interrupted``
+    report. Left without a release (the run was refused), the signal is dropped with the run."""
+
+    def release(self) -> None:
+        """Restore the handlers; raise the signal that came meanwhile, if any."""
+        self.__exit__(None, None, None)
+        if self.signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        if self.signum is not None:
+            raise Terminated(self.signum)

@@ -36,7 +36,7 @@ from mptrain.output.report import RunReport
 from mptrain.output.trackers import Trackers, start_trackers
 from mptrain.platform.distributed import DistContext, StartGate, init_distributed, shutdown
 from mptrain.platform.seeding import seed_everything
-from mptrain.platform.signals import GracefulStop, SignalsHeld, Terminated
+from mptrain.platform.signals import DeferredStop, GracefulStop, SignalsHeld, Terminated
 from mptrain.precision.policy import PrecisionPolicy
 from mptrain.rundir.checkpoint import check_compatible, resolve_resume
 from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, METRICS_JSONL, RUN_PNG
@@ -93,18 +93,22 @@ def train(
             gate.wait()
             silent = JobLog(Console(quiet=True), enabled=False)
             return Job(cfg, output_dir, dist, silent).execute()
-        check_output_dir(output_dir)
-        # What the job says goes to stdout once and into the job's log file (mptrain.output.joblog).
-        with JobLog(console or job_console()) as log, RunDirLock(output_dir) as lock:
-            if lock.stale_note:
-                log.say(lock.stale_note, "note")
-            overwritten = check_no_other_run(output_dir, cfg.resume, cfg.overwrite)
-            gate.open()
-            if overwritten:
-                log.say(overwritten, "note")
-            job = Job(cfg, output_dir, dist, log, on_owned)
-            with FigureWorker() as job.figures:
-                return job.execute()
+        # A stop signal from here until the job can report it is held, then raised inside the
+        # job (Job.execute): an interrupted report once the run owns its directory, nothing
+        # written in a directory it was refused.
+        with DeferredStop() as early:
+            check_output_dir(output_dir)
+            # What the job says goes to stdout once and into the job's log (mptrain.output.joblog).
+            with JobLog(console or job_console()) as log, RunDirLock(output_dir) as lock:
+                if lock.stale_note:
+                    log.say(lock.stale_note, "note")
+                overwritten = check_no_other_run(output_dir, cfg.resume, cfg.overwrite)
+                gate.open()
+                if overwritten:
+                    log.say(overwritten, "note")
+                job = Job(cfg, output_dir, dist, log, on_owned)
+                with FigureWorker() as job.figures:
+                    return job.execute(early)
     except ConfigError as exc:
         gate.refuse(exc)  # rank 0 refused before the others went on: they stop with it
         raise
@@ -137,6 +141,7 @@ class Job:
     ) -> None:
         self.cfg, self.output_dir, self.dist = cfg, output_dir, dist
         self.on_owned = on_owned
+        self.owned = False  # see _own
         self.log, self.console = log, log.console
         self.started_at = now_iso()
         self.start_time = time.perf_counter()
@@ -156,8 +161,14 @@ class Job:
     def state(self) -> LoopState:
         return self.run.state if self.run is not None else LoopState()
 
-    def execute(self) -> RunReport:
+    def execute(self, early: DeferredStop | None = None) -> RunReport:
+        """Prepare, train and report (see the module doc). ``early`` holds a stop signal that
+        came before the job could report it: raised first thing, so it is reported here."""
         try:
+            if not self.cfg.resume:  # train() took the directory: no other run's work is there
+                self._own()
+            if early is not None:
+                early.release()
             self._prepare()
             self._loop()
         except ConfigError:
@@ -175,8 +186,6 @@ class Job:
     def _prepare(self) -> None:
         cfg = self.cfg
         self.device, self.policy, self.tf32 = resolve_run(cfg, self.dist)
-        if not cfg.resume:
-            self._own()
         self.run = run = build_run(cfg, self.device, self.policy, self.tf32, self.dist)
         self._announce()
         write_diagnostics(run, self.output_dir, self.console)
@@ -188,7 +197,10 @@ class Job:
             self.checkpointer = Checkpointer(self.output_dir / CHECKPOINT_DIR, run, signature)
 
     def _own(self) -> None:
-        """The run owns its directory from now on (see :func:`train`'s ``on_owned``)."""
+        """The run owns its directory from now on (see :func:`train`'s ``on_owned``): a fresh run
+        from the start, a resumed one once its checkpoint was accepted. Before that, an outcome
+        is not written there: the directory may hold a finished run's report."""
+        self.owned = True
         if self.on_owned is not None and self.dist.is_main:
             self.on_owned()
             self.on_owned = None
@@ -314,6 +326,12 @@ class Job:
         report = assemble_report(self, status, reason)
         if not self.dist.is_main:
             return report  # only rank 0 writes
+        if not self.owned:
+            self.log.warn(
+                f"{status} before its checkpoint was accepted: nothing written in "
+                f"{self.output_dir}, which is as it was"
+            )
+            return report
         try:
             json_path, md_path = write_report(self.output_dir, report)  # first: it must exist
         except OSError as exc:  # e.g. a full disk: say what survived, in one line

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ from conftest import LM, compose_run, describe, run_mptrain, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.data.batches import files_identity, tensors_identity
+from mptrain.platform.signals import Terminated, terminate_like_interrupt
 from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.rundir.layout import BEST, CHECKPOINT_DIR, LATEST, METRICS_JSONL, REPORT_JSON
+from mptrain.train import job as job_module
 
 
 def metric_steps(directory: Path) -> list[int]:
@@ -166,3 +169,49 @@ def test_an_accepted_resume_records_its_own_command(tmp_path):
     hydra_yaml = yaml.safe_load((out / ".hydra" / "hydra.yaml").read_text())
     assert hydra_yaml["hydra"]["output_subdir"] == ".hydra"  # not the staged name
     assert sorted(p.name for p in out.iterdir() if p.name.startswith(".hydra")) == [".hydra"]
+
+
+# ------------------------------------------------------------ a stop signal in the first instant
+@pytest.fixture
+def stop_signals_raise():
+    """SIGTERM and SIGHUP raise Terminated for one test (terminate_like_interrupt), every handler
+    put back afterwards: a signal mptrain does not hold fails the test, never ends pytest."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    terminate_like_interrupt()
+    yield
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+@pytest.mark.parametrize("where", ["check_no_other_run", "FigureWorker"])
+def test_sigterm_while_the_run_takes_its_directory_writes_an_interrupted_report(
+    tmp_path, monkeypatch, stop_signals_raise, where
+):
+    """Item 5: before the job's report writer existed (the directory check, the lock, the figure
+    worker's start) a SIGTERM left only .hydra/ and an empty log."""
+    real = getattr(job_module, where)
+
+    def signalled(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(job_module, where, signalled)
+    with pytest.raises(Terminated):
+        train(tiny_run("max_steps=2"), tmp_path)
+    report = json.loads((tmp_path / REPORT_JSON).read_text())
+    assert report["status"] == "interrupted" and report["reason"] == "SIGTERM before training"
+
+
+def test_a_signal_before_a_resume_is_accepted_leaves_the_finished_run_as_it_was(
+    tmp_path, monkeypatch, stop_signals_raise
+):
+    train(tiny_run("max_steps=2", "checkpoint.every_steps=2"), tmp_path)
+    finished = (tmp_path / REPORT_JSON).read_bytes()
+
+    def build_then_terminated(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(job_module, "build_run", build_then_terminated)
+    with pytest.raises(Terminated):
+        train(tiny_run("max_steps=2", "resume=auto"), tmp_path)
+    assert (tmp_path / REPORT_JSON).read_bytes() == finished
