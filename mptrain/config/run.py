@@ -93,6 +93,10 @@ class CheckpointConfig:
     every_epoch: bool = False
     keep_last: int = 2
     keep_best: bool = True
+    # The signal that asks for a checkpoint (SLURM's --signal=USR1@T warns before pre-emption),
+    # and what follows it: save (checkpoint after this step, go on) | stop (checkpoint and stop).
+    signal: str | None = "SIGUSR1"
+    on_signal: str = "save"
 
 
 @dataclass
@@ -181,6 +185,26 @@ class RunConfig:
     mlflow: MLflowConfig = field(default_factory=MLflowConfig, metadata=NOT_TRAINING)
 
 
+# Signals a scheduler may send before pre-empting a job (SLURM --signal, LSF, PBS), which a run
+# can take as "checkpoint now": not the stop signals, not ones Python or torch use themselves.
+CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGXCPU")
+
+
+def _validate_checkpoint_signal(c: CheckpointConfig) -> None:
+    require(
+        c.on_signal in ("save", "stop"),
+        "checkpoint.on_signal",
+        c.on_signal,
+        "save (checkpoint and go on) or stop (checkpoint and stop)",
+    )
+    require(
+        c.signal is None or c.signal in CHECKPOINT_SIGNALS,
+        "checkpoint.signal",
+        c.signal,
+        f"null or one of {', '.join(CHECKPOINT_SIGNALS)} (SIGINT, SIGTERM and SIGHUP stop a run)",
+    )
+
+
 def _validate_numerics(n: NumericsConfig) -> None:
     positive("numerics.min_loss_scale", n.min_loss_scale)
     at_least("numerics.warn_consecutive_backoffs", n.warn_consecutive_backoffs, 1)
@@ -265,6 +289,7 @@ def _validate_mechanics(run: RunConfig) -> None:
     at_least("checkpoint.every_steps", run.checkpoint.every_steps, 1, allow_none=True)
     positive("checkpoint.every_minutes", run.checkpoint.every_minutes, allow_none=True)
     at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)
+    _validate_checkpoint_signal(run.checkpoint)
     at_least("bench.warmup_steps", run.bench.warmup_steps, 1)
     at_least("bench.steps", run.bench.steps, 1)
     at_least("bench.reps", run.bench.reps, 1)

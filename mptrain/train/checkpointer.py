@@ -20,6 +20,7 @@ from mptrain.config.base import ConfigError
 from mptrain.config.keys import flatten, is_non_training_key
 from mptrain.config.run import RunConfig
 from mptrain.platform.distributed import (
+    broadcast_flag,
     load_model_state,
     load_optimizer_state,
     model_state,
@@ -60,6 +61,8 @@ class Checkpointer:
         self.saved: list[Path] = []
         self.steps: set[int] = set()  # steps saved by this run
         self.best: tuple[float, Path] | None = None
+        # True once per checkpoint signal (mptrain.platform.signals.CheckpointOnSignal.take).
+        self.asked: Callable[[], bool] = lambda: False
         if self.dist.is_main:
             directory.mkdir(parents=True, exist_ok=True)
             remove_stray_temporaries(directory)
@@ -121,6 +124,7 @@ class Checkpointer:
             (self.every_steps and state.step % self.every_steps == 0)
             or (self.every_epoch and end_of_epoch)
             or self.clock.due(state.step, run.settings.log_every, self.dist, run.device)
+            or self._asked(state.step)
         )
         if due:
             self.save(state)
@@ -128,6 +132,15 @@ class Checkpointer:
             with self.run.monitor.paused("checkpoint"):
                 payload = self.payload(state)  # every rank: a collective under FSDP
                 self._record_best(state, lambda best_path: atomic_torch_save(payload, best_path))
+
+    def _asked(self, step: int) -> bool:
+        """A checkpoint signal came: the same answer on every rank, agreed at log rows as the
+        clock is (mptrain.train.cadence), after every step in a single process."""
+        if not self.dist.enabled:
+            return self.asked()
+        if step % self.run.settings.log_every:
+            return False
+        return broadcast_flag(self.asked(), self.dist, self.run.device)
 
     def _new_best(self, state: LoopState) -> bool:
         if not self.keep_best or not state.evals or state.evals[-1]["step"] != state.step:

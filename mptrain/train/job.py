@@ -14,9 +14,12 @@ exception — a report is written with the matching status before the exception 
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
+import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +39,14 @@ from mptrain.output.report import RunReport
 from mptrain.output.trackers import Trackers, start_trackers
 from mptrain.platform.distributed import DistContext, StartGate, init_distributed, shutdown
 from mptrain.platform.seeding import seed_everything
-from mptrain.platform.signals import DeferredStop, GracefulStop, SignalsHeld, Terminated
+from mptrain.platform.signals import (
+    CheckpointOnSignal,
+    DeferredStop,
+    GracefulStop,
+    SignalsHeld,
+    StopNow,
+    Terminated,
+)
 from mptrain.precision.policy import PrecisionPolicy
 from mptrain.rundir.checkpoint import check_compatible, resolve_resume
 from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, METRICS_JSONL, RUN_PNG
@@ -154,6 +164,7 @@ class Job:
         self.resumed: dict[str, Any] | None = None
         self.checkpointer: Checkpointer | None = None
         self.stop: GracefulStop | None = None
+        self.abandoned = False  # a second stop signal abandoned a step (_abandon_step)
         self.trackers: Trackers | None = None
         self.figures: FigureWorker | None = None  # rank 0: draws curves.png
 
@@ -270,24 +281,60 @@ class Job:
         try:
             with (
                 ProgressDisplay(total, label, self.console, show, self.log, start) as display,
-                GracefulStop() as stop,
+                self._stop_signals() as (stop, save),
             ):
                 self.stop = stop
+                if checkpointer is not None:
+                    checkpointer.asked = save.take
                 observers = (metrics, display, self.trackers)
                 hooks = LoopHooks(
                     observers=tuple(o for o in observers if o is not None),
                     checkpoint=checkpointer.after_step if checkpointer else None,
                     stop_requested=stop.requested,
+                    interruptible=stop.interruptible,
                 )
-                state = train_loop(run, hooks)
+                try:
+                    state = train_loop(run, hooks)
+                except StopNow:  # a second signal: the step under way is abandoned
+                    state = self._abandon_step()
                 ended = state.stopped or state.step == run.settings.total_steps
                 if ended and checkpointer and state.step not in checkpointer.steps:
                     # The final state (or the interrupted one) is always saved; still inside the
-                    # signal handlers, so a second signal waits for the write.
+                    # signal handlers, so a later signal waits for the write.
                     checkpointer.save(state)
         finally:
             if metrics:
                 metrics.close()
+
+    @contextlib.contextmanager
+    def _stop_signals(self) -> Iterator[tuple[GracefulStop, CheckpointOnSignal]]:
+        """The signal handlers of training: the stop signals (and the checkpoint signal with
+        ``checkpoint.on_signal=stop``), and the checkpoint signal that saves and goes on. A
+        distributed run stops only between steps: ranks abandoning different points of a step
+        would wait on each other's collectives."""
+        c = self.cfg.checkpoint
+        signum = signal.Signals[c.signal] if c.signal else None
+        stops = c.on_signal == "stop" and signum is not None
+        say = functools.partial(self.log.say, label="signal")
+        if self.checkpointer is None and not stops and signum is not None:
+            say = functools.partial(_nothing_to_save, say)
+        with (
+            GracefulStop(
+                say, stop_now=not self.dist.enabled, also=(signum,) if stops else ()
+            ) as stop,
+            CheckpointOnSignal(None if stops else signum, say) as save,
+        ):
+            yield stop, save
+
+    def _abandon_step(self) -> LoopState:
+        """After :class:`StopNow`: the loop's figures stop at the last completed step, whose
+        weights and optimizer state the model still holds (the abandoned step's forward may have
+        moved batch-norm statistics and the random state: said in the report)."""
+        run = self.run
+        run.monitor.end()
+        run.state.stopped = True
+        self.abandoned = True
+        return run.state
 
     def _kept(self) -> str:
         """What a run that could not write its report still leaves behind."""
@@ -301,7 +348,13 @@ class Job:
         if state.stopped and self.stop is not None:
             name = self.stop.name
             saved = self.checkpointer is not None and state.step in self.checkpointer.steps
-            reason = f"{name} at step {state.step}; " + (
+            where = f"at step {state.step}"
+            if self.abandoned:
+                where = (
+                    f"twice: stopped at once, step {state.step + 1} abandoned (its forward had "
+                    f"run: resuming from step {state.step} is not bit for bit)"
+                )
+            reason = f"{name} {where}; " + (
                 "checkpoint written, resume with resume=auto"
                 if saved
                 else "no checkpoint (checkpoint.enabled=false): progress is lost"
@@ -365,6 +418,12 @@ class Job:
         if self.trackers is not None:
             self.trackers.finish(status, [p for p in artifacts if p is not None])
             self.trackers = None
+
+
+def _nothing_to_save(say: Callable[[str], None], message: str) -> None:
+    """The checkpoint signal's announcement when checkpoint.enabled=false."""
+    name = message.split(":", 1)[0]
+    say(f"{name}: nothing to save (checkpoint.enabled=false); training goes on")
 
 
 def restore_or_refuse(payload: dict[str, Any], run: Run, path: Path) -> list[str]:

@@ -73,6 +73,10 @@ class LoopHooks:
     observers: tuple[LoopObserver, ...] = ()
     checkpoint: Callable[[LoopState, bool], None] | None = None  # (state, end_of_epoch)
     stop_requested: Callable[[], bool] = _never_stop
+    # Entered around the forward/backward and evaluations, where the weights and optimizer state
+    # are still the last completed step's: a "stop now" may abandon the step there (the job's
+    # GracefulStop.interruptible raises StopNow; the loop's state stays that step's).
+    interruptible: contextlib.AbstractContextManager = _NO_CONTEXT
 
 
 def train_loop(run: Run, hooks: LoopHooks = LoopHooks()) -> LoopState:
@@ -96,13 +100,13 @@ def train_loop(run: Run, hooks: LoopHooks = LoopHooks()) -> LoopState:
         monitor.before_step(state.step)
         logged = _every(state.step + 1, s.log_every) or state.step + 1 == s.total_steps
         probed = _every(state.step + 1, s.probe_every)
-        outcome = take_step(run, params, micro_batches, logged, probed)
+        outcome = take_step(run, params, micro_batches, logged, probed, hooks.interruptible)
         end_of_epoch = state.advance(outcome.skipped, samples_per_step, s.steps_per_epoch)
         monitor.after_step(state, outcome, logged)
         if monitor.diverged_reason:
             break  # the last checkpoint stays the last good state
         if _eval_due(s, state.step, end_of_epoch, eval_clock, run.device):
-            with monitor.paused("evaluation"):
+            with monitor.paused("evaluation"), hooks.interruptible:
                 _evaluate_into(run, state)
             eval_clock.restart()
         if hooks.checkpoint is not None:
@@ -172,13 +176,16 @@ def take_step(
     micro_batches: Iterator[Batch],
     norm_now: bool = False,
     probe_now: bool = False,
+    interruptible: contextlib.AbstractContextManager = _NO_CONTEXT,
 ) -> StepOutcome:
     """One optimizer step over ``grad_accum_steps`` micro-batches (steps 1-6 of the module doc).
 
     ``norm_now``: compute the gradient norm even without clipping (for the metrics row);
-    ``probe_now``: measure zero gradients and updates lost to rounding around the update.
+    ``probe_now``: measure zero gradients and updates lost to rounding around the update;
+    ``interruptible``: entered around the forward and backward only (see :class:`LoopHooks`).
     """
-    loss, batch, data_wait_s = _forward_backward(run, micro_batches)
+    with interruptible:
+        loss, batch, data_wait_s = _forward_backward(run, micro_batches)
     run.fp8_sync.after_backward()  # data parallel FP8: amaxes and counters over the ranks
     outcome = _optimizer_step(
         run,
