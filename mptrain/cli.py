@@ -101,7 +101,8 @@ def _run_job(
         raise SystemExit(exc.exit_code) from None
     except RunFailed as exc:
         if not multirun:
-            _fail(f"run {exc.status}: {exc.reason} (report in {output_dir})", code=1)
+            where = f" (report in {output_dir})" if exc.written else ""
+            _fail(f"run {exc.status}: {exc.reason}{where}", code=1)
         print(f"mptrain: error: {output_dir}: {exc.status}: {exc.reason}", file=sys.stderr)
         return None
     e = report.evaluation

@@ -53,7 +53,10 @@ def _replacing(path: Path) -> Iterator[tuple[int, str]]:
         os.replace(tmp, path)
         _fsync_dir(path.parent)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        # Best effort: in a directory that became unwritable the removal fails too, and must
+        # not hide why the write failed (a later save removes the stray: remove_stray_temporaries).
+        with contextlib.suppress(OSError):
+            Path(tmp).unlink(missing_ok=True)
         raise
 
 

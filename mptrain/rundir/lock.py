@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import fcntl
 import json
@@ -94,8 +95,11 @@ class RunDirLock:
     ) -> None:
         if self._fd is not None:
             # Removed while still locked, so a run waiting on this file sees it is gone (the
-            # check in __enter__) instead of locking a file nobody else can see.
-            self.path.unlink(missing_ok=True)
+            # check in __enter__) instead of locking a file nobody else can see. In a directory
+            # that became unwritable it stays (the next run takes it over as stale): a failed
+            # removal must not hide how the run ended.
+            with contextlib.suppress(OSError):
+                self.path.unlink(missing_ok=True)
             os.close(self._fd)  # releases the flock
             self._fd = None
 

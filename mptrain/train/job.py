@@ -72,11 +72,12 @@ class RunInterrupted(RuntimeError):
 class RunFailed(RuntimeError):
     """Raised by :func:`train` after the report was written with status failed or diverged."""
 
-    def __init__(self, status: str, reason: str, report: RunReport) -> None:
+    def __init__(self, status: str, reason: str, report: RunReport, written: bool = True) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
         self.report = report
+        self.written = written  # False: report.json could not be written (the reason says so)
 
 
 def train(
@@ -165,6 +166,7 @@ class Job:
         self.checkpointer: Checkpointer | None = None
         self.stop: GracefulStop | None = None
         self.abandoned = False  # a second stop signal abandoned a step (_abandon_step)
+        self.report_lost: str | None = None  # why report.json could not be written, if so
         self.trackers: Trackers | None = None
         self.figures: FigureWorker | None = None  # rank 0: draws curves.png
 
@@ -191,7 +193,10 @@ class Job:
             raise
         except Exception as exc:
             reason = f"{type(exc).__name__}: {exc}"
-            raise RunFailed("failed", reason, self._report("failed", reason)) from exc
+            report = self._report("failed", reason)
+            if self.report_lost:  # e.g. the run directory became unwritable: say what is left
+                reason = f"{reason}; {self.report_lost}"
+            raise RunFailed("failed", reason, report, written=not self.report_lost) from exc
         return self._conclude()
 
     def _prepare(self) -> None:
@@ -394,6 +399,7 @@ class Job:
                 raise RunFailed("failed", lost, report) from exc
             # Another outcome is under way (its exception propagates): only say what was lost.
             self.log.warn(lost)
+            self.report_lost = lost
             return report
         metrics_path = self.output_dir / METRICS_JSONL
         if metrics_path.is_file():

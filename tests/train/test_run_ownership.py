@@ -215,3 +215,55 @@ def test_a_signal_before_a_resume_is_accepted_leaves_the_finished_run_as_it_was(
     with pytest.raises(Terminated):
         train(tiny_run("max_steps=2", "resume=auto"), tmp_path)
     assert (tmp_path / REPORT_JSON).read_bytes() == finished
+
+
+# ------------------------------------------------------------ a run directory made unwritable
+@pytest.mark.slow
+def test_a_run_directory_made_unwritable_mid_run_is_one_line_and_exit_1(tmp_path, monkeypatch):
+    """Item 17: the right first line, then three chained tracebacks, the lock's removal masking
+    the failure. The directory refuses new names and removals from the second checkpoint on
+    (chmod -w or a read-only remount; root ignores chmod, so it is simulated)."""
+    import pathlib
+    import tempfile
+
+    from conftest import run_cli
+
+    from mptrain.train import checkpointer as checkpointer_module
+
+    out = tmp_path / "unwritable-run"
+    saves = []
+    real_save = checkpointer_module.Checkpointer._save
+
+    def counted(self, state):
+        saves.append(state.step)
+        return real_save(self, state)
+
+    def refused(path) -> bool:
+        return len(saves) >= 2 and str(path).startswith(str(out))
+
+    real_mkstemp, real_unlink = tempfile.mkstemp, pathlib.Path.unlink
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if refused(dir):
+            raise PermissionError(13, "Permission denied", str(dir))
+        return real_mkstemp(*args, dir=dir, **kwargs)
+
+    def unlink(self, missing_ok=False):
+        if refused(self):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(checkpointer_module.Checkpointer, "_save", counted)
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(pathlib.Path, "unlink", unlink)
+    args = ["model=mlp", "device=cpu", "progress=false", "epochs=null", "max_steps=6"]
+    result = run_cli(
+        [*args, "checkpoint.every_steps=2", f"hydra.run.dir={out}"], tmp_path, monkeypatch, True
+    )
+    assert result.code == 1, result
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("mptrain: error:")]
+    assert errors == [result.stderr.strip().splitlines()[-1]]
+    assert errors[0].startswith("mptrain: error: run failed: PermissionError")
+    assert "report.json not written (Permission denied); kept: checkpoint" in errors[0]
+    assert not list((out / CHECKPOINT_DIR).glob(".*.tmp"))
