@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import signal
 import time
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 from rich.console import Console
 from rich.markup import escape
 
@@ -49,7 +51,7 @@ from mptrain.platform.signals import (
 )
 from mptrain.precision.policy import PrecisionPolicy
 from mptrain.rundir.checkpoint import check_compatible, resolve_resume
-from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, METRICS_JSONL, RUN_PNG
+from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, METRICS_JSONL, REPORT_JSON, RUN_PNG
 from mptrain.rundir.lock import RunDirLock, check_no_other_run
 from mptrain.train.build import build_run, resolve_run
 from mptrain.train.checkpointer import Checkpointer, restore, run_signature
@@ -237,7 +239,7 @@ class Job:
         cfg, run, dist = self.cfg, self.run, self.dist
         found = resolve_resume(cfg.resume, self.output_dir)
         if found is None:
-            note = f"{no_checkpoint_hint(self.output_dir)}; started fresh"
+            note = f"{no_checkpoint_hint(self.output_dir, cfg)}; started fresh"
             if self.dist.is_main:  # a fresh start logs from step 1 again
                 truncate_after(self.output_dir / METRICS_JSONL, 0)
             self.log.say(note, "resume=auto")
@@ -457,17 +459,47 @@ def data_key(cfg: RunConfig) -> str:
     return f"dataset={cfg.dataset.name}"
 
 
-def no_checkpoint_hint(output_dir: Path) -> str:
+def no_checkpoint_hint(output_dir: Path, cfg: RunConfig) -> str:
     """Why resume=auto found nothing, and the run it may have meant: resume=auto continues the run
-    of the directory it is given, and without hydra.run.dir each command gets a new one."""
+    of the directory it is given, and without hydra.run.dir each command gets a new one. Only a
+    run of the same model, precision and task is named (another's command would be refused),
+    with the command that continues it (its own overrides)."""
     found = sorted(
         (p.parent.parent for p in output_dir.parent.parent.glob(f"*/*/{CHECKPOINT_DIR}/{LATEST}")),
         key=lambda run_dir: (run_dir / CHECKPOINT_DIR / LATEST).stat().st_mtime,
     )
+    wanted = (cfg.model.name, cfg.precision.name, cfg.task)
+    matching = [d for d in found if d != output_dir and _run_kind(d) == wanted]
     message = f"no checkpoint in {output_dir}"
-    if found:
+    if matching:
+        command = " ".join(["mptrain", *_run_overrides(matching[-1]), "resume=auto"])
         message += (
-            f" (a new run directory); the most recent resumable run is {found[-1]}: "
-            f"mptrain resume=auto hydra.run.dir={found[-1]}"
+            f" (a new run directory); the most recent resumable run of {cfg.model.name} "
+            f"{cfg.precision.name} is {matching[-1]}: {command} hydra.run.dir={matching[-1]}"
         )
     return message
+
+
+def _run_kind(run_dir: Path) -> tuple[str, str, str] | None:
+    """(model, precision, task) of the run in ``run_dir``, from its report or Hydra's record."""
+    try:
+        config = json.loads((run_dir / REPORT_JSON).read_text())["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        try:
+            config = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
+        except Exception:  # unreadable or not YAML (OmegaConf's parser errors vary): not this run
+            return None
+    try:
+        return config["model"]["name"], config["precision"]["name"], config.get("task", "classify")
+    except (KeyError, TypeError):
+        return None
+
+
+def _run_overrides(run_dir: Path) -> list[str]:
+    """The overrides the run in ``run_dir`` was started with (Hydra's record), minus resume and
+    hydra.run.dir, which the suggested command sets."""
+    try:
+        overrides = [str(o) for o in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")]
+    except Exception:  # unreadable or not YAML: suggest the bare command
+        return []
+    return [o for o in overrides if not o.startswith(("resume=", "hydra.run.dir="))]

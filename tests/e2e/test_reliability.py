@@ -447,7 +447,7 @@ def test_resume_auto_in_a_new_directory_names_the_run_it_may_mean(tmp_path, caps
     assert report["resumed"]["from"] is None
     note = report["resumed"]["note"]
     assert note.startswith(f"no checkpoint in {outputs / '2026-11-30' / '11-00-00_new'}")
-    assert f"the most recent resumable run is {earlier}: mptrain resume=auto hydra.run.dir=" in note
+    assert f" is {earlier}: mptrain resume=auto hydra.run.dir={earlier}" in note
 
 
 def test_a_full_disk_while_writing_the_report_says_what_was_kept(tmp_path, monkeypatch):

@@ -267,3 +267,21 @@ def test_a_run_directory_made_unwritable_mid_run_is_one_line_and_exit_1(tmp_path
     assert errors[0].startswith("mptrain: error: run failed: PermissionError")
     assert "report.json not written (Permission denied); kept: checkpoint" in errors[0]
     assert not list((out / CHECKPOINT_DIR).glob(".*.tmp"))
+
+
+# ------------------------------------------------------- resume=auto in a new directory
+def test_resume_auto_in_a_new_directory_names_only_a_run_of_the_same_model(tmp_path):
+    """'Also': the suggestion named the most recent resumable run whatever it was (a GPT run for
+    a CNN command), whose command would then be refused."""
+    day = tmp_path / "outputs" / "2026-11-30"
+    same = day / "09-00-00_mlp"
+    train(tiny_run("max_steps=2"), same)
+    other = day / "10-00-00_cnn"
+    train(compose_run("model=cnn", "device=cpu", "progress=false", "max_steps=1"), other)
+    report = train(tiny_run("max_steps=2", "resume=auto"), day / "11-00-00_new")
+    note = report["resumed"]["note"]
+    assert (
+        f"the most recent resumable run of mlp {report['config']['precision']['name']} is {same}"
+        in note
+    )
+    assert str(other) not in note
