@@ -101,6 +101,16 @@ def load_weights(model: nn.Module, state: dict[str, torch.Tensor], where: str) -
 
 
 # ---------------------------------------------------------------------------------- evaluation
+def _shape_words(shape: tuple[int, int, int], sequence_length: int | None) -> str:
+    """What a model takes, in words: ``3x32x32 inputs and 10 classes``, or for token data
+    (no image: channels and size 0) ``windows of 64 tokens from a vocabulary of 65``."""
+    channels, size, classes = shape
+    if channels == 0 and size == 0:
+        window = f"windows of {sequence_length} tokens" if sequence_length else "token windows"
+        return f"{window} from a vocabulary of {classes}"
+    return f"{channels}x{size}x{size} inputs and {classes} classes"
+
+
 def check_data_fits(saved: dict[str, Any] | None, data: DataBundle, dataset: str) -> list[str]:
     """ConfigError unless ``data`` has the input shape and class count the model was built for.
     Returns a note when the class names differ (the same count: it may be a renaming)."""
@@ -109,10 +119,9 @@ def check_data_fits(saved: dict[str, Any] | None, data: DataBundle, dataset: str
     built = (saved["in_channels"], saved["image_size"], saved["num_classes"])
     given = (data.in_channels, data.image_size, data.num_classes)
     if built != given:
-        c, s, n = built
         raise ConfigError(
-            f"dataset={dataset}: {given[0]}x{given[1]}x{given[1]} inputs and {given[2]} classes; "
-            f"the checkpoint's model takes {c}x{s}x{s} inputs and {n} classes"
+            f"dataset={dataset}: {_shape_words(given, data.sequence_length)}; the checkpoint's "
+            f"model takes {_shape_words(built, saved.get('sequence_length'))}"
         )
     if data.text is not None and data.text.vocabulary.chars != saved.get("vocabulary"):
         raise ConfigError(

@@ -396,3 +396,23 @@ def test_image_folder_run_loads_predicts_from_files_and_notes_renamed_classes(
     x = model.mptrain_preprocess(Image.open(first / "val" / "dog" / "0.png"))
     assert x.shape == (1, 3, 16, 16) and model.mptrain_classes == ["cat", "dog"]
     assert model(x).shape == (1, 2)
+
+
+def test_a_language_model_evaluated_on_other_text_is_told_in_tokens_not_pixels():
+    """'Also': an LM evaluated on a text with another vocabulary size was told of '0x0x0 inputs
+    and 17 classes'."""
+    from types import SimpleNamespace
+
+    from mptrain.commands.evaluate import check_data_fits
+    from mptrain.config.base import ConfigError
+
+    saved = {"in_channels": 0, "image_size": 0, "num_classes": 65, "sequence_length": 32}
+    data = SimpleNamespace(
+        in_channels=0, image_size=0, num_classes=17, sequence_length=32, text=None, classes=None
+    )
+    with pytest.raises(ConfigError) as refused:
+        check_data_fits({**saved, "classes": None}, data, "text")
+    assert str(refused.value) == (
+        "dataset=text: windows of 32 tokens from a vocabulary of 17; the checkpoint's model "
+        "takes windows of 32 tokens from a vocabulary of 65"
+    )
