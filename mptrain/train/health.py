@@ -7,16 +7,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from mptrain.config.run import NumericsConfig
 from mptrain.precision.diagnostics.culprit import describe_input
-
-if TYPE_CHECKING:
-    pass
-
 
 # find(images, labels, loss_scale) -> the culprit description, or None when the batch re-ran finite
 CulpritFinder = Callable[[torch.Tensor, torch.Tensor, float], "dict[str, Any] | None"]

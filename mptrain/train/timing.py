@@ -7,14 +7,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
 from mptrain.platform import hardware
-
-if TYPE_CHECKING:
-    pass
 
 
 @dataclass

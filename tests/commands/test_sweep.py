@@ -888,6 +888,20 @@ def test_only_this_sweeps_jobs_are_judged_and_never_by_an_earlier_report(earlier
 
 
 @pytest.mark.slow
+def test_the_same_sweep_with_resume_auto_continues_its_jobs_where_they_are(tmp_path, monkeypatch):
+    """resume, resume_allow_changes and overwrite are not part of a job's directory name: the
+    same sweep again with resume=auto used to open new directories and resume nothing."""
+    first = run_cli([*SWEEP, "seed=1,2"], tmp_path, monkeypatch, jobs=True)
+    assert first.code == 0, first
+    jobs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    again = run_cli([*SWEEP, "seed=1,2", "resume=auto"], tmp_path, monkeypatch, jobs=True)
+    assert again.code == 0, again
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == jobs
+    reports = [json.loads((tmp_path / "sweep" / job / "report.json").read_text()) for job in jobs]
+    assert all(report["resumed"]["from"] for report in reports)
+
+
+@pytest.mark.slow
 def test_a_second_sweep_into_a_finished_sweeps_directory_answers_for_its_own_jobs(
     tmp_path, monkeypatch
 ):
