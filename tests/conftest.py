@@ -209,7 +209,11 @@ def run_cli(args: list[str], cwd: Path, monkeypatch, jobs: bool = False) -> Outc
     monkeypatch.setattr(sys, "path", list(sys.path))  # a run appends its launch directory
     monkeypatch.setattr(sys, "argv", ["mptrain"])  # main() sets it for Hydra's app
     monkeypatch.setattr(sys, "stdout", io.StringIO())  # main() wraps it
-    sigterm = signal.getsignal(signal.SIGTERM)  # main() installs its own handler
+    # main() installs its own handlers (mptrain.platform.signals.terminate_like_interrupt)
+    handlers = {
+        sig: signal.getsignal(sig)
+        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+    }
     stderr, code = io.StringIO(), 0
     try:
         with contextlib.redirect_stderr(stderr):
@@ -218,7 +222,8 @@ def run_cli(args: list[str], cwd: Path, monkeypatch, jobs: bool = False) -> Outc
     except SystemExit as exc:
         code = exc.code
     finally:
-        signal.signal(signal.SIGTERM, sigterm)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
         GlobalHydra.instance().clear()
         for name, module in list(sys.modules.items()):  # the examples a run imported from cwd
             if str(getattr(module, "__file__", None) or "").startswith(str(cwd)):
