@@ -43,8 +43,10 @@ from mptrain.compose.preflight import (
 )
 from mptrain.compose.record import discard, promote, staged_record
 from mptrain.compose.registry import absolute_paths, register_configs, to_run_config
+from mptrain.compose.resume import continue_command
 from mptrain.config.base import ConfigError, launch_dir, set_launch_dir
 from mptrain.platform.signals import Terminated, terminate_like_interrupt
+from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -98,6 +100,9 @@ def _run_job(
         return None
     except RunInterrupted as exc:
         print(f"mptrain: {exc.report.reason} (report in {output_dir})", file=sys.stderr)
+        if not multirun and (output_dir / CHECKPOINT_DIR / LATEST).is_file():
+            command = continue_command(list(hydra_cfg.overrides.task), output_dir)
+            print(f"mptrain: to continue: {command}", file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
     except RunFailed as exc:
         if not multirun:

@@ -29,6 +29,7 @@ from typing import Any
 
 from mptrain.compose.record import staged_subdir
 from mptrain.compose.registry import to_run_config
+from mptrain.compose.resume import resume_auto_dir
 from mptrain.config.base import ConfigError
 from mptrain.output.trackers import check_tracking_server
 from mptrain.rundir.layout import SWEEP_LOCK_NAME
@@ -99,14 +100,19 @@ def preflight(args: argparse.Namespace) -> Preflight:
 
 def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
     """:func:`preflight` on ``hydra``, the instance :func:`hydra_like_main` made for ``args``."""
+    from omegaconf import OmegaConf
+
     overrides = list(args.overrides)
     master, multirun = _master_config(hydra, args.config_name or CONFIG_NAME, overrides, args)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     output = Path(master.hydra.sweep.dir if multirun else master.hydra.run.dir)
     record = master.hydra.output_subdir  # read first: the checks below drop hydra's node
+    pattern = str(OmegaConf.to_container(master.hydra.run, resolve=False)["dir"])
     check_creatable(output, key)  # Hydra creates it next, with a traceback if it cannot
     if not multirun:
         run = checked_run_config(master)
+        if run.resume == "auto":  # the same command continues the run it started
+            output = resume_auto_dir(pattern, overrides) or output
         check_tracking_server(run)  # before the run directory is touched (seconds, not minutes)
         if int(os.environ.get("RANK", "0")) == 0:
             # Before Hydra rewrites the directory's .hydra/ record of another run.

@@ -292,9 +292,26 @@ def check_compatible(
             )
         raise ConfigError(
             f"resume: {path} was saved with different settings ({'; '.join(differences)}); "
-            "set resume_allow_changes=true to resume anyway"
+            + _how_to_go_on(saved, signature)
         )
     return differences
+
+
+# Settings a checkpoint cannot be carried across: its weights belong to another model or task.
+_IDENTITY_KEYS = ("model.name", "task")
+
+
+def _how_to_go_on(saved: dict[str, Any], signature: dict[str, Any]) -> str:
+    """The end of a refusal: resume_allow_changes=true only where it could work (never for a
+    checkpoint of another model or task: its weights would not be this run's)."""
+    other = [k for k in _IDENTITY_KEYS if saved.get(k) != signature.get(k)]
+    if other:
+        named = " ".join(f"{k.split('.')[0]}={saved.get(k)}" for k in other)  # as typed
+        return (
+            f"it is a checkpoint of another {' and '.join(k.split('.')[0] for k in other)}: "
+            f"resume it with {named}, or start this run in another directory"
+        )
+    return "set resume_allow_changes=true to resume anyway"
 
 
 def _short_digest(identity: str | None) -> str:

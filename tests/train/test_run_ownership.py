@@ -285,3 +285,18 @@ def test_resume_auto_in_a_new_directory_names_only_a_run_of_the_same_model(tmp_p
         in note
     )
     assert str(other) not in note
+
+
+def test_a_refusal_never_proposes_resume_allow_changes_for_another_model(tmp_path):
+    """Issue 28: a CNN command over an MLP run was told to set resume_allow_changes=true, which
+    would load an MLP checkpoint into a CNN config."""
+    train(tiny_run("max_steps=2"), tmp_path)
+    cnn = compose_run("model=cnn", "device=cpu", "progress=false", "max_steps=2", "resume=auto")
+    with pytest.raises(ConfigError) as refused:
+        train(cnn, tmp_path)
+    message = str(refused.value)
+    assert "resume_allow_changes" not in message
+    assert message.endswith(
+        "it is a checkpoint of another model: resume it with model=mlp, or start this run "
+        "in another directory"
+    )
