@@ -348,8 +348,9 @@ def _apply_saved(composed: Any, saved: dict[str, Any], user_keys: set[str], omeg
         if not within(key, _CARRIED) or within(key, user_keys):
             continue
         try:
-            # A custom option's constructor arguments are keys no schema declares.
-            extra = f".{EXTRA_KEYS_FIELD}." in f".{key}"
+            # A custom option's constructor arguments, and model=hf's configuration keys, are
+            # keys no schema declares.
+            extra = f".{EXTRA_KEYS_FIELD}." in f".{key}" or key.startswith("model.config.")
             omegaconf.update(composed, key, value, merge=False, force_add=extra)
         except Exception as exc:
             raise ConfigError(

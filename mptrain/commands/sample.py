@@ -30,6 +30,7 @@ from torch import nn
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
 from mptrain.data.text import Vocabulary
+from mptrain.models.task import logits_of
 from mptrain.platform import hardware
 
 # The short forms mptrain sample has always taken, for the keys every command reads.
@@ -121,7 +122,7 @@ def new_tokens(
     the last ``block_size`` tokens, and only those are kept: memory does not grow with the count."""
     context = ids[:, -block_size:]
     for _ in range(max_new_tokens):
-        logits = model(context)[:, -1, :].float()
+        logits = logits_of(model(context))[:, -1, :].float()
         next_id = choose_next(logits, temperature, top_k, generator)
         yield next_id
         context = torch.cat([context, next_id], dim=1)[:, -block_size:]

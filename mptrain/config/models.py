@@ -5,6 +5,7 @@ builders are :data:`mptrain.models.build.MODELS`.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -152,7 +153,50 @@ class CustomModelConfig(ModelConfig):
     name: str = "custom"
     _target_: str = MISSING
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # task=lm only: the window length in tokens, passed as block_size to a constructor that
+    # names it; None: LM_BLOCK_SIZE (mptrain.config.run refuses it for a classifier).
+    block_size: int | None = None
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
         check_target("model._target_", self._target_)
+        at_least("model.block_size", self.block_size, 2, allow_none=True)
+
+
+# The window length of a custom language model that does not set model.block_size: model=gpt's.
+LM_BLOCK_SIZE = 128
+
+
+def lm_block_size(cfg: ModelConfig) -> int:
+    """The window length in tokens a language model of ``cfg`` trains on: its ``block_size``,
+    or :data:`LM_BLOCK_SIZE` for a custom model that leaves it unset."""
+    block_size = getattr(cfg, "block_size", None)
+    return LM_BLOCK_SIZE if block_size is None else block_size
+
+
+@dataclass
+class HFModelConfig(ModelConfig):
+    """A Hugging Face ``transformers`` causal language model built from its configuration class
+    (``AutoModelForCausalLM.from_config``: fresh weights, nothing downloaded); mptrain[hf]."""
+
+    name: str = "hf"
+    config_class: str = "GPT2Config"  # a configuration class of transformers, by name
+    config: dict[str, Any] = field(default_factory=dict)  # its keyword arguments
+    block_size: int = 128  # the window length in tokens; the position table is this long
+
+    def validate(self) -> None:
+        """Range rules of this option's keys; ConfigError naming the first violation."""
+        require(
+            re.fullmatch(r"[A-Za-z_]\w*Config", self.config_class) is not None,
+            "model.config_class",
+            self.config_class,
+            "the name of a transformers configuration class, such as GPT2Config or LlamaConfig",
+        )
+        at_least("model.block_size", self.block_size, 2)
+        for key in ("vocab_size", "use_cache"):
+            require(
+                key not in self.config,
+                f"model.config.{key}",
+                self.config.get(key),
+                "set by mptrain (the vocabulary is the data's; no key-value cache in training)",
+            )

@@ -23,6 +23,7 @@ from mptrain.config.models import (
     CNNConfig,
     CustomModelConfig,
     GPTConfig,
+    HFModelConfig,
     MLPConfig,
     ResNetConfig,
     TimmModelConfig,
@@ -47,6 +48,7 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "torchvision": TorchvisionModelConfig,
         "timm": TimmModelConfig,
         "custom": CustomModelConfig,
+        "hf": HFModelConfig,
     },
     "dataset": {
         "digits": DigitsConfig,

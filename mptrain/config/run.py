@@ -216,24 +216,26 @@ def _validate_numerics(n: NumericsConfig) -> None:
 
 
 # The tasks (each an overlay conf/task/<name>.yaml), and the models and datasets of the
-# language-model task; every other one classifies.
+# language-model task; every other one classifies. model=custom serves both tasks.
 TASKS = ("classify", "lm")
-LM_MODELS, LM_DATASETS = ("gpt",), ("text",)
+LM_MODELS, LM_DATASETS = ("gpt", "hf", "custom"), ("text",)
+EITHER_TASK = ("custom",)
 
 
 def _check_task(run: RunConfig) -> None:
     """The task, the model and the dataset must agree: a language model reads token windows."""
     require(run.task in TASKS, "task", run.task, " or ".join(TASKS))
     lm = run.task == "lm"
-    for group, names, accepted in (
-        ("model", LM_MODELS, "model=gpt"),
-        ("dataset", LM_DATASETS, "dataset=text"),
-    ):
+    for group, names in (("model", LM_MODELS), ("dataset", LM_DATASETS)):
         name = getattr(run, group).name
         if lm and name not in names:
+            accepted = " or ".join(f"{group}={n}" for n in names)
             raise ConfigError(f"{group}={name}: task=lm trains a language model; use {accepted}")
-        if not lm and name in names:
+        if not lm and name in names and name not in EITHER_TASK:
             raise ConfigError(f"{group}={name}: for language models; add task=lm")
+    block_size = getattr(run.model, "block_size", None)
+    if not lm and run.model.name in EITHER_TASK and block_size is not None:
+        raise ConfigError(f"model.block_size={block_size}: for language models; add task=lm")
 
 
 def validate(run: RunConfig) -> None:

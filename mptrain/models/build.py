@@ -7,11 +7,12 @@ run time, FP8 layers, and for the "pure" precisions a cast of the whole model).
 Sources (the report's ``model.source``): ``builtin`` (mlp, cnn, resnet18/50, vit),
 ``torchvision`` (any classification model of ``torchvision.models.get_model``, ``model.arch``),
 ``timm`` (``timm.create_model``, ``model.arch``; the optional ``mptrain[timm]`` extra) and
-``custom`` (any importable nn.Module, ``model._target_``, see :mod:`mptrain.config.targets`). None loads
-pretrained weights. :func:`build_model` records what it built and how it adapted it to the data
+``custom`` (any importable nn.Module, ``model._target_``, see :mod:`mptrain.config.targets`) and
+``hf`` (a ``transformers`` causal language model from its configuration class, the optional
+``mptrain[hf]`` extra: :mod:`mptrain.models.hf`). None loads pretrained weights. :func:`build_model` records what it built and how it adapted it to the data
 (:func:`model_facts`), and runs one FP32 forward pass of a dummy batch so that a model that cannot
-take the dataset's images, or does not return ``(batch, num_classes)`` logits, is a ConfigError
-before training starts.
+take the dataset's images, or does not return ``(batch, num_classes)`` logits (a language model:
+``(batch, length, vocabulary)``), is a ConfigError before training starts.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from mptrain.config.models import (
     CNNConfig,
     CustomModelConfig,
     GPTConfig,
+    HFModelConfig,
     MLPConfig,
     ModelConfig,
     ResNetConfig,
@@ -43,6 +45,8 @@ from mptrain.models.external import (
     build_timm,
     build_torchvision,
 )
+from mptrain.models.hf import build_hf
+from mptrain.models.task import logits_of
 
 # The one list of models: model.name -> its schema and builder. Each name is also an option file
 # conf/model/<name>.yaml (a test keeps the two in step).
@@ -56,6 +60,7 @@ MODELS: dict[str, Option] = {
     "torchvision": Option(TorchvisionModelConfig, build_torchvision),
     "timm": Option(TimmModelConfig, build_timm),
     "custom": Option(CustomModelConfig, build_custom),
+    "hf": Option(HFModelConfig, build_hf),
 }
 # Builtin models with convolutions (FP16 convolutions crawl on CPUs). Models from torchvision, timm
 # or user code are only known once built: has_convolutions(model) inspects the built model.
@@ -89,7 +94,8 @@ def build_model(
     """Build the configured model (FP32 parameters) for the dataset's shape on ``device``, record
     what was built (:func:`model_facts`) and check it with a dummy forward pass on that device
     (:func:`check_forward`: a model with device-only kernels is checked where it will run).
-    Token data (``sequence_length`` set): ``num_classes`` is the vocabulary size."""
+    Token data (``sequence_length`` set): ``num_classes`` is the vocabulary size; its bundle has
+    0 channels and image size, by which a builder tells token data (:func:`build_custom`)."""
     model = MODELS[cfg.name].build(cfg, in_channels, image_size, num_classes).to(device)
     facts = _FACTS.get(model) or ModelFacts("builtin", None)
     facts.class_name = f"{type(model).__module__}.{type(model).__qualname__}"
@@ -108,6 +114,8 @@ def _model_key(cfg: ModelConfig) -> str:
         return f"model._target_={cfg._target_!r}"
     if isinstance(cfg, TorchvisionModelConfig | TimmModelConfig):
         return f"model.arch={cfg.arch!r}"
+    if isinstance(cfg, HFModelConfig):
+        return f"model.config_class={cfg.config_class!r}"
     return f"model={cfg.name}"
 
 
@@ -115,7 +123,8 @@ def _dry_forward(
     model: nn.Module, key: str, make_input: Callable[[torch.device], torch.Tensor], what: str
 ) -> tuple[int, ...] | str:
     """One FP32 forward pass of the zero batch ``make_input(device)`` in eval mode (no statistics
-    change, no random draws): the output's shape (or its type's name when not a tensor);
+    change, no random draws): the shape of its logits (a tensor, or an output's ``.logits``:
+    :func:`~mptrain.models.task.logits_of`), or the output type's name when it holds neither;
     ConfigError naming ``key`` when the model raises."""
     was_training = model.training
     model.eval()
@@ -126,7 +135,10 @@ def _dry_forward(
         raise ConfigError(f"{key}: a forward pass of {what} failed ({first_line(exc)})") from exc
     finally:
         model.train(was_training)
-    return tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+    try:
+        return tuple(logits_of(out).shape)
+    except TypeError:
+        return f"a {type(out).__name__}"
 
 
 def check_forward(
@@ -149,19 +161,27 @@ def check_forward(
 
 
 def check_token_forward(model: nn.Module, key: str, length: int, vocab_size: int) -> None:
-    """A dry forward pass of two windows of ``length`` zero token ids: ConfigError naming ``key``
-    unless it returns ``(2, length, vocab_size)`` logits."""
+    """A dry forward pass of two windows of ``length`` zero token ids (long): ConfigError naming
+    ``key`` unless it returns ``(2, length, vocab_size)`` logits (or an object holding them in
+    ``.logits``), saying which of the three sizes is wrong."""
     got = _dry_forward(
         model,
         key,
         lambda device: torch.zeros(2, length, dtype=torch.long, device=device),
         f"{length}-token windows",
     )
-    if got != (2, length, vocab_size):
+    expected = (2, length, vocab_size)
+    if got == expected:
+        return
+    if isinstance(got, tuple) and len(got) == 3 and got[:2] == expected[:2]:
         raise ConfigError(
-            f"{key}: returns {got} for 2 windows of {length} tokens; a language model must "
-            f"return (batch, length, vocabulary) = (2, {length}, {vocab_size}) logits"
+            f"{key}: returns logits over {got[2]} tokens; the data's vocabulary has {vocab_size} "
+            "(mptrain passes it as vocab_size to a constructor that names it)"
         )
+    raise ConfigError(
+        f"{key}: returns {got} for 2 windows of {length} tokens; a language model must "
+        f"return (batch, length, vocabulary) = {expected} logits, as a tensor or in .logits"
+    )
 
 
 def model_facts(model: nn.Module) -> ModelFacts | None:

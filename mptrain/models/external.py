@@ -20,6 +20,7 @@ from mptrain.config.models import (
     CustomModelConfig,
     TimmModelConfig,
     TorchvisionModelConfig,
+    lm_block_size,
 )
 from mptrain.config.targets import call_target, check_keys, first_line, locate, offered
 
@@ -191,22 +192,26 @@ def build_custom(
     cfg: CustomModelConfig, in_channels: int, image_size: int, num_classes: int
 ) -> nn.Module:
     """``hydra.utils.instantiate`` of ``model._target_`` with ``model.kwargs`` (the ``+model.*``
-    keys), plus ``num_classes``, ``in_channels`` and ``image_size`` where the constructor takes
-    them and the user did not set them (the user's value wins)."""
+    keys), plus what the data says where the constructor names it and the user did not set it
+    (the user's value wins): a classifier's ``num_classes``, ``in_channels`` and ``image_size``;
+    a language model's (token data: ``in_channels == 0``) ``vocab_size`` and ``block_size``."""
     key, target = "model._target_", cfg._target_
     built = locate(key, target)
     if inspect.isclass(built) and not issubclass(built, nn.Module):
         raise ConfigError(f"{key}={target!r}: {built.__qualname__} is not a torch.nn.Module")
     if not callable(built):
         raise ConfigError(f"{key}={target!r}: a {type(built).__name__}, not an nn.Module class")
-    facts = {"num_classes": num_classes, "in_channels": in_channels, "image_size": image_size}
+    if in_channels == 0:  # token windows (mptrain.data.lm): the window is model.block_size
+        facts = {"vocab_size": num_classes, "block_size": lm_block_size(cfg)}
+    else:
+        facts = {"num_classes": num_classes, "in_channels": in_channels, "image_size": image_size}
     kwargs = offered(built, dict(cfg.kwargs), facts)
     check_keys(key, target, built, kwargs)
     model = call_target(key, target, kwargs)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{key}={target!r}: returned a {type(model).__name__}, not an nn.Module")
     adaptations = [
-        f"{name}={value} passed from the dataset"
+        f"{name}={value} passed from {'model.block_size' if name == 'block_size' else 'the dataset'}"
         for name, value in kwargs.items()
         if name in facts and name not in cfg.kwargs
     ]

@@ -8,7 +8,8 @@ Two tasks share the one training loop (:mod:`mptrain.train.loop`); they differ o
   ``(batch, length)``. Every position is one prediction, so the loss and the accuracy are per
   token. Primary metric: validation loss (lower is better); perplexity is ``exp(loss)``.
 
-Both losses are the cross-entropy of the logits flattened to ``(predictions, classes)``, computed
+A model returns a logits tensor or an object holding one in ``.logits`` (Hugging Face models);
+every caller takes the tensor through :func:`logits_of`. Both losses are the cross-entropy of the logits flattened to ``(predictions, classes)``, computed
 in FP32 (see :func:`cross_entropy`). Best checkpoints, sweep tables, recipe verdicts and
 ``mptrain-compare`` rank by :attr:`Task.primary_metric` in the direction it states.
 """
@@ -43,6 +44,22 @@ def cross_entropy(
     """
     flat = logits.float().reshape(-1, logits.shape[-1])
     return F.cross_entropy(flat, targets.reshape(-1), reduction=reduction, **kwargs)
+
+
+def logits_of(output: Any) -> torch.Tensor:
+    """The logits a model returned: the tensor itself, or the ``.logits`` tensor of an output
+    object (what Hugging Face models return: ``CausalLMOutputWithPast`` and the like).
+    TypeError naming the type for anything else (the dry forward of
+    :func:`mptrain.models.build.build_model` turns it into a ConfigError before training)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    logits = getattr(output, "logits", None)
+    if isinstance(logits, torch.Tensor):
+        return logits
+    raise TypeError(
+        f"the model returned a {type(output).__name__}; mptrain takes a logits tensor "
+        "or an object with a .logits tensor"
+    )
 
 
 def correct_predictions(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

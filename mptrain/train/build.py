@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from mptrain.config.base import ConfigError
+from mptrain.config.models import lm_block_size
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import BatchLayout, DataBundle
 from mptrain.data.build import build_data
@@ -222,7 +223,7 @@ def build_model_for_run(
 
 def window_length(cfg: RunConfig) -> int | None:
     """Tokens per sample of a language model (its ``model.block_size``); None for classifiers."""
-    return getattr(cfg.model, "block_size", None) if cfg.task == "lm" else None
+    return lm_block_size(cfg.model) if cfg.task == "lm" else None
 
 
 def plan_steps(cfg: RunConfig, data: DataBundle) -> tuple[int, int]:

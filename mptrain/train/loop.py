@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from mptrain.data.batches import Batch, BatchSource
-from mptrain.models.task import correct_predictions, cross_entropy
+from mptrain.models.task import correct_predictions, cross_entropy, logits_of
 from mptrain.platform.distributed import (
     DistContext,
     all_reduce_sum,
@@ -218,9 +218,8 @@ def _forward_backward(
         inputs = to_model_input(inputs, policy, channels_last)
         with _NO_CONTEXT if micro == accum - 1 else no_sync(model):
             with policy.autocast():
-                loss = loss_fn(
-                    model(inputs), targets
-                )  # the task's loss, in FP32 (mptrain.models.task)
+                # the task's loss, in FP32 (mptrain.models.task)
+                loss = loss_fn(logits_of(model(inputs)), targets)
                 if accum > 1:
                     loss = loss / accum
             scaler.scale(loss).backward()  # outside autocast
@@ -302,7 +301,7 @@ def evaluate(
     for inputs, targets in batches.batches(0):
         inputs = to_model_input(inputs, policy, channels_last)
         with policy.autocast():
-            logits = model(inputs)
+            logits = logits_of(model(inputs))
         batch_loss = cross_entropy(logits, targets, reduction="sum")
         batch_correct = correct_predictions(logits, targets)
         loss_sum = batch_loss if loss_sum is None else loss_sum + batch_loss

@@ -118,6 +118,7 @@ REQUIRED_OVERRIDES = {
     ("model", "custom"): ["model._target_=my_pkg.MyNet"],
     ("dataset", "custom"): ["dataset._target_=my_pkg.make_data"],
     ("model", "gpt"): ["task=lm"],  # a language model: trains with task=lm only
+    ("model", "hf"): ["task=lm"],
     ("dataset", "text"): ["task=lm"],
 }
 # Groups whose options overlay the others (``# @package _global_``), with no schema of their own.

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mptrain.models.task import cross_entropy
+from mptrain.models.task import cross_entropy, logits_of
 from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.diagnostics.hooks import Autocast, installed, preserved_state, tensors_in
 
@@ -105,7 +105,7 @@ def _traced_step(
         model.zero_grad(set_to_none=True)
         with mode:
             with autocast():
-                logits = model(images)
+                logits = logits_of(model(images))
                 loss = cross_entropy(logits, labels)
             mode.phase = "backward"
             loss.backward()

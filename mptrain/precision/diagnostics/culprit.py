@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from mptrain.models.task import cross_entropy
+from mptrain.models.task import cross_entropy, logits_of
 from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.diagnostics.hooks import (
     Autocast,
@@ -155,7 +155,7 @@ class _CulpritHooks:
         """One forward (and, when it and the loss are finite, one backward); returns the loss."""
         model.zero_grad(set_to_none=True)
         with autocast():
-            logits = model(images)
+            logits = logits_of(model(images))
         loss = cross_entropy(logits, labels)
         if "forward" not in self.found and torch.isfinite(loss):
             (loss * loss_scale).backward()

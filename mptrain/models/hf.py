@@ -1,0 +1,126 @@
+"""Hugging Face ``transformers`` causal language models (``model=hf``), built from a
+configuration class and its keyword arguments with fresh weights: no checkpoint, tokenizer or
+code is read from the Hub (``AutoModelForCausalLM.from_config`` with ``trust_remote_code=False``
+builds the class transformers ships for the configuration).
+
+What mptrain sets, recorded in the report's ``model.adaptations``: the vocabulary (the data's),
+the position table (``model.block_size``, unless ``model.config`` asks for a longer one), no
+key-value cache (training feeds whole windows), FP32 parameters, and GPT-2's ``Conv1D`` layers
+replaced by the equal ``nn.Linear`` (the same product with the weight transposed) so that FP8
+layer selection and the audit, which select ``nn.Linear``, see them. The model returns an output
+object whose ``.logits`` the task takes (:func:`mptrain.models.task.logits_of`).
+"""
+
+from __future__ import annotations
+
+import difflib
+from types import ModuleType
+from typing import Any
+
+import torch
+from torch import nn
+
+from mptrain.config.base import ConfigError
+from mptrain.config.models import HFModelConfig
+from mptrain.config.targets import first_line
+from mptrain.models.external import ModelFacts, _recorded
+
+POSITIONS = "max_position_embeddings"  # transformers' common name (GPT-2 maps it to n_positions)
+
+
+def _transformers() -> ModuleType:
+    """The ``transformers`` module; ConfigError saying how to install it when it is missing."""
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ConfigError(
+            "model=hf: transformers is not installed; install it with pip install 'mptrain[hf]'"
+        ) from exc
+    return transformers
+
+
+def config_class(transformers: ModuleType, name: str) -> type:
+    """The configuration class ``transformers.<name>``; ConfigError with close names otherwise."""
+    found = getattr(transformers, name, None)
+    if isinstance(found, type) and issubclass(found, transformers.PretrainedConfig):
+        return found
+    names = [n for n in dir(transformers) if n.endswith("Config")]
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    raise ConfigError(f"model.config_class={name!r}: not a transformers configuration class{hint}")
+
+
+def check_config_keys(cls: type, keys: list[str]) -> None:
+    """ConfigError for a ``model.config`` key the class does not know. A configuration class
+    keeps any unknown keyword as an attribute without a word, so a GPT-2 key given to a Llama
+    configuration would otherwise change nothing; the known keys are its defaults' and aliases."""
+    known = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {}))
+    unknown = [key for key in keys if key not in known]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=3, cutoff=0.6)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ConfigError(
+            f"model.config.{unknown[0]}: not a key of {cls.__name__}{hint} "
+            f"(its keys: {cls.__name__}().to_dict())"
+        )
+
+
+def hf_config(transformers: ModuleType, cfg: HFModelConfig, vocab_size: int) -> tuple[Any, list]:
+    """The configuration ``model.config_class(**model.config)`` with the vocabulary, the
+    position table and the cache set as the module docstring says, and what was set."""
+    cls = config_class(transformers, cfg.config_class)
+    check_config_keys(cls, list(cfg.config))
+    config = cls(**cfg.config)
+    config.vocab_size = vocab_size
+    config.use_cache = False
+    adaptations = [f"vocab_size={vocab_size} passed from the dataset", "use_cache=False"]
+    if hasattr(config, POSITIONS):
+        positions_given = POSITIONS in cfg.config or cls.attribute_map.get(POSITIONS) in cfg.config
+        positions = getattr(config, POSITIONS)
+        if positions_given and positions < cfg.block_size:
+            raise ConfigError(
+                f"model.config: {positions} positions hold no window of model.block_size="
+                f"{cfg.block_size} tokens; raise them or lower model.block_size"
+            )
+        if not positions_given:
+            setattr(config, POSITIONS, cfg.block_size)
+            adaptations.append(f"{POSITIONS}={cfg.block_size} passed from model.block_size")
+    return config, adaptations
+
+
+def conv1d_to_linear(model: nn.Module, conv1d: type) -> list[str]:
+    """Replace every GPT-2 style ``Conv1D`` (``x @ W + b``, ``W`` of shape ``(in, out)``) by the
+    ``nn.Linear`` computing the same (weight ``W.T``; same values). Returns what was done."""
+    names = [name for name, module in model.named_modules() if isinstance(module, conv1d)]
+    for name in names:
+        old = model.get_submodule(name)
+        new = nn.Linear(old.nx, old.nf, device=old.weight.device, dtype=old.weight.dtype)
+        with torch.no_grad():
+            new.weight.copy_(old.weight.t())
+            new.bias.copy_(old.bias)
+        parent, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent), child, new)
+    if not names:
+        return []
+    return [f"{len(names)} Conv1D layers replaced by the equal nn.Linear (for FP8 and the audit)"]
+
+
+def build_hf(cfg: HFModelConfig, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
+    """``AutoModelForCausalLM.from_config`` of :func:`hf_config` with FP32 parameters; the
+    vocabulary is ``num_classes`` (token data: ``in_channels`` and ``image_size`` are 0)."""
+    transformers = _transformers()
+    config, adaptations = hf_config(transformers, cfg, num_classes)
+    try:
+        model = transformers.AutoModelForCausalLM.from_config(
+            config, dtype=torch.float32, trust_remote_code=False
+        )
+    except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
+        raise ConfigError(
+            f"model.config_class={cfg.config_class!r}: transformers cannot build a causal "
+            f"language model of it ({first_line(exc)})"
+        ) from exc
+    from transformers.pytorch_utils import Conv1D
+
+    adaptations += conv1d_to_linear(model, Conv1D)
+    facts = ModelFacts("hf", cfg.config_class, adaptations=adaptations)
+    return _recorded(model, facts)
