@@ -1,6 +1,9 @@
 """The command line: Hydra's app and the subcommands.
 
-``mptrain [overrides]`` and ``python -m mptrain [overrides]`` run :func:`main`, which
+``mptrain [overrides]`` and ``python -m mptrain [overrides]`` run :func:`main`, which answers
+``--version``, ``--help`` and ``COMMAND --help`` from the shipped files (no config composed, no
+torch: :mod:`mptrain.compose.usage`), refuses any argument that is neither a Hydra flag nor an
+override in one line (:mod:`mptrain.compose.arguments`), and otherwise
 
 1. checks every job the command line describes, composed the way Hydra will compose it
    (:mod:`mptrain.compose.preflight`: the user's config directory and search path, each sweeper's jobs),
@@ -31,6 +34,8 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig
 
+from mptrain import __version__
+from mptrain.compose.arguments import hydra_argv
 from mptrain.compose.preflight import (
     CONFIG_MODULE,
     CONFIG_NAME,
@@ -192,6 +197,8 @@ _SUBCOMMANDS = {
 def _main(argv: Sequence[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     terminate_like_interrupt()  # SIGTERM during setup ends the run like Ctrl-C (report, 143)
+    if _answered_from_files(argv):
+        return
     register_configs()
     if argv[:1] and argv[0] in _SUBCOMMANDS:
         module, function = _SUBCOMMANDS[argv[0]]
@@ -207,9 +214,13 @@ def _main(argv: Sequence[str] | None) -> None:
             "hydra/job_logging=disabled",
             "hydra/hydra_logging=disabled",
         ]
-    args = parse_command_line(argv)
-    sys.argv = [sys.argv[0], *argv]
-    if args.help or args.hydra_help or args.cfg or args.info or args.shell_completion:
+    try:
+        args = parse_command_line(argv)
+    except ConfigError as exc:
+        _fail(str(exc))
+    # Hydra's app parses sys.argv again, and wants its flags before the overrides.
+    sys.argv = [sys.argv[0], *hydra_argv(argv, args.overrides)]
+    if args.hydra_help or args.cfg or args.info or args.shell_completion:
         hydra_app()
         return
     launched = time.time()
@@ -228,6 +239,29 @@ def _main(argv: Sequence[str] | None) -> None:
             hydra, args, checked, run_job, lambda exc: _every_job_failed(sweep_dir, launched, exc)
         )
         _exit_if_jobs_failed(sweep_dir, launched)
+
+
+def _answered_from_files(argv: list[str]) -> bool:
+    """Answer ``--version``, ``--help`` and ``COMMAND --help`` (True), without composing a config
+    or importing torch (:mod:`mptrain.compose.usage`); False for any other command line."""
+    from mptrain.compose.usage import command_help, usage_text
+
+    if argv[:1] and argv[0] in _SUBCOMMANDS:
+        if not {"-h", "--help"} & set(argv[1:]):
+            return False
+        print(command_help(argv[0]))
+        return True
+    if "--version" in argv:  # Hydra's parser would print Hydra's version
+        print(f"mptrain {__version__} (Hydra {hydra.__version__})")
+        return True
+    if not {"-h", "--help"} & set(argv):
+        return False
+    try:
+        args = parse_command_line(argv)  # an unknown argument is refused even here
+    except ConfigError as exc:
+        _fail(str(exc))
+    print(usage_text(args.config_dir))
+    return True
 
 
 def _every_job_failed(sweep_dir: Path, launched: float, exc: Exception) -> bool:

@@ -21,16 +21,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mptrain.compose.arguments import parse_arguments
+from mptrain.compose.plugins import missing_plugin_hint
 from mptrain.compose.record import staged_subdir
 from mptrain.compose.registry import to_run_config
 from mptrain.compose.resume import resume_auto_dir
 from mptrain.config.base import ConfigError
+from mptrain.config.options import PRECISION_ALIASES
+from mptrain.config.spelling import did_you_mean, suggest_option
 from mptrain.output.trackers import check_tracking_server
 from mptrain.rundir.layout import SWEEP_LOCK_NAME
 from mptrain.rundir.lock import RunDirLock, check_creatable, check_run_dir_free
@@ -54,11 +59,10 @@ class Preflight:
 
 
 def parse_command_line(argv: list[str]) -> argparse.Namespace:
-    """Hydra's own parse of an mptrain command line (overrides, -m, -cd, --cfg, ...)."""
-    from hydra._internal.utils import get_args_parser
-
-    args, _ = get_args_parser().parse_known_args(argv)
-    return args
+    """Hydra's own parse of an mptrain command line (overrides, -m, -cd, --cfg, ...); ConfigError
+    in one line for an argument that is neither a flag nor an override
+    (:func:`mptrain.compose.arguments.parse_arguments`)."""
+    return parse_arguments(argv)
 
 
 def check_command_line(argv: list[str]) -> Preflight:
@@ -367,13 +371,11 @@ def describe_compose_error(exc: Exception) -> str:
         ValidationError,
     )
 
-    from mptrain.compose.registry import accepted_keys
+    from mptrain.compose.registry import unknown_key_message
 
     if isinstance(exc, MissingConfigException) and exc.options is not None:
-        missing = exc.missing_cfg_file or "?"
-        group, _, option = missing.rpartition("/")
-        choices = ", ".join(o for o in sorted(exc.options) if not o.endswith("_schema"))
-        return f"{group}={option}: unknown option; choose one of {choices}"
+        group, _, option = (exc.missing_cfg_file or "?").rpartition("/")
+        return _unknown_option(group, option, [o for o in exc.options if not o.endswith("_schema")])
     if isinstance(exc, OverrideParseException):
         return f"cannot parse override: {str(exc).splitlines()[0]}{_quoting_hint(exc.override)}"
     cause = exc.__cause__ if isinstance(exc.__cause__, OmegaConfBaseException) else exc
@@ -381,14 +383,30 @@ def describe_compose_error(exc: Exception) -> str:
         key = getattr(cause, "full_key", None) or "?"
         if isinstance(cause, ConfigKeyError | ConfigAttributeError):
             schema = getattr(cause, "object_type", None)
-            accepted = f"; accepted keys: {accepted_keys(schema)}" if is_dataclass(schema) else ""
-            return f"{key}: unknown key{accepted}"
+            # Hydra names the override ("Could not override 'trainer.max_epochs'") where
+            # OmegaConf names only its first unknown part (trainer): the suggestion needs it all.
+            typed = re.search(r"Could not override '([^']+)'", str(exc))
+            return unknown_key_message(
+                key, schema if is_dataclass(schema) else None, typed[1] if typed else key
+            )
         if isinstance(cause, ValidationError):
             message = str(cause.msg).splitlines()[0] if hasattr(cause, "msg") else str(cause)
             return f"{key}: {message}"
         return f"{key}: {str(cause).splitlines()[0]}"
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     return " ".join(lines) if lines else type(exc).__name__
+
+
+def _unknown_option(group: str, option: str, options: list[str]) -> str:
+    """One line for ``group=option`` that Hydra found no config for: the plugin to install
+    (``hydra/launcher=joblib``), or the nearest spelling and the options (aliases, such as
+    Lightning's precision names, are suggested but not listed)."""
+    hint = missing_plugin_hint(group, option)
+    if hint is not None:
+        return hint
+    listed = ", ".join(sorted(o for o in options if o not in PRECISION_ALIASES))
+    suggestion = did_you_mean(suggest_option(option, options))
+    return f"{group}={option}: unknown option{suggestion}; choose one of {listed}"
 
 
 def _quoting_hint(override: str) -> str:

@@ -24,9 +24,10 @@ from typing import Any
 
 from mptrain.config.base import ConfigError
 from mptrain.config.models import EXTRA_KEYS_FIELD
-from mptrain.config.options import SCHEMAS
+from mptrain.config.options import PRECISION_ALIASES, SCHEMAS
 from mptrain.config.recipes import load_recipes
 from mptrain.config.run import RunConfig, validate
+from mptrain.config.spelling import did_you_mean, suggest_key
 
 
 def schema_node_name(group: str, option: str) -> str:
@@ -77,6 +78,19 @@ def check_names(run: RunConfig) -> None:
                 f"{group}.name={node.name!r}: names another option than this {group}'s "
                 f"settings ({type(node).__name__}); choose it with {group}={node.name}"
             )
+    _check_precision_alias(run.precision.alias, run.precision.name)
+
+
+def _check_precision_alias(alias: str | None, name: str) -> None:
+    """``precision.alias`` is set by an alias's own option (conf/precision/16-mixed.yaml) and must
+    name the precision that runs: the report would otherwise record a request nobody made."""
+    if alias is None or PRECISION_ALIASES.get(alias) == name:
+        return
+    aliases = ", ".join(f"{a} ({n})" for a, n in PRECISION_ALIASES.items())
+    raise ConfigError(
+        f"precision.alias={alias!r}: not another name for precision {name}; it is set by "
+        f"choosing precision=ALIAS, one of {aliases}"
+    )
 
 
 def absolute_paths(run: RunConfig, launch_dir: Path) -> RunConfig:
@@ -101,6 +115,21 @@ def accepted_keys(schema: type) -> str:
     return ", ".join(f.name for f in dataclasses.fields(schema))
 
 
+def unknown_key_message(key: str, schema: type | None, typed: str | None = None) -> str:
+    """One line for ``key``, unknown where ``schema`` (a dataclass, or None when not known) is
+    the node's: the key the user probably meant, then the keys accepted there. ``typed`` is the
+    whole key the user gave when longer (``trainer.max_epochs`` for the unknown ``trainer``)."""
+    parent = key.rpartition(".")[0]
+    accepted = (
+        [f"{parent}.{f.name}" if parent else f.name for f in dataclasses.fields(schema)]
+        if schema
+        else None
+    )
+    meant = suggest_key(typed or key, accepted)
+    listed = f"; accepted keys: {accepted_keys(schema)}" if schema else ""
+    return f"{key}: unknown key{did_you_mean(meant)}{listed}"
+
+
 def _reject_unknown_keys(node: Any, path: str = "") -> None:
     """Refuse keys a schema does not declare. Hydra's ``+key=value`` adds them past the schema."""
     from omegaconf import DictConfig, OmegaConf
@@ -112,10 +141,24 @@ def _reject_unknown_keys(node: Any, path: str = "") -> None:
     open_schema = getattr(schema, "accepts_extra_keys", False)
     for key in node:
         if declared is not None and key not in declared and not open_schema:
-            raise ConfigError(f"{path}{key}: unknown key; accepted keys: {accepted_keys(schema)}")
+            raise ConfigError(
+                unknown_key_message(f"{path}{key}", schema, _first_leaf(node, key, path))
+            )
         child = node._get_node(key)
         if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
             _reject_unknown_keys(child, f"{path}{key}.")
+
+
+def _first_leaf(node: Any, key: str, path: str) -> str:
+    """The dotted path of the first value under ``node[key]`` (``+trainer.max_epochs=3`` adds the
+    node ``trainer``; the suggestion needs ``trainer.max_epochs``)."""
+    from omegaconf import DictConfig
+
+    child = node._get_node(key)
+    while isinstance(child, DictConfig) and not child._is_none() and len(child) > 0:
+        inner = next(iter(child))
+        path, key, child = f"{path}{key}.", inner, child._get_node(inner)
+    return f"{path}{key}"
 
 
 def _take_extra_keys(cfg: Any) -> tuple[Any, dict[str, dict[str, Any]]]:

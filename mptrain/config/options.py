@@ -1,5 +1,6 @@
 """Every option a config group offers, by name, with the schema it takes: what a user may type
-after ``model=``, ``dataset=``, ``optimizer=``, ``scheduler=`` and ``precision=``.
+after ``model=``, ``dataset=``, ``optimizer=``, ``scheduler=`` and ``precision=`` (and the other
+tools' names a precision also answers to, :data:`PRECISION_ALIASES`).
 
 Composing a config (``mptrain --help``, ``--cfg job``, the preflight) needs only these names and
 schemas, not the builders: this module imports no torch. The builder tables
@@ -35,6 +36,17 @@ from mptrain.config.precision import PrecisionConfig
 
 AUTO = "auto"  # precision=auto: resolved for the device (mptrain.precision.policy)
 PRECISION_NAMES = ("fp32", "fp16", "bf16", "fp8", "fp16_noscale", "fp16_pure", "bf16_pure")
+# PyTorch Lightning's precision names (Trainer(precision=...)), typed by habit: each is an option
+# of its own, conf/precision/<alias>.yaml, which selects the precision it names and records the
+# alias (precision.alias), so the report says what was asked for and what ran.
+PRECISION_ALIASES = {
+    "32-true": "fp32",
+    "16-mixed": "fp16",
+    "bf16-mixed": "bf16",
+    "16-true": "fp16_pure",
+    "bf16-true": "bf16_pure",
+    "transformer-engine": "fp8",
+}
 
 SCHEMAS: dict[str, dict[str, type]] = {
     "precision": {name: PrecisionConfig for name in (AUTO, *PRECISION_NAMES)},

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mptrain.config.base import FP32_MAX, at_least, require
+from mptrain.config.base import FP32_MAX, NOT_TRAINING, at_least, require
 
 # --------------------------------------------------------------------------------------- precision
 REDUCE_DTYPES = ("float32", "float16", "bfloat16")
@@ -30,6 +30,9 @@ class PrecisionConfig:
     name: str = "auto"
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     allow_tf32: bool = False
+    # The other tool's name the precision was chosen by (precision=16-mixed: "16-mixed", set by
+    # conf/precision/16-mixed.yaml), recorded in the report as requested; None when chosen by name.
+    alias: str | None = field(default=None, metadata=NOT_TRAINING)
 
 
 @dataclass

@@ -198,6 +198,8 @@ def resolve_precision(
     """Decide the run's precision for ``device``. Raises ConfigError if it cannot run there."""
     if cfg.name == AUTO:
         name, reason = _auto_choice(device)
+    elif cfg.alias is not None:  # precision=16-mixed: requested as the alias, recorded as such
+        name, reason = cfg.name, f"PyTorch Lightning's name for {cfg.name}"
     else:
         name, reason = cfg.name, "requested"
     spec = PRECISIONS[name]
@@ -214,7 +216,7 @@ def resolve_precision(
             "optimizer state are low precision",
         )
     return PrecisionPolicy(
-        requested=cfg.name,
+        requested=cfg.alias or cfg.name,
         name=name,
         autocast_dtype=spec.autocast_dtype,
         loss_scaling=spec.loss_scaling,

@@ -224,8 +224,9 @@ class Job:
 
     def _announce(self) -> None:
         run, policy = self.run, self.policy
-        auto = "" if policy.requested == policy.name else f" (auto: {policy.reason})"
-        what = f"{self.cfg.model.name} on {run.data.description} | {policy.describe()}{auto}"
+        # precision=auto, or another tool's name (16-mixed): what was asked for, and why this ran
+        why = "" if policy.requested == policy.name else f" ({policy.requested}: {policy.reason})"
+        what = f"{self.cfg.model.name} on {run.data.description} | {policy.describe()}{why}"
         self.log.say(
             f"mptrain {what} | {run.device} | run dir {self.output_dir}",
             markup=f"[bold]mptrain[/bold] {escape(what)} | {run.device} | run dir "

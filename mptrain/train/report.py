@@ -135,7 +135,7 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
 
 def _precision_section(cfg: RunConfig, p: PrecisionPolicy | None) -> PrecisionSection:
     if p is None:
-        return PrecisionSection(requested=cfg.precision.name)
+        return PrecisionSection(requested=cfg.precision.alias or cfg.precision.name)
     return PrecisionSection(
         requested=p.requested,
         effective=p.name,

@@ -22,7 +22,7 @@ from mptrain.compose.preflight import check_command_line, describe_compose_error
 from mptrain.compose.registry import schema_node_name, to_run_config
 from mptrain.config.base import ConfigError
 from mptrain.config.models import ViTConfig
-from mptrain.config.options import SCHEMAS
+from mptrain.config.options import PRECISION_ALIASES, SCHEMAS
 from mptrain.config.precision import PrecisionConfig, ScalerConfig
 from mptrain.config.run import TASKS, RunConfig, validate
 from mptrain.precision.policy import PRECISIONS
@@ -40,16 +40,22 @@ def config_groups() -> list[str]:
     )
 
 
-def group_options(group: str) -> list[str]:
+def group_files(group: str) -> list[str]:
+    """Every option file of ``group``: its options and, for precision, Lightning's names."""
     return sorted(
         f.name.removesuffix(".yaml") for f in (CONF / group).iterdir() if f.name.endswith(".yaml")
     )
 
 
+def group_options(group: str) -> list[str]:
+    """The options of ``group`` (an alias file, such as precision/16-mixed.yaml, is not one)."""
+    return [o for o in group_files(group) if o not in PRECISION_ALIASES]
+
+
 def yaml_files() -> list[str]:
     """Paths of every YAML file in conf/, relative to the package (config.yaml, group/option.yaml)."""
     top = [f.name for f in CONF.iterdir() if f.name.endswith(".yaml")]
-    return sorted(top + [f"{g}/{o}.yaml" for g in config_groups() for o in group_options(g)])
+    return sorted(top + [f"{g}/{o}.yaml" for g in config_groups() for o in group_files(g)])
 
 
 def read_yaml_text(relative: str) -> str:

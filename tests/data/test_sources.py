@@ -201,7 +201,8 @@ def test_extra_keys_reach_the_typed_config_and_the_run_signature(launch_dir):
 
 def test_extra_keys_are_still_refused_by_every_other_option():
     with pytest.raises(
-        ConfigError, match=r"^model\.width: unknown key; accepted keys: name, widths"
+        ConfigError,
+        match=r"^model\.width: unknown key \(did you mean model\.widths\?\); accepted keys: name, widths",
     ):
         compose_run("model=cnn", "+model.width=64")
 

@@ -1,0 +1,171 @@
+"""``mptrain --help`` and ``mptrain COMMAND --help``: short usage texts, read from the shipped
+files without composing a config (Hydra's own help composed and printed the whole config: seconds,
+150 lines). The groups and options are the files of ``conf/`` (and of ``-cd DIR``) and the
+recipes; a subcommand's keys and their comments are its block of ``conf/config.yaml``, so the
+help says what the config file says. The full composed config stays one command away:
+``mptrain --cfg job``.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from importlib.resources import files
+from pathlib import Path
+
+from mptrain.compose.arguments import COMMANDS
+from mptrain.config.options import PRECISION_ALIASES, SCHEMAS
+from mptrain.config.recipes import recipe_files
+
+CONFIG_PACKAGE = "mptrain.conf"
+# Each command's page in docs/ and an example of it.
+COMMAND_DOCS = {
+    "advise": ("docs/advise.md", "mptrain advise model=mlp advise.budget_s=60"),
+    "bench": ("docs/advise.md", "mptrain bench model=mlp bench.steps=20"),
+    "eval": ("docs/python-api.md", "mptrain eval resume=outputs/RUN_DIR eval.checkpoint=best"),
+    "sample": ("docs/language-models.md", "mptrain sample resume=outputs/RUN_DIR prompt='def '"),
+}
+_DEFAULT_LINE = re.compile(r"^\s+-\s+(\w+):\s*(\S+)")
+_KEY_LINE = re.compile(r"^  (?P<key>\w+):\s*(?P<value>(\"[^\"]*\"|[^#])*?)\s*#\s*(?P<comment>.*)$")
+_TOP_COMMENT = re.compile(r"^(?P<name>\w+):\s*#\s*`(?P<usage>[^`]+)`:\s*(?P<what>.*)$")
+
+
+def usage_text(config_dir: str | None = None) -> str:
+    """What ``mptrain --help`` prints: how to run, the commands, the groups and their options
+    (with ``-cd DIR``, that directory's too), and where the rest is."""
+    config = _config_text()
+    commands = [f"  {name:<9} {_command_summary(config, name)[1]}" for name in COMMANDS]
+    return "\n".join(
+        [
+            "usage: mptrain [group=option | key=value ...]       train one run",
+            "       mptrain -m key=a,b [group=x,y ...]            a sweep: one run per combination",
+            "       mptrain COMMAND [key=value ...]               another command (below)",
+            "       mptrain --cfg job [overrides]                 print the composed config, run nothing",
+            "",
+            "mptrain: a mixed-precision training runner (fp32, fp16 + dynamic loss scaling, bf16, fp8)",
+            "on Hydra. Example: mptrain precision=bf16 model=mlp epochs=5",
+            "",
+            "commands (mptrain COMMAND --help for each):",
+            *commands,
+            "",
+            "config groups (group=option; * the default):",
+            *_group_lines(config, config_dir),
+            "",
+            "every key: mptrain --cfg job (the composed config); conf/config.yaml comments each one",
+            "flags: -m/--multirun, -cd/--config-dir DIR, -cn/--config-name NAME, --cfg job|hydra|all,",
+            "       --resolve, -p/--package KEY, --info [defaults|searchpath|...], --hydra-help, --version",
+            "docs: docs/README.md (configuration.md: keys, errors, your own config directory)",
+        ]
+    )
+
+
+def command_help(command: str) -> str:
+    """What ``mptrain COMMAND --help`` prints: its usage, what it does, its keys with their
+    defaults and comments (its block of conf/config.yaml), an example and its docs page."""
+    config = _config_text()
+    usage, what = _command_summary(config, command)
+    page, example = COMMAND_DOCS[command]
+    settings = [
+        (f"{command}.{key}={value}", comment) for key, value, comment in _block(config, command)
+    ]
+    width = max(len(setting) for setting, _ in settings)
+    keys = [f"  {setting:<{width}}  {comment}" for setting, comment in settings]
+    # sample prints its text; the others write a directory of results.
+    writes = (
+        []
+        if command == "sample"
+        else [f"  hydra.run.dir=DIR: where it writes (default outputs/{command}/<date>/<time>_...)"]
+    )
+    return "\n".join(
+        [
+            f"usage: {usage}",
+            "",
+            f"{what[:1].upper()}{what[1:]}.",
+            "",
+            "keys (key=value; the default shown):",
+            *keys,
+            "  any training key or group (model=, dataset=, batch_size=, ...): what it works on",
+            *writes,
+            "",
+            f"example: {example}",
+            f"docs: {page}",
+        ]
+    )
+
+
+def _config_text() -> str:
+    return files(CONFIG_PACKAGE).joinpath("config.yaml").read_text(encoding="utf-8")
+
+
+def _command_summary(config: str, command: str) -> tuple[str, str]:
+    """(usage, what it does) from the comment on the command's block in conf/config.yaml
+    (``bench:  # `mptrain bench [overrides]`: time every precision ...``)."""
+    for line in config.splitlines():
+        match = _TOP_COMMENT.match(line)
+        if match and match["name"] == command:
+            return match["usage"], match["what"]
+    raise KeyError(f"conf/config.yaml has no commented block for {command}")
+
+
+def _block(config: str, name: str) -> list[tuple[str, str, str]]:
+    """(key, value, comment) of each key directly inside the top-level block ``name``."""
+    lines = config.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{name}:"))
+    found = []
+    for line in lines[start + 1 :]:
+        if line and not line.startswith(" "):
+            break
+        match = _KEY_LINE.match(line)
+        if match:
+            found.append((match["key"], match["value"], match["comment"]))
+    return found
+
+
+def _group_lines(config: str, config_dir: str | None) -> list[str]:
+    defaults = dict(
+        m.groups() for m in map(_DEFAULT_LINE.match, config.splitlines()) if m is not None
+    )
+    options = _options(config_dir)
+    lines = []
+    for group in _ordered_groups(options):
+        names = [f"{o}*" if o == defaults.get(group) else o for o in options[group]]
+        lines += _wrapped(f"{group:<10} ", ", ".join(names))
+        if group == "precision":
+            lines += _wrapped(" " * 11, f"(Lightning's names too: {', '.join(PRECISION_ALIASES)})")
+    return lines
+
+
+def _wrapped(head: str, text: str) -> list[str]:
+    """``head`` + ``text`` in lines of at most 100 characters, indented under the text."""
+    indent = "  " + " " * len(head)
+    return textwrap.wrap(
+        text, 100, initial_indent=f"  {head}", subsequent_indent=indent, break_on_hyphens=False
+    )
+
+
+def _options(config_dir: str | None) -> dict[str, list[str]]:
+    """Each group's options: the YAML files of conf/ and of ``config_dir``, the recipes; a
+    group's table order (mptrain.config.options.SCHEMAS) first, then any other name sorted."""
+    found: dict[str, set[str]] = {"recipe": set(recipe_files())}
+    roots = [files(CONFIG_PACKAGE)]
+    if config_dir is not None and Path(config_dir).is_dir():
+        roots.append(Path(config_dir))
+    for root in roots:
+        for group in root.iterdir():
+            if group.is_dir() and not group.name.startswith(("_", ".")):
+                names = {
+                    f.name.removesuffix(".yaml")
+                    for f in group.iterdir()
+                    if f.name.endswith(".yaml")
+                }
+                found.setdefault(group.name, set()).update(names - set(PRECISION_ALIASES))
+    ordered = {}
+    for group, names in found.items():
+        table = [o for o in SCHEMAS.get(group, {}) if o in names]
+        ordered[group] = [*table, *sorted(names - set(table))]
+    return ordered
+
+
+def _ordered_groups(options: dict[str, list[str]]) -> list[str]:
+    first = [g for g in (*SCHEMAS, "task", "recipe") if g in options]
+    return [*first, *sorted(set(options) - set(first))]
