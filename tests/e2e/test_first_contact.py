@@ -112,7 +112,7 @@ def test_help_lists_the_options_of_the_user_s_config_directory(tmp_path, monkeyp
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "mlp_wide.yaml").write_text("defaults:\n  - mlp\n", encoding="utf-8")
     text = printed(["-cd", str(tmp_path), "--help"], monkeypatch)
-    assert "custom, mlp_wide" in text
+    assert "custom, hf, mlp_wide" in text  # the packaged options, then the directory's
 
 
 @pytest.mark.parametrize("command", ["advise", "bench", "eval", "sample"])
