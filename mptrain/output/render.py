@@ -60,6 +60,12 @@ def fmt_pct(x: float | None) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"
 
 
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``1 epoch``, ``2 epochs``, ``0 steps``: a count with its noun in the right number
+    (``many`` where the plural is not ``word + "s"``)."""
+    return f"{count} {word if count == 1 else many or word + 's'}"
+
+
 def fmt_num(x: float | None, spec: str = ".4g") -> str:
     return "n/a" if x is None else format(x, spec)
 
