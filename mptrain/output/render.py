@@ -302,7 +302,7 @@ def render_markdown(report: RunReport) -> str:
             "",
             "## Curves",
             "",
-            f"![training loss, validation accuracy, loss scale]({report.figure})",
+            f"![training loss and validation accuracy over steps]({report.figure})",
         ]
     lines += [
         "",
