@@ -27,7 +27,6 @@ from typing import Any, NoReturn
 from hydra.experimental.callback import Callback
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from mptrain.commands.runs import (
     NO_RUNS,
@@ -45,6 +44,7 @@ from mptrain.commands.spread import (
     window_ratio_spread,
 )
 from mptrain.config.keys import flatten, is_non_training_key
+from mptrain.output.joblog import print_table as show_table
 from mptrain.output.joblog import table_console
 from mptrain.output.metrics import read_metrics
 from mptrain.output.plots import plot_sweep
@@ -308,16 +308,13 @@ def speed_notes(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def print_table(console: Console, rows: list[dict[str, Any]], title: str) -> None:
+    """The comparison on ``console`` (:func:`~mptrain.output.joblog.print_table`: rich on a
+    terminal, plain text in a log file), then the speed notes."""
     columns = _columns(rows)
-    table = Table(title=title)
-    for key, header in columns:
-        if key in ("run", "throughput_ratio"):  # labels and speeds (noisy marks) stay whole;
-            table.add_column(header, no_wrap=True)  # the other figures' columns give way
-        else:
-            table.add_column(header, overflow="fold")
-    for row in rows:
-        table.add_row(*(_cell(row, k) for k, _ in columns))
-    console.print(table)
+    cells = [[_cell(row, k) for k, _ in columns] for row in rows]
+    # Labels and speeds (noisy marks) stay whole; the other figures' columns give way.
+    whole = frozenset(h for k, h in columns if k in ("run", "throughput_ratio"))
+    show_table(console, title, [h for _, h in columns], cells, whole)
     for line in speed_notes(rows):
         console.print(escape(line))
 

@@ -8,6 +8,7 @@ completes and one where a job fails at run time; everything else compares tiny i
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import pickle
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 from conftest import describe, run_cli, run_command, run_mptrain, tiny_run, train
 from omegaconf import OmegaConf
+from rich.console import Console
 
 from mptrain.commands import sweep
 from mptrain.output.render import write_failure
@@ -682,6 +684,28 @@ def test_render_markdown_omits_columns_that_are_all_empty():
     assert md_headers(text) == ["run", "status", "precision", "val acc", "skipped", "final scale"]
     assert [r["final scale"] for r in md_table(text)] == ["—", "1024"]
     assert "![training loss](sweep_loss.png)" in text
+
+
+def test_a_log_file_gets_the_comparison_as_plain_text_and_a_terminal_keeps_rich():
+    rows = [
+        {"run": "precision=fp32", "status": "completed", "precision": "fp32",
+         "final_val_accuracy": 0.9722, "skipped_steps": 0},
+        {"run": "precision=fp16", "status": "failed", "reason": "boom [at step 3]"},
+    ]  # fmt: skip
+    box = set("┏┓┗┛┃━│─┡┩╇┳┻┼└┘┌┐")
+    piped = io.StringIO()  # `mptrain -m ... > sweep.log`
+    sweep.print_table(Console(file=piped, width=160), rows, "sweep multirun/x")
+    text = piped.getvalue()
+    assert not box & set(text), text
+    assert text.splitlines() == [
+        "sweep multirun/x",
+        "run             status                    precision  val acc  skipped",
+        "precision=fp32  completed                 fp32       97.22%   0",
+        "precision=fp16  failed: boom [at step 3]  —          —        —",
+    ]
+    terminal = io.StringIO()
+    sweep.print_table(Console(file=terminal, width=160, force_terminal=True), rows, "t")
+    assert box & set(terminal.getvalue()) and "boom [at step 3]" in terminal.getvalue()
 
 
 def test_summary_callback_does_nothing_without_runs(tmp_path):
