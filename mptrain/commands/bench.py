@@ -26,7 +26,6 @@ from typing import Any
 import torch
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from mptrain.commands.spread import (
     MIN_SAMPLES,
@@ -39,7 +38,8 @@ from mptrain.config.base import ConfigError
 from mptrain.config.precision import PrecisionConfig
 from mptrain.config.run import RunConfig
 from mptrain.models.build import config_has_convolutions
-from mptrain.output.render import fmt_bytes, fmt_pct
+from mptrain.output.joblog import print_table
+from mptrain.output.render import fmt_bytes, fmt_pct, plural
 from mptrain.platform import hardware
 from mptrain.precision.fp8.convert import fp8_gemm_available
 from mptrain.rundir.fileio import atomic_write_text
@@ -278,8 +278,8 @@ def _headers(has_tf32: bool, has_tokens: bool = False) -> list[str]:
 def notes(result: dict[str, Any]) -> list[str]:
     """What the figures are, then one line per noisy ratio with its reason."""
     lines = [
-        f"Medians of {result['reps']} repetitions (min–max in brackets), the precisions in an "
-        "order rotated every repetition; each ratio pairs a precision with the base measured in "
+        f"Medians of {plural(result['reps'], 'repetition')} (min–max in brackets), the "
+        "precisions in an order rotated every repetition; each ratio pairs a precision with the base measured in "
         "the same repetition. Noisy: the ratio's range is wider than "
         f"{NOISY_SPREAD:.0%} of it, or too few repetitions to tell (bench.reps below "
         f"{MIN_SAMPLES}): do not read it as fact."
@@ -307,8 +307,9 @@ def render(result: dict[str, Any]) -> str:
     lines = [
         f"# mptrain bench: {result['model']} on {result['dataset']}, {batch}",
         "",
-        f"{where}; torch {result['versions']['torch']}; {result['measured_steps']} steps after "
-        f"{result['warmup_steps']} warm-up, evaluation excluded, {result['reps']} repetitions.",
+        f"{where}; torch {result['versions']['torch']}; {plural(result['measured_steps'], 'step')} "
+        f"after {result['warmup_steps']} warm-up, evaluation excluded, "
+        f"{plural(result['reps'], 'repetition')}.",
         "",
         "| " + " | ".join(_headers(*columns)) + " |",
         "|" + "---|" * len(_headers(*columns)),
@@ -319,13 +320,12 @@ def render(result: dict[str, Any]) -> str:
 
 
 def _print(console: Console, result: dict[str, Any]) -> None:
+    """The table (rich on a terminal, plain text in a log file: see
+    :func:`~mptrain.output.joblog.print_table`), then the notes."""
     columns = _columns(result)
-    table = Table(title=f"mptrain bench: {result['model']} on {result['dataset']}")
-    for header in _headers(*columns):
-        table.add_column(header, overflow="fold")
-    for row in result["rows"]:
-        table.add_row(*_cells(row, *columns))
-    console.print(table)
+    title = f"mptrain bench: {result['model']} on {result['dataset']}"
+    cells = [_cells(row, *columns) for row in result["rows"]]
+    print_table(console, title, _headers(*columns), cells)
     for line in notes(result):
         console.print(escape(line))
 

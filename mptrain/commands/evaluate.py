@@ -25,7 +25,6 @@ import dataclasses
 import datetime as dt
 import functools
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +48,7 @@ from mptrain.data.build import build_data
 from mptrain.data.text import Vocabulary
 from mptrain.models.build import MODELS, build_model
 from mptrain.models.task import Task
+from mptrain.output.render import fmt_num, fmt_pct
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
@@ -223,17 +223,10 @@ def describe_inference(policy: Any) -> str:
 
 
 def render(result: dict[str, Any]) -> str:
-    """eval.md: the result in a few lines."""
+    """eval.md: the result in a few lines, its figures written as training's report writes them
+    (accuracies as percentages, :func:`~mptrain.output.render.fmt_pct`)."""
     acc = result["val_accuracy"]
     lm = result.get("task") == "lm"
-    # The figure compared with training time: a language model's loss (per token), else accuracy.
-    figure = "loss" if lm else "accuracy"
-    trained, diff = result[f"trained_val_{figure}"], result[f"{figure}_difference"]
-    at_training = (
-        f"{trained:.4f} (in {result['trained_precision']}); difference {diff:+.4f}"
-        if trained is not None
-        else "none recorded for this step"
-    )
     lines = [
         f"# mptrain eval: {result['model']} on {result['dataset']} in {result['precision']}",
         "",
@@ -245,23 +238,36 @@ def render(result: dict[str, Any]) -> str:
         f"- data: {result['data']}",
         f"- {'windows' if lm else 'samples'} evaluated: {result['samples']} "
         f"(batches of {result['eval_batch_size']})",
-        f"- val loss: {result['val_loss']:.4f}",
+        f"- val loss: {fmt_num(result['val_loss'], '.4f')}",
     ]
     if lm:
         lines += [
-            f"- val perplexity: {result['val_perplexity']:.3f}",
-            f"- next-token accuracy: {acc:.4f}",
-            f"- val loss at training time: {at_training}",
+            f"- val perplexity: {fmt_num(result['val_perplexity'], '.3f')}",
+            f"- next-token accuracy: {fmt_pct(acc)}",
+            f"- val loss at training time: {_at_training(result, 'loss')}",
         ]
     else:
         lines += [
-            f"- val accuracy: {acc:.4f}" if not math.isnan(acc) else "- val accuracy: nan",
-            f"- val accuracy at training time: {at_training}",
+            f"- val accuracy: {fmt_pct(acc)}",
+            f"- val accuracy at training time: {_at_training(result, 'accuracy')}",
         ]
     if not result["same_data_as_training"]:
         lines.append("- note: the dataset settings differ from training's (other data)")
     lines += [f"- note: {note}" for note in result["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _at_training(result: dict[str, Any], figure: str) -> str:
+    """The figure compared with training time (a language model's loss per token, else
+    accuracy) and the difference: accuracies in percent and points, as sweep tables show them."""
+    trained, diff = result[f"trained_val_{figure}"], result[f"{figure}_difference"]
+    if trained is None:
+        return "none recorded for this step"
+    if figure == "accuracy":
+        value, difference = fmt_pct(trained), f"{100 * diff:+.2f} pt"
+    else:
+        value, difference = f"{trained:.4f}", f"{diff:+.4f}"
+    return f"{value} (in {result['trained_precision']}); difference {difference}"
 
 
 def write_eval(result: dict[str, Any], output_dir: Path) -> None:

@@ -78,16 +78,55 @@ def _shorten_labels(runs: list[RunRecord]) -> None:
             run.label = where if run.label == run.directory.name else f"{where}: {run.label}"
 
 
+# How many directory levels below a path that is neither a run nor a sweep are searched for runs:
+# outputs/<date>/<time>_<name> is 2, multirun/<date>/<time>/<job> 3.
+SEARCH_DEPTH = 3
+
+
 def find_runs(paths: list[Path]) -> list[RunRecord]:
-    """Run directories among ``paths``: each path is a run, or a sweep holding runs."""
-    runs = [load_run(directory) for path in paths for directory in _run_dirs(path)]
+    """The runs of :func:`run_dirs_in` each of ``paths``, loaded and labelled; a directory found
+    twice (a folder and a run inside it) counts once. FileNotFoundError when a path holds none."""
+    found: dict[Path, None] = {}
+    for path in paths:
+        directories = run_dirs_in(path)
+        if not directories:
+            raise FileNotFoundError(NO_RUNS.format(path=path))
+        found.update(dict.fromkeys(directories))
+    runs = [load_run(directory) for directory in found]
     _shorten_labels(runs)
     return runs
 
 
+NO_RUNS = (
+    f"{{path}}: neither a run directory nor a sweep of runs, and no run within {SEARCH_DEPTH} "
+    "levels below it"
+)
+
+
+def run_dirs_in(path: Path) -> list[Path]:
+    """``path`` when it is a run directory; else the run directories in it, a sweep's in job order;
+    else those found up to :data:`SEARCH_DEPTH` levels down (``outputs`` holds dated runs:
+    outputs/<date>/<time>_<name>), each folder's in job order; [] when there are none."""
+    if _is_run_dir(path):
+        return [path]
+    return _search(path, SEARCH_DEPTH)
+
+
+def _search(path: Path, depth: int) -> list[Path]:
+    """Run directories below ``path``, at most ``depth`` levels down; a run's own folders
+    (checkpoints, tensorboard) are not searched, nor hidden ones (.git, .hydra)."""
+    if depth == 0:
+        return []
+    found: list[Path] = []
+    children = (c for c in path.iterdir() if c.is_dir() and not c.name.startswith("."))
+    for child in sorted(children, key=_job_order):
+        found += [child] if _is_run_dir(child) else _search(child, depth - 1)
+    return found
+
+
 def _run_dirs(path: Path) -> list[Path]:
-    """``path`` when it is a run directory, else the run directories in it in job order;
-    FileNotFoundError when neither."""
+    """``path`` when it is a run directory, else the run directories in it in job order (a
+    sweep's jobs: not searched deeper); FileNotFoundError when neither."""
     if _is_run_dir(path):
         return [path]
     children = sorted((c for c in path.iterdir() if c.is_dir() and _is_run_dir(c)), key=_job_order)

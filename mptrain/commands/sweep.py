@@ -22,14 +22,20 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from hydra.experimental.callback import Callback
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from mptrain.commands.runs import RunRecord, find_runs, this_sweeps_runs
+from mptrain.commands.runs import (
+    NO_RUNS,
+    SEARCH_DEPTH,
+    RunRecord,
+    find_runs,
+    run_dirs_in,
+    this_sweeps_runs,
+)
 from mptrain.commands.spread import (
     MIN_SAMPLES,
     NOISY_SPREAD,
@@ -38,10 +44,11 @@ from mptrain.commands.spread import (
     window_ratio_spread,
 )
 from mptrain.config.keys import flatten, is_non_training_key
+from mptrain.output.joblog import print_table as show_table
 from mptrain.output.joblog import table_console
 from mptrain.output.metrics import read_metrics
 from mptrain.output.plots import plot_sweep
-from mptrain.output.render import fmt_bytes, fmt_pct
+from mptrain.output.render import fmt_bytes, fmt_pct, plural
 from mptrain.output.report import RunReport, ThroughputSection
 from mptrain.rundir.fileio import atomic_write_text
 from mptrain.rundir.layout import METRICS_JSONL, SWEEP_PNG
@@ -301,16 +308,13 @@ def speed_notes(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def print_table(console: Console, rows: list[dict[str, Any]], title: str) -> None:
+    """The comparison on ``console`` (:func:`~mptrain.output.joblog.print_table`: rich on a
+    terminal, plain text in a log file), then the speed notes."""
     columns = _columns(rows)
-    table = Table(title=title)
-    for key, header in columns:
-        if key in ("run", "throughput_ratio"):  # labels and speeds (noisy marks) stay whole;
-            table.add_column(header, no_wrap=True)  # the other figures' columns give way
-        else:
-            table.add_column(header, overflow="fold")
-    for row in rows:
-        table.add_row(*(_cell(row, k) for k, _ in columns))
-    console.print(table)
+    cells = [[_cell(row, k) for k, _ in columns] for row in rows]
+    # Labels and speeds (noisy marks) stay whole; the other figures' columns give way.
+    whole = frozenset(h for k, h in columns if k in ("run", "throughput_ratio"))
+    show_table(console, title, [h for _, h in columns], cells, whole)
     for line in speed_notes(rows):
         console.print(escape(line))
 
@@ -375,24 +379,64 @@ def write_sweep_summary(sweep_dir: Path, started: float | None) -> list[RunRecor
 
 
 def compare_main(argv: list[str] | None = None) -> None:
-    """``mptrain-compare DIR... [--out DIR]``: compare runs made at any time, on any machine."""
+    """``mptrain-compare PATH... [--out DIR]``: compare runs made at any time, on any machine.
+
+    Each PATH is a run, a sweep, or a folder searched for runs (:func:`run_dirs_in`). A shell glob
+    (``outputs/*/*``) also matches files (curves.png, sweep.md) and folders without runs: they
+    are skipped, named in one note line each on stderr. Exit 2, writing nothing, when a path does
+    not exist or no path holds a run.
+    """
     parser = argparse.ArgumentParser(
         prog="mptrain-compare",
-        description="Compare finished mptrain runs (run directories or sweep directories).",
+        description="Compare finished mptrain runs (run directories, sweep directories, or "
+        f"folders holding runs up to {SEARCH_DEPTH} levels down, such as outputs).",
     )
-    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories")
+    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories, or folders")
     parser.add_argument(
         "--out", type=Path, default=Path("."), help="where to write sweep.md/json/png (default: .)"
     )
     args = parser.parse_args(argv)
     for path in args.paths:
-        if not path.is_dir():
-            print(f"mptrain-compare: error: {path}: no such directory", file=sys.stderr)
-            raise SystemExit(2)
-    try:
-        runs = find_runs(args.paths)
-    except FileNotFoundError as exc:
-        print(f"mptrain-compare: error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        if not path.exists():
+            _refuse(f"{path}: no such directory")
+    found = {path: run_dirs_in(path) for path in args.paths if path.is_dir()}
+    files = [path for path in args.paths if not path.is_dir()]
+    empty = [path for path, dirs in found.items() if not dirs]
+    if len(empty) == len(found):  # nothing to compare
+        _refuse(_nothing_found(empty, files))
+    for line in skipped_notes(files, empty):
+        print(f"mptrain-compare: note: {line}", file=sys.stderr)
+    runs = find_runs([d for dirs in found.values() for d in dirs])
     args.out.mkdir(parents=True, exist_ok=True)
-    write_comparison(runs, args.out, f"comparison of {len(runs)} runs", _wide_console())
+    title = f"comparison of {plural(len(runs), 'run')}"
+    write_comparison(runs, args.out, title, _wide_console())
+
+
+def _refuse(message: str) -> NoReturn:
+    print(f"mptrain-compare: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _nothing_found(empty: list[Path], files: list[Path]) -> str:
+    """The one line when no path holds a run: each folder said so, and the files named."""
+    parts = [NO_RUNS.format(path=path) for path in empty]
+    if files:
+        parts.append(f"{_names(files)}: {'a file' if len(files) == 1 else 'files'}, not runs")
+    return "; ".join(parts)
+
+
+def skipped_notes(files: list[Path], empty: list[Path]) -> list[str]:
+    """One line for the files among the paths, one for the folders without runs (none when
+    there are none of either)."""
+    lines = []
+    if files:
+        lines.append(f"skipped {plural(len(files), 'file')} (not run directories): {_names(files)}")
+    if empty:
+        lines.append(f"skipped {plural(len(empty), 'folder')} holding no run: {_names(empty)}")
+    return lines
+
+
+def _names(paths: list[Path], shown: int = 5) -> str:
+    """Up to ``shown`` paths, then how many more (a glob may match hundreds of files)."""
+    names = ", ".join(str(p) for p in paths[:shown])
+    return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")

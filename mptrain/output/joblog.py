@@ -24,6 +24,7 @@ from types import TracebackType
 
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
 
 LOGGER = logging.getLogger("mptrain")
 # Wide enough that no line or table row wraps; rich lays a table out to its content, not to this.
@@ -42,6 +43,39 @@ def table_console(min_width: int) -> Console:
     """A console at least ``min_width`` wide, so a wide table (ratios with their ranges, noisy
     marks) keeps its rows whole on a narrow terminal and off a terminal (80 columns)."""
     return Console(width=max(min_width, Console().width))
+
+
+def print_table(
+    console: Console,
+    title: str,
+    headers: list[str],
+    rows: list[list[str]],
+    whole: frozenset[str] = frozenset(),
+) -> None:
+    """A table of text cells: on a terminal a rich table (columns named in ``whole`` never wrap,
+    the others fold); anywhere else (``> sweep.log``, ``| tee``, SLURM's output file) the
+    :func:`plain_table` text, which a log file shows as written (box drawings do not survive
+    every viewer, and a folded cell breaks grep)."""
+    if not console.is_terminal:
+        console.out(plain_table(title, headers, rows), highlight=False)
+        return
+    table = Table(title=escape(title))
+    for header in headers:
+        table.add_column(escape(header), no_wrap=header in whole, overflow="fold")
+    for row in rows:
+        table.add_row(*(escape(cell) for cell in row))  # cells are text, never rich markup
+    console.print(table)
+
+
+def plain_table(title: str, headers: list[str], rows: list[list[str]]) -> str:
+    """``title``, then the header and one line per row, columns padded with spaces to their
+    widest cell and two spaces apart; no trailing spaces."""
+    widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [headers, *rows]
+    ]
+    return "\n".join([title, *lines])
 
 
 def _is_console_stream(handler: logging.Handler) -> bool:

@@ -1,4 +1,5 @@
-"""PNG figures: per run (training loss, validation accuracy, loss scale) and per sweep (loss curves).
+"""PNG figures: per run (training loss, validation accuracy, the loss scale where there is one)
+and per sweep (loss curves).
 
 matplotlib runs headless (Agg backend); figures are written atomically next to the reports.
 
@@ -44,14 +45,17 @@ def _series(rows: list[dict[str, Any]], kind: str, key: str) -> tuple[list[int],
 
 
 def plot_run(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
-    """Three panels over optimizer steps: training loss, validation accuracy, loss scale. A
-    language model's rows (evaluations with a perplexity) put the validation loss beside the
-    training loss, and the accuracy panel is its next-token accuracy."""
+    """Panels over optimizer steps: training loss, validation accuracy, and the loss scale when
+    the run scaled its loss (FP16; other precisions have none to draw). A language model's rows
+    (evaluations with a perplexity) put the validation loss beside the training loss, and the
+    accuracy panel is its next-token accuracy."""
     plt = _pyplot()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
+    scale_steps, scale = _series(rows, "train", "loss_scale")
+    panels = 3 if scale else 2
+    fig, axes = plt.subplots(1, panels, figsize=(13 * panels / 3, 3.6))
     lm = any("val_perplexity" in r for r in rows if r.get("kind") == "eval")
     steps, loss = _series(rows, "train", "loss")
-    axes[0].plot(steps, loss, label="training")
+    axes[0].plot(steps, loss, label="training", marker=_marker(steps))
     if lm:
         val_steps, val_loss = _series(rows, "eval", "val_loss")
         axes[0].plot(val_steps, val_loss, marker="o", label="validation")
@@ -66,28 +70,30 @@ def plot_run(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
     axes[1].plot(steps, [100 * a for a in acc], marker="o")
     accuracy = "next-token accuracy" if lm else "validation accuracy"
     axes[1].set(title=f"{accuracy} (%)", xlabel="step")
-    steps, scale = _series(rows, "train", "loss_scale")
     if scale:
-        axes[2].step(steps, scale, where="post")
-        axes[2].set(yscale="log")
-    else:
-        axes[2].text(0.5, 0.5, "no loss scaling", ha="center", va="center")
-    axes[2].set(title="loss scale", xlabel="step")
+        axes[2].step(scale_steps, scale, where="post", marker=_marker(scale_steps))
+        axes[2].set(title="loss scale", xlabel="step", yscale="log")
     fig.suptitle(title, y=1.04)
     _save(fig, path)
     plt.close(fig)
     return path
 
 
+def _marker(steps: list[int]) -> str | None:
+    """A dot where a curve has one point: a line through one point draws nothing."""
+    return "o" if len(steps) == 1 else None
+
+
 def plot_sweep(curves: dict[str, list[dict[str, Any]]], title: str, path: Path) -> Path:
-    """Training-loss curves of every job of a sweep (or comparison) on one axis."""
+    """Training-loss curves of every job of a sweep (or comparison) on one axis; a job with one
+    logged point (a short run) is drawn as a dot."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     positive = True
     for label, rows in curves.items():
         steps, loss = _series(rows, "train", "loss")
         if steps:
-            ax.plot(steps, loss, label=label)
+            ax.plot(steps, loss, label=label, marker=_marker(steps))
             positive = positive and min(loss) > 0
     ax.set(
         title=title, xlabel="step", ylabel="training loss", yscale="log" if positive else "linear"

@@ -60,6 +60,12 @@ def fmt_pct(x: float | None) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"
 
 
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``1 epoch``, ``2 epochs``, ``0 steps``: a count with its noun in the right number
+    (``many`` where the plural is not ``word + "s"``)."""
+    return f"{count} {word if count == 1 else many or word + 's'}"
+
+
 def fmt_num(x: float | None, spec: str = ".4g") -> str:
     return "n/a" if x is None else format(x, spec)
 
@@ -78,7 +84,8 @@ def _scale_text(scale: dict[str, Any] | None) -> str:
         return "off"
     return (
         f"initial {scale['initial']:g}, final {scale['final']:g}, min {scale['min']:g}, "
-        f"max {scale['max']:g}, {scale['backoffs']} backoffs, {scale['growths']} growths"
+        f"max {scale['max']:g}, {plural(scale['backoffs'], 'backoff')}, "
+        f"{plural(scale['growths'], 'growth')}"
     )
 
 
@@ -93,7 +100,7 @@ def _corpus_rows(text: dict[str, Any] | None) -> list[tuple[str, str]]:
     """A language model's corpus in one row: where from, which files, and the list's digest."""
     if text is None:
         return []
-    files = f"{text['files']} files ({text['first_file']} … {text['last_file']})"
+    files = f"{plural(text['files'], 'file')} ({text['first_file']} … {text['last_file']})"
     return [
         (
             "text",
@@ -167,32 +174,84 @@ def _model_words(model: ModelSection) -> str:
 
 
 def summary_rows(report: RunReport) -> list[tuple[str, str]]:
-    """The key figures, in the order the terminal summary and report.md show them."""
-    p, t, e = report.precision, report.training, report.evaluation
-    thr, mem = report.throughput, report.memory
+    """The key figures, in the order the terminal summary and report.md show them. A figure the
+    run never reached is left out, not shown as n/a: a run that failed before its first step has
+    what it was (status, precision, device, model and data) and ``steps 0``; the training rows
+    come with its first step, the evaluation rows with its first evaluation."""
+    p, t = report.precision, report.training
     rows = [
         ("status", report.status + (f": {report.reason}" if report.reason else "")),
         ("precision", _precision_text(p)),
         ("precision choice", p.reason),
         ("device", report.hardware["device"]),
+        *_distributed_rows(report.distributed),
         ("model / data", f"{_model_words(report.model)} / {report.data.description}"),
         *_corpus_rows(report.data.text),
         *_fp8_rows(report.fp8),
         *_compile_rows(report.model),
-        ("steps", f"{t.steps} of {t.total_steps} ({t.epochs_completed} epochs)"),
-        ("skipped steps", _skipped_text(t)),
-        ("loss scale", _scale_text(t.loss_scale)),
-        *_evaluation_rows(e),
-        ("final train loss", fmt_num(t.final_train_loss)),
+        ("steps", _steps_text(t)),
+    ]
+    if t.steps > 0:
+        rows += [("skipped steps", _skipped_text(t)), ("loss scale", _scale_text(t.loss_scale))]
+    if report.evaluation.history:
+        rows += _evaluation_rows(report.evaluation)
+    if t.final_train_loss is not None:
+        rows.append(("final train loss", fmt_num(t.final_train_loss)))
+    if t.steps > 0:
+        rows += _speed_rows(report.throughput)
+    if report.memory.peak_bytes is not None:
+        rows.append(
+            ("peak memory", f"{fmt_bytes(report.memory.peak_bytes)} ({report.memory.kind})")
+        )
+    rows.append(("wall time", f"{report.wall_time_s:.1f} s"))
+    return rows + _closing_rows(report)
+
+
+def _steps_text(t: TrainingSection) -> str:
+    """``30 of 300 (1 epoch)``; without a known total (a run that failed before it was worked
+    out) just the steps taken."""
+    of = "" if t.total_steps is None else f" of {t.total_steps}"
+    return f"{t.steps}{of} ({plural(t.epochs_completed, 'epoch')})"
+
+
+def _speed_rows(thr: ThroughputSection) -> list[tuple[str, str]]:
+    measured = f"{plural(thr.measured_steps, 'step')} after {thr.warmup_steps} warm-up"
+    rows = [
         (
             "throughput",
             f"{fmt_num(thr.samples_per_s, '.1f')} samples/s{_tokens_text(thr)} "
-            f"({thr.measured_steps} steps after {thr.warmup_steps} warm-up, eval excluded)",
-        ),
-        ("data wait", fmt_pct(thr.data_wait_fraction)),
-        ("peak memory", f"{fmt_bytes(mem.peak_bytes)} ({mem.kind})"),
-        ("wall time", f"{report.wall_time_s:.1f} s"),
+            f"({measured}, eval excluded)",
+        )
     ]
+    if thr.data_wait_fraction is not None:
+        rows.append(("data wait", fmt_pct(thr.data_wait_fraction)))
+    return rows
+
+
+def _distributed_rows(distributed: dict[str, Any]) -> list[tuple[str, str]]:
+    """One row for a run of several processes (a single process says nothing here)."""
+    if distributed.get("world_size", 1) <= 1:
+        return []
+    return [("distributed", _distributed_text(distributed))]
+
+
+def _distributed_text(d: dict[str, Any]) -> str:
+    """``4 processes, backend nccl, strategy fsdp, gradients reduced in float32``, or ``no
+    (1 process)``."""
+    size = d.get("world_size", 1)
+    if size <= 1:
+        return "no (1 process)"
+    words = (
+        f"{plural(size, 'process', 'processes')}, backend {d['backend']}, strategy {d['strategy']}"
+    )
+    if d.get("strategy") == "fsdp":  # what distributed.reduce_dtype sets
+        words += f", gradients reduced in {d['reduce_dtype']}"
+    return words
+
+
+def _closing_rows(report: RunReport) -> list[tuple[str, str]]:
+    """Where the time went, the recipe's verdict, the gradient probes and the precision's notes."""
+    t, rows = report.training, []
     if report.time:
         rows.append(("time", _time_text(report.time)))
     if report.recipe:
@@ -212,8 +271,7 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
                 f"to rounding {fmt_pct(t.updates_lost_fraction)} (averages of probes every probe_every steps)",
             )
         )
-    rows += [("note", n) for n in p.notes]
-    return rows
+    return rows + [("note", n) for n in report.precision.notes]
 
 
 def _fp8_rows(fp8: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -237,7 +295,8 @@ def _fp8_rows(fp8: dict[str, Any] | None) -> list[tuple[str, str]]:
 def _compile_rows(model: ModelSection) -> list[tuple[str, str]]:
     if model.compiled_graphs is None:
         return []
-    return [("compile", f"{model.compiled_graphs} graphs, {model.graph_breaks} graph breaks")]
+    graphs = plural(model.compiled_graphs, "graph")
+    return [("compile", f"{graphs}, {plural(model.graph_breaks, 'graph break')}")]
 
 
 def _time_text(t: TimeSection) -> str:
@@ -281,6 +340,7 @@ def render_markdown(report: RunReport) -> str:
     ]
     lines += [f"| {k} | {str(val).replace('|', '/')} |" for k, val in summary_rows(report)]
     lines += ["", "## Hardware", "", *_hardware_lines(hw)]
+    lines += [f"- distributed: {_distributed_text(report.distributed)}"]
     lines += [f"- TF32: {json.dumps(report.tf32)}", "", "## Software", ""]
     lines += [f"- {k}: {val}" for k, val in v.items()]
     evals = report.evaluation.history
@@ -296,7 +356,7 @@ def render_markdown(report: RunReport) -> str:
             "",
             "## Curves",
             "",
-            f"![training loss, validation accuracy, loss scale]({report.figure})",
+            f"![training loss and validation accuracy over steps]({report.figure})",
         ]
     lines += [
         "",

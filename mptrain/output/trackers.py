@@ -6,15 +6,15 @@ evaluation, global optimizer steps): ``train/loss``, ``train/lr``, ``train/loss_
 ``eval/val_accuracy``.
 
 - **TensorBoard** (``torch.utils.tensorboard.SummaryWriter``) writes to ``tensorboard.log_dir``
-  (default ``<run dir>/tensorboard``): the scalars, and the flattened config as hparams with the
-  run's outcome as the hparams session's status (no TensorFlow needed). The writer is closed at
+  (default ``<run dir>/tensorboard``): the scalars, and the run's settings (:func:`run_params`) as
+  hparams with the run's outcome as the hparams session's status (no TensorFlow needed). The writer is closed at
   the end even when the status cannot be written (that failure is warned of in one line). Steps are
   global: a resumed run writes to the same directory with ``purge_step`` at its first new step, so
   TensorBoard drops what the interrupted run logged after the checkpoint and the curves continue
   (a run started over with ``overwrite=true`` purges from step 1).
 - **MLflow** (``MlflowClient``, no global active run: each job of a sweep has its own run) logs
-  the flattened config as params, the metrics, and at the end report.json, report.md and
-  curves.png as artifacts, with the run's status. The run id is kept in ``<run dir>/mlflow_run.json``;
+  the run's settings (:func:`run_params`) as params, the metrics, and at the end report.json,
+  report.md and curves.png as artifacts, with the run's status. The run id is kept in ``<run dir>/mlflow_run.json``;
   a resumed run (``resume=...`` in the same run directory) reopens that MLflow run and goes on
   logging into it. MLflow cannot delete metric values, so for the steps between the checkpoint and
   the interruption the history holds the values of both attempts (the later ones are the resumed
@@ -145,12 +145,30 @@ def session_end_summary(status: str) -> Any:
     return Summary(value=[value])
 
 
-def tensorboard_hparams(cfg: RunConfig) -> dict[str, Any]:
-    """The flattened config in the types TensorBoard's hparams take (None and lists as text)."""
+def tensorboard_hparams(cfg: RunConfig, resolved_precision: str) -> dict[str, Any]:
+    """:func:`run_params` in the types TensorBoard's hparams take (None and lists as text)."""
     return {
         key: value if isinstance(value, bool | int | float | str) else json.dumps(value)
-        for key, value in flatten(dataclasses.asdict(cfg)).items()
+        for key, value in run_params(cfg, resolved_precision).items()
     }
+
+
+# Config sections that are not this run's settings: other commands' (bench, advise, eval, sample)
+# and the debug injections. Every one is a non-training key (mptrain.config.keys), as a test checks.
+NOT_PARAMS = ("bench", "advise", "eval", "sample", "debug")
+
+
+def run_params(cfg: RunConfig, resolved_precision: str) -> dict[str, Any]:
+    """What the trackers record as the run's settings: the flattened config without
+    :data:`NOT_PARAMS`, and ``precision.resolved``, the precision that ran (``precision.name``
+    is what was asked for: ``auto`` says nothing of it)."""
+    params = {
+        key: value
+        for key, value in flatten(dataclasses.asdict(cfg)).items()
+        if key.split(".", 1)[0] not in NOT_PARAMS
+    }
+    params["precision.resolved"] = resolved_precision
+    return params
 
 
 # ---------------------------------------------------------------------------------- MLflow
@@ -293,11 +311,11 @@ class MLflowTracker:
         self.client.set_terminated(self.run_id, MLFLOW_STATUS.get(status, "FAILED"))
 
 
-def mlflow_params(cfg: RunConfig) -> dict[str, str]:
-    """The flattened config as MLflow params (text; lists and None as JSON)."""
+def mlflow_params(cfg: RunConfig, resolved_precision: str) -> dict[str, str]:
+    """:func:`run_params` as MLflow params (text; lists and None as JSON)."""
     return {
         key: value if isinstance(value, str) else json.dumps(value)
-        for key, value in flatten(dataclasses.asdict(cfg)).items()
+        for key, value in run_params(cfg, resolved_precision).items()
     }
 
 
@@ -344,15 +362,20 @@ class Trackers:
 
 
 def start_trackers(
-    cfg: RunConfig, output_dir: Path, start_step: int, warn: Callable[[str], None]
+    cfg: RunConfig,
+    resolved_precision: str,
+    output_dir: Path,
+    start_step: int,
+    warn: Callable[[str], None],
 ) -> Trackers | None:
-    """The trackers ``cfg.logger`` names, started; None without any. Raises ConfigError (one line,
-    naming the setting) when one cannot start, before anything trains."""
+    """The trackers ``cfg.logger`` names, started, with the run's params (:func:`run_params`;
+    ``resolved_precision``: what ``precision.name`` became); None without any. Raises ConfigError
+    (one line, naming the setting) when one cannot start, before anything trains."""
     check_tracking_server(cfg)  # the preflight probed too; jobs an Optuna sweep picks were not
     trackers: list[Tracker] = []
     for name in dict.fromkeys(cfg.logger):  # named twice: started once
         try:
-            trackers.append(_start(name, cfg, output_dir, start_step))
+            trackers.append(_start(name, cfg, resolved_precision, output_dir, start_step))
         except Exception as exc:
             for started in trackers:
                 _close_quietly(started)
@@ -364,12 +387,14 @@ def start_trackers(
     return Trackers(trackers, warn) if trackers else None
 
 
-def _start(name: str, cfg: RunConfig, output_dir: Path, start_step: int) -> Tracker:
+def _start(name: str, cfg: RunConfig, precision: str, output_dir: Path, start_step: int) -> Tracker:
     if name == "tensorboard":
         own_dir = cfg.tensorboard.log_dir is None
         log_dir = output_dir / TENSORBOARD_DIR if own_dir else Path(cfg.tensorboard.log_dir)
-        return TensorBoardTracker(log_dir, tensorboard_hparams(cfg), start_step, own_dir)
-    return MLflowTracker(cfg.mlflow, output_dir, mlflow_params(cfg), resumed=start_step > 0)
+        hparams = tensorboard_hparams(cfg, precision)
+        return TensorBoardTracker(log_dir, hparams, start_step, own_dir)
+    params = mlflow_params(cfg, precision)
+    return MLflowTracker(cfg.mlflow, output_dir, params, resumed=start_step > 0)
 
 
 def _setting_key(name: str, cfg: RunConfig, output_dir: Path) -> str:

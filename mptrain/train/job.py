@@ -280,7 +280,8 @@ class Job:
         cfg, run, checkpointer = self.cfg, self.run, self.checkpointer
         total, start = run.settings.total_steps, run.state.step
         if self.dist.is_main and cfg.logger:  # first: one that cannot start leaves nothing open
-            self.trackers = start_trackers(cfg, self.output_dir, start, self.log.warn)
+            precision = self.policy.name  # resolved by _prepare: what auto became
+            self.trackers = start_trackers(cfg, precision, self.output_dir, start, self.log.warn)
         # Only rank 0 writes metrics and shows progress.
         metrics = MetricsLog(self.output_dir / METRICS_JSONL) if self.dist.is_main else None
         show = cfg.progress and self.dist.is_main

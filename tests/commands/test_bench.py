@@ -4,6 +4,7 @@ it writes, and its command line (CPU-only; the CUDA rows are checked with the de
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import statistics
@@ -287,3 +288,24 @@ def test_bench_command_refuses_bad_input_in_one_line(tmp_path, monkeypatch, args
     assert len(errors) == 1 and errors[0].startswith("mptrain: error:"), result
     assert named in errors[0]
     assert not (tmp_path / "outputs").exists()
+
+
+BOX = set("┏┓┗┛┃━│─┡┩╇┳┻┼└┘┌┐")
+
+
+def test_a_log_file_gets_the_table_as_plain_text_and_a_terminal_keeps_rich():
+    result = {"model": "mlp", "dataset": "digits", "reps": 1, "tokens_per_sample": None,
+              "rows": bench_rows({"fp32": [100], "bf16": [200]})}  # fmt: skip
+    piped = io.StringIO()  # `mptrain bench > bench.log`
+    bench._print(Console(file=piped, width=160), result)
+    text = piped.getvalue()
+    assert not BOX & set(text), text
+    title, header, *rows = text.splitlines()[:4]
+    assert title == "mptrain bench: mlp on digits"
+    assert header.split("  ")[0] == "precision" and header.index("vs fp32") == rows[0].index(
+        "1.00×"
+    )
+    assert "Medians of 1 repetition (" in text
+    terminal = io.StringIO()
+    bench._print(Console(file=terminal, width=160, force_terminal=True), result)
+    assert BOX & set(terminal.getvalue())

@@ -106,6 +106,34 @@ def test_docs_eval_command_and_snippet_work_as_written(trained, monkeypatch, cap
     assert re.fullmatch(r"\['\d'(, '\d'){7}\]\n", printed), printed
 
 
+def eval_result(**changes) -> dict:
+    """An eval result as run_eval returns it (a classifier's), with ``changes``."""
+    result = {
+        "task": "classify", "model": "mlp", "dataset": "digits", "precision": "bf16",
+        "checkpoint": "run/checkpoints/step_00000030.pt", "step": 30, "epoch": 1,
+        "precision_detail": "bf16: autocast bfloat16, parameters float32", "device": "cpu",
+        "compile": False, "channels_last": False, "data": "digits", "samples": 360,
+        "eval_batch_size": 512, "val_loss": 0.0912, "val_accuracy": 0.97222,
+        "trained_val_accuracy": 0.96944, "accuracy_difference": 0.00278,
+        "trained_precision": "fp32", "same_data_as_training": True, "notes": [],
+    }  # fmt: skip
+    return result | changes
+
+
+def test_eval_prints_accuracies_as_training_does():
+    """Training prints ``val_accuracy=97.22%``; eval the same figure the same way."""
+    text = evaluation.render(eval_result())
+    assert "- val accuracy: 97.22%\n" in text
+    assert "- val accuracy at training time: 96.94% (in fp32); difference +0.28 pt\n" in text
+    assert "0.9722" not in text
+    lm = eval_result(
+        task="lm", val_perplexity=1.0955, trained_val_loss=0.09, loss_difference=0.0012
+    )
+    text = evaluation.render(lm)
+    assert "- next-token accuracy: 97.22%\n" in text
+    assert "- val loss at training time: 0.0900 (in fp32); difference +0.0012\n" in text
+
+
 def test_docs_snippet_is_load_preprocess_predict():
     code = [
         line

@@ -8,6 +8,7 @@ completes and one where a job fails at run time; everything else compares tiny i
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import os
 import pickle
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 from conftest import describe, run_cli, run_command, run_mptrain, tiny_run, train
 from omegaconf import OmegaConf
+from rich.console import Console
 
 from mptrain.commands import sweep
 from mptrain.output.render import write_failure
@@ -399,6 +401,62 @@ def test_compare_refuses_a_directory_that_is_neither_a_run_nor_a_sweep(tmp_path,
     assert not out.exists(), "nothing is written for bad input"
 
 
+def failed_run(directory: Path, reason: str = "stopped before training") -> Path:
+    """A run directory as a job refused at run time leaves it: failure.json only."""
+    write_failure(directory, reason)
+    return directory
+
+
+def test_compare_skips_the_files_a_glob_matches_in_one_note(tmp_path, capsys):
+    """`mptrain-compare outputs/*/*` matches curves.png and sweep.md beside the runs."""
+    day = tmp_path / "outputs" / "2024-05-01"
+    run_a, run_b = failed_run(day / "10-00-00_a"), failed_run(day / "11-00-00_b")
+    for name in ("curves.png", "sweep.md"):
+        (day / name).write_text("not a run\n")
+    bench = tmp_path / "outputs" / "bench"  # mptrain bench's results: no run in them
+    (bench / "2024-05-01" / "10-30-00_mlp_digits").mkdir(parents=True)
+    out = tmp_path / "cmp"
+
+    sweep.compare_main([str(run_a), str(day / "curves.png"), str(run_b), str(day / "sweep.md"),
+                        str(bench), "--out", str(out)])  # fmt: skip
+
+    rows = json.loads((out / "sweep.json").read_text(encoding="utf-8"))["runs"]
+    assert [r["directory"] for r in rows] == [str(run_a), str(run_b)]
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        "mptrain-compare: note: skipped 2 files (not run directories): "
+        f"{day / 'curves.png'}, {day / 'sweep.md'}",
+        f"mptrain-compare: note: skipped 1 folder holding no run: {bench}",
+    ]
+
+
+def test_compare_of_a_file_alone_says_so_in_one_line(tmp_path, capsys):
+    stray = tmp_path / "curves.png"
+    stray.write_text("not a run\n")
+    with pytest.raises(SystemExit) as exc:
+        sweep.compare_main([str(stray), "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"mptrain-compare: error: {stray}: a file, not runs\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_of_outputs_finds_the_dated_runs_and_sweeps_inside(tmp_path):
+    outputs = tmp_path / "outputs"
+    dated = failed_run(outputs / "2024-05-01" / "10-00-00_fp32_mlp")
+    later = failed_run(outputs / "2024-05-02" / "09-00-00_bf16_mlp")
+    multirun = tmp_path / "multirun"  # Hydra's sweeps: multirun/<date>/<time>/<job>
+    jobs = [failed_run(multirun / "2024-05-03" / "12-00-00" / f"{n}_seed={n}") for n in (10, 2)]
+    too_deep = failed_run(outputs / "a" / "b" / "c" / "run")
+    out = tmp_path / "cmp"
+
+    sweep.compare_main([str(outputs), str(multirun), "--out", str(out)])
+
+    rows = json.loads((out / "sweep.json").read_text(encoding="utf-8"))["runs"]
+    assert [Path(r["directory"]) for r in rows] == [dated, later, *reversed(jobs)]
+    assert str(too_deep) not in {r["directory"] for r in rows}
+
+
 @pytest.mark.slow
 def test_compare_refuses_a_missing_path(runs, tmp_path, capsys):
     missing = tmp_path / "no_such_run"
@@ -626,6 +684,28 @@ def test_render_markdown_omits_columns_that_are_all_empty():
     assert md_headers(text) == ["run", "status", "precision", "val acc", "skipped", "final scale"]
     assert [r["final scale"] for r in md_table(text)] == ["—", "1024"]
     assert "![training loss](sweep_loss.png)" in text
+
+
+def test_a_log_file_gets_the_comparison_as_plain_text_and_a_terminal_keeps_rich():
+    rows = [
+        {"run": "precision=fp32", "status": "completed", "precision": "fp32",
+         "final_val_accuracy": 0.9722, "skipped_steps": 0},
+        {"run": "precision=fp16", "status": "failed", "reason": "boom [at step 3]"},
+    ]  # fmt: skip
+    box = set("┏┓┗┛┃━│─┡┩╇┳┻┼└┘┌┐")
+    piped = io.StringIO()  # `mptrain -m ... > sweep.log`
+    sweep.print_table(Console(file=piped, width=160), rows, "sweep multirun/x")
+    text = piped.getvalue()
+    assert not box & set(text), text
+    assert text.splitlines() == [
+        "sweep multirun/x",
+        "run             status                    precision  val acc  skipped",
+        "precision=fp32  completed                 fp32       97.22%   0",
+        "precision=fp16  failed: boom [at step 3]  —          —        —",
+    ]
+    terminal = io.StringIO()
+    sweep.print_table(Console(file=terminal, width=160, force_terminal=True), rows, "t")
+    assert box & set(terminal.getvalue()) and "boom [at step 3]" in terminal.getvalue()
 
 
 def test_summary_callback_does_nothing_without_runs(tmp_path):

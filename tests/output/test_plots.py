@@ -13,7 +13,8 @@ import time
 import pytest
 from conftest import SUBPROCESS_TIMEOUT_S
 
-from mptrain.output.plots import FigureWorker, plot_run
+from mptrain.output import plots
+from mptrain.output.plots import FigureWorker, plot_run, plot_sweep
 
 ROWS = [
     *({"kind": "train", "step": s, "loss": 2.0 / s, "loss_scale": 2.0**16} for s in range(1, 40)),
@@ -28,6 +29,40 @@ def test_the_worker_draws_what_this_process_draws(tmp_path):
         there = worker.plot_run(ROWS, "fp16 mlp", tmp_path / "there.png")
     assert there.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert there.read_bytes() == here.read_bytes()
+
+
+@pytest.fixture
+def drawn(monkeypatch) -> list:
+    """The matplotlib figures plots would save, kept to be read (no PNG is written)."""
+    figures = []
+    plt = plots._pyplot()
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
+    monkeypatch.setattr(plt, "close", lambda fig: None)
+    yield figures
+    monkeypatch.undo()
+    for fig in figures:
+        plt.close(fig)
+
+
+def test_a_short_sweeps_single_points_are_drawn_as_dots(drawn, tmp_path):
+    curves = {f"precision={p}": [{"kind": "train", "step": 5, "loss": 2.0 + i}]
+              for i, p in enumerate(("fp32", "bf16"))}  # fmt: skip
+    plot_sweep(curves, "sweep", tmp_path / "sweep_loss.png")
+    (ax,) = drawn[0].axes
+    assert [line.get_label() for line in ax.lines] == list(curves)
+    assert all(line.get_marker() == "o" for line in ax.lines), "a one-point line draws nothing"
+
+
+def test_the_run_figure_has_no_loss_scale_panel_when_nothing_was_scaled(drawn, tmp_path):
+    unscaled = [{k: v for k, v in row.items() if k != "loss_scale"} for row in ROWS]
+    plot_run(unscaled, "bf16 mlp", tmp_path / "curves.png")
+    plot_run(ROWS, "fp16 mlp", tmp_path / "curves.png")
+    titles = [[ax.get_title() for ax in fig.axes] for fig in drawn]
+    assert titles == [
+        ["training loss", "validation accuracy (%)"],
+        ["training loss", "validation accuracy (%)", "loss scale"],
+    ]
+    assert not [t for ax in drawn[0].axes for t in ax.texts], "no 'no loss scaling' placeholder"
 
 
 def test_a_failure_in_the_worker_is_one_line(tmp_path):

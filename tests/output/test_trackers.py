@@ -13,9 +13,19 @@ import time
 
 import pytest
 import torch
-from conftest import FP16_STORY, compose_run, describe, run_cli, run_mptrain, tiny_run, train
+from conftest import (
+    FP16_STORY,
+    NoFigure,
+    compose_run,
+    describe,
+    run_cli,
+    run_mptrain,
+    tiny_run,
+    train,
+)
 
 from mptrain.config.base import ConfigError
+from mptrain.config.keys import is_non_training_key
 from mptrain.precision.policy import resolve_precision
 from mptrain.train.checkpointer import run_signature
 
@@ -113,9 +123,9 @@ def test_mlflow_gets_params_metrics_artifacts_and_status_in_mlruns(cli_run):
     params = run.data.params
     assert params["precision.name"] == "fp16" and params["max_steps"] == "30"
     assert (
-        params["debug.inject_inf_grad_steps"] == "[12]"
-        and params["logger"] == '["tensorboard", "mlflow"]'
+        params["precision.resolved"] == "fp16" and params["logger"] == '["tensorboard", "mlflow"]'
     )
+    assert "debug.inject_inf_grad_steps" not in params  # a test's injection, not a setting
     for tag in TRAIN_TAGS:
         assert [m.step for m in client.get_metric_history(run.info.run_id, tag)] == [10, 20, 30]
     history = client.get_metric_history(run.info.run_id, "eval/val_accuracy")
@@ -199,6 +209,45 @@ def test_a_missing_package_names_the_extra_to_install(monkeypatch):
     with pytest.raises(ConfigError, match=r'logger=.*pip install "mptrain\[mlflow\]"') as info:
         compose_run("logger=[tensorboard,mlflow]")
     assert "\n" not in str(info.value)
+
+
+OTHER_COMMANDS = ("bench", "advise", "eval", "sample", "debug")
+
+
+@pytest.mark.parametrize(
+    "params", [trackers_module.mlflow_params, trackers_module.tensorboard_hparams]
+)
+def test_params_name_the_precision_that_ran_and_no_other_commands_settings(params):
+    recorded = params(tiny_run("precision=auto"), "bf16")
+    assert recorded["precision.name"] == "auto" and recorded["precision.resolved"] == "bf16"
+    assert "seed" in recorded and "optimizer.lr" in recorded
+    assert [k for k in recorded if k.split(".")[0] in OTHER_COMMANDS] == []
+
+
+@pytest.mark.slow
+def test_a_run_records_what_auto_chose_in_both_trackers(tmp_path, monkeypatch):
+    """Read back with MLflow's and TensorBoard's own readers."""
+    from mptrain.train import job as run_module
+
+    monkeypatch.setattr(run_module, "FigureWorker", NoFigure)
+    mlruns = (tmp_path / "mlruns").as_uri()
+    cfg = tiny_run("max_steps=2", "logger=[tensorboard,mlflow]", f"mlflow.tracking_uri={mlruns}",
+                   "checkpoint.enabled=false")  # fmt: skip
+    ran = train(cfg, tmp_path / "run")["precision"]["effective"]
+
+    client = MlflowClient(mlruns)
+    (run,) = client.search_runs([client.get_experiment_by_name("mptrain").experiment_id])
+    recorded = {
+        "mlflow": run.data.params,
+        "tensorboard": hparams_of(tmp_path / "run" / "tensorboard"),
+    }
+    for tracker, params in recorded.items():
+        assert params["precision.name"] == "auto" and params["precision.resolved"] == ran, tracker
+        assert [k for k in params if k.split(".")[0] in OTHER_COMMANDS] == [], tracker
+
+
+def test_what_trackers_leave_out_is_never_a_training_setting():
+    assert all(is_non_training_key(section) for section in trackers_module.NOT_PARAMS)
 
 
 def test_tracker_settings_are_not_training_settings():
