@@ -123,11 +123,11 @@ def check_data_fits(saved: dict[str, Any] | None, data: DataBundle, dataset: str
             f"dataset={dataset}: {_shape_words(given, data.sequence_length)}; the checkpoint's "
             f"model takes {_shape_words(built, saved.get('sequence_length'))}"
         )
-    if data.text is not None and data.text.vocabulary.chars != saved.get("vocabulary"):
+    if data.text is not None and data.text.vocabulary != Vocabulary.of_checkpoint(saved):
         raise ConfigError(
-            f"dataset={dataset}: its character vocabulary differs from the one the model was "
-            "trained with (the same ids would mean other characters); evaluate on the training "
-            "text's settings"
+            f"dataset={dataset}: its {data.text.vocabulary.kind} vocabulary differs from the one "
+            "the model was trained with (the same ids would mean other text); evaluate on the "
+            "training text's settings"
         )
     if None not in (saved["classes"], data.classes) and saved["classes"] != data.classes:
         return [f"class names differ from training's: {saved['classes']} then, {data.classes} now"]
@@ -408,7 +408,7 @@ def load_model(
     )
     load_weights(model, info["state"], info["path"])
     model = model.float().eval().to(device)
-    model.mptrain_vocabulary = Vocabulary(data["vocabulary"]) if length is not None else None
+    model.mptrain_vocabulary = Vocabulary.of_checkpoint(data) if length is not None else None
     model.mptrain_sequence_length = length
     model.mptrain_classes = data["classes"]
     model.mptrain_preprocessing = data["preprocessing"]

@@ -145,17 +145,34 @@ class TextStream:
 
     def __init__(self, vocab: Vocabulary) -> None:
         self._vocab = vocab
-        bytes_vocab = vocab.chars is None
+        bytes_vocab = vocab.kind == "bytes"
         self._utf8 = codecs.getincrementaldecoder("utf-8")("replace") if bytes_vocab else None
+        # A tokenizer decodes a token by its neighbours (byte-level pieces of one character,
+        # word-piece joins): all ids so far are decoded and the text not yet shown is written.
+        self._ids: list[int] = []
+        self._shown = 0
 
     def piece(self, ids: list[int]) -> str:
         """The text ``ids`` complete (possibly empty)."""
+        if self._vocab.kind == "tokenizer":
+            self._ids += ids
+            return self._new_text(final=False)
         if self._utf8 is None:
             return self._vocab.decode(ids)
         return self._utf8.decode(bytes(ids))
 
+    def _new_text(self, final: bool) -> str:
+        """A tokenizer's text past what was shown; a trailing U+FFFD (a character whose bytes
+        are not all chosen yet) is held back until ``final``."""
+        text = self._vocab.decode(self._ids)
+        end = len(text) if final else len(text.rstrip("\ufffd"))
+        new, self._shown = text[self._shown : end], max(self._shown, end)
+        return new
+
     def end(self) -> str:
         """What is left: U+FFFD for an unfinished UTF-8 character, else nothing."""
+        if self._vocab.kind == "tokenizer":
+            return self._new_text(final=True)
         return "" if self._utf8 is None else self._utf8.decode(b"", final=True)
 
 
@@ -172,14 +189,16 @@ def prompt_bytes(vocab: Vocabulary, prompt: str) -> bytes:
             f"sample.prompt={shown}: character {exc.start} cannot be encoded (a lone "
             "surrogate); give UTF-8 text"
         ) from None
-    if vocab.chars is not None:
+    if vocab.kind != "bytes":
         try:
             data.decode("utf-8")
         except UnicodeDecodeError as exc:
+            tokens = "characters (dataset.vocabulary=chars)"
+            if vocab.kind == "tokenizer":
+                tokens = "from a tokenizer of text (dataset.tokenizer)"
             raise ConfigError(
                 f"sample.prompt={_shown(data)}: not UTF-8 (byte 0x{data[exc.start]:02x} at "
-                f"offset {exc.start}); this model's tokens are characters "
-                "(dataset.vocabulary=chars): give UTF-8 text"
+                f"offset {exc.start}); this model's tokens are {tokens}: give UTF-8 text"
             ) from None
     return data
 

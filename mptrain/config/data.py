@@ -111,14 +111,17 @@ class CustomDatasetConfig(DatasetConfig):
 
 @dataclass
 class TextDatasetConfig(DatasetConfig):
-    """Text for language models (mptrain.data.text): a local file or directory, or by default the
-    Python standard library's sources that ship with the interpreter (no download)."""
+    """Text for language models (mptrain.data.text): a local file or directory (plain text, or the
+    records of .jsonl / .parquet files), or by default the Python standard library's sources that
+    ship with the interpreter (no download)."""
 
     name: str = "text"
     path: str = field(default="", metadata=PATH)  # "": the embedded standard-library corpus
     suffix: str | None = None  # files a directory contributes; None: .py (stdlib) / .txt (path)
-    max_bytes: int = 2_000_000  # whole files in sorted order until this many bytes
+    max_bytes: int = 2_000_000  # whole files (or records) in sorted order until this many bytes
     vocabulary: str = "bytes"  # bytes (256 ids) | chars (built from the training text)
+    tokenizer: str | None = field(default=None, metadata=PATH)  # a tokenizer.json: its tokens
+    text_field: str = "text"  # the field (JSONL) or column (Parquet) that holds each document
     val_fraction: float = 0.1  # the last share of the tokens validates
     val_windows: int = 64  # fixed validation windows (model.block_size tokens each)
 
@@ -133,6 +136,15 @@ class TextDatasetConfig(DatasetConfig):
             self.vocabulary,
             "bytes (256 byte values) or chars (the training text's characters)",
         )
+        if self.tokenizer is not None:
+            check_path("dataset.tokenizer", self.tokenizer)
+            require(
+                self.vocabulary == "bytes",
+                "dataset.vocabulary",
+                self.vocabulary,
+                "left at bytes with dataset.tokenizer (the tokenizer's tokens are the vocabulary)",
+            )
+        require(bool(self.text_field), "dataset.text_field", self.text_field, "a field name")
         require(
             0 < self.val_fraction < 1,
             "dataset.val_fraction",

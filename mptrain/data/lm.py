@@ -4,23 +4,27 @@ of random training windows and fixed validation windows.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from mptrain.config.base import ConfigError
 from mptrain.config.data import (
     TextDatasetConfig,
 )
 from mptrain.data.batches import BatchLayout, DataBundle
+from mptrain.data.records import BadRecord, MissingReader
 from mptrain.data.text import (
     ShortText,
     TextFacts,
     TokenText,
     TrainWindows,
     ValWindows,
+    Vocabulary,
     fixed_windows,
     read_text_dataset,
     split_tokens,
-    text_left_unread,
     unigram_loss,
 )
+from mptrain.data.tokenizer import TokenizerFileError, read_tokenizer_file
 
 # A character vocabulary refuses a text with more than this share of bytes that are not UTF-8:
 # it would learn U+FFFD in their place. Below it (a file cut mid-character, a stray byte) the
@@ -30,23 +34,57 @@ MAX_NOT_UTF8_SHARE = 0.01
 
 # ------------------------------------------------------------------------------------------- text
 def load_text(cfg: TextDatasetConfig) -> TokenText:
-    """The text ``dataset.path`` names (default: the standard library's sources), tokenised.
-    ConfigError naming ``dataset.path`` when there is no text, or when more than
-    :data:`MAX_NOT_UTF8_SHARE` of it is not UTF-8 under ``dataset.vocabulary=chars``."""
+    """The text ``dataset.path`` names (default: the standard library's sources), tokenised with
+    ``dataset.tokenizer`` when one is given. ConfigError naming ``dataset.path`` when there is no
+    text or a record holds none (file, line and field), or when more than
+    :data:`MAX_NOT_UTF8_SHARE` of it is not UTF-8 under a characters or tokenizer vocabulary;
+    naming ``dataset.tokenizer`` when its file cannot be used."""
+    tokenizer = load_tokenizer(cfg)
     try:
         text = read_text_dataset(
-            cfg.path, cfg.max_bytes, cfg.suffix, cfg.vocabulary, cfg.val_fraction
+            cfg.path,
+            cfg.max_bytes,
+            cfg.suffix,
+            cfg.vocabulary,
+            cfg.val_fraction,
+            tokenizer=tokenizer,
+            text_field=cfg.text_field,
         )
-    except (FileNotFoundError, NotADirectoryError, PermissionError) as exc:
+    except (FileNotFoundError, NotADirectoryError, PermissionError, BadRecord) as exc:
         raise ConfigError(f"dataset.path={_source_name(cfg)!r}: {exc}") from exc
+    except MissingReader as exc:
+        raise ConfigError(f"dataset.path={_source_name(cfg)!r}: {exc}") from None
+    _check_fields_apply(cfg, text)
     bad, total = text.not_utf8_bytes or 0, text.corpus.bytes
     if bad > MAX_NOT_UTF8_SHARE * total:
+        which = "dataset.tokenizer" if cfg.tokenizer else "dataset.vocabulary=chars"
         raise ConfigError(
             f"dataset.path={_source_name(cfg)!r}: {bad:,} of its {total:,} bytes ({bad / total:.1%}) "
-            "are not UTF-8, and dataset.vocabulary=chars would read each as U+FFFD; use "
+            f"are not UTF-8, and {which} would read each as U+FFFD; use "
             "dataset.vocabulary=bytes, or convert the text to UTF-8"
         )
     return text
+
+
+def load_tokenizer(cfg: TextDatasetConfig) -> str | None:
+    """The content of the ``tokenizer.json`` that ``dataset.tokenizer`` names (None: none named).
+    ConfigError naming the key when the file is missing, unreadable, or the ``tokenizers``
+    library is not installed."""
+    if cfg.tokenizer is None:
+        return None
+    try:
+        return read_tokenizer_file(Path(cfg.tokenizer))
+    except (OSError, TokenizerFileError, ImportError) as exc:
+        raise ConfigError(f"dataset.tokenizer={cfg.tokenizer!r}: {exc}") from None
+
+
+def _check_fields_apply(cfg: TextDatasetConfig, text: TokenText) -> None:
+    """No silent no-op: ``dataset.text_field`` set for plain text, which has no fields."""
+    if cfg.text_field != "text" and text.corpus.documents is None:
+        raise ConfigError(
+            f"dataset.text_field={cfg.text_field!r}: names the field of .jsonl or .parquet "
+            f"records; dataset.path={_source_name(cfg)!r} is plain text (leave it at text)"
+        )
 
 
 def _source_name(cfg: TextDatasetConfig) -> str:
@@ -61,7 +99,7 @@ def _short_text(cfg: TextDatasetConfig, text: TokenText, short: ShortText) -> Co
     split = short.split
     if short.split == "validation":
         split = f"validation (the last dataset.val_fraction={cfg.val_fraction} of it)"
-    if text_left_unread(cfg.path, cfg.max_bytes, cfg.suffix):
+    if text.left_unread:
         return ConfigError(
             f"dataset.max_bytes={cfg.max_bytes}: the {read} read leave the {split} split "
             f"{short.tokens:,} tokens, fewer than one window of {window}; raise "
@@ -110,8 +148,10 @@ def text_bundle(cfg: TextDatasetConfig, text: TokenText, layout: BatchLayout) ->
         # On the very tokens the validation loss is measured on.
         unigram_loss(split.train, fixed_windows(split.val, block, cfg.val_windows)[1], vocab.size),
         text.not_utf8_bytes,
+        tokenizer_file=cfg.tokenizer,
+        separator=text.separator,
     )
-    kind = "bytes" if vocab.chars is None else f"{vocab.size} characters"
+    kind = _vocabulary_words(vocab, cfg)
     if text.not_utf8_bytes:  # a share small enough to train on (load_text), not to hide
         plural = "s" if text.not_utf8_bytes > 1 else ""
         kind += f"; {text.not_utf8_bytes:,} byte{plural} not UTF-8, read as U+FFFD"
@@ -123,9 +163,25 @@ def text_bundle(cfg: TextDatasetConfig, text: TokenText, layout: BatchLayout) ->
         image_size=0,
         num_train=len(split.train) // block,
         num_val=val.windows,
-        description=f"text: {text.corpus.files} files, {len(split.train)} train / "
+        description=f"text: {_files_words(text)}, {len(split.train)} train / "
         f"{len(split.val)} val tokens ({kind}), windows of {block}",
         sequence_length=block,
         text=facts,
-        identity=f"sha256:{text.corpus.content_sha256}",
+        identity=facts.identity,
     )
+
+
+def _files_words(text: TokenText) -> str:
+    """``3 files``, or for records ``2 files, 1,200 documents``."""
+    documents = text.corpus.documents
+    return f"{text.corpus.files} files" + (
+        "" if documents is None else f", {documents:,} documents"
+    )
+
+
+def _vocabulary_words(vocab: Vocabulary, cfg: TextDatasetConfig) -> str:
+    """The vocabulary in the data line: ``bytes``, ``65 characters``, ``tokenizer.json: 50,257
+    tokens``."""
+    if vocab.kind == "tokenizer":
+        return f"{Path(cfg.tokenizer or '').name}: {vocab.size:,} tokens"
+    return "bytes" if vocab.kind == "bytes" else f"{vocab.size} characters"

@@ -15,22 +15,32 @@ window crosses the boundary, so no validation token is ever seen in training.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import re
 import sysconfig
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from mptrain.data.records import is_record_suffix, join_records
+from mptrain.data.tokenizer import (
+    end_of_text,
+    parse_tokenizer,
+    tokenizer_sha256,
+    vocabulary_size,
+)
 from mptrain.platform.hardware import MAX_DEVICE_RESIDENT_BYTES
 from mptrain.platform.seeding import ORDER_STREAM, epoch_generator
 
 # Directories of the standard library that are test suites or third-party code, not the library.
 _SKIPPED_PARTS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})
+# Joins the records of .jsonl/.parquet files when the tokenizer has no end-of-text token.
+PLAIN_DOCUMENT_SEPARATOR = "\n\n"
 UNKNOWN_CHAR = "\x00"  # id 0 of a character vocabulary: characters the training text lacks
 
 
@@ -45,6 +55,7 @@ class CorpusFacts:
     first_file: str | None
     last_file: str | None
     content_sha256: str = ""  # of the bytes read: a resumed run must train on the same text
+    documents: int | None = None  # .jsonl / .parquet: the records read (None: plain text files)
 
 
 def stdlib_root() -> Path:
@@ -61,10 +72,27 @@ def corpus_files(root: Path, suffix: str = ".py") -> list[Path]:
     return sorted(p for p in found if not _SKIPPED_PARTS & set(p.relative_to(root).parts[:-1]))
 
 
-def read_corpus(root: Path, max_bytes: int, suffix: str = ".py") -> tuple[bytes, CorpusFacts]:
-    """The concatenated files of ``root`` (whole files, in order, until ``max_bytes``; a single
-    file is cut at ``max_bytes``) and what was read. FileNotFoundError when ``root`` does not
-    exist or holds no ``suffix`` file."""
+def read_corpus(
+    root: Path,
+    max_bytes: int,
+    suffix: str = ".py",
+    *,
+    text_field: str = "text",
+    separator: str = "\n\n",
+) -> tuple[bytes, CorpusFacts]:
+    """The text of ``root`` and what was read: plain-text files concatenated (whole files, in
+    order, until ``max_bytes``; a single file is cut at ``max_bytes``), or for ``.jsonl`` and
+    ``.parquet`` files their records' ``text_field`` joined with ``separator``
+    (:func:`mptrain.data.records.join_records`). FileNotFoundError when ``root`` does not exist
+    or holds no ``suffix`` file; BadRecord for a record without text."""
+    text, facts, _ = _read_source(root, max_bytes, suffix, text_field, separator)
+    return text, facts
+
+
+def _read_source(
+    root: Path, max_bytes: int, suffix: str, text_field: str, separator: str
+) -> tuple[bytes, CorpusFacts, bool]:
+    """:func:`read_corpus`, and whether text was left unread at ``max_bytes``."""
     if not root.exists():
         raise FileNotFoundError(
             f"{root} does not exist; give a file or a directory of {suffix} files"
@@ -72,31 +100,74 @@ def read_corpus(root: Path, max_bytes: int, suffix: str = ".py") -> tuple[bytes,
     files = corpus_files(root, suffix)
     if not files:
         raise FileNotFoundError(f"{root}: no {suffix} files to read")
+    documents = None
+    if is_record_suffix(root.suffix if root.is_file() else suffix):
+        joined = join_records(files, text_field, separator, max_bytes)
+        text, used, documents, left_unread = (
+            joined.data,
+            joined.files,
+            joined.documents,
+            joined.left_unread,
+        )
+    else:
+        text, used, left_unread = _join_files(files, max_bytes)
+    names = [str(p.relative_to(root)) if p != root else p.name for p in used]
+    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
+    content = hashlib.sha256(text).hexdigest()
+    first, last = (names[0], names[-1]) if names else (None, None)
+    facts = CorpusFacts(str(root), len(used), len(text), digest, first, last, content, documents)
+    return text, facts, left_unread
+
+
+def _join_files(files: list[Path], max_bytes: int) -> tuple[bytes, list[Path], bool]:
+    """Whole files in order until the next would pass ``max_bytes`` (the first one cut there):
+    their bytes, the files used, and whether any text was left unread."""
     chunks, used, total = [], [], 0
     for path in files:
         data = path.read_bytes()
         if total and total + len(data) > max_bytes:
-            break
+            return b"".join(chunks), used, True
         chunks.append(data[: max_bytes - total])
         used.append(path)
         total += len(chunks[-1])
-    names = [str(p.relative_to(root)) if p != root else p.name for p in used]
-    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()
-    text = b"".join(chunks)
-    content = hashlib.sha256(text).hexdigest()
-    facts = CorpusFacts(str(root), len(used), total, digest, names[0], names[-1], content)
-    return text, facts
+        if len(chunks[-1]) < len(data):
+            return b"".join(chunks), used, True
+    return b"".join(chunks), used, False
 
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """Token ids for bytes (``chars`` None: id = byte value) or for characters."""
+    """Token ids for bytes (id = byte value), for characters (``chars``), or from a tokenizer file
+    (``tokenizer``: a ``tokenizer.json``'s content, see :mod:`mptrain.data.tokenizer`).
+
+    ``encode`` takes bytes; a characters or tokenizer vocabulary reads them as UTF-8 (a byte that
+    is not UTF-8 as U+FFFD). ``decode`` gives text; a tokenizer's special tokens are kept in it
+    (an end-of-text token shows where a document ended)."""
 
     chars: str | None = None
+    tokenizer: str | None = field(default=None, repr=False)  # a few MB: not in messages
+
+    @property
+    def kind(self) -> str:
+        """``bytes``, ``chars`` or ``tokenizer`` (the report's ``data.text.vocabulary``)."""
+        if self.tokenizer is not None:
+            return "tokenizer"
+        return "bytes" if self.chars is None else "chars"
+
+    @functools.cached_property
+    def _tokenizer(self) -> Any:
+        return parse_tokenizer(self.tokenizer or "")
 
     @property
     def size(self) -> int:
+        if self.tokenizer is not None:
+            return vocabulary_size(self._tokenizer)
         return 256 if self.chars is None else len(self.chars)
+
+    @property
+    def end_of_text(self) -> str | None:
+        """The tokenizer's end-of-text special token (:data:`END_OF_TEXT_TOKENS`), else None."""
+        return None if self.tokenizer is None else end_of_text(self._tokenizer)
 
     @classmethod
     def of_characters(cls, text: str) -> Vocabulary:
@@ -104,6 +175,10 @@ class Vocabulary:
         return cls(UNKNOWN_CHAR + "".join(sorted(set(text) - {UNKNOWN_CHAR})))
 
     def encode(self, data: bytes) -> torch.Tensor:
+        if self.tokenizer is not None:
+            text = data.decode("utf-8", errors="replace")
+            ids = self._tokenizer.encode(text, add_special_tokens=False).ids
+            return torch.tensor(ids, dtype=torch.int64)
         if self.chars is None:
             return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).astype(np.int64))
         index = {c: i for i, c in enumerate(self.chars)}
@@ -112,9 +187,21 @@ class Vocabulary:
 
     def decode(self, ids: torch.Tensor | list[int]) -> str:
         values = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        if self.tokenizer is not None:
+            return self._tokenizer.decode(values, skip_special_tokens=False)
         if self.chars is None:
             return bytes(values).decode("utf-8", errors="replace")
         return "".join(self.chars[i] for i in values)
+
+    def checkpoint_facts(self) -> dict[str, str | None]:
+        """What a checkpoint stores to rebuild this vocabulary (:meth:`of_checkpoint`): the
+        characters, and the tokenizer file's content whole, so a checkpoint is self-contained."""
+        return {"vocabulary": self.chars, "tokenizer": self.tokenizer}
+
+    @classmethod
+    def of_checkpoint(cls, data: dict[str, Any]) -> Vocabulary:
+        """The vocabulary a checkpoint's data facts describe (no ``tokenizer``: an older one)."""
+        return cls(data.get("vocabulary"), data.get("tokenizer"))
 
 
 @dataclass(frozen=True)
@@ -197,13 +284,18 @@ class TextFacts:
     val_windows: int
     unigram_val_loss: float
     not_utf8_bytes: int | None = None  # character vocabulary: bytes read as U+FFFD
+    tokenizer_file: str | None = None  # dataset.tokenizer, as given
+    separator: str | None = None  # what joined the documents of .jsonl/.parquet files
 
     def describe(self) -> dict[str, Any]:
-        """The report's ``data.text`` entry (plain types)."""
+        """The report's ``data.text`` entry (plain types): with a tokenizer, its file, SHA-256
+        and end-of-text token under ``tokenizer``."""
         return {
             **dataclasses.asdict(self.corpus),
-            "vocabulary": "bytes" if self.vocabulary.chars is None else "chars",
+            "vocabulary": self.vocabulary.kind,
             "vocab_size": self.vocabulary.size,
+            "tokenizer": self._tokenizer_facts(),
+            "document_separator": self.separator,
             "block_size": self.block_size,
             "train_tokens": self.train_tokens,
             "val_tokens": self.val_tokens,
@@ -211,6 +303,27 @@ class TextFacts:
             "unigram_val_loss": self.unigram_val_loss,
             "not_utf8_bytes": self.not_utf8_bytes,
         }
+
+    def _tokenizer_facts(self) -> dict[str, Any] | None:
+        vocab = self.vocabulary
+        if vocab.tokenizer is None:
+            return None
+        return {
+            "file": self.tokenizer_file,
+            "sha256": tokenizer_sha256(vocab.tokenizer),
+            "end_of_text": vocab.end_of_text,
+        }
+
+    @property
+    def identity(self) -> str:
+        """The data's identity (:attr:`mptrain.data.batches.DataBundle.identity`): the digest of
+        the text read, and with a tokenizer of the text and the tokenizer file together, so a
+        resume refuses other text or another tokenizer (the same ids would mean other text)."""
+        content, tokenizer = self.corpus.content_sha256, self.vocabulary.tokenizer
+        if tokenizer is None:
+            return f"sha256:{content}"
+        both = f"{content}\ntokenizer {tokenizer_sha256(tokenizer)}"
+        return f"sha256:{hashlib.sha256(both.encode()).hexdigest()}"
 
 
 def _storage(tokens: torch.Tensor, device: torch.device) -> tuple[torch.Tensor, str]:
@@ -299,6 +412,8 @@ class TokenText:
     val_fraction: float  # the share of the tokens, at the end, that validates
     # Character vocabulary: bytes that are not UTF-8 (each read as U+FFFD); None: bytes vocabulary.
     not_utf8_bytes: int | None = None
+    left_unread: bool = False  # reading stopped at max_bytes with text left
+    separator: str | None = None  # what joined the documents of .jsonl/.parquet files
 
 
 # One lone surrogate per byte that is not part of valid UTF-8 (errors="surrogateescape").
@@ -316,27 +431,43 @@ def _source(path: str, suffix: str | None) -> tuple[Path, str]:
     return (Path(path) if path else stdlib_root()), suffix or (".txt" if path else ".py")
 
 
-def text_left_unread(path: str, max_bytes: int, suffix: str | None) -> bool:
-    """Whether :func:`read_text_dataset` stops at ``max_bytes`` with text of ``path`` unread (it
-    lists the files again: call it to explain a failure, not on every run)."""
-    root, suffix = _source(path, suffix)
-    return sum(file.stat().st_size for file in corpus_files(root, suffix)) > max_bytes
-
-
 def read_text_dataset(
-    path: str, max_bytes: int, suffix: str | None, vocabulary: str, val_fraction: float
+    path: str,
+    max_bytes: int,
+    suffix: str | None,
+    vocabulary: str,
+    val_fraction: float,
+    *,
+    tokenizer: str | None = None,
+    text_field: str = "text",
 ) -> TokenText:
     """Read ``path`` (a file or directory; empty: the interpreter's standard library) and
     tokenise it with a byte or a character vocabulary (built from the training part only, so
-    nothing of the validation text leaks into it); with characters, the bytes that are not UTF-8
-    are counted (``not_utf8_bytes``). FileNotFoundError when there is no text."""
+    nothing of the validation text leaks into it), or with ``tokenizer`` (a ``tokenizer.json``'s
+    content; ``vocabulary`` is then not used). Characters and tokenizers read UTF-8: the bytes
+    that are not are counted (``not_utf8_bytes``). The records of ``.jsonl``/``.parquet`` files
+    are joined with :func:`document_separator`. FileNotFoundError when there is no text,
+    BadRecord for a record without text."""
     root, suffix = _source(path, suffix)
-    data, facts = read_corpus(root, max_bytes, suffix)
+    vocab = None if tokenizer is None else Vocabulary(tokenizer=tokenizer)
+    separator = document_separator(vocab)
+    data, facts, left_unread = _read_source(root, max_bytes, suffix, text_field, separator)
     if not path:
         facts = dataclasses.replace(facts, source=f"python stdlib {root}")
-    vocab, not_utf8 = Vocabulary(), None
-    if vocabulary == "chars":
+    if vocab is None and vocabulary == "chars":
         text = data.decode("utf-8", errors="replace")
         vocab = Vocabulary.of_characters(text[: len(text) - int(len(text) * val_fraction)])
-        not_utf8 = count_not_utf8(data)
-    return TokenText(vocab.encode(data), facts, vocab, val_fraction, not_utf8)
+    vocab = vocab or Vocabulary()
+    not_utf8 = None if vocab.kind == "bytes" else count_not_utf8(data)
+    joined_by = None if facts.documents is None else separator
+    return TokenText(
+        vocab.encode(data), facts, vocab, val_fraction, not_utf8, left_unread, joined_by
+    )
+
+
+def document_separator(vocab: Vocabulary | None) -> str:
+    """What ends each document of a ``.jsonl``/``.parquet`` file: the tokenizer's end-of-text
+    token when it has one (so the model learns where a document ends, as GPT-2 was trained), else
+    a blank line, which byte and character vocabularies, and tokenizers without such a token,
+    read as ordinary text."""
+    return (vocab.end_of_text if vocab is not None else None) or PLAIN_DOCUMENT_SEPARATOR

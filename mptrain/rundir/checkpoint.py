@@ -249,6 +249,8 @@ ADDED_SETTINGS: dict[str, Any] = {
     "fp8.min_features": 0,
     "fp8.granularity": "tensorwise",
 }
+# Added to dataset=text (only its signatures hold them); dataset.tokenizer's null needs no entry.
+ADDED_TEXT_SETTINGS: dict[str, Any] = {"dataset.text_field": "text"}
 
 
 # The signature key of what the data was (mptrain.data.batches.DataBundle.identity). Checkpoints
@@ -320,10 +322,12 @@ def _short_digest(identity: str | None) -> str:
 
 
 def _added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
-    """The :data:`ADDED_SETTINGS` an older signature lacks (FP8 keys only if it ran FP8)."""
+    """The :data:`ADDED_SETTINGS` an older signature lacks (FP8 keys only if it ran FP8), and
+    for dataset=text the :data:`ADDED_TEXT_SETTINGS`."""
     fp8 = any(key.startswith("fp8.") for key in saved)
+    text = ADDED_TEXT_SETTINGS if saved.get("dataset.name") == "text" else {}
     return {
         key: value
-        for key, value in ADDED_SETTINGS.items()
+        for key, value in {**ADDED_SETTINGS, **text}.items()
         if key not in saved and (fp8 or not key.startswith("fp8."))
     }

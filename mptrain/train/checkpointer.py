@@ -172,10 +172,13 @@ def data_facts(run: Run) -> dict[str, Any]:
         "classes": None if data.classes is None else list(data.classes),
         "preprocessing": data.preprocessing,
         "description": data.description,
-        # Token data: the window length and the characters of a character vocabulary (None:
-        # bytes), all that mptrain sample needs to encode a prompt and decode the tokens.
+        # Token data: the window length, the characters of a character vocabulary (None: bytes)
+        # and a tokenizer file's content (None: none), all that mptrain sample needs to encode a
+        # prompt and decode the tokens (mptrain.data.text.Vocabulary.of_checkpoint).
         "sequence_length": data.sequence_length,
-        "vocabulary": None if data.text is None else data.text.vocabulary.chars,
+        "vocabulary": None,
+        "tokenizer": None,
+        **({} if data.text is None else data.text.vocabulary.checkpoint_facts()),
     }
 
 
