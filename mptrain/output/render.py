@@ -161,10 +161,9 @@ def _baseline_text(e: EvaluationSection) -> str:
     if e.final_val_loss is None or math.isnan(e.final_val_loss):
         return words
     gap = e.baseline_val_loss - e.final_val_loss
-    side = "below" if gap > 0 else "NOT below"
-    return (
-        f"{words}; final val loss {abs(gap):.3f} {side} it ({abs(gap) / e.baseline_val_loss:.0%})"
-    )
+    side = "below" if gap > 0 else "above"  # above: the model predicts worse than letter counts
+    share = abs(gap) / e.baseline_val_loss
+    return f"{words}; final val loss {e.final_val_loss:.3f}, {abs(gap):.3f} {side} it ({share:.0%})"
 
 
 def _model_words(model: ModelSection) -> str:

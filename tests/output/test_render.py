@@ -78,3 +78,16 @@ def test_report_md_names_the_distributed_setup(one_epoch):
     words = "4 processes, backend nccl, strategy fsdp, gradients reduced in float32"
     assert f"- distributed: {words}\n" in render_markdown(four)
     assert rows(four)["distributed"] == words
+
+
+def test_the_unigram_baseline_line_gives_the_final_loss_and_the_gap_apart():
+    """'final val loss 2.019 NOT below it' read as a final loss of 2.019; it was the gap (the
+    final loss was 5.441)."""
+    from types import SimpleNamespace
+
+    from mptrain.output.render import _baseline_text
+
+    above = SimpleNamespace(baseline_val_loss=3.422, final_val_loss=5.441)
+    assert _baseline_text(above) == ("3.422 nats/token; final val loss 5.441, 2.019 above it (59%)")
+    below = SimpleNamespace(baseline_val_loss=3.422, final_val_loss=2.0)
+    assert _baseline_text(below).endswith("final val loss 2.000, 1.422 below it (42%)")
