@@ -40,7 +40,7 @@ from mptrain.config.run import RunConfig
 from mptrain.models.build import config_has_convolutions
 from mptrain.output.joblog import print_table
 from mptrain.output.render import fmt_bytes, fmt_pct, plural
-from mptrain.platform import hardware
+from mptrain.platform import contention, hardware
 from mptrain.precision.fp8.convert import fp8_gemm_available
 from mptrain.rundir.fileio import atomic_write_text
 from mptrain.train.build import prepare_run, window_length
@@ -179,14 +179,17 @@ def run_bench(
         for name, skip in precisions
         if not skip
     }
+    before = contention.sample()
     measured, refused = measure_reps(configs, warmup, steps, reps)
+    own = torch.get_num_threads() if device.type == "cpu" else 1
+    machine = contention.judge(before, contention.sample(), own, contention.usable_cores())
     rows = []
     for name, skip in precisions:
         reason = skip or refused.get(name)
         rows.append(
             {"precision": name, "skipped": reason} if reason else summarise(name, measured[name])
         )
-    add_ratios(rows)
+    add_ratios(rows, busy=machine["words"] if machine["busy"] else None)
     result = {
         "model": cfg.model.name,
         "dataset": cfg.dataset.name,
@@ -197,6 +200,7 @@ def run_bench(
         "measured_steps": steps,
         "reps": reps,
         "hardware": hardware.hardware_info(device),
+        "machine_load": machine,
         "versions": hardware.software_versions(),
         "rows": rows,
     }
@@ -208,10 +212,11 @@ def run_bench(
     return rows
 
 
-def add_ratios(rows: list[dict[str, Any]]) -> None:
+def add_ratios(rows: list[dict[str, Any]], busy: str | None = None) -> None:
     """``vs_<base>`` (median), ``vs_<base>_range`` (min–max) and ``vs_<base>_noisy`` (the reason,
     or None) on every measured row, from the ratios of each repetition to the base's measurement
-    of the same repetition; each repetition's ratio also goes into its ``reps`` entry."""
+    of the same repetition; each repetition's ratio also goes into its ``reps`` entry. ``busy``
+    (others' work competed for the cores, in words) makes every ratio noisy."""
     by_name = {r["precision"]: r for r in rows if "reps" in r}
     for base_name in ("fp32", "tf32"):
         base = by_name.get(base_name)
@@ -226,7 +231,9 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             ratios = [r["samples_per_s"] / b["samples_per_s"] for r, b in pairs]
             for rep, ratio in zip(row["reps"], ratios, strict=True):
                 rep[key] = ratio
-            spread = repetition_spread(ratios)
+            spread = repetition_spread(ratios).marked(
+                f"taken on a busy machine ({busy})" if busy else None
+            )
             row.update(
                 {
                     key: spread.median,

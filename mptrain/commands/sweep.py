@@ -145,7 +145,8 @@ def speed_spread(
     r: RunReport, base: RunReport, alongside: dict[tuple[str, str], int]
 ) -> Spread | None:
     """``r``'s speed against its FP32 twin ``base`` (see :mod:`mptrain.commands.spread`), marked noisy when
-    either ran alongside another job; None when either speed is not comparable or measured."""
+    either ran alongside another job or on a busy machine; None when either speed is not
+    comparable or measured."""
     if not (r.throughput.comparable and base.throughput.comparable):
         return None
     windows, base_windows = measured_windows(r.throughput), measured_windows(base.throughput)
@@ -157,9 +158,17 @@ def speed_spread(
             return None
         spread = Spread(ratio, ratio, ratio, 1, NO_WINDOWS)
     spread = spread.marked(_parallel(alongside[_job(r)], "this job"))
+    spread = spread.marked(_busy(r, "this job"))
     if _job(base) != _job(r):
         spread = spread.marked(_parallel(alongside[_job(base)], "its FP32 baseline"))
+        spread = spread.marked(_busy(base, "its FP32 baseline"))
     return spread
+
+
+def _busy(r: RunReport, who: str) -> str | None:
+    """Why ``r``'s speed is a busy machine's (others' work competed for the cores), or None."""
+    load = r.hardware.get("machine_load")  # absent in reports written before it was measured
+    return f"{who} ran on a busy machine ({load['words']})" if load and load["busy"] else None
 
 
 def _lm(r: RunReport) -> bool:

@@ -197,7 +197,7 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
     if t.final_train_loss is not None:
         rows.append(("final train loss", fmt_num(t.final_train_loss)))
     if t.steps > 0:
-        rows += _speed_rows(report.throughput)
+        rows += _speed_rows(report.throughput) + _busy_rows(report.hardware)
     if report.memory.peak_bytes is not None:
         rows.append(
             ("peak memory", f"{fmt_bytes(report.memory.peak_bytes)} ({report.memory.kind})")
@@ -225,6 +225,14 @@ def _speed_rows(thr: ThroughputSection) -> list[tuple[str, str]]:
     if thr.data_wait_fraction is not None:
         rows.append(("data wait", fmt_pct(thr.data_wait_fraction)))
     return rows
+
+
+def _busy_rows(hw: dict[str, Any]) -> list[tuple[str, str]]:
+    """A row when others' work competed for the cores: the speed above is a busy machine's."""
+    load = hw.get("machine_load")  # absent in reports written before it was measured
+    if not load or not load["busy"]:
+        return []
+    return [("machine", f"{load['words']}: the speed figures are a busy machine's")]
 
 
 def _distributed_rows(distributed: dict[str, Any]) -> list[tuple[str, str]]:
@@ -321,6 +329,8 @@ def _hardware_lines(hw: dict[str, Any]) -> list[str]:
         )
     else:
         lines.append("- GPU: none used")
+    if hw.get("machine_load"):
+        lines.append(f"- machine load while it ran: {hw['machine_load']['words']}")
     return lines
 
 

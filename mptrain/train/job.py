@@ -37,6 +37,7 @@ from mptrain.output.progress import ProgressDisplay
 from mptrain.output.render import print_summary, summary_rows, write_report
 from mptrain.output.report import RunReport
 from mptrain.output.trackers import Trackers, start_trackers
+from mptrain.platform import contention
 from mptrain.platform.distributed import DistContext, StartGate, init_distributed, shutdown
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.signals import (
@@ -157,6 +158,7 @@ class Job:
         self.log, self.console = log, log.console
         self.started_at = now_iso()
         self.start_time = time.perf_counter()
+        self.load_at_start = contention.sample()
         self.compile_counts_at_start = compile_counts() if cfg.compile else None
         # Decided before the build, so a report of a failed build still names them.
         self.device = torch.device("cpu")

@@ -31,7 +31,7 @@ from mptrain.output.report import (
     TimeSection,
     TrainingSection,
 )
-from mptrain.platform import hardware
+from mptrain.platform import contention, hardware
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.fp8.convert import fp8_layer_stats
@@ -61,12 +61,21 @@ class JobRecord(Protocol):
     resumed: dict[str, Any] | None
     checkpointer: Checkpointer | None
     compile_counts_at_start: dict[str, int] | None
+    load_at_start: contention.LoadSample  # the machine's load when the job started
 
 
 def now_iso() -> str:
     """The local time with its offset, to the millisecond: sweep comparisons tell jobs that ran
     at the same time by these (:mod:`mptrain.commands.sweep`)."""
     return dt.datetime.now().astimezone().isoformat(timespec="milliseconds")
+
+
+def _machine_load(job: JobRecord) -> dict[str, Any]:
+    """Whether others' work competed for the cores while the job ran (its speed figures are then
+    a busy machine's: :mod:`mptrain.platform.contention`). On a GPU the job keeps one host thread
+    busy; on a CPU its intra-op threads."""
+    own = torch.get_num_threads() if job.device.type == "cpu" else 1
+    return contention.judge(job.load_at_start, contention.sample(), own, contention.usable_cores())
 
 
 def _model_section(job: JobRecord) -> ModelSection:
@@ -109,7 +118,7 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         fp8={**run.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
         if run and run.fp8
         else None,
-        hardware=hardware.hardware_info(job.device),
+        hardware={**hardware.hardware_info(job.device), "machine_load": _machine_load(job)},
         versions=hardware.software_versions(),
         seed=cfg.seed,
         optimizer=OptimizerSection(

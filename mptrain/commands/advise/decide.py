@@ -84,6 +84,9 @@ class Context:
     channels_last: bool = False
     # Why measuring stopped before the budget's end ("SIGINT"); None: it ran its course.
     interrupted_by: str | None = None
+    # Others' work competed for the cores while speed was measured (in words); None: it did
+    # not, or could not be told. Then no precision is called faster on those figures.
+    busy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -146,12 +149,14 @@ def disqualified(m: Measured, ctx: Context) -> str | None:
         return (
             f"loss trajectory leaves FP32's by up to {f.max_rel_diff:.1%} ({allowance_words(ctx)})"
         )
-    return _speed_disqualifies(m)
+    return _speed_disqualifies(m, ctx)
 
 
-def _speed_disqualifies(m: Measured) -> str | None:
+def _speed_disqualifies(m: Measured, ctx: Context) -> str | None:
     if m.speed is None:
         return f"speed not measured ({m.speed_note or 'no run'})"
+    if ctx.busy:
+        return f"speed not judged: measured on a busy machine ({ctx.busy}); run advise again on a quiet one"
     if m.speed.low > 1.0:
         return None
     if m.speed.high < 1.0:

@@ -103,6 +103,8 @@ def assemble(
         "hardware": hardware.hardware_info(device),
         "versions": hardware.software_versions(),
         "interrupted": found["interrupted"],  # {signal, during, after_s} or None
+        # Whether others' work competed for the cores while speed was measured (None: not yet).
+        "machine_load": found.get("machine_load"),
         "recommendation": {
             "measured": decision.measured,  # false: FP32 not measured, nothing recommended
             "precision": decision.precision,
@@ -243,6 +245,17 @@ def interrupted_line(result: dict[str, Any]) -> str | None:
     )
 
 
+def busy_line(result: dict[str, Any]) -> str | None:
+    """``Speed measured on a busy machine (...)``: none of it is called faster; None when quiet."""
+    load = result.get("machine_load")
+    if not load or not load["busy"]:
+        return None
+    return (
+        f"Speed measured on a busy machine ({load['words']}): no precision is called faster on "
+        "these figures; run advise again when the machine is quiet."
+    )
+
+
 def took_words(result: dict[str, Any]) -> str:
     """``7.2 s of a 10 s budget`` or ``42.0 s against a 5 s budget: 37.0 s over``."""
     budget_s, elapsed_s = result["settings"]["budget_s"], result["elapsed_s"]
@@ -287,6 +300,7 @@ def render(result: dict[str, Any]) -> str:
         f"{_where(result)}; torch {result['versions']['torch']}; {took_words(result)}.",
         "",
         *([cut, ""] if (cut := interrupted_line(result)) else []),
+        *([busy, ""] if (busy := busy_line(result)) else []),
         *recommendation_lines(result),
         "",
         "## Evidence",
@@ -352,8 +366,8 @@ def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
         print(render(result).split("\n![")[0].rstrip())
         print(f"advise written to {output_dir / ADVISE_MD}")
         return
-    cut = interrupted_line(result)
-    for line in ([cut, ""] if cut else []) + recommendation_lines(result):
+    heads = [head for head in (interrupted_line(result), busy_line(result)) if head]
+    for line in [*(x for head in heads for x in (head, "")), *recommendation_lines(result)]:
         if line.startswith("```"):
             continue  # Markdown's fence: the command stands on its own line
         if line.startswith("**"):

@@ -15,6 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from mptrain.commands.advise import decide as advice
+from mptrain.platform import contention
 from mptrain.platform.signals import SignalsHeld, Terminated
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ def decide(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> advic
         has_convolutions=config_has_convolutions(cfg.model),
         channels_last=cfg.channels_last,
         interrupted_by=interrupted["signal"] if interrupted else None,
+        busy=_busy_words(found.get("machine_load")),
     )
     return advice.recommend([to_measured(c, reference, numerics) for c in cands], ctx)
 
@@ -87,7 +89,13 @@ def new_findings(cands: list[Candidate]) -> dict[str, Any]:
     signal came during which part."""
     from mptrain.commands.advise.measure import new_numerics
 
-    return {"candidates": cands, "numerics": new_numerics(), "timings": {}, "interrupted": None}
+    return {
+        "candidates": cands,
+        "numerics": new_numerics(),
+        "timings": {},
+        "interrupted": None,
+        "machine_load": None,  # set once speed was measured: whether others competed for cores
+    }
 
 
 def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
@@ -106,7 +114,25 @@ def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
     with timed_part(timings, "numerics"):
         measure_numerics(cfg, cands, budget, found["numerics"])
     run_fidelity(cands, cfg.advise, budget, timings)
+    before = contention.sample()
     run_speed(cands, cfg.advise, budget, timings)
+    found["machine_load"] = contention.judge(
+        before, contention.sample(), _own_threads(cfg), contention.usable_cores()
+    )
+
+
+def _own_threads(cfg: RunConfig) -> int:
+    """The threads advise's own timing keeps busy: torch's intra-op threads on a CPU."""
+    import torch
+
+    from mptrain.platform import hardware
+
+    return torch.get_num_threads() if hardware.resolve_device(cfg.device).type == "cpu" else 1
+
+
+def _busy_words(machine_load: dict[str, Any] | None) -> str | None:
+    """The busy machine's description when the speed was measured on one, else None."""
+    return machine_load["words"] if machine_load and machine_load["busy"] else None
 
 
 def note_interrupt(found: dict[str, Any], signal_name: str, budget: Budget) -> None:
