@@ -30,6 +30,7 @@ from typing import Any
 from mptrain.compose.record import staged_subdir
 from mptrain.compose.registry import to_run_config
 from mptrain.config.base import ConfigError
+from mptrain.config.recipes import check_recipe_source
 from mptrain.output.trackers import check_tracking_server
 from mptrain.rundir.layout import SWEEP_LOCK_NAME
 from mptrain.rundir.lock import RunDirLock, check_creatable, check_run_dir_free
@@ -107,6 +108,7 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
     check_creatable(output, key)  # Hydra creates it next, with a traceback if it cannot
     if not multirun:
         run = checked_run_config(master)
+        check_recipe_source(run)  # a recipe given other data: refused before Hydra's directory
         check_tracking_server(run)  # before the run directory is touched (seconds, not minutes)
         if int(os.environ.get("RANK", "0")) == 0:
             # Before Hydra rewrites the directory's .hydra/ record of another run.
@@ -120,6 +122,7 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
         composed = _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
         job_dir = _check_job_dir(composed, output, number)  # first: the next drops hydra's node
         run = checked_run_config(composed)
+        check_recipe_source(run)
         check_tracking_server(run)
         if known_dirs and int(os.environ.get("RANK", "0")) == 0:
             # A sweep into a directory an earlier sweep used: each job's directory follows the
