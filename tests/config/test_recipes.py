@@ -441,9 +441,9 @@ def test_not_strict_runs_on_other_data_and_its_verdict_says_so(tmp_path):
 
 
 @pytest.mark.slow
-def test_real_run_not_strict_on_other_text_reports_the_data(tmp_path):
+def test_real_run_not_strict_on_other_text_reports_the_data_and_says_its_duration(tmp_path, capsys):
     """End to end, shrunk: ``recipe.strict=false`` trains on a small text, its report says the
-    data differs."""
+    data differs and the run said how long it would take once timed."""
     text = text_file(tmp_path / "input.txt", 20_000)
     shrink = [o for o in LM if not o.startswith(("task=", "dataset.max_bytes"))]
     cfg = compose_recipe(
@@ -459,6 +459,12 @@ def test_real_run_not_strict_on_other_text_reports_the_data(tmp_path):
     verdict = report["recipe"]["verdict"]
     assert verdict.startswith(f"not comparable: other data: dataset.path={text} has 20,000 bytes")
     assert report["config"]["recipe"]["strict"] is False
+    out = capsys.readouterr().out
+    assert re.search(
+        r"estimate: recipe nanogpt_shakespeare_char: 12 steps, about \d+ s here at "
+        r"[\d.]+ m?s/step \(measured over steps 2-5\)",
+        out,
+    ), out
 
 
 # ------------------------------------------------------------------------ mixed-precision claims
