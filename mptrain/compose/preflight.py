@@ -35,6 +35,7 @@ from mptrain.compose.registry import to_run_config
 from mptrain.compose.resume import resume_auto_dir
 from mptrain.config.base import ConfigError
 from mptrain.config.options import PRECISION_ALIASES
+from mptrain.config.recipes import check_recipe_source
 from mptrain.config.spelling import did_you_mean, suggest_option
 from mptrain.output.trackers import check_tracking_server
 from mptrain.rundir.layout import SWEEP_LOCK_NAME
@@ -115,6 +116,7 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
     check_creatable(output, key)  # Hydra creates it next, with a traceback if it cannot
     if not multirun:
         run = checked_run_config(master)
+        check_recipe_source(run)  # a recipe given other data: refused before Hydra's directory
         if run.resume == "auto":  # the same command continues the run it started
             output = resume_auto_dir(pattern, overrides) or output
         check_tracking_server(run)  # before the run directory is touched (seconds, not minutes)
@@ -130,6 +132,7 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
         composed = _composed(lambda job=job: hydra.config_loader.load_sweep_config(master, job))
         job_dir = _check_job_dir(composed, output, number)  # first: the next drops hydra's node
         run = checked_run_config(composed)
+        check_recipe_source(run)
         check_tracking_server(run)
         if known_dirs and int(os.environ.get("RANK", "0")) == 0:
             # A sweep into a directory an earlier sweep used: each job's directory follows the

@@ -61,6 +61,23 @@ class ExpectedResult:
 
 
 @dataclass
+class RecipeData:
+    """The data a recipe reproduces: what a run must train on for its verdict to mean anything.
+    Checked before training (:func:`mptrain.config.recipes.check_recipe_source`: the dataset
+    option and a stat of ``dataset.path``) and once read (:func:`mptrain.train.recipe.check_recipe_data`:
+    the text's size and sha256, the sample counts). An empty field checks nothing."""
+
+    dataset: str = ""  # the dataset option it trains on (dataset.name); "": any
+    file: str = ""  # dataset=text: the file's name as its source publishes it (named in messages)
+    bytes: int | None = None  # dataset=text: the file's size
+    sha256: str = (
+        ""  # dataset=text: the sha256 of its bytes; "": unknown, the size alone is checked
+    )
+    train_samples: int | None = None  # the training split's samples (windows for text: not checked)
+    val_samples: int | None = None  # the validation split's samples
+
+
+@dataclass
 class RecipeConfig:
     """Set by ``recipe=NAME`` (recipes/NAME.yaml); empty when no recipe is applied."""
 
@@ -69,6 +86,10 @@ class RecipeConfig:
     command: str = ""
     expected: ExpectedResult = field(default_factory=ExpectedResult)
     note: str = ""
+    data: RecipeData = field(default_factory=RecipeData)
+    # true: data other than ``data`` names is refused before training (exit 2); false: the run
+    # goes ahead and its verdict says "not comparable" with what differed.
+    strict: bool = True
 
 
 # -------------------------------------------------------------------------------------------- run

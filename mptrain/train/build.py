@@ -24,6 +24,7 @@ import torch
 
 from mptrain.config.base import ConfigError
 from mptrain.config.models import lm_block_size
+from mptrain.config.recipes import check_recipe_source
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import BatchLayout, DataBundle
 from mptrain.data.build import build_data
@@ -47,6 +48,7 @@ from mptrain.train.components import Run
 from mptrain.train.faults import InfGradInjector
 from mptrain.train.monitor import Monitor, MonitorSettings
 from mptrain.train.optim import build_optimizer, build_scheduler
+from mptrain.train.recipe import check_recipe_data
 from mptrain.train.state import LoopSettings
 
 
@@ -105,7 +107,9 @@ def build_run(
     with ``seed + rank`` (its own dropout and other randomness).
     """
     check_run(cfg, policy, dist)
+    check_recipe_source(cfg)  # a recipe's data: the cheap look before reading it
     data = build_data(cfg.dataset, _batch_layout(cfg, device, dist))
+    check_recipe_data(cfg, data)  # and what was read (the checksum), before a model is built
     task = Task(cfg.task, tokens_per_sample=data.sequence_length)
     fsdp = dist.enabled and dist.strategy == "fsdp"
     model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy, fsdp)

@@ -7,19 +7,37 @@ recipe's value. Exceptions: settings that do not change the computation
 (:data:`~mptrain.config.keys.NON_TRAINING_KEYS`: seed, device, display, data location, checkpoints) and
 the precision, which a recipe names as its default but which runs are meant to vary and compare.
 Otherwise the verdict is "not comparable" and says which keys differ.
+
+A recipe also names the data it reproduces (``recipe.data``: a text file's name, size and sha256,
+or a dataset's sample counts). :func:`mptrain.config.recipes.check_recipe_source` refuses other
+data before anything is read, as far as the config and a stat tell; :func:`check_recipe_data`
+checks what was read. Under ``recipe.strict=false`` the run goes on and its verdict is "not
+comparable", naming the data that differed.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from mptrain.config.base import ConfigError
 from mptrain.config.keys import flatten, is_non_training_key
-from mptrain.config.recipes import recipe_files
+from mptrain.config.recipes import (
+    Mismatch,
+    configured_mismatch,
+    data_refusal,
+    path_fix,
+    recipe_data_text,
+    recipe_files,
+    short_sha256,
+)
 from mptrain.config.run import RunConfig
 from mptrain.models.task import lower_is_better
 from mptrain.output.report import EvaluationSection, RecipeSection
+
+if TYPE_CHECKING:
+    from mptrain.data.batches import DataBundle
 
 
 def _group_choices(defaults: list[Any]) -> dict[str, str]:
@@ -69,10 +87,53 @@ def _within(actual: float, value: float, tolerance: float, lower: bool) -> bool:
     return actual <= value + tolerance if lower else actual >= value - tolerance
 
 
+def read_mismatch(cfg: RunConfig, data: DataBundle) -> Mismatch | None:
+    """What the data read shows against ``cfg.recipe.data``: the config's mismatch first
+    (:func:`~mptrain.config.recipes.configured_mismatch`), then the text's size and sha256
+    (dataset=text), then the sample counts. None when it is the recipe's data, or when the recipe
+    names nothing to check."""
+    found = configured_mismatch(cfg)
+    if found is not None:
+        return found
+    want = cfg.recipe.data
+    if want.file and data.text is not None:
+        corpus, where = data.text.corpus, f"dataset.path={cfg.dataset.path}"
+        if want.bytes is not None and corpus.bytes != want.bytes:
+            return Mismatch(f"{where} has {corpus.bytes:,} bytes", path_fix(want))
+        if want.sha256 and corpus.content_sha256 != want.sha256:
+            sha = short_sha256(corpus.content_sha256)
+            return Mismatch(f"{where} has sha256 {sha}", path_fix(want))
+    counts = ((want.train_samples, data.num_train), (want.val_samples, data.num_val))
+    if any(wanted is not None and wanted != got for wanted, got in counts):
+        root = getattr(cfg.dataset, "root", None)
+        where = f"dataset.root={root}" if root else f"dataset={cfg.dataset.name}"
+        return Mismatch(
+            f"{where} holds {data.num_train:,} train / {data.num_val:,} val samples",
+            f"dataset.root=DIR holding the whole {want.dataset or cfg.dataset.name}",
+        )
+    return None
+
+
+def check_recipe_data(cfg: RunConfig, data: DataBundle) -> None:
+    """Once the data is read, before the model is built: ConfigError with the recipe's one-line
+    refusal when a strict recipe's run read other data than ``recipe.data`` names (the checksum
+    a stat could not see). Nothing without a recipe or under ``recipe.strict=false``."""
+    if cfg.recipe.name is None or not cfg.recipe.strict:
+        return
+    mismatch = read_mismatch(cfg, data)
+    if mismatch is not None:
+        raise ConfigError(data_refusal(cfg, mismatch))
+
+
 def recipe_verdict(
-    cfg: RunConfig, status: str, evaluation: EvaluationSection
+    cfg: RunConfig,
+    status: str,
+    evaluation: EvaluationSection,
+    data: DataBundle | None = None,
 ) -> RecipeSection | None:
-    """The report's ``recipe`` section: expected result, actual, and met / not met / not comparable."""
+    """The report's ``recipe`` section: expected result, actual, and met / not met / not
+    comparable. ``data``: what the run read (None: the run got no data; only the config is
+    compared with ``recipe.data``)."""
     if cfg.recipe.name is None:
         return None
     from omegaconf import OmegaConf
@@ -81,11 +142,11 @@ def recipe_verdict(
     actual = getattr(evaluation, expected.metric, None)
     path = recipe_files().get(cfg.recipe.name)
     recipe = OmegaConf.to_container(OmegaConf.create(path.read_text())) if path else {}
-    differences = schedule_differences(cfg, recipe)
+    reasons = _not_comparable(cfg, recipe, data)
     if status != "completed":
         verdict = f"not comparable: the run {status}"
-    elif differences:
-        verdict = "not comparable: not the recipe's full schedule: " + "; ".join(differences)
+    elif reasons:
+        verdict = "not comparable: " + "; ".join(reasons)
     elif expected.value is None or actual is None:
         verdict = "not comparable: no expected value"
     elif _within(actual, expected.value, expected.tolerance, lower_is_better(expected.metric)):
@@ -102,3 +163,16 @@ def recipe_verdict(
         verdict=verdict,
         met=verdict == "met" if not verdict.startswith("not comparable") else None,
     )
+
+
+def _not_comparable(cfg: RunConfig, recipe: dict[str, Any], data: DataBundle | None) -> list[str]:
+    """Why a completed run does not reproduce its recipe: other data, another schedule."""
+    reasons = []
+    mismatch = configured_mismatch(cfg) if data is None else read_mismatch(cfg, data)
+    if mismatch is not None:
+        wanted = recipe_data_text(cfg.recipe.data)
+        reasons.append(f"other data: {mismatch.found} (recipe: {wanted})")
+    differences = schedule_differences(cfg, recipe)
+    if differences:
+        reasons.append("not the recipe's full schedule: " + "; ".join(differences))
+    return reasons

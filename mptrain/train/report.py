@@ -136,7 +136,7 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         distributed=job.dist.describe(),
         resumed=job.resumed,
         checkpoints=_checkpoints_section(job.checkpointer),
-        recipe=recipe_verdict(cfg, status, evaluation),
+        recipe=recipe_verdict(cfg, status, evaluation, run.data if run else None),
         config=dataclasses.asdict(cfg),
         time=_time_section(run, wall_time_s),
     )

@@ -10,22 +10,30 @@ digits_cnn recipe checks the verdict end to end, and each claim's jobs run in-pr
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import yaml
-from conftest import compose_run, scalar_key_lines, train, yaml_leaf_paths
+from conftest import LM, compose_run, run_cli, scalar_key_lines, train, yaml_leaf_paths
 from hydra import compose, initialize_config_module
 
 from mptrain.commands.sweep import compare, find_runs
-from mptrain.config.recipes import recipe_files
+from mptrain.config.base import ConfigError
+from mptrain.config.recipes import check_recipe_source, recipe_files
 from mptrain.config.run import RunConfig
 from mptrain.models.task import lower_is_better
 from mptrain.output.metrics import read_metrics
 from mptrain.output.report import EvaluationSection
-from mptrain.train.recipe import recipe_verdict, schedule_differences
+from mptrain.train.recipe import (
+    check_recipe_data,
+    read_mismatch,
+    recipe_verdict,
+    schedule_differences,
+)
 
 RECIPES = recipe_files()
 NAMES = sorted(RECIPES)
@@ -300,6 +308,163 @@ def test_real_digits_cnn_run_meets_the_recipe(digits_cnn_run):
     md = (out / "report.md").read_text(encoding="utf-8")
     assert "digits_cnn: expected final_val_accuracy 0.997 ± 0.005" in md
     assert md.split("digits_cnn: expected", 1)[1].split("|", 1)[0].rstrip().endswith(": met")
+
+
+# ------------------------------------------------------------------------------ the recipe's data
+SHAKESPEARE_BYTES = (
+    1_115_394  # nanoGPT's data/shakespeare_char/input.txt (char-rnn's tinyshakespeare)
+)
+SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
+REFUSAL_END = (
+    "— give dataset.path=/path/to/input.txt, or recipe.strict=false to run it on other data "
+    "(its verdict then says not comparable)"
+)
+NANOGPT = "recipe=nanogpt_shakespeare_char"
+
+
+def text_file(path: Path, size: int) -> Path:
+    """A text of ``size`` bytes that is not Shakespeare (a few letters, repeated)."""
+    path.write_bytes((b"to be or not\n" * (size // 13 + 1))[:size])
+    return path
+
+
+def test_recipes_that_read_files_name_the_data_they_reproduce():
+    nanogpt = compose_recipe("nanogpt_shakespeare_char").recipe.data
+    assert (nanogpt.dataset, nanogpt.file) == ("text", "input.txt")
+    assert (nanogpt.bytes, nanogpt.sha256) == (SHAKESPEARE_BYTES, SHAKESPEARE_SHA256)
+    for name, counts in (
+        ("cifar10_resnet18", (50_000, 10_000)),
+        ("resnet50_imagenet_amp", (1_281_167, 50_000)),
+    ):
+        cfg = compose_recipe(name)
+        assert cfg.recipe.data.dataset == cfg.dataset.name  # the option the recipe selects
+        assert (cfg.recipe.data.train_samples, cfg.recipe.data.val_samples) == counts
+    # Built-in data (digits, the embedded stdlib) has nothing to check; strict is the default.
+    digits = compose_recipe("digits_cnn").recipe
+    assert digits.data == type(digits.data)() and digits.strict is True
+
+
+def test_text_recipe_without_its_file_is_refused_in_one_line_before_any_run(tmp_path, monkeypatch):
+    """The issue's case: no dataset.path would train for hours on the standard library."""
+    outcome = run_cli([NANOGPT], tmp_path, monkeypatch)
+    assert outcome.code == 2 and not outcome.launched
+    assert outcome.stderr.strip().splitlines() == [
+        "mptrain: error: recipe=nanogpt_shakespeare_char: trains on input.txt (1,115,394 bytes, "
+        "sha256 86c4e6…); dataset.path is the standard library's sources " + REFUSAL_END
+    ]
+    assert not (tmp_path / "outputs").exists()  # refused before Hydra made a run directory
+
+
+def test_text_recipe_on_a_file_of_another_size_is_refused_before_reading(tmp_path, monkeypatch):
+    small = text_file(tmp_path / "input.txt", 1000)
+    outcome = run_cli([NANOGPT, f"dataset.path={small}"], tmp_path, monkeypatch)
+    assert outcome.code == 2 and not outcome.launched
+    assert f"; dataset.path={small} has 1,000 bytes {REFUSAL_END}" in outcome.stderr
+    missing = tmp_path / "nowhere.txt"
+    outcome = run_cli([NANOGPT, f"dataset.path={missing}"], tmp_path, monkeypatch)
+    assert outcome.code == 2 and f"dataset.path={missing} does not exist" in outcome.stderr
+
+
+def test_a_sweep_of_a_recipe_on_other_data_is_refused_before_any_job(tmp_path, monkeypatch):
+    outcome = run_cli(["-m", NANOGPT, "precision=fp32,bf16"], tmp_path, monkeypatch)
+    assert outcome.code == 2 and not outcome.launched
+    assert "dataset.path is the standard library's sources" in outcome.stderr
+
+
+def test_text_of_the_right_size_but_other_bytes_is_refused_once_read(tmp_path):
+    """A stat cannot tell: the checksum of the text read does, before any model is built."""
+    same_size = text_file(tmp_path / "input.txt", SHAKESPEARE_BYTES)
+    cfg = compose_recipe(NANOGPT.split("=")[1], f"dataset.path={same_size}", *QUIET)
+    with pytest.raises(ConfigError) as refused:
+        train(cfg, tmp_path / "run")
+    digest = hashlib.sha256(same_size.read_bytes()).hexdigest()
+    assert str(refused.value) == (
+        "recipe=nanogpt_shakespeare_char: trains on input.txt (1,115,394 bytes, sha256 86c4e6…); "
+        f"dataset.path={same_size} has sha256 {digest[:6]}… " + REFUSAL_END
+    )
+    assert not (tmp_path / "run" / "report.json").exists()  # nothing trained, nothing reported
+
+
+def test_the_recipes_own_bytes_pass_both_checks(tmp_path):
+    """The checks compare with the declaration: a file matching it is accepted (the real
+    input.txt is not here, so the declaration is pointed at a file that is)."""
+    own = text_file(tmp_path / "input.txt", 5000)
+    digest = hashlib.sha256(own.read_bytes()).hexdigest()
+    declared = ("recipe.data.bytes=5000", f"recipe.data.sha256={digest}")
+    cfg = compose_recipe("nanogpt_shakespeare_char", f"dataset.path={own}", *declared, *QUIET)
+    check_recipe_source(cfg)  # nothing raised
+    data = SimpleNamespace(
+        text=SimpleNamespace(corpus=SimpleNamespace(bytes=5000, content_sha256=digest)),
+        num_train=10,
+        num_val=2,
+    )
+    assert read_mismatch(cfg, data) is None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "found"),
+    [
+        (("dataset=cifar100",), "dataset is cifar100 — give dataset=cifar10"),
+        (("dataset.root=/data",), "dataset.root=/data holds 1,000 train / 10,000 val samples"),
+    ],
+    ids=["another-dataset", "a-subset"],
+)
+def test_cifar10_recipe_refuses_another_dataset_or_a_part_of_it(overrides, found):
+    cfg = compose_recipe("cifar10_resnet18", *overrides, *QUIET)
+    subset = SimpleNamespace(text=None, num_train=1000, num_val=10_000)
+    with pytest.raises(ConfigError) as refused:
+        check_recipe_source(cfg)
+        check_recipe_data(cfg, subset)
+    message = str(refused.value)
+    assert message.startswith(
+        "recipe=cifar10_resnet18: trains on cifar10 (50,000 train / 10,000 val samples); "
+    )
+    assert found in message and message.endswith("(its verdict then says not comparable)")
+
+
+def test_not_strict_runs_on_other_data_and_its_verdict_says_so(tmp_path):
+    cfg = compose_run(NANOGPT, "recipe.strict=false", *QUIET)  # no dataset.path: the stdlib
+    check_recipe_source(cfg)  # not refused
+    other = SimpleNamespace(
+        text=SimpleNamespace(corpus=SimpleNamespace(bytes=99, content_sha256="ab" * 32)),
+        num_train=1,
+        num_val=1,
+    )
+    check_recipe_data(cfg, other)  # not refused either
+    e = dataclasses.replace(evaluation(0.5), task="lm", best_val_loss=1.40)  # would be "met"
+    section = recipe_verdict(cfg, "completed", e, other)
+    assert section.met is None
+    assert section.verdict == (
+        "not comparable: other data: dataset.path is the standard library's sources "
+        "(recipe: input.txt (1,115,394 bytes, sha256 86c4e6…))"
+    )
+
+
+@pytest.mark.slow
+def test_real_run_not_strict_on_other_text_reports_the_data_and_says_its_duration(tmp_path, capsys):
+    """End to end, shrunk: ``recipe.strict=false`` trains on a small text, its report says the
+    data differs and the run said how long it would take once timed."""
+    text = text_file(tmp_path / "input.txt", 20_000)
+    shrink = [o for o in LM if not o.startswith(("task=", "dataset.max_bytes"))]
+    cfg = compose_recipe(
+        "nanogpt_shakespeare_char",
+        f"dataset.path={text}",
+        "recipe.strict=false",
+        "precision=fp32",
+        "max_steps=12",
+        *shrink,
+    )
+    report = train(cfg, tmp_path / "run")
+    assert report["status"] == "completed"
+    verdict = report["recipe"]["verdict"]
+    assert verdict.startswith(f"not comparable: other data: dataset.path={text} has 20,000 bytes")
+    assert report["config"]["recipe"]["strict"] is False
+    out = capsys.readouterr().out
+    assert re.search(
+        r"estimate: recipe nanogpt_shakespeare_char: 12 steps, about \d+ s here at "
+        r"[\d.]+ m?s/step \(measured over steps 2-5\)",
+        out,
+    ), out
 
 
 # ------------------------------------------------------------------------ mixed-precision claims
