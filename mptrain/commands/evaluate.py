@@ -40,11 +40,13 @@ from mptrain.compose.preflight import (
 )
 from mptrain.config.base import ConfigError
 from mptrain.config.commands import check_eval_checkpoint
+from mptrain.config.data import TextDatasetConfig
 from mptrain.config.keys import flatten
 from mptrain.config.models import EXTRA_KEYS_FIELD
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import BatchLayout, DataBundle
 from mptrain.data.build import build_data
+from mptrain.data.lm import text_bundle, text_in_vocabulary
 from mptrain.data.text import Vocabulary
 from mptrain.models.build import MODELS, build_model
 from mptrain.models.task import Task
@@ -134,6 +136,18 @@ def check_data_fits(saved: dict[str, Any] | None, data: DataBundle, dataset: str
     return []
 
 
+def _eval_data(cfg: RunConfig, layout: BatchLayout, saved: dict[str, Any] | None) -> DataBundle:
+    """The data to evaluate on; a character model's text is read in the checkpoint's own
+    vocabulary (:func:`mptrain.data.lm.text_in_vocabulary`), older checkpoints' unknown id included."""
+    saved_vocab = (
+        Vocabulary.of_checkpoint(saved) if saved and saved.get("sequence_length") else None
+    )
+    chars = isinstance(cfg.dataset, TextDatasetConfig) and cfg.dataset.vocabulary == "chars"
+    if saved_vocab is None or saved_vocab.kind != "chars" or not chars or cfg.dataset.tokenizer:
+        return build_data(cfg.dataset, layout)
+    return text_bundle(cfg.dataset, text_in_vocabulary(cfg.dataset, saved_vocab), layout)
+
+
 def run_eval(cfg: RunConfig, path: Path, payload: dict[str, Any]) -> dict[str, Any]:
     """Evaluate ``payload``'s weights on ``cfg``'s validation set at ``cfg``'s precision.
     Returns the figures and facts of the eval report (see :func:`eval_result`)."""
@@ -148,7 +162,7 @@ def run_eval(cfg: RunConfig, path: Path, payload: dict[str, Any]) -> dict[str, A
         num_workers=cfg.num_workers,
         sequence_length=window_length(cfg),
     )
-    data = build_data(cfg.dataset, layout)
+    data = _eval_data(cfg, layout, payload.get("data"))
     notes = check_data_fits(payload.get("data"), data, cfg.dataset.name)
     model, fp8, _ = build_model_for_run(
         cfg, data, device, policy

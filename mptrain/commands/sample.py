@@ -4,8 +4,9 @@
 
 Settings compose like every command's (``sample.*``, ``seed``, ``device``, ``eval.checkpoint``;
 conf/config.yaml), with the short forms ``prompt=``, ``max_new_tokens=``, ``temperature=``,
-``top_k=`` and ``checkpoint=``. ``resume`` is a checkpoint file or a run directory
-(``eval.checkpoint=latest``: its newest checkpoint that loads; ``best``: best.pt). The model is rebuilt as :func:`mptrain.commands.evaluate.load_model`
+``top_k=`` and ``checkpoint=``. ``resume`` is a checkpoint file or a run directory: its best.pt
+where the run kept one (as nanoGPT samples its best model), else its newest checkpoint, unless
+``eval.checkpoint=latest`` or ``best`` says which; stderr names the one used. The model is rebuilt as :func:`mptrain.commands.evaluate.load_model`
 does (the plain FP32 architecture with the trained weights) and generates autoregressively:
 each new token is drawn from the softmax of the last position's logits divided by
 ``temperature``, restricted to the ``top_k`` most likely tokens (``temperature=0``: always the most
@@ -22,6 +23,7 @@ from __future__ import annotations
 import codecs
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TextIO
 
 import torch
@@ -32,6 +34,7 @@ from mptrain.config.run import RunConfig
 from mptrain.data.text import Vocabulary
 from mptrain.models.task import logits_of
 from mptrain.platform import hardware
+from mptrain.rundir.checkpoint import kept_best
 
 # The short forms mptrain sample has always taken, for the keys every command reads.
 SHORT_FORMS = {
@@ -69,6 +72,8 @@ def sample_settings(argv: list[str]) -> tuple[RunConfig, str]:
     cfg = checked_run_config(compose_job(overrides))
     if not cfg.resume:
         raise ConfigError("resume: required, a checkpoint file or a run directory of task=lm")
+    if not any(o.split("=", 1)[0].lstrip("+~") == "eval.checkpoint" for o in overrides):
+        cfg.eval.checkpoint = "best" if kept_best(cfg.resume) else "latest"
     return cfg, cfg.sample.prompt if prompt is None else prompt
 
 
@@ -212,10 +217,18 @@ def _shown(data: bytes, limit: int = 40) -> str:
 
 
 def encode_prompt(vocab: Vocabulary, prompt: str) -> tuple[torch.Tensor, list[str]]:
-    """The prompt's token ids ``(1, length)`` and the characters the vocabulary lacks;
-    ConfigError for an empty prompt or bytes the vocabulary cannot take (:func:`prompt_bytes`)."""
+    """The prompt's token ids ``(1, length)`` and the characters the vocabulary lacks (read as
+    its unknown id: only older character vocabularies have one). ConfigError for an empty prompt,
+    bytes the vocabulary cannot take (:func:`prompt_bytes`), or characters a vocabulary without
+    an unknown id lacks (named: the model has no id for them)."""
     data = prompt_bytes(vocab, prompt)
     missing = [] if vocab.chars is None else sorted(set(prompt) - set(vocab.chars))
+    if missing and vocab.unknown_id is None:
+        shown = ", ".join(repr(c) for c in missing)
+        raise ConfigError(
+            f"sample.prompt={_shown(data)}: {shown} not among the {vocab.size} characters the "
+            "model was trained on; give a prompt of those characters"
+        )
     ids = vocab.encode(data)
     if len(ids) == 0:
         raise ConfigError("prompt: empty; give at least one character (the default is a newline)")
@@ -254,6 +267,16 @@ def write_sample(model: nn.Module, ids: torch.Tensor, cfg: RunConfig, out: TextI
     out.write(stream.end() + "\n")
 
 
+def _which_words(cfg: RunConfig) -> str:
+    """Why this checkpoint of a run directory: `` (best.pt: the best evaluation)``; nothing for a
+    checkpoint file, which names itself."""
+    if not Path(cfg.resume or "").is_dir():
+        return ""
+    if cfg.eval.checkpoint == "best":
+        return " (best.pt: the best evaluation; eval.checkpoint=latest for the newest)"
+    return " (its newest checkpoint)"
+
+
 def sample_main(argv: list[str]) -> None:
     """``mptrain sample ...``: print the prompt and its continuation (see the module doc)."""
     from mptrain.commands.evaluate import load_model
@@ -275,7 +298,8 @@ def sample_main(argv: list[str]) -> None:
             file=sys.stderr,
         )
     print(
-        f"mptrain sample: {model.mptrain_checkpoint}, temperature {s.temperature:g}, "
+        f"mptrain sample: {model.mptrain_checkpoint}{_which_words(cfg)}, "
+        f"temperature {s.temperature:g}, "
         f"top_k {s.top_k}, seed {cfg.seed}, {s.max_new_tokens} new tokens",
         file=sys.stderr,
     )

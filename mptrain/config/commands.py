@@ -36,7 +36,8 @@ class AdviseConfig:
 class EvalConfig:
     """``mptrain eval resume=PATH``: which checkpoint of a run directory is evaluated."""
 
-    checkpoint: str = "latest"  # latest: the newest that loads | best: best.pt
+    # latest: the newest that loads | best: best.pt (mptrain sample, unless given: best where kept)
+    checkpoint: str = "latest"
 
 
 @dataclass

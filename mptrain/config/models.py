@@ -127,6 +127,9 @@ class GPTConfig(ModelConfig):
     width: int = 128
     block_size: int = 128  # context length: the training windows are this long
     dropout: float = 0.0
+    # Biases in the Linear and LayerNorm layers. True as nanoGPT's model.py GPTConfig
+    # (``bias: bool = True``); its train.py, and so its recipes, set ``bias = False``.
+    bias: bool = True
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""

@@ -4,6 +4,7 @@ of random training windows and fixed validation windows.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from mptrain.config.base import ConfigError
@@ -17,6 +18,7 @@ from mptrain.data.text import (
     TextFacts,
     TokenText,
     TrainWindows,
+    UnknownCharacters,
     ValWindows,
     Vocabulary,
     fixed_windows,
@@ -64,6 +66,22 @@ def load_text(cfg: TextDatasetConfig) -> TokenText:
             "dataset.vocabulary=bytes, or convert the text to UTF-8"
         )
     return text
+
+
+def text_in_vocabulary(cfg: TextDatasetConfig, vocab: Vocabulary) -> TokenText:
+    """The text of ``cfg`` (:func:`load_text`) in the character vocabulary ``vocab`` (a
+    checkpoint's), so each id means the character it meant in training: a checkpoint written
+    before issue 29 has an unknown id 0 and one id more than the text's own vocabulary. ConfigError
+    naming ``dataset.path`` for characters ``vocab`` lacks and has no unknown id for."""
+    text = load_text(cfg)
+    try:  # table[id of the text's vocabulary] = the id of the same character in ``vocab``
+        table = vocab.encode((text.vocabulary.chars or "").encode("utf-8"))
+    except UnknownCharacters as exc:
+        raise ConfigError(
+            f"dataset.path={_source_name(cfg)!r}: {exc}, which the model was never trained on; "
+            "evaluate on its training text"
+        ) from None
+    return dataclasses.replace(text, tokens=table[text.tokens], vocabulary=vocab)
 
 
 def load_tokenizer(cfg: TextDatasetConfig) -> str | None:

@@ -6,10 +6,10 @@ suites and site-packages left out, until ``max_bytes``. Any local text file or d
 (``path``) can be read the same way. What was read is recorded (:class:`CorpusFacts`), so a report
 can say which files and how many bytes a model saw.
 
-Tokens are bytes (vocabulary 256, no tokenizer) or characters (a vocabulary built from the
-training text; a character only the validation text has maps to the reserved id 0). The token
-stream is split once: the first ``1 - val_fraction`` of it trains, the rest validates, and no
-window crosses the boundary, so no validation token is ever seen in training.
+Tokens are bytes (vocabulary 256, no tokenizer) or characters (every character of the text
+read, sorted, as nanoGPT's ``data/shakespeare_char/prepare.py`` builds its 65 symbols: no unknown
+id). The token stream is split once: the first ``1 - val_fraction`` of it trains, the rest
+validates, and no window crosses the boundary, so no validation token is ever seen in training.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from mptrain.platform.seeding import ORDER_STREAM, epoch_generator
 _SKIPPED_PARTS = frozenset({"site-packages", "dist-packages", "test", "tests", "idle_test"})
 # Joins the records of .jsonl/.parquet files when the tokenizer has no end-of-text token.
 PLAIN_DOCUMENT_SEPARATOR = "\n\n"
-UNKNOWN_CHAR = "\x00"  # id 0 of a character vocabulary: characters the training text lacks
+# Id 0 of the character vocabularies of checkpoints before issue 29: every character not in them.
+UNKNOWN_CHAR = "\x00"
 
 
 @dataclass(frozen=True)
@@ -141,11 +142,14 @@ class Vocabulary:
     (``tokenizer``: a ``tokenizer.json``'s content, see :mod:`mptrain.data.tokenizer`).
 
     ``encode`` takes bytes; a characters or tokenizer vocabulary reads them as UTF-8 (a byte that
-    is not UTF-8 as U+FFFD). ``decode`` gives text; a tokenizer's special tokens are kept in it
-    (an end-of-text token shows where a document ended)."""
+    is not UTF-8 as U+FFFD). A character the vocabulary lacks raises :class:`UnknownCharacters`
+    unless it has an ``unknown_id`` (only the vocabularies of older checkpoints do). ``decode``
+    gives text; a tokenizer's special tokens are kept in it (an end-of-text token shows where a
+    document ended)."""
 
     chars: str | None = None
     tokenizer: str | None = field(default=None, repr=False)  # a few MB: not in messages
+    unknown_id: int | None = None  # the id of characters not in ``chars`` (None: refused)
 
     @property
     def kind(self) -> str:
@@ -171,8 +175,9 @@ class Vocabulary:
 
     @classmethod
     def of_characters(cls, text: str) -> Vocabulary:
-        """Every character of ``text``, sorted, after the reserved unknown character (id 0)."""
-        return cls(UNKNOWN_CHAR + "".join(sorted(set(text) - {UNKNOWN_CHAR})))
+        """Every character of ``text``, sorted, and nothing else: no unknown id, as nanoGPT's
+        ``chars = sorted(list(set(data)))`` (its 65 symbols for tiny Shakespeare)."""
+        return cls("".join(sorted(set(text))))
 
     def encode(self, data: bytes) -> torch.Tensor:
         if self.tokenizer is not None:
@@ -183,7 +188,11 @@ class Vocabulary:
             return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).astype(np.int64))
         index = {c: i for i, c in enumerate(self.chars)}
         text = data.decode("utf-8", errors="replace")
-        return torch.tensor([index.get(c, 0) for c in text], dtype=torch.int64)
+        if self.unknown_id is None:
+            missing = set(text) - index.keys()
+            if missing:
+                raise UnknownCharacters(sorted(missing))
+        return torch.tensor([index.get(c, self.unknown_id) for c in text], dtype=torch.int64)
 
     def decode(self, ids: torch.Tensor | list[int]) -> str:
         values = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
@@ -193,15 +202,32 @@ class Vocabulary:
             return bytes(values).decode("utf-8", errors="replace")
         return "".join(self.chars[i] for i in values)
 
-    def checkpoint_facts(self) -> dict[str, str | None]:
+    def checkpoint_facts(self) -> dict[str, Any]:
         """What a checkpoint stores to rebuild this vocabulary (:meth:`of_checkpoint`): the
-        characters, and the tokenizer file's content whole, so a checkpoint is self-contained."""
-        return {"vocabulary": self.chars, "tokenizer": self.tokenizer}
+        characters, the unknown id, and the tokenizer file's content whole, so a checkpoint is
+        self-contained."""
+        return {
+            "vocabulary": self.chars,
+            "tokenizer": self.tokenizer,
+            "unknown_id": self.unknown_id,
+        }
 
     @classmethod
     def of_checkpoint(cls, data: dict[str, Any]) -> Vocabulary:
-        """The vocabulary a checkpoint's data facts describe (no ``tokenizer``: an older one)."""
-        return cls(data.get("vocabulary"), data.get("tokenizer"))
+        """The vocabulary a checkpoint's data facts describe. Facts without ``unknown_id`` are
+        older: their characters (if any) start with :data:`UNKNOWN_CHAR`, id 0 the unknown one."""
+        chars = data.get("vocabulary")
+        older = chars is not None and "unknown_id" not in data
+        return cls(chars, data.get("tokenizer"), 0 if older else data.get("unknown_id"))
+
+
+class UnknownCharacters(ValueError):
+    """A text holds characters a character vocabulary without an unknown id lacks."""
+
+    def __init__(self, missing: list[str]) -> None:
+        shown = ", ".join(repr(c) for c in missing[:10]) + (" ..." if len(missing) > 10 else "")
+        super().__init__(f"{len(missing)} character(s) not in the vocabulary: {shown}")
+        self.missing = missing
 
 
 @dataclass(frozen=True)
@@ -442,8 +468,9 @@ def read_text_dataset(
     text_field: str = "text",
 ) -> TokenText:
     """Read ``path`` (a file or directory; empty: the interpreter's standard library) and
-    tokenise it with a byte or a character vocabulary (built from the training part only, so
-    nothing of the validation text leaks into it), or with ``tokenizer`` (a ``tokenizer.json``'s
+    tokenise it with a byte or a character vocabulary (every character of the text read, as
+    nanoGPT's prepare.py: a character only the validation text holds gets an id no training
+    target ever shows, which teaches the model nothing of that text), or with ``tokenizer`` (a ``tokenizer.json``'s
     content; ``vocabulary`` is then not used). Characters and tokenizers read UTF-8: the bytes
     that are not are counted (``not_utf8_bytes``). The records of ``.jsonl``/``.parquet`` files
     are joined with :func:`document_separator`. FileNotFoundError when there is no text,
@@ -456,7 +483,7 @@ def read_text_dataset(
         facts = dataclasses.replace(facts, source=f"python stdlib {root}")
     if vocab is None and vocabulary == "chars":
         text = data.decode("utf-8", errors="replace")
-        vocab = Vocabulary.of_characters(text[: len(text) - int(len(text) * val_fraction)])
+        vocab = Vocabulary.of_characters(text)
     vocab = vocab or Vocabulary()
     not_utf8 = None if vocab.kind == "bytes" else count_not_utf8(data)
     joined_by = None if facts.documents is None else separator

@@ -163,5 +163,7 @@ def build_vit(cfg: ViTConfig, in_channels: int, image_size: int, num_classes: in
 def build_gpt(cfg: GPTConfig, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
     """A GPT whose vocabulary is the data's (``num_classes`` = vocabulary size; the image
     arguments do not apply to token data)."""
-    shape = GPTShape(num_classes, cfg.block_size, cfg.layers, cfg.heads, cfg.width, cfg.dropout)
+    shape = GPTShape(
+        num_classes, cfg.block_size, cfg.layers, cfg.heads, cfg.width, cfg.dropout, cfg.bias
+    )
     return GPT(shape)

@@ -4,12 +4,14 @@ Pre-norm blocks: ``x + attention(norm(x))`` then ``x + mlp(norm(x))``. Attention
 self-attention through ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``
 (flash or memory-efficient kernels where the device has them); the MLP is Linear, GELU, Linear
 with 4x width. Token and learned position embeddings; the output head shares the token
-embedding's weight (tied). The attention projections and MLP Linears are the layers FP8 converts;
+embedding's weight (tied) and has no bias. ``bias=False`` leaves the biases out of every other
+Linear and LayerNorm too, as nanoGPT's recipes do (its train.py: ``bias = False``). The attention projections and MLP Linears are the layers FP8 converts;
 embeddings, norms, the softmax and the head stay in higher precision.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -20,7 +22,8 @@ from torch import nn
 
 @dataclass(frozen=True)
 class GPTShape:
-    """The model's size: vocabulary, context, depth, heads, width and dropout."""
+    """The model's size: vocabulary, context, depth, heads, width, dropout, and whether the
+    Linear and LayerNorm layers have biases."""
 
     vocab_size: int = 256
     block_size: int = 128
@@ -28,6 +31,7 @@ class GPTShape:
     heads: int = 4
     width: int = 128
     dropout: float = 0.0
+    bias: bool = True
 
     def __post_init__(self) -> None:
         if self.width % self.heads:
@@ -40,8 +44,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, shape: GPTShape) -> None:
         super().__init__()
         self.heads, self.dropout = shape.heads, shape.dropout
-        self.qkv = nn.Linear(shape.width, 3 * shape.width)
-        self.proj = nn.Linear(shape.width, shape.width)
+        self.qkv = nn.Linear(shape.width, 3 * shape.width, bias=shape.bias)
+        self.proj = nn.Linear(shape.width, shape.width, bias=shape.bias)
         self.resid_drop = nn.Dropout(shape.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -58,8 +62,8 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, shape: GPTShape) -> None:
         super().__init__()
-        self.fc = nn.Linear(shape.width, 4 * shape.width)
-        self.proj = nn.Linear(4 * shape.width, shape.width)
+        self.fc = nn.Linear(shape.width, 4 * shape.width, bias=shape.bias)
+        self.proj = nn.Linear(4 * shape.width, shape.width, bias=shape.bias)
         self.drop = nn.Dropout(shape.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -69,8 +73,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     def __init__(self, shape: GPTShape) -> None:
         super().__init__()
-        self.norm1, self.attn = nn.LayerNorm(shape.width), CausalSelfAttention(shape)
-        self.norm2, self.mlp = nn.LayerNorm(shape.width), MLP(shape)
+        norm = functools.partial(nn.LayerNorm, shape.width, bias=shape.bias)
+        self.norm1, self.attn = norm(), CausalSelfAttention(shape)
+        self.norm2, self.mlp = norm(), MLP(shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
@@ -87,7 +92,7 @@ class GPT(nn.Module):
         self.pos_emb = nn.Embedding(shape.block_size, shape.width)
         self.drop = nn.Dropout(shape.dropout)
         self.blocks = nn.ModuleList(Block(shape) for _ in range(shape.layers))
-        self.norm = nn.LayerNorm(shape.width)
+        self.norm = nn.LayerNorm(shape.width, bias=shape.bias)
         self.head = nn.Linear(shape.width, shape.vocab_size, bias=False)
         self.head.weight = self.tok_emb.weight  # tied: one matrix for both ends
         self.apply(self._init)

@@ -106,18 +106,35 @@ class PrecisionPolicy:
         return f"{self.name} (autocast {dtype}, {scaling})"
 
 
+# auto decides by a rule about the device, never by timing this model: the reason says so, and
+# where the rule is weakest (BF16 on a CPU: a small GPT ran 1.3x slower than FP32 on a CPU with
+# AMX-BF16, issue 29) it names the command that measures.
+_NOT_MEASURED = "not measured on this model"
+
+
 def _auto_choice(device: torch.device) -> tuple[str, str]:
+    """(precision, reason) of ``precision=auto`` on ``device``: a rule, stated as one."""
     if device.type == "cuda":
         major, minor = hardware.cuda_capability(device)
         if hardware.cuda_has_native_bf16(device):
-            return "bf16", f"GPU compute capability {major}.{minor} >= 8.0 has BF16 tensor cores"
-        return (
-            "fp16",
-            f"GPU compute capability {major}.{minor} < 8.0 has no BF16: FP16 + loss scaling",
+            return "bf16", (
+                f"rule: GPU compute capability {major}.{minor} >= 8.0 has BF16 tensor cores; "
+                f"{_NOT_MEASURED}"
+            )
+        return "fp16", (
+            f"rule: GPU compute capability {major}.{minor} < 8.0 has no BF16: FP16 + loss "
+            f"scaling; {_NOT_MEASURED}"
         )
     if hardware.cpu_has_native_bf16():
-        return "bf16", "CPU executes BF16 natively (AVX512-BF16/AMX-BF16)"
-    return "fp32", "CPU has no native BF16 and FP16 CPU kernels are slow: FP32"
+        return "bf16", (
+            f"rule: the CPU executes BF16 natively (AVX512-BF16/AMX-BF16); {_NOT_MEASURED}, "
+            "and small models can be slower in BF16 than in FP32 on a CPU: `mptrain bench` "
+            "times both"
+        )
+    return (
+        "fp32",
+        f"rule: the CPU has no native BF16 and FP16 CPU kernels are slow; {_NOT_MEASURED}",
+    )
 
 
 def _check_family(family: str, name: str, device: torch.device) -> tuple[str, ...]:

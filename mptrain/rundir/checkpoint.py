@@ -193,6 +193,13 @@ def _resume_from_best(
     return path, payload, notes
 
 
+def kept_best(resume: str) -> bool:
+    """Whether ``resume`` is a run directory (or its checkpoints/) that holds best.pt."""
+    path = Path(resume)
+    directory = path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
+    return path.is_dir() and (directory / BEST).is_file()
+
+
 def find_checkpoint(
     resume: str, which: str = "latest", *, fall_back: bool = False
 ) -> tuple[Path, dict[str, Any], list[str]]:
@@ -251,6 +258,8 @@ ADDED_SETTINGS: dict[str, Any] = {
 }
 # Added to dataset=text (only its signatures hold them); dataset.tokenizer's null needs no entry.
 ADDED_TEXT_SETTINGS: dict[str, Any] = {"dataset.text_field": "text"}
+# Added to model=gpt (issue 29): its GPTs had biases.
+ADDED_GPT_SETTINGS: dict[str, Any] = {"model.bias": True}
 
 
 # The signature key of what the data was (mptrain.data.batches.DataBundle.identity). Checkpoints
@@ -322,12 +331,13 @@ def _short_digest(identity: str | None) -> str:
 
 
 def _added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
-    """The :data:`ADDED_SETTINGS` an older signature lacks (FP8 keys only if it ran FP8), and
-    for dataset=text the :data:`ADDED_TEXT_SETTINGS`."""
+    """The :data:`ADDED_SETTINGS` an older signature lacks (FP8 keys only if it ran FP8), for
+    dataset=text the :data:`ADDED_TEXT_SETTINGS` and for model=gpt the :data:`ADDED_GPT_SETTINGS`."""
     fp8 = any(key.startswith("fp8.") for key in saved)
     text = ADDED_TEXT_SETTINGS if saved.get("dataset.name") == "text" else {}
+    gpt = ADDED_GPT_SETTINGS if saved.get("model.name") == "gpt" else {}
     return {
         key: value
-        for key, value in {**ADDED_SETTINGS, **text}.items()
+        for key, value in {**ADDED_SETTINGS, **text, **gpt}.items()
         if key not in saved and (fp8 or not key.startswith("fp8."))
     }

@@ -9,12 +9,13 @@ from __future__ import annotations
 import io
 import math
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import run_cli
 
-from mptrain.commands.sample import sample_main, sample_settings
+from mptrain.commands.sample import encode_prompt, sample_main, sample_settings
 from mptrain.config.base import ConfigError
 from mptrain.data.text import Vocabulary
 from mptrain.models.gpt import GPT, GPTShape
@@ -193,3 +194,48 @@ def test_streamed_bytes_decode_as_the_whole_text_does():
     stream = TextStream(BYTES)
     pieces = [stream.piece([b]) for b in data] + [stream.end()]
     assert "".join(pieces) == BYTES.decode(data)
+
+
+# ------------------------------------------------ which checkpoint, and characters it never saw
+def run_directory(tmp_path: Path, *, best: bool) -> Path:
+    """A run directory's checkpoint files by name (sample_settings only looks for best.pt)."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "step_00000010.pt").write_bytes(b"")
+    if best:
+        (checkpoints / "best.pt").write_bytes(b"")
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize(("best", "default"), [(True, "best"), (False, "latest")])
+def test_sample_takes_best_pt_by_default_where_the_run_kept_one(tmp_path, best, default):
+    """As nanoGPT's sample.py samples the best model its train.py kept; the command line wins."""
+    run = run_directory(tmp_path, best=best)
+    assert sample_settings([f"resume={run}"])[0].eval.checkpoint == default
+    asked = sample_settings([f"resume={run}", "checkpoint=latest"])[0]
+    assert asked.eval.checkpoint == "latest"
+    assert sample_settings([f"resume={run}/checkpoints"])[0].eval.checkpoint == default
+
+
+def test_stderr_names_the_checkpoint_and_why(monkeypatch, tmp_path, capsys):
+    run = run_directory(tmp_path, best=True)
+    model = tiny_lm(CHARS)
+    monkeypatch.setattr("mptrain.commands.evaluate.load_model", lambda *a, **k: model)
+    model.mptrain_checkpoint = str(run / "checkpoints" / "best.pt")
+    sample_main([f"resume={run}", "device=cpu", "max_new_tokens=1", "prompt=the"])
+    err = capsys.readouterr().err
+    assert f"{run}/checkpoints/best.pt (best.pt: the best evaluation;" in err
+
+
+def test_a_prompt_character_the_vocabulary_lacks_is_refused_naming_it(monkeypatch, tmp_path):
+    """A character vocabulary has no unknown id (issue 29): the model has no id to read it as."""
+    assert CHARS.unknown_id is None and CHARS.size == len(set("the quick brown fox\n"))
+    error = sample_refusal(monkeypatch, tmp_path, tiny_lm(CHARS), "prompt=the Zoo€")
+    assert "'Z', '€' not among the 17 characters the model was trained on" in error
+
+
+def test_an_older_vocabulary_reads_unseen_characters_as_its_unknown_id():
+    older = Vocabulary.of_checkpoint({"vocabulary": "\x00 abc", "tokenizer": None})
+    assert older.unknown_id == 0
+    ids, missing = encode_prompt(older, "a Zc")
+    assert ids[0].tolist() == [2, 1, 0, 4] and missing == ["Z"]

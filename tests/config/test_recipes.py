@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 import yaml
 from conftest import LM, compose_run, run_cli, scalar_key_lines, train, yaml_leaf_paths
 from hydra import compose, initialize_config_module
@@ -563,3 +564,41 @@ def test_claim_d_bf16_trains_without_loss_scaling(claim_jobs):
     assert bf16.training["skipped_steps"] == {"count": 0, "steps": []}
     assert fp32.accuracy > 0.9
     assert abs(bf16.accuracy - fp32.accuracy) <= 0.015
+
+
+# tiny Shakespeare's 65 characters, as nanoGPT's data/shakespeare_char/prepare.py lists them.
+SHAKESPEARE_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+# nanoGPT's README CPU command: --block_size=64 --n_layer=4 --n_head=4 --n_embd=128 --dropout=0.0
+NANOGPT_CPU = (
+    "model.layers=4",
+    "model.heads=4",
+    "model.width=128",
+    "model.block_size=64",
+    "model.dropout=0.0",
+)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "total", "nanogpt_count"),
+    [((), 10_745_088, 10_646_784), (NANOGPT_CPU, 804_096, 795_904)],
+    ids=["recipe", "readme-cpu"],
+)
+def test_the_nanogpt_recipe_builds_nanogpts_exact_shapes(tmp_path, overrides, total, nanogpt_count):
+    """On a text of tiny Shakespeare's 65 characters the recipe's model has nanoGPT's 65-symbol
+    vocabulary (no unknown id), no biases, and its parameter count: all parameters, and without
+    the position table as nanoGPT's get_num_params(non_embedding=True) prints them."""
+    from mptrain.data.batches import BatchLayout
+    from mptrain.data.build import build_data
+    from mptrain.models.build import build_model
+
+    text = tmp_path / "input.txt"
+    text.write_text(SHAKESPEARE_CHARS * 200)
+    cfg = compose_recipe("nanogpt_shakespeare_char", *QUIET, f"dataset.path={text}", *overrides)
+    block = cfg.model.block_size
+    layout = BatchLayout(4, 4, torch.device("cpu"), 0, 0, sequence_length=block)
+    data = build_data(cfg.dataset, layout)
+    assert data.num_classes == 65 and data.text.vocabulary.unknown_id is None
+    model = build_model(cfg.model, 0, 0, data.num_classes, "cpu", block)
+    assert not any(name.endswith(".bias") for name, _ in model.named_parameters())
+    count = sum(p.numel() for p in model.parameters())
+    assert (count, count - model.pos_emb.weight.numel()) == (total, nanogpt_count)

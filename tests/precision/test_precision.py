@@ -41,6 +41,16 @@ def test_auto_picks_bf16_on_cpu_with_native_bf16(monkeypatch):
     assert "BF16" in policy.reason
 
 
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_auto_says_it_chose_by_a_rule_not_by_measuring(monkeypatch, native_bf16):
+    """The basis of the choice is in the reason (the report's "precision choice"): on a CPU with
+    native BF16 it also says how to measure, as BF16 can be the slower one there."""
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: native_bf16)
+    reason = resolve_precision(precision("auto"), CPU).reason
+    assert reason.startswith("rule: ") and "not measured on this model" in reason
+    assert ("`mptrain bench` times both" in reason) is native_bf16
+
+
 def test_auto_picks_fp32_on_cpu_without_native_bf16(monkeypatch):
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
     policy = resolve_precision(precision("auto"), CPU)

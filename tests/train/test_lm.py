@@ -3,21 +3,26 @@ precision, resume, metrics, best checkpoint), sampling, errors and the attention
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import re
 import signal
+from pathlib import Path
 
 import pytest
 import torch
 from conftest import LM, compose_run, describe, run_mptrain, train
 
-from mptrain.commands.evaluate import load_model
+from mptrain.commands.evaluate import eval_main, load_model
 from mptrain.commands.sample import encode_prompt, generate
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
 from mptrain.data.text import (
+    UNKNOWN_CHAR,
     TrainWindows,
+    UnknownCharacters,
     ValWindows,
     Vocabulary,
     corpus_files,
@@ -31,6 +36,7 @@ from mptrain.data.text import (
 from mptrain.models.gpt import GPT, GPTShape
 from mptrain.models.task import Task, lower_is_better
 from mptrain.output.metrics import MetricsLog
+from mptrain.rundir.checkpoint import atomic_torch_save, find_checkpoint
 from mptrain.train.job import RunInterrupted
 
 SMALL = GPTShape(vocab_size=256, block_size=16, layers=2, heads=2, width=32)
@@ -82,9 +88,49 @@ def test_byte_and_character_vocabularies_round_trip():
     data = "def f(x):\n    return x  # é\n".encode()
     assert Vocabulary().decode(Vocabulary().encode(data)) == data.decode()
     chars = Vocabulary.of_characters(data.decode())
-    assert chars.size == len(set(data.decode())) + 1  # and the unknown character
+    assert chars.size == len(set(data.decode())) and chars.unknown_id is None  # as nanoGPT's
     assert chars.decode(chars.encode(data)) == data.decode()
-    assert chars.encode("€".encode()).tolist() == [0]  # not in the training text
+    with pytest.raises(UnknownCharacters, match=r"1 character.* not in the vocabulary: '€'"):
+        chars.encode("x€".encode())  # no id to read it as
+
+
+def older_checkpoint(run_dir: Path, out: Path) -> Path:
+    """``run_dir``'s newest checkpoint as a character run before issue 29 wrote it: id 0 the
+    unknown character before the text's (one more embedding row), no ``unknown_id`` fact, no
+    ``model.bias`` setting."""
+    _, payload, _ = find_checkpoint(str(run_dir))
+    data = payload["data"]
+    data["vocabulary"] = UNKNOWN_CHAR + data.pop("vocabulary")
+    data["num_classes"] += 1
+    del data["unknown_id"]
+    for key in ("tok_emb.weight", "head.weight"):  # tied: the state dict holds both
+        weight = payload["model"][key]
+        payload["model"][key] = torch.cat([weight.new_zeros(1, weight.shape[1]), weight])
+    del payload["config"]["model"]["bias"]
+    payload["signature"].pop("model.bias", None)
+    atomic_torch_save(payload, out)
+    return out
+
+
+def test_older_character_checkpoints_still_evaluate_and_sample(tmp_path):
+    """Their vocabulary's unknown id 0 is kept: eval reads the text in it, sample reads unseen
+    prompt characters as it (the text's own vocabulary now has one id fewer)."""
+    text = tmp_path / "abc.txt"
+    text.write_text("the quick brown fox\n" * 300)
+    overrides = (f"dataset.path={text}", "dataset.vocabulary=chars", "precision=fp32")
+    train(lm_run(*overrides, "max_steps=4", "eval_every=4", "model.block_size=16"), tmp_path / "r")
+    old = older_checkpoint(tmp_path / "r", tmp_path / "old.pt")
+    model = load_model(old)
+    vocab = model.mptrain_vocabulary
+    assert vocab.unknown_id == 0 and vocab.size == len(set("the quick brown fox\n")) + 1
+    ids, missing = encode_prompt(vocab, "the Z")
+    assert missing == ["Z"] and ids[0, -1] == 0
+    assert generate(model, ids, 3, 16, temperature=0).shape == (1, 8)
+    out = tmp_path / "eval"
+    with contextlib.redirect_stdout(io.StringIO()):
+        eval_main([f"resume={old}", "device=cpu", f"hydra.run.dir={out}"])
+    result = json.loads((out / "eval.json").read_text())
+    assert math.isfinite(result["val_loss"]) and result["checkpoint"] == str(old)
 
 
 def test_training_and_validation_windows_never_overlap():
@@ -307,7 +353,9 @@ def test_sample_continues_what_the_model_learned(tmp_path):
     ids, missing = encode_prompt(vocab, "the qu")
     out = generate(model, ids, 20, 16, temperature=0)
     assert vocab.decode(out[0]).startswith("the quick brown fox\nthe")
-    assert missing == [] and encode_prompt(vocab, "Z")[1] == ["Z"]
+    assert missing == []
+    with pytest.raises(ConfigError, match="'Z' not among the"):
+        encode_prompt(vocab, "Z")  # no unknown id to read it as
     # Sampling: reproducible by seed; top_k=1 is the greedy choice.
     draws = [
         generate(model, ids, 20, 16, temperature=1.0, generator=torch.Generator().manual_seed(s))
@@ -327,6 +375,7 @@ def test_sample_continues_what_the_model_learned(tmp_path):
     assert result.returncode == 0, describe(result)
     assert result.stdout == "the quick brown fox\n\n"  # the prompt, 14 tokens, a newline
     assert "temperature 0" in result.stderr
+    assert "best.pt (best.pt: the best evaluation;" in result.stderr  # nanoGPT samples its best
 
     # mptrain eval of the same run: the task, model and text come from the checkpoint.
     result = run_mptrain(tmp_path, "eval", f"resume={run_dir}", f"hydra.run.dir={tmp_path / 'ev'}")
