@@ -1,11 +1,25 @@
 """Progress while a run trains: the live bar on a terminal, plain lines everywhere else.
 
-On a terminal, a rich progress bar with epoch, step, loss, loss scale and samples/s. Anywhere else
-(``> train.log``, ``| tee``, nohup, SLURM) one plain line every ``log_every`` steps and one per
-evaluation, e.g.::
+On a terminal, a rich progress bar with epoch, step, loss, loss scale, samples/s and the time
+left. Anywhere else (``> train.log``, ``| tee``, nohup, SLURM) one plain line every ``log_every``
+steps and one per evaluation, e.g.::
 
     train step=100/300 epoch=1 loss=0.4321 lr=0.001 loss_scale=65536 skipped=0 samples/s=2345 eta=0:00:12
     eval step=100/300 epoch=1 val_loss=0.3124 val_accuracy=91.23%
+
+and, so that no run is silent for long, a line after the first step and whenever
+:attr:`ProgressDisplay.LINE_EVERY_S` passed without one. These come from the host's clock between
+log rows, so they read nothing from the device (no loss: that is read at log rows only)::
+
+    train step=1/5000 epoch=0 elapsed=0:00:41 s/step=41.2 eta=2 days, 9:12:18 (first step, one-off costs included)
+    train step=8/5000 epoch=0 elapsed=0:05:12 s/step=38.7 eta=2 days, 5:39:50
+
+Once, after the first few steps, the estimate of the whole run (:mod:`mptrain.output.pace`), and
+after the first step the note of a precision known to be far slower than FP32 here (with FP32's
+step measured on the same model), whether or not the bar is shown::
+
+    about 2 days, 5 h for 5,000 steps at 38.7 s/step (measured over steps 2-5)
+    note: FP16 convolutions are a slow path on this CPU: one step took 41.2 s in fp16 vs 0.62 s in fp32 (66×); ...
 
 The job's log file (:mod:`mptrain.output.joblog`) records those lines in both cases.
 """
@@ -18,9 +32,10 @@ import time
 from typing import Any, Protocol
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from mptrain.output.joblog import JobLog
+from mptrain.output.pace import Clock, Pace, RunEstimate, SlowPath, slow_path_note
 
 
 class StepCounters(Protocol):
@@ -36,12 +51,16 @@ class ProgressDisplay:
 
     ``enabled``: show progress on stdout at all (the bar on a terminal, lines elsewhere); the
     log file records the lines either way (when ``log`` is given and entered). ``start_step``: the
-    step the run starts from (a resumed run), for the ETA.
+    step the run starts from (a resumed run), for the time left. ``clock``: seconds, read once per
+    step (tests replace it). ``slow_path``: the note to give after the first step, when the
+    precision is known to be far slower than FP32 here. After the run, :attr:`estimate` holds the
+    estimate made (None for a run too short to make one) and :attr:`notes` the notes given.
     """
 
     REFRESH_PER_S = 10  # rich's own redraw rate
+    LINE_EVERY_S = 30.0  # off a terminal: the longest silence between lines
 
-    def __init__(
+    def __init__(  # noqa: PLR0913 (a constructor: the display's settings, named)
         self,
         total_steps: int,
         label: str,
@@ -49,17 +68,21 @@ class ProgressDisplay:
         enabled: bool,
         log: JobLog | None = None,
         start_step: int = 0,
+        clock: Clock = time.monotonic,
+        slow_path: SlowPath | None = None,
     ) -> None:
         self.enabled = enabled and console.is_terminal  # the live bar
         self.lines = enabled and not console.is_terminal  # plain lines on stdout
         self.log = log if log is not None else JobLog(console)
         self.total_steps, self.start_step = total_steps, start_step
+        self.clock, self.slow_path = clock, slow_path
+        self.pace = Pace(total_steps, start_step)
+        self.notes: list[str] = []
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"),
-            TimeRemainingColumn(),
             console=console,
             disable=not self.enabled,
             transient=False,
@@ -69,10 +92,17 @@ class ProgressDisplay:
         self._fields: dict[str, str] = {}
         self._state: StepCounters | None = None
         self._next_update = 0.0
-        self._started = time.monotonic()
+        self._last_line = 0.0  # when the last line was given (clock)
+        self._lined_step = start_step  # the step the last train line was about
+        self._paced_step = start_step  # the last step Pace was told of
+
+    @property
+    def estimate(self) -> RunEstimate | None:
+        return self.pace.estimate
 
     def __enter__(self) -> ProgressDisplay:
-        self._started = time.monotonic()
+        self._last_line = now = self.clock()
+        self.pace.start(now)
         self._progress.start()
         return self
 
@@ -83,17 +113,50 @@ class ProgressDisplay:
 
     def _refresh(self, state: StepCounters) -> None:
         status = " ".join(f"{k} {v}" for k, v in self._fields.items())
+        eta = _duration(self.pace.remaining_s(state.step))
         self._progress.update(
-            self._task, completed=state.step, status=f"epoch {state.epoch} {status}"
+            self._task, completed=state.step, status=f"epoch {state.epoch} {status} eta {eta}"
         )
 
     def on_step(self, state: StepCounters) -> None:
-        # Called every step; the bar redraws at REFRESH_PER_S anyway, so updating it more often
-        # than that only costs the training loop time (~10 us per update on a 1 ms step).
-        self._state = state
-        if self.enabled and (now := time.monotonic()) >= self._next_update:
+        # Called every step: one clock read and a few comparisons. The bar redraws at
+        # REFRESH_PER_S anyway, so updating it more often than that only costs the training loop
+        # time (~10 us per update on a 1 ms step).
+        self._state, now = state, self.clock()
+        self._step_done(state.step, now)
+        if state.step == self.pace.first_step:
+            self._after_first_step(state, now)
+        elif self._silent_since(now) and self._lined_step != state.step:
+            self._lined_step = state.step
+            self._line(pace_line(state, self.total_steps, self.pace, now), now)
+        if self.enabled and now >= self._next_update:
             self._next_update = now + 1 / self.REFRESH_PER_S
             self._refresh(state)
+
+    def _silent_since(self, now: float) -> bool:
+        """Off a terminal: no line for :attr:`LINE_EVERY_S` (the bar needs no such line)."""
+        return self.lines and now - self._last_line >= self.LINE_EVERY_S
+
+    def _step_done(self, step: int, now: float) -> None:
+        """Time ``step`` once (a log row comes before the step's on_step); give the estimate
+        when this step makes it."""
+        if step == self._paced_step:
+            return
+        self._paced_step = step
+        estimate = self.pace.step_done(step, now)
+        if estimate is not None:
+            self._shown(estimate.line())
+
+    def _after_first_step(self, state: StepCounters, now: float) -> None:
+        """The first line (unless the step's log row just gave one) and the slow-path note."""
+        if self._lined_step != state.step:
+            self._lined_step = state.step
+            line = pace_line(state, self.total_steps, self.pace, now)
+            self._line(f"{line} (first step, one-off costs included)", now)
+        if self.slow_path is not None:
+            note = slow_path_note(self.slow_path, self.pace.first_step_s)
+            self.notes.append(note)
+            self.log.say(note, "note")  # like the precision's notes: shown even without progress
 
     def on_log(self, row: dict[str, Any]) -> None:
         self._fields["loss"] = f"{row['loss']:.4f}"
@@ -102,28 +165,32 @@ class ProgressDisplay:
         self._fields["samples/s"] = f"{row['samples_per_s']:.0f}"
         if "tokens_per_s" in row:
             self._fields["tokens/s"] = f"{row['tokens_per_s']:.0f}"
-        self._line(step_line(row, self.total_steps, self._eta(row["step"])))
+        now = self.clock()
+        self._step_done(row["step"], now)
+        self._lined_step = row["step"]
+        self._line(step_line(row, self.total_steps, self.pace.remaining_s(row["step"])), now)
 
     def on_eval(self, row: dict[str, Any]) -> None:
         self._fields["val_acc"] = f"{row['val_accuracy']:.2%}"
-        self._line(eval_line(row, self.total_steps))
+        self._line(eval_line(row, self.total_steps), self.clock())
 
     def on_warning(self, message: str) -> None:
         # Printed whether or not the bar is shown: a warning must reach the user once.
         self.log.warn(message)
 
-    def _line(self, line: str) -> None:
+    def _line(self, line: str, now: float) -> None:
+        self._last_line = now
         if self.lines:
             self.log.say(line)
         else:  # the bar (or nothing, progress=false) on stdout; the line still goes to the log
             self.log.record(line)
 
-    def _eta(self, step: int) -> float | None:
-        """Seconds left at the pace since the start (evaluations included: they recur)."""
-        done = step - self.start_step
-        if done <= 0:
-            return None
-        return (time.monotonic() - self._started) / done * (self.total_steps - step)
+    def _shown(self, line: str) -> None:
+        """A one-off line: above the bar or among the lines; with progress off, the log only."""
+        if self.enabled or self.lines:
+            self.log.say(line)
+        else:
+            self.log.record(line)
 
 
 def _duration(seconds: float | None) -> str:
@@ -147,6 +214,17 @@ def step_line(row: dict[str, Any], total_steps: int, eta_s: float | None) -> str
         f"train step={row['step']}/{total_steps} epoch={row['epoch']} loss={row['loss']:.4f} "
         f"lr={row['lr']:.4g} loss_scale={scale} skipped={row['skipped_total']} "
         f"samples/s={row['samples_per_s']:.0f}{_tokens(row)} eta={_duration(eta_s)}"
+    )
+
+
+def pace_line(state: StepCounters, total_steps: int, pace: Pace, now: float) -> str:
+    """A line from the clock alone, between log rows: no loss, nothing read from the device."""
+    step_s = pace.step_s
+    speed = "?" if step_s is None else f"{step_s:.3g}"
+    return (
+        f"train step={state.step}/{total_steps} epoch={state.epoch} "
+        f"elapsed={_duration(pace.elapsed_s(now))} s/step={speed} "
+        f"eta={_duration(pace.remaining_s(state.step))}"
     )
 
 

@@ -158,6 +158,11 @@ class TimeSection:
     checkpoint_s: float  # writes, the final one included
     checkpoints: int
     other_s: float
+    # The estimate of the loop's time made once while training (mptrain.output.pace.RunEstimate:
+    # estimated_s, steps, step_s, measured_steps [first, last], made_at_step, made_after_s, line)
+    # beside the actual: actual_s (training + evaluation + checkpoints) over actual_steps. None
+    # when the run stopped before it was made, and in reports written before it existed.
+    estimate: dict[str, Any] | None = None
 
     @property
     def non_training_share(self) -> float | None:

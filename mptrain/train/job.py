@@ -52,6 +52,7 @@ from mptrain.precision.policy import PrecisionPolicy
 from mptrain.rundir.checkpoint import check_compatible, resolve_resume
 from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, RUN_PNG
 from mptrain.rundir.lock import RunDirLock, check_no_other_run
+from mptrain.train import cadence
 from mptrain.train.build import build_run, resolve_run
 from mptrain.train.checkpointer import Checkpointer, run_signature
 from mptrain.train.components import Run
@@ -60,6 +61,7 @@ from mptrain.train.estimate import StepTimer
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.report import assemble_report, now_iso
 from mptrain.train.resume import data_key, no_checkpoint_hint, restore_or_refuse
+from mptrain.train.slowpath import check_slow_path
 from mptrain.train.state import LoopState
 
 
@@ -173,6 +175,7 @@ class Job:
         self.report_lost: str | None = None  # why report.json could not be written, if so
         self.trackers: Trackers | None = None
         self.figures: FigureWorker | None = None  # rank 0: draws curves.png
+        self.display: ProgressDisplay | None = None  # rank 0: its estimate and notes (report)
 
     @property
     def state(self) -> LoopState:
@@ -289,11 +292,14 @@ class Job:
         metrics = MetricsLog(self.output_dir / METRICS_JSONL) if self.dist.is_main else None
         show = cfg.progress and self.dist.is_main
         label = f"{self.policy.name} {cfg.model.name}"
+        # Before the display starts timing the run's first step: FP32's step, when it is needed.
+        slow_path = check_slow_path(run) if self.dist.is_main else None
+        display = ProgressDisplay(
+            total, label, self.console, show, self.log, start, cadence.now, slow_path
+        )
         try:
-            with (
-                ProgressDisplay(total, label, self.console, show, self.log, start) as display,
-                self._stop_signals() as (stop, save),
-            ):
+            with display, self._stop_signals() as (stop, save):
+                self.display = display
                 self.stop = stop
                 if checkpointer is not None:
                     checkpointer.asked = save.take

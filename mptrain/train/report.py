@@ -17,6 +17,7 @@ from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.models.build import compile_counts, model_facts
 from mptrain.models.task import Task
+from mptrain.output.progress import ProgressDisplay
 from mptrain.output.report import (
     CheckpointsSection,
     DataSection,
@@ -62,6 +63,7 @@ class JobRecord(Protocol):
     checkpointer: Checkpointer | None
     compile_counts_at_start: dict[str, int] | None
     load_at_start: contention.LoadSample  # the machine's load when the job started
+    display: ProgressDisplay | None  # the run's estimate and the notes given while it trained
 
 
 def now_iso() -> str:
@@ -113,7 +115,7 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         started_at=job.started_at,
         finished_at=now_iso(),
         wall_time_s=wall_time_s,
-        precision=_precision_section(cfg, job.policy),
+        precision=_precision_section(cfg, job.policy, job.display.notes if job.display else []),
         tf32=job.tf32,
         fp8={**run.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
         if run and run.fp8
@@ -138,11 +140,14 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         checkpoints=_checkpoints_section(job.checkpointer),
         recipe=recipe_verdict(cfg, status, evaluation, run.data if run else None),
         config=dataclasses.asdict(cfg),
-        time=_time_section(run, wall_time_s),
+        time=_time_section(run, wall_time_s, job.display),
     )
 
 
-def _precision_section(cfg: RunConfig, p: PrecisionPolicy | None) -> PrecisionSection:
+def _precision_section(
+    cfg: RunConfig, p: PrecisionPolicy | None, run_notes: list[str]
+) -> PrecisionSection:
+    """What ran and why; ``run_notes``: notes given while it trained (a slow path's, measured)."""
     if p is None:
         return PrecisionSection(requested=cfg.precision.alias or cfg.precision.name)
     return PrecisionSection(
@@ -154,7 +159,7 @@ def _precision_section(cfg: RunConfig, p: PrecisionPolicy | None) -> PrecisionSe
         loss_scaling=p.loss_scaling,
         scaler={"enabled": p.loss_scaling, **dataclasses.asdict(p.scaler)},
         reason=p.reason,
-        notes=list(p.notes),
+        notes=[*p.notes, *run_notes],
         master_weights_dtype=dtype_name(p.param_dtype),
         master_weights=p.master_weights,
     )
@@ -249,11 +254,16 @@ def _throughput_section(
     )
 
 
-def _time_section(run: Run | None, wall_time_s: float) -> TimeSection | None:
+def _time_section(
+    run: Run | None, wall_time_s: float, display: ProgressDisplay | None
+) -> TimeSection | None:
+    """Where the time went, and the estimate made while training beside the loop's actual time."""
     if run is None:
         return None
     t = run.monitor.time
     inside = t.training_s + t.evaluation_s + t.checkpoint_s
+    estimate = display.estimate if display else None
+    steps_run = run.state.step - display.start_step if display else 0
     return TimeSection(
         training_s=t.training_s,
         evaluation_s=t.evaluation_s,
@@ -261,6 +271,7 @@ def _time_section(run: Run | None, wall_time_s: float) -> TimeSection | None:
         checkpoint_s=t.checkpoint_s,
         checkpoints=t.checkpoints,
         other_s=max(wall_time_s - inside, 0.0),
+        estimate=estimate.record(inside, steps_run) if estimate else None,
     )
 
 

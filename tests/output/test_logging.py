@@ -97,7 +97,8 @@ def test_a_terminal_keeps_the_live_bar_and_the_log_file_gets_the_lines(tmp_path)
         logging.getLogger().removeHandler(handler)
         handler.close()
     logged = (tmp_path / "job.log").read_text(encoding="utf-8").splitlines()
-    assert [int(m[1]) for m in map(re.compile(r"train step=(\d+)/8 ").match, logged) if m] == [4, 8]
+    steps = [int(m[1]) for m in map(re.compile(r"train step=(\d+)/8 ").match, logged) if m]
+    assert steps == [1, 4, 8]  # the first step's line, then the log rows
     assert any(line.startswith("eval step=8/8 ") for line in logged)
     assert any(line.startswith("summary: final val accuracy: ") for line in logged)
     shown = terminal.getvalue()

@@ -77,3 +77,80 @@ def test_no_line_when_progress_is_off_or_the_bar_shows_but_the_log_records_it(ca
             display.on_log(ROW)
         assert "train step=" not in console.file.getvalue()
         assert [r.getMessage()[:20] for r in caplog.records] == ["train step=20/100 ep"]
+
+
+class FakeClock:
+    """Seconds that move only when the test says so."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _plain() -> Console:
+    return Console(file=io.StringIO(), width=100_000, soft_wrap=True)
+
+
+def test_off_a_terminal_a_line_after_the_first_step_then_at_least_every_30_s():
+    clock, console = FakeClock(), _plain()
+    display = ProgressDisplay(1000, "fp16 resnet50", console, enabled=True, clock=clock)
+    state = LoopState()
+    with display:
+        for step, seconds in enumerate([41.0, 12.0, 12.0, 12.0, 12.0, 12.0], start=1):
+            clock.t += seconds
+            state.step = step
+            display.on_step(state)
+    lines = console.file.getvalue().splitlines()
+    assert lines[0] == (
+        "train step=1/1000 epoch=0 elapsed=0:00:41 s/step=41 eta=11:22:39 "
+        "(first step, one-off costs included)"
+    )
+    # Step 4: steps 2-4 took 36 s, enough for the estimate (not waiting for step 5), and 36 s
+    # have passed since the last line; step 6 comes 24 s after that one: no line.
+    assert lines[1] == "about 3 h 20 min for 1,000 steps at 12 s/step (measured over steps 2-4)"
+    assert lines[2] == "train step=4/1000 epoch=0 elapsed=0:01:17 s/step=12 eta=3:19:12"
+    assert len(lines) == 3
+    assert display.estimate.total_s == 12_000.0
+
+
+def test_a_log_row_at_the_first_step_is_its_only_line_and_rows_reset_the_silence():
+    clock, console = FakeClock(), _plain()
+    display = ProgressDisplay(100, "fp32 mlp", console, enabled=True, clock=clock)
+    with display:
+        clock.t += 2.0
+        display.on_log({**ROW, "step": 1, "epoch": 0})  # log_every=1: the row comes first
+        display.on_step(LoopState(step=1))
+        clock.t += 29.0
+        display.on_eval({"step": 1, "epoch": 0, "val_loss": 0.5, "val_accuracy": 0.9})
+        clock.t += 29.0
+        display.on_step(LoopState(step=2))  # 29 s after the evaluation's line: no line yet
+    lines = console.file.getvalue().splitlines()
+    assert [line.split(" ")[:2] for line in lines] == [
+        ["train", "step=1/100"],
+        ["eval", "step=1/100"],
+        ["about", "1"],  # step 2 took 58 s: the estimate does not wait for steps 3-5
+    ]
+    assert lines[0].endswith("eta=0:03:18")  # 99 steps at the first step's 2 s
+
+
+def test_on_a_terminal_no_clock_lines_but_the_estimate_and_the_note_are_said():
+    from mptrain.output.pace import SlowPath
+
+    clock = FakeClock()
+    console = Console(file=io.StringIO(), force_terminal=True, width=300, color_system=None)
+    slow = SlowPath("FP16 convolutions are a slow path on this CPU", "fp16", "precision=fp32", 0.5)
+    display = ProgressDisplay(100, "fp16 cnn", console, enabled=True, clock=clock, slow_path=slow)
+    with display:
+        for step in range(1, 7):
+            clock.t += 40.0
+            display.on_step(LoopState(step=step))
+    out = console.file.getvalue()
+    assert "train step=" not in out  # the bar shows the steps
+    assert "about 1 h 6 min for 100 steps at 40 s/step (measured over step 2)" in out
+    assert "one step took 40 s in fp16 vs 0.5 s in fp32 (80×)" in out
+    assert display.notes == [
+        "FP16 convolutions are a slow path on this CPU: one step took 40 s in fp16 vs 0.5 s in "
+        "fp32 (80×); precision=fp32 is the fast choice here"
+    ]

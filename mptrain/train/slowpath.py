@@ -1,0 +1,78 @@
+"""Whether this run's precision is known to be far slower than FP32 on its device, measured.
+
+torch's CPU kernels for FP16 convolutions are a slow path: ``mptrain advise`` measured FP16 at
+62-94x FP32's step on convolutional nets on the development machines, so ``mptrain
+precision=fp16 model=resnet50`` (a GPU habit) on a CPU can take days. Nothing is changed: the run
+trains in the precision asked for, and the progress display says, after its first step, how much
+slower it is than one FP32 step of the same model on the same batch, timed here before training
+(a fraction of an FP16 step), and what to use instead
+(:func:`mptrain.output.pace.slow_path_note`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import time
+
+import torch
+
+from mptrain.models.build import has_convolutions
+from mptrain.models.task import logits_of
+from mptrain.output.pace import SlowPath
+from mptrain.platform import hardware
+from mptrain.precision.policy import to_model_input
+from mptrain.train.components import Run
+
+FP16_CONV_ON_CPU = "FP16 convolutions are a slow path on this CPU"
+
+
+def known_slow_path(run: Run) -> str | None:
+    """What makes the run's precision far slower than FP32 here, or None: FP16 (autocast or
+    FP16 weights) on a CPU for a model with convolutions."""
+    p = run.policy
+    fp16 = torch.float16 in (p.autocast_dtype, p.param_dtype)
+    if run.device.type == "cpu" and fp16 and has_convolutions(run.model):
+        return FP16_CONV_ON_CPU
+    return None
+
+
+def check_slow_path(run: Run) -> SlowPath | None:
+    """The run's :class:`SlowPath` with FP32's step timed on its model (see the module doc), or
+    None when its precision is not known to be slow here. FP32 is not timed (and the note says
+    why) under torch.compile (timing would compile the model again) or across processes (the
+    model is wrapped for them)."""
+    what = known_slow_path(run)
+    if what is None:
+        return None
+    faster = "precision=bf16 (or fp32)" if hardware.cpu_has_native_bf16() else "precision=fp32"
+    slow = SlowPath(what, run.policy.name, faster, fp32_step_s=None)
+    if run.cfg.compile:
+        return dataclasses.replace(slow, not_timed="compile=true")
+    if run.dist.enabled:
+        return dataclasses.replace(slow, not_timed="several processes")
+    return dataclasses.replace(slow, fp32_step_s=time_fp32_step(run))
+
+
+def time_fp32_step(run: Run) -> float:
+    """Seconds of one FP32 optimizer step (``grad_accum_steps`` forwards and backwards and the
+    update) of copies of the run's model and optimizer on the first batch of the run's epoch.
+
+    The run is untouched: its model, optimizer and data position (the batch comes from a fresh
+    iterator of the epoch) and the random state (forked: a DataLoader's iterator draws its seed
+    from it, dropout draws from it). Only the single-process CPU case calls it: no device sync.
+    """
+    with torch.random.fork_rng(devices=[]):
+        inputs, targets = next(iter(run.data.train.batches(run.state.epoch)))
+        model, optimizer = copy.deepcopy((run.model, run.optimizer))  # the optimizer: the copies
+        optimizer.state.clear()  # a fresh optimizer's first step, as the run's first step is
+        model.float().train()
+        inputs = to_model_input(inputs, run.policy, run.settings.channels_last)
+        inputs = inputs.float() if inputs.is_floating_point() else inputs
+        accum = run.settings.grad_accum_steps
+        started = time.perf_counter()
+        for _ in range(accum):
+            loss = run.loss_fn(logits_of(model(inputs)), targets) / accum
+            loss.backward()
+        optimizer.step()
+        return time.perf_counter() - started
