@@ -186,11 +186,9 @@ class ProgressDisplay:
             self.log.record(line)
 
     def _shown(self, line: str) -> None:
-        """A one-off line: above the bar or among the lines; with progress off, the log only."""
-        if self.enabled or self.lines:
-            self.log.say(line)
-        else:
-            self.log.record(line)
+        """A one-off line (the estimate, a note): printed and logged, with progress off too; a
+        run's expected duration and a slow path are worth one line whatever the display."""
+        self.log.say(line)
 
 
 def _duration(seconds: float | None) -> str:

@@ -57,7 +57,6 @@ from mptrain.train.build import build_run, resolve_run
 from mptrain.train.checkpointer import Checkpointer, run_signature
 from mptrain.train.components import Run
 from mptrain.train.diagnostics import write_diagnostics
-from mptrain.train.estimate import StepTimer
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.report import assemble_report, now_iso
 from mptrain.train.resume import data_key, no_checkpoint_hint, restore_or_refuse
@@ -303,7 +302,7 @@ class Job:
                 self.stop = stop
                 if checkpointer is not None:
                     checkpointer.asked = save.take
-                observers = (metrics, display, self.trackers, self._step_timer())
+                observers = (metrics, display, self.trackers)
                 hooks = LoopHooks(
                     observers=tuple(o for o in observers if o is not None),
                     checkpoint=checkpointer.after_step if checkpointer else None,
@@ -322,17 +321,6 @@ class Job:
         finally:
             if metrics:
                 metrics.close()
-
-    def _step_timer(self) -> StepTimer | None:
-        """Rank 0 of a recipe run says how long the run will take here once its first steps are
-        timed: a recipe is often long (hours), and its user should know before waiting."""
-        if not self.dist.is_main or self.cfg.recipe.name is None:
-            return None
-        run = self.run
-        say = functools.partial(self.log.say, label="estimate")
-        return StepTimer(
-            f"recipe {self.cfg.recipe.name}", run.settings.total_steps, say, run.device
-        )
 
     @contextlib.contextmanager
     def _stop_signals(self) -> Iterator[tuple[GracefulStop, CheckpointOnSignal]]:

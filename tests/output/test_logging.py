@@ -144,6 +144,7 @@ def test_each_job_of_a_sweep_has_its_own_log_file(tmp_path):
         announce = [line for line in story if line.startswith("mptrain mlp")]
         assert len(announce) == 1 and f"| {precision}" in announce[0], story
         assert [line.split()[1] for line in story if line.startswith("train ")] == [
+            "step=1/4",  # the first step's line (issue 29: no silent start)
             "step=2/4",
             "step=4/4",
         ]
