@@ -467,6 +467,7 @@ def send(sig: int) -> None:
     os.kill(os.getpid(), sig)
 
 
+@pytest.mark.slow
 def test_an_interrupted_advise_writes_what_it_measured(tmp_path, monkeypatch, stop_signals_handled):
     """Issue 27, item 8: SIGHUP during FP16's pilot; a SIGTERM while the partial advice is
     written does not cut it short; exit 129, the file named on one line."""

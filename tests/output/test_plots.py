@@ -53,6 +53,7 @@ def test_a_short_sweeps_single_points_are_drawn_as_dots(drawn, tmp_path):
     assert all(line.get_marker() == "o" for line in ax.lines), "a one-point line draws nothing"
 
 
+@pytest.mark.slow
 def test_the_run_figure_has_no_loss_scale_panel_when_nothing_was_scaled(drawn, tmp_path):
     unscaled = [{k: v for k, v in row.items() if k != "loss_scale"} for row in ROWS]
     plot_run(unscaled, "bf16 mlp", tmp_path / "curves.png")

@@ -128,6 +128,7 @@ def test_a_checkpoint_without_a_data_identity_still_resumes(tmp_path):
     assert report["resumed"]["allowed_differences"] == ["max_steps: checkpoint 2, now 3"]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_reports_its_throughput(tmp_path):
     """Item 6: the stopwatch started only at the absolute warm-up step, so any resumed run said
     'n/a samples/s (0 steps after 5 warm-up)' and sweep speed columns broke."""
@@ -270,6 +271,7 @@ def test_a_run_directory_made_unwritable_mid_run_is_one_line_and_exit_1(tmp_path
 
 
 # ------------------------------------------------------- resume=auto in a new directory
+@pytest.mark.slow
 def test_resume_auto_in_a_new_directory_names_only_a_run_of_the_same_model(tmp_path):
     """'Also': the suggestion named the most recent resumable run whatever it was (a GPT run for
     a CNN command), whose command would then be refused."""
