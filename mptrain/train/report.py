@@ -41,6 +41,7 @@ from mptrain.train.components import Run
 from mptrain.train.optim import optimizer_implementation
 from mptrain.train.recipe import recipe_verdict
 from mptrain.train.state import LoopState
+from mptrain.train.threads import threads_section
 
 
 # ------------------------------------------------------------------------------ the report
@@ -130,6 +131,7 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         recipe=recipe_verdict(cfg, status, evaluation),
         config=dataclasses.asdict(cfg),
         time=_time_section(run, wall_time_s),
+        threads=threads_section(run.threads, run.monitor.threads) if run else None,
     )
 
 
