@@ -314,7 +314,12 @@ def _threads_rows(t: ThreadsSection | None) -> list[tuple[str, str]]:
     ]
     changes = [f"{c['from']} -> {c['to']} at step {c['step']}" for c in t.changes]
     words = [f"auto, started at {t.initial} ({t.basis})"]
-    words += [f"measured {'; '.join(measured)}"] if measured else ["not measured yet"]
+    if measured:
+        words.append(f"measured {'; '.join(measured)}")
+    else:  # one thread has nothing fewer to try; else the run ended before its measuring steps
+        words.append(
+            "nothing fewer to measure" if t.initial == 1 else "not measured: too few steps"
+        )
     words += [f"changed {', '.join(changes)}"] if changes else []
     return [("threads", f"{t.threads} ({'; '.join(words)})")]
 

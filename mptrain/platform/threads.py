@@ -5,7 +5,7 @@ by the cgroup's CPU quota (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cp
 divided among the jobs that share the machine (a joblib sweep's ``n_jobs``, the processes of one
 torchrun node), less the DataLoader worker processes that run on the same cores. ``threads=N``
 pins N; so does ``OMP_NUM_THREADS=N`` in the environment under ``threads=auto`` (the user's own
-pin, recorded as such). :func:`resolve_threads` decides and says why; :func:`apply_threads` sets it
+pin, recorded as such), except in a joblib sweep's jobs, whose workers joblib gives one. :func:`resolve_threads` decides and says why; :func:`apply_threads` sets it
 (``torch.set_num_threads``). On a CPU device the training loop then measures the count against
 fewer on real steps (:mod:`mptrain.train.threads`); nothing here measures.
 
@@ -134,7 +134,9 @@ def resolve_threads(
     host = " (CUDA device: host threads only)" if on_cuda else ""
     if pinned is not None:
         return ThreadChoice(str(requested), pinned, "pinned", f"pinned by threads={pinned}{host}")
-    from_env = _environment_threads()
+    # A joblib worker always has OMP_NUM_THREADS (joblib sets cores // n_jobs unless the parent
+    # had one): there it is not the user's pin, and auto divides the cores itself.
+    from_env = _environment_threads() if jobs == 1 else None
     if from_env is not None:  # the user's own pin, the common workaround: respected as such
         basis = f"pinned by OMP_NUM_THREADS={from_env} in the environment{host}"
         return ThreadChoice("auto", from_env, "pinned", basis)

@@ -107,6 +107,9 @@ def test_omp_num_threads_in_the_environment_pins_auto(monkeypatch, eight_cpus, t
     assert (choice.threads, choice.mode, choice.measure) == (1, "pinned", False)
     assert choice.basis == "pinned by OMP_NUM_THREADS=1 in the environment"
     assert resolve_threads("3", "cpu", root=tmp_path).threads == 3  # threads=N wins
+    # joblib sets OMP_NUM_THREADS in every sweep worker: not a pin there
+    swept = resolve_threads("auto", "cpu", jobs=2, root=tmp_path)
+    assert (swept.threads, swept.mode) == (4, "auto")
 
 
 @pytest.mark.parametrize("bad", ["0", "-2", "many"])
