@@ -88,6 +88,7 @@ def _run_job(
     from hydra.core.hydra_config import HydraConfig
 
     from mptrain.output.render import write_failure
+    from mptrain.platform.threads import sweep_jobs
     from mptrain.train.job import RunFailed, RunInterrupted, train
 
     hydra_cfg = HydraConfig.get()
@@ -96,7 +97,9 @@ def _run_job(
         # moves the job into its output directory).
         set_launch_dir(Path(hydra_cfg.runtime.cwd))
         run = absolute_paths(to_run_config(cfg), launch_dir())
-        report = train(run, output_dir, on_owned=lambda: promote(record))
+        # joblib runs n_jobs jobs at once on this machine: threads=auto divides the cores
+        jobs = sweep_jobs(hydra_cfg.launcher.get("n_jobs")) if multirun else 1
+        report = train(run, output_dir, on_owned=lambda: promote(record), jobs=jobs)
     except ConfigError as exc:
         if not multirun:
             _fail(str(exc))

@@ -51,7 +51,9 @@ def compose_run(*overrides: str) -> RunConfig:
 
 def tiny_run(*overrides: str) -> RunConfig:
     """A CPU run of a few steps on digits with a Linear-only model (fast in every precision)."""
-    base = ("model=mlp", "device=cpu", "progress=false", "throughput_warmup_steps=2")
+    # threads=1: runs compared bit for bit must not measure thread counts (threads=auto changes
+    # the count during warm-up, and the count changes the order of floating-point sums)
+    base = ("model=mlp", "device=cpu", "progress=false", "throughput_warmup_steps=2", "threads=1")
     return compose_run(*base, *overrides)
 
 
@@ -175,6 +177,7 @@ LM = (
     "eval_batch_size=32",
     "log_every=5",
     "throughput_warmup_steps=2",
+    "threads=1",  # as tiny_run: bit-for-bit comparisons
 )
 
 

@@ -57,7 +57,13 @@ from mptrain.platform.dtypes import dtype_name
 from mptrain.rundir.checkpoint import find_checkpoint as checkpoint_at
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 from mptrain.rundir.lock import check_creatable
-from mptrain.train.build import build_model_for_run, check_run, resolve_run, window_length
+from mptrain.train.build import (
+    build_model_for_run,
+    check_run,
+    choose_threads,
+    resolve_run,
+    window_length,
+)
 from mptrain.train.loop import evaluate
 
 _FP8_BUFFERS = (".input_scaler.", ".weight_scaler.", ".grad_scaler.")  # Float8Linear's scalers
@@ -163,6 +169,7 @@ def run_eval(cfg: RunConfig, path: Path, payload: dict[str, Any]) -> dict[str, A
         sequence_length=window_length(cfg),
     )
     data = _eval_data(cfg, layout, payload.get("data"))
+    threads = choose_threads(cfg.threads, device, data, dist)  # not measured: no training steps
     notes = check_data_fits(payload.get("data"), data, cfg.dataset.name)
     model, fp8, _ = build_model_for_run(
         cfg, data, device, policy
@@ -178,6 +185,7 @@ def run_eval(cfg: RunConfig, path: Path, payload: dict[str, Any]) -> dict[str, A
         val_loss, val_accuracy = evaluate(model, data.val, policy, cfg.channels_last)
     result = eval_result(cfg, path, payload, (val_loss, val_accuracy, data), (device, policy))
     result["notes"] += notes
+    result["threads"] = dataclasses.asdict(threads)
     if fp8 is not None:
         result["fp8_layers"] = [layer["name"] for layer in fp8["layers"] if layer["converted"]]
     return result
@@ -248,7 +256,8 @@ def render(result: dict[str, Any]) -> str:
         f"- precision: {result['precision_detail']}",
         f"- device: {result['device']}"
         + (", torch.compile" if result["compile"] else "")
-        + (", channels_last" if result["channels_last"] else ""),
+        + (", channels_last" if result["channels_last"] else "")
+        + (f"; {_threads_words(result['threads'])}" if result.get("threads") else ""),
         f"- data: {result['data']}",
         f"- {'windows' if lm else 'samples'} evaluated: {result['samples']} "
         f"(batches of {result['eval_batch_size']})",
@@ -269,6 +278,11 @@ def render(result: dict[str, Any]) -> str:
         lines.append("- note: the dataset settings differ from training's (other data)")
     lines += [f"- note: {note}" for note in result["notes"]]
     return "\n".join(lines) + "\n"
+
+
+def _threads_words(threads: dict[str, Any]) -> str:
+    """``threads 2 (auto, not measured: affinity 2 CPUs, ...)``."""
+    return f"threads {threads['threads']} ({threads['mode']}: {threads['basis']})"
 
 
 def _at_training(result: dict[str, Any], figure: str) -> str:

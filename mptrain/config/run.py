@@ -185,6 +185,9 @@ class RunConfig:
     channels_last: bool = False
     compile: bool = field(default=False, metadata=NOT_TRAINING)
     num_workers: int = field(default=2, metadata=NOT_TRAINING)
+    # Intra-op CPU threads: auto (from affinity, cgroup quota, workers; measured on training steps
+    # on a CPU) or a count that pins it. On CUDA it sets the host's threads only.
+    threads: str = field(default="auto", metadata=NOT_TRAINING)
     progress: bool = field(default=True, metadata=NOT_TRAINING)
     audit: bool = field(default=False, metadata=NOT_TRAINING)
     probe: bool = field(default=False, metadata=NOT_TRAINING)
@@ -301,6 +304,12 @@ def validate(run: RunConfig) -> None:
     at_least("probe_every", run.probe_every, 1, allow_none=True)
     at_least("throughput_warmup_steps", run.throughput_warmup_steps, 0)
     at_least("num_workers", run.num_workers, 0)
+    require(
+        re.fullmatch(r"auto|0*[1-9]\d*", str(run.threads).strip()) is not None,
+        "threads",
+        run.threads,
+        "auto or a thread count of at least 1",
+    )
     _validate_numerics(run.numerics)
     at_least("probe_batches", run.probe_batches, 1)
     _validate_mechanics(run)

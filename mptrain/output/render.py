@@ -20,6 +20,7 @@ from mptrain.output.report import (
     ModelSection,
     PrecisionSection,
     RunReport,
+    ThreadsSection,
     ThroughputSection,
     TimeSection,
     TrainingSection,
@@ -184,6 +185,7 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         ("precision", _precision_text(p)),
         ("precision choice", p.reason),
         ("device", report.hardware["device"]),
+        *_threads_rows(report.threads),
         *_distributed_rows(report.distributed),
         ("model / data", f"{_model_words(report.model)} / {report.data.description}"),
         *_corpus_rows(report.data.text),
@@ -307,6 +309,30 @@ def _compile_rows(model: ModelSection) -> list[tuple[str, str]]:
         return []
     graphs = plural(model.compiled_graphs, "graph")
     return [("compile", f"{graphs}, {plural(model.graph_breaks, 'graph break')}")]
+
+
+def _threads_rows(t: ThreadsSection | None) -> list[tuple[str, str]]:
+    """One row: the count at the end, how it was chosen, what was measured and changed."""
+    if t is None:
+        return []
+    if t.mode != "auto":
+        return [("threads", f"{t.threads} ({t.mode}: {t.basis})")]
+    measured = [
+        f"step {m['step']}: "
+        + ", ".join(f"{c} -> {v:.3g}" for c, v in m["steps_per_s"].items())
+        + " steps/s"
+        for m in t.measurements
+    ]
+    changes = [f"{c['from']} -> {c['to']} at step {c['step']}" for c in t.changes]
+    words = [f"auto, started at {t.initial} ({t.basis})"]
+    if measured:
+        words.append(f"measured {'; '.join(measured)}")
+    else:  # one thread has nothing fewer to try; else the run ended before its measuring steps
+        words.append(
+            "nothing fewer to measure" if t.initial == 1 else "not measured: too few steps"
+        )
+    words += [f"changed {', '.join(changes)}"] if changes else []
+    return [("threads", f"{t.threads} ({'; '.join(words)})")]
 
 
 def _time_text(t: TimeSection) -> str:

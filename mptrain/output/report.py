@@ -172,6 +172,22 @@ class TimeSection:
 
 
 @dataclass
+class ThreadsSection:
+    """Intra-op CPU threads (the ``threads`` key): what was asked, what ran, what was measured."""
+
+    requested: str  # auto | the pinned count
+    threads: int  # the count at the end of the run
+    initial: int  # the count the run started with (see basis)
+    mode: str  # auto (measured on training steps) | auto, not measured (why: basis) | pinned
+    basis: str  # how the starting count was chosen: affinity, cgroup quota, jobs, workers
+    # threads=auto on a CPU: each measurement of the candidates on real training steps
+    # ({step, why, steps_per_s: {count: ..}, steps: {count: ..}, chose}) and every change of the
+    # count ({step, from, to, why}).
+    measurements: list[dict[str, Any]] = field(default_factory=list)
+    changes: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
 class MemorySection:
     peak_bytes: int | None
     kind: str | None  # what the peak measures (CUDA allocator, process RSS, ...)
@@ -229,6 +245,7 @@ class RunReport:
     recipe: RecipeSection | None
     config: dict[str, Any]  # the resolved config (dataclasses.asdict of the RunConfig)
     time: TimeSection | None = None  # None in reports written before it existed
+    threads: ThreadsSection | None = None  # None in reports written before it existed
     figure: str | None = None  # curves.png, once written
     schema_version: int = SCHEMA_VERSION
 

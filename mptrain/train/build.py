@@ -17,6 +17,7 @@ dataset, missing files) raises :class:`~mptrain.config.base.ConfigError` during 
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -34,6 +35,7 @@ from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
+from mptrain.platform.threads import ThreadChoice, apply_threads, resolve_threads
 from mptrain.precision.diagnostics.culprit import find_culprit
 from mptrain.precision.fp8.convert import apply_fp8, skip_summary
 from mptrain.precision.fp8.dist import FP8Sync, build_fp8_sync, gathers_fp32
@@ -99,17 +101,23 @@ def build_run(
     policy: PrecisionPolicy,
     tf32: dict[str, Any],
     dist: DistContext,
+    *,
+    jobs: int = 1,
+    measure_threads: bool = False,
 ) -> Run:
-    """Data, model (FP32 parameters on ``device``), optimizer, schedule, scaler, loop settings.
+    """Data, threads, model (FP32 parameters on ``device``), optimizer, schedule, scaler, loop.
 
-    Distributed (``dist``): this rank's data shard, and the model wrapped in DDP or FSDP2 before
-    the optimizer is built on its (possibly sharded) parameters; afterwards every rank reseeds
-    with ``seed + rank`` (its own dropout and other randomness).
+    Threads (:func:`choose_threads`, after the data: its workers count): ``jobs`` share the
+    machine; ``measure_threads``: the caller measures ``threads=auto`` on training steps (the
+    job; bench and advise time precisions themselves). Distributed: this rank's data shard, the
+    model wrapped in DDP or FSDP2 before the optimizer is built on its (possibly sharded)
+    parameters; then every rank reseeds with ``seed + rank`` (its own dropout and randomness).
     """
     check_run(cfg, policy, dist)
     check_recipe_source(cfg)  # a recipe's data: the cheap look before reading it
     data = build_data(cfg.dataset, _batch_layout(cfg, device, dist))
     check_recipe_data(cfg, data)  # and what was read (the checksum), before a model is built
+    threads = choose_threads(cfg.threads, device, data, dist, jobs, measure_threads)
     task = Task(cfg.task, tokens_per_sample=data.sequence_length)
     fsdp = dist.enabled and dist.strategy == "fsdp"
     model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy, fsdp)
@@ -142,11 +150,39 @@ def build_run(
         fp8=fp8,
         fp32_modules=fp32_modules,
         fp8_sync=fp8_sync,
+        threads=threads,
     )
     _install_faults(run)
     if dist.enabled:
         seed_everything(cfg.seed + dist.rank)  # per-rank dropout and other randomness
     return run
+
+
+def choose_threads(
+    requested: str,
+    device: torch.device,
+    data: DataBundle,
+    dist: DistContext,
+    jobs: int = 1,
+    measure: bool = False,
+) -> ThreadChoice:
+    """Decide and set the intra-op thread count (:func:`mptrain.platform.threads.resolve_threads`).
+
+    The training feed's DataLoader workers run on the same cores; the processes torchrun started
+    on this node share them like concurrent jobs. A distributed run is not measured: its ranks
+    wait for each other, so one rank's step time says little about its own thread count.
+    """
+    workers = getattr(data.train, "num_workers", 0)  # only DataLoader feeds have workers
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if dist.enabled else 1
+    choice = resolve_threads(
+        requested,
+        device.type,
+        workers=workers,
+        jobs=jobs * local_world,
+        measure=measure and not dist.enabled,
+    )
+    apply_threads(choice)
+    return choice
 
 
 def _batch_layout(cfg: RunConfig, device: torch.device, dist: DistContext) -> BatchLayout:

@@ -17,6 +17,7 @@ from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.models.task import Task
 from mptrain.platform.distributed import DistContext, unwrap
+from mptrain.platform.threads import ThreadChoice
 from mptrain.precision.fp8.dist import FP8Sync
 from mptrain.precision.policy import PrecisionPolicy
 from mptrain.train.monitor import Monitor
@@ -46,6 +47,7 @@ class Run:
     fp32_modules: list[str] = field(default_factory=list)
     fp8_sync: FP8Sync = field(default_factory=FP8Sync)  # FP8 state the ranks agree on (loop calls)
     state: LoopState = field(default_factory=LoopState)
+    threads: ThreadChoice | None = None  # the intra-op thread count set for the run (build_run)
 
     @property
     def checkpoint_model(self) -> torch.nn.Module:

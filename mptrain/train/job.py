@@ -62,6 +62,7 @@ from mptrain.train.report import assemble_report, now_iso
 from mptrain.train.resume import data_key, no_checkpoint_hint, restore_or_refuse
 from mptrain.train.slowpath import check_slow_path
 from mptrain.train.state import LoopState
+from mptrain.train.threads import MIN_WINDOW_STEPS, ThreadTuner
 
 
 class RunInterrupted(RuntimeError):
@@ -89,8 +90,12 @@ def train(
     output_dir: Path,
     console: Console | None = None,
     on_owned: Callable[[], None] | None = None,
+    jobs: int = 1,
 ) -> RunReport:
     """Run one job and write its report into ``output_dir``; return the report.
+
+    ``jobs``: how many jobs run at once on this machine (a joblib sweep's ``n_jobs``):
+    ``threads=auto`` divides the cores among them.
 
     ``on_owned`` is called once the run owns the directory: a fresh run once it holds the lock
     and no other run's work is there, a resumed one once its checkpoint was accepted (the CLI
@@ -107,7 +112,7 @@ def train(
         if not dist.is_main:  # rank 0 speaks for the job and owns its directory
             gate.wait()
             silent = JobLog(Console(quiet=True), enabled=False)
-            return Job(cfg, output_dir, dist, silent).execute()
+            return Job(cfg, output_dir, dist, silent, jobs=jobs).execute()
         # A stop signal from here until the job can report it is held, then raised inside the
         # job (Job.execute): an interrupted report once the run owns its directory, nothing
         # written in a directory it was refused.
@@ -121,7 +126,7 @@ def train(
                 gate.open()
                 if overwritten:
                     log.say(overwritten, "note")
-                job = Job(cfg, output_dir, dist, log, on_owned)
+                job = Job(cfg, output_dir, dist, log, on_owned, jobs=jobs)
                 with FigureWorker() as job.figures:
                     return job.execute(early)
     except ConfigError as exc:
@@ -153,8 +158,10 @@ class Job:
         dist: DistContext,
         log: JobLog,
         on_owned: Callable[[], None] | None = None,
+        jobs: int = 1,
     ) -> None:
         self.cfg, self.output_dir, self.dist = cfg, output_dir, dist
+        self.jobs = jobs  # concurrent jobs on this machine (threads=auto divides the cores)
         self.on_owned = on_owned
         self.owned = False  # see _own
         self.log, self.console = log, log.console
@@ -208,7 +215,19 @@ class Job:
     def _prepare(self) -> None:
         cfg = self.cfg
         self.device, self.policy, self.tf32 = resolve_run(cfg, self.dist)
-        self.run = run = build_run(cfg, self.device, self.policy, self.tf32, self.dist)
+        self.run = run = build_run(
+            cfg,
+            self.device,
+            self.policy,
+            self.tf32,
+            self.dist,
+            jobs=self.jobs,
+            measure_threads=True,
+        )
+        if run.threads.measure:  # threads=auto on a CPU: measured on the first training steps
+            say = functools.partial(self.log.say, label="threads")
+            window = max(cfg.log_every, MIN_WINDOW_STEPS)
+            run.monitor.threads = ThreadTuner(run.threads, window=window, say=say)
         self._announce()
         write_diagnostics(run, self.output_dir, self.console)
         if cfg.resume:

@@ -32,6 +32,7 @@ from mptrain.platform import hardware
 
 if TYPE_CHECKING:
     from mptrain.train.state import LoopState
+    from mptrain.train.threads import ThreadTuner
 from mptrain.train.health import CulpritFinder, Probes, ScaleHealth, ScaleStats, describe_culprit
 from mptrain.train.timing import Interval, LoopTime, Stopwatch, Throughput
 
@@ -107,6 +108,8 @@ class Monitor:
         self._optimizer: torch.optim.Optimizer | None = None
         self._interval = Interval(started=time.perf_counter())
         self._first_step: int | None = None  # the step the loop started from (before_step)
+        # threads=auto on a CPU: times each step to pick the thread count (mptrain.train.threads)
+        self.threads: ThreadTuner | None = None
 
     # ------------------------------------------------------------------------------ lifecycle
     def begin(
@@ -134,6 +137,8 @@ class Monitor:
             self._first_step = steps_done
         if steps_done - self._first_step == self.settings.throughput_warmup_steps:
             self.stopwatch.start()
+        if self.threads is not None:
+            self.threads.before_step(steps_done)
 
     def end(self) -> None:
         self.stopwatch.stop()
@@ -171,6 +176,8 @@ class Monitor:
     # ------------------------------------------------------------------------------ per step
     def after_step(self, state: LoopState, outcome: StepOutcome, logged: bool) -> None:
         """Record one finished step (``state`` already counts it); log a row when ``logged``."""
+        if self.threads is not None:  # first: the row's logging is not the step's time
+            self.threads.after_step(state.step)
         self._interval.losses.append(outcome.loss)
         self.probes.record(outcome.zero_grads, outcome.updates_lost)
         if self.scale is not None:

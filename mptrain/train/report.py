@@ -42,6 +42,7 @@ from mptrain.train.components import Run
 from mptrain.train.optim import optimizer_implementation
 from mptrain.train.recipe import recipe_verdict
 from mptrain.train.state import LoopState
+from mptrain.train.threads import threads_section
 
 
 # ------------------------------------------------------------------------------ the report
@@ -141,6 +142,7 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         recipe=recipe_verdict(cfg, status, evaluation, run.data if run else None),
         config=dataclasses.asdict(cfg),
         time=_time_section(run, wall_time_s, job.display),
+        threads=threads_section(run.threads, run.monitor.threads) if run else None,
     )
 
 

@@ -690,3 +690,20 @@ def test_fp8_rowwise_sqnr_script_shows_rowwise_keeping_ordinary_rows(tmp_path):
     # Without outliers the two agree; next to 1e5x rows only rowwise keeps the ordinary rows.
     assert abs(rows[1.0, "tensorwise"] - rows[1.0, "rowwise"]) < 0.5
     assert rows[1e5, "tensorwise"] < 10 < 28 < rows[1e5, "rowwise"]
+
+
+# ------------------------------------------------------------------------ benchmarks/contention.py
+@pytest.mark.slow
+def test_contention_benchmark_pairs_auto_with_the_default_under_each_load(tmp_path):
+    doc = run_to_json(
+        "contention.py", "--busy", "0", "1", "--reps", "1", "--cnn-steps", "3", "--gpt-steps", "2",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert [(r["job"], r["busy"]) for r in doc["rows"]] == [
+        ("cnn", 0), ("gpt", 0), ("cnn", 1), ("gpt", 1),
+    ]  # fmt: skip
+    for row in doc["rows"]:
+        assert set(row["runs"]) == {"auto", "default"}
+        default = row["runs"]["default"][0]
+        assert default["threads_used"] == doc["cpu_count"] and default["measurements"] == []
+        assert row["auto_over_default"] > 0 and row["auto_over_fair_share"] > 0

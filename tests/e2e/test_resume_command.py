@@ -15,6 +15,7 @@ from conftest import run_cli
 from mptrain.train import loop as loop_module
 
 COMMAND = ["model=mlp", "device=cpu", "progress=false", "epochs=null", "max_steps=6", "log_every=1"]
+COMMAND += ["threads=1"]  # compared bit for bit: no thread-count measuring (threads=auto)
 
 
 def interrupt_at_step(monkeypatch, step: int) -> None:

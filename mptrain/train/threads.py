@@ -1,0 +1,191 @@
+"""``threads=auto`` in training: measure the intra-op thread count on real steps, keep the fastest.
+
+The starting count N comes from :mod:`mptrain.platform.threads` (affinity, cgroup quota, jobs,
+DataLoader workers). A :class:`ThreadTuner` then times real training steps (they count as
+training; nothing is repeated) with ``time.perf_counter`` around each step:
+
+1. the first step runs at N untimed (lazy initialisation makes it slow whatever the count);
+2. ``rounds`` rounds of one step per candidate — N, N/2 when N > 2, and 1 — alternating, so a
+   change of load hits every candidate alike; a candidate whose fastest step took more than
+   ``drop_ratio`` × the fastest step seen is dropped (a collapsed count costs one step, not
+   ``rounds``); the candidate with the lowest median step time is kept;
+3. afterwards, every ``window`` steps (the job: ``log_every``, at least :data:`MIN_WINDOW_STEPS`) the window's steps/s is compared with the best window seen
+   at the kept count; below ``slow_ratio`` × that best (other work arrived on the cores) the
+   candidates are measured again over the next steps. The best window restarts after each
+   measurement, so a load that stays does not trigger a measurement every window.
+
+Why measure instead of reading the load: with other work on 2 cores, torch's default 2 threads
+ran 48× slower than 1 (OpenMP threads spin at barriers); on a quiet machine 2 threads are faster.
+Only the step time tells which holds now. What was measured and every change of the count, with
+its step and why, go to the report (:meth:`ThreadTuner.section`).
+
+Call order: :meth:`ThreadTuner.before_step` and :meth:`ThreadTuner.after_step` around every
+optimizer step (the monitor calls them; CPU steps are synchronous, so the clock measures the
+step). Evaluations and checkpoints between steps are not timed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from mptrain.output.report import ThreadsSection
+from mptrain.platform.threads import ThreadChoice
+
+# The re-check compares windows of log_every steps, but never fewer than this: with log_every=1
+# one slow step (a page fault, a scheduler hiccup) would start a measurement.
+MIN_WINDOW_STEPS = 20
+
+
+def candidates_for(start: int) -> list[int]:
+    """The counts measured: ``start``, ``start // 2`` when start > 2, and 1 (no duplicates)."""
+    counts = [start, start // 2 if start > 2 else 1, 1]
+    return list(dict.fromkeys(counts))
+
+
+class ThreadTuner:
+    """Measures thread counts on real training steps and keeps the fastest (see module doc)."""
+
+    def __init__(  # noqa: PLR0913 (a constructor: the tuner's settings, named)
+        self,
+        choice: ThreadChoice,
+        window: int = 50,
+        rounds: int = 3,
+        slow_ratio: float = 0.5,
+        drop_ratio: float = 4.0,
+        set_threads: Callable[[int], None] = torch.set_num_threads,
+        clock: Callable[[], float] = time.perf_counter,
+        say: Callable[[str], None] | None = None,
+    ) -> None:
+        self.choice = choice
+        self.say = say  # one line per measurement (the job's log: terminal and .log file)
+        self.start_count = choice.threads
+        self.current = choice.threads
+        self.window, self.rounds = max(1, window), rounds
+        self.slow_ratio, self.drop_ratio = slow_ratio, drop_ratio
+        self._set, self._clock = set_threads, clock
+        self.measurements: list[dict[str, Any]] = []
+        self.changes: list[dict[str, Any]] = []
+        self._warm = False  # the untimed first step has run
+        self._schedule: list[int] = []  # the counts of the coming measured steps
+        self._times: dict[int, list[float]] = {}
+        self._why = "warm-up"
+        self._running: int | None = None  # the count the step under way runs at
+        self._started = 0.0
+        self._window_steps, self._window_s = 0, 0.0
+        self._best_window: float | None = None  # steps/s
+        self._applied = choice.threads  # platform.threads.apply_threads set it
+        if len(candidates_for(self.start_count)) > 1:
+            self._plan("warm-up")
+
+    # ------------------------------------------------------------------------------ per step
+    def before_step(self, step: int) -> None:
+        """Before optimizer step ``step + 1``: set the count it runs at; start the clock."""
+        count = self._schedule[0] if self._schedule and self._warm else self.current
+        self._use(count)
+        self._running = count
+        self._started = self._clock()
+
+    def after_step(self, step: int) -> None:
+        """After step ``step`` (1-based, done): record its time; decide when a measurement ends."""
+        elapsed = self._clock() - self._started
+        if not self._warm:
+            self._warm = True  # the first step: initialisation, not the count
+        elif self._schedule:
+            self._record(self._running, elapsed)
+            if not self._schedule:
+                self._decide(step)
+        else:
+            self._watch(step, elapsed)
+
+    # ------------------------------------------------------------------------------ measuring
+    def _plan(self, why: str) -> None:
+        counts = candidates_for(self.start_count)
+        self._schedule = [c for _ in range(self.rounds) for c in counts]
+        self._times = {c: [] for c in counts}
+        self._why = why
+
+    def _record(self, count: int, elapsed: float) -> None:
+        self._schedule.pop(0)
+        self._times[count].append(elapsed)
+        best = {c: min(t) for c, t in self._times.items() if t}
+        fastest = min(best.values())
+        collapsed = {c for c, t in best.items() if t > self.drop_ratio * fastest}
+        self._schedule = [c for c in self._schedule if c not in collapsed]  # not worth more steps
+
+    def _decide(self, step: int) -> None:
+        medians = {c: statistics.median(t) for c, t in self._times.items() if t}
+        best = min(medians, key=medians.__getitem__)
+        self.measurements.append(
+            {
+                "step": step,
+                "why": self._why,
+                "steps_per_s": {str(c): round(1.0 / medians[c], 3) for c in medians},
+                "steps": {str(c): len(self._times[c]) for c in medians},
+                "chose": best,
+            }
+        )
+        if best != self.current:
+            speedup = medians[self.current] / medians[best] if self.current in medians else None
+            gain = f", {speedup:.2f}x the steps/s" if speedup else ""
+            self.changes.append(
+                {
+                    "step": step,
+                    "from": self.current,
+                    "to": best,
+                    "why": f"{self._why}: {best} thread(s) measured fastest{gain}",
+                }
+            )
+        self.current = best
+        self._use(best)
+        if self.say is not None:
+            speeds = ", ".join(f"{c}: {1.0 / m:.3g}" for c, m in medians.items())
+            self.say(f"{self._why} at step {step}: steps/s by thread count {speeds}; using {best}")
+        self._window_steps, self._window_s, self._best_window = 0, 0.0, None
+
+    def _watch(self, step: int, elapsed: float) -> None:
+        """Window throughput at the kept count; a window below slow_ratio x the best: measure."""
+        self._window_steps += 1
+        self._window_s += elapsed
+        if self._window_steps < self.window:
+            return
+        speed = self._window_steps / self._window_s if self._window_s > 0 else float("inf")
+        self._window_steps, self._window_s = 0, 0.0
+        best = self._best_window
+        if best is not None and speed < self.slow_ratio * best and len(self._times) > 1:
+            self._plan(
+                f"re-check at step {step}: window {speed:.3g} steps/s < "
+                f"{self.slow_ratio:g} x the best window {best:.3g}"
+            )
+            return
+        self._best_window = speed if best is None else max(best, speed)
+
+    def _use(self, count: int) -> None:
+        if self._applied != count:
+            self._set(count)
+            self._applied = count
+
+
+def threads_section(
+    choice: ThreadChoice | None, tuner: ThreadTuner | None, threads_now: int | None = None
+) -> ThreadsSection | None:
+    """The report's threads section: the choice, and the tuner's measurements and changes.
+
+    ``threads_now`` is the count in force at the end (torch.get_num_threads() by default): what
+    the last steps ran at, read rather than assumed. None before the choice was made.
+    """
+    if choice is None:
+        return None
+    return ThreadsSection(
+        requested=choice.requested,
+        threads=torch.get_num_threads() if threads_now is None else threads_now,
+        initial=choice.threads,
+        mode=choice.mode,
+        basis=choice.basis,
+        measurements=list(tuner.measurements) if tuner else [],
+        changes=list(tuner.changes) if tuner else [],
+    )
