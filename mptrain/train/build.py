@@ -114,9 +114,7 @@ def build_run(
     parameters; then every rank reseeds with ``seed + rank`` (its own dropout and randomness).
     """
     check_run(cfg, policy, dist)
-    check_recipe_source(cfg)  # a recipe's data: the cheap look before reading it
-    data = build_data(cfg.dataset, _batch_layout(cfg, device, dist))
-    check_recipe_data(cfg, data)  # and what was read (the checksum), before a model is built
+    data = _checked_data(cfg, device, dist)
     threads = choose_threads(cfg.threads, device, data, dist, jobs, measure_threads)
     task = Task(cfg.task, tokens_per_sample=data.sequence_length)
     fsdp = dist.enabled and dist.strategy == "fsdp"
@@ -156,6 +154,15 @@ def build_run(
     if dist.enabled:
         seed_everything(cfg.seed + dist.rank)  # per-rank dropout and other randomness
     return run
+
+
+def _checked_data(cfg: RunConfig, device: torch.device, dist: DistContext) -> DataBundle:
+    """The run's data, checked against a recipe's: a cheap look before reading it (name, size),
+    then what was read (the checksum), before a model is built."""
+    check_recipe_source(cfg)
+    data = build_data(cfg.dataset, _batch_layout(cfg, device, dist))
+    check_recipe_data(cfg, data)
+    return data
 
 
 def choose_threads(
