@@ -228,7 +228,9 @@ def _spin(stop_at: float) -> None:
 
 
 @pytest.mark.slow
-def test_auto_picks_one_thread_beside_busy_processes(tmp_path, monkeypatch):
+def test_auto_measures_its_thread_counts_beside_busy_processes_and_keeps_the_faster(
+    tmp_path, monkeypatch
+):
     """With a busy process per core, two spinning OpenMP threads lose to one: the run measures
     that on its first steps, uses 1 and the report says why."""
     monkeypatch.setattr(platform_threads, "affinity_cpus", lambda: 2)  # at least 2 to compare
@@ -245,6 +247,13 @@ def test_auto_picks_one_thread_beside_busy_processes(tmp_path, monkeypatch):
         for process in busy:
             process.terminate()
             process.join()
+    # Which count wins is a measurement (benchmarks/contention.py reports it: 1 thread won every
+    # busy row there), not something a test can assert on a shared machine. What must hold: the
+    # run measured both counts on its real steps and kept the faster, and says so.
     t = report["threads"]
-    assert t["threads"] == 1, t
-    assert t["changes"][0]["to"] == 1 and "measured fastest" in t["changes"][0]["why"]
+    (measured,) = t["measurements"][:1]
+    speeds = {int(k): v for k, v in measured["steps_per_s"].items()}
+    assert set(speeds) == {1, 2}, t
+    assert measured["chose"] == max(speeds, key=speeds.get) == t["threads"], t
+    if t["threads"] == 1:
+        assert t["changes"][0]["to"] == 1 and "measured fastest" in t["changes"][0]["why"]
