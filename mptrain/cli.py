@@ -48,9 +48,9 @@ from mptrain.compose.preflight import (
 )
 from mptrain.compose.record import discard, promote, staged_record
 from mptrain.compose.registry import absolute_paths, register_configs, to_run_config
-from mptrain.compose.resume import continue_command
 from mptrain.config.base import ConfigError, launch_dir, set_launch_dir
 from mptrain.platform.signals import Terminated, terminate_like_interrupt
+from mptrain.rundir.command import continue_command
 from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from mptrain.output.report import ReportError, RunReport, load_report
+from mptrain.rundir.command import HYDRA_RECORD, OVERRIDES_YAML, recorded_overrides
 from mptrain.rundir.layout import FAILURE_JSON, REPORT_JSON
 
 
@@ -32,17 +33,8 @@ class RunRecord:
     row: dict[str, Any] = field(default_factory=dict)
 
 
-def _overrides(directory: Path) -> list[str] | None:
-    path = directory / ".hydra" / "overrides.yaml"
-    if not path.is_file():
-        return None
-    from omegaconf import OmegaConf
-
-    return [str(o) for o in OmegaConf.load(path)]
-
-
 def load_run(directory: Path) -> RunRecord:
-    overrides = _overrides(directory)
+    overrides = recorded_overrides(directory)
     label = " ".join(overrides) if overrides else directory.name
     path = directory / REPORT_JSON
     if not path.is_file():
@@ -141,7 +133,7 @@ def _is_run_dir(path: Path) -> bool:
     record of a job that ended before writing either."""
     return (
         any((path / name).is_file() for name in (REPORT_JSON, FAILURE_JSON))
-        or (path / ".hydra").is_dir()
+        or (path / HYDRA_RECORD).is_dir()
     )
 
 
@@ -172,7 +164,7 @@ def _written_since(path: Path, started: float) -> bool:
 
 
 def _touched_since(directory: Path, started: float) -> bool:
-    marks = (Path(".hydra", "overrides.yaml"), Path(REPORT_JSON), Path(FAILURE_JSON))
+    marks = (Path(HYDRA_RECORD, OVERRIDES_YAML), Path(REPORT_JSON), Path(FAILURE_JSON))
     return any(_written_since(directory / mark, started) for mark in marks)
 
 

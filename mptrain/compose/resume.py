@@ -15,13 +15,14 @@ import json
 import shlex
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from mptrain.config.base import ConfigError
+from mptrain.rundir.command import (
+    HYDRA_RECORD,
+    OVERRIDES_YAML,
+    recorded_overrides,
+    run_command,
+)
 from mptrain.rundir.layout import BEST, CHECKPOINT_DIR, LATEST, REPORT_JSON
-
-# Not part of what a command runs: the same command with or without them is the same run.
-RESUME_KEYS = ("resume", "resume_allow_changes", "overwrite")
 
 
 def resume_auto_dir(pattern: str, overrides: list[str]) -> Path | None:
@@ -32,7 +33,7 @@ def resume_auto_dir(pattern: str, overrides: list[str]) -> Path | None:
         return None
     root, depth = _pattern_root(pattern)
     command = run_command(overrides)
-    runs = [d for d in _run_dirs(root, depth) if run_command(_recorded(d)) == command]
+    runs = [d for d in _run_dirs(root, depth) if _recorded_command(d) == command]
     resumable = [d for d in runs if _has_checkpoint(d)]
     unfinished = sorted((d for d in resumable if not _completed(d)), key=_age)
     typed = " ".join(["mptrain", *map(shlex.quote, command), "resume=auto"])
@@ -56,25 +57,6 @@ def resume_auto_dir(pattern: str, overrides: list[str]) -> Path | None:
     )
 
 
-def continue_command(overrides: list[str], run_dir: Path) -> str:
-    """The command that continues the run in ``run_dir`` started with ``overrides``, quoted for
-    a POSIX shell, from any directory."""
-    words = [*run_command(overrides), "resume=auto", f"hydra.run.dir={run_dir.absolute()}"]
-    return " ".join(["mptrain", *map(shlex.quote, words)])
-
-
-def run_command(overrides: list[str]) -> list[str]:
-    """The overrides that say what a command runs, sorted: all but Hydra's own and
-    :data:`RESUME_KEYS`."""
-    kept = []
-    for override in overrides:
-        key = override.split("=", 1)[0].lstrip("+~")
-        if key.startswith(("hydra.", "hydra/")) or key in RESUME_KEYS:
-            continue
-        kept.append(override)
-    return sorted(kept)
-
-
 def _pattern_root(pattern: str) -> tuple[Path, int]:
     """(the directory before the pattern's first interpolation, how many levels below it the run
     directories are): ``outputs/${now:...}/${now:...}_...`` -> (outputs, 2)."""
@@ -86,16 +68,14 @@ def _pattern_root(pattern: str) -> tuple[Path, int]:
 def _run_dirs(root: Path, depth: int) -> list[Path]:
     if not root.is_dir():
         return []
-    return [
-        p.parent.parent for p in root.glob("/".join(["*"] * depth + [".hydra", "overrides.yaml"]))
-    ]
+    record = ["*"] * depth + [HYDRA_RECORD, OVERRIDES_YAML]
+    return [p.parent.parent for p in root.glob("/".join(record))]
 
 
-def _recorded(run_dir: Path) -> list[str]:
-    try:
-        return [str(o) for o in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")]
-    except Exception:  # unreadable or not YAML (OmegaConf's parser errors vary): not a match
-        return ["<unreadable>"]
+def _recorded_command(run_dir: Path) -> list[str] | None:
+    """What the run in ``run_dir`` runs, from Hydra's record; None without a readable one."""
+    overrides = recorded_overrides(run_dir)
+    return None if overrides is None else run_command(overrides)
 
 
 def _has_checkpoint(run_dir: Path) -> bool:
@@ -111,4 +91,4 @@ def _completed(run_dir: Path) -> bool:
 
 
 def _age(run_dir: Path) -> float:
-    return (run_dir / ".hydra" / "overrides.yaml").stat().st_mtime
+    return (run_dir / HYDRA_RECORD / OVERRIDES_YAML).stat().st_mtime

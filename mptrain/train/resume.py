@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
+from mptrain.rundir.command import HYDRA_RECORD, continue_command, recorded_overrides
 from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, REPORT_JSON
 from mptrain.train.checkpointer import restore
 from mptrain.train.components import Run
@@ -54,10 +55,11 @@ def no_checkpoint_hint(output_dir: Path, cfg: RunConfig) -> str:
     matching = [d for d in found if d != output_dir and _run_kind(d) == wanted]
     message = f"no checkpoint in {output_dir}"
     if matching:
-        command = " ".join(["mptrain", *_run_overrides(matching[-1]), "resume=auto"])
+        run_dir = matching[-1]
+        command = continue_command(recorded_overrides(run_dir) or [], run_dir)
         message += (
             f" (a new run directory); the most recent resumable run of {cfg.model.name} "
-            f"{cfg.precision.name} is {matching[-1]}: {command} hydra.run.dir={matching[-1]}"
+            f"{cfg.precision.name} is {run_dir}: {command}"
         )
     return message
 
@@ -68,20 +70,10 @@ def _run_kind(run_dir: Path) -> tuple[str, str, str] | None:
         config = json.loads((run_dir / REPORT_JSON).read_text())["config"]
     except (OSError, ValueError, KeyError, TypeError):
         try:
-            config = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
+            config = OmegaConf.to_container(OmegaConf.load(run_dir / HYDRA_RECORD / "config.yaml"))
         except Exception:  # unreadable or not YAML (OmegaConf's parser errors vary): not this run
             return None
     try:
         return config["model"]["name"], config["precision"]["name"], config.get("task", "classify")
     except (KeyError, TypeError):
         return None
-
-
-def _run_overrides(run_dir: Path) -> list[str]:
-    """The overrides the run in ``run_dir`` was started with (Hydra's record), minus resume and
-    hydra.run.dir, which the suggested command sets."""
-    try:
-        overrides = [str(o) for o in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")]
-    except Exception:  # unreadable or not YAML: suggest the bare command
-        return []
-    return [o for o in overrides if not o.startswith(("resume=", "hydra.run.dir="))]
