@@ -181,15 +181,14 @@ def run_bench(
     }
     before = contention.sample()
     measured, refused = measure_reps(configs, warmup, steps, reps)
-    own = torch.get_num_threads() if device.type == "cpu" else 1
-    machine = contention.judge(before, contention.sample(), own, contention.usable_cores())
+    machine = contention.judged_since(before, device)
     rows = []
     for name, skip in precisions:
         reason = skip or refused.get(name)
         rows.append(
             {"precision": name, "skipped": reason} if reason else summarise(name, measured[name])
         )
-    add_ratios(rows, busy=machine["words"] if machine["busy"] else None)
+    add_ratios(rows, busy=contention.busy_words(machine))
     result = {
         "model": cfg.model.name,
         "dataset": cfg.dataset.name,

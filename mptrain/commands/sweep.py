@@ -50,6 +50,7 @@ from mptrain.output.metrics import read_metrics
 from mptrain.output.plots import plot_sweep
 from mptrain.output.render import fmt_bytes, fmt_pct, plural
 from mptrain.output.report import RunReport, ThroughputSection
+from mptrain.platform.contention import busy_words
 from mptrain.rundir.fileio import atomic_write_text
 from mptrain.rundir.layout import METRICS_JSONL, SWEEP_PNG
 
@@ -167,8 +168,8 @@ def speed_spread(
 
 def _busy(r: RunReport, who: str) -> str | None:
     """Why ``r``'s speed is a busy machine's (others' work competed for the cores), or None."""
-    load = r.hardware.get("machine_load")  # absent in reports written before it was measured
-    return f"{who} ran on a busy machine ({load['words']})" if load and load["busy"] else None
+    busy = busy_words(r.hardware.get("machine_load"))
+    return None if busy is None else f"{who} ran on a busy machine ({busy})"
 
 
 def _lm(r: RunReport) -> bool:

@@ -25,6 +25,7 @@ from mptrain.output.report import (
     TimeSection,
     TrainingSection,
 )
+from mptrain.platform.contention import busy_words
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 from mptrain.rundir.layout import FAILURE_JSON, METRICS_JSONL, REPORT_JSON, REPORT_MD
 
@@ -232,10 +233,8 @@ def _speed_rows(thr: ThroughputSection) -> list[tuple[str, str]]:
 
 def _busy_rows(hw: dict[str, Any]) -> list[tuple[str, str]]:
     """A row when others' work competed for the cores: the speed above is a busy machine's."""
-    load = hw.get("machine_load")  # absent in reports written before it was measured
-    if not load or not load["busy"]:
-        return []
-    return [("machine", f"{load['words']}: the speed figures are a busy machine's")]
+    busy = busy_words(hw.get("machine_load"))
+    return [] if busy is None else [("machine", f"{busy}: the speed figures are a busy machine's")]
 
 
 def _distributed_rows(distributed: dict[str, Any]) -> list[tuple[str, str]]:

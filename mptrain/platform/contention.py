@@ -15,7 +15,10 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 # Others' load (runnable tasks not ours, on average) at or above this share of the usable cores,
 # or stolen CPU time at or above STEAL_SHARE of the elapsed CPU time: the machine was busy.
@@ -35,12 +38,11 @@ class LoadSample:
     at: float
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity), not the machine's count."""
-    try:
+def affinity_cpus() -> int:
+    """CPUs this process may run on (``os.cpu_count()`` where affinity is not available)."""
+    if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    return os.cpu_count() or 1
 
 
 def sample(proc_stat: Path = _PROC_STAT) -> LoadSample:
@@ -79,6 +81,22 @@ def judge(before: LoadSample, after: LoadSample, own_threads: int, cores: int) -
         "steal_share": None if steal is None else round(steal, 4),
         "words": describe(busy, others, steal, cores),
     }
+
+
+def judged_since(before: LoadSample, device: torch.device) -> dict[str, Any]:
+    """:func:`judge` from ``before`` to now, for work timed on ``device``: on a CPU it kept
+    torch's intra-op threads busy, on a GPU one host thread; the cores are this process's
+    (:func:`affinity_cpus`)."""
+    import torch  # here: readers of busy_words (mptrain-compare, report rendering) need no torch
+
+    own = torch.get_num_threads() if device.type == "cpu" else 1
+    return judge(before, sample(), own, affinity_cpus())
+
+
+def busy_words(machine_load: dict[str, Any] | None) -> str | None:
+    """The words of a :func:`judge` result that found the machine busy; None when it was quiet
+    or not judged (reports written before it was measured have none)."""
+    return machine_load["words"] if machine_load and machine_load["busy"] else None
 
 
 def describe(busy: bool, others: float | None, steal: float | None, cores: int) -> str:

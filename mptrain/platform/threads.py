@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from mptrain.platform.contention import affinity_cpus
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -85,13 +87,6 @@ def _quota(quota: str, period: str = "100000") -> float | None:
     except ValueError:  # "max": no quota
         return None
     return q / p if q > 0 and p > 0 else None
-
-
-def affinity_cpus() -> int:
-    """CPUs this process may run on (``os.cpu_count()`` where affinity is not available)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def cpu_budget(workers: int = 0, jobs: int = 1, root: Path = CGROUP_ROOT) -> CpuBudget:

@@ -75,10 +75,8 @@ def now_iso() -> str:
 
 def _machine_load(job: JobRecord) -> dict[str, Any]:
     """Whether others' work competed for the cores while the job ran (its speed figures are then
-    a busy machine's: :mod:`mptrain.platform.contention`). On a GPU the job keeps one host thread
-    busy; on a CPU its intra-op threads."""
-    own = torch.get_num_threads() if job.device.type == "cpu" else 1
-    return contention.judge(job.load_at_start, contention.sample(), own, contention.usable_cores())
+    a busy machine's: :mod:`mptrain.platform.contention`)."""
+    return contention.judged_since(job.load_at_start, job.device)
 
 
 def _model_section(job: JobRecord) -> ModelSection:

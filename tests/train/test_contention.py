@@ -4,7 +4,7 @@ code's."""
 
 from __future__ import annotations
 
-import pytest
+import torch
 from conftest import tiny_run, train
 
 from mptrain.output.render import summary_rows
@@ -64,10 +64,10 @@ def test_a_run_on_a_busy_machine_says_so_in_its_report(tmp_path, monkeypatch):
     assert "- machine load while it ran: busy:" in (tmp_path / "report.md").read_text()
 
 
-@pytest.mark.parametrize("cores", [1, 2])
-def test_usable_cores_follow_the_affinity(monkeypatch, cores):
-    monkeypatch.setattr(contention.os, "sched_getaffinity", lambda pid: set(range(cores)))
-    assert contention.usable_cores() == cores
+def test_a_run_is_judged_against_its_own_threads_and_the_cores_it_may_use(monkeypatch):
+    monkeypatch.setattr(contention, "affinity_cpus", lambda: 2)
+    verdict = contention.judged_since(load(2.5), torch.device("cpu"))
+    assert verdict["cores"] == 2 and verdict["others_load"] >= 1.5  # 2.5 less this process
 
 
 # ----------------------------------------------------------- bench, advise and sweeps say so

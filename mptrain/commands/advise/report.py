@@ -20,7 +20,7 @@ from rich.table import Table
 from mptrain.commands.advise.decide import CHAOS_MARGIN, Advice
 from mptrain.commands.advise.trials import REPORT, START_UP, WARM_UP, Budget
 from mptrain.output.render import fmt_bytes
-from mptrain.platform import hardware
+from mptrain.platform import contention, hardware
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 
 if TYPE_CHECKING:
@@ -247,11 +247,11 @@ def interrupted_line(result: dict[str, Any]) -> str | None:
 
 def busy_line(result: dict[str, Any]) -> str | None:
     """``Speed measured on a busy machine (...)``: none of it is called faster; None when quiet."""
-    load = result.get("machine_load")
-    if not load or not load["busy"]:
+    busy = contention.busy_words(result.get("machine_load"))
+    if busy is None:
         return None
     return (
-        f"Speed measured on a busy machine ({load['words']}): no precision is called faster on "
+        f"Speed measured on a busy machine ({busy}): no precision is called faster on "
         "these figures; run advise again when the machine is quiet."
     )
 

@@ -15,7 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from mptrain.commands.advise import decide as advice
-from mptrain.platform import contention
+from mptrain.platform import contention, hardware
 from mptrain.platform.signals import SignalsHeld, Terminated
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def decide(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> advic
         has_convolutions=config_has_convolutions(cfg.model),
         channels_last=cfg.channels_last,
         interrupted_by=interrupted["signal"] if interrupted else None,
-        busy=_busy_words(found.get("machine_load")),
+        busy=contention.busy_words(found.get("machine_load")),
     )
     return advice.recommend([to_measured(c, reference, numerics) for c in cands], ctx)
 
@@ -116,23 +116,7 @@ def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
     run_fidelity(cands, cfg.advise, budget, timings)
     before = contention.sample()
     run_speed(cands, cfg.advise, budget, timings)
-    found["machine_load"] = contention.judge(
-        before, contention.sample(), _own_threads(cfg), contention.usable_cores()
-    )
-
-
-def _own_threads(cfg: RunConfig) -> int:
-    """The threads advise's own timing keeps busy: torch's intra-op threads on a CPU."""
-    import torch
-
-    from mptrain.platform import hardware
-
-    return torch.get_num_threads() if hardware.resolve_device(cfg.device).type == "cpu" else 1
-
-
-def _busy_words(machine_load: dict[str, Any] | None) -> str | None:
-    """The busy machine's description when the speed was measured on one, else None."""
-    return machine_load["words"] if machine_load and machine_load["busy"] else None
+    found["machine_load"] = contention.judged_since(before, hardware.resolve_device(cfg.device))
 
 
 def note_interrupt(found: dict[str, Any], signal_name: str, budget: Budget) -> None:
