@@ -52,8 +52,17 @@ def compose_run(*overrides: str) -> RunConfig:
 def tiny_run(*overrides: str) -> RunConfig:
     """A CPU run of a few steps on digits with a Linear-only model (fast in every precision)."""
     # threads=1: runs compared bit for bit must not measure thread counts (threads=auto changes
-    # the count during warm-up, and the count changes the order of floating-point sums)
-    base = ("model=mlp", "device=cpu", "progress=false", "throughput_warmup_steps=2", "threads=1")
+    # the count during warm-up, and the count changes the order of floating-point sums), and
+    # precision.measure=false: nor time precision=auto's candidates (the faster can differ between
+    # two runs of 200 steps or more on a shared machine)
+    base = (
+        "model=mlp",
+        "device=cpu",
+        "progress=false",
+        "throughput_warmup_steps=2",
+        "threads=1",
+        "precision.measure=false",
+    )
     return compose_run(*base, *overrides)
 
 
@@ -178,6 +187,7 @@ LM = (
     "log_every=5",
     "throughput_warmup_steps=2",
     "threads=1",  # as tiny_run: bit-for-bit comparisons
+    "precision.measure=false",
 )
 
 

@@ -30,6 +30,10 @@ class PrecisionConfig:
     name: str = "auto"
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     allow_tf32: bool = False
+    # precision=auto only: time the candidates (BF16 and FP32 on a CPU with native BF16) on a few
+    # steps of copies of the model before training and keep the faster (mptrain.train.autoprecision);
+    # false: the device rule alone. Not a training setting: what ran is recorded as the precision.
+    measure: bool = field(default=True, metadata=NOT_TRAINING)
     # The other tool's name the precision was chosen by (precision=16-mixed: "16-mixed", set by
     # conf/precision/16-mixed.yaml), recorded in the report as requested; None when chosen by name.
     alias: str | None = field(default=None, metadata=NOT_TRAINING)

@@ -38,6 +38,9 @@ class PrecisionSection:
     notes: list[str] = field(default_factory=list)
     master_weights_dtype: str | None = None
     master_weights: bool | None = None
+    # precision=auto timed on the model: median s/step per candidate and every step timed
+    # (mptrain.train.autoprecision); None when it was not timed.
+    auto_timing: dict[str, Any] | None = None
 
 
 @dataclass

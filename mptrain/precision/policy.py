@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -76,6 +76,8 @@ class PrecisionPolicy:
     notes: tuple[str, ...] = ()
     fp8: FP8Recipe | None = None  # set for precision=fp8
     param_dtype: torch.dtype = torch.float32  # float32 = master weights; else "pure" training
+    # precision=auto timed on the model (mptrain.train.autoprecision): s/step per candidate, ...
+    auto_timing: dict[str, Any] | None = field(default=None, compare=False)
 
     @property
     def master_weights(self) -> bool:
@@ -106,10 +108,9 @@ class PrecisionPolicy:
         return f"{self.name} (autocast {dtype}, {scaling})"
 
 
-# auto decides by a rule about the device, never by timing this model: the reason says so, and
-# where the rule is weakest (BF16 on a CPU: a small GPT ran 1.3x slower than FP32 on a CPU with
-# AMX-BF16, issue 29) it names the command that measures.
-_NOT_MEASURED = "not measured on this model"
+# auto starts from a rule about the device; where the rule is weakest (BF16 on a CPU: a small GPT
+# ran 1.3x slower than FP32 on a CPU with AMX-BF16, issue 29) the job then times the candidates on
+# the model (mptrain.train.autoprecision) and the reason says which basis held.
 
 
 def _auto_choice(device: torch.device) -> tuple[str, str]:
@@ -118,22 +119,16 @@ def _auto_choice(device: torch.device) -> tuple[str, str]:
         major, minor = hardware.cuda_capability(device)
         if hardware.cuda_has_native_bf16(device):
             return "bf16", (
-                f"rule: GPU compute capability {major}.{minor} >= 8.0 has BF16 tensor cores; "
-                f"{_NOT_MEASURED}"
+                f"rule: GPU compute capability {major}.{minor} >= 8.0 has BF16 tensor cores"
             )
         return "fp16", (
-            f"rule: GPU compute capability {major}.{minor} < 8.0 has no BF16: FP16 + loss "
-            f"scaling; {_NOT_MEASURED}"
+            f"rule: GPU compute capability {major}.{minor} < 8.0 has no BF16: FP16 + loss scaling"
         )
     if hardware.cpu_has_native_bf16():
-        return "bf16", (
-            f"rule: the CPU executes BF16 natively (AVX512-BF16/AMX-BF16); {_NOT_MEASURED}, "
-            "and small models can be slower in BF16 than in FP32 on a CPU: `mptrain bench` "
-            "times both"
-        )
+        return "bf16", "rule: the CPU executes BF16 natively (AVX512-BF16/AMX-BF16)"
     return (
         "fp32",
-        f"rule: the CPU has no native BF16 and FP16 CPU kernels are slow; {_NOT_MEASURED}",
+        "rule: the CPU has no native BF16 and FP16 CPU kernels are slow",
     )
 
 

@@ -156,6 +156,23 @@ def build_run(
     return run
 
 
+def with_policy(run: Run, policy: PrecisionPolicy) -> Run:
+    """``run`` with another precision of the same build (``precision=auto`` settled after the
+    build: :mod:`mptrain.train.autoprecision`): the same parameter dtype, FP8 layers and loss
+    scaling, so only the policy and the monitor that names it are new. Before training only."""
+    old = run.policy
+    same_build = (old.param_dtype, old.fp8, old.loss_scaling, old.device_type) == (
+        policy.param_dtype,
+        policy.fp8,
+        policy.loss_scaling,
+        policy.device_type,
+    )
+    if not same_build:
+        raise ValueError(f"{old.name} -> {policy.name}: not the same build; build the run again")
+    monitor = _build_monitor(run.cfg, run.data, run.model, policy, run.dist, run.device)
+    return replace(run, policy=policy, monitor=monitor)
+
+
 def _checked_data(cfg: RunConfig, device: torch.device, dist: DistContext) -> DataBundle:
     """The run's data, checked against a recipe's: a cheap look before reading it (name, size),
     then what was read (the checksum), before a model is built."""

@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from mptrain.config.base import ConfigError
+from mptrain.config.options import AUTO
 from mptrain.config.run import RunConfig
 from mptrain.models.build import compile_counts
 from mptrain.output.joblog import JobLog, job_console
@@ -53,6 +54,7 @@ from mptrain.rundir.checkpoint import check_compatible, resolve_resume
 from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, RUN_PNG
 from mptrain.rundir.lock import RunDirLock, check_no_other_run
 from mptrain.train import cadence
+from mptrain.train.autoprecision import decide_auto
 from mptrain.train.build import build_run, resolve_run
 from mptrain.train.checkpointer import Checkpointer, run_signature
 from mptrain.train.components import Run
@@ -224,6 +226,11 @@ class Job:
             jobs=self.jobs,
             measure_threads=True,
         )
+        found = resolve_resume(cfg.resume, self.output_dir) if cfg.resume else None
+        if cfg.precision.name == AUTO:  # the rule's choice, or timed on the model, or resumed
+            trained_in = found[1]["signature"].get("precision") if found else None
+            run = self.run = decide_auto(run, run.settings.total_steps, trained_in)
+            self.policy = run.policy
         if run.threads.measure:  # threads=auto on a CPU: measured on the first training steps
             say = functools.partial(self.log.say, label="threads")
             window = max(cfg.log_every, MIN_WINDOW_STEPS)
@@ -231,7 +238,7 @@ class Job:
         self._announce()
         write_diagnostics(run, self.output_dir, self.console)
         if cfg.resume:
-            self.resumed = self._resume()
+            self.resumed = self._resume(found)
             self._own()
         if cfg.checkpoint.enabled:
             signature = run_signature(cfg, self.policy, run.data.identity)
@@ -259,9 +266,10 @@ class Job:
         for note in policy.notes:
             self.log.say(note, "note")
 
-    def _resume(self) -> dict[str, Any]:
+    def _resume(self, found: tuple[Path, dict[str, Any], list[str]] | None) -> dict[str, Any]:
+        """Restore ``found`` (:func:`resolve_resume`'s checkpoint) into the run, or say that
+        ``resume=auto`` found nothing; the report's resume section."""
         cfg, run, dist = self.cfg, self.run, self.dist
-        found = resolve_resume(cfg.resume, self.output_dir)
         if found is None:
             note = f"{no_checkpoint_hint(self.output_dir, cfg)}; started fresh"
             if self.dist.is_main:  # a fresh start logs from step 1 again

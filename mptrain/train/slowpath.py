@@ -11,18 +11,15 @@ slower it is than one FP32 step of the same model on the same batch, timed here 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import time
 
 import torch
 
 from mptrain.models.build import has_convolutions
-from mptrain.models.task import logits_of
 from mptrain.output.pace import SlowPath
 from mptrain.platform import hardware
-from mptrain.precision.policy import to_model_input
 from mptrain.train.components import Run
+from mptrain.train.steptime import time_steps
 
 FP16_CONV_ON_CPU = "FP16 convolutions are a slow path on this CPU"
 
@@ -55,24 +52,6 @@ def check_slow_path(run: Run) -> SlowPath | None:
 
 
 def time_fp32_step(run: Run) -> float:
-    """Seconds of one FP32 optimizer step (``grad_accum_steps`` forwards and backwards and the
-    update) of copies of the run's model and optimizer on the first batch of the run's epoch.
-
-    The run is untouched: its model, optimizer and data position (the batch comes from a fresh
-    iterator of the epoch) and the random state (forked: a DataLoader's iterator draws its seed
-    from it, dropout draws from it). Only the single-process CPU case calls it: no device sync.
-    """
-    with torch.random.fork_rng(devices=[]):
-        inputs, targets = next(iter(run.data.train.batches(run.state.epoch)))
-        model, optimizer = copy.deepcopy((run.model, run.optimizer))  # the optimizer: the copies
-        optimizer.state.clear()  # a fresh optimizer's first step, as the run's first step is
-        model.float().train()
-        inputs = to_model_input(inputs, run.policy, run.settings.channels_last)
-        inputs = inputs.float() if inputs.is_floating_point() else inputs
-        accum = run.settings.grad_accum_steps
-        started = time.perf_counter()
-        for _ in range(accum):
-            loss = run.loss_fn(logits_of(model(inputs)), targets) / accum
-            loss.backward()
-        optimizer.step()
-        return time.perf_counter() - started
+    """Seconds of one FP32 optimizer step of copies of the run's model and optimizer on the first
+    batch of the run's epoch; the run is untouched (:func:`mptrain.train.steptime.time_steps`)."""
+    return time_steps(run, [None], fp32_weights=True)[0]

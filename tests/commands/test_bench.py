@@ -94,7 +94,9 @@ def test_run_bench_measures_every_cpu_precision_and_writes_its_files(tmp_path, m
             assert [rep["vs_fp32"] for rep in row["reps"]] == ratios
             assert row["vs_fp32"] == statistics.median(ratios)
             assert row["vs_fp32_range"] == [min(ratios), max(ratios)]
-            assert row["vs_fp32_noisy"] is None or "spread" in row["vs_fp32_noisy"]
+            # noisy: the repetitions spread, or the machine was busy (other work on the cores)
+            noisy = row["vs_fp32_noisy"]
+            assert noisy is None or "spread" in noisy or "busy machine" in noisy, noisy
     assert (by_name["fp32"]["vs_fp32"], by_name["fp32"]["vs_fp32_noisy"]) == (1.0, None)
     # FP16: the scaler's inf check, the new scale, the loss's finiteness (see mptrain.train.loop)
     assert [r["host_syncs_per_step"] for r in measured] == [0, 0, 1]

@@ -232,8 +232,12 @@ def test_every_precision_option_is_in_the_table():
 @pytest.mark.parametrize("name", sorted(["auto", *PRECISIONS]))
 def test_precision_yaml_holds_only_tunables(name):
     option = load_option("precision", name)
-    assert set(option) == {"defaults", "allow_tf32"} | ({"scaler"} if name in SCALED else set())
+    scaled = {"scaler"} if name in SCALED else set()
+    timed = {"measure"} if name == "auto" else set()  # auto times its candidates on the model
+    assert set(option) == {"defaults", "allow_tf32"} | scaled | timed
     assert option["allow_tf32"] is False
+    if name == "auto":
+        assert option["measure"] is True
     if name in SCALED:
         assert option["scaler"] == {**SCALER_SETTINGS, "growth_interval": 2000}
 

@@ -1,0 +1,134 @@
+"""``precision=auto`` decided by measuring the user's model, where that is affordable.
+
+The device rule (:func:`mptrain.precision.policy.resolve_precision`) picks BF16 wherever the CPU
+executes it natively, but on a CPU that rule is weak: a small GPT ran 1.3x slower in BF16 than in
+FP32 on a CPU with AMX-BF16 (issue 29). So, on a CPU where the rule chose BF16, the job times the
+two candidates — BF16 autocast and FP32, the same FP32 weights, no loss scaling either way, so
+the choice changes nothing but the autocast dtype — on copies of the run's model and its first
+batch (:func:`mptrain.train.steptime.time_steps`: the run's weights, data position and random
+state are untouched): one warm-up step each, then :data:`ROUNDS` rounds alternating, so a change
+of load hits both alike, and each candidate's fastest step counts: other work on the machine only
+ever slows a step down (here, with other jobs on the 2 cores, single steps of a 5 ms model took
+300 ms), so the fastest is the least disturbed. BF16 is kept only when its step is at least
+:data:`FASTER_BY` times faster: at equal speed FP32 computes more faithfully.
+
+Not measured (the rule stands, and the reason says why): ``precision.measure=false``; a GPU
+(BF16 tensor cores are the rule's strong case, and timing copies would double the model's memory
+there); a rule that left one candidate; ``compile=true`` (each candidate would compile);
+several processes (each would have to agree); a run shorter than :data:`MIN_STEPS` steps (the
+timing would cost more than it can save); a resumed run (it keeps the precision its checkpoint
+was trained in, measured then or not: a resume does not change precision).
+
+Same command, different machines: the choice can differ. The report says what ran and why
+(``precision.reason``, ``precision.auto_timing``); ``precision=bf16`` or ``precision=fp32`` pins it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from mptrain.config.options import AUTO
+from mptrain.precision.policy import PRECISIONS, PrecisionPolicy, resolve_precision
+from mptrain.train.build import with_policy
+from mptrain.train.components import Run
+from mptrain.train.steptime import time_steps
+
+MIN_STEPS = 200  # 10 timed steps: 5 % of such a run at most
+ROUNDS = 4  # timed steps per candidate after its warm-up step
+FASTER_BY = 1.05  # the lower precision must be this much faster to be chosen
+CANDIDATES = {"bf16": ("bf16", "fp32")}  # the rule's CPU choice -> what is timed
+
+
+def why_not_measured(run: Run, steps: int) -> str | None:
+    """Why ``precision=auto`` keeps its device rule for ``run`` of ``steps`` steps, or None
+    when the candidates are to be timed (see the module doc)."""
+    cfg, policy = run.cfg, run.policy
+    if not cfg.precision.measure:
+        return "precision.measure=false"
+    if run.device.type != "cpu":
+        return "not timed on a GPU"
+    if policy.name not in CANDIDATES:
+        return "no other candidate on this device"
+    if cfg.compile:
+        return "compile=true: each candidate would compile"
+    if run.dist.enabled:
+        return "several processes"
+    if steps < MIN_STEPS:
+        return f"a run of {steps} steps: timing the candidates pays off from {MIN_STEPS}"
+    return None
+
+
+def decide_auto(run: Run, steps: int, trained_in: str | None = None) -> Run:
+    """``run`` (built with the rule's precision) with the precision ``auto`` settles on.
+
+    ``trained_in``: the precision of the checkpoint a resumed run continues (kept whatever the
+    rule or a timing would say now). Otherwise the candidates are timed when
+    :func:`why_not_measured` allows; else the rule's choice stays, its reason extended with why
+    it was not timed. Only the policy (and the monitor that names it) can change.
+    """
+    policy = run.policy
+    if policy.requested != AUTO:
+        return run
+    if trained_in is not None:  # the signature check refuses a precision the rule cannot give
+        if trained_in not in CANDIDATES.get(policy.name, (policy.name,)):
+            return run
+        reason = f"kept from the checkpoint this run resumes (trained in {trained_in})"
+        return with_policy(run, _policy_for(run, trained_in, reason, None))
+    skip = why_not_measured(run, steps)
+    if skip is not None:
+        return _with_reason(run, f"{policy.reason}; {skip}")
+    timing = time_candidates(run, CANDIDATES[policy.name])
+    name, reason = choose(timing, lower=policy.name)
+    return with_policy(run, _policy_for(run, name, reason, timing))
+
+
+def time_candidates(run: Run, names: tuple[str, ...]) -> dict[str, Any]:
+    """The fastest step's seconds of each of ``names`` (see the module doc), and every step
+    timed after the warm-up ones."""
+    autocasts = [PRECISIONS[n].autocast_dtype for n in names]
+    order = list(names) * (1 + ROUNDS)  # one warm-up step each, then alternating rounds
+    seconds = time_steps(run, autocasts * (1 + ROUNDS))[len(names) :]
+    steps: dict[str, list[float]] = {n: [] for n in names}
+    for name, s in zip(order[len(names) :], seconds, strict=True):
+        steps[name].append(s)
+    return {
+        "s_per_step": {n: min(t) for n, t in steps.items()},
+        "steps": steps,
+        "warmup_steps_each": 1,
+        "how": "fastest step per candidate, on copies of the model and the first batch, before training",
+    }
+
+
+def choose(timing: dict[str, Any], lower: str, faster_by: float = FASTER_BY) -> tuple[str, str]:
+    """(precision, reason): ``lower`` (e.g. bf16) when its fastest step beats FP32's by
+    ``faster_by`` or more, else fp32."""
+    fastest = timing["s_per_step"]
+    ratio = fastest["fp32"] / fastest[lower] if fastest[lower] > 0 else float("inf")
+    figures = (
+        f"{lower} {_ms(fastest[lower])} vs fp32 {_ms(fastest['fp32'])} per step "
+        f"(fastest of {ROUNDS}, timed on copies of this model before training)"
+    )
+    if ratio >= faster_by:
+        return lower, f"measured: {figures}: {lower} {ratio:.2f}x faster"
+    if ratio >= 1:
+        return "fp32", (
+            f"measured: {figures}: {lower} only {ratio:.2f}x faster (< {faster_by:g}x), so fp32, "
+            "the more faithful at that speed"
+        )
+    return "fp32", f"measured: {figures}: fp32 {1 / ratio:.2f}x faster"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
+
+def _policy_for(run: Run, name: str, reason: str, timing: dict[str, Any] | None) -> PrecisionPolicy:
+    resolved = resolve_precision(
+        dataclasses.replace(run.cfg.precision, name=name), run.device, run.cfg.fp8
+    )
+    return dataclasses.replace(resolved, requested=AUTO, reason=reason, auto_timing=timing)
+
+
+def _with_reason(run: Run, reason: str) -> Run:
+    return dataclasses.replace(run, policy=dataclasses.replace(run.policy, reason=reason))

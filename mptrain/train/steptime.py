@@ -1,0 +1,79 @@
+"""Time optimizer steps of copies of a run's model before training, leaving the run untouched.
+
+Two decisions are made from such timings: the slow-path note (one FP32 step against the run's
+own first step, :mod:`mptrain.train.slowpath`) and ``precision=auto`` on a CPU (BF16 and FP32
+steps alternating, :mod:`mptrain.train.autoprecision`). Both need the run's model on the run's
+first batch, and neither may change what the run then computes:
+
+- the model and optimizer are deep copies (the optimizer's state cleared: a fresh optimizer's
+  steps, as the run's first steps are);
+- the batch comes from a fresh iterator of the run's epoch, so the run's data position is not
+  moved;
+- the CPU random state is forked: a DataLoader's iterator draws its seed from it, dropout draws
+  from it.
+
+CPU only: no device synchronisation is made, so on a GPU the clock would measure the launch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Sequence
+
+import torch
+
+from mptrain.models.task import logits_of
+from mptrain.precision.policy import to_model_input
+from mptrain.train.components import Run
+
+
+def time_steps(
+    run: Run, autocasts: Sequence[torch.dtype | None], fp32_weights: bool = False
+) -> list[float]:
+    """Seconds of one optimizer step (``grad_accum_steps`` forwards and backwards, the update,
+    the gradients cleared) for each entry of ``autocasts`` in order — the autocast dtype of that
+    step, None for none — on one copy of the model (see the module doc).
+
+    ``fp32_weights``: the copy's parameters and float inputs in FP32 whatever the run's precision
+    (FP32's step for a run with low-precision weights).
+    """
+    if run.device.type != "cpu":
+        raise ValueError(f"time_steps times CPU steps (no device sync); the run is on {run.device}")
+    with torch.random.fork_rng(devices=[]):
+        inputs, targets = next(iter(run.data.train.batches(run.state.epoch)))
+        model, optimizer = copy.deepcopy((run.model, run.optimizer))  # the optimizer: the copies
+        optimizer.state.clear()
+        model.train()
+        if fp32_weights:
+            model.float()
+        inputs = to_model_input(inputs, run.policy, run.settings.channels_last)
+        if fp32_weights and inputs.is_floating_point():
+            inputs = inputs.float()
+        return [_step_seconds(run, model, optimizer, (inputs, targets), dt) for dt in autocasts]
+
+
+def _step_seconds(
+    run: Run,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    autocast_dtype: torch.dtype | None,
+) -> float:
+    inputs, targets = batch
+    accum = run.settings.grad_accum_steps
+    started = time.perf_counter()
+    for _ in range(accum):
+        with _autocast(autocast_dtype):
+            loss = run.loss_fn(logits_of(model(inputs)), targets) / accum
+        loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - started
+
+
+def _autocast(dtype: torch.dtype | None) -> contextlib.AbstractContextManager[object]:
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type="cpu", dtype=dtype)

@@ -1,0 +1,126 @@
+"""precision=auto decided by timing the model (mptrain.train.autoprecision): the choice follows the
+timing, the run is untouched by it, the reason says which basis held, resumes keep the precision
+they were trained in."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from mptrain.platform import hardware
+from mptrain.rundir.layout import step_checkpoint_name
+from mptrain.train import autoprecision
+from mptrain.train.autoprecision import MIN_STEPS, choose, decide_auto, time_candidates
+from mptrain.train.build import prepare_run, with_policy
+from tests.conftest import tiny_run, train
+
+
+@pytest.fixture
+def native_bf16(monkeypatch):
+    """The rule's CPU choice is BF16 (the case that is timed), whatever this CPU has."""
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)
+
+
+def timing(bf16_s: float, fp32_s: float) -> dict:
+    return {"s_per_step": {"bf16": bf16_s, "fp32": fp32_s}}
+
+
+@pytest.mark.parametrize(
+    ("bf16_s", "fp32_s", "chosen", "words"),
+    [
+        (0.010, 0.013, "bf16", "bf16 1.30x faster"),
+        (0.010, 0.0102, "fp32", "bf16 only 1.02x faster (< 1.05x), so fp32"),
+        (0.013, 0.010, "fp32", "fp32 1.30x faster"),
+    ],
+)
+def test_choice_follows_the_timing_and_says_it(bf16_s, fp32_s, chosen, words):
+    name, reason = choose(timing(bf16_s, fp32_s), lower="bf16")
+    assert name == chosen
+    assert reason.startswith("measured: bf16 10 ms vs fp32") or reason.startswith(
+        "measured: bf16 13 ms"
+    )
+    assert words in reason
+
+
+def test_timing_the_candidates_leaves_the_run_untouched(native_bf16):
+    """Weights, optimizer state, data position and the random stream are those of a run that
+    was never timed: the run trains the same whichever precision the timing favours."""
+    run = prepare_run(tiny_run("max_steps=3"))
+    weights = {k: v.clone() for k, v in run.model.state_dict().items()}
+    rng = torch.random.get_rng_state()
+    result = time_candidates(run, ("bf16", "fp32"))
+    assert all(torch.equal(v, run.model.state_dict()[k]) for k, v in weights.items())
+    assert not run.optimizer.state  # no step was taken on the run's optimizer
+    assert all(p.grad is None for p in run.model.parameters())
+    assert torch.equal(rng, torch.random.get_rng_state())
+    assert run.state.step == 0
+    steps = result["steps"]
+    assert {len(steps["bf16"]), len(steps["fp32"])} == {autoprecision.ROUNDS}
+    assert result["s_per_step"] == {n: min(t) for n, t in steps.items()}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        (("precision.measure=false",), "precision.measure=false"),
+        (("max_steps=20",), f"a run of 20 steps: timing the candidates pays off from {MIN_STEPS}"),
+    ],
+)
+def test_not_timed_says_why_and_keeps_the_rule(native_bf16, overrides, why):
+    cfg = tiny_run("precision.measure=true", *overrides)
+    run = prepare_run(cfg)
+    settled = decide_auto(run, 20 if "max_steps=20" in overrides else 400)
+    assert settled.policy.name == "bf16"
+    assert settled.policy.reason.startswith("rule: the CPU executes BF16 natively")
+    assert settled.policy.reason.endswith(why)
+    assert settled.policy.auto_timing is None
+
+
+def test_timed_choice_is_what_runs_and_is_recorded(native_bf16, tmp_path, monkeypatch):
+    """A run long enough to time: the report's precision is the timed choice (here made the
+    slower one for BF16, so FP32 must run), with the figures it was chosen on."""
+    monkeypatch.setattr(autoprecision, "choose", lambda t, lower: ("fp32", "measured: (test)"))
+    monkeypatch.setattr(autoprecision, "MIN_STEPS", 12)  # a short run stands for a long one
+    cfg = tiny_run("precision.measure=true", "max_steps=12")
+    report = train(cfg, tmp_path)
+    precision = report["precision"]
+    assert (precision["requested"], precision["effective"]) == ("auto", "fp32")
+    assert precision["autocast_dtype"] is None
+    assert precision["reason"] == "measured: (test)"
+    assert set(precision["auto_timing"]["s_per_step"]) == {"bf16", "fp32"}
+
+
+def test_resume_with_auto_continues_in_the_checkpoints_precision(native_bf16, tmp_path):
+    """The rule says bf16 here; the checkpoint was trained in fp32: the resume is accepted and
+    continues in fp32, saying why."""
+    source = tmp_path / "source"
+    train(tiny_run("precision=fp32", "max_steps=9", "checkpoint.every_steps=3"), source)
+    step_6 = source / "checkpoints" / step_checkpoint_name(6)
+    report = train(
+        tiny_run("max_steps=9", "checkpoint.every_steps=3", f"resume={step_6}"),
+        tmp_path / "resumed",
+    )
+    assert report["resumed"]["step"] == 6
+    assert report["precision"]["effective"] == "fp32"
+    assert "kept from the checkpoint" in report["precision"]["reason"]
+
+
+def test_a_resumed_run_keeps_the_precision_its_checkpoint_was_trained_in(native_bf16):
+    """Timing again could pick the other precision, which the resume would refuse: the
+    checkpoint's precision is kept, and the reason says so."""
+    run = prepare_run(tiny_run("precision.measure=true", f"max_steps={MIN_STEPS}"))
+    settled = decide_auto(run, MIN_STEPS, trained_in="fp32")
+    assert settled.policy.name == "fp32" and settled.policy.requested == "auto"
+    assert settled.policy.reason == "kept from the checkpoint this run resumes (trained in fp32)"
+    assert settled.policy.auto_timing is None
+    assert settled.monitor is not run.monitor  # the monitor names the precision that runs
+
+
+def test_only_the_same_build_can_change_precision():
+    """bf16 <-> fp32 share FP32 weights and no scaler; fp16 (a loss scaler) needs another build."""
+    run = prepare_run(tiny_run("precision=bf16"))
+    fp16 = dataclasses.replace(run.policy, name="fp16", loss_scaling=True)
+    with pytest.raises(ValueError, match="not the same build"):
+        with_policy(run, fp16)
