@@ -5,8 +5,9 @@ slower under load 8.5 on 2 cores).
 :func:`sample` reads the 1-minute load average and the CPU time counters (``/proc/stat``) at
 one moment; :func:`judge` compares two samples, the first taken before the timed work and the
 second after it, and says whether others' load or a hypervisor's steal was high enough to call
-the machine busy. Linux only for the counters; elsewhere the load average alone (or nothing) is
-judged, and the result says so.
+the machine busy; :func:`others_load` reads others' load off one sample (a run watching it).
+Linux only for the counters; elsewhere the load average alone (or nothing) is judged, and the
+result says so.
 """
 
 from __future__ import annotations
@@ -111,13 +112,16 @@ def describe(busy: bool, others: float | None, steal: float | None, cores: int) 
     return f"busy: {', '.join(parts)}" if busy else f"quiet ({', '.join(parts)})"
 
 
+def others_load(at: LoadSample, own_threads: int) -> float | None:
+    """Others' load at one sample: the 1-minute load average less the ``own_threads`` this
+    process kept runnable, at least 0; None where the OS has no load average."""
+    return None if at.load_1m is None else max(0.0, at.load_1m - own_threads)
+
+
 def _others_load(before: LoadSample, after: LoadSample, own_threads: int) -> float | None:
-    estimates = []
-    if before.load_1m is not None:
-        estimates.append(before.load_1m - 1)
-    if after.load_1m is not None:
-        estimates.append(after.load_1m - own_threads)
-    return max(0.0, *estimates) if estimates else None
+    estimates = [others_load(before, 1), others_load(after, own_threads)]
+    known = [e for e in estimates if e is not None]
+    return max(known) if known else None
 
 
 def _steal_share(before: LoadSample, after: LoadSample) -> float | None:

@@ -9,15 +9,27 @@ training; nothing is repeated) with ``time.perf_counter`` around each step:
    change of load hits every candidate alike; a candidate whose fastest step took more than
    ``drop_ratio`` × the fastest step seen is dropped (a collapsed count costs one step, not
    ``rounds``); the candidate with the lowest median step time is kept;
-3. afterwards, every ``window`` steps (the job: ``log_every``, at least :data:`MIN_WINDOW_STEPS`) the window's steps/s is compared with the best window seen
-   at the kept count; below ``slow_ratio`` × that best (other work arrived on the cores) the
-   candidates are measured again over the next steps. The best window restarts after each
-   measurement, so a load that stays does not trigger a measurement every window.
+3. afterwards, every ``window`` steps (the job: ``log_every``, at least :data:`MIN_WINDOW_STEPS`)
+   the window's steps/s is compared with the best window seen at the kept count; below
+   ``slow_ratio`` × that best (other work arrived on the cores) the candidates are measured again
+   over the next steps. The best window restarts after each measurement, so a load that stays
+   does not trigger a measurement every window;
+4. while the kept count is below N, a window at it does not get faster when the load leaves (it
+   was not slowed by it), so step 3 cannot bring the count back up. Two upward re-checks do: at
+   each window's end others' load is read (:func:`mptrain.platform.contention.others_load`: the
+   1-minute load average less this run's threads); when it has fallen to at most
+   :data:`LOAD_FALL_SHARE` of its peak since the last measurement and by at least
+   :data:`LOAD_FALL_CORES`, the candidates are measured again. And regardless of the load (a
+   wrong or missing reading cannot keep the count low for good) they are measured again after
+   :data:`RECHECK_FIRST_WINDOWS` windows, then twice as many after each upward re-check that
+   keeps a count below N, at most :data:`RECHECK_MAX_WINDOWS` (a load that stays costs a
+   measurement of a few steps every so often, not every window). Back at N, neither runs.
 
 Why measure instead of reading the load: with other work on 2 cores, torch's default 2 threads
 ran 48× slower than 1 (OpenMP threads spin at barriers); on a quiet machine 2 threads are faster.
-Only the step time tells which holds now. What was measured and every change of the count, with
-its step and why, go to the report (:meth:`ThreadTuner.section`).
+Only the step time tells which holds now; the load only says when to look again. What was
+measured and every change of the count, with its step and why, go to the report
+(:func:`threads_section`).
 
 Call order: :meth:`ThreadTuner.before_step` and :meth:`ThreadTuner.after_step` around every
 optimizer step (the monitor calls them; CPU steps are synchronous, so the clock measures the
@@ -34,11 +46,30 @@ from typing import Any
 import torch
 
 from mptrain.output.report import ThreadsSection
+from mptrain.platform import contention
 from mptrain.platform.threads import ThreadChoice
 
 # The re-check compares windows of log_every steps, but never fewer than this: with log_every=1
 # one slow step (a page fault, a scheduler hiccup) would start a measurement.
 MIN_WINDOW_STEPS = 20
+# Below the starting count, the candidates are measured again after this many windows, doubling
+# after each upward re-check that keeps a lower count, up to the cap: under a load that stays, a
+# collapsed count's one step (up to ~48 single-thread steps on a busy 2-core machine) is then paid
+# every 32 windows, not every window.
+RECHECK_FIRST_WINDOWS = 2
+RECHECK_MAX_WINDOWS = 32
+# Others' load has fallen when it is at most this share of its peak since the last measurement
+# and at least this many cores lower: the 1-minute load average moves by a few tenths on its own.
+LOAD_FALL_SHARE = 0.5
+LOAD_FALL_CORES = 1.0
+
+
+def load_fell(peak: float | None, now: float | None) -> bool:
+    """Others' load fell from ``peak`` to ``now`` (see :data:`LOAD_FALL_SHARE`); False when
+    either is unknown."""
+    if peak is None or now is None:
+        return False
+    return now <= LOAD_FALL_SHARE * peak and peak - now >= LOAD_FALL_CORES
 
 
 def candidates_for(start: int) -> list[int]:
@@ -60,6 +91,7 @@ class ThreadTuner:
         set_threads: Callable[[int], None] = torch.set_num_threads,
         clock: Callable[[], float] = time.perf_counter,
         say: Callable[[str], None] | None = None,
+        load: Callable[[], contention.LoadSample] = contention.sample,
     ) -> None:
         self.choice = choice
         self.say = say  # one line per measurement (the job's log: terminal and .log file)
@@ -67,7 +99,7 @@ class ThreadTuner:
         self.current = choice.threads
         self.window, self.rounds = max(1, window), rounds
         self.slow_ratio, self.drop_ratio = slow_ratio, drop_ratio
-        self._set, self._clock = set_threads, clock
+        self._set, self._clock, self._load = set_threads, clock, load
         self.measurements: list[dict[str, Any]] = []
         self.changes: list[dict[str, Any]] = []
         self._warm = False  # the untimed first step has run
@@ -79,6 +111,11 @@ class ThreadTuner:
         self._window_steps, self._window_s = 0, 0.0
         self._best_window: float | None = None  # steps/s
         self._applied = choice.threads  # platform.threads.apply_threads set it
+        # Below the starting count (the upward re-checks): windows since the last measurement,
+        # the windows the next periodic re-check waits for, others' load's peak since then.
+        self._windows_since, self._period = 0, RECHECK_FIRST_WINDOWS
+        self._load_peak: float | None = None
+        self._upward = False  # the measurement under way is an upward re-check
         if len(candidates_for(self.start_count)) > 1:
             self._plan("warm-up")
 
@@ -103,11 +140,11 @@ class ThreadTuner:
             self._watch(step, elapsed)
 
     # ------------------------------------------------------------------------------ measuring
-    def _plan(self, why: str) -> None:
+    def _plan(self, why: str, upward: bool = False) -> None:
         counts = candidates_for(self.start_count)
         self._schedule = [c for _ in range(self.rounds) for c in counts]
         self._times = {c: [] for c in counts}
-        self._why = why
+        self._why, self._upward = why, upward
 
     def _record(self, count: int, elapsed: float) -> None:
         self._schedule.pop(0)
@@ -146,23 +183,66 @@ class ThreadTuner:
             speeds = ", ".join(f"{c}: {1.0 / m:.3g}" for c, m in medians.items())
             self.say(f"{self._why} at step {step}: steps/s by thread count {speeds}; using {best}")
         self._window_steps, self._window_s, self._best_window = 0, 0.0, None
+        self._after_measurement()
+
+    def _after_measurement(self) -> None:
+        """Restart the upward re-checks' counters: the period doubles after an upward re-check
+        that kept a count below the start and restarts once the start is back."""
+        self._windows_since = 0
+        if self.current == self.start_count:
+            self._period, self._load_peak = RECHECK_FIRST_WINDOWS, None
+            return
+        if self._upward:
+            self._period = min(2 * self._period, RECHECK_MAX_WINDOWS)
+        self._load_peak = self._others_load()
 
     def _watch(self, step: int, elapsed: float) -> None:
-        """Window throughput at the kept count; a window below slow_ratio x the best: measure."""
+        """At each window's end: measure again when the window was slow, or (below the starting
+        count) when others' load fell or the periodic re-check is due."""
         self._window_steps += 1
         self._window_s += elapsed
         if self._window_steps < self.window:
             return
         speed = self._window_steps / self._window_s if self._window_s > 0 else float("inf")
         self._window_steps, self._window_s = 0, 0.0
+        slow = self._slow_window(step, speed)
+        if slow is not None:
+            self._plan(slow)
+            return
+        if self.current < self.start_count:
+            upward = self._upward_due(step)
+            if upward is not None:
+                self._plan(upward, upward=True)
+
+    def _slow_window(self, step: int, speed: float) -> str | None:
+        """Why to measure when the window ran below slow_ratio x the best; else keep the best."""
         best = self._best_window
         if best is not None and speed < self.slow_ratio * best and len(self._times) > 1:
-            self._plan(
+            return (
                 f"re-check at step {step}: window {speed:.3g} steps/s < "
                 f"{self.slow_ratio:g} x the best window {best:.3g}"
             )
-            return
         self._best_window = speed if best is None else max(best, speed)
+        return None
+
+    def _upward_due(self, step: int) -> str | None:
+        """Why to measure again below the starting count: others' load fell, or the period."""
+        self._windows_since += 1
+        now, peak = self._others_load(), self._load_peak
+        if load_fell(peak, now):
+            return f"re-check at step {step}: others' load fell from {peak:.1f} to {now:.1f}"
+        if now is not None:
+            self._load_peak = now if peak is None else max(peak, now)
+        if self._windows_since >= self._period:
+            return (
+                f"periodic re-check at step {step} "
+                f"(kept {self.current} of {self.start_count} threads)"
+            )
+        return None
+
+    def _others_load(self) -> float | None:
+        """Others' 1-minute load now, less this run's threads at the kept count."""
+        return contention.others_load(self._load(), self.current)
 
     def _use(self, count: int) -> None:
         if self._applied != count:

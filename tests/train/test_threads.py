@@ -15,6 +15,7 @@ from mptrain.config.base import ConfigError
 from mptrain.output.render import render_markdown
 from mptrain.output.report import load_report
 from mptrain.platform import threads as platform_threads
+from mptrain.platform.contention import LoadSample
 from mptrain.platform.threads import (
     ThreadChoice,
     cgroup_quota_cpus,
@@ -22,7 +23,15 @@ from mptrain.platform.threads import (
     resolve_threads,
     sweep_jobs,
 )
-from mptrain.train.threads import ThreadTuner, candidates_for
+from mptrain.train.threads import (
+    LOAD_FALL_CORES,
+    RECHECK_FIRST_WINDOWS,
+    RECHECK_MAX_WINDOWS,
+    ThreadTuner,
+    candidates_for,
+    load_fell,
+    threads_section,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -142,9 +151,31 @@ class FakeSteps:
             tuner.after_step(step + 1)
 
 
-def tuner_for(fake: FakeSteps, start: int, window: int = 10) -> ThreadTuner:
+class FakeLoad:
+    """The machine's 1-minute load average as the tuner reads it: ``load_1m`` until changed
+    (None: no load average here); counts the reads."""
+
+    def __init__(self, load_1m: float | None) -> None:
+        self.load_1m = load_1m
+        self.reads = 0
+
+    def __call__(self) -> LoadSample:
+        self.reads += 1
+        return LoadSample(self.load_1m, None, 0.0)
+
+
+def tuner_for(
+    fake: FakeSteps, start: int, window: int = 10, load: FakeLoad | None = None, say=None
+) -> ThreadTuner:
     choice = ThreadChoice("auto", start, "auto", "test")
-    return ThreadTuner(choice, window=window, set_threads=fake.set_threads, clock=fake.clock)
+    return ThreadTuner(
+        choice,
+        window=window,
+        set_threads=fake.set_threads,
+        clock=fake.clock,
+        say=say,
+        load=load if load is not None else FakeLoad(None),
+    )
 
 
 def test_candidates_are_n_half_and_one():
@@ -196,7 +227,88 @@ def test_a_steady_slow_machine_is_not_measured_every_window():
     fake = FakeSteps({2: 0.5, 1: 0.03})
     tuner = tuner_for(fake, 2, window=5)
     fake.run(tuner, range(100))
+    # only the backing-off upward re-checks (below), never the slow-window one
+    whys = [m["why"].split(" at step")[0] for m in tuner.measurements]
+    assert whys == ["warm-up"] + ["periodic re-check"] * (len(whys) - 1)
+
+
+BUSY = {2: 0.5, 1: 0.03}  # two threads spinning against other work on the cores
+QUIET = {2: 0.01, 1: 0.02}
+
+
+def test_a_load_fallen_from_its_peak_brings_the_count_back_up():
+    """The load average lags: it peaks after the count went to 1, and the fall is judged
+    against that peak, this run's one thread not counted."""
+    fake, load, said = FakeSteps(BUSY), FakeLoad(1.5), []
+    tuner = tuner_for(fake, 2, window=5, load=load, say=said.append)
+    fake.run(tuner, range(5))  # 1 untimed + 2 steps at 2 (collapsed after one) + 3 at 1
+    assert tuner.current == 1 and tuner.measurements[0]["step"] == 5
+    load.load_1m = 4.0  # the load average catches up: others' load 3.0
+    fake.run(tuner, range(5, 10))  # one window at 1 thread: no fall yet
     assert len(tuner.measurements) == 1
+    fake.seconds, load.load_1m = QUIET, 1.2  # the other work left: others' load 0.2
+    fake.run(tuner, range(10, 15 + 6))  # the next window ends at step 15; 6 measured steps
+    assert tuner.current == 2 and fake.count == 2
+    [_, recheck] = tuner.measurements
+    why = "re-check at step 15: others' load fell from 3.0 to 0.2"
+    assert recheck["why"] == why and recheck["step"] == 21 and recheck["chose"] == 2
+    assert tuner.changes[-1] == {
+        "step": 21,
+        "from": 1,
+        "to": 2,
+        "why": f"{why}: 2 thread(s) measured fastest, 2.00x the steps/s",
+    }
+    assert said[-1].startswith(why)
+    section = threads_section(tuner.choice, tuner, threads_now=tuner.current)
+    assert section.measurements[-1] == recheck and section.changes[-1]["to"] == 2
+
+
+def test_back_at_the_starting_count_the_load_is_not_read_and_nothing_is_measured():
+    fake, load = FakeSteps(BUSY), FakeLoad(4.0)
+    tuner = tuner_for(fake, 2, window=5, load=load)
+    fake.run(tuner, range(5))
+    fake.seconds, load.load_1m = QUIET, 1.0
+    fake.run(tuner, range(5, 10 + 6))  # the window ending at step 10 re-checks: back to 2
+    assert tuner.current == 2
+    reads = load.reads
+    fake.run(tuner, range(16, 16 + 5 * 40))
+    assert load.reads == reads and len(tuner.measurements) == 2
+
+
+@pytest.mark.parametrize("load_1m", [4.0, None], ids=["load-stays", "no-load-average"])
+def test_below_the_start_periodic_re_checks_back_off_to_a_cap(load_1m):
+    """A load that stays (or none to read) costs a measurement after 2, 4, 8, ... windows, not
+    every window, and never stops: a wrong reading cannot keep the count low for good."""
+    fake = FakeSteps(BUSY)
+    tuner = tuner_for(fake, 2, window=5, load=FakeLoad(load_1m))
+    fake.run(tuner, range(5 * 260))
+    assert tuner.current == 1 and tuner.changes[0]["to"] == 1 and len(tuner.changes) == 1
+    [warm_up, *rechecks] = tuner.measurements
+    periods, last_end = [], warm_up["step"]
+    for measured in rechecks:
+        assert measured["why"].startswith("periodic re-check at step ")
+        assert measured["why"].endswith("(kept 1 of 2 threads)")
+        started = int(measured["why"].split()[4])
+        periods.append((started - last_end) // 5)
+        last_end = measured["step"]
+    expected = [min(RECHECK_FIRST_WINDOWS * 2**i, RECHECK_MAX_WINDOWS) for i in range(8)]
+    assert periods[:8] == expected and expected[-1] == RECHECK_MAX_WINDOWS
+
+
+@pytest.mark.parametrize(
+    ("peak", "now", "fell"),
+    [
+        (3.0, 0.2, True),
+        (3.0, 1.5, True),  # half, and 1.5 cores freed
+        (3.0, 2.2, False),  # not half
+        (1.2, 0.5, False),  # half, but less than a core freed: the average's own noise
+        (None, 0.0, False),
+        (3.0, None, False),
+    ],
+)
+def test_load_fell_needs_half_the_peak_and_a_core(peak, now, fell):
+    assert LOAD_FALL_CORES == 1.0
+    assert load_fell(peak, now) is fell
 
 
 # ------------------------------------------------------------------------------ runs and reports
