@@ -36,7 +36,7 @@ time between two steps (evaluations, checkpoints) has lasted :attr:`ProgressDisp
 with no line::
 
     train step=2/50000 running for 30 s (the steps before it: 62 s/step)
-    train step=2/50000 done 45 s ago; no step running since (evaluation, checkpoint writes and loggers run between steps)
+    train step=2/50000 done 30 s ago; no step running since (evaluation, checkpoint writes and loggers run between steps)
 
 The job's log file (:mod:`mptrain.output.joblog`) records those lines in both cases.
 """
