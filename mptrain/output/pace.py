@@ -21,16 +21,22 @@ it with the ratio and the faster choice, once the run's own first step has been 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 
-def rough_duration(seconds: float) -> str:
-    """``41 s``, ``3 min 20 s``, ``2 h 10 min``, ``3 d 4 h``: two units at most (an estimate)."""
-    s = round(seconds)
+def rough_duration(seconds: float, down: bool = False) -> str:
+    """``41 s``, ``3 min 20 s``, ``2 h 10 min``, ``3 d 4 h``: two units at most (an estimate).
+    ``down``: never more than ``seconds`` (a lower bound, a time so far): rounded down at the
+    precision shown, where otherwise the seconds are rounded to the nearest."""
+    seconds = max(seconds, 0.0)
+    if down:
+        seconds = _floor_shown(seconds)
+    s = math.floor(seconds) if down else round(seconds)
     if s < 60:
-        return f"{max(seconds, 0):.0f} s" if s >= 10 else f"{max(seconds, 0):.2g} s"
+        return f"{seconds:.0f} s" if s >= 10 else f"{seconds:.2g} s"
     minutes, s = divmod(s, 60)
     if minutes < 60:
         return f"{minutes} min {s} s" if minutes < 10 and s else f"{minutes} min"
@@ -39,6 +45,19 @@ def rough_duration(seconds: float) -> str:
         return f"{hours} h {minutes} min" if minutes else f"{hours} h"
     days, hours = divmod(hours, 24)
     return f"{days} d {hours} h" if hours else f"{days} d"
+
+
+# Rounding down: 0.29 * 100 is 28.999999999999996 in binary floating point, not 29
+FLOOR_SLACK = 1e-9
+
+
+def _floor_shown(seconds: float) -> float:
+    """``seconds`` rounded down to what :func:`rough_duration` shows of it: two significant
+    digits below 10 s, whole seconds above (larger units drop the smaller ones anyway)."""
+    if seconds >= 10 or seconds == 0:
+        return float(math.floor(seconds + FLOOR_SLACK))
+    scale = 10 ** (1 - math.floor(math.log10(seconds)))
+    return math.floor(seconds * scale + FLOOR_SLACK) / scale
 
 
 def step_time_text(step_s: float) -> str:
@@ -189,8 +208,32 @@ def slow_path_note(slow: SlowPath, step_s: float) -> str:
         took += f" (FP32 not timed: {slow.not_timed})"
     else:
         ratio = step_s / slow.fp32_step_s if slow.fp32_step_s > 0 else float("inf")
-        took += f" vs {slow.fp32_step_s:.3g} s in fp32 ({ratio:.{0 if ratio >= 10 else 1}f}×)"
+        took += f" vs {slow.fp32_step_s:.3g} s in fp32 ({_ratio_text(ratio)}×)"
     return f"{slow.what}: {took}; {slow.faster} is the fast choice here"
+
+
+def slow_path_so_far_note(slow: SlowPath, step: int, running_s: float) -> str | None:
+    """The note while the run's first step is still under way (the heartbeat's, before
+    :func:`slow_path_note` can be given): the step's seconds so far against a whole FP32 step, a
+    lower bound of their ratio (rounded down, ``≥``). None when FP32 was not timed: the note after
+    the step says why."""
+    if slow.fp32_step_s is None or slow.fp32_step_s <= 0:
+        return None
+    ratio = _ratio_text(running_s / slow.fp32_step_s, at_least=True)
+    return (
+        f"{slow.what}: step {step} has run {rough_duration(running_s, down=True)} in "
+        f"{slow.precision} so far vs {slow.fp32_step_s:.3g} s for a whole fp32 step (≥{ratio}×); "
+        f"{slow.faster} is the fast choice here"
+    )
+
+
+def _ratio_text(ratio: float, at_least: bool = False) -> str:
+    """``66`` from 10 on, ``3.4`` below; to the nearest, or with ``at_least`` rounded down (the
+    text of a lower bound must not exceed it)."""
+    digits = 0 if ratio >= 10 else 1
+    if at_least and math.isfinite(ratio):
+        ratio = math.floor(ratio * 10**digits + FLOOR_SLACK) / 10**digits
+    return f"{ratio:.{digits}f}"
 
 
 Clock = Callable[[], float]

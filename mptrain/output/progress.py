@@ -21,6 +21,23 @@ step measured on the same model), whether or not the bar is shown::
     about 2 days, 5 h for 5,000 steps at 38.7 s/step (measured over steps 2-5)
     note: FP16 convolutions are a slow path on this CPU: one step took 41.2 s in fp16 vs 0.62 s in fp32 (66×); ...
 
+While a step runs long, a heartbeat (a :class:`Ticker` thread that reads the host's clock and
+prints, never the device) says so: during the first step once it has run
+:attr:`ProgressDisplay.FIRST_BEAT_S` with no line, with a lower bound of the whole run (its steps
+at no less than the first step's seconds so far each) and, once, the slow-path note with a lower
+bound of the ratio (the note after the step still gives the measured one); this first heartbeat
+is printed whatever the display, as the estimate is::
+
+    train step=1/50000 running for 20 s (first step, one-off costs included): the whole run takes at least 11 d 13 h at this pace
+    note: FP16 convolutions are a slow path on this CPU: step 1 has run 20 s in fp16 so far vs 0.98 s for a whole fp32 step (≥20×); precision=bf16 (or fp32) is the fast choice here
+
+then, as progress lines (off a terminal on stdout, always in the log), whenever a step or the
+time between two steps (evaluations, checkpoints) has lasted :attr:`ProgressDisplay.LINE_EVERY_S`
+with no line::
+
+    train step=2/50000 running for 30 s (the steps before it: 62 s/step)
+    train step=2/50000 done 30 s ago; no step running since (evaluation, checkpoint writes and loggers run between steps)
+
 The job's log file (:mod:`mptrain.output.joblog`) records those lines in both cases.
 """
 
@@ -28,14 +45,25 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from mptrain.output.joblog import JobLog
-from mptrain.output.pace import Clock, Pace, RunEstimate, SlowPath, slow_path_note
+from mptrain.output.pace import (
+    Clock,
+    Pace,
+    RunEstimate,
+    SlowPath,
+    rough_duration,
+    slow_path_note,
+    slow_path_so_far_note,
+    step_time_text,
+)
 
 
 class StepCounters(Protocol):
@@ -46,19 +74,57 @@ class StepCounters(Protocol):
     epoch: int
 
 
+class Ticker:
+    """Calls ``tick()`` every ``every_s`` seconds on a daemon thread, from :meth:`start` until
+    :meth:`stop`, which waits for a tick under way to end (so none comes after it). The progress
+    display's heartbeat: its tick reads the clock and prints, never the device, the model or torch.
+    A tick that raises ends the thread (Python prints its traceback); training goes on."""
+
+    def __init__(self, every_s: float, tick: Callable[[], None]) -> None:
+        self.every_s, self.tick = every_s, tick
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="mptrain-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.every_s):
+            self.tick()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
+TickerFactory = Callable[[float, Callable[[], None]], Ticker]
+
+
 class ProgressDisplay:
     """Shows progress while a run trains (see the module doc); a loop observer.
 
     ``enabled``: show progress on stdout at all (the bar on a terminal, lines elsewhere); the
     log file records the lines either way (when ``log`` is given and entered). ``start_step``: the
     step the run starts from (a resumed run), for the time left. ``clock``: seconds, read once per
-    step (tests replace it). ``slow_path``: the note to give after the first step, when the
-    precision is known to be far slower than FP32 here. After the run, :attr:`estimate` holds the
-    estimate made (None for a run too short to make one) and :attr:`notes` the notes given.
+    step and by the heartbeat (tests replace it). ``slow_path``: the note to give after the first
+    step, when the precision is known to be far slower than FP32 here. ``ticker``: what calls
+    :meth:`beat` (by default a :class:`Ticker` thread every :attr:`BEAT_POLL_S`, from ``__enter__``
+    to ``__exit__``, whatever ends the block; tests pass one they tick by hand). After the run,
+    :attr:`estimate` holds the estimate made (None for a run too short to make one), :attr:`notes`
+    the notes given after steps and :attr:`heartbeats` what the heartbeat said (lines and note).
+
+    The loop calls :meth:`on_step_start` as it starts a step and :meth:`on_step` when it finished,
+    rows and evaluations in between. Those calls and the heartbeat's (on its own thread) hold one
+    lock: a line is printed whole, and the heartbeat reads the counters as one call left them.
     """
 
     REFRESH_PER_S = 10  # rich's own redraw rate
-    LINE_EVERY_S = 30.0  # off a terminal: the longest silence between lines
+    LINE_EVERY_S = 30.0  # off a terminal: the longest silence between lines; the heartbeat's wait
+    FIRST_BEAT_S = 20.0  # the first step: its first heartbeat once it has run this long
+    BEAT_POLL_S = 1.0  # how often the heartbeat reads the clock
 
     def __init__(  # noqa: PLR0913 (a constructor: the display's settings, named)
         self,
@@ -70,6 +136,7 @@ class ProgressDisplay:
         start_step: int = 0,
         clock: Clock = time.monotonic,
         slow_path: SlowPath | None = None,
+        ticker: TickerFactory | None = None,
     ) -> None:
         self.enabled = enabled and console.is_terminal  # the live bar
         self.lines = enabled and not console.is_terminal  # plain lines on stdout
@@ -78,6 +145,7 @@ class ProgressDisplay:
         self.clock, self.slow_path = clock, slow_path
         self.pace = Pace(total_steps, start_step)
         self.notes: list[str] = []
+        self.heartbeats: list[str] = []
         self._progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -95,18 +163,29 @@ class ProgressDisplay:
         self._last_line = 0.0  # when the last line was given (clock)
         self._lined_step = start_step  # the step the last train line was about
         self._paced_step = start_step  # the last step Pace was told of
+        self._lock = threading.Lock()
+        self._ticker_factory = ticker
+        self._ticker: Ticker | None = None
+        self._running: int | None = start_step + 1  # the step under way; None between steps
+        self._since = 0.0  # when it started, or (between steps) when the last one finished
 
     @property
     def estimate(self) -> RunEstimate | None:
         return self.pace.estimate
 
     def __enter__(self) -> ProgressDisplay:
-        self._last_line = now = self.clock()
+        self._last_line = self._since = now = self.clock()
         self.pace.start(now)
         self._progress.start()
+        if self.log.enabled:  # a rank that says nothing needs no heartbeat
+            self._ticker = (self._ticker_factory or Ticker)(self.BEAT_POLL_S, self.beat)
+            self._ticker.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if self._ticker is not None:  # first, and without the lock: a tick under way takes it
+            self._ticker.stop()
+            self._ticker = None
         if self.enabled and self._state is not None:
             self._refresh(self._state)  # the final step, whenever the last update was
         self._progress.stop()
@@ -118,20 +197,29 @@ class ProgressDisplay:
             self._task, completed=state.step, status=f"epoch {state.epoch} {status} eta {eta}"
         )
 
+    def on_step_start(self, step: int) -> None:
+        """The loop starts ``step`` (1-based). The first step counts from the loop's start, as
+        its line does (:attr:`Pace.first_step_s`)."""
+        with self._lock:
+            if step != self.pace.first_step:
+                self._running, self._since = step, self.clock()
+
     def on_step(self, state: StepCounters) -> None:
         # Called every step: one clock read and a few comparisons. The bar redraws at
         # REFRESH_PER_S anyway, so updating it more often than that only costs the training loop
         # time (~10 us per update on a 1 ms step).
-        self._state, now = state, self.clock()
-        self._step_done(state.step, now)
-        if state.step == self.pace.first_step:
-            self._after_first_step(state, now)
-        elif self._silent_since(now) and self._lined_step != state.step:
-            self._lined_step = state.step
-            self._line(pace_line(state, self.total_steps, self.pace, now), now)
-        if self.enabled and now >= self._next_update:
-            self._next_update = now + 1 / self.REFRESH_PER_S
-            self._refresh(state)
+        with self._lock:
+            self._state, now = state, self.clock()
+            self._running, self._since = None, now
+            self._step_done(state.step, now)
+            if state.step == self.pace.first_step:
+                self._after_first_step(state, now)
+            elif self._silent_since(now) and self._lined_step != state.step:
+                self._lined_step = state.step
+                self._line(pace_line(state, self.total_steps, self.pace, now), now)
+            if self.enabled and now >= self._next_update:
+                self._next_update = now + 1 / self.REFRESH_PER_S
+                self._refresh(state)
 
     def _silent_since(self, now: float) -> bool:
         """Off a terminal: no line for :attr:`LINE_EVERY_S` (the bar needs no such line)."""
@@ -158,25 +246,73 @@ class ProgressDisplay:
             self.notes.append(note)
             self.log.say(note, "note")  # like the precision's notes: shown even without progress
 
+    def beat(self) -> None:
+        """The heartbeat's tick (see the module doc): a line when the step under way, or the
+        time between steps, has lasted :attr:`FIRST_BEAT_S` (the first heartbeat of the first
+        step) or :attr:`LINE_EVERY_S` with no line meanwhile. It reads the clock and the
+        display's own counters: nothing of the device, the model or torch."""
+        with self._lock:
+            now = self.clock()
+            first = self._running == self.pace.first_step
+            wait = self.FIRST_BEAT_S if first and not self.heartbeats else self.LINE_EVERY_S
+            if now - max(self._last_line, self._since) < wait:
+                return
+            running_s = now - self._since
+            if first:
+                self._first_step_beat(running_s, now)
+                return
+            line = beat_line(
+                self._running, self._paced_step, self.total_steps, running_s, self.pace.step_s
+            )
+            self.heartbeats.append(line)
+            self._line(line, now)
+
+    def _first_step_beat(self, running_s: float, now: float) -> None:
+        """The first step is still under way: a lower bound of the run's time and, once, the
+        slow-path note with a lower bound of the ratio. The first such heartbeat is said whatever
+        the display, as the estimate is (the bar has nothing to show yet); later ones are
+        progress lines."""
+        step, steps = self.pace.first_step, self.total_steps - self.start_step
+        line = first_step_beat_line(step, self.total_steps, steps, running_s)
+        said_before = bool(self.heartbeats)
+        self.heartbeats.append(line)
+        if said_before:
+            self._line(line, now)
+            return
+        self._last_line = now
+        self._shown(line)
+        note = (
+            None
+            if self.slow_path is None
+            else slow_path_so_far_note(self.slow_path, step, running_s)
+        )
+        if note is not None:  # the note after the step still gives the measured ratio
+            self.heartbeats.append(f"note: {note}")
+            self.log.say(note, "note")
+
     def on_log(self, row: dict[str, Any]) -> None:
-        self._fields["loss"] = f"{row['loss']:.4f}"
-        if row["loss_scale"] is not None:
-            self._fields["scale"] = f"{row['loss_scale']:g}"
-        self._fields["samples/s"] = f"{row['samples_per_s']:.0f}"
-        if "tokens_per_s" in row:
-            self._fields["tokens/s"] = f"{row['tokens_per_s']:.0f}"
-        now = self.clock()
-        self._step_done(row["step"], now)
-        self._lined_step = row["step"]
-        self._line(step_line(row, self.total_steps, self.pace.remaining_s(row["step"])), now)
+        with self._lock:
+            self._fields["loss"] = f"{row['loss']:.4f}"
+            if row["loss_scale"] is not None:
+                self._fields["scale"] = f"{row['loss_scale']:g}"
+            self._fields["samples/s"] = f"{row['samples_per_s']:.0f}"
+            if "tokens_per_s" in row:
+                self._fields["tokens/s"] = f"{row['tokens_per_s']:.0f}"
+            now = self.clock()
+            self._step_done(row["step"], now)
+            self._lined_step = row["step"]
+            remaining = self.pace.remaining_s(row["step"])
+            self._line(step_line(row, self.total_steps, remaining), now)
 
     def on_eval(self, row: dict[str, Any]) -> None:
-        self._fields["val_acc"] = f"{row['val_accuracy']:.2%}"
-        self._line(eval_line(row, self.total_steps), self.clock())
+        with self._lock:
+            self._fields["val_acc"] = f"{row['val_accuracy']:.2%}"
+            self._line(eval_line(row, self.total_steps), self.clock())
 
     def on_warning(self, message: str) -> None:
         # Printed whether or not the bar is shown: a warning must reach the user once.
-        self.log.warn(message)
+        with self._lock:
+            self.log.warn(message)
 
     def _line(self, line: str, now: float) -> None:
         self._last_line = now
@@ -232,3 +368,31 @@ def eval_line(row: dict[str, Any], total_steps: int) -> str:
         f"eval step={row['step']}/{total_steps} epoch={row['epoch']} "
         f"val_loss={row['val_loss']:.4f}{_perplexity(row)} val_accuracy={row['val_accuracy']:.2%}"
     )
+
+
+def first_step_beat_line(step: int, total_steps: int, steps: int, running_s: float) -> str:
+    """The heartbeat while the run's first step (``step``) is under way: ``steps`` (the run's, or
+    what a resumed run has left) at no less than that step's seconds so far each, a lower bound
+    "at this pace" (rounded down). The first step carries one-off costs, hence "at this pace"."""
+    bound = rough_duration(steps * running_s, down=True)
+    what = "the whole run takes" if steps == total_steps else f"the {steps:,} steps left take"
+    return (
+        f"train step={step}/{total_steps} running for {rough_duration(running_s, down=True)} "
+        f"(first step, one-off costs included): {what} at least {bound} at this pace"
+    )
+
+
+def beat_line(
+    running: int | None, done: int, total_steps: int, seconds: float, step_s: float | None
+) -> str:
+    """The heartbeat after the first step: step ``running`` under way for ``seconds`` (and the
+    pace of the steps before it, ``step_s``), or with ``running=None`` no step under way for
+    ``seconds`` since step ``done`` finished (evaluations, checkpoints and loggers run then)."""
+    for_s = rough_duration(seconds, down=True)
+    if running is None:
+        return (
+            f"train step={done}/{total_steps} done {for_s} ago; no step running since "
+            "(evaluation, checkpoint writes and loggers run between steps)"
+        )
+    before = "" if step_s is None else f" (the steps before it: {step_time_text(step_s)})"
+    return f"train step={running}/{total_steps} running for {for_s}{before}"

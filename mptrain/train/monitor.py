@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -47,6 +47,8 @@ class LoopObserver(Protocol):
     def on_eval(self, row: dict[str, Any]) -> None: ...
 
     def on_warning(self, message: str) -> None: ...
+
+    # Optional: ``on_step_start(step)``, called as the loop starts step ``step`` (1-based).
 
 
 @dataclass
@@ -105,6 +107,7 @@ class Monitor:
         self.memory_kind: str | None = None  # what peak memory measures; None before begin()
         self.stopwatch = Stopwatch(device, self.throughput)
         self.observers: tuple[LoopObserver, ...] = ()
+        self._step_starts: tuple[Callable[[int], None], ...] = ()  # observers' on_step_start
         self._optimizer: torch.optim.Optimizer | None = None
         self._interval = Interval(started=time.perf_counter())
         self._first_step: int | None = None  # the step the loop started from (before_step)
@@ -120,6 +123,8 @@ class Monitor:
     ) -> None:
         """Before the first step: read the loss scale, reset the peak-memory counter."""
         self.observers = observers
+        # Told as each step starts, by those that want it (the progress display's heartbeat)
+        self._step_starts = tuple(o.on_step_start for o in observers if hasattr(o, "on_step_start"))
         self._optimizer = optimizer
         self.memory_kind = hardware.reset_peak_memory(self.device)
         self.scale = scaler.get_scale() if scaler.is_enabled() else None
@@ -132,13 +137,16 @@ class Monitor:
 
     def before_step(self, steps_done: int) -> None:
         """Start timing after this process's first ``throughput_warmup_steps`` steps: counted
-        from where the loop started, so a resumed run (at step 1000) is timed too."""
+        from where the loop started, so a resumed run (at step 1000) is timed too. Observers
+        with ``on_step_start`` are told that step ``steps_done + 1`` starts."""
         if self._first_step is None:
             self._first_step = steps_done
         if steps_done - self._first_step == self.settings.throughput_warmup_steps:
             self.stopwatch.start()
         if self.threads is not None:
             self.threads.before_step(steps_done)
+        for started in self._step_starts:
+            started(steps_done + 1)
 
     def end(self) -> None:
         self.stopwatch.stop()

@@ -11,6 +11,7 @@ from mptrain.output.pace import (
     estimate_run,
     rough_duration,
     slow_path_note,
+    slow_path_so_far_note,
     step_time_text,
 )
 
@@ -45,6 +46,22 @@ def test_the_estimate_is_all_steps_at_the_pace_measured_after_the_first():
 )
 def test_rough_duration_gives_two_units_at_most(seconds, words):
     assert rough_duration(seconds) == words
+
+
+@pytest.mark.parametrize(
+    ("seconds", "words"),
+    [
+        (0.29, "0.29 s"),  # not 0.28: 0.29 * 100 is 28.999999999999996 in binary
+        (0.137, "0.13 s"),
+        (9.97, "9.9 s"),
+        (29.7, "29 s"),
+        (119.6, "1 min 59 s"),
+        (7199.6, "1 h 59 min"),
+        (1_000_000.0, "11 d 13 h"),
+    ],
+)
+def test_a_lower_bound_or_a_time_so_far_is_rounded_down(seconds, words):
+    assert rough_duration(seconds, down=True) == words
 
 
 def test_step_time_in_seconds_or_milliseconds():
@@ -96,3 +113,18 @@ def test_the_slow_path_note_gives_the_ratio_and_the_faster_choice():
         "FP16 convolutions are a slow path on this CPU: one step took 3 s in fp16 (FP32 not "
         "timed: compile=true); precision=fp32 is the fast choice here"
     )
+
+
+def test_while_the_first_step_runs_the_note_gives_a_lower_bound_of_the_ratio():
+    slow = SlowPath(
+        "FP16 convolutions are a slow path on this CPU", "fp16", "precision=bf16 (or fp32)", 0.98
+    )
+    # 30.9 / 0.98 = 31.5: rounded down, as a lower bound must be (the nearest would say 32)
+    assert slow_path_so_far_note(slow, 1, 30.9) == (
+        "FP16 convolutions are a slow path on this CPU: step 1 has run 30 s in fp16 so far vs "
+        "0.98 s for a whole fp32 step (≥31×); precision=bf16 (or fp32) is the fast choice here"
+    )
+    assert "(≥9.9×)" in slow_path_so_far_note(slow, 1001, 9.77)  # 9.969...: one decimal, down
+    assert "step 1001 has run 9.7 s" in slow_path_so_far_note(slow, 1001, 9.77)
+    untimed = SlowPath(slow.what, "fp16", "precision=fp32", None, "compile=true")
+    assert slow_path_so_far_note(untimed, 1, 30.0) is None  # the note after the step says why
