@@ -35,7 +35,7 @@ then, as progress lines (off a terminal on stdout, always in the log), whenever 
 time between two steps (evaluations, checkpoints) has lasted :attr:`ProgressDisplay.LINE_EVERY_S`
 with no line::
 
-    train step=2/50000 running for 30 s (the steps before it: 62 s/step)
+    train step=2/50000 running for 30 s (pace so far: 62 s/step)
     train step=2/50000 done 30 s ago; no step running since (evaluation, checkpoint writes and loggers run between steps)
 
 The job's log file (:mod:`mptrain.output.joblog`) records those lines in both cases.
@@ -394,5 +394,5 @@ def beat_line(
             f"train step={done}/{total_steps} done {for_s} ago; no step running since "
             "(evaluation, checkpoint writes and loggers run between steps)"
         )
-    before = "" if step_s is None else f" (the steps before it: {step_time_text(step_s)})"
+    before = "" if step_s is None else f" (pace so far: {step_time_text(step_s)})"
     return f"train step={running}/{total_steps} running for {for_s}{before}"

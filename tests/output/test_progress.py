@@ -263,7 +263,7 @@ def test_after_the_first_step_the_heartbeat_names_the_step_running_or_the_time_b
     lines = console.file.getvalue().splitlines()
     assert lines[0].startswith("train step=1/100 epoch=0 elapsed=0:00:02 ")
     assert lines[1:] == [
-        "train step=3/100 running for 30 s (the steps before it: 2 s/step)",
+        "train step=3/100 running for 30 s (pace so far: 2 s/step)",
         "about 30 min for 100 steps at 18.5 s/step (measured over steps 2-3)",
         "train step=3/100 done 30 s ago; no step running since (evaluation, checkpoint writes "
         "and loggers run between steps)",
