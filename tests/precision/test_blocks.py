@@ -89,6 +89,9 @@ def test_counts_saturation_underflow_zero_and_nonfinite_blocks():
     for tensor_scale, saturated in ((False, 1), (True, 0)):
         nvfp4 = quantize_nvfp4(x[[0, 1, 2, 5]], tensor_scale=tensor_scale, stats=True)
         assert nvfp4.stats.as_dict() == {**counts, "saturated": saturated}
+    # Row 4's NaN makes NVFP4's per-tensor scale NaN: every block of the tensor is NaN.
+    poisoned = quantize_nvfp4(x[[0, 4]], stats=True).stats.as_dict()
+    assert poisoned["nonfinite_blocks"] == 4 and poisoned["underflows"] == 0
     assert quantize_mx(x).stats is None  # counted only when asked: a few more passes
 
 
@@ -107,6 +110,16 @@ def test_mxfp8_round_trip_is_within_half_an_e4m3_step(rounding):
     bound = torch.maximum(x.abs() * 2.0**-4, scale * 2.0**-10)
     assert (error[~saturated] <= bound[~saturated]).all()
     assert (error[saturated] <= x.abs()[saturated] - 448 * scale[saturated]).all()
+
+
+def test_floor_keeps_torchaos_2_pow_minus_126_divisor_for_the_smallest_scale():
+    """A block below 2^-118 gets the scale 2^-127 (code 0) but is divided by 2^-126, as torchao
+    does: dequantized it is half the input (documented in mx.py; no real tensor lives there)."""
+    x = torch.full((1, 32), 2.0**-120)
+    q = quantize_mx(x, rounding="floor")
+    assert q.scale.view(torch.uint8).item() == 0 and (q.data.float() == 64).all()
+    assert torch.equal(q.dequantize(), x / 2)
+    assert torch.equal(quantize_mx(x, rounding="rceil").dequantize(), torch.zeros_like(x))
 
 
 def test_nvfp4_round_trip_is_within_half_an_e2m1_step():

@@ -28,14 +28,15 @@ INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 @dataclass(frozen=True)
 class BlockStats:
     """Counts of one quantization, each a 0-d int64 tensor on the input's device (reading one
-    synchronises). Elements of blocks whose input holds inf or NaN are counted only in
-    ``nonfinite_blocks``: their values are not numbers to saturate or underflow.
+    synchronises). Non-finite blocks are counted whole in ``nonfinite_blocks`` and their
+    elements nowhere else: their values are not numbers to saturate or underflow.
 
     - ``saturated``: elements whose scaled magnitude saturation clipped (at or above the format's
       saturation boundary: more than rounding to the largest value would have taken off);
     - ``underflows``: nonzero inputs that quantized to zero;
     - ``zero_blocks``: blocks whose every quantized element is zero (all-zero input included);
-    - ``nonfinite_blocks``: blocks whose input holds inf or NaN.
+    - ``nonfinite_blocks``: blocks whose input holds inf or NaN, or whose multiplier is not a
+      positive number (NVFP4: an inf or NaN elsewhere in the tensor, through the per-tensor scale).
     """
 
     elements: int
@@ -187,7 +188,7 @@ def count(
     """The :class:`BlockStats` of a quantization: ``nonzero`` marks the elements that did not
     quantize to zero. Counted per block first, so that non-finite blocks drop out whole."""
     x, reduced = blocks.view, blocks.reduced
-    finite = torch.isfinite(amax)
+    finite = torch.isfinite(amax) & torch.isfinite(multiplier) & (multiplier > 0)
     boundary = (
         e2m1.E2M1_SATURATION_BOUNDARY
         if elem_dtype == e2m1.E2M1

@@ -33,8 +33,8 @@ def encode(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.T
     Without ``generator``: round to nearest, ties to even (the same codes as torchao's
     ``f32_to_f4_unpacked`` for every non-NaN input). With ``generator``: stochastic rounding, up to
     the next magnitude with probability (|x| - lower) / (upper - lower), exact in FP32, against one
-    ``torch.rand`` draw per element (in ``x``'s order, from ``generator``: restoring its
-    ``get_state()`` replays the same draws). The sign is kept, -0 and values rounding to zero
+    ``torch.rand`` draw per element (in ``x``'s order, from ``generator``, which must be on
+    ``x``'s device: restoring its ``get_state()`` replays the same draws). The sign is kept, -0 and values rounding to zero
     included. NaN (no E2M1 encoding) gives a zero code with NaN's sign bit; the block formats
     give a NaN block a NaN scale, so its elements never count.
     """

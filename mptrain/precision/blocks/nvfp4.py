@@ -30,9 +30,10 @@ scale is inf), as torchao; without it the inf saturates to its block's max (6 x 
 
 Options of the training recipe: ``tile_2d`` (one scale per 16x16 tile of a 2-D weight, so the
 forward and the backward GEMM see the same quantized weight) and ``generator`` (stochastic
-rounding of the elements, for gradients: one ``torch.rand`` draw per element from the given
-``torch.Generator``; its ``get_state()`` saved with a checkpoint and restored resumes the exact
-draws). The random Hadamard transform is :mod:`.hadamard`, applied by the caller before
+rounding of the elements, for gradients: one ``torch.rand`` draw per element, in the order of
+``data``'s layout, from the given ``torch.Generator`` on ``x``'s device; its ``get_state()``
+saved with a checkpoint and restored with ``set_state()`` resumes the exact draws; the scales
+still round to nearest). The random Hadamard transform is :mod:`.hadamard`, applied by the caller before
 quantizing. torchao's GPU training kernels (Triton, ``nvfp4_training``) compute the two-level
 scale in another order and are not compared here.
 """
