@@ -224,6 +224,29 @@ def test_nvfp4_elements_scales_and_dequantized_are_torchaos(case, tensor_scale, 
     assert bits_equal(ours.dequantize(x.dtype), theirs.dequantize(x.dtype))
 
 
+@pytest.mark.parametrize("tensor_scale", [False, True], ids=["block-scales", "tensor-scale"])
+def test_nvfp4_elements_are_torchaos_at_the_rounding_ties(tensor_scale):
+    """An ulp more or less in an element's multiplier ((1 / tensor scale) / block scale) changes
+    its E2M1 code only within an ulp of a tie: about one element in a million of random data, so
+    random tensors cannot tell two ways of computing it apart. Here every element but each
+    block's amax lies within 3 ulps of a tie (torchao's own multiplier places them there)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 16, generator=generator)
+    x[:, 0] = x.abs().amax(dim=1) * 1.5  # the block's amax: its scale is known before the rest
+    scale = nvfp4_tensor.per_tensor_amax_to_scale(x.abs().amax()) if tensor_scale else None
+    their_scale = nvfp4_tensor.NVFP4Tensor.to_nvfp4(x, per_tensor_scale=scale).scale.float()
+    multiplier = (1.0 / scale) / their_scale if tensor_scale else 1.0 / their_scale
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    picks = torch.randint(0, 7, (256, 15), generator=generator)
+    near = (ties[picks] / multiplier).view(torch.int32)
+    near += torch.randint(-3, 4, near.shape, generator=generator, dtype=torch.int32)
+    x[:, 1:] = near.view(torch.float32) * torch.where(picks % 2 == 0, 1.0, -1.0)
+    theirs = nvfp4_tensor.NVFP4Tensor.to_nvfp4(x, per_tensor_scale=scale)
+    ours = quantize_nvfp4(x, tensor_scale=tensor_scale)
+    assert bits_equal(ours.scale, theirs.scale)
+    assert torch.equal(ours.data, theirs.qdata)
+
+
 def test_nvfp4_3d_tensor_is_torchaos():
     x = make("wide_range", 64, 64, 16).reshape(4, 16, 64)
     scale = nvfp4_tensor.per_tensor_amax_to_scale(x.abs().amax())
@@ -293,6 +316,25 @@ def test_blockwise_tiles_and_blocks_are_torchaos(case, dtype):
     their_data, their_scale = blockwise_ref.torch_blockwise_scale_weight_quant(x.t().contiguous())
     ours = quantize_blockwise(x, dim=0, tile_2d=True)
     assert bits_equal(ours.data, their_data) and bits_equal(ours.scale, their_scale)
+
+
+def test_blockwise_elements_are_torchaos_at_the_rounding_ties():
+    """As for NVFP4: every element but each tile's amax within 3 ulps of an E4M3 tie (halfway
+    between neighbouring E4M3 values) once multiplied by torchao's scale."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 128, generator=generator)
+    x[:, 0] = x.abs().amax(dim=1) * 1.5
+    _, their_inverse = blockwise_ref.torch_blockwise_scale_act_quant_lhs(x)
+    grid = torch.arange(1, 126, dtype=torch.uint8).view(E4M3).float()  # 2^-9 up to 416
+    picks = torch.randint(0, len(grid) - 1, (64, 127), generator=generator)
+    ties = (grid[picks] + grid[picks + 1]) / 2
+    near = (ties * their_inverse).view(torch.int32)
+    near += torch.randint(-3, 4, near.shape, generator=generator, dtype=torch.int32)
+    x[:, 1:] = near.view(torch.float32)
+    their_data, their_inverse = blockwise_ref.torch_blockwise_scale_act_quant_lhs(x)
+    ours = quantize_blockwise(x)
+    assert bits_equal(ours.scale, their_inverse.contiguous())
+    assert bits_equal(ours.data, their_data)
 
 
 # ------------------------------------------------------------------------------------- RHT
