@@ -391,13 +391,13 @@ class Job:
         if state.stopped and self.stop is not None:
             name = self.stop.name
             saved = self.checkpointer is not None and state.step in self.checkpointer.steps
-            where = f"at step {state.step}"
+            where = f"{name} at step {state.step}"
             if self.abandoned:
                 where = (
-                    f"twice: stopped at once, step {state.step + 1} abandoned (its forward had "
-                    f"run: resuming from step {state.step} is not bit for bit)"
+                    f"{self.stop.both}: stopped at once, step {state.step + 1} abandoned (its "
+                    f"forward had run: resuming from step {state.step} is not bit for bit)"
                 )
-            reason = f"{name} {where}; " + (
+            reason = f"{where}; " + (
                 "checkpoint written, resume with resume=auto"
                 if saved
                 else "no checkpoint (checkpoint.enabled=false): progress is lost"
