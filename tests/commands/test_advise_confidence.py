@@ -1,5 +1,6 @@
-"""``advise.seeds``: the equivalence verdict (Welch's TOST, checked against scipy's own Welch
-t-tests), the seeds the budget affords, the decision it changes, and a tiny real run."""
+"""``advise.seeds``: the equivalence verdict (the TOST paired by seed, and Welch's recorded beside
+it, both checked against scipy's own t-tests), the seeds the budget affords, the decision it
+changes, and a tiny real run."""
 
 from __future__ import annotations
 
@@ -258,7 +259,7 @@ def test_the_budget_picks_the_seeds(monkeypatch, requested, budget_s, runs, verd
     assert [e["seed"] for e in out["finalists"]["bf16"]] == list(range(runs + 1))
     measured = seeds.with_verdicts([FP32, Measured("bf16")], out, None)
     assert measured[1].equivalence.verdict == verdict_is
-    assert out["paired"]["bf16"]["seeds"] == runs + 1  # recorded beside it
+    assert out["welch"]["bf16"]["seeds"] == runs + 1  # recorded beside it
     if verdict_is == UNDECIDED:  # 2 seeds: the words the report leads with
         assert out["verdicts"]["bf16"]["why"].startswith("only 2 seeds fit the budget")
         assert "seed 3 of each (~" in out["stopped"]

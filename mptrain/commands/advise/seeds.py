@@ -49,7 +49,7 @@ def new_confidence(settings: AdviseConfig) -> dict[str, Any]:
         "stopped": None,  # why fewer seeds ran than wanted
         "skipped": {},  # finalist -> why its seeds were not run (the runner-up's cost)
         "verdicts": {},  # name -> confidence.Verdict's fields, from the figures (with_verdicts)
-        "paired": {},  # name -> the same test on per-seed differences (recorded, not deciding)
+        "welch": {},  # name -> Welch's unpaired test of the same finals (recorded, not deciding)
     }
 
 
@@ -187,8 +187,9 @@ def few_words(out: dict[str, Any], interrupted_by: str | None) -> str:
 def with_verdicts(
     measured: list[advice.Measured], out: dict[str, Any] | None, interrupted_by: str | None
 ) -> list[advice.Measured]:
-    """``measured`` with each finalist's verdict against FP32 (kept in ``out["verdicts"]``), and
-    the paired test's beside it (``out["paired"]``: on the seeds both ran; it decides nothing)."""
+    """``measured`` with each finalist's verdict against FP32 (kept in ``out["verdicts"]``): the
+    TOST on the per-seed differences of the seeds both ran; Welch's unpaired test beside it
+    (``out["welch"]``: it decides nothing)."""
     if not out or advice.REFERENCE not in out["finalists"]:
         return measured
     by_seed = {
@@ -197,13 +198,13 @@ def with_verdicts(
     }
     reference = by_seed.pop(advice.REFERENCE)
     few = few_words(out, interrupted_by)
-    verdicts, paired = {}, {}
+    verdicts, welch = {}, {}
     for name, finals in by_seed.items():
-        verdicts[name] = confidence.verdict(
-            list(finals.values()), list(reference.values()), out["margin"], out["alpha"], few
-        )
+        # Seed k gave both the same initial weights and batches: the test is on the per-seed
+        # differences, where the seed's own noise cancels (Welch's, which ignores the pairing,
+        # is recorded beside it).
         both = [s for s in finals if s in reference]
-        paired[name] = confidence.verdict(
+        verdicts[name] = confidence.verdict(
             [finals[s] for s in both],
             [reference[s] for s in both],
             out["margin"],
@@ -211,6 +212,9 @@ def with_verdicts(
             few,
             paired=True,
         )
+        welch[name] = confidence.verdict(
+            list(finals.values()), list(reference.values()), out["margin"], out["alpha"], few
+        )
     out["verdicts"] = {name: dataclasses.asdict(v) for name, v in verdicts.items()}
-    out["paired"] = {name: dataclasses.asdict(v) for name, v in paired.items()}
+    out["welch"] = {name: dataclasses.asdict(v) for name, v in welch.items()}
     return [dataclasses.replace(m, equivalence=verdicts.get(m.precision)) for m in measured]
