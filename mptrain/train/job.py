@@ -231,6 +231,7 @@ class Job:
             trained_in = found[1]["signature"].get("precision") if found else None
             run = self.run = decide_auto(run, run.settings.total_steps, trained_in)
             self.policy = run.policy
+        run.schedule.say = functools.partial(self.log.say, label="precision")  # at a switch
         if run.threads.measure:  # threads=auto on a CPU: measured on the first training steps
             say = functools.partial(self.log.say, label="threads")
             window = max(cfg.log_every, MIN_WINDOW_STEPS)
