@@ -38,6 +38,9 @@ class PrecisionSection:
     notes: list[str] = field(default_factory=list)
     master_weights_dtype: str | None = None
     master_weights: bool | None = None
+    # How a pure precision's update was written into its weights (precision.update): nearest |
+    # stochastic | kahan; None with FP32 master weights (and in reports written before it existed).
+    update: str | None = None
 
 
 @dataclass

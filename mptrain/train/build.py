@@ -46,6 +46,7 @@ from mptrain.precision.policy import (
     keep_in_fp32,
     resolve_precision,
 )
+from mptrain.precision.update import build_weight_update
 from mptrain.train.components import Run
 from mptrain.train.faults import InfGradInjector
 from mptrain.train.monitor import Monitor, MonitorSettings
@@ -93,6 +94,11 @@ def check_run(cfg: RunConfig, policy: PrecisionPolicy, dist: DistContext) -> Non
         )
     if dist.enabled and (cfg.audit or cfg.probe):
         raise ConfigError("audit/probe: run them in a single process, not under torchrun")
+    if cfg.precision.update != "nearest" and dist.enabled and dist.strategy == "fsdp":
+        raise ConfigError(
+            f"precision.update={cfg.precision.update}: not under distributed.strategy=fsdp "
+            "(its random bits and Kahan buffers are per whole parameter); use ddp"
+        )
 
 
 def build_run(
@@ -149,6 +155,7 @@ def build_run(
         fp32_modules=fp32_modules,
         fp8_sync=fp8_sync,
         threads=threads,
+        update=build_weight_update(optimizer, cfg.precision.update, cfg.seed, device),
     )
     _install_faults(run)
     if dist.enabled:

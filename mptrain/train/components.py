@@ -20,6 +20,7 @@ from mptrain.platform.distributed import DistContext, unwrap
 from mptrain.platform.threads import ThreadChoice
 from mptrain.precision.fp8.dist import FP8Sync
 from mptrain.precision.policy import PrecisionPolicy
+from mptrain.precision.update import WeightUpdate
 from mptrain.train.monitor import Monitor
 from mptrain.train.state import LoopSettings, LoopState
 
@@ -48,6 +49,7 @@ class Run:
     fp8_sync: FP8Sync = field(default_factory=FP8Sync)  # FP8 state the ranks agree on (loop calls)
     state: LoopState = field(default_factory=LoopState)
     threads: ThreadChoice | None = None  # the intra-op thread count set for the run (build_run)
+    update: WeightUpdate | None = None  # precision.update's hooks on the optimizer; None: nearest
 
     @property
     def checkpoint_model(self) -> torch.nn.Module:

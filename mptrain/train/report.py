@@ -162,6 +162,7 @@ def _precision_section(
         notes=[*p.notes, *run_notes],
         master_weights_dtype=dtype_name(p.param_dtype),
         master_weights=p.master_weights,
+        update=None if p.master_weights else cfg.precision.update,
     )
 
 
