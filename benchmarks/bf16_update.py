@@ -1,7 +1,8 @@
 """Pure BF16 with stochastic-rounded or Kahan-compensated updates against rounding to nearest.
 
     python benchmarks/bf16_update.py [--jobs mlp,gpt] [--mlp-steps 300] [--gpt-steps 200]
-                                     [--lrs 3e-4,3e-3] [--out benchmarks/results/bf16_update_cpu.json]
+                                     [--lrs 3e-4,3e-3] [--fp32-seeds 1,2]
+                                     [--out benchmarks/results/bf16_update_cpu.json]
 
 Per job and peak learning rate, four whole runs through ``mptrain.train.job.train`` (build, loop,
 evaluations, report), each from the same seed: ``precision=fp32``, then ``precision=bf16_pure``
@@ -17,6 +18,7 @@ equals the old weight; kahan: weight plus buffer unchanged). Figures per run: fi
 loss and its difference from FP32's, final training loss, the probe's mean, and training
 samples/s of the same run without the probe (the loop's time, evaluation excluded; checked to
 train the same; a shared 2-core machine makes it noisy).
+``--fp32-seeds``: FP32 runs at other seeds too, what the differences are to be read against.
 Prints a table; --out writes every figure with the CPU and the date.
 """
 
@@ -43,14 +45,11 @@ VARIANTS = (("fp32", "nearest"), ("bf16_pure", "nearest"), ("bf16_pure", "stocha
 VARIANTS += (("bf16_pure", "kahan"),)
 
 
-def run_report(job: str, precision: str, update: str, lr: float, steps: int, probe: str) -> dict:
-    """One whole run's report (``probe``: probe_every's value)."""
+def run_report(job: str, lr: float, steps: int, *overrides: str) -> dict:
+    """One whole run's report: ``job`` at peak learning rate ``lr`` with ``overrides``."""
     from mptrain.train.job import train
 
-    overrides = (*JOBS[job], *COMMON, f"max_steps={steps}", f"optimizer.lr={lr}")
-    cfg = compose(
-        *overrides, f"precision={precision}", f"precision.update={update}", f"probe_every={probe}"
-    )
+    cfg = compose(*JOBS[job], *COMMON, f"max_steps={steps}", f"optimizer.lr={lr}", *overrides)
     with tempfile.TemporaryDirectory() as tmp:
         return train(cfg, Path(tmp), console=_quiet_console()).to_dict()
 
@@ -58,8 +57,9 @@ def run_report(job: str, precision: str, update: str, lr: float, steps: int, pro
 def run_once(job: str, precision: str, update: str, lr: float, steps: int) -> dict[str, Any]:
     """The figures of one variant (see module doc): a run probed every step for the losses and
     the probe, and the same run without the probe (its cost is not the update's) for the speed."""
-    report = run_report(job, precision, update, lr, steps, "1")
-    timed = run_report(job, precision, update, lr, steps, "null")
+    variant = (f"precision={precision}", f"precision.update={update}")
+    report = run_report(job, lr, steps, *variant, "probe_every=1")
+    timed = run_report(job, lr, steps, *variant, "probe_every=null")
     training = report["training"]
     if timed["training"]["final_train_loss"] != training["final_train_loss"]:
         raise RuntimeError(f"{job} {precision} {update}: the probe changed the training")
@@ -76,14 +76,23 @@ def run_once(job: str, precision: str, update: str, lr: float, steps: int) -> di
     }
 
 
-def measure(jobs: list[str], lrs: list[float], steps: dict[str, int], out: Path | None) -> list:
+def measure(
+    jobs: list[str], lrs: list[float], steps: dict[str, int], seeds: list[int], out: Path | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(a row per job, lr and variant; FP32's final validation loss at each other seed)."""
     rows: list[dict[str, Any]] = []
+    spread: list[dict[str, Any]] = []
     for job in jobs:
         for lr in lrs:
             for precision, update in VARIANTS:
                 rows.append(run_once(job, precision, update, lr, steps[job]))
                 print(_row_text(rows[-1]), flush=True)
                 write_json(out, {"rows": rows, "partial": True})
+            for seed in seeds:  # what FP32 alone varies by, to read the differences against
+                report = run_report(job, lr, steps[job], "precision=fp32", f"seed={seed}")
+                loss = report["evaluation"]["final_val_loss"]
+                spread.append({"job": job, "lr": lr, "seed": seed, "final_val_loss": loss})
+                print(f"{job} lr={lr:g} fp32 seed={seed}: val loss {loss:.4f}", flush=True)
     for row in rows:
         fp32 = next(
             r
@@ -91,7 +100,7 @@ def measure(jobs: list[str], lrs: list[float], steps: dict[str, int], out: Path 
             if (r["job"], r["lr"], r["precision"]) == (row["job"], row["lr"], "fp32")
         )
         row["val_loss_minus_fp32"] = row["final_val_loss"] - fp32["final_val_loss"]
-    return rows
+    return rows, spread
 
 
 def _row_text(row: dict[str, Any]) -> str:
@@ -124,13 +133,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lrs", default="3e-4,3e-3")
     parser.add_argument("--mlp-steps", type=int, default=300)
     parser.add_argument("--gpt-steps", type=int, default=200)
+    parser.add_argument("--fp32-seeds", default="", help="FP32 runs at these seeds too: 1,2")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     from mptrain.platform.hardware import hardware_info, software_versions
 
     started = time.perf_counter()
     jobs, lrs = args.jobs.split(","), [float(x) for x in args.lrs.split(",")]
-    rows = measure(jobs, lrs, {"mlp": args.mlp_steps, "gpt": args.gpt_steps}, args.out)
+    seeds = [int(x) for x in args.fp32_seeds.split(",") if x]
+    steps = {"mlp": args.mlp_steps, "gpt": args.gpt_steps}
+    rows, spread = measure(jobs, lrs, steps, seeds, args.out)
     print(render(rows))
     import torch
 
@@ -141,6 +153,7 @@ def main(argv: list[str] | None = None) -> None:
         "versions": software_versions(),
         "wall_s": time.perf_counter() - started,
         "rows": rows,
+        "fp32_other_seeds": spread,
     }
     write_json(args.out, doc)
 
