@@ -11,6 +11,10 @@ from mptrain.config.base import FP32_MAX, NOT_TRAINING, at_least, require
 
 # --------------------------------------------------------------------------------------- precision
 REDUCE_DTYPES = ("float32", "float16", "bfloat16")
+# precision.update: how a pure precision's optimizer writes its update into the low-precision
+# weights (mptrain.precision.update); nearest is torch's own step. Which pure precision takes which.
+UPDATE_RULES = ("nearest", "stochastic", "kahan")
+PURE_UPDATE_RULES = {"bf16_pure": UPDATE_RULES, "fp16_pure": ("nearest", "kahan")}
 
 
 @dataclass
@@ -51,6 +55,7 @@ class PrecisionConfig:
     # steps of copies of the model before training and keep the faster (mptrain.train.autoprecision);
     # false: the device rule alone. Not a training setting: what ran is recorded as the precision.
     measure: bool = field(default=True, metadata=NOT_TRAINING)
+    update: str = "nearest"  # pure precisions: nearest | stochastic (bf16_pure) | kahan
     # The other tool's name the precision was chosen by (precision=16-mixed: "16-mixed", set by
     # conf/precision/16-mixed.yaml), recorded in the report as requested; None when chosen by name.
     alias: str | None = field(default=None, metadata=NOT_TRAINING)
@@ -99,6 +104,30 @@ def validate_precision(p: PrecisionConfig) -> None:
         "must be in the open interval (0, 1)",
     )
     at_least("precision.scaler.growth_interval", s.growth_interval, 1)
+    _check_update(p)
+
+
+def _check_update(p: PrecisionConfig) -> None:
+    """precision.update: a known rule, and other than nearest only where the weights are low
+    precision (a mixed precision's FP32 master weights take every update already)."""
+    require(p.update in UPDATE_RULES, "precision.update", p.update, " or ".join(UPDATE_RULES))
+    if p.update == "nearest":
+        return
+    accepted = PURE_UPDATE_RULES.get(p.name)
+    require(
+        accepted is not None,
+        "precision.update",
+        p.update,
+        f"only for pure low-precision weights (precision=bf16_pure or fp16_pure); "
+        f"precision={p.name} keeps FP32 master weights, which take every update",
+    )
+    require(
+        p.update in accepted,
+        "precision.update",
+        p.update,
+        f"precision={p.name} accepts {' or '.join(accepted)} (the stochastic-rounding bit "
+        "trick is BF16's)",
+    )
 
 
 def validate_switch(p: PrecisionConfig, known: tuple[str, ...]) -> None:

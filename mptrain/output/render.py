@@ -96,7 +96,16 @@ def _precision_text(p: PrecisionSection) -> str:
     label = p.label or p.effective
     ran = label if p.requested == p.effective else f"{label} (requested {p.requested})"
     scaling = "on" if p.loss_scaling else "off"
-    return f"{ran}; autocast {p.autocast_dtype or 'none'}; loss scaling {scaling}"
+    update = f"; weight updates {_UPDATE_WORDS[p.update]}" if p.update in _UPDATE_WORDS else ""
+    return f"{ran}; autocast {p.autocast_dtype or 'none'}; loss scaling {scaling}{update}"
+
+
+# precision.update of a pure precision, for people (report.precision.update)
+_UPDATE_WORDS = {
+    "nearest": "rounded to nearest",
+    "stochastic": "rounded stochastically",
+    "kahan": "Kahan-compensated",
+}
 
 
 def _switch_rows(switch: dict[str, Any] | None) -> list[tuple[str, str]]:

@@ -44,6 +44,9 @@ class PrecisionSection:
     # precision.switch (mptrain.train.switch): the step, both precisions (from = the fields above),
     # the train loss over the steps either side and the evaluations around it; None: no switch.
     switch: dict[str, Any] | None = None
+    # How a pure precision's update was written into its weights (precision.update): nearest |
+    # stochastic | kahan; None with FP32 master weights (and in reports written before it existed).
+    update: str | None = None
 
 
 @dataclass

@@ -46,6 +46,7 @@ from mptrain.precision.policy import (
     keep_in_fp32,
     resolve_precision,
 )
+from mptrain.precision.update import build_weight_update
 from mptrain.train.components import Run
 from mptrain.train.faults import InfGradInjector
 from mptrain.train.health import culprit_finder
@@ -95,6 +96,11 @@ def check_run(cfg: RunConfig, policy: PrecisionPolicy, dist: DistContext) -> Non
         )
     if dist.enabled and (cfg.audit or cfg.probe):
         raise ConfigError("audit/probe: run them in a single process, not under torchrun")
+    if cfg.precision.update != "nearest" and dist.enabled and dist.strategy == "fsdp":
+        raise ConfigError(
+            f"precision.update={cfg.precision.update}: not under distributed.strategy=fsdp "
+            "(its random bits and Kahan buffers are per whole parameter); use ddp"
+        )
 
 
 def build_run(
@@ -125,10 +131,7 @@ def build_run(
     model = wrap_model(model, dist, device, policy.autocast_dtype, gathers_fp32)
     fp8_sync, fp8 = layer_sync(model, dist, cfg, policy, fp8)
     settings = plan_loop(cfg, data, dist)
-    optimizer = build_optimizer(cfg.optimizer, model, fused=dist.strategy != "fsdp")
-    scheduler = build_scheduler(
-        cfg.scheduler, optimizer, settings.steps_per_epoch, settings.total_steps
-    )
+    optimizer, scheduler = _optimization(cfg, model, settings, dist)
     model = torch.compile(model) if cfg.compile else model
     run = Run(
         cfg=cfg,
@@ -151,12 +154,22 @@ def build_run(
         fp8_sync=fp8_sync,
         threads=threads,
         schedule=plan_switch(cfg, policy, device, dist, settings.total_steps),
+        update=build_weight_update(optimizer, cfg.precision.update, cfg.seed, device),
     )
     run.monitor.loss_window = run.schedule.loss_window()  # the losses around a switch
     _install_faults(run)
     if dist.enabled:
         seed_everything(cfg.seed + dist.rank)  # per-rank dropout and other randomness
     return run
+
+
+def _optimization(
+    cfg: RunConfig, model: torch.nn.Module, settings: LoopSettings, dist: DistContext
+) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer over ``model``'s (possibly sharded) parameters and its lr schedule."""
+    optimizer = build_optimizer(cfg.optimizer, model, fused=dist.strategy != "fsdp")
+    steps = (settings.steps_per_epoch, settings.total_steps)
+    return optimizer, build_scheduler(cfg.scheduler, optimizer, *steps)
 
 
 def with_policy(run: Run, policy: PrecisionPolicy) -> Run:

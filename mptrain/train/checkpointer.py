@@ -80,6 +80,7 @@ class Checkpointer:
             "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
             "loop": {**state.state_dict(), **run.monitor.state_dict()},
             "rng": rng_states(),
+            "update": run.update.state_dict() if run.update is not None else None,
             "signature": self.signature,
             "world_size": self.dist.world_size,
             "config": dataclasses.asdict(run.cfg),
@@ -221,7 +222,22 @@ def restore(payload: dict[str, Any], run: Run, path: Path) -> list[str]:
     run.state.load_state_dict(payload["loop"])
     run.monitor.load_state_dict(payload["loop"])
     restore_rng_states(payload["rng"])
-    return notes
+    return notes + _restore_update(run, payload.get("update"))
+
+
+def _restore_update(run: Run, saved: dict[str, Any] | None) -> list[str]:
+    """precision.update's generator and Kahan buffers; a note where the checkpoint holds none of
+    this rule's (saved with another rule, allowed by resume_allow_changes): they start fresh."""
+    if run.update is None:
+        return []
+    if saved is None or saved.get("rule") != run.update.rule:
+        was = "nearest" if saved is None else saved.get("rule")
+        return [
+            f"precision.update changed ({was} -> {run.update.rule}): its random bits and Kahan "
+            "buffers start fresh"
+        ]
+    run.update.load_state_dict(saved)
+    return []
 
 
 def _restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ from mptrain.platform.distributed import DistContext, unwrap
 from mptrain.platform.threads import ThreadChoice
 from mptrain.precision.fp8.dist import FP8Sync
 from mptrain.precision.policy import PrecisionPolicy
+from mptrain.precision.update import WeightUpdate
 from mptrain.train.monitor import LossWindow, Monitor
 from mptrain.train.state import LoopSettings, LoopState
 
@@ -76,6 +77,7 @@ class Run:
     state: LoopState = field(default_factory=LoopState)
     threads: ThreadChoice | None = None  # the intra-op thread count set for the run (build_run)
     schedule: PrecisionSchedule = field(default_factory=PrecisionSchedule)  # precision.switch
+    update: WeightUpdate | None = None  # precision.update's hooks on the optimizer; None: nearest
 
     @property
     def checkpoint_model(self) -> torch.nn.Module:

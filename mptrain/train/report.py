@@ -172,6 +172,7 @@ def _precision_section(job: JobRecord, run_notes: list[str]) -> PrecisionSection
         master_weights=p.master_weights,
         auto_timing=p.auto_timing,
         switch=run.schedule.describe(run, job.state) if run else None,
+        update=None if p.master_weights else cfg.precision.update,
     )
 
 
