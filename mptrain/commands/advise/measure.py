@@ -84,7 +84,9 @@ def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
     """FP32 first, then every precision the device runs natively, then FP8 (emulated here or
     not). FP16 is kept on CPUs even for convolutions: the pilot measures how slow it is."""
     out = []
-    for name, skip in bench.bench_precisions(device, config_has_convolutions(cfg.model)):
+    for name, skip in bench.bench_precisions(
+        device, config_has_convolutions(cfg.model, cfg.task == "lm")
+    ):
         emulated = name == "fp8" and not bench.fp8_gemm_available(device)
         if skip and name not in ("fp16", "fp8"):
             out.append(Candidate(name, cfg, False, skipped={"all": skip}))
