@@ -64,6 +64,20 @@ def command_for(overrides: list[str], precision: str) -> str:
     return " ".join(["mptrain", f"precision={precision}", *(shlex.quote(o) for o in kept)])
 
 
+def plan_command(overrides: list[str], plan: dict[str, Any]) -> str:
+    """The command that trains with FP8 and ``plan``'s layers kept in high precision: the user's
+    fp8.exclude patterns and the plan's in one override, in place of the user's own."""
+    import shlex
+
+    from mptrain.commands.advise.plan import exclude_override
+
+    if not plan["kept"]:
+        return command_for(overrides, "fp8")
+    others = [o for o in overrides if not o.lstrip("+~").startswith("fp8.exclude")]
+    override = exclude_override([*plan["exclude_base"], *plan["kept"]])
+    return f"{command_for(others, 'fp8')} {shlex.quote(override)}"
+
+
 def decide(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> advice.Advice:
     from mptrain.models.build import config_has_convolutions
 
@@ -75,7 +89,7 @@ def decide(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> advic
         fp32_spread=next((c.nudge_spread for c in cands if c.name == "fp32"), None),
         max_skipped_fraction=cfg.advise.max_skipped_fraction,
         device_type=device.type,
-        has_convolutions=config_has_convolutions(cfg.model),
+        has_convolutions=config_has_convolutions(cfg.model, cfg.task == "lm"),
         channels_last=cfg.channels_last,
         interrupted_by=interrupted["signal"] if interrupted else None,
         busy=contention.busy_words(found.get("machine_load")),
@@ -87,11 +101,13 @@ def new_findings(cands: list[Candidate]) -> dict[str, Any]:
     """What :func:`measure_all` fills in place, so that an interrupt keeps what was measured:
     the candidates, the numerics, each part's seconds, and (set after an interrupt) which
     signal came during which part."""
+    from mptrain.commands.advise.layers import new_plan
     from mptrain.commands.advise.measure import new_numerics
 
     return {
         "candidates": cands,
         "numerics": new_numerics(),
+        "plan": new_plan(),  # FP8's per-layer plan (advise.plan)
         "timings": {},
         "interrupted": None,
         "machine_load": None,  # set once speed was measured: whether others competed for cores
@@ -100,6 +116,7 @@ def new_findings(cands: list[Candidate]) -> dict[str, Any]:
 
 def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
     """Steps 1–4 of the module doc within ``budget``, into ``found`` (:func:`new_findings`)."""
+    from mptrain.commands.advise.layers import run_plan
     from mptrain.commands.advise.measure import (
         measure_numerics,
         run_fidelity,
@@ -114,6 +131,7 @@ def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
     with timed_part(timings, "numerics"):
         measure_numerics(cfg, cands, budget, found["numerics"])
     run_fidelity(cands, cfg.advise, budget, timings)
+    run_plan(cands, cfg.advise, budget, timings, found["plan"])
     before = contention.sample()
     run_speed(cands, cfg.advise, budget, timings)
     found["machine_load"] = contention.judged_since(before, hardware.resolve_device(cfg.device))
@@ -122,6 +140,7 @@ def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
 def note_interrupt(found: dict[str, Any], signal_name: str, budget: Budget) -> None:
     """Record in ``found`` that ``signal_name`` stopped the measuring, during which part and
     when, and list every part not reached as not measured because of it."""
+    from mptrain.commands.advise.layers import note_not_reached
     from mptrain.commands.advise.measure import mark_not_reached
     from mptrain.commands.advise.trials import IN_PROGRESS
 
@@ -130,6 +149,7 @@ def note_interrupt(found: dict[str, Any], signal_name: str, budget: Budget) -> N
     found["interrupted"] = {"signal": signal_name, "during": during, "after_s": budget.elapsed_s()}
     why = f"interrupted by {signal_name}" + (f" during {during}" if during else "")
     mark_not_reached(found["candidates"], found["numerics"], timings, why)
+    note_not_reached(found["plan"], why)
 
 
 class StopOnce(SignalsHeld):
@@ -198,6 +218,8 @@ def write_advice(
     from mptrain.commands.advise import report as advise_report
 
     decision = decide(cfg, found, device)
+    if found["plan"].get("kept") is not None:
+        found["plan"]["command"] = plan_command(overrides, found["plan"])
     result = advise_report.assemble(
         cfg, device, found, decision, command_for(overrides, decision.precision)
     )
