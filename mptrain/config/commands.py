@@ -5,6 +5,7 @@ computes (:data:`mptrain.config.keys.NON_TRAINING_KEYS`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from mptrain.config.base import at_least, positive, require
@@ -33,6 +34,10 @@ class AdviseConfig:
     # FP8's per-layer plan: rank the eligible layers by their FP8 sensitivity, keep the fewest in
     # high precision that bring the loss within tolerance, and verify with a short run
     plan: bool = True
+    # Each finalist's fidelity run over this many seeds, for an equivalence verdict on the final
+    # loss: auto (as many as the budget affords, 3 to 10) | N (1: the single run only).
+    seeds: str = "auto"
+    alpha: float = 0.05  # the equivalence test's significance level (its p-value must be below)
 
 
 @dataclass
@@ -91,3 +96,16 @@ def validate_advise(a: AdviseConfig) -> None:
     at_least("advise.speed_steps", a.speed_steps, 1)
     at_least("advise.reps", a.reps, 1)
     require(isinstance(a.plan, bool), "advise.plan", a.plan, "true or false")
+    require(
+        re.fullmatch(r"auto|0*[1-9]\d*", str(a.seeds).strip()) is not None,
+        "advise.seeds",
+        a.seeds,
+        "auto (as many seeds as the budget affords) or a seed count of at least 1",
+    )
+    require(0 < a.alpha < 0.5, "advise.alpha", a.alpha, "must be in the open interval (0, 0.5)")
+
+
+def seed_count(seeds: str) -> int | None:
+    """``advise.seeds`` as a count; None for ``auto`` (the budget decides)."""
+    text = str(seeds).strip()
+    return None if text == "auto" else int(text)

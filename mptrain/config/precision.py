@@ -1,5 +1,5 @@
-"""The precision group's schemas (``precision=...``, ``precision.scaler.*``, ``fp8.*``) and their
-range rules; what each precision runs is :data:`mptrain.precision.policy.PRECISIONS`.
+"""The precision group's schemas (``precision=...``, ``precision.scaler.*``,
+``precision.switch.*``, ``fp8.*``) and their range rules; what each precision runs is :data:`mptrain.precision.policy.PRECISIONS`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,22 @@ class ScalerConfig:
     growth_interval: int = 2000
 
 
+# The precisions without FP32 master weights (mptrain.precision.policy.PRECISIONS: param_dtype):
+# a precision schedule switches only between precisions that keep FP32 master weights.
+PURE_PRECISIONS = ("fp16_pure", "bf16_pure")
+
+
+@dataclass
+class SwitchConfig:
+    """A precision schedule (mptrain.train.switch): train in ``precision``, then in ``to`` from
+    the step after ``at`` on. ``at`` below 1: a share of the run's optimizer steps, rounded to the
+    nearest step (0.85 of 200: after step 170); 1 or more: the step number itself (a whole
+    number). None (both): no switch."""
+
+    to: str | None = None
+    at: float | None = None
+
+
 @dataclass
 class PrecisionConfig:
     """A precision by name (what each runs: mptrain.precision.policy.PRECISIONS) and its tunables."""
@@ -30,6 +46,7 @@ class PrecisionConfig:
     name: str = "auto"
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     allow_tf32: bool = False
+    switch: SwitchConfig = field(default_factory=SwitchConfig)
     # precision=auto only: time the candidates (BF16 and FP32 on a CPU with native BF16) on a few
     # steps of copies of the model before training and keep the faster (mptrain.train.autoprecision);
     # false: the device rule alone. Not a training setting: what ran is recorded as the precision.
@@ -82,6 +99,47 @@ def validate_precision(p: PrecisionConfig) -> None:
         "must be in the open interval (0, 1)",
     )
     at_least("precision.scaler.growth_interval", s.growth_interval, 1)
+
+
+def validate_switch(p: PrecisionConfig, known: tuple[str, ...]) -> None:
+    """``precision.switch``: both keys or neither; ``to`` one of ``known`` (the precision names,
+    auto excluded) with FP32 master weights, other than the run's; ``at`` a share in (0, 1) or a
+    whole step number >= 1. The run's own precision must be named (not auto) and keep FP32
+    master weights. Whether ``at`` falls inside the run is checked once its length is known."""
+    to, at = p.switch.to, p.switch.at
+    if to is None and at is None:
+        return
+    mixed = [n for n in known if n not in PURE_PRECISIONS]
+    steps = "a share of the run's optimizer steps in (0, 1), or a whole step number >= 1"
+    if to is None:
+        require(
+            False,
+            "precision.switch.to",
+            to,
+            f"to switch at={at:g}, name the precision: " + ", ".join(mixed),
+        )
+    require(at is not None, "precision.switch.at", at, f"when to switch to {to}: {steps}")
+    pure = " (pure precisions keep no FP32 copy of the weights to switch with)"
+    require(
+        to in mixed,
+        "precision.switch.to",
+        to,
+        f"a precision with FP32 master weights: {', '.join(mixed)}" + (pure if to in known else ""),
+    )
+    require(
+        p.name in mixed,
+        "precision",
+        p.name,
+        f"precision.switch.to={to} switches from a named precision with FP32 master weights: "
+        f"{', '.join(mixed)}" + (pure if p.name in PURE_PRECISIONS else ""),
+    )
+    require(to != p.name, "precision.switch.to", to, f"the run already trains in {p.name}")
+    require(
+        math.isfinite(at) and (0 < at < 1 or (at >= 1 and at == int(at))),
+        "precision.switch.at",
+        at,
+        steps,
+    )
 
 
 def validate_fp8(f: FP8Config) -> None:

@@ -37,12 +37,14 @@ from mptrain.config.commands import (
 from mptrain.config.data import DatasetConfig
 from mptrain.config.models import ModelConfig
 from mptrain.config.optim import OptimizerConfig, SchedulerConfig
+from mptrain.config.options import PRECISION_NAMES
 from mptrain.config.precision import (
     REDUCE_DTYPES,
     FP8Config,
     PrecisionConfig,
     validate_fp8,
     validate_precision,
+    validate_switch,
 )
 
 
@@ -265,6 +267,7 @@ def _check_task(run: RunConfig) -> None:
 def validate(run: RunConfig) -> None:
     """Check every range and cross-key rule; raise :class:`ConfigError` on the first violation."""
     validate_precision(run.precision)
+    validate_switch(run.precision, PRECISION_NAMES)
     validate_fp8(run.fp8)
     for group in (run.model, run.dataset, run.optimizer, run.scheduler):
         group.validate()  # each schema's own range rules

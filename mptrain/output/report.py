@@ -41,6 +41,9 @@ class PrecisionSection:
     # precision=auto timed on the model: median s/step per candidate and every step timed
     # (mptrain.train.autoprecision); None when it was not timed.
     auto_timing: dict[str, Any] | None = None
+    # precision.switch (mptrain.train.switch): the step, both precisions (from = the fields above),
+    # the train loss over the steps either side and the evaluations around it; None: no switch.
+    switch: dict[str, Any] | None = None
 
 
 @dataclass

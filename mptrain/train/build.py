@@ -6,7 +6,8 @@ report written after a failed build still names the device, precision and TF32 f
 
     seed -> device -> precision policy -> TF32 flags | data -> model (FP8 conversion, FP32
     islands, "pure" casts, channels_last, DDP/FSDP wrapping) -> optimizer -> LR schedule ->
-    torch.compile -> loss scaler -> loop settings -> monitor -> fault injection (debug only)
+    torch.compile -> loss scaler -> loop settings -> precision schedule (a switch planned and its
+    second precision resolved: mptrain.train.switch) -> monitor -> fault injection (debug only)
 
 and returns a :class:`Run`; :func:`mptrain.train.loop.train_loop` trains it. Combinations that cannot
 run are refused by :func:`check_run` before anything is built; what only the built objects reveal
@@ -36,9 +37,8 @@ from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.threads import ThreadChoice, apply_threads, resolve_threads
-from mptrain.precision.diagnostics.culprit import find_culprit
-from mptrain.precision.fp8.convert import apply_fp8, skip_summary
-from mptrain.precision.fp8.dist import FP8Sync, build_fp8_sync, gathers_fp32
+from mptrain.precision.formats import convert_layers, layer_sync
+from mptrain.precision.fp8.dist import gathers_fp32
 from mptrain.precision.policy import (
     PrecisionPolicy,
     apply_tf32,
@@ -48,10 +48,12 @@ from mptrain.precision.policy import (
 )
 from mptrain.train.components import Run
 from mptrain.train.faults import InfGradInjector
+from mptrain.train.health import culprit_finder
 from mptrain.train.monitor import Monitor, MonitorSettings
 from mptrain.train.optim import build_optimizer, build_scheduler
 from mptrain.train.recipe import check_recipe_data
 from mptrain.train.state import LoopSettings
+from mptrain.train.switch import plan_switch
 
 
 def prepare_run(cfg: RunConfig, dist: DistContext | None = None) -> Run:
@@ -116,13 +118,12 @@ def build_run(
     check_run(cfg, policy, dist)
     data = _checked_data(cfg, device, dist)
     threads = choose_threads(cfg.threads, device, data, dist, jobs, measure_threads)
-    task = Task(cfg.task, tokens_per_sample=data.sequence_length)
     fsdp = dist.enabled and dist.strategy == "fsdp"
     model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy, fsdp)
     num_parameters = count_parameters(model)
     # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
     model = wrap_model(model, dist, device, policy.autocast_dtype, gathers_fp32)
-    fp8_sync, fp8 = _fp8_sync_for(model, dist, cfg, policy, fp8)
+    fp8_sync, fp8 = layer_sync(model, dist, cfg, policy, fp8)
     settings = plan_loop(cfg, data, dist)
     optimizer = build_optimizer(cfg.optimizer, model, fused=dist.strategy != "fsdp")
     scheduler = build_scheduler(
@@ -141,7 +142,7 @@ def build_run(
         scheduler=scheduler,
         scaler=build_grad_scaler(policy, dist),
         loss_fn=functools.partial(cross_entropy, label_smoothing=cfg.label_smoothing),
-        task=task,
+        task=Task(cfg.task, tokens_per_sample=data.sequence_length),
         settings=settings,
         monitor=_build_monitor(cfg, data, model, policy, dist, device),
         num_parameters=num_parameters,
@@ -149,7 +150,9 @@ def build_run(
         fp32_modules=fp32_modules,
         fp8_sync=fp8_sync,
         threads=threads,
+        schedule=plan_switch(cfg, policy, device, dist, settings.total_steps),
     )
+    run.monitor.loss_window = run.schedule.loss_window()  # the losses around a switch
     _install_faults(run)
     if dist.enabled:
         seed_everything(cfg.seed + dist.rank)  # per-rank dropout and other randomness
@@ -223,21 +226,6 @@ def _batch_layout(cfg: RunConfig, device: torch.device, dist: DistContext) -> Ba
     )
 
 
-def _fp8_sync_for(
-    model: torch.nn.Module,
-    dist: DistContext,
-    cfg: RunConfig,
-    policy: PrecisionPolicy,
-    fp8: dict[str, Any] | None,
-) -> tuple[FP8Sync, dict[str, Any] | None]:
-    """What the ranks agree on for the wrapped ``model``'s FP8 layers, and the fp8 section with
-    a record of it."""
-    if fp8 is None or policy.fp8 is None:
-        return FP8Sync(), fp8
-    fp8_sync = build_fp8_sync(model, dist, cfg.fp8.backend, policy.fp8)
-    return fp8_sync, {**fp8, **fp8_sync.describe()}
-
-
 def build_model_for_run(
     cfg: RunConfig,
     data: DataBundle,
@@ -252,25 +240,7 @@ def build_model_for_run(
     model = build_model(
         cfg.model, data.in_channels, data.image_size, data.num_classes, device, data.sequence_length
     )
-    fp8 = None
-    if policy.fp8 is not None:
-        sample, _ = next(iter(data.val.batches(0)))
-        fp8 = apply_fp8(
-            model,
-            replace(policy.fp8, fsdp_float8_all_gather=fsdp),
-            sample[:2],
-            include=list(cfg.fp8.include),
-            exclude=list(cfg.fp8.exclude),
-            keep_first_last=cfg.fp8.keep_first_last,
-            backend=cfg.fp8.backend,
-        )
-        fp8["compile"] = cfg.compile  # the report's model section counts the graphs and breaks
-        if not any(layer["converted"] for layer in fp8["layers"]):
-            raise ConfigError(
-                f"precision=fp8: no Linear layer of model={cfg.model.name} can run in FP8 "
-                f"({skip_summary(fp8['layers'])}); "
-                "see fp8.include/exclude/keep_first_last/min_features"
-            )
+    fp8 = convert_layers(model, policy, cfg, data, fsdp)  # FP8 layers: mptrain.precision.formats
     patterns = list(cfg.numerics.fp32_modules)
     fp32_modules = keep_in_fp32(model, patterns, device.type)
     if patterns and not fp32_modules:
@@ -339,11 +309,7 @@ def _build_monitor(
         # The re-run of a batch would call collectives on some ranks only: single process only.
         find_culprit=cfg.numerics.find_culprit and not dist.enabled,
     )
-
-    def culprit_finder(images: torch.Tensor, labels: torch.Tensor, loss_scale: float) -> Any:
-        return find_culprit(model, images, labels, policy.autocast, loss_scale)
-
-    return Monitor(settings, device, culprit_finder)
+    return Monitor(settings, device, culprit_finder(model, policy.autocast))
 
 
 def _install_faults(run: Run) -> None:

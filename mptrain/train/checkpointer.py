@@ -84,6 +84,8 @@ class Checkpointer:
             "world_size": self.dist.world_size,
             "config": dataclasses.asdict(run.cfg),
             "data": data_facts(run),
+            # precision.switch: which phase the checkpoint is in (mptrain.train.switch)
+            "precision_switch": run.schedule.state_dict(),
         }
 
     def save(self, state: LoopState) -> Path:
@@ -189,9 +191,11 @@ def restore(payload: dict[str, Any], run: Run, path: Path) -> list[str]:
     ``resume_allow_changes=true`` allowed a change): the saved optimizer state brings its own
     hyperparameters, which are replaced by the configured ones. Returns notes for the report.
     """
+    # A checkpoint saved after a precision switch holds the second precision's layers and
+    # scaler: the run switches first (absent in checkpoints written before schedules existed).
+    notes = run.schedule.load_state_dict(run, payload.get("precision_switch"))
     model, optimizer = run.checkpoint_model, run.optimizer
     load_model_state(model, payload["model"], run.dist)
-    notes = []
     saved_optimizer = payload["config"]["optimizer"]["name"]
     if saved_optimizer == run.cfg.optimizer.name:
         configured = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
@@ -243,18 +247,22 @@ def run_signature(
     a path alone does not say the text behind it is the same).
 
     Settings that do not change what a run computes (:data:`mptrain.config.keys.NON_TRAINING_KEYS`)
-    are left out, and so are the FP8 settings unless the run is FP8, and the distributed ones.
+    are left out, and so are the FP8 settings unless the run is FP8 in either phase of its
+    precision schedule, ``precision.switch.*`` unless it has one, and the distributed ones.
     """
     settings = flatten(dataclasses.asdict(cfg))
     # The seed too: it orders the data and draws dropout (sweeps pair runs across seeds, so
     # the comparison policy leaves it out).
     signature: dict[str, Any] = {"precision": policy.name, "seed": cfg.seed}
+    switch_to = cfg.precision.switch.to
     for key, value in settings.items():
-        fp8_unused = key.startswith("fp8.") and policy.fp8 is None
+        fp8_unused = key.startswith("fp8.") and policy.fp8 is None and switch_to != "fp8"
+        # a run without a switch signs what a run signed before schedules existed
+        no_switch = key.startswith("precision.switch.") and switch_to is None
         # distributed.*: how the work is spread; a change of world size or strategy is resumed
         # by design (full state dicts) and noted separately.
         where = key.startswith(("precision.name", "distributed."))
-        if where or fp8_unused or is_non_training_key(key):
+        if where or fp8_unused or no_switch or is_non_training_key(key):
             continue
         signature[key] = value
     if data_identity is not None:

@@ -13,6 +13,10 @@ Per optimizer step (:func:`take_step`, ``grad_accum_steps`` micro-batches), in t
 5. a skipped step is recorded and does *not* advance the LR scheduler.
 6. gradients set to ``None`` (``optimizer.zero_grad(set_to_none=True)``, see :func:`clear_grads`).
 
+Before every step, ``run.schedule`` may switch the run to another precision (once, with
+``precision.switch``: policy, layers, loss scaler; :mod:`mptrain.train.switch`): every call
+above reads ``run.policy``, ``run.scaler`` and ``run.fp8_sync`` when it runs.
+
 Data-parallel FP8 runs agree on their FP8 state through ``run.fp8_sync`` after the backward and
 after the optimizer step (:mod:`mptrain.precision.fp8.dist`; nothing for other runs).
 
@@ -97,6 +101,7 @@ def train_loop(run: Run, hooks: LoopHooks = LoopHooks()) -> LoopState:
     run.model.train()
     clear_grads(run.optimizer)
     for micro_batches in _step_batches(run.data.train, s, state):
+        run.schedule.before_step(run, state.step)  # precision.switch: once, between two steps
         monitor.before_step(state.step)
         logged = _every(state.step + 1, s.log_every) or state.step + 1 == s.total_steps
         probed = _every(state.step + 1, s.probe_every)

@@ -114,11 +114,9 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         started_at=job.started_at,
         finished_at=now_iso(),
         wall_time_s=wall_time_s,
-        precision=_precision_section(cfg, job.policy, job.display.notes if job.display else []),
+        precision=_precision_section(job, job.display.notes if job.display else []),
         tf32=job.tf32,
-        fp8={**run.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
-        if run and run.fp8
-        else None,
+        fp8=_fp8_section(run),
         hardware={**hardware.hardware_info(job.device), "machine_load": _machine_load(job)},
         versions=hardware.software_versions(),
         seed=cfg.seed,
@@ -144,10 +142,20 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
     )
 
 
-def _precision_section(
-    cfg: RunConfig, p: PrecisionPolicy | None, run_notes: list[str]
-) -> PrecisionSection:
-    """What ran and why; ``run_notes``: notes given while it trained (a slow path's, measured)."""
+def _fp8_section(run: Run | None) -> dict[str, Any] | None:
+    """The FP8 layers and their final figures: at the end of the run, or, for FP8 layers a
+    precision switch left, as they were at the switch (mptrain.train.switch)."""
+    if run is None or not run.fp8:
+        return None
+    if "final_layer_stats" in run.fp8:
+        return run.fp8
+    return {**run.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
+
+
+def _precision_section(job: JobRecord, run_notes: list[str]) -> PrecisionSection:
+    """What ran and why (with a precision switch: the first precision, and the switch);
+    ``run_notes``: notes given while it trained (a slow path's, measured)."""
+    cfg, p, run = job.cfg, job.policy, job.run
     if p is None:
         return PrecisionSection(requested=cfg.precision.alias or cfg.precision.name)
     return PrecisionSection(
@@ -163,6 +171,7 @@ def _precision_section(
         master_weights_dtype=dtype_name(p.param_dtype),
         master_weights=p.master_weights,
         auto_timing=p.auto_timing,
+        switch=run.schedule.describe(run, job.state) if run else None,
     )
 
 
@@ -248,7 +257,8 @@ def _throughput_section(
         warmup_steps=cfg.throughput_warmup_steps,
         data_wait_fraction=throughput.data_wait_fraction if throughput else None,
         # Emulated FP8 runs FP32 matmuls: its speed says nothing about FP8 hardware.
-        comparable=not (policy is not None and policy.emulated),
+        comparable=not (policy is not None and policy.emulated)
+        and not (run is not None and run.schedule.emulated),
         window_samples_per_s=[n * samples / s for n, s in windows],
         tokens_per_s=run.monitor.tokens_per_s if run else None,
         window_steps=[n for n, _ in windows],

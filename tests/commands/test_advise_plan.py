@@ -14,8 +14,7 @@ import pytest
 import torch
 from conftest import LM, compose_run, run_cli, tiny_run
 
-from mptrain.commands import bench
-from mptrain.commands.advise import layers, measure, plan, run, trials
+from mptrain.commands.advise import layers, measure, plan, recipes, trials
 from mptrain.commands.advise.measure import Candidate
 from mptrain.config.models import CustomModelConfig
 from mptrain.models.build import config_has_convolutions
@@ -112,16 +111,19 @@ def test_the_exclude_override_composes_to_the_same_patterns():
 
 
 def test_the_ready_command_replaces_the_users_exclude_with_the_whole_list():
-    overrides = ["task=lm", "fp8.exclude=[head]", "advise.budget_s=30", "model.width=64"]
-    kept = {"kept": ["blocks.1.mlp.fc"], "exclude_base": ["head"]}
+    overrides = ["task=lm", "fp8.exclude=[head]", "advise.budget_s=30", "fp8.granularity=rowwise"]
+    found = {"kept": ["blocks.1.mlp.fc"], "exclude_base": ["head"]}
+    plan.add_command(found, overrides)
 
-    assert run.plan_command(overrides, kept) == (
-        "mptrain precision=fp8 task=lm model.width=64 'fp8.exclude=[head,blocks.1.mlp.fc]'"
-    )
+    assert found["command"] == (
+        "mptrain precision=fp8 task=lm 'fp8.exclude=[head,blocks.1.mlp.fc]'"
+    )  # the recipe the plan is for: tensorwise, mptrain's default
     nothing = {"kept": [], "exclude_base": ["head"]}
-    assert run.plan_command(overrides, nothing) == (
-        "mptrain precision=fp8 task=lm 'fp8.exclude=[head]' model.width=64"
-    )
+    plan.add_command(nothing, overrides)
+    assert nothing["command"] == "mptrain precision=fp8 task=lm 'fp8.exclude=[head]'"
+    unverified = {"kept": None}
+    plan.add_command(unverified, overrides)
+    assert "command" not in unverified
 
 
 def test_sqnr():
@@ -141,7 +143,7 @@ def candidates(fp8_losses: list[float]) -> tuple[Candidate, Candidate]:
     cfg = tiny_run("advise.fidelity_steps=4")
     fp32 = Candidate("fp32", cfg, timed=False)
     fp32.pilot = fp32.fidelity = trial([2.0, 1.5, 1.0, 0.8])
-    fp8_cfg = dataclasses.replace(cfg, precision=bench.precision_config("fp8", cfg.precision))
+    fp8_cfg = recipes.apply(cfg, recipes.recipe("fp8"))
     fp8 = Candidate("fp8", fp8_cfg, timed=False, emulated=True)
     fp8.pilot = fp8.fidelity = trial(fp8_losses)
     return fp32, fp8
@@ -373,7 +375,7 @@ def test_a_custom_language_model_is_inspected_for_convolutions_on_token_data(fra
 @pytest.mark.slow
 def test_one_batch_ranks_the_fragile_layer_first(fragile_module):
     cfg = tiny_run("model=custom", "model._target_=fragile_net.FragileNet", "precision=fp32")
-    fp8_cfg = dataclasses.replace(cfg, precision=bench.precision_config("fp8", cfg.precision))
+    fp8_cfg = recipes.apply(cfg, recipes.recipe("fp8"))
     found = layers.new_plan()
 
     layers.measure_sensitivity(cfg, fp8_cfg, found, deadline=math.inf)

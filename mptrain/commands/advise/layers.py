@@ -34,6 +34,7 @@ from torch import nn
 from mptrain.commands.advise import decide as advice
 from mptrain.commands.advise import plan as planning
 from mptrain.commands.advise.measure import Candidate, latest_cost, speed_need
+from mptrain.commands.advise.seeds import speed_budget
 from mptrain.commands.advise.trials import PILOT_WARMUP, Budget, short_run, timed_part
 from mptrain.config.commands import AdviseConfig
 from mptrain.config.run import RunConfig
@@ -267,9 +268,11 @@ def _not_plannable(fp32: Candidate, fp8: Candidate | None, settings: AdviseConfi
 
 
 def _left_s(cands: list[Candidate], settings: AdviseConfig, budget: Budget) -> float:
-    """What the budget leaves once the admitted precisions' speed measurements are set aside."""
+    """What the budget leaves once the admitted precisions' speed measurements and the seeds'
+    reserve are set aside."""
     admitted = [c for c in cands if c.timed and c.fidelity is not None and not c.skipped]
-    return budget.left_s() - speed_need(admitted, settings, settings.speed_steps)
+    speed = speed_budget(cands, settings, budget)
+    return speed.left_s() - speed_need(admitted, settings, settings.speed_steps)
 
 
 def run_plan(
@@ -281,7 +284,7 @@ def run_plan(
 ) -> None:
     """The module doc's steps into ``plan`` (:func:`new_plan`), each only when its estimate
     (from FP8's and FP32's measured runs) fits what is left, else skipped with it."""
-    fp32, fp8 = cands[0], next((c for c in cands if c.name == "fp8"), None)
+    fp32, fp8 = cands[0], next((c for c in cands if c.name == planning.PLANNED), None)
     why = _not_plannable(fp32, fp8, settings)
     if why is not None:
         plan["skipped"]["all"] = why

@@ -22,8 +22,13 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Sequence
 from typing import Any
+
+from mptrain.commands.advise import recipes
+
+PLANNED = "fp8"  # the recipe the plan is for: FP8 tensorwise, mptrain's default
 
 
 def nsr(sqnr_db: float) -> float:
@@ -122,6 +127,21 @@ def within(fidelity: dict[str, Any], allowed: float) -> bool:
 # Module names Hydra's override grammar reads as one plain string in a list; others are quoted.
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
 _WORDS = ("true", "false", "null", "inf", "nan")  # plain, but read as a bool, null or number
+
+
+def add_command(plan: dict[str, Any], overrides: list[str]) -> None:
+    """``plan["command"]`` once a set is verified: the command that trains with the ``fp8``
+    recipe and the plan's layers kept in high precision — the user's fp8.exclude patterns and
+    the plan's in one override, in place of the user's own."""
+    kept = plan.get("kept")
+    if kept is None:
+        return
+    if not kept:
+        plan["command"] = recipes.command_for(overrides, PLANNED)
+        return
+    others = [o for o in overrides if not o.lstrip("+~").startswith("fp8.exclude")]
+    override = exclude_override([*plan["exclude_base"], *kept])
+    plan["command"] = f"{recipes.command_for(others, PLANNED)} {shlex.quote(override)}"
 
 
 def exclude_override(patterns: Sequence[str]) -> str:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
+from mptrain.commands.advise import confidence, recipes
 from mptrain.commands.advise import plan as layer_plan
 from mptrain.commands.advise.decide import CHAOS_MARGIN, Advice
 from mptrain.commands.advise.trials import REPORT, START_UP, WARM_UP, Budget
@@ -45,7 +46,8 @@ def _row(c: Any, reference: Any) -> dict[str, Any]:
     fidelity = c.fidelity_against(reference)
     return {
         "precision": c.name,
-        "label": (c.pilot.label if c.pilot else c.name),
+        "label": c.label,
+        "overrides": recipes.command_overrides(c.recipe) if c.recipe else [],
         "emulated": c.emulated,
         "skipped": dict(c.skipped),
         "pilot": _trial(c.pilot),
@@ -119,6 +121,7 @@ def assemble(
         "fp32_one_ulp_check": _one_ulp_check(cands),
         "numerics": _numerics(found["numerics"]),
         "layer_plan": found["plan"],  # FP8's per-layer plan: every per-layer figure, the runs
+        "confidence": found.get("confidence"),  # advise.seeds: every seed's figures, verdicts
         "timings_s": found["timings"],
     }
 
@@ -191,8 +194,8 @@ def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
         )
         ops = f"{len(flagged)} op{'' if len(flagged) == 1 else 's'} flagged"
         parts.append(f"audit: {ops}" + (f" ({', '.join(where)})" if flagged else ""))
-    fp8 = numerics["fp8"]
-    if name == "fp8" and fp8 and "layers" in fp8:
+    fp8 = numerics["fp8"]  # the layer choice, the same for every FP8 recipe
+    if recipes.runs(name) == "fp8" and fp8 and "layers" in fp8:
         converted = sum(layer["converted"] for layer in fp8["layers"])
         parts.append(
             f"{converted} of {len(fp8['layers'])} Linear layers in FP8, "
@@ -225,15 +228,21 @@ def recommendation_lines(result: dict[str, Any]) -> list[str]:
     rec = result["recommendation"]
     headline = f"Recommendation: {rec['precision']}" if rec["measured"] else "No recommendation"
     lines = [f"**{headline}**", ""]
+    lead = confidence.lead_lines(result.get("confidence"), result["interrupted"])
+    lines += [*lead, ""] if lead else []
     lines += [f"- {r}" for r in rec["reasons"]]
     lines += ["", "Runners-up:"]
-    lines += [f"- {r['precision']}: {r['why']}" for r in rec["runners_up"]]
+    lines += [f"- {r['precision']}: {r['why']}{_command(r)}" for r in rec["runners_up"]]
     if rec["fixes"]:
         lines += ["", "Fixes worth trying:"]
         lines += [f"- `{f.split(': ', 1)[0]}`: {f.split(': ', 1)[1]}" for f in rec["fixes"]]
     if rec["measured"]:
         lines += ["", "Train with it:", "", "```bash", rec["command"], "```"]
     return lines
+
+
+def _command(runner_up: dict[str, Any]) -> str:
+    return f" (`{runner_up['command']}`)" if runner_up.get("command") else ""
 
 
 def interrupted_line(result: dict[str, Any]) -> str | None:
@@ -291,7 +300,8 @@ def skipped_lines(result: dict[str, Any]) -> list[str]:
         for part, why in row["skipped"].items():
             what = row["precision"] if part == "all" else f"{row['precision']} {part}"
             lines.append(f"- {what}: {why}")
-    return lines + layer_plan.skipped_lines(result["layer_plan"])
+    lines += layer_plan.skipped_lines(result["layer_plan"])
+    return lines + confidence.skipped_lines(result.get("confidence"))
 
 
 def render(result: dict[str, Any]) -> str:
@@ -319,6 +329,7 @@ def render(result: dict[str, Any]) -> str:
         "initial weights and batches; relative difference of the mean loss over windows of a "
         f"tenth of the run (tolerance {s['tolerance']:.0%}).",
         _one_ulp_line(result["fp32_one_ulp_check"]),
+        *([method] if (method := confidence.method_line(result.get("confidence"))) else []),
     ]
     skipped = skipped_lines(result)
     if skipped:
