@@ -172,7 +172,9 @@ def run_bench(
     """Time every precision ``reps`` times (see module doc); write bench.json and bench.md into
     ``output_dir``, print the table, and return its rows (skipped precisions with the reason)."""
     device = hardware.resolve_device(cfg.device)
-    has_convs = config_has_convolutions(cfg.model)  # FP16 convolutions crawl on CPUs
+    has_convs = config_has_convolutions(
+        cfg.model, cfg.task == "lm"
+    )  # FP16 convolutions crawl on CPUs
     precisions = bench_precisions(device, has_convs)
     configs = {
         name: dataclasses.replace(cfg, precision=precision_config(name, cfg.precision))

@@ -31,6 +31,9 @@ class AdviseConfig:
     warmup_steps: int = 3  # speed: optimizer steps run before timing starts
     speed_steps: int = 20  # speed: optimizer steps timed per precision and repetition
     reps: int = 3  # speed: repetitions in rotating order (fewer than 3 cannot judge the spread)
+    # FP8's per-layer plan: rank the eligible layers by their FP8 sensitivity, keep the fewest in
+    # high precision that bring the loss within tolerance, and verify with a short run
+    plan: bool = True
     # Each finalist's fidelity run over this many seeds, for an equivalence verdict on the final
     # loss: auto (as many as the budget affords, 3 to 10) | N (1: the single run only).
     seeds: str = "auto"
@@ -92,6 +95,7 @@ def validate_advise(a: AdviseConfig) -> None:
     at_least("advise.warmup_steps", a.warmup_steps, 1)
     at_least("advise.speed_steps", a.speed_steps, 1)
     at_least("advise.reps", a.reps, 1)
+    require(isinstance(a.plan, bool), "advise.plan", a.plan, "true or false")
     require(
         re.fullmatch(r"auto|0*[1-9]\d*", str(a.seeds).strip()) is not None,
         "advise.seeds",

@@ -13,6 +13,9 @@ hardware) it measures, on the configured model and data, in this order:
 3. **fidelity**: ``advise.fidelity_steps`` optimizer steps per precision from the same seed (the
    same initial weights and batches) as an FP32 run; the loss trajectories are compared
    (:func:`mptrain.commands.advise.decide.fidelity_of`), skipped steps and divergence recorded.
+   With ``advise.plan``: the ``fp8`` recipe's **per-layer plan** (:mod:`.layers`, :mod:`.plan`): each eligible
+   layer's FP8 sensitivity on one batch, ranked, and the fewest layers kept in high precision
+   (``fp8.exclude``) that bring its loss within the allowance, verified by short runs.
 4. **speed**: bench's alternating repetitions (:func:`mptrain.commands.bench.measure_reps`), in rotated
    order, ``advise.reps`` times; ratios to FP32 with their min–max (emulated FP8 is not timed).
 5. **seeds** (``advise.seeds``): the finalists of a provisional decision run their fidelity run
@@ -30,5 +33,6 @@ recommendation and the table.
 Modules: :mod:`.recipes` (the candidates as data, their commands), :mod:`.trials` (one short run,
 the budget), :mod:`.measure` (every precision within the budget), :mod:`.seeds` (the finalists'
 seeds), :mod:`.confidence` (the equivalence test, pure), :mod:`.decide` (the decision as a pure
-function), :mod:`.report` (advise.md/.json/.png), :mod:`.run` (the command).
+function), :mod:`.layers` and :mod:`.plan` (FP8's per-layer plan: measured, decided),
+:mod:`.report` (advise.md/.json/.png), :mod:`.run` (the command).
 """

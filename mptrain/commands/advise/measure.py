@@ -103,7 +103,9 @@ def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
     hardware it needs). FP16 is kept on CPUs even for convolutions: the pilot measures how slow
     it is. A recipe the user's other keys rule out is skipped with the config's own words."""
     out = []
-    for name, skip in bench.bench_precisions(device, config_has_convolutions(cfg.model)):
+    for name, skip in bench.bench_precisions(
+        device, config_has_convolutions(cfg.model, cfg.task == "lm")
+    ):
         if name == "fp8":  # bench's one FP8 line: here each of LOW_PRECISION's recipes, below
             continue
         r = recipes.recipe(name)

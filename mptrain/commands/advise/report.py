@@ -18,6 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mptrain.commands.advise import confidence, recipes
+from mptrain.commands.advise import plan as layer_plan
 from mptrain.commands.advise.decide import CHAOS_MARGIN, Advice
 from mptrain.commands.advise.trials import REPORT, START_UP, WARM_UP, Budget
 from mptrain.output.render import fmt_bytes
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from mptrain.config.run import RunConfig
 
 ADVISE_JSON, ADVISE_MD, ADVISE_PNG = "advise.json", "advise.md", "advise.png"
+ADVISE_LAYERS_PNG = "advise_layers.png"  # FP8's per-layer map (advise.plan)
 
 
 # ------------------------------------------------------------------------------ the record
@@ -118,6 +120,7 @@ def assemble(
         "precisions": [_row(c, reference) for c in cands],
         "fp32_one_ulp_check": _one_ulp_check(cands),
         "numerics": _numerics(found["numerics"]),
+        "layer_plan": found["plan"],  # FP8's per-layer plan: every per-layer figure, the runs
         "confidence": found.get("confidence"),  # advise.seeds: every seed's figures, verdicts
         "timings_s": found["timings"],
     }
@@ -297,6 +300,7 @@ def skipped_lines(result: dict[str, Any]) -> list[str]:
         for part, why in row["skipped"].items():
             what = row["precision"] if part == "all" else f"{row['precision']} {part}"
             lines.append(f"- {what}: {why}")
+    lines += layer_plan.skipped_lines(result["layer_plan"])
     return lines + confidence.skipped_lines(result.get("confidence"))
 
 
@@ -312,6 +316,7 @@ def render(result: dict[str, Any]) -> str:
         *([busy, ""] if (busy := busy_line(result)) else []),
         *recommendation_lines(result),
         "",
+        *layer_plan.section(result["layer_plan"], ADVISE_LAYERS_PNG),
         "## Evidence",
         "",
         "| " + " | ".join(HEADERS) + " |",
@@ -353,7 +358,10 @@ def write(result: dict[str, Any], output_dir: Path, budget: Budget) -> None:
     """advise.png, then advise.json and advise.md with the time taken against ``budget`` (the
     figure included), each file written atomically."""
     started = time.perf_counter()
-    from mptrain.output.plots import plot_advice  # matplotlib: most of the report's time
+    from mptrain.output.plots import (  # matplotlib: most of the report's time
+        plot_advice,
+        plot_layer_plan,
+    )
 
     output_dir.mkdir(parents=True, exist_ok=True)
     curves = {r["label"]: r["losses"] for r in result["precisions"] if r["losses"]}
@@ -364,16 +372,28 @@ def write(result: dict[str, Any], output_dir: Path, budget: Budget) -> None:
     ]
     title = f"mptrain advise: {result['model']} on {result['dataset']}"
     plot_advice(curves, speeds, title, output_dir / ADVISE_PNG)
+    if rows := layer_plan.figure_rows(result["layer_plan"]):
+        plot_layer_plan(rows, f"{title}: FP8 per layer", output_dir / ADVISE_LAYERS_PNG)
     result["timings_s"][REPORT] = time.perf_counter() - started  # the files: milliseconds
     result["elapsed_s"] = budget.elapsed_s()
     atomic_write_text(output_dir / ADVISE_JSON, json.dumps(clean_json(result), indent=2) + "\n")
     atomic_write_text(output_dir / ADVISE_MD, render(result))
 
 
+def show_plan(console: Console, plan: dict[str, Any]) -> None:
+    """FP8's per-layer plan on a terminal: its headline, runs and command (the table: advise.md)."""
+    for line in layer_plan.summary_lines(plan) if "ranking" in plan else []:
+        if line.startswith("**"):
+            console.print(f"[bold]FP8 per layer: {escape(line.strip('*'))}[/bold]")
+        elif not line.startswith("```"):  # Markdown's fence: the command stands on its own line
+            console.print(escape(line))
+
+
 def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
     """The recommendation and the table: rich on a terminal, advise.md's lines elsewhere."""
     if not console.is_terminal:
-        print(render(result).split("\n![")[0].rstrip())
+        lines = render(result).split("\n")  # the figures' links are for advise.md only
+        print("\n".join(line for line in lines if not line.startswith("![")).rstrip())
         print(f"advise written to {output_dir / ADVISE_MD}")
         return
     heads = [head for head in (interrupted_line(result), busy_line(result)) if head]
@@ -390,6 +410,7 @@ def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
     for cells in table_rows(result):
         table.add_row(*(escape(c) for c in cells))
     console.print(table)
+    show_plan(console, result["layer_plan"])
     skipped = skipped_lines(result)
     if skipped:
         console.print("Not measured:")

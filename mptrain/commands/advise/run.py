@@ -68,7 +68,7 @@ def decide(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> advic
         fp32_spread=next((c.nudge_spread for c in cands if c.name == "fp32"), None),
         max_skipped_fraction=cfg.advise.max_skipped_fraction,
         device_type=device.type,
-        has_convolutions=config_has_convolutions(cfg.model),
+        has_convolutions=config_has_convolutions(cfg.model, cfg.task == "lm"),
         channels_last=cfg.channels_last,
         interrupted_by=interrupted["signal"] if interrupted else None,
         busy=contention.busy_words(found.get("machine_load")),
@@ -82,6 +82,7 @@ def new_findings(cands: list[Candidate], settings: AdviseConfig) -> dict[str, An
     """What :func:`measure_all` fills in place, so that an interrupt keeps what was measured:
     the candidates, the numerics, each part's seconds, the seeds, and (set after an interrupt)
     which signal came during which part."""
+    from mptrain.commands.advise.layers import new_plan
     from mptrain.commands.advise.measure import new_numerics
     from mptrain.commands.advise.seeds import new_confidence
 
@@ -89,6 +90,7 @@ def new_findings(cands: list[Candidate], settings: AdviseConfig) -> dict[str, An
         "confidence": new_confidence(settings),
         "candidates": cands,
         "numerics": new_numerics(),
+        "plan": new_plan(),  # FP8's per-layer plan (advise.plan)
         "timings": {},
         "interrupted": None,
         "machine_load": None,  # set once speed was measured: whether others competed for cores
@@ -97,6 +99,7 @@ def new_findings(cands: list[Candidate], settings: AdviseConfig) -> dict[str, An
 
 def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
     """Steps 1–5 of the package doc within ``budget``, into ``found`` (:func:`new_findings`)."""
+    from mptrain.commands.advise.layers import run_plan
     from mptrain.commands.advise.measure import (
         measure_numerics,
         run_fidelity,
@@ -112,6 +115,7 @@ def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
     with timed_part(timings, "numerics"):
         measure_numerics(cfg, cands, budget, found["numerics"])
     run_fidelity(cands, cfg.advise, budget, timings)
+    run_plan(cands, cfg.advise, budget, timings, found["plan"])
     before = contention.sample()
     run_speed(cands, cfg.advise, speed_budget(cands, cfg.advise, budget), timings)
     device = hardware.resolve_device(cfg.device)
@@ -122,6 +126,7 @@ def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
 def note_interrupt(found: dict[str, Any], signal_name: str, budget: Budget) -> None:
     """Record in ``found`` that ``signal_name`` stopped the measuring, during which part and
     when, and list every part not reached as not measured because of it."""
+    from mptrain.commands.advise.layers import note_not_reached
     from mptrain.commands.advise.measure import mark_not_reached
     from mptrain.commands.advise.trials import IN_PROGRESS
 
@@ -130,6 +135,7 @@ def note_interrupt(found: dict[str, Any], signal_name: str, budget: Budget) -> N
     found["interrupted"] = {"signal": signal_name, "during": during, "after_s": budget.elapsed_s()}
     why = f"interrupted by {signal_name}" + (f" during {during}" if during else "")
     mark_not_reached(found["candidates"], found["numerics"], timings, why)
+    note_not_reached(found["plan"], why)
 
 
 class StopOnce(SignalsHeld):
@@ -196,8 +202,10 @@ def write_advice(
 ) -> dict[str, Any]:
     """Decide on ``found``, write advise.png/.json/.md into ``output_dir``, print; the result."""
     from mptrain.commands.advise import report as advise_report
+    from mptrain.commands.advise.plan import add_command
 
     decision = decide(cfg, found, device)
+    add_command(found["plan"], overrides)
     result = advise_report.assemble(
         cfg, device, found, decision, command_for(overrides, decision.precision)
     )
