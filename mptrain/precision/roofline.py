@@ -48,6 +48,9 @@ _LOW_FORMAT = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 OPTIMIZER_PASSES = {"adamw": 7, "sgd": 5, "sgd_no_momentum": 3}
 CLIP_PASSES = 3  # the gradients' norm (a read), then their scaling (a read and a write)
 UNSCALE_PASSES = 2  # GradScaler.unscale_: a read and a write of every gradient
+# Not in the step time: the least a CUDA kernel costs (its launch and the smallest kernel: a few
+# microseconds on any NVIDIA GPU). A predicted step shorter than its kernels x this is launch-bound.
+KERNEL_FLOOR_S = 5e-6
 
 
 @dataclass(frozen=True)
@@ -200,6 +203,13 @@ class Prediction:
     model_flops: float  # per step: 3 x forward GEMM FLOPs, attention whole
     flops_by_format: dict[str, float] = field(default_factory=dict)
     mixed_peak_tflops: float = 0.0  # the FLOP-weighted peak of flops_by_format
+    kernels: int = 0  # per step, about: each forward operation, and twice that for the backward
+
+    @property
+    def launch_bound(self) -> bool:
+        """The step is shorter than its kernels at :data:`KERNEL_FLOOR_S` each: on a real GPU
+        launches, not FLOPs or bytes, set its time (the roofline does not count them)."""
+        return self.step_time_s < self.kernels * KERNEL_FLOOR_S
 
     @property
     def fp8_share(self) -> float:
@@ -263,4 +273,5 @@ def predict(acc: Accounting, recipe: Recipe, gpu: GPU, step: Step) -> Prediction
         model_flops=model_flops,
         flops_by_format=by_format,
         mixed_peak_tflops=mixed_peak_flops(by_format, gpu) / 1e12,
+        kernels=3 * k * (len(acc.gemms) + sum(acc.elementwise_ops.values())),
     )

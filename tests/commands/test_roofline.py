@@ -203,6 +203,9 @@ def test_one_linears_step_time_by_hand():
     assert step.samples_per_s == pytest.approx(batch / step.step_time_s)
     assert step.model_flops == 3 * flops and step.flops_by_format == {"fp32": 3 * flops}
     assert step.mixed_peak_tflops == 67
+    # The forward's two operations (the GEMM, the loss) and their backward: 6 kernels, ~30 µs at
+    # least, well inside the ~140 µs the roofline gives: not launch-bound.
+    assert step.kernels == 6 and not step.launch_bound
 
 
 def test_the_flop_weighted_peak_of_fp8_and_bf16_by_hand():
@@ -249,7 +252,11 @@ def test_advise_predicts_each_precision_labelled_and_says_why_not():
     assert rows["bf16"]["vs_fp32"] == rows["fp32"]["step_time_s"] / rows["bf16"]["step_time_s"]
     assert 0 < rows["fp8"]["flops_by_format"]["fp8"] < rows["fp8"]["model_flops"]  # the middle one
     assert advise_predict.headers(prediction) == ["predicted on h100-sxm (roofline, at best)"]
-    assert advise_predict.cells(prediction, "bf16", lm=False)[0].startswith("predicted ")
+    bf16_cell = advise_predict.cells(prediction, "bf16", lm=False)[0]
+    assert bf16_cell.startswith("predicted ")  # a 1.4 µs step of 18 kernels: launches set it
+    assert rows["bf16"]["launch_bound"] and bf16_cell.endswith(
+        "launch-bound: ~18 kernels at ≥ 5 µs each take longer"
+    )
     assert "Predicted on NVIDIA H100 SXM5 80GB" in advise_predict.lines(prediction)[0]
     a100 = advise_predict.predict(tiny_run("advise.target=a100"), torch.device("cpu"))
     assert a100["rows"]["fp8"] == {"none": "NVIDIA A100 SXM4 80GB has no fp8 peak (it has "

@@ -66,7 +66,11 @@ def predict(cfg: RunConfig, device: torch.device) -> dict[str, Any]:
         out["error"] = f"the model could not be accounted on the meta device: {exc}"
         return out
     out["rows"] = {
-        name: ({"none": p} if isinstance(p, str) else dataclasses.asdict(p))
+        name: (
+            {"none": p}
+            if isinstance(p, str)
+            else {**dataclasses.asdict(p), "launch_bound": p.launch_bound}
+        )
         for name, p in found.items()
     }
     _add_ratios(out["rows"])
@@ -125,6 +129,8 @@ def cells(prediction: dict[str, Any] | None, precision: str, lm: bool) -> list[s
     text = f"{rate:,.0f} {unit}, {row['step_time_s'] * 1e3:.3g} ms/step"
     if "vs_fp32" in row and precision != "fp32":
         text += f", {row['vs_fp32']:.2f}× fp32"
+    if row["launch_bound"]:
+        text += f"; launch-bound: ~{row['kernels']} kernels at ≥ 5 µs each take longer"
     out = [f"predicted {text}"]
     if len(columns) > 1:
         out.append(
