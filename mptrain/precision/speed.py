@@ -10,8 +10,8 @@ names those that did. ``advise``, the run report and ``benchmarks/roofline.py`` 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -114,19 +114,27 @@ def run_step(cfg: RunConfig, shape: DataShape) -> Step:
     return Step(cfg.batch_size, passes, cfg.grad_accum_steps, shape.sequence_length)
 
 
+def run_precision(cfg: RunConfig) -> str:
+    """The precision ``cfg`` trains in, as the roofline names it (``tf32``: FP32 with TF32)."""
+    p = cfg.precision
+    return "tf32" if p.name == "fp32" and p.allow_tf32 else p.name
+
+
 class Accountant:
     """The accounting of ``cfg``'s model under each (autocast, parameter dtype) pair asked for,
-    each made once; the FP8 layer names from the fp32 build."""
+    each made once; the FP8 layer names from the fp32 build with ``cfg``'s ``fp8.*`` layer keys."""
 
     def __init__(self, cfg: RunConfig, shape: DataShape, fp8_layers: Iterable[str] | None = None):
         self.cfg, self.shape = cfg, shape
         self._done: dict[tuple[torch.dtype | None, torch.dtype], Accounting] = {}
         self.fp8_layers = None if fp8_layers is None else list(fp8_layers)
 
-    def recipe(self, precision: str) -> Recipe:
+    def recipe(self, precision: str, granularity: str | None = None) -> Recipe:
+        """``precision``'s recipe; FP8 scaled per ``granularity`` (default: the config's)."""
         if precision == "fp8" and self.fp8_layers is None:
             self.fp8_layers = fp8_layer_names(meta_model(self.cfg, self.shape), self.cfg)
-        return recipe_for(precision, self.fp8_layers or (), self.cfg.fp8.granularity)
+        scales = granularity or self.cfg.fp8.granularity
+        return recipe_for(precision, self.fp8_layers or (), scales)
 
     def accounting(self, recipe: Recipe) -> Accounting:
         key = (recipe.autocast, recipe.param_dtype)
@@ -136,21 +144,38 @@ class Accountant:
         return self._done[key]
 
 
-def predict_config(
-    cfg: RunConfig, shape: DataShape, gpu: GPU, precisions: Iterable[str]
+def predict_configs(
+    configs: Mapping[str, RunConfig], shape: DataShape, gpu: GPU
 ) -> dict[str, Prediction | str]:
-    """Each precision's predicted step of ``cfg`` on ``gpu``, or why there is none (the GPU
-    lacks the format: FP8 on an A100; the model has no Linear FP8 would convert)."""
-    accountant = Accountant(cfg, shape)
-    step = run_step(cfg, shape)
+    """Each named config's predicted step on ``gpu`` (one model and data: the configs differ
+    in their precision and FP8 scaling, as advise's candidates do), or why there is none (the
+    GPU lacks the format: FP8 on an A100; the model has no Linear FP8 would convert). Delayed
+    scaling and power-of-two scales move the same bytes as dynamic tensorwise scaling."""
+    first = next(iter(configs.values()))
+    accountant, step = Accountant(first, shape), run_step(first, shape)
     out: dict[str, Prediction | str] = {}
-    for name in precisions:
+    for name, cfg in configs.items():
         try:
-            recipe = accountant.recipe(name)
+            recipe = accountant.recipe(run_precision(cfg), cfg.fp8.granularity)
             out[name] = predict(accountant.accounting(recipe), recipe, gpu, step)
         except ValueError as exc:  # no FP8 layer, or a format the GPU lacks: said, not guessed
             out[name] = str(exc)
     return out
+
+
+def predict_config(
+    cfg: RunConfig, shape: DataShape, gpu: GPU, precisions: Iterable[str]
+) -> dict[str, Prediction | str]:
+    """Each precision's (``tf32``: FP32 with TF32 allowed) predicted step of ``cfg`` on ``gpu``,
+    or why there is none (see :func:`predict_configs`)."""
+    return predict_configs({name: with_precision(cfg, name) for name in precisions}, shape, gpu)
+
+
+def with_precision(cfg: RunConfig, name: str) -> RunConfig:
+    """``cfg`` trained in ``name`` (``tf32``: FP32 with TF32 allowed), its other keys kept."""
+    fp32 = name in ("fp32", "tf32")
+    precision = replace(cfg.precision, name="fp32" if fp32 else name, allow_tf32=name == "tf32")
+    return replace(cfg, precision=precision)
 
 
 def flops_by_format(

@@ -16,6 +16,7 @@ import torch
 from conftest import run_cli, tiny_run
 from torch import nn
 
+from mptrain.commands.advise import measure
 from mptrain.commands.advise import predict as advise_predict
 from mptrain.config.base import ConfigError
 from mptrain.config.commands import GPU_TARGETS
@@ -243,12 +244,21 @@ def test_recipes_come_from_the_precision_table():
 
 
 # ------------------------------------------------------------------------------ advise
-def test_advise_predicts_each_precision_labelled_and_says_why_not():
-    cfg = tiny_run("advise.target=h100")
-    prediction = advise_predict.predict(cfg, torch.device("cpu"))
+def advice_for(*overrides: str) -> dict:
+    """advise's prediction for a tiny CPU run's candidates."""
+    cfg = tiny_run(*overrides)
+    cpu = torch.device("cpu")
+    return advise_predict.predict(cfg, cpu, measure.candidates(cfg, cpu))
+
+
+def test_advise_predicts_each_candidate_labelled_and_says_why_not():
+    prediction = advice_for("advise.target=h100")
     assert prediction["gpu"]["key"] == "h100-sxm" and prediction["same_device"] is False
     rows = prediction["rows"]
-    assert list(rows) == ["fp32", "tf32", "bf16", "fp16", "fp8"]
+    recipes = ["fp8", "fp8-rowwise", "fp8-delayed", "fp8-pow2"]
+    assert list(rows) == ["fp32", "bf16", "fp16", *recipes, "tf32"]  # the CPU's, then TF32
+    assert rows["fp8-rowwise"]["cast_s"] > rows["fp8"]["cast_s"]  # every operand cast twice
+    assert rows["fp8-delayed"]["step_time_s"] == rows["fp8"]["step_time_s"]
     assert rows["bf16"]["vs_fp32"] == rows["fp32"]["step_time_s"] / rows["bf16"]["step_time_s"]
     assert 0 < rows["fp8"]["flops_by_format"]["fp8"] < rows["fp8"]["model_flops"]  # the middle one
     assert advise_predict.headers(prediction) == ["predicted on h100-sxm (roofline, at best)"]
@@ -258,14 +268,14 @@ def test_advise_predicts_each_precision_labelled_and_says_why_not():
         "launch-bound: ~18 kernels at ≥ 5 µs each take longer"
     )
     assert "Predicted on NVIDIA H100 SXM5 80GB" in advise_predict.lines(prediction)[0]
-    a100 = advise_predict.predict(tiny_run("advise.target=a100"), torch.device("cpu"))
+    a100 = advice_for("advise.target=a100")
     assert a100["rows"]["fp8"] == {"none": "NVIDIA A100 SXM4 80GB has no fp8 peak (it has "
                                    "fp32, tf32, bf16, fp16)"}  # fmt: skip
-    assert advise_predict.predict(tiny_run(), torch.device("cpu"))["gpu"] is None  # auto, CPU
+    assert advice_for()["gpu"] is None  # auto, on a CPU
 
 
 def test_on_the_target_gpu_the_measured_speed_stands_beside_the_prediction():
-    prediction = advise_predict.predict(tiny_run("advise.target=h100"), torch.device("cpu"))
+    prediction = advice_for("advise.target=h100")
     prediction["same_device"] = True  # as when advise runs on an H100
     bf16 = prediction["rows"]["bf16"]
     measured = bf16["samples_per_s"] / 4
@@ -285,7 +295,8 @@ def test_advise_target_writes_the_predicted_column_labelled_as_such(tmp_path, mo
     markdown = (tmp_path / "out" / "advise.md").read_text()
     header = next(line for line in markdown.splitlines() if line.startswith("| precision"))
     assert header.endswith("| predicted on h100-sxm (roofline, at best) |")
-    assert "| fp8 | not measured (below) |" in markdown and "| predicted " in markdown
+    fp8 = next(line for line in markdown.splitlines() if line.startswith("| fp8 tensorwise"))
+    assert "| not measured (below) |" in fp8 and "| predicted " in fp8 and " µs/step" in fp8
     assert "Predicted on NVIDIA H100 SXM5 80GB (advise.target=h100" in markdown
     data = json.loads((tmp_path / "out" / "advise.json").read_text())
     assert data["settings"]["target"] == "h100" and data["prediction"]["rows"]["fp8"]["batch"]
@@ -352,3 +363,18 @@ def test_the_script_predicts_a_configured_run_for_a_gpu_script_to_call():
     assert script.errors(doc, {"bf16": rows["bf16"]["samples_per_s"] / 2}) == {"bf16": 1.0}
     with pytest.raises(ConfigError, match=r"^advise\.target='h900': not a GPU this table knows"):
         script.predict_for(["model=mlp"], "h900")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks what it says without a GPU")
+def test_gpu_speeds_predictor_hook_predicts_on_the_gpu_it_runs_on_or_says_why_not(monkeypatch):
+    cfg = tiny_run("precision=bf16")
+    with pytest.raises(ValueError, match=r"advise\.target=auto on a CPU: no prediction"):
+        advise_predict.predict_samples_per_s(cfg)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    bf16 = advise_predict.predict_samples_per_s(cfg)
+    tf32 = advise_predict.predict_samples_per_s(
+        tiny_run("precision=fp32", "precision.allow_tf32=true")
+    )
+    assert bf16 == advice_for("advise.target=h200")["rows"]["bf16"]["samples_per_s"]
+    assert tf32 == advice_for("advise.target=h200")["rows"]["tf32"]["samples_per_s"]

@@ -471,7 +471,9 @@ def check_speed_table_smoke(doc: dict, markdown: str) -> None:
             assert math.isclose(f["tokens_per_s"], f["samples_per_s"] * block, rel_tol=1e-12)
             assert f["mfu"] is None and f["mfu_note"], cell  # a CPU: no peak, or emulated FP8
     assert cells["gpt", "fp32", False]["figures"]["vs_fp32"] == 1.0
-    assert "does not exist" in doc["predictor"] and doc["machine_load"]["words"]
+    assert doc["predictor"] == "mptrain.commands.advise.predict" and doc["machine_load"]["words"]
+    predicted = [c["figures"].get("predicted_error", "") for c in cells.values() if c["figures"]]
+    assert all("on a CPU: no prediction" in p for p in predicted if p), predicted  # the roofline's
     assert markdown == doc["markdown"] and SPEED_HEADER in markdown
     assert "- Not run for lack of budget: none" in markdown
     assert "| gpt | fp8_rowwise (emulated) | on |" in markdown
@@ -877,7 +879,7 @@ def test_gpu_speed_runs_the_cells_by_value_within_its_budget_and_says_what_it_sk
         "| gpt | fp8 | on | - |" in table and "not run: budget: 11 s of the section left" in table
     )
     assert "- Not run for lack of budget: 3 cells (gpt fp8 compile on; gpt fp32" in table
-    assert "- Predicted: no advise predictor yet (mptrain.commands.advise.predict does not" in table
+    assert "- Predicted: mptrain.commands.advise.predict" in table  # the roofline, on a GPU
 
 
 @pytest.mark.slow

@@ -1,9 +1,9 @@
 """advise's predicted speed on a named GPU (``advise.target``), beside what it measured.
 
-``advise.target=h100`` (any name of :mod:`mptrain.platform.gpus`) predicts each precision's
-step on that GPU from the model's GEMM shapes and memory traffic
-(:mod:`mptrain.precision.roofline`: a lower bound of the step's time, so an upper bound of its
-speed); ``auto`` (the default) predicts for the GPU advise runs on, and for nothing on a CPU;
+``advise.target=h100`` (any name of :mod:`mptrain.platform.gpus`) predicts each candidate's
+step (each precision and FP8 recipe, and TF32) on that GPU from the model's GEMM shapes and
+memory traffic (:mod:`mptrain.precision.roofline`: a lower bound of the step's time, so an upper
+bound of its speed); ``auto`` (the default) predicts for the GPU advise runs on, and for nothing on a CPU;
 ``none`` turns it off. The prediction is labelled *predicted* wherever it is shown. When advise
 runs on the target GPU, each measured row gets the prediction's error ((predicted − measured) /
 measured) and its model FLOPs utilisation against the FLOP-weighted peak of the formats its
@@ -21,10 +21,9 @@ from mptrain.platform import gpus
 if TYPE_CHECKING:
     import torch
 
+    from mptrain.commands.advise.measure import Candidate
     from mptrain.config.run import RunConfig
 
-# What is predicted, whatever the candidates: every precision a GPU would be advised on.
-PREDICTED = ("fp32", "tf32", "bf16", "fp16", "fp8")
 BASIS = (
     "roofline at best: each GEMM pass max(FLOPs / the format's dense peak, bytes / bandwidth), "
     "plus casts, the other operations and the optimizer step at the bandwidth; no efficiency "
@@ -45,10 +44,10 @@ def target_gpu(cfg: RunConfig, device: torch.device) -> tuple[gpus.GPU | None, s
     return gpus.resolve_target(cfg.advise.target, device_name(device))
 
 
-def predict(cfg: RunConfig, device: torch.device) -> dict[str, Any]:
-    """advise.json's ``prediction``: the target, the GPU's row and its source, and per precision
-    the predicted step (or why there is none). A model the predictor cannot account is said,
-    not hidden (``error``)."""
+def predict(cfg: RunConfig, device: torch.device, candidates: list[Candidate]) -> dict[str, Any]:
+    """advise.json's ``prediction``: the target, the GPU's row and its source, and per candidate
+    (and TF32, which a GPU would add) the predicted step or why there is none. A model the
+    predictor cannot account is said, not hidden (``error``)."""
     gpu, note = target_gpu(cfg, device)
     out: dict[str, Any] = {"target": cfg.advise.target, "note": note, "gpu": None, "rows": {}}
     if gpu is None:
@@ -57,11 +56,13 @@ def predict(cfg: RunConfig, device: torch.device) -> dict[str, Any]:
     out["gpu"] = {"key": gpu.key, "name": gpu.name, "source": gpu.source}
     out["same_device"] = here is not None and gpus.row_for_device_name(here) == gpu
     out["basis"] = BASIS
-    from mptrain.precision.speed import data_shape, predict_config
+    from mptrain.commands.advise import recipes
+    from mptrain.precision.speed import data_shape, predict_configs
 
+    configs = {c.name: c.cfg for c in candidates}
+    configs.setdefault("tf32", recipes.apply(cfg, recipes.recipe("tf32")))
     try:
-        shape = data_shape(cfg)
-        found = predict_config(cfg, shape, gpu, PREDICTED)
+        found = predict_configs(configs, data_shape(cfg), gpu)
     except (ConfigError, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
         out["error"] = f"the model could not be accounted on the meta device: {exc}"
         return out
@@ -75,6 +76,24 @@ def predict(cfg: RunConfig, device: torch.device) -> dict[str, Any]:
     }
     _add_ratios(out["rows"])
     return out
+
+
+def predict_samples_per_s(cfg: RunConfig) -> float:
+    """The roofline's samples/s for ``cfg`` as configured (its precision and FP8 scaling) on the
+    GPU this process runs on: ``benchmarks/gpu_speed.py``'s predictor hook. ValueError with the
+    reason when there is none (a CPU, a GPU the table lacks, a format it lacks)."""
+    import torch
+
+    from mptrain.precision.speed import data_shape, predict_configs
+
+    here = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    gpu, why = gpus.resolve_target(gpus.AUTO, here)
+    if gpu is None:
+        raise ValueError(why)
+    found = predict_configs({"cfg": cfg}, data_shape(cfg), gpu)["cfg"]
+    if isinstance(found, str):
+        raise ValueError(found)
+    return found.samples_per_s
 
 
 def _add_ratios(rows: dict[str, dict[str, Any]]) -> None:
@@ -126,7 +145,7 @@ def cells(prediction: dict[str, Any] | None, precision: str, lm: bool) -> list[s
         return [f"n/a: {row['none']}"] + [""] * (len(columns) - 1)
     rate = row["tokens_per_s"] if lm and row["tokens_per_s"] else row["samples_per_s"]
     unit = "tokens/s" if lm and row["tokens_per_s"] else "samples/s"
-    text = f"{rate:,.0f} {unit}, {row['step_time_s'] * 1e3:.3g} ms/step"
+    text = f"{rate:,.0f} {unit}, {_duration(row['step_time_s'])}/step"
     if "vs_fp32" in row and precision != "fp32":
         text += f", {row['vs_fp32']:.2f}× fp32"
     if row["launch_bound"]:
@@ -137,6 +156,14 @@ def cells(prediction: dict[str, Any] | None, precision: str, lm: bool) -> list[s
             f"error {row['error']:+.0%}, MFU {row['measured_mfu']:.1%}" if "error" in row else ""
         )
     return out
+
+
+def _duration(seconds: float) -> str:
+    """``62.7 ms``, ``1.48 µs``, ``2.16 s``: three figures in the unit that suits."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
 
 
 def lines(prediction: dict[str, Any] | None) -> list[str]:

@@ -208,7 +208,7 @@ def write_advice(
     from mptrain.commands.advise.trials import timed_part
 
     with timed_part(found["timings"], "prediction"):
-        found["prediction"] = predict.predict(cfg, device)
+        found["prediction"] = predict.predict(cfg, device, found["candidates"])
     decision = decide(cfg, found, device)
     add_command(found["plan"], overrides)
     result = advise_report.assemble(
