@@ -20,9 +20,9 @@ breaks. GPT cells get MFU (gpu_gpt.py's FLOPs and peaks). Ratios: to the same mo
 and compiled to eager at the same precision. torch._dynamo is reset after every cell, so its
 recompile limit never turns a later cell eager.
 
-Predicted vs measured: ``load_predictor`` is the hook. advise measures and has no speed predictor
-yet; the document and the table say so. When mptrain gains the module PREDICTOR with
-``predict_samples_per_s(cfg: RunConfig) -> float``, each measured cell records it and the ratio.
+Predicted vs measured: ``load_predictor`` is the hook: PREDICTOR's
+``predict_samples_per_s(cfg: RunConfig) -> float`` (the roofline of the cell's precision on the
+GPU it runs on), which each measured cell records with the ratio (or the reason there is none).
 
 Budget: ``--budget-s`` counts from the script's start; cells run in order of value (every eager
 cell, then the compiled ones by COMPILE_ORDER, the models alternating). A cell starts only when its

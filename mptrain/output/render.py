@@ -279,6 +279,11 @@ def _speed_rows(thr: ThroughputSection) -> list[tuple[str, str]]:
     ]
     if thr.data_wait_fraction is not None:
         rows.append(("data wait", fmt_pct(thr.data_wait_fraction)))
+    if thr.mfu is not None:
+        peak = f"{thr.mixed_peak_tflops:,.0f} TFLOP/s"
+        rows.append(("MFU", f"{fmt_pct(thr.mfu)} of {peak} ({thr.mfu_note})"))
+    elif thr.mfu_note is not None:
+        rows.append(("MFU", thr.mfu_note))
     return rows
 
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.models.build import compile_counts, model_facts
@@ -32,11 +33,12 @@ from mptrain.output.report import (
     TimeSection,
     TrainingSection,
 )
-from mptrain.platform import contention, hardware
+from mptrain.platform import contention, gpus, hardware
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.fp8.convert import fp8_layer_stats
 from mptrain.precision.policy import PrecisionPolicy
+from mptrain.precision.speed import DataShape, mfu_of_run
 from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.components import Run
 from mptrain.train.optim import optimizer_implementation
@@ -128,7 +130,7 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         training=_training_section(cfg, run, state),
         numerics=_numerics_section(run),
         evaluation=evaluation,
-        throughput=_throughput_section(cfg, run, job.policy),
+        throughput=_throughput_section(job),
         memory=MemorySection(
             run.monitor.peak_memory_bytes if run else None, run.monitor.memory_kind if run else None
         ),
@@ -245,9 +247,8 @@ def _evaluation_section(state: LoopState, run: Run | None, task_name: str) -> Ev
     )
 
 
-def _throughput_section(
-    cfg: RunConfig, run: Run | None, policy: PrecisionPolicy | None
-) -> ThroughputSection:
+def _throughput_section(job: JobRecord) -> ThroughputSection:
+    cfg, run, policy = job.cfg, job.run, job.policy
     throughput = run.monitor.throughput if run else None
     windows = throughput.windows if throughput else []
     samples = run.monitor.settings.samples_per_step if run else 0
@@ -263,7 +264,36 @@ def _throughput_section(
         window_samples_per_s=[n * samples / s for n, s in windows],
         tokens_per_s=run.monitor.tokens_per_s if run else None,
         window_steps=[n for n, _ in windows],
+        **_mfu_fields(job),
     )
+
+
+def _mfu_fields(job: JobRecord) -> dict[str, Any]:
+    """The throughput section's MFU: model FLOP/s over the FLOP-weighted peak of the formats the
+    run's GEMMs ran in (:func:`mptrain.precision.speed.mfu_of_run`), on a GPU the table knows;
+    otherwise None and why (on a CPU: n/a)."""
+    cfg, run, policy, device = job.cfg, job.run, job.policy, job.device
+    if device.type != "cuda":
+        return {"mfu_note": "n/a: on a CPU (no peak throughput table)"}
+    samples_per_s = run.monitor.throughput.samples_per_s if run else None
+    if run is None or policy is None or not samples_per_s:
+        return {"mfu_note": "n/a: no step was measured"}
+    if policy.emulated:
+        return {"mfu_note": "n/a: emulated FP8 (no FP8 GEMM hardware) is not a speed"}
+    gpu = gpus.row_for_device_name(torch.cuda.get_device_name(device))
+    if gpu is None:
+        return {"mfu_note": f"n/a: no peak table for {torch.cuda.get_device_name(device)}"}
+    name = "tf32" if policy.name == "fp32" and cfg.precision.allow_tf32 else policy.name
+    fp8 = [r["name"] for r in run.fp8["layers"] if r["converted"]] if run.fp8 else None
+    try:
+        per_sample, peak = mfu_of_run(cfg, DataShape.of(run.data), name, fp8, gpu)
+    except (ConfigError, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+        return {"mfu_note": f"n/a: the model's FLOPs could not be counted ({exc})"}
+    return {
+        "mfu": samples_per_s * per_sample / (job.dist.world_size * peak),
+        "mixed_peak_tflops": peak / 1e12,
+        "mfu_note": f"{gpu.name}, {name}: FLOP-weighted peak of its GEMMs' formats",
+    }
 
 
 def _time_section(

@@ -159,6 +159,7 @@ def test_gpt_script_smoke_run_on_cpu(tmp_path):
     assert rows["fp32"]["vs_fp32"] == 1.0
     assert rows["bf16"]["vs_fp32"] == rows["bf16"]["tokens_per_s"] / rows["fp32"]["tokens_per_s"]
     assert "no peak FLOP/s known for a CPU" in rows["fp32"]["mfu_note"]
+    assert doc["prediction"] == {"gpu": None, "note": "no prediction: on a CPU"}
     assert not rows["fp32"]["emulated"] and rows["fp8"]["emulated"]
     assert "emulated FP8" in rows["fp8"]["mfu_note"] and "emulated" in rows["fp8"]["label"]
     assert doc["mfu"]["tflops"] == {} and "a CPU" in doc["mfu"]["unknown_reason"]
@@ -177,26 +178,31 @@ def test_gpt_flops_count_and_mfu_against_the_peak_table():
     assert gpt.parameters_counted(shape) == n
     assert gpt.flops_per_token(shape) == 6 * n + 12 * layers * 1024 * w
 
+    # The peaks are mptrain.platform.gpus' (dense: datasheets' with-sparsity figures halved).
     assert gpt.table_peaks("NVIDIA H200")[1]["fp8"] == 1979
-    assert gpt.table_peaks("NVIDIA H100 80GB HBM3")[1]["bf16"] == 989
+    assert gpt.table_peaks("NVIDIA H100 80GB HBM3")[1]["bf16"] == 989.5
+    assert gpt.table_peaks("NVIDIA H100 PCIe") == ("h100-pcie", gpt.gpus.GPUS["h100-pcie"].tflops)
     assert gpt.table_peaks("NVIDIA A100-SXM4-80GB")[1] == {
         "fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312,
     }  # fmt: skip
-    for other in ("NVIDIA H100 PCIe", "NVIDIA H200 NVL", "NVIDIA L4", None):
+    for other in ("NVIDIA GeForce RTX 3090", "Tesla V100-SXM2-16GB", None):
         assert gpt.table_peaks(other) == (None, {}), other
 
     peaks = gpt.peak_table("NVIDIA H200", {})
     row = {"precision": "bf16", "tokens_per_s": 1e6, "emulated": False}
     gpt.add_mfu(row, 10**9, peaks)  # 1e15 FLOP/s
-    assert row["mfu"] == pytest.approx(1e15 / 989e12) == row["mfu_vs_bf16_peak"]
+    assert row["mfu"] == pytest.approx(1e15 / 989.5e12) == row["mfu_vs_bf16_peak"]
     fp8 = {"precision": "fp8", "tokens_per_s": 1e6, "emulated": False}
     gpt.add_mfu(fp8, 10**9, peaks)
     assert fp8["mfu"] == pytest.approx(1e15 / 1979e12) and fp8["mfu_note"] is None
+    # FP8 and BF16 GEMMs mixed, half the FLOPs each: the FLOP-weighted peak 2 / (1/1979 + 1/989.5).
+    gpt.add_mfu(fp8, 10**9, peaks, {"fp8": 1.0, "bf16": 1.0})
+    assert fp8["mfu"] == pytest.approx(1e15 / (2 / (1 / 1979e12 + 1 / 989.5e12)))
     emulated = {"precision": "fp8", "tokens_per_s": 1e6, "emulated": True}
     gpt.add_mfu(emulated, 10**9, gpt.peak_table("NVIDIA A100-SXM4-80GB", {}))
     assert emulated["mfu"] is None and "emulated FP8" in emulated["mfu_note"]
     # --peak-tflops adds to (or replaces) the table; a GPU it lacks then gets an MFU too.
-    override = gpt.peak_table("NVIDIA L4", gpt.parse_peaks("fp32=30"))
+    override = gpt.peak_table("NVIDIA GeForce RTX 3090", gpt.parse_peaks("fp32=30"))
     assert override["source"] == "--peak-tflops" and override["unknown_reason"] is None
     fp32 = {"precision": "fp32", "tokens_per_s": 1e6, "emulated": False}
     gpt.add_mfu(fp32, 3 * 10**7, override)
@@ -465,7 +471,9 @@ def check_speed_table_smoke(doc: dict, markdown: str) -> None:
             assert math.isclose(f["tokens_per_s"], f["samples_per_s"] * block, rel_tol=1e-12)
             assert f["mfu"] is None and f["mfu_note"], cell  # a CPU: no peak, or emulated FP8
     assert cells["gpt", "fp32", False]["figures"]["vs_fp32"] == 1.0
-    assert "does not exist" in doc["predictor"] and doc["machine_load"]["words"]
+    assert doc["predictor"] == "mptrain.commands.advise.predict" and doc["machine_load"]["words"]
+    predicted = [c["figures"].get("predicted_error", "") for c in cells.values() if c["figures"]]
+    assert all("on a CPU: no prediction" in p for p in predicted if p), predicted  # the roofline's
     assert markdown == doc["markdown"] and SPEED_HEADER in markdown
     assert "- Not run for lack of budget: none" in markdown
     assert "| gpt | fp8_rowwise (emulated) | on |" in markdown
@@ -871,7 +879,7 @@ def test_gpu_speed_runs_the_cells_by_value_within_its_budget_and_says_what_it_sk
         "| gpt | fp8 | on | - |" in table and "not run: budget: 11 s of the section left" in table
     )
     assert "- Not run for lack of budget: 3 cells (gpt fp8 compile on; gpt fp32" in table
-    assert "- Predicted: no advise predictor yet (mptrain.commands.advise.predict does not" in table
+    assert "- Predicted: mptrain.commands.advise.predict" in table  # the roofline, on a GPU
 
 
 @pytest.mark.slow

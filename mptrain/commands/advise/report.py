@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from mptrain.commands.advise import confidence, recipes
+from mptrain.commands.advise import confidence, predict, recipes
 from mptrain.commands.advise import plan as layer_plan
 from mptrain.commands.advise.decide import CHAOS_MARGIN, Advice
 from mptrain.commands.advise.trials import REPORT, START_UP, WARM_UP, Budget
@@ -97,6 +97,8 @@ def assemble(
     """advise.json's content (plain types): the setting, every figure, the decision."""
     cands = found["candidates"]
     reference = next((c.fidelity for c in cands if c.name == "fp32"), None)
+    rows = [_row(c, reference) for c in cands]
+    predict.compare(found.get("prediction"), rows)
     return {
         "model": cfg.model.name,
         "dataset": cfg.dataset.name,
@@ -117,7 +119,9 @@ def assemble(
             "fixes": list(decision.fixes),
             "command": command,
         },
-        "precisions": [_row(c, reference) for c in cands],
+        "precisions": rows,
+        # advise.target's GPU: each precision's predicted step, labelled so (None: not asked)
+        "prediction": found.get("prediction"),
         "fp32_one_ulp_check": _one_ulp_check(cands),
         "numerics": _numerics(found["numerics"]),
         "layer_plan": found["plan"],  # FP8's per-layer plan: every per-layer figure, the runs
@@ -204,12 +208,18 @@ def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def headers(result: dict[str, Any]) -> list[str]:
+    """The evidence table's columns: HEADERS, then the predicted ones when there is a target."""
+    return [*HEADERS, *predict.headers(result.get("prediction"))]
+
+
 def table_rows(result: dict[str, Any]) -> list[list[str]]:
     lm = result["task"] == "lm"
     rows = []
     for row in result["precisions"]:
+        predicted = predict.cells(result.get("prediction"), row["precision"], lm)
         if row["skipped"].get("all"):
-            rows.append([row["label"], "not measured (below)"] + [""] * 5)
+            rows.append([row["label"], "not measured (below)"] + [""] * 5 + predicted)
             continue
         rows.append(
             [
@@ -217,6 +227,7 @@ def table_rows(result: dict[str, Any]) -> list[list[str]]:
                 *_speed_cells(row, lm),
                 *_fidelity_cells(row),
                 numerics_cell(row["precision"], result["numerics"]),
+                *predicted,
             ]
         )
     return rows
@@ -319,8 +330,8 @@ def render(result: dict[str, Any]) -> str:
         *layer_plan.section(result["layer_plan"], ADVISE_LAYERS_PNG),
         "## Evidence",
         "",
-        "| " + " | ".join(HEADERS) + " |",
-        "|" + "---|" * len(HEADERS),
+        "| " + " | ".join(headers(result)) + " |",
+        "|" + "---|" * len(headers(result)),
         *("| " + " | ".join(cells) + " |" for cells in table_rows(result)),
         "",
         f"Speed: medians of {_reps_done(result)} repetitions of {_timed_steps(result)} steps after "
@@ -330,6 +341,7 @@ def render(result: dict[str, Any]) -> str:
         f"tenth of the run (tolerance {s['tolerance']:.0%}).",
         _one_ulp_line(result["fp32_one_ulp_check"]),
         *([method] if (method := confidence.method_line(result.get("confidence"))) else []),
+        *predict.lines(result.get("prediction")),
     ]
     skipped = skipped_lines(result)
     if skipped:
@@ -405,11 +417,13 @@ def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
         else:
             console.print(escape(line))
     table = Table(title=f"evidence: {result['model']} on {result['dataset']}")
-    for header in HEADERS:
+    for header in headers(result):
         table.add_column(header, overflow="fold")
     for cells in table_rows(result):
         table.add_row(*(escape(c) for c in cells))
     console.print(table)
+    for line in predict.lines(result.get("prediction")):
+        console.print(escape(line))
     show_plan(console, result["layer_plan"])
     skipped = skipped_lines(result)
     if skipped:

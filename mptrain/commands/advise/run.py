@@ -200,10 +200,15 @@ def write_advice(
     found: dict[str, Any],
     device: torch.device,
 ) -> dict[str, Any]:
-    """Decide on ``found``, write advise.png/.json/.md into ``output_dir``, print; the result."""
+    """Predict the speed on ``advise.target`` (:mod:`.predict`), decide on ``found``, write
+    advise.png/.json/.md into ``output_dir``, print; the result."""
+    from mptrain.commands.advise import predict
     from mptrain.commands.advise import report as advise_report
     from mptrain.commands.advise.plan import add_command
+    from mptrain.commands.advise.trials import timed_part
 
+    with timed_part(found["timings"], "prediction"):
+        found["prediction"] = predict.predict(cfg, device, found["candidates"])
     decision = decide(cfg, found, device)
     add_command(found["plan"], overrides)
     result = advise_report.assemble(
