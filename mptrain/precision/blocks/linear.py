@@ -25,7 +25,12 @@ from torch import nn
 from mptrain.precision.blocks.blocked import BlockStats
 from mptrain.precision.blocks.gemm import block_gemm
 from mptrain.precision.blocks.hadamard import random_hadamard_transform, rht_signs
-from mptrain.precision.blocks.recipe import ROLES, BlockRecipe, quantize_operand
+from mptrain.precision.blocks.recipe import (
+    ROLES,
+    BlockRecipe,
+    fake_quant_operand,
+    quantize_operand,
+)
 
 COUNTS = ("saturated", "underflows", "zero_blocks", "nonfinite_blocks")
 SHAPES = ("elements", "blocks")
@@ -71,15 +76,16 @@ class _BlockLinearFunction(torch.autograd.Function):
         g_q = layer.operand(g, 1, "grad")
         w_q = w_tiles if w_tiles is not None else layer.operand(weight, 0, "weight")
         grad_x = block_gemm(g_q, w_q, ctx.x_dtype, recipe)
-        # dW = dyᵀ x: both along the tokens, padded to whole blocks.
-        g_rows = _pad_rows(g, recipe.block_size)
-        x_rows = _pad_rows(rows, recipe.block_size)
+        # dW = dyᵀ x: both along the tokens, padded to whole blocks, transposed once so that
+        # the tokens are the contiguous dimension (the transform and the quantization read
+        # them in place; the GEMM gets torchao's layouts: dyᵀ row-major, x column-major).
+        g_t = _pad_rows(g, recipe.block_size).t().contiguous()
+        x_t = _pad_rows(rows, recipe.block_size).t().contiguous()
         if recipe.hadamard:
-            signs = layer.rht_signs
-            g_rows = random_hadamard_transform(g_rows, signs, 0)
-            x_rows = random_hadamard_transform(x_rows, signs, 0)
-        g_t = layer.operand(g_rows, 0, "grad").t()
-        grad_w = block_gemm(g_t, layer.operand(x_rows, 0, "input"), torch.float32, recipe)
+            g_t = random_hadamard_transform(g_t, layer.rht_signs, -1)
+            x_t = random_hadamard_transform(x_t, layer.rht_signs, -1)
+        g_q = layer.operand(g_t, 1, "grad")
+        grad_w = block_gemm(g_q, layer.operand(x_t, 1, "input").t(), torch.float32, recipe)
         grad_b = g.float().sum(0) if ctx.has_bias else None
         return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
 
@@ -130,13 +136,14 @@ class BlockLinear(nn.Linear):
         return new
 
     def operand(self, t: torch.Tensor, dim: int, role: str) -> torch.Tensor:
-        """``t`` quantized along ``dim`` for one GEMM and dequantized to FP32 (counted when
-        ``sampling``)."""
+        """``t`` quantized along ``dim`` for one GEMM and dequantized to FP32: counted while
+        ``sampling`` (the quantizer's own path), else the fast path (the same bits)."""
+        if not self.sampling:
+            return fake_quant_operand(self.recipe, t, dim, role, generator=self.generator)
         quantized = quantize_operand(
-            self.recipe, t, dim, role, generator=self.generator, stats=self.sampling
+            self.recipe, t, dim, role, generator=self.generator, stats=True
         )
-        if quantized.stats is not None:
-            self._count(role, quantized.stats)
+        self._count(role, quantized.stats)
         return quantized.dequantize(torch.float32)
 
     def _count(self, role: str, stats: BlockStats) -> None:

@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from mptrain.platform.dtypes import dtype_name
+from mptrain.precision.blocks import fake
 from mptrain.precision.blocks.blocked import BlockQuantized
 from mptrain.precision.blocks.blockwise import BLOCKWISE_BLOCK, quantize_blockwise
 from mptrain.precision.blocks.mx import MX_BLOCK, quantize_mx
@@ -132,3 +133,23 @@ def quantize_operand(
         return quantize_nvfp4(t, dim, tile_2d=tiled, generator=sr, stats=stats)
     elem = recipe.grad_dtype if role == "grad" else E4M3
     return quantize_blockwise(t, dim, tile_2d=tiled, elem_dtype=elem, stats=stats)
+
+
+def fake_quant_operand(
+    recipe: BlockRecipe,
+    t: torch.Tensor,
+    dim: int,
+    role: str,
+    *,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """``quantize_operand(recipe, t, dim, role, generator=generator).dequantize(torch.float32)``,
+    the same bits, computed without leaving FP32 (:mod:`.fake`): what an emulated GEMM reads."""
+    fmt = recipe.format
+    if fmt == "mxfp8":
+        return fake.fake_mx(t, dim, E4M3, recipe.scale_rounding)
+    tiled = role == "weight" and recipe.tiled_weight
+    if fmt == "nvfp4":
+        sr = generator if role == "grad" and recipe.stochastic_rounding else None
+        return fake.fake_nvfp4(t, dim, tiled, sr)
+    return fake.fake_blockwise(t, dim, tiled, recipe.grad_dtype if role == "grad" else E4M3)

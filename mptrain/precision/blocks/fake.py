@@ -1,0 +1,131 @@
+"""The emulation's fake quantization: an operand quantized and dequantized in one pass of FP32
+arithmetic, the same values, bit for bit, as ``quantize_<format>(...).dequantize(torch.float32)``
+(tests/precision/test_block_training.py checks every format, rounding and edge case of
+test_blocks_torchao.py) at a fraction of its cost.
+
+Where the time goes otherwise: the CPU casts to and from FP8 element by element (FP8 -> FP32
+alone costs more than the FP32 GEMM it feeds), and E2M1 codes are found by comparisons with each
+midpoint (or a ``bucketize``). Here an element is rounded to its format's grid without leaving
+FP32: for a magnitude ``m`` in the binade ``[2^e, 2^(e+1))`` (``e`` at least the format's smallest
+normal exponent, where the subnormal spacing continues), ``(m + c) - c`` with ``c = 2^(e + 23 -
+mantissa bits)`` is ``m`` rounded to nearest even at the format's spacing ``2^(e - mantissa
+bits)``: the FP32 addition itself rounds (``c``'s ulp is that spacing, and the sum stays in
+``c``'s binade). Saturation is a clamp first, as :func:`mptrain.precision.fp8.quant.quantize`
+does. Stochastic rounding (NVFP4 gradients) draws the same ``torch.rand`` numbers, in the same
+order, as :func:`mptrain.precision.blocks.e2m1.encode` and compares them with the same exact
+fraction.
+
+The one difference: an element whose scaled value is NaN (possible only in a block or tensor
+holding inf or NaN) stays NaN here, where E2M1 (no NaN) gives a signed zero; its block's
+dequantization multiplies by an inf or NaN scale either way, so the dequantized values agree.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from mptrain.precision.blocks.blocked import Blocks, element_max, split_input
+from mptrain.precision.blocks.blockwise import BLOCKWISE_BLOCK
+from mptrain.precision.blocks.e2m1 import E2M1, E2M1_MAX
+from mptrain.precision.blocks.mx import (
+    _FP32_SMALLEST_NORMAL,
+    E8M0_NAN,
+    ELEMENT_EMAX,
+    MX_BLOCK,
+    code_value,
+    floor_codes,
+    rceil_codes,
+)
+from mptrain.precision.blocks.nvfp4 import NVFP4_BLOCK, _to_e4m3, nvfp4_tensor_scale
+from mptrain.precision.fp8.quant import E4M3, E5M2, scale_from_amax
+
+_MANTISSA_BITS = 23
+_EXPONENT_BITS = 0x7F800000
+_MAGNITUDE_BITS = 0x7FFFFFFF
+# (mantissa bits, smallest normal exponent) of each element format.
+GRIDS = {E4M3: (3, -6), E5M2: (2, -14), E2M1: (1, 0)}
+
+
+def round_to_grid(v: torch.Tensor, elem_dtype: torch.dtype) -> torch.Tensor:
+    """``v`` (FP32, already clamped to the format's range; NaN stays NaN) rounded to nearest
+    even on the grid of ``elem_dtype``, in FP32 (module doc)."""
+    mantissa, emin = GRIDS[elem_dtype]
+    bits = v.view(torch.int32)
+    # 2^(e + 23 - mantissa) from v's exponent field (at least the format's smallest normal's);
+    # bit operations: a pass each, cheaper than abs() and shifts on the CPU.
+    magic = bits & _EXPONENT_BITS
+    magic.clamp_(min=(emin + 127) << _MANTISSA_BITS).add_((_MANTISSA_BITS - mantissa) << 23)
+    magnitude = (bits & _MAGNITUDE_BITS).view(torch.float32)
+    return magnitude.add_(magic.view(torch.float32)).sub_(magic.view(torch.float32)).copysign_(v)
+
+
+def stochastic_round_e2m1(v: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """``v`` (FP32, clamped to ±6) rounded to an E2M1 neighbour at random, up with probability
+    (|v| - lower) / (upper - lower), against one ``torch.rand`` draw per element from
+    ``generator``: :func:`mptrain.precision.blocks.e2m1.encode`'s draws and comparison. The
+    spacing is 0.5 below 2, 1 below 4, 2 up to 6 (at 6 the fraction is 0: it stays)."""
+    magnitude = v.abs()
+    exponent = (magnitude.view(torch.int32) >> _MANTISSA_BITS).clamp_(min=127).sub_(1)
+    spacing = exponent.bitwise_left_shift_(_MANTISSA_BITS).view(torch.float32)
+    lower = torch.floor(magnitude / spacing).mul_(spacing)  # exact: spacing is a power of two
+    fraction = magnitude.sub_(lower).div_(spacing)
+    draw = torch.rand(v.shape, generator=generator, device=v.device)
+    return lower.add_(spacing.mul_(draw < fraction)).copysign_(v)
+
+
+def _finish(
+    blocks: Blocks, multiplier: torch.Tensor, scale: torch.Tensor, elem_dtype: torch.dtype
+) -> torch.Tensor:
+    """Scaled, saturated, rounded and multiplied back by ``scale`` (keepdim per block): the
+    dequantized operand in the input's layout."""
+    limit = element_max(elem_dtype)
+    rounded = round_to_grid((blocks.view * multiplier).clamp_(-limit, limit), elem_dtype)
+    return _back(blocks, rounded.mul_(scale))
+
+
+def _back(blocks: Blocks, values: torch.Tensor) -> torch.Tensor:
+    """The blocks' view in the input's layout (as BlockQuantized.dequantize returns it)."""
+    return values.reshape(blocks.shape).movedim(-1, blocks.dim)
+
+
+def fake_mx(x: torch.Tensor, dim: int, elem_dtype: torch.dtype, rounding: str) -> torch.Tensor:
+    """``quantize_mx(x, dim, ...).dequantize(torch.float32)``, fast (module doc)."""
+    blocks = split_input(x, dim, (1, MX_BLOCK), "MX")
+    amax = blocks.amax()
+    if rounding == "floor":
+        codes = floor_codes(amax, ELEMENT_EMAX[elem_dtype])
+        multiplier = code_value(codes).clamp(min=_FP32_SMALLEST_NORMAL).reciprocal()
+    else:
+        codes = rceil_codes(amax, element_max(elem_dtype))
+        multiplier = torch.where(codes == 0, 1.0, code_value(codes).reciprocal())
+        multiplier = torch.where(codes == E8M0_NAN, torch.nan, multiplier)
+    return _finish(blocks, multiplier, codes.view(torch.float8_e8m0fnu).float(), elem_dtype)
+
+
+def fake_nvfp4(
+    x: torch.Tensor, dim: int, tile_2d: bool, generator: torch.Generator | None
+) -> torch.Tensor:
+    """``quantize_nvfp4(x, dim, tile_2d=..., generator=...).dequantize(torch.float32)`` (with
+    the per-tensor scale), fast (module doc)."""
+    block = (NVFP4_BLOCK, NVFP4_BLOCK) if tile_2d else (1, NVFP4_BLOCK)
+    blocks = split_input(x, dim, block, "NVFP4")
+    amax = blocks.amax()
+    tensor_scale = nvfp4_tensor_scale(amax.amax())
+    scale_e4m3 = _to_e4m3(amax / torch.full_like(amax, E2M1_MAX) / tensor_scale).float()
+    multiplier = tensor_scale.reciprocal() / scale_e4m3
+    scaled = (blocks.view * multiplier).clamp_(-E2M1_MAX, E2M1_MAX)
+    if generator is None:
+        rounded = round_to_grid(scaled, E2M1)
+    else:
+        rounded = stochastic_round_e2m1(scaled, generator)
+    return _back(blocks, rounded.mul_(tensor_scale * scale_e4m3))
+
+
+def fake_blockwise(
+    x: torch.Tensor, dim: int, tile_2d: bool, elem_dtype: torch.dtype
+) -> torch.Tensor:
+    """``quantize_blockwise(x, dim, ...).dequantize(torch.float32)``, fast (module doc)."""
+    block = (BLOCKWISE_BLOCK, BLOCKWISE_BLOCK) if tile_2d else (1, BLOCKWISE_BLOCK)
+    blocks = split_input(x, dim, block, "blockwise FP8")
+    scale = scale_from_amax(blocks.amax(), elem_dtype)
+    return _finish(blocks, scale, scale.reciprocal(), elem_dtype)
