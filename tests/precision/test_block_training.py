@@ -197,8 +197,8 @@ def test_blockwise_linear_is_the_recipe_written_out_and_close_to_fp32():
 
 # -------------------------------------------------------- 3. the fast fake quantization
 def special(case: str, shape: tuple[int, int], block: int) -> torch.Tensor:
-    """Edge cases of test_blocks_torchao.py: zeros, a zero block, FP32 subnormals, outliers,
-    inf, NaN and a range of 1e-35..1e35 across rows."""
+    """Edge cases of test_blocks_torchao.py: zeros, a zero block, FP32 subnormals, blocks at the
+    bottom of E8M0's range, outliers, inf, NaN and a range of 1e-35..1e35 across rows."""
     x = randn(*shape, seed=len(case))
     if case == "zeros":
         x.zero_()
@@ -206,6 +206,9 @@ def special(case: str, shape: tuple[int, int], block: int) -> torch.Tensor:
         x[1, block : 2 * block] = 0
     elif case == "denormal":
         x *= 1e-40
+    elif case == "tiny_blocks":  # blocks at 1e-40 (subnormal), 1e-38, 2^-118, 1e-30
+        for row, size in enumerate((1e-40, 1e-38, 2.0**-118, 1e-30)):
+            x[row, :block] *= size
     elif case == "outlier":
         x[2, 3], x[3, block + 1] = 1e4, -3e4
     elif case == "inf":
@@ -217,7 +220,9 @@ def special(case: str, shape: tuple[int, int], block: int) -> torch.Tensor:
     return x
 
 
-CASES = ("randn", "zeros", "zero_block", "denormal", "outlier", "inf", "nan", "wide_range")
+CASES = (
+    "randn", "zeros", "zero_block", "denormal", "tiny_blocks", "outlier", "inf", "nan", "wide_range",
+)  # fmt: skip
 RECIPES = {
     "mxfp8-floor": BlockRecipe("mxfp8", scale_rounding="floor"),
     "mxfp8-rceil": MXFP8,

@@ -19,10 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from mptrain.precision.blocks.blocked import BlockStats
+from mptrain.precision.blocks.fake import scratch
 from mptrain.precision.blocks.gemm import block_gemm
 from mptrain.precision.blocks.hadamard import random_hadamard_transform, rht_signs
 from mptrain.precision.blocks.recipe import (
@@ -36,11 +36,17 @@ COUNTS = ("saturated", "underflows", "zero_blocks", "nonfinite_blocks")
 SHAPES = ("elements", "blocks")
 
 
-def _pad_rows(t: torch.Tensor, multiple: int) -> torch.Tensor:
-    """Zero rows up to a multiple of ``multiple``: dW = dyᵀ x reduces over the rows (tokens),
-    and zero rows add nothing to it, nor to any block's amax."""
-    extra = -t.shape[0] % multiple
-    return F.pad(t, (0, 0, 0, extra)) if extra else t
+def _tokens_last(t: torch.Tensor, multiple: int, slot: str) -> torch.Tensor:
+    """The 2-D ``t`` (tokens x features) transposed into a contiguous FP32 tensor (the scratch
+    ``slot``), its tokens padded with zeros to a multiple of ``multiple``, in one copy:
+    dW = dyᵀ x reduces over the tokens (zeros add nothing to it, nor to any block's amax), and
+    its operands are quantized along them."""
+    tokens, features = t.shape
+    shape = (features, tokens + -tokens % multiple)
+    out = scratch(slot, shape, torch.float32, t.device)
+    out[:, :tokens].copy_(t.t())
+    out[:, tokens:].zero_()
+    return out
 
 
 class _BlockLinearFunction(torch.autograd.Function):
@@ -54,14 +60,15 @@ class _BlockLinearFunction(torch.autograd.Function):
         out_dtype: torch.dtype,
     ) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        x_q = layer.operand(rows, 1, "input")
-        w_q = layer.operand(weight, 1, "weight")
+        tiled = layer.recipe.tiled_weight  # kept for the backward: not in scratch
+        x_q = layer.operand(rows, 1, "input", "a")
+        w_q = layer.operand(weight, 1, "weight", None if tiled else "b")
         out = block_gemm(x_q, w_q.t(), out_dtype, layer.recipe)
         if bias is not None:
             out = out + bias.to(out_dtype)
         # The high-precision tensors: the backward quantizes them along its own dimensions. A
         # tiled weight is the same along both, so its quantization is kept instead.
-        ctx.save_for_backward(rows, weight, w_q if layer.recipe.tiled_weight else None)
+        ctx.save_for_backward(rows, weight, w_q if tiled else None)
         ctx.layer, ctx.x_shape, ctx.x_dtype = layer, x.shape, x.dtype
         ctx.has_bias = bias is not None
         return out
@@ -73,19 +80,20 @@ class _BlockLinearFunction(torch.autograd.Function):
         recipe = layer.recipe
         g = grad_out.reshape(-1, grad_out.shape[-1])
         # dx = dy W: both along out_features.
-        g_q = layer.operand(g, 1, "grad")
-        w_q = w_tiles if w_tiles is not None else layer.operand(weight, 0, "weight")
+        g_q = layer.operand(g, 1, "grad", "a")
+        w_q = w_tiles if w_tiles is not None else layer.operand(weight, 0, "weight", "b")
         grad_x = block_gemm(g_q, w_q, ctx.x_dtype, recipe)
         # dW = dyᵀ x: both along the tokens, padded to whole blocks, transposed once so that
         # the tokens are the contiguous dimension (the transform and the quantization read
-        # them in place; the GEMM gets torchao's layouts: dyᵀ row-major, x column-major).
-        g_t = _pad_rows(g, recipe.block_size).t().contiguous()
-        x_t = _pad_rows(rows, recipe.block_size).t().contiguous()
+        # them in place; the GEMM gets torchao's layouts: dyᵀ row-major, x column-major). In
+        # FP32: the Hadamard transform is not rounded to BF16 before it is quantized.
+        g_t = _tokens_last(g, recipe.block_size, "dy_t")
+        x_t = _tokens_last(rows, recipe.block_size, "x_t")
         if recipe.hadamard:
             g_t = random_hadamard_transform(g_t, layer.rht_signs, -1)
             x_t = random_hadamard_transform(x_t, layer.rht_signs, -1)
-        g_q = layer.operand(g_t, 1, "grad")
-        grad_w = block_gemm(g_q, layer.operand(x_t, 1, "input").t(), torch.float32, recipe)
+        g_q = layer.operand(g_t, 1, "grad", "a")
+        grad_w = block_gemm(g_q, layer.operand(x_t, 1, "input", "b").t(), torch.float32, recipe)
         grad_b = g.float().sum(0) if ctx.has_bias else None
         return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
 
@@ -135,11 +143,13 @@ class BlockLinear(nn.Linear):
         new._seed(seed, linear.weight.device)
         return new
 
-    def operand(self, t: torch.Tensor, dim: int, role: str) -> torch.Tensor:
+    def operand(self, t: torch.Tensor, dim: int, role: str, slot: str | None) -> torch.Tensor:
         """``t`` quantized along ``dim`` for one GEMM and dequantized to FP32: counted while
-        ``sampling`` (the quantizer's own path), else the fast path (the same bits)."""
+        ``sampling`` (the quantizer's own path, new memory), else the fast path (the same bits),
+        into the scratch ``slot`` when given (:func:`mptrain.precision.blocks.fake.scratch`:
+        the GEMM reads it at once)."""
         if not self.sampling:
-            return fake_quant_operand(self.recipe, t, dim, role, generator=self.generator)
+            return fake_quant_operand(self.recipe, t, dim, role, generator=self.generator, out=slot)
         quantized = quantize_operand(
             self.recipe, t, dim, role, generator=self.generator, stats=True
         )

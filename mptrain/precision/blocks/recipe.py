@@ -142,14 +142,17 @@ def fake_quant_operand(
     role: str,
     *,
     generator: torch.Generator | None = None,
+    out: str | None = None,
 ) -> torch.Tensor:
     """``quantize_operand(recipe, t, dim, role, generator=generator).dequantize(torch.float32)``,
-    the same bits, computed without leaving FP32 (:mod:`.fake`): what an emulated GEMM reads."""
+    the same bits, computed without leaving FP32 (:mod:`.fake`): what an emulated GEMM reads.
+    ``out``: a scratch slot to write it into (valid until the slot's next use), else new memory."""
     fmt = recipe.format
     if fmt == "mxfp8":
-        return fake.fake_mx(t, dim, E4M3, recipe.scale_rounding)
+        return fake.fake_mx(t, dim, E4M3, recipe.scale_rounding, out)
     tiled = role == "weight" and recipe.tiled_weight
     if fmt == "nvfp4":
         sr = generator if role == "grad" and recipe.stochastic_rounding else None
-        return fake.fake_nvfp4(t, dim, tiled, sr)
-    return fake.fake_blockwise(t, dim, tiled, recipe.grad_dtype if role == "grad" else E4M3)
+        return fake.fake_nvfp4(t, dim, tiled, sr, out)
+    elem = recipe.grad_dtype if role == "grad" else E4M3
+    return fake.fake_blockwise(t, dim, tiled, elem, out)
