@@ -35,7 +35,7 @@ from mptrain.precision.blocks.convert import (
     convert_to_blocks,
     layer_rules,
 )
-from mptrain.precision.blocks.hadamard import random_hadamard_transform
+from mptrain.precision.blocks.hadamard import random_hadamard_transform, rht_signs
 from mptrain.precision.blocks.linear import BlockLinear
 from mptrain.precision.blocks.nvfp4 import quantize_nvfp4
 from mptrain.precision.blocks.recipe import BlockRecipe, fake_quant_operand, quantize_operand
@@ -245,6 +245,14 @@ def test_fast_fake_quantization_equals_quantize_then_dequantize(recipe, case, dt
             fast = fake_quant_operand(recipe, x, dim, role, generator=seeded[1])
             assert bits_equal(fast, slow), (role, dim)
             assert fast.stride() == slow.stride()  # the GEMM reads the same layout
+
+
+@pytest.mark.parametrize("shape", [(3, 16), (64, 128), (40, 4096)])
+def test_in_place_hadamard_transform_is_the_transforms_bits(shape):
+    t = randn(*shape) * 10
+    signs = rht_signs(3)
+    expected = random_hadamard_transform(t, signs, -1)
+    assert bits_equal(fake.hadamard_(t.clone(), signs), expected)
 
 
 def grid_points(values: torch.Tensor, limit: float, count: int) -> torch.Tensor:

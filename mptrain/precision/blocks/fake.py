@@ -35,6 +35,7 @@ import torch
 from mptrain.precision.blocks.blocked import INPUT_DTYPES, Blocks, element_max, split_input
 from mptrain.precision.blocks.blockwise import BLOCKWISE_BLOCK
 from mptrain.precision.blocks.e2m1 import E2M1, E2M1_MAX
+from mptrain.precision.blocks.hadamard import RHT_SIZE
 from mptrain.precision.blocks.mx import (
     _FP32_SMALLEST_NORMAL,
     E8M0_NAN,
@@ -47,6 +48,7 @@ from mptrain.precision.blocks.mx import (
 from mptrain.precision.blocks.nvfp4 import NVFP4_BLOCK, _to_e4m3, nvfp4_tensor_scale
 from mptrain.precision.fp8.quant import E4M3, E5M2, scale_from_amax
 
+_RHT_NORM = RHT_SIZE**-0.5  # 1/4, exact: hadamard.py's normalisation
 _MANTISSA_BITS = 23
 _EXPONENT_BITS = 0x7F800000
 _MAGNITUDE_BITS = 0x7FFFFFFF
@@ -126,6 +128,23 @@ def stochastic_round_e2m1(
         out=scratch("draw", v.shape, torch.float32, v.device),
     )
     return lower.add_(spacing.mul_(draw < fraction)).copysign_(v)
+
+
+def hadamard_(t: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+    """:func:`mptrain.precision.blocks.hadamard.random_hadamard_transform` of the FP32,
+    contiguous ``t`` along its last dimension (a multiple of 16), in place: the same additions
+    (the same bits), written into ``t`` and one scratch buffer in turn instead of new tensors
+    at every butterfly stage. Returns ``t``."""
+    blocks = t.view(-1, RHT_SIZE).mul_(signs.to(t.device))
+    spare = scratch("hadamard", blocks.shape, torch.float32, t.device)
+    src, dst, half = blocks, spare, 1
+    while half < RHT_SIZE:
+        pairs, out = (b.view(-1, RHT_SIZE // (2 * half), 2, half) for b in (src, dst))
+        torch.add(pairs[..., 0, :], pairs[..., 1, :], out=out[..., 0, :])
+        torch.sub(pairs[..., 0, :], pairs[..., 1, :], out=out[..., 1, :])
+        src, dst, half = dst, src, half * 2
+    # four stages: the result is back in t
+    return t.mul_(_RHT_NORM)
 
 
 def _split(x: torch.Tensor, dim: int, block: tuple[int, int], fmt: str) -> Blocks:

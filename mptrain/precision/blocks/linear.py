@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from mptrain.precision.blocks.blocked import BlockStats
-from mptrain.precision.blocks.fake import scratch
+from mptrain.precision.blocks.fake import hadamard_, scratch
 from mptrain.precision.blocks.gemm import block_gemm
-from mptrain.precision.blocks.hadamard import random_hadamard_transform, rht_signs
+from mptrain.precision.blocks.hadamard import rht_signs
 from mptrain.precision.blocks.recipe import (
     ROLES,
     BlockRecipe,
@@ -89,9 +89,9 @@ class _BlockLinearFunction(torch.autograd.Function):
         # FP32: the Hadamard transform is not rounded to BF16 before it is quantized.
         g_t = _tokens_last(g, recipe.block_size, "dy_t")
         x_t = _tokens_last(rows, recipe.block_size, "x_t")
-        if recipe.hadamard:
-            g_t = random_hadamard_transform(g_t, layer.rht_signs, -1)
-            x_t = random_hadamard_transform(x_t, layer.rht_signs, -1)
+        if recipe.hadamard:  # in place, in their scratch: random_hadamard_transform's bits
+            hadamard_(g_t, layer.rht_signs)
+            hadamard_(x_t, layer.rht_signs)
         g_q = layer.operand(g_t, 1, "grad", "a")
         grad_w = block_gemm(g_q, layer.operand(x_t, 1, "input", "b").t(), torch.float32, recipe)
         grad_b = g.float().sum(0) if ctx.has_bias else None
