@@ -18,8 +18,9 @@ batches), in mptrain's own loop (``mptrain.train.job.train``: the run a user get
 Precisions: ``fp32``, ``bf16``, ``mxfp8`` (rceil), ``nvfp4`` (NVIDIA's recipe, all on),
 ``fp8_blockwise`` (``precision=fp8 fp8.granularity=blockwise fp8.format=e4m3``: DeepSeek-V3's).
 Each row gives the final training loss (the last metrics row's batch), the final validation loss
-(and accuracy for ``classify``), the difference of the validation loss to FP32's, and the step
-time (mptrain's throughput stopwatch: warm-up and evaluation excluded) with its ratio to FP32's.
+(and accuracy for ``classify``), the difference of the validation loss to FP32's, the step time
+(mptrain's throughput stopwatch: warm-up and evaluation excluded) and the job's CPU time per step
+(every thread; build and evaluation included), each with its ratio to FP32's.
 The block formats are emulated (FP32 matmuls of the dequantized operands): their ratio is the
 cost of the emulation, not a speed of the format. Wall-clock ratios on a shared machine move with
 its load: each row records the 1-minute load average before and after it.
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 import tempfile
 from pathlib import Path
@@ -81,14 +83,21 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
+def cpu_seconds() -> float:
+    """This process's CPU time so far (user and system, every thread)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def train_one(job: str, precision: str, overrides: tuple[str, ...]) -> dict[str, Any]:
     """One run's figures (module doc)."""
     from mptrain.train.job import train
 
     cfg = compose(*COMMON, *overrides, *PRECISIONS[precision])
-    load_before = load_average()
+    load_before, cpu_before = load_average(), cpu_seconds()
     with tempfile.TemporaryDirectory() as tmp:
         report = train(cfg, Path(tmp))
+    cpu_s = cpu_seconds() - cpu_before
     t, e = report.throughput, report.evaluation
     row: dict[str, Any] = {
         "job": job,
@@ -100,6 +109,9 @@ def train_one(job: str, precision: str, overrides: tuple[str, ...]) -> dict[str,
         "final_val_loss": e.final_val_loss,
         "final_val_accuracy": e.final_val_accuracy if job == "classify" else None,
         "step_time_ms": 1000 * t.measured_time_s / t.measured_steps if t.measured_steps else None,
+        # CPU time of the whole job (build and evaluation included) per step: steadier than
+        # wall time on a machine others share
+        "cpu_ms_per_step": 1000 * cpu_s / max(report.training.steps, 1),
         "load_before": load_before,
         "load_after": load_average(),
     }
@@ -114,8 +126,10 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         base = next((r for r in rows if r["job"] == row["job"] and r["precision"] == "fp32"), {})
         ok = row.get("final_val_loss") is not None and base.get("final_val_loss") is not None
         row["val_loss_vs_fp32"] = row["final_val_loss"] - base["final_val_loss"] if ok else None
-        timed = row.get("step_time_ms") and base.get("step_time_ms")
-        row["step_time_vs_fp32"] = row["step_time_ms"] / base["step_time_ms"] if timed else None
+        for key in ("step_time_ms", "cpu_ms_per_step"):
+            timed = row.get(key) and base.get(key)
+            ratio = key.replace("_ms", "").replace("_per_step", "") + "_vs_fp32"
+            row[ratio] = row[key] / base[key] if timed else None
 
 
 def _num(x: float | None, spec: str) -> str:
@@ -125,12 +139,12 @@ def _num(x: float | None, spec: str) -> str:
 def markdown(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| job | precision | steps | final train loss | final val loss | vs FP32 | val accuracy "
-        "| step ms | × FP32 | load |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| step ms | × FP32 | job CPU ms/step | × FP32 | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['job']} | {r['precision']} | failed: {r['error']} |||||||")
+            lines.append(f"| {r['job']} | {r['precision']} | failed: {r['error']} |||||||||")
             continue
         accuracy = _num(r["final_val_accuracy"] and 100 * r["final_val_accuracy"], ".1f")
         name = r["precision"] + (" (emulated)" if r["label"].endswith("(emulated)") else "")
@@ -138,8 +152,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['job']} | {name} | {r['steps']} | {_num(r['final_train_loss'], '.4f')} "
             f"| {_num(r['final_val_loss'], '.4f')} | {_num(r['val_loss_vs_fp32'], '+.4f')} "
             f"| {accuracy + '%' if accuracy else ''} | {_num(r['step_time_ms'], '.1f')} "
-            f"| {_num(r['step_time_vs_fp32'], '.2f')} "
-            f"| {r['load_before']:.1f}–{r['load_after']:.1f} |"
+            f"| {_num(r['step_time_vs_fp32'], '.2f')} | {_num(r['cpu_ms_per_step'], '.1f')} "
+            f"| {_num(r['cpu_vs_fp32'], '.2f')} | {r['load_before']:.1f}–{r['load_after']:.1f} |"
         )
     return "\n".join(lines)
 
