@@ -39,6 +39,7 @@ from mptrain.precision.blocks.hadamard import random_hadamard_transform, rht_sig
 from mptrain.precision.blocks.linear import BlockLinear
 from mptrain.precision.blocks.nvfp4 import quantize_nvfp4
 from mptrain.precision.blocks.recipe import BlockRecipe, fake_quant_operand, quantize_operand
+from mptrain.precision.fp8.dist import gathers_fp32
 from mptrain.precision.fp8.quant import E4M3, E5M2, FP8_MAX
 from mptrain.precision.policy import resolve_precision
 from mptrain.precision.selection import choose
@@ -384,6 +385,12 @@ def test_counts_only_while_sampling():
     assert all(torch.equal(a, b) for a, b in zip(fast, counted, strict=True))
     run_layer(layer, x, dy)
     assert layer.layer_stats() == stats
+
+
+def test_fsdp_gathers_block_layers_weights_in_fp32():
+    """As Float8Linear: the layer quantizes its FP32 master weight, not a BF16 copy of it."""
+    assert gathers_fp32(BlockLinear.from_linear(nn.Linear(32, 32), MXFP8))
+    assert not gathers_fp32(nn.Linear(32, 32))
 
 
 def test_generator_states_round_trip_and_a_mismatch_is_noted():
