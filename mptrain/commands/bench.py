@@ -51,11 +51,16 @@ from mptrain.train.loop import host_reads_per_step, train_loop
 
 
 def bench_precisions(
-    device: torch.device, model_has_convs: bool, fp8_blockwise: bool = False
+    device: torch.device,
+    model_has_convs: bool,
+    fp8_blockwise: bool = False,
+    block_formats: bool = False,
 ) -> list[tuple[str, str | None]]:
-    """(precision, reason it is skipped or None) for every precision worth timing here; the
-    block-scaled ones (and fp8 with ``fp8.granularity=blockwise``) only where their GEMMs are
-    real: emulated, they run FP32 matmuls and their speed says nothing."""
+    """(precision, reason it is skipped or None) for every precision worth timing here; with
+    ``block_formats``, mxfp8 and nvfp4 too. Block-scaled GEMMs (fp8 with ``fp8_blockwise``)
+    count only where they are real: emulated, they run FP32 matmuls and their speed says
+    nothing."""
+    blocks = BLOCK_ROWS if block_formats else ()
     rows: list[tuple[str, str | None]] = [("fp32", None)]
     if device.type == "cuda":
         rows.append(("tf32", None))
@@ -66,7 +71,7 @@ def bench_precisions(
             rows.append(("fp8", _block_skip(device, "fp8_blockwise", "blockwise FP8")))
         else:
             rows.append(("fp8", None if fp8_gemm_available(device) else "no FP8 GEMMs (cc < 8.9)"))
-        return rows + [(name, _block_skip(device, name, name.upper())) for name in BLOCK_ROWS]
+        return rows + [(name, _block_skip(device, name, name.upper())) for name in blocks]
     native = hardware.cpu_has_native_bf16()
     rows.append(("bf16", None if native else "no native BF16 on this CPU (emulated: not a speed)"))
     rows.append(
@@ -74,7 +79,7 @@ def bench_precisions(
     )
     rows.append(("fp8", "no FP8 hardware: emulated FP8 is not a speed"))
     return rows + [
-        (n, f"no {n.upper()} hardware: emulated {n.upper()} is not a speed") for n in BLOCK_ROWS
+        (n, f"no {n.upper()} hardware: emulated {n.upper()} is not a speed") for n in blocks
     ]
 
 
@@ -194,7 +199,8 @@ def run_bench(
     ``output_dir``, print the table, and return its rows (skipped precisions with the reason)."""
     device = hardware.resolve_device(cfg.device)
     has_convs = config_has_convolutions(cfg.model)  # FP16 convolutions crawl on CPUs
-    precisions = bench_precisions(device, has_convs, cfg.fp8.granularity == "blockwise")
+    blockwise = cfg.fp8.granularity == "blockwise"
+    precisions = bench_precisions(device, has_convs, blockwise, block_formats=True)
     configs = {
         name: dataclasses.replace(cfg, precision=precision_config(name, cfg.precision))
         for name, skip in precisions
