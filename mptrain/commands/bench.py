@@ -10,8 +10,9 @@ table shows the median training samples/s and ratio to FP32 (and to TF32 on GPUs
 min–max over the repetitions, marks a ratio *noisy* with the reason (:mod:`mptrain.commands.spread`), and
 gives peak memory, the fraction of time spent waiting for data, and the host syncs per step the
 precision needs. For a language model (``task=lm``) it also gives tokens/s: samples/s times the
-window length (``model.block_size``), with its min–max. Emulated FP8 and FP16 convolutions on a
-CPU are skipped: their speed says nothing useful (the table says so).
+window length (``model.block_size``), with its min–max. Emulated FP8, MXFP8 and NVFP4 (and
+blockwise FP8, ``fp8.granularity=blockwise``) and FP16 convolutions on a CPU are skipped: their
+speed says nothing useful (the table says so).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from mptrain.models.build import config_has_convolutions
 from mptrain.output.joblog import print_table
 from mptrain.output.render import fmt_bytes, fmt_pct, plural
 from mptrain.platform import contention, hardware
+from mptrain.precision.blocks.gemm import block_gemm_available
 from mptrain.precision.fp8.convert import fp8_gemm_available
 from mptrain.rundir.fileio import atomic_write_text
 from mptrain.train.build import prepare_run, window_length
@@ -48,23 +50,47 @@ from mptrain.train.components import Run
 from mptrain.train.loop import host_reads_per_step, train_loop
 
 
-def bench_precisions(device: torch.device, model_has_convs: bool) -> list[tuple[str, str | None]]:
-    """(precision, reason it is skipped or None) for every precision worth timing here."""
+def bench_precisions(
+    device: torch.device,
+    model_has_convs: bool,
+    fp8_blockwise: bool = False,
+    block_formats: bool = False,
+) -> list[tuple[str, str | None]]:
+    """(precision, reason it is skipped or None) for every precision worth timing here; with
+    ``block_formats``, mxfp8 and nvfp4 too. Block-scaled GEMMs (fp8 with ``fp8_blockwise``)
+    count only where they are real: emulated, they run FP32 matmuls and their speed says
+    nothing."""
+    blocks = BLOCK_ROWS if block_formats else ()
     rows: list[tuple[str, str | None]] = [("fp32", None)]
     if device.type == "cuda":
         rows.append(("tf32", None))
         rows.append(("fp16", None))
         native_bf16 = hardware.cuda_has_native_bf16(device)
         rows.append(("bf16", None if native_bf16 else "no native BF16 on this GPU"))
-        rows.append(("fp8", None if fp8_gemm_available(device) else "no FP8 GEMMs (cc < 8.9)"))
-        return rows
+        if fp8_blockwise:
+            rows.append(("fp8", _block_skip(device, "fp8_blockwise", "blockwise FP8")))
+        else:
+            rows.append(("fp8", None if fp8_gemm_available(device) else "no FP8 GEMMs (cc < 8.9)"))
+        return rows + [(name, _block_skip(device, name, name.upper())) for name in blocks]
     native = hardware.cpu_has_native_bf16()
     rows.append(("bf16", None if native else "no native BF16 on this CPU (emulated: not a speed)"))
     rows.append(
         ("fp16", "FP16 convolutions take a very slow CPU path" if model_has_convs else None)
     )
     rows.append(("fp8", "no FP8 hardware: emulated FP8 is not a speed"))
-    return rows
+    return rows + [
+        (n, f"no {n.upper()} hardware: emulated {n.upper()} is not a speed") for n in blocks
+    ]
+
+
+# The block-scaled precisions bench lists (fp8 blockwise is the fp8 row, by fp8.granularity).
+BLOCK_ROWS = ("mxfp8", "nvfp4")
+
+
+def _block_skip(device: torch.device, fmt: str, words: str) -> str | None:
+    """Why ``fmt`` is not timed on ``device`` (its GEMMs would be emulated), or None."""
+    available, why_not = block_gemm_available(device, fmt)
+    return None if available else f"{why_not}: emulated {words} is not a speed"
 
 
 def precision_config(name: str, base: PrecisionConfig) -> PrecisionConfig:
@@ -172,10 +198,9 @@ def run_bench(
     """Time every precision ``reps`` times (see module doc); write bench.json and bench.md into
     ``output_dir``, print the table, and return its rows (skipped precisions with the reason)."""
     device = hardware.resolve_device(cfg.device)
-    has_convs = config_has_convolutions(
-        cfg.model, cfg.task == "lm"
-    )  # FP16 convolutions crawl on CPUs
-    precisions = bench_precisions(device, has_convs)
+    has_convs = config_has_convolutions(cfg.model, cfg.task == "lm")  # FP16 convs crawl on CPUs
+    blockwise = cfg.fp8.granularity == "blockwise"
+    precisions = bench_precisions(device, has_convs, blockwise, block_formats=True)
     configs = {
         name: dataclasses.replace(cfg, precision=precision_config(name, cfg.precision))
         for name, skip in precisions

@@ -66,7 +66,10 @@ def _comparison_key(report: RunReport) -> str:
     kept = {
         k: v
         for k, v in config.items()
-        if k == "seed" or (not k.startswith(("precision.", "fp8.")) and not is_non_training_key(k))
+        if k == "seed"
+        or (
+            not k.startswith(("precision.", "fp8.", "mx.", "nvfp4.")) and not is_non_training_key(k)
+        )
     }
     return json.dumps(kept, sort_keys=True)
 

@@ -35,7 +35,17 @@ from mptrain.config.optim import AdamWConfig, SchedulerConfig, SGDConfig
 from mptrain.config.precision import PrecisionConfig
 
 AUTO = "auto"  # precision=auto: resolved for the device (mptrain.precision.policy)
-PRECISION_NAMES = ("fp32", "fp16", "bf16", "fp8", "fp16_noscale", "fp16_pure", "bf16_pure")
+PRECISION_NAMES = (
+    "fp32",
+    "fp16",
+    "bf16",
+    "fp8",
+    "mxfp8",
+    "nvfp4",
+    "fp16_noscale",
+    "fp16_pure",
+    "bf16_pure",
+)
 # PyTorch Lightning's precision names (Trainer(precision=...)), typed by habit: each is an option
 # of its own, conf/precision/<alias>.yaml, which selects the precision it names and records the
 # alias (precision.alias), so the report says what was asked for and what ran.

@@ -1,5 +1,6 @@
 """The precision group's schemas (``precision=...``, ``precision.scaler.*``,
-``precision.switch.*``, ``fp8.*``) and their range rules; what each precision runs is :data:`mptrain.precision.policy.PRECISIONS`.
+``precision.switch.*``, ``fp8.*``, and the block-scaled formats' ``mx.*`` and ``nvfp4.*``) and their
+range rules; what each precision runs is :data:`mptrain.precision.policy.PRECISIONS`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from dataclasses import dataclass, field
 from mptrain.config.base import FP32_MAX, NOT_TRAINING, at_least, require
 
 # --------------------------------------------------------------------------------------- precision
+FP8_GRANULARITIES = ("tensorwise", "rowwise", "blockwise")
+SCALE_ROUNDINGS = ("floor", "rceil")
 REDUCE_DTYPES = ("float32", "float16", "bfloat16")
 # precision.update: how a pure precision's optimizer writes its update into the low-precision
 # weights (mptrain.precision.update); nearest is torch's own step. Which pure precision takes which.
@@ -67,7 +70,9 @@ class FP8Config:
 
     format: str = "hybrid"  # hybrid: E4M3 forward, E5M2 gradients | e4m3: E4M3 everywhere
     scaling: str = "dynamic"  # dynamic (current amax) | delayed (amax history)
-    granularity: str = "tensorwise"  # tensorwise: a scale per tensor | rowwise: per row (dynamic)
+    # tensorwise: a scale per tensor | rowwise: per row | blockwise: 1x128 tiles, 128x128 weight
+    # blocks (rowwise and blockwise: dynamic scaling)
+    granularity: str = "tensorwise"
     amax_history_len: int = 16
     amax_compute_algo: str = "max"  # max | most_recent (delayed scaling)
     margin: int = 0  # scale divided by 2**margin: headroom against growing amax
@@ -175,18 +180,19 @@ def validate_fp8(f: FP8Config) -> None:
     require(f.format in ("hybrid", "e4m3"), "fp8.format", f.format, "hybrid or e4m3")
     require(f.scaling in ("dynamic", "delayed"), "fp8.scaling", f.scaling, "dynamic or delayed")
     require(
-        f.granularity in ("tensorwise", "rowwise"),
+        f.granularity in FP8_GRANULARITIES,
         "fp8.granularity",
         f.granularity,
-        "tensorwise or rowwise",
+        "tensorwise, rowwise or blockwise",
     )
     require(
         f.granularity == "tensorwise" or f.scaling == "dynamic",
         "fp8.granularity",
         f.granularity,
-        "rowwise scales are dynamic (one per row of each tensor, no history): "
+        f"{f.granularity} scales are dynamic (one per row or block of each tensor, no history): "
         "use fp8.scaling=dynamic or fp8.granularity=tensorwise",
     )
+    _validate_blockwise(f)
     at_least("fp8.amax_history_len", f.amax_history_len, 1)
     require(
         f.amax_compute_algo in ("max", "most_recent"),
@@ -202,4 +208,87 @@ def validate_fp8(f: FP8Config) -> None:
         "fp8.min_features",
         f.min_features,
         "must be an integer >= 0 (0: every size converts)",
+    )
+
+
+def _validate_blockwise(f: FP8Config) -> None:
+    """What blockwise FP8 (mptrain.precision.blocks) does not do: torchao's float8 backend and
+    power-of-two scales (its FP32 block scales are amax quotients, as DeepSeek-V3's)."""
+    if f.granularity != "blockwise":
+        return
+    require(
+        f.backend == "builtin",
+        "fp8.backend",
+        f.backend,
+        "fp8.granularity=blockwise runs on the builtin backend only (torchao's float8 training "
+        "has no blockwise recipe); use fp8.backend=builtin",
+    )
+    require(
+        not f.pow2_scales,
+        "fp8.pow2_scales",
+        f.pow2_scales,
+        "fp8.granularity=blockwise takes each block's FP32 scale from its amax; "
+        "use fp8.pow2_scales=false",
+    )
+
+
+# ------------------------------------------------------------------------- block-scaled formats
+@dataclass
+class BlockLayersConfig:
+    """Which nn.Linear layers a block-scaled format converts: the rules of ``fp8.*``
+    (mptrain.precision.selection), under the format's own keys (``mx.include``, ...)."""
+
+    keep_first_last: bool = True
+    include: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    min_features: int = 0  # a Linear with fewer in or out features stays in BF16; 0: off
+    emulate: bool | None = None  # None: real where the GPU has the kernels, emulated elsewhere
+
+
+@dataclass
+class MXConfig(BlockLayersConfig):
+    """MXFP8 Linear layers (precision=mxfp8): E4M3 elements in blocks of 32, E8M0 scales.
+    Ignored by every other precision."""
+
+    scale_rounding: str = "rceil"  # rceil: amax / 448 rounded up (NVIDIA) | floor: the OCP spec
+
+
+@dataclass
+class NVFP4Config(BlockLayersConfig):
+    """NVFP4 Linear layers (precision=nvfp4), NVIDIA's training recipe (arXiv 2509.25149).
+    Ignored by every other precision."""
+
+    weight_tiles: bool = True  # 16x16 weight blocks: the same quantized weight in both GEMMs
+    hadamard: bool = True  # random Hadamard transform on the weight-gradient GEMM's inputs
+    stochastic_rounding: bool = True  # of the output gradients (seeded, resumed exactly)
+    keep_last_fraction: float = 0.15  # the last share of Linear layers kept in BF16
+
+
+def _validate_block_layers(prefix: str, c: BlockLayersConfig) -> None:
+    require(
+        type(c.min_features) is int and c.min_features >= 0,
+        f"{prefix}.min_features",
+        c.min_features,
+        "must be an integer >= 0 (0: every size converts)",
+    )
+
+
+def validate_mx(c: MXConfig) -> None:
+    _validate_block_layers("mx", c)
+    require(
+        c.scale_rounding in SCALE_ROUNDINGS,
+        "mx.scale_rounding",
+        c.scale_rounding,
+        "rceil (amax / 448 rounded up to a power of two: nothing saturates) or floor (the OCP "
+        "MX spec)",
+    )
+
+
+def validate_nvfp4(c: NVFP4Config) -> None:
+    _validate_block_layers("nvfp4", c)
+    require(
+        0 <= c.keep_last_fraction < 1,
+        "nvfp4.keep_last_fraction",
+        c.keep_last_fraction,
+        "must be in [0, 1): the share of Linear layers, counted from the last, kept in BF16",
     )

@@ -41,8 +41,12 @@ from mptrain.config.options import PRECISION_NAMES
 from mptrain.config.precision import (
     REDUCE_DTYPES,
     FP8Config,
+    MXConfig,
+    NVFP4Config,
     PrecisionConfig,
     validate_fp8,
+    validate_mx,
+    validate_nvfp4,
     validate_precision,
     validate_switch,
 )
@@ -167,6 +171,8 @@ class RunConfig:
     optimizer: OptimizerConfig = MISSING
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     fp8: FP8Config = field(default_factory=FP8Config)
+    mx: MXConfig = field(default_factory=MXConfig)
+    nvfp4: NVFP4Config = field(default_factory=NVFP4Config)
     recipe: RecipeConfig = field(default_factory=RecipeConfig, metadata=NOT_TRAINING)
     task: str = "classify"  # classify | lm (set by task=NAME, conf/task/)
     epochs: int | None = 15
@@ -269,6 +275,8 @@ def validate(run: RunConfig) -> None:
     validate_precision(run.precision)
     validate_switch(run.precision, PRECISION_NAMES)
     validate_fp8(run.fp8)
+    validate_mx(run.mx)
+    validate_nvfp4(run.nvfp4)
     for group in (run.model, run.dataset, run.optimizer, run.scheduler):
         group.validate()  # each schema's own range rules
     require(

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from mptrain.output.blocks import blocks_lines, blocks_rows
 from mptrain.output.pace import rough_duration
 from mptrain.output.report import (
     EvaluationSection,
@@ -242,6 +243,7 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         ("model / data", f"{_model_words(report.model)} / {report.data.description}"),
         *_corpus_rows(report.data.text),
         *_fp8_rows(report.fp8),
+        *blocks_rows(report.blocks),
         *_compile_rows(report.model),
         ("steps", _steps_text(t)),
     ]
@@ -448,6 +450,7 @@ def render_markdown(report: RunReport) -> str:
     lines += [f"- distributed: {_distributed_text(report.distributed)}"]
     lines += [f"- TF32: {json.dumps(report.tf32)}", "", "## Software", ""]
     lines += [f"- {k}: {val}" for k, val in v.items()]
+    lines += blocks_lines(report.blocks)
     evals = report.evaluation.history
     if evals:
         lines += [

@@ -29,7 +29,7 @@ class PrecisionSection:
 
     requested: str
     effective: str | None = None
-    label: str | None = None  # "fp8 (emulated)" where FP8 GEMMs were emulated
+    label: str | None = None  # "fp8 (emulated)" where FP8 (or block-scaled) GEMMs were emulated
     emulated: bool | None = None
     autocast_dtype: str | None = None
     loss_scaling: bool | None = None
@@ -261,6 +261,9 @@ class RunReport:
     config: dict[str, Any]  # the resolved config (dataclasses.asdict of the RunConfig)
     time: TimeSection | None = None  # None in reports written before it existed
     threads: ThreadsSection | None = None  # None in reports written before it existed
+    # The block-scaled formats (mxfp8, nvfp4, blockwise fp8): formats, layers, counts
+    # (mptrain.output.blocks); None for other precisions and in reports written before it existed.
+    blocks: dict[str, Any] | None = None
     figure: str | None = None  # curves.png, once written
     schema_version: int = SCHEMA_VERSION
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -28,10 +28,19 @@ from torch import nn
 
 from mptrain.config.base import ConfigError
 from mptrain.config.options import AUTO
-from mptrain.config.precision import FP8Config, PrecisionConfig, ScalerConfig
+from mptrain.config.precision import (
+    FP8Config,
+    MXConfig,
+    NVFP4Config,
+    PrecisionConfig,
+    ScalerConfig,
+)
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext, build_scaler_for
 from mptrain.platform.dtypes import dtype_name
+from mptrain.precision.blocks.convert import FORMAT_NAMES
+from mptrain.precision.blocks.gemm import block_gemm_available
+from mptrain.precision.blocks.recipe import BlockRecipe
 from mptrain.precision.fp8.convert import fp8_gemm_available
 from mptrain.precision.fp8.quant import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Recipe
 
@@ -55,6 +64,12 @@ PRECISIONS: dict[str, PrecisionSpec] = {
     ),
     "bf16": PrecisionSpec(BF16, F32, False, "bf16", "BF16 autocast, FP32 master weights"),
     "fp8": PrecisionSpec(BF16, F32, False, "bf16", "FP8 Linear layers, BF16 autocast elsewhere"),
+    "mxfp8": PrecisionSpec(
+        BF16, F32, False, "bf16", "MXFP8 Linear layers (E4M3, blocks of 32), BF16 elsewhere"
+    ),
+    "nvfp4": PrecisionSpec(
+        BF16, F32, False, "bf16", "NVFP4 Linear layers (E2M1, blocks of 16), BF16 elsewhere"
+    ),
     "fp16_noscale": PrecisionSpec(F16, F32, False, "fp16", "FP16 autocast without loss scaling"),
     "fp16_pure": PrecisionSpec(None, F16, False, "fp16", "FP16 weights and state, no master copy"),
     "bf16_pure": PrecisionSpec(None, BF16, False, "bf16", "BF16 weights and state, no master copy"),
@@ -75,6 +90,8 @@ class PrecisionPolicy:
     reason: str  # why this precision: the user's choice, or how auto decided
     notes: tuple[str, ...] = ()
     fp8: FP8Recipe | None = None  # set for precision=fp8
+    # set for precision=mxfp8, nvfp4 and fp8 with fp8.granularity=blockwise (mptrain.precision.blocks)
+    blocks: BlockRecipe | None = None
     param_dtype: torch.dtype = torch.float32  # float32 = master weights; else "pure" training
     # precision=auto timed on the model (mptrain.train.autoprecision): s/step per candidate, ...
     auto_timing: dict[str, Any] | None = field(default=None, compare=False)
@@ -85,12 +102,15 @@ class PrecisionPolicy:
 
     @property
     def emulated(self) -> bool:
-        """True when FP8 numerics run without FP8 hardware (no speed-up to compare)."""
-        return self.fp8 is not None and not self.fp8.real_gemm
+        """True when FP8 or block-scaled numerics run without their hardware GEMMs (no speed-up
+        to compare)."""
+        recipe = self.blocks or self.fp8
+        return recipe is not None and not recipe.real_gemm
 
     @property
     def label(self) -> str:
-        """What ran, for people: "fp8 (emulated)" when the FP8 GEMMs were emulated."""
+        """What ran, for people: "fp8 (emulated)", "mxfp8 (emulated)" when the low-precision
+        GEMMs were emulated."""
         return f"{self.name} (emulated)" if self.emulated else self.name
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
@@ -102,6 +122,10 @@ class PrecisionPolicy:
     def describe(self) -> str:
         scaling = "dynamic loss scaling" if self.loss_scaling else "no loss scaling"
         dtype = dtype_name(self.autocast_dtype) or "none"
+        if self.blocks is not None:
+            gemm = "scaled_mm" if self.blocks.real_gemm else "emulated GEMMs"
+            layers = FORMAT_NAMES[self.blocks.format]
+            return f"{self.label} ({layers} Linear layers via {gemm}, autocast {dtype} elsewhere)"
         if self.fp8 is not None:
             gemm = "torch._scaled_mm" if self.fp8.real_gemm else "emulated GEMMs"
             return f"{self.label} (FP8 Linear layers via {gemm}, autocast {dtype} elsewhere)"
@@ -154,7 +178,11 @@ def _device_words(device: torch.device) -> str:
 
 
 def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[str, ...]]:
-    """The FP8 recipe for ``device``: real GEMMs where possible, emulation only where allowed."""
+    """The FP8 recipe for ``device``: real GEMMs where possible, emulation only where allowed.
+    Blockwise FP8 (``fp8.granularity=blockwise``): :func:`resolve_blocks`'s rules."""
+    if cfg.granularity == "blockwise":
+        blocks, notes = resolve_blocks("fp8_blockwise", cfg.emulate, device, "fp8")
+        return _fp8_recipe(cfg, blocks.real_gemm), notes
     available = fp8_gemm_available(device)
     required = ".".join(map(str, MIN_FP8_CAPABILITY))
     if cfg.emulate is False and not available:
@@ -170,7 +198,19 @@ def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[
             )
         _check_torchao(available, device, required)
     real = available and cfg.emulate is not True
-    recipe = FP8Recipe(
+    recipe = _fp8_recipe(cfg, real)
+    notes = ()
+    if not real:
+        why = "fp8.emulate=true" if cfg.emulate else f"no FP8 GEMMs on {_device_words(device)}"
+        notes = (
+            f"fp8 (emulated): {why}; FP8 numerics with FP32 matmuls, no speed-up, "
+            "throughput not comparable",
+        )
+    return recipe, notes
+
+
+def _fp8_recipe(cfg: FP8Config, real: bool) -> FP8Recipe:
+    return FP8Recipe(
         forward_dtype=E4M3,
         backward_dtype=E5M2 if cfg.format == "hybrid" else E4M3,
         scaling=cfg.scaling,
@@ -182,14 +222,57 @@ def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[
         pow2_scales=cfg.pow2_scales,
         min_features=cfg.min_features,
     )
+
+
+def resolve_blocks(
+    fmt: str, emulate: bool | None, device: torch.device, key: str
+) -> tuple[BlockRecipe, tuple[str, ...]]:
+    """Real or emulated GEMMs for the block-scaled format ``fmt`` on ``device`` (the settings
+    come with :func:`block_recipe`): real where the device has them unless ``<key>.emulate``
+    is true; ``<key>.emulate=false`` without them raises ConfigError."""
+    available, why_not = block_gemm_available(device, fmt)
+    if emulate is False and not available:
+        raise ConfigError(
+            f"{key}.emulate=false: {why_not}; found {_device_words(device)}. "
+            f"Use {key}.emulate=null to emulate"
+        )
+    real = available and emulate is not True
     notes = ()
     if not real:
-        why = "fp8.emulate=true" if cfg.emulate else f"no FP8 GEMMs on {_device_words(device)}"
+        why = f"{key}.emulate=true" if emulate else why_not
         notes = (
-            f"fp8 (emulated): {why}; FP8 numerics with FP32 matmuls, no speed-up, "
-            "throughput not comparable",
+            f"{FORMAT_NAMES[fmt]} (emulated): {why}; block-scaled numerics with FP32 matmuls, "
+            "no speed-up, throughput not comparable",
         )
-    return recipe, notes
+    return BlockRecipe(fmt, real_gemm=real), notes
+
+
+def block_recipe(
+    name: str, device: torch.device, fp8: FP8Config, mx: MXConfig, nvfp4: NVFP4Config
+) -> tuple[BlockRecipe | None, tuple[str, ...]]:
+    """The block-scaled recipe of precision ``name`` (mxfp8, nvfp4, fp8 with
+    ``fp8.granularity=blockwise``; None for the others) with the notes of its GEMM choice."""
+    if name == "mxfp8":
+        recipe, notes = resolve_blocks("mxfp8", mx.emulate, device, "mx")
+        settings = {"scale_rounding": mx.scale_rounding, "min_features": mx.min_features}
+    elif name == "nvfp4":
+        recipe, notes = resolve_blocks("nvfp4", nvfp4.emulate, device, "nvfp4")
+        settings = {
+            "weight_tiles": nvfp4.weight_tiles,
+            "hadamard": nvfp4.hadamard,
+            "stochastic_rounding": nvfp4.stochastic_rounding,
+            "keep_last_fraction": nvfp4.keep_last_fraction,
+            "min_features": nvfp4.min_features,
+        }
+    elif name == "fp8" and fp8.granularity == "blockwise":
+        recipe, notes = resolve_blocks("fp8_blockwise", fp8.emulate, device, "fp8")
+        settings = {
+            "grad_dtype": E5M2 if fp8.format == "hybrid" else E4M3,
+            "min_features": fp8.min_features,
+        }
+    else:
+        return None, ()
+    return replace(recipe, **settings), notes
 
 
 def _check_torchao(available: bool, device: torch.device, required: str) -> None:
@@ -205,7 +288,11 @@ def _check_torchao(available: bool, device: torch.device, required: str) -> None
 
 
 def resolve_precision(
-    cfg: PrecisionConfig, device: torch.device, fp8: FP8Config | None = None
+    cfg: PrecisionConfig,
+    device: torch.device,
+    fp8: FP8Config | None = None,
+    mx: MXConfig | None = None,
+    nvfp4: NVFP4Config | None = None,
 ) -> PrecisionPolicy:
     """Decide the run's precision for ``device``. Raises ConfigError if it cannot run there."""
     if cfg.name == AUTO:
@@ -217,9 +304,13 @@ def resolve_precision(
     spec = PRECISIONS[name]
     notes = _check_family(spec.family, name, device)
     recipe = None
+    fp8 = fp8 or FP8Config()
     if name == "fp8":
-        recipe, fp8_notes = resolve_fp8(fp8 or FP8Config(), device)
+        recipe, fp8_notes = resolve_fp8(fp8, device)
         notes += fp8_notes
+    blocks, block_notes = block_recipe(name, device, fp8, mx or MXConfig(), nvfp4 or NVFP4Config())
+    if blocks is not None:
+        notes = notes if name == "fp8" else notes + block_notes
     if spec.autocast_dtype == torch.float16 and not spec.loss_scaling:
         notes += ("FP16 without loss scaling: small gradients may underflow to zero",)
     if spec.param_dtype != torch.float32:
@@ -238,6 +329,7 @@ def resolve_precision(
         reason=reason,
         notes=notes,
         fp8=recipe,
+        blocks=blocks,
         param_dtype=spec.param_dtype,
     )
 

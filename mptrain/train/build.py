@@ -4,7 +4,7 @@
 it; ``mptrain`` runs call its two halves, :func:`resolve_run` and :func:`build_run`, so that a
 report written after a failed build still names the device, precision and TF32 flags:
 
-    seed -> device -> precision policy -> TF32 flags | data -> model (FP8 conversion, FP32
+    seed -> device -> precision policy -> TF32 flags | data -> model (FP8/block conversion, FP32
     islands, "pure" casts, channels_last, DDP/FSDP wrapping) -> optimizer -> LR schedule ->
     torch.compile -> loss scaler -> loop settings -> precision schedule (a switch planned and its
     second precision resolved: mptrain.train.switch) -> monitor -> fault injection (debug only)
@@ -37,7 +37,9 @@ from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.threads import ThreadChoice, apply_threads, resolve_threads
+from mptrain.precision.blocks.convert import BlockLayers, apply_blocks
 from mptrain.precision.formats import convert_layers, layer_sync
+from mptrain.precision.fp8.convert import skip_summary
 from mptrain.precision.fp8.dist import gathers_fp32
 from mptrain.precision.policy import (
     PrecisionPolicy,
@@ -70,7 +72,7 @@ def resolve_run(
     """Seed (the same initial weights on every rank); decide device and precision; set TF32."""
     seed_everything(cfg.seed)
     device = _device_for(cfg.device, dist)
-    policy = resolve_precision(cfg.precision, device, cfg.fp8)
+    policy = resolve_precision(cfg.precision, device, cfg.fp8, cfg.mx, cfg.nvfp4)
     return device, policy, apply_tf32(policy.allow_tf32)
 
 
@@ -125,7 +127,7 @@ def build_run(
     data = _checked_data(cfg, device, dist)
     threads = choose_threads(cfg.threads, device, data, dist, jobs, measure_threads)
     fsdp = dist.enabled and dist.strategy == "fsdp"
-    model, fp8, fp32_modules = build_model_for_run(cfg, data, device, policy, fsdp)
+    model, fp8, fp32_modules, blocks = build_model_for_run(cfg, data, device, policy, fsdp)
     num_parameters = count_parameters(model)
     # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
     model = wrap_model(model, dist, device, policy.autocast_dtype, gathers_fp32)
@@ -152,6 +154,7 @@ def build_run(
         fp8=fp8,
         fp32_modules=fp32_modules,
         fp8_sync=fp8_sync,
+        blocks=blocks,
         threads=threads,
         schedule=plan_switch(cfg, policy, device, dist, settings.total_steps),
         update=build_weight_update(optimizer, cfg.precision.update, cfg.seed, device),
@@ -177,9 +180,10 @@ def with_policy(run: Run, policy: PrecisionPolicy) -> Run:
     build: :mod:`mptrain.train.autoprecision`): the same parameter dtype, FP8 layers and loss
     scaling, so only the policy and the monitor that names it are new. Before training only."""
     old = run.policy
-    same_build = (old.param_dtype, old.fp8, old.loss_scaling, old.device_type) == (
+    same_build = (old.param_dtype, old.fp8, old.blocks, old.loss_scaling, old.device_type) == (
         policy.param_dtype,
         policy.fp8,
+        policy.blocks,
         policy.loss_scaling,
         policy.device_type,
     )
@@ -245,15 +249,20 @@ def build_model_for_run(
     device: torch.device,
     policy: PrecisionPolicy,
     fsdp: bool = False,
-) -> tuple[torch.nn.Module, dict[str, Any] | None, list[str]]:
-    """The model with the precision recipe applied: (model, fp8 section, FP32 module names).
+) -> tuple[torch.nn.Module, dict[str, Any] | None, list[str], BlockLayers]:
+    """The model with the precision recipe applied: (model, fp8 section, FP32 module names, the
+    block-scaled layers with the report's ``blocks`` section, empty for other precisions).
 
     ``fsdp``: the model will be sharded with FSDP2 (torchao's FP8 layers then all-gather in FP8).
     """
     model = build_model(
         cfg.model, data.in_channels, data.image_size, data.num_classes, device, data.sequence_length
     )
-    fp8 = convert_layers(model, policy, cfg, data, fsdp)  # FP8 layers: mptrain.precision.formats
+    fp8, blocks = None, BlockLayers()
+    if policy.blocks is not None:  # block-scaled formats (mptrain.precision.blocks)
+        blocks = _convert_blocks(cfg, data, model, policy)
+    else:  # FP8 layers, or none: mptrain.precision.formats
+        fp8 = convert_layers(model, policy, cfg, data, fsdp)
     patterns = list(cfg.numerics.fp32_modules)
     fp32_modules = keep_in_fp32(model, patterns, device.type)
     if patterns and not fp32_modules:
@@ -265,7 +274,39 @@ def build_model_for_run(
         model = model.to(policy.param_dtype)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    return model, fp8, fp32_modules
+    return model, fp8, fp32_modules, blocks
+
+
+def _convert_blocks(
+    cfg: RunConfig, data: DataBundle, model: torch.nn.Module, policy: PrecisionPolicy
+) -> BlockLayers:
+    """The block-scaled conversion (mptrain.precision.blocks), by the selection keys of the
+    precision's config group; its layers' seeds derive from the run's ``seed``."""
+    key = {"mxfp8": "mx", "nvfp4": "nvfp4"}.get(policy.name, "fp8")
+    rules = getattr(cfg, key)
+    sample, _ = next(iter(data.val.batches(0)))
+    blocks, section = apply_blocks(
+        model,
+        replace(policy.blocks, seed=cfg.seed),
+        sample[:2],
+        include=list(rules.include),
+        exclude=list(rules.exclude),
+        keep_first_last=rules.keep_first_last,
+    )
+    blocks.section = section
+    _require_converted(cfg, policy.name, section["name"], section["layers"], key)
+    return blocks
+
+
+def _require_converted(
+    cfg: RunConfig, precision: str, fmt: str, layers: list[dict[str, Any]], key: str
+) -> None:
+    """ConfigError when no Linear layer converted: the precision would be plain BF16."""
+    if not any(layer["converted"] for layer in layers):
+        raise ConfigError(
+            f"precision={precision}: no Linear layer of model={cfg.model.name} can run in {fmt} "
+            f"({skip_summary(layers)}); see {key}.include/exclude/keep_first_last/min_features"
+        )
 
 
 def window_length(cfg: RunConfig) -> int | None:

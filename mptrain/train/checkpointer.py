@@ -80,6 +80,7 @@ class Checkpointer:
             "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
             "loop": {**state.state_dict(), **run.monitor.state_dict()},
             "rng": rng_states(),
+            "blocks": run.blocks.state_dict(),  # stochastic-rounding generators (nvfp4)
             "update": run.update.state_dict() if run.update is not None else None,
             "signature": self.signature,
             "world_size": self.dist.world_size,
@@ -222,6 +223,7 @@ def restore(payload: dict[str, Any], run: Run, path: Path) -> list[str]:
     run.state.load_state_dict(payload["loop"])
     run.monitor.load_state_dict(payload["loop"])
     restore_rng_states(payload["rng"])
+    notes += run.blocks.load_state_dict(payload.get("blocks") or {})  # older: no such key
     return notes + _restore_update(run, payload.get("update"))
 
 
@@ -254,6 +256,14 @@ def _restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict[
     scheduler._last_lr = [group["lr"] for group in groups]
 
 
+# The config groups one precision alone reads, and whether a run's policy reads each.
+PRECISION_GROUPS: dict[str, Callable[[PrecisionPolicy], bool]] = {
+    "fp8": lambda policy: policy.fp8 is not None,
+    "mx": lambda policy: policy.name == "mxfp8",
+    "nvfp4": lambda policy: policy.name == "nvfp4",
+}
+
+
 def run_signature(
     cfg: RunConfig, policy: PrecisionPolicy, data_identity: str | None = None
 ) -> dict[str, Any]:
@@ -263,8 +273,9 @@ def run_signature(
     a path alone does not say the text behind it is the same).
 
     Settings that do not change what a run computes (:data:`mptrain.config.keys.NON_TRAINING_KEYS`)
-    are left out, and so are the FP8 settings unless the run is FP8 in either phase of its
-    precision schedule, ``precision.switch.*`` unless it has one, and the distributed ones.
+    are left out, and so are a precision's own settings (``fp8.*``, ``mx.*``, ``nvfp4.*``) unless
+    the run uses them in either phase of its precision schedule, ``precision.switch.*`` unless it
+    has one, and the distributed ones.
     """
     settings = flatten(dataclasses.asdict(cfg))
     # The seed too: it orders the data and draws dropout (sweeps pair runs across seeds, so
@@ -272,13 +283,18 @@ def run_signature(
     signature: dict[str, Any] = {"precision": policy.name, "seed": cfg.seed}
     switch_to = cfg.precision.switch.to
     for key, value in settings.items():
-        fp8_unused = key.startswith("fp8.") and policy.fp8 is None and switch_to != "fp8"
+        group = key.partition(".")[0]
+        unused = (
+            group in PRECISION_GROUPS
+            and not PRECISION_GROUPS[group](policy)
+            and not (group == "fp8" and switch_to == "fp8")
+        )
         # a run without a switch signs what a run signed before schedules existed
         no_switch = key.startswith("precision.switch.") and switch_to is None
         # distributed.*: how the work is spread; a change of world size or strategy is resumed
         # by design (full state dicts) and noted separately.
         where = key.startswith(("precision.name", "distributed."))
-        if where or fp8_unused or no_switch or is_non_training_key(key):
+        if where or unused or no_switch or is_non_training_key(key):
             continue
         signature[key] = value
     if data_identity is not None:

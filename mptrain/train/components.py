@@ -1,7 +1,8 @@
 """A run ready to train: what :func:`mptrain.train.build.build_run` makes and the loop consumes.
 
 :class:`Run` holds the built components (data, model, optimizer, schedule, scaler, the task's loss), the
-decisions made for them (device, precision policy, TF32 flags, FP8 layers, FP32 islands), the
+decisions made for them (device, precision policy, TF32 flags, FP8 and block-scaled layers, FP32
+islands), the
 loop's settings, the monitor, and the run's progress (``state``).
 """
 
@@ -18,6 +19,7 @@ from mptrain.data.batches import DataBundle
 from mptrain.models.task import Task
 from mptrain.platform.distributed import DistContext, unwrap
 from mptrain.platform.threads import ThreadChoice
+from mptrain.precision.blocks.convert import BlockLayers
 from mptrain.precision.fp8.dist import FP8Sync
 from mptrain.precision.policy import PrecisionPolicy
 from mptrain.precision.update import WeightUpdate
@@ -74,6 +76,8 @@ class Run:
     fp8: dict[str, Any] | None = None  # the report's fp8 section (converted layers, FLOPs share)
     fp32_modules: list[str] = field(default_factory=list)
     fp8_sync: FP8Sync = field(default_factory=FP8Sync)  # FP8 state the ranks agree on (loop calls)
+    # Block-scaled layers (mxfp8, nvfp4, blockwise fp8): counting on log rows, their generators
+    blocks: BlockLayers = field(default_factory=BlockLayers)
     state: LoopState = field(default_factory=LoopState)
     threads: ThreadChoice | None = None  # the intra-op thread count set for the run (build_run)
     schedule: PrecisionSchedule = field(default_factory=PrecisionSchedule)  # precision.switch

@@ -18,7 +18,10 @@ Before every step, ``run.schedule`` may switch the run to another precision (onc
 above reads ``run.policy``, ``run.scaler`` and ``run.fp8_sync`` when it runs.
 
 Data-parallel FP8 runs agree on their FP8 state through ``run.fp8_sync`` after the backward and
-after the optimizer step (:mod:`mptrain.precision.fp8.dist`; nothing for other runs).
+after the optimizer step (:mod:`mptrain.precision.fp8.dist`; nothing for other runs). Block-scaled
+layers (mxfp8, nvfp4, blockwise fp8) count their saturated, underflowed and zero blocks during the
+forward and backward of the steps that write a metrics row (``run.blocks``): the counts cost more
+than the quantization.
 
 Around the step, :func:`train_loop` hands the outcome to the run's
 :class:`~mptrain.train.monitor.Monitor` (measurements, logging, health, divergence), then evaluates,
@@ -190,8 +193,10 @@ def take_step(
     ``probe_now``: measure zero gradients and updates lost to rounding around the update;
     ``interruptible``: entered around the forward and backward only (see :class:`LoopHooks`).
     """
+    run.blocks.sample(norm_now)  # block-scaled layers count their quantizations on log rows
     with interruptible:
         loss, batch, data_wait_s = _forward_backward(run, micro_batches)
+    run.blocks.sample(False)
     run.fp8_sync.after_backward()  # data parallel FP8: amaxes and counters over the ranks
     outcome = _optimizer_step(
         run,

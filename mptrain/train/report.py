@@ -104,6 +104,13 @@ def _model_section(job: JobRecord) -> ModelSection:
     )
 
 
+def _blocks_section(run: Run | None) -> dict[str, Any] | None:
+    """The block-scaled layers' section with their counts (reads device values), or None."""
+    if run is None or run.blocks.section is None:
+        return None
+    return {**run.blocks.section, "final_layer_stats": run.blocks.layer_stats()}
+
+
 def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunReport:
     """The report from what the job got to: every section, whatever stage it stopped at."""
     cfg, run, state = job.cfg, job.run, job.state
@@ -138,6 +145,7 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         resumed=job.resumed,
         checkpoints=_checkpoints_section(job.checkpointer),
         recipe=recipe_verdict(cfg, status, evaluation, run.data if run else None),
+        blocks=_blocks_section(run),
         config=dataclasses.asdict(cfg),
         time=_time_section(run, wall_time_s, job.display),
         threads=threads_section(run.threads, run.monitor.threads) if run else None,

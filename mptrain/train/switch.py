@@ -112,7 +112,12 @@ def plan_switch(
     requested = PrecisionConfig(
         name=to, scaler=cfg.precision.scaler, allow_tf32=cfg.precision.allow_tf32
     )
-    policy = resolve_precision(requested, device, cfg.fp8)
+    policy = resolve_precision(requested, device, cfg.fp8, cfg.mx, cfg.nvfp4)
+    if first.blocks is not None or policy.blocks is not None:  # not in LAYER_FORMATS yet
+        raise ConfigError(
+            f"{key}: block-scaled formats (mxfp8, nvfp4, fp8.granularity=blockwise) do not "
+            "switch yet; switch between fp32, bf16, fp16 and fp8 (tensorwise or rowwise)"
+        )
     reason = f"precision.switch: after step {step} of {total_steps} in {first.label}"
     return Switch(step, at, total_steps, first, replace(policy, reason=reason))
 

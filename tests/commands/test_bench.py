@@ -28,14 +28,16 @@ def skipped(rows: list[tuple[str, str | None]]) -> dict[str, str | None]:
 
 def test_cpu_precisions_skip_what_would_not_be_a_speed(monkeypatch):
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)
-    conv = skipped(bench.bench_precisions(CPU, model_has_convs=True))
+    conv = skipped(bench.bench_precisions(CPU, model_has_convs=True, block_formats=True))
     linear = skipped(bench.bench_precisions(CPU, model_has_convs=False))
 
-    assert list(conv) == ["fp32", "bf16", "fp16", "fp8"]  # no TF32 on a CPU
+    assert list(conv) == ["fp32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4"]  # no TF32 on a CPU
     assert conv["fp32"] is None and conv["bf16"] is None
     assert "FP16 convolutions" in conv["fp16"]
     assert linear["fp16"] is None  # Linear-only models time FP16 on the CPU
     assert "emulated" in conv["fp8"]
+    assert conv["mxfp8"] == "no MXFP8 hardware: emulated MXFP8 is not a speed"
+    assert conv["nvfp4"] == "no NVFP4 hardware: emulated NVFP4 is not a speed"
 
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
     assert "no native BF16" in skipped(bench.bench_precisions(CPU, False))["bf16"]
@@ -45,12 +47,18 @@ def test_cpu_precisions_skip_what_would_not_be_a_speed(monkeypatch):
 def test_cuda_precisions_include_tf32_and_what_the_gpu_has(monkeypatch, native_bf16, fp8_gemm):
     monkeypatch.setattr(hardware, "cuda_has_native_bf16", lambda device: native_bf16)
     monkeypatch.setattr(bench, "fp8_gemm_available", lambda device: fp8_gemm)
-    rows = skipped(bench.bench_precisions(torch.device("cuda"), model_has_convs=True))
+    rows = skipped(bench.bench_precisions(torch.device("cuda"), True, block_formats=True))
 
-    assert list(rows) == ["fp32", "tf32", "fp16", "bf16", "fp8"]
+    assert list(rows) == ["fp32", "tf32", "fp16", "bf16", "fp8", "mxfp8", "nvfp4"]
     assert rows["fp32"] is None and rows["tf32"] is None and rows["fp16"] is None
     assert (rows["bf16"] is None) == native_bf16
     assert (rows["fp8"] is None) == fp8_gemm
+    # no real block-scaled GEMM is wired in: emulated everywhere, never timed
+    assert rows["mxfp8"].endswith("emulated MXFP8 is not a speed")
+    assert rows["nvfp4"].endswith("emulated NVFP4 is not a speed")
+    blockwise = skipped(bench.bench_precisions(torch.device("cuda"), True, fp8_blockwise=True))
+    assert "mxfp8" not in blockwise  # mptrain advise (its own list) takes them later
+    assert blockwise["fp8"].endswith("emulated blockwise FP8 is not a speed")
 
 
 def test_precision_config_per_bench_row():
@@ -73,7 +81,7 @@ def test_run_bench_measures_every_cpu_precision_and_writes_its_files(tmp_path, m
     rows = bench.run_bench(cfg, tmp_path / "bench", warmup=2, steps=3, reps=3, console=console)
 
     by_name = {r["precision"]: r for r in rows}
-    assert list(by_name) == ["fp32", "bf16", "fp16", "fp8"]
+    assert list(by_name) == ["fp32", "bf16", "fp16", "fp8", "mxfp8", "nvfp4"]
     assert "skipped" in by_name["fp8"] and "reps" not in by_name["fp8"]
     measured = [by_name[name] for name in ("fp32", "bf16", "fp16")]
     fp32_speeds = [rep["samples_per_s"] for rep in by_name["fp32"]["reps"]]

@@ -458,6 +458,8 @@ def test_unknown_precision_option_lists_the_real_choices():
         "fp16_pure",
         "fp32",
         "fp8",
+        "mxfp8",
+        "nvfp4",
     ]
     assert "_schema" not in message
 

@@ -933,3 +933,33 @@ def test_gpu_speed_records_the_predictor_next_to_the_measurement(tmp_path, monke
     assert "predicted_samples_per_s" not in fp8  # refused: nothing measured, nothing predicted
     table = doc["markdown"]
     assert "- Predicted: a test's predictor" in table and "| 400.0 |" in table
+
+
+@pytest.mark.slow
+def test_block_sqnr_ranks_the_formats(tmp_path):
+    doc = run_to_json(
+        "block_sqnr.py", "--rows", "128", "--features", "256", "--outliers", "1", cwd=tmp_path
+    )
+    sqnr = {row["format"]: row for row in doc["rows"]}
+    assert set(sqnr) >= {"fp8 tensorwise", "fp8 rowwise", "mxfp8 rceil", "nvfp4 recipe"}
+    assert sqnr["mxfp8 rceil"]["out"] > sqnr["nvfp4 1x16"]["out"] + 8  # 8-bit vs 4-bit elements
+    assert all(math.isfinite(row[g]) for row in doc["rows"] for g in ("out", "dx", "dW"))
+
+
+@pytest.mark.slow
+def test_block_training_trains_every_format_and_pairs_it_with_fp32(tmp_path):
+    doc = run_to_json(
+        "block_training.py", "--jobs", "classify,lm", "--epochs", "1", "--lm-steps", "8",
+        "--threads", "1", "--lm-overrides", "model.layers=1 model.block_size=32", cwd=tmp_path,
+    )  # fmt: skip
+    rows = {(r["job"], r["precision"]): r for r in doc["rows"]}
+    formats = ("fp32", "bf16", "mxfp8", "nvfp4", "fp8_blockwise")
+    assert list(rows) == [(job, p) for job in ("classify", "lm") for p in formats]
+    for (job, precision), row in rows.items():
+        assert row["status"] == "completed", row
+        assert math.isfinite(row["final_val_loss"]) and row["step_time_ms"] > 0
+        assert row["step_time_vs_fp32"] > 0 and row["val_loss_vs_fp32"] is not None
+        assert row["label"].endswith("(emulated)") == (precision not in ("fp32", "bf16"))
+        assert (row["final_val_accuracy"] is not None) == (job == "classify")
+    assert rows["lm", "fp32"]["step_time_vs_fp32"] == 1.0 and rows["lm", "mxfp8"]["steps"] == 8
+    assert "| lm | mxfp8 (emulated) | 8 |" in doc["markdown"]

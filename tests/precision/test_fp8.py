@@ -688,7 +688,9 @@ def test_rowwise_needs_dynamic_scaling_and_composes_from_the_command_line():
     message = str(err.value)
     assert "\n" not in message and message.startswith("fp8.granularity='rowwise': rowwise scales")
     assert "fp8.scaling=dynamic" in message
-    with pytest.raises(ConfigError, match=r"^fp8\.granularity='colwise': tensorwise or rowwise$"):
+    with pytest.raises(
+        ConfigError, match=r"^fp8\.granularity='colwise': tensorwise, rowwise or blockwise$"
+    ):
         validate_fp8(FP8Config(granularity="colwise"))
 
 

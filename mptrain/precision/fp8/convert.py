@@ -1,13 +1,12 @@
-"""Which layers become FP8 and how: the per-layer choice with its reasons, the conversion, GEMM
-FLOPs and the layer statistics the report shows, whether a device has FP8 GEMMs, the torchao
+"""Which layers become FP8 and how: the per-layer choice (the shared rules of
+:mod:`mptrain.precision.selection`, under ``fp8.*``), the conversion, the layer statistics the
+report shows, whether a device has FP8 GEMMs, the torchao
 bridge (``fp8.backend=torchao``) and :func:`apply_fp8`, the run's one entry point.
 """
 
 from __future__ import annotations
 
-import fnmatch
-from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -22,41 +21,18 @@ from mptrain.precision.fp8.quant import (
     FP8Recipe,
     TensorScaler,
 )
+from mptrain.precision.selection import (
+    LayerChoice,
+    LayerRules,
+    choose,
+    layer_rows,
+    linear_flops,
+    set_submodule,
+)
+from mptrain.precision.selection import skip_summary as skip_summary  # FP8's callers
 
 
 # ------------------------------------------------------------------------------ conversion
-@dataclass
-class LayerChoice:
-    name: str
-    in_features: int
-    out_features: int
-    converted: bool
-    reason: str
-
-
-def _skip_reason(
-    name: str,
-    layer: nn.Linear,
-    include: list[str],
-    exclude: list[str],
-    first_or_last_kept: bool,
-    min_features: int,
-) -> str | None:
-    """Why ``layer`` stays in high precision, or None when it converts (see choose_layers)."""
-    if include and not any(fnmatch.fnmatchcase(name, p) for p in include):
-        return "not matched by fp8.include"
-    matched = [p for p in exclude if fnmatch.fnmatchcase(name, p)]
-    if matched:
-        return f"excluded by fp8.exclude pattern {matched[0]!r}"
-    if first_or_last_kept:
-        return "first/last layer kept in BF16"
-    if layer.in_features % GEMM_ALIGNMENT or layer.out_features % GEMM_ALIGNMENT:
-        return f"in/out features not multiples of {GEMM_ALIGNMENT} (torch._scaled_mm alignment)"
-    if min(layer.in_features, layer.out_features) < min_features:
-        return f"smaller than fp8.min_features={min_features}"
-    return None
-
-
 def choose_layers(
     model: nn.Module,
     include: list[str],
@@ -64,39 +40,13 @@ def choose_layers(
     keep_first_last: bool,
     min_features: int = 0,
 ) -> list[LayerChoice]:
-    """Decide, for every nn.Linear in registration order, whether it converts and why not.
-
-    In this order: a layer not matched by ``include`` (when given) or matched by ``exclude`` is
-    kept; so are the first and last Linear with ``keep_first_last`` (unless ``include`` names
-    layers), layers whose in/out features are not multiples of 16 (torch._scaled_mm) and, with
-    ``min_features`` > 0, those whose in_features or out_features is below it.
-    """
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    choices = []
-    for i, (name, layer) in enumerate(linears):
-        first_or_last_kept = keep_first_last and not include and i in (0, len(linears) - 1)
-        reason = _skip_reason(name, layer, include, exclude, first_or_last_kept, min_features)
-        choices.append(
-            LayerChoice(
-                name, layer.in_features, layer.out_features, reason is None, reason or "converted"
-            )
-        )
-    return choices
-
-
-def skip_summary(layers: list[dict[str, Any]]) -> str:
-    """Why the unconverted layers of an fp8 section were kept, each reason once with its count
-    ("2 layers: first/last layer kept in BF16; 1 layer: ..."); "no nn.Linear layer" if none."""
-    counts = Counter(row["reason"] for row in layers if not row["converted"])
-    if not counts:
-        return "no nn.Linear layer"
-    return "; ".join(f"{n} layer{'s' if n > 1 else ''}: {why}" for why, n in counts.items())
-
-
-def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
-    parent_name, _, child = name.rpartition(".")
-    parent = model.get_submodule(parent_name) if parent_name else model
-    setattr(parent, child, module)
+    """Decide, for every nn.Linear in registration order, whether it converts to FP8 and why not:
+    the rules of :mod:`mptrain.precision.selection` under the ``fp8.*`` keys, with
+    torch._scaled_mm's alignment (in/out features multiples of 16)."""
+    rules = LayerRules(
+        "fp8", tuple(include), tuple(exclude), keep_first_last, min_features, GEMM_ALIGNMENT
+    )
+    return choose(model, rules)
 
 
 def convert_to_fp8(model: nn.Module, choices: list[LayerChoice], recipe: FP8Recipe) -> nn.Module:
@@ -104,32 +54,8 @@ def convert_to_fp8(model: nn.Module, choices: list[LayerChoice], recipe: FP8Reci
     for choice in choices:
         if choice.converted:
             layer = model.get_submodule(choice.name)
-            _set_submodule(model, choice.name, Float8Linear.from_linear(layer, recipe))
+            set_submodule(model, choice.name, Float8Linear.from_linear(layer, recipe))
     return model
-
-
-@torch.no_grad()
-def linear_flops(model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
-    """FLOPs of each nn.Linear (by name) for one forward pass of ``sample``."""
-    flops: dict[str, int] = {}
-    hooks = []
-    for name, layer in model.named_modules():
-        if isinstance(layer, nn.Linear):
-
-            def hook(mod: nn.Module, args: tuple, out: torch.Tensor, name: str = name) -> None:
-                rows = args[0].numel() // mod.in_features
-                flops[name] = flops.get(name, 0) + 2 * rows * mod.in_features * mod.out_features
-
-            hooks.append(layer.register_forward_hook(hook))
-    was_training = model.training
-    model.eval()
-    try:
-        model(sample)
-    finally:
-        model.train(was_training)
-        for h in hooks:
-            h.remove()
-    return flops
 
 
 def fp8_layer_stats(model: nn.Module) -> list[dict[str, Any]]:
@@ -218,7 +144,6 @@ def apply_fp8(
     """
     choices = choose_layers(model, include, exclude, keep_first_last, recipe.min_features)
     flops = linear_flops(model, sample)
-    total = sum(flops.values())
     converted = {c.name for c in choices if c.converted}
     if backend == "torchao":
         if recipe.scaling != "dynamic":
@@ -226,7 +151,7 @@ def apply_fp8(
         _torchao_convert(model, converted, recipe)
     else:
         convert_to_fp8(model, choices, recipe)
-    share = sum(flops.get(n, 0) for n in converted) / total if total else 0.0
+    share, layers = layer_rows(choices, flops)
     return {
         "backend": backend,
         "gemm": "torch._scaled_mm" if recipe.real_gemm else "emulated (FP8 cast, FP32 matmul)",
@@ -241,14 +166,5 @@ def apply_fp8(
         "pow2_scales": recipe.pow2_scales,
         "min_features": recipe.min_features,
         "converted_linear_flops_share": share,
-        "layers": [
-            {
-                "name": c.name,
-                "shape": [c.in_features, c.out_features],
-                "converted": c.converted,
-                "reason": c.reason,
-                "flops_share": flops.get(c.name, 0) / total if total else 0.0,
-            }
-            for c in choices
-        ],
+        "layers": layers,
     }

@@ -40,6 +40,7 @@ from torch import nn
 
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
+from mptrain.precision.blocks.linear import BlockLinear
 from mptrain.precision.fp8.linear import Float8Linear
 from mptrain.precision.fp8.quant import (
     AMAX_EVENT_COUNTERS,
@@ -55,9 +56,10 @@ COUNTERS = ("saturated", "seen", *AMAX_EVENT_COUNTERS)
 
 def gathers_fp32(module: nn.Module) -> bool:
     """Whether FSDP2 must all-gather ``module``'s weight in FP32 (for
-    :func:`mptrain.platform.distributed.wrap_model`): mptrain's Float8Linear quantizes its FP32
-    master weight, as in a single process; a BF16 gather would round the weight twice before FP8."""
-    return isinstance(module, Float8Linear)
+    :func:`mptrain.platform.distributed.wrap_model`): mptrain's Float8Linear and BlockLinear
+    quantize their FP32 master weight, as in a single process; a BF16 gather would round the
+    weight twice before FP8 (or MXFP8, NVFP4)."""
+    return isinstance(module, (Float8Linear, BlockLinear))
 
 
 class FP8Sync:

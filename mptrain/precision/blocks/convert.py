@@ -1,0 +1,155 @@
+"""Which layers take a block-scaled format and how: the conversion (and its undoing), the run's
+handle on the converted layers (:class:`BlockLayers`: counting on the loop's log rows, the
+stochastic-rounding generators a checkpoint saves, the per-layer figures of the report), and
+:func:`apply_blocks`, the run's one entry point, which returns the report's ``blocks`` section.
+
+Layer selection is FP8's (:mod:`mptrain.precision.selection`) under the format's keys, with the
+block size as the alignment: a Linear whose in or out features are not multiples of it stays in
+BF16, with the reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from mptrain.precision.blocks.linear import BlockLinear
+from mptrain.precision.blocks.recipe import CONFIG_KEYS, BlockRecipe
+from mptrain.precision.selection import (
+    LayerChoice,
+    LayerRules,
+    choose,
+    layer_rows,
+    linear_flops,
+    set_submodule,
+)
+
+FORMAT_NAMES = {"mxfp8": "MXFP8", "nvfp4": "NVFP4", "fp8_blockwise": "blockwise FP8"}
+
+
+def layer_rules(
+    recipe: BlockRecipe, include: list[str], exclude: list[str], keep_first_last: bool
+) -> LayerRules:
+    """The selection rules of ``recipe``'s format, under its config keys."""
+    return LayerRules(
+        key=CONFIG_KEYS[recipe.format],
+        include=tuple(include),
+        exclude=tuple(exclude),
+        keep_first_last=keep_first_last,
+        min_features=recipe.min_features,
+        alignment=recipe.block_size,
+        alignment_why=f"{FORMAT_NAMES[recipe.format]} blocks of {recipe.block_size}",
+        keep_last_fraction=recipe.keep_last_fraction,
+    )
+
+
+def layer_seed(seed: int, index: int) -> int:
+    """The seed of the ``index``-th converted layer's Hadamard signs and generator: distinct per
+    layer, the same on every rank and every run of ``seed`` (a 64-bit mix: torch seeds are
+    64-bit)."""
+    return (seed * 0x9E3779B97F4A7C15 + index + 1) % 2**64
+
+
+@dataclass
+class BlockLayers:
+    """The converted layers of a run, by name (empty for a run without block formats: every
+    call then does nothing)."""
+
+    layers: dict[str, BlockLinear] = field(default_factory=dict)
+    section: dict[str, Any] | None = None  # the report's blocks section (apply_blocks's)
+
+    def sample(self, on: bool) -> None:
+        """Count the coming quantizations (:class:`BlockStats`) when ``on``, until called again
+        with False (the loop: around the forward and backward of its log rows' steps)."""
+        for layer in self.layers.values():
+            layer.sampling = on
+
+    def state_dict(self) -> dict[str, Any]:
+        """The stochastic-rounding generators' states (CPU byte tensors), by layer name."""
+        return {
+            name: layer.generator.get_state()
+            for name, layer in self.layers.items()
+            if layer.generator is not None
+        }
+
+    def load_state_dict(self, states: dict[str, Any]) -> list[str]:
+        """Restore :meth:`state_dict`'s generators (a checkpoint's): the draws resume where they
+        stopped. Where the layers with generators differ (a checkpoint of another precision or
+        recipe, resumed with ``resume_allow_changes``) nothing is restored: the generators
+        start from their seeds, and the returned note says so."""
+        own = {n for n, layer in self.layers.items() if layer.generator is not None}
+        if set(states) != own:
+            if not own:
+                return []
+            return [
+                f"stochastic-rounding generators not resumed (the checkpoint has them for "
+                f"{len(states)} layers, this run for {len(own)}): they start from their seeds"
+            ]
+        for name, state in states.items():
+            self.layers[name].generator.set_state(state)
+        return []
+
+    def layer_stats(self) -> list[dict[str, Any]]:
+        """Per layer and role (input, weight, grad), the counted quantizations' sums."""
+        return [{"name": n, **layer.layer_stats()} for n, layer in self.layers.items()]
+
+
+def convert_to_blocks(
+    model: nn.Module, choices: list[LayerChoice], recipe: BlockRecipe
+) -> BlockLayers:
+    """Replace the chosen nn.Linear layers of ``model`` in place by :class:`BlockLinear`
+    (sharing their parameters), each seeded by :func:`layer_seed`."""
+    layers = {}
+    for index, choice in enumerate(c for c in choices if c.converted):
+        linear = model.get_submodule(choice.name)
+        layer = BlockLinear.from_linear(linear, recipe, layer_seed(recipe.seed, index))
+        set_submodule(model, choice.name, layer)
+        layers[choice.name] = layer
+    return BlockLayers(layers)
+
+
+def convert_from_blocks(model: nn.Module) -> list[str]:
+    """Undo :func:`convert_to_blocks`: every BlockLinear of ``model`` becomes an nn.Linear with
+    the same Parameter objects (optimizers keep working). Returns the names converted back."""
+    names = [n for n, m in model.named_modules() if isinstance(m, BlockLinear)]
+    for name in names:
+        layer = model.get_submodule(name)
+        with torch.device("meta"):
+            linear = nn.Linear(layer.in_features, layer.out_features, layer.bias is not None)
+        linear.weight, linear.bias = layer.weight, layer.bias
+        set_submodule(model, name, linear)
+    return names
+
+
+def apply_blocks(
+    model: nn.Module,
+    recipe: BlockRecipe,
+    sample: torch.Tensor,
+    *,
+    include: list[str],
+    exclude: list[str],
+    keep_first_last: bool,
+) -> tuple[BlockLayers, dict[str, Any]]:
+    """Convert the model's eligible Linear layers in place: (the converted layers, the report's
+    ``blocks`` section: the recipe, the GEMM, the share of Linear FLOPs per format, and per
+    Linear whether it converted and, if not, why). ``sample`` (one input batch) counts FLOPs."""
+    choices = choose(model, layer_rules(recipe, include, exclude, keep_first_last))
+    flops = linear_flops(model, sample)
+    layers = convert_to_blocks(model, choices, recipe)
+    share, rows = layer_rows(choices, flops)
+    section = {
+        **recipe.describe(),
+        "name": FORMAT_NAMES[recipe.format],
+        "gemm": "scaled_mm" if recipe.real_gemm else "emulated (dequantized operands, FP32 matmul)",
+        "emulated": not recipe.real_gemm,
+        "min_features": recipe.min_features,
+        "converted_linear_flops_share": share,
+        # The Linear layers' FLOPs by the format they compute in (the rest stay in BF16).
+        "linear_flops_share": {recipe.format: share, "bf16": 1.0 - share if flops else 0.0},
+        "counted": "the quantizations of the steps of the metrics rows (every log_every steps)",
+        "layers": rows,
+    }
+    return layers, section

@@ -1,0 +1,191 @@
+""":class:`BlockLinear`: an nn.Linear whose three GEMMs take block-scaled operands (MXFP8, NVFP4,
+blockwise FP8: :mod:`.recipe`), each quantized along its own GEMM's reduction dimension, the
+backward re-quantizing the saved high-precision input and weight (torchao's ``mx_mm``, TE).
+
+The GEMM (:func:`block_gemm`) is emulated on every device: the operands are quantized and
+dequantized in FP32 (exact for MXFP8 and blockwise FP8 elements times their scales; NVFP4's
+element x (tensor scale x block scale) is rounded once to FP32) and multiplied by an FP32
+matmul with autocast off, then cast to the output dtype: the numerics of a block-scaled GEMM
+that accumulates in FP32, without its speed. Real kernels: :mod:`.gemm`.
+
+Counts (:class:`~mptrain.precision.blocks.blocked.BlockStats`) cost more than the quantization,
+so a layer counts only while ``sampling`` is set (the loop sets it for its log rows: see
+:class:`~mptrain.precision.blocks.convert.BlockLayers`); they add up per role in non-persistent
+buffers (not in the state_dict: a checkpoint of one precision loads into any other).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from mptrain.precision.blocks.blocked import BlockStats
+from mptrain.precision.blocks.fake import hadamard_, scratch
+from mptrain.precision.blocks.gemm import block_gemm
+from mptrain.precision.blocks.hadamard import rht_signs
+from mptrain.precision.blocks.recipe import (
+    ROLES,
+    BlockRecipe,
+    fake_quant_operand,
+    quantize_operand,
+)
+
+COUNTS = ("saturated", "underflows", "zero_blocks", "nonfinite_blocks")
+SHAPES = ("elements", "blocks")
+
+
+def _tokens_last(t: torch.Tensor, multiple: int, slot: str) -> torch.Tensor:
+    """The 2-D ``t`` (tokens x features) transposed into a contiguous FP32 tensor (the scratch
+    ``slot``), its tokens padded with zeros to a multiple of ``multiple``, in one copy:
+    dW = dyᵀ x reduces over the tokens (zeros add nothing to it, nor to any block's amax), and
+    its operands are quantized along them."""
+    tokens, features = t.shape
+    shape = (features, tokens + -tokens % multiple)
+    out = scratch(slot, shape, torch.float32, t.device)
+    out[:, :tokens].copy_(t.t())
+    out[:, tokens:].zero_()
+    return out
+
+
+class _BlockLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        layer: BlockLinear,
+        out_dtype: torch.dtype,
+    ) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        tiled = layer.recipe.tiled_weight  # kept for the backward: not in scratch
+        x_q = layer.operand(rows, 1, "input", "a")
+        w_q = layer.operand(weight, 1, "weight", None if tiled else "b")
+        out = block_gemm(x_q, w_q.t(), out_dtype, layer.recipe)
+        if bias is not None:
+            out = out + bias.to(out_dtype)
+        # The high-precision tensors: the backward quantizes them along its own dimensions. A
+        # tiled weight is the same along both, so its quantization is kept instead.
+        ctx.save_for_backward(rows, weight, w_q if tiled else None)
+        ctx.layer, ctx.x_shape, ctx.x_dtype = layer, x.shape, x.dtype
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
+        rows, weight, w_tiles = ctx.saved_tensors
+        layer: BlockLinear = ctx.layer
+        recipe = layer.recipe
+        g = grad_out.reshape(-1, grad_out.shape[-1])
+        # dx = dy W: both along out_features.
+        g_q = layer.operand(g, 1, "grad", "a")
+        w_q = w_tiles if w_tiles is not None else layer.operand(weight, 0, "weight", "b")
+        grad_x = block_gemm(g_q, w_q, ctx.x_dtype, recipe)
+        # dW = dyᵀ x: both along the tokens, padded to whole blocks, transposed once so that
+        # the tokens are the contiguous dimension (the transform and the quantization read
+        # them in place; the GEMM gets torchao's layouts: dyᵀ row-major, x column-major). In
+        # FP32: the Hadamard transform is not rounded to BF16 before it is quantized.
+        g_t = _tokens_last(g, recipe.block_size, "dy_t")
+        x_t = _tokens_last(rows, recipe.block_size, "x_t")
+        if recipe.hadamard:  # in place, in their scratch: random_hadamard_transform's bits
+            hadamard_(g_t, layer.rht_signs)
+            hadamard_(x_t, layer.rht_signs)
+        g_q = layer.operand(g_t, 1, "grad", "a")
+        grad_w = block_gemm(g_q, layer.operand(x_t, 1, "input", "b").t(), torch.float32, recipe)
+        grad_b = g.float().sum(0) if ctx.has_bias else None
+        return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
+
+
+class BlockLinear(nn.Linear):
+    """An nn.Linear whose GEMMs run in a block-scaled format (see module doc). Parameters stay
+    FP32 and are the wrapped layer's own (:meth:`from_linear`); ``in_features`` and
+    ``out_features`` must be multiples of the format's block size (ValueError otherwise).
+
+    ``seed`` gives the layer its random Hadamard signs and its stochastic-rounding generator
+    (on the weight's device; its state is what a checkpoint saves to resume the draws).
+    """
+
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, recipe: BlockRecipe, seed: int = 0
+    ) -> None:
+        super().__init__(in_features, out_features, bias=bias)
+        for name, size in (("in_features", in_features), ("out_features", out_features)):
+            if size % recipe.block_size:
+                raise ValueError(
+                    f"BlockLinear ({recipe.format}): {name}={size} is not a multiple of the "
+                    f"block size {recipe.block_size}"
+                )
+        self.recipe = recipe
+        self.sampling = False  # count the next quantizations (BlockStats) while set
+        self.sizes = {role: dict.fromkeys(("samples", *SHAPES), 0) for role in ROLES}
+        self._seed(seed, self.weight.device)
+
+    def _seed(self, seed: int, device: torch.device) -> None:
+        """The layer's Hadamard signs, generator and counters, on ``device``."""
+        self.seed = seed
+        with torch.device("cpu"):  # rht_signs draws on the CPU, whatever the default device
+            signs = rht_signs(seed)
+        self.register_buffer("rht_signs", signs.to(device), persistent=False)
+        counts = torch.zeros(len(ROLES), len(COUNTS), dtype=torch.int64, device=device)
+        self.register_buffer("counts", counts, persistent=False)
+        self.generator: torch.Generator | None = None
+        if self.recipe.stochastic_rounding and device.type != "meta":
+            self.generator = torch.Generator(device).manual_seed(seed)
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, recipe: BlockRecipe, seed: int = 0) -> BlockLinear:
+        """Wrap an existing layer, sharing its Parameter objects (optimizers keep working)."""
+        with torch.device("meta"):
+            new = cls(linear.in_features, linear.out_features, linear.bias is not None, recipe)
+        new.weight, new.bias = linear.weight, linear.bias
+        new._seed(seed, linear.weight.device)
+        return new
+
+    def operand(self, t: torch.Tensor, dim: int, role: str, slot: str | None) -> torch.Tensor:
+        """``t`` quantized along ``dim`` for one GEMM and dequantized to FP32: counted while
+        ``sampling`` (the quantizer's own path, new memory), else the fast path (the same bits),
+        into the scratch ``slot`` when given (:func:`mptrain.precision.blocks.fake.scratch`:
+        the GEMM reads it at once)."""
+        if not self.sampling:
+            return fake_quant_operand(self.recipe, t, dim, role, generator=self.generator, out=slot)
+        quantized = quantize_operand(
+            self.recipe, t, dim, role, generator=self.generator, stats=True
+        )
+        self._count(role, quantized.stats)
+        return quantized.dequantize(torch.float32)
+
+    def _count(self, role: str, stats: BlockStats) -> None:
+        """Add one quantization's counts (device tensors: no host read)."""
+        index = ROLES.index(role)
+        self.counts[index] += torch.stack([getattr(stats, c) for c in COUNTS])
+        sizes = self.sizes[role]
+        sizes["samples"] += 1
+        sizes["elements"] += stats.elements
+        sizes["blocks"] += stats.blocks
+
+    def layer_stats(self) -> dict[str, dict[str, int]]:
+        """Per role, the quantizations counted and their sums (reads device values)."""
+        counts = self.counts.tolist()
+        return {
+            role: {**self.sizes[role], **dict(zip(COUNTS, counts[i], strict=True))}
+            for i, role in enumerate(ROLES)
+        }
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Under autocast the model computes in BF16: the GEMM's output takes that dtype.
+        if torch.is_autocast_enabled(x.device.type):
+            out_dtype = torch.get_autocast_dtype(x.device.type)
+        else:
+            out_dtype = x.dtype
+        with torch.autocast(x.device.type, enabled=False):
+            out = _BlockLinearFunction.apply(x, self.weight, self.bias, self, out_dtype)
+        # Reshaped outside the Function (a view it returned could not be changed in place).
+        if x.dim() == 2:
+            return out
+        return out.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        gemm = "scaled_mm" if self.recipe.real_gemm else "emulated"
+        return f"{super().extra_repr()}, format={self.recipe.format}, gemm={gemm}"

@@ -1,0 +1,158 @@
+"""The training recipes of the block-scaled formats: how each operand of a Linear's three GEMMs is
+quantized (:func:`quantize_operand`), and what the report says about it (:meth:`BlockRecipe.describe`).
+
+A Linear computes three GEMMs; each quantizes its two operands along its own reduction dimension
+(``dim``), so the backward re-quantizes the high-precision input, weight and gradient the forward
+saved, as torchao's MXFP8 training and Transformer Engine do:
+
+- forward ``y = x Wᵀ``: x and W along in_features (``role`` input, weight; ``gemm`` "out");
+- input gradient ``dx = dy W``: dy and W along out_features ("dx");
+- weight gradient ``dW = dyᵀ x``: dy and x along the tokens ("dW").
+
+Formats (``BlockRecipe.format``):
+
+- ``mxfp8``: E4M3 elements for every operand (gradients too: torchao's MXFP8 training and NVIDIA's
+  MXFP8 recipe, arXiv 2506.08027), blocks of 32, E8M0 scales rounded ``rceil`` (default: amax /
+  448 rounded up, nothing saturates; NVIDIA's cuBLAS/TE recipe, torchao's and torchtitan's
+  default) or ``floor`` (OCP MX v1.0);
+- ``nvfp4``: NVIDIA's recipe (arXiv 2509.25149): E2M1 in blocks of 16 with E4M3 block scales and
+  an FP32 per-tensor scale; the weight in 16x16 tiles (``weight_tiles``: one quantized weight
+  for both GEMMs that read it), a random Hadamard transform on both operands of ``dW`` along the
+  tokens (``hadamard``), stochastic rounding of the output gradient in ``dx`` and ``dW``
+  (``stochastic_rounding``, from the layer's seeded generator);
+- ``fp8_blockwise``: DeepSeek-V3's (arXiv 2412.19437): 1x128 tiles of activations and
+  gradients, 128x128 blocks of weights, FP32 scales, E4M3 (gradients ``grad_dtype``: E5M2 with
+  ``fp8.format=hybrid``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mptrain.platform.dtypes import dtype_name
+from mptrain.precision.blocks import fake
+from mptrain.precision.blocks.blocked import BlockQuantized
+from mptrain.precision.blocks.blockwise import BLOCKWISE_BLOCK, quantize_blockwise
+from mptrain.precision.blocks.mx import MX_BLOCK, quantize_mx
+from mptrain.precision.blocks.nvfp4 import NVFP4_BLOCK, quantize_nvfp4
+from mptrain.precision.fp8.quant import E4M3
+
+BLOCK_FORMATS = ("mxfp8", "nvfp4", "fp8_blockwise")
+BLOCK_SIZES = {"mxfp8": MX_BLOCK, "nvfp4": NVFP4_BLOCK, "fp8_blockwise": BLOCKWISE_BLOCK}
+ROLES = ("input", "weight", "grad")
+# The config group whose keys set each format (layer selection reasons name them).
+CONFIG_KEYS = {"mxfp8": "mx", "nvfp4": "nvfp4", "fp8_blockwise": "fp8"}
+# The NVIDIA GPUs whose tensor cores take each format's block scales: Hopper (SM90) for blockwise
+# FP8 (torch's BlockWise1x128 / BlockWise128x128 scaled_mm), Blackwell (SM100) for MX and NVFP4.
+MIN_CAPABILITY = {"mxfp8": (10, 0), "nvfp4": (10, 0), "fp8_blockwise": (9, 0)}
+
+
+@dataclass(frozen=True)
+class BlockRecipe:
+    """How a :class:`~mptrain.precision.blocks.linear.BlockLinear` quantizes (see module doc).
+    Built from the ``mx``/``nvfp4``/``fp8`` config by the precision policy."""
+
+    format: str  # one of BLOCK_FORMATS
+    real_gemm: bool = False  # torch's block-scaled GEMM (True) or the emulation (False)
+    scale_rounding: str = "rceil"  # mxfp8: rceil | floor
+    weight_tiles: bool = False  # nvfp4: 16x16 weight tiles; fp8_blockwise: always 128x128
+    hadamard: bool = False  # nvfp4: RHT on dW's operands
+    stochastic_rounding: bool = False  # nvfp4: of the output gradient
+    grad_dtype: torch.dtype = E4M3  # fp8_blockwise: the gradients' element format
+    keep_last_fraction: float = 0.0  # layer selection: the BF16 tail (nvfp4)
+    min_features: int = 0  # layer selection: smaller layers stay in BF16
+    seed: int = 0  # per-layer Hadamard signs and stochastic-rounding generators derive from it
+
+    @property
+    def block_size(self) -> int:
+        return BLOCK_SIZES[self.format]
+
+    @property
+    def tiled_weight(self) -> bool:
+        """One quantization of the weight (2-D tiles) serves the forward and the dx GEMM."""
+        return self.format == "fp8_blockwise" or (self.format == "nvfp4" and self.weight_tiles)
+
+    def element_dtype(self, role: str) -> torch.dtype | str:
+        if self.format == "nvfp4":
+            return "float4_e2m1fn"
+        return self.grad_dtype if role == "grad" else E4M3
+
+    def block_shape(self, role: str) -> str:
+        n = self.block_size
+        return f"{n}x{n}" if role == "weight" and self.tiled_weight else f"1x{n}"
+
+    def describe(self) -> dict[str, Any]:
+        """The report's account of the recipe: element and scale formats and block shape per
+        operand, and the format's settings."""
+        scale = {"mxfp8": "float8_e8m0fnu", "nvfp4": "float8_e4m3fn", "fp8_blockwise": "float32"}
+        operands = {
+            role: {
+                "element": dtype_name(element)
+                if isinstance(element := self.element_dtype(role), torch.dtype)
+                else element,
+                "scale": scale[self.format],
+                "block": self.block_shape(role),
+            }
+            for role in ROLES
+        }
+        settings: dict[str, Any] = {}
+        if self.format == "mxfp8":
+            settings["scale_rounding"] = self.scale_rounding
+        if self.format == "nvfp4":
+            settings.update(
+                tensor_scale="float32",
+                weight_tiles=self.weight_tiles,
+                hadamard=self.hadamard,
+                stochastic_rounding=self.stochastic_rounding,
+                keep_last_fraction=self.keep_last_fraction,
+            )
+        return {"format": self.format, "operands": operands, **settings}
+
+
+def quantize_operand(
+    recipe: BlockRecipe,
+    t: torch.Tensor,
+    dim: int,
+    role: str,
+    *,
+    generator: torch.Generator | None = None,
+    stats: bool = False,
+) -> BlockQuantized:
+    """``t`` (an operand of role ``input``, ``weight`` or ``grad``) quantized along ``dim`` as
+    the recipe says; ``generator`` rounds an NVFP4 gradient stochastically (when the recipe
+    does); ``stats`` counts saturation, underflow, zero and non-finite blocks."""
+    fmt = recipe.format
+    if fmt == "mxfp8":
+        return quantize_mx(t, dim, elem_dtype=E4M3, rounding=recipe.scale_rounding, stats=stats)
+    tiled = role == "weight" and recipe.tiled_weight
+    if fmt == "nvfp4":
+        sr = generator if role == "grad" and recipe.stochastic_rounding else None
+        return quantize_nvfp4(t, dim, tile_2d=tiled, generator=sr, stats=stats)
+    elem = recipe.grad_dtype if role == "grad" else E4M3
+    return quantize_blockwise(t, dim, tile_2d=tiled, elem_dtype=elem, stats=stats)
+
+
+def fake_quant_operand(
+    recipe: BlockRecipe,
+    t: torch.Tensor,
+    dim: int,
+    role: str,
+    *,
+    generator: torch.Generator | None = None,
+    out: str | None = None,
+) -> torch.Tensor:
+    """``quantize_operand(recipe, t, dim, role, generator=generator).dequantize(torch.float32)``,
+    the same bits, computed without leaving FP32 (:mod:`.fake`): what an emulated GEMM reads.
+    ``out``: a scratch slot to write it into (valid until the slot's next use), else new memory."""
+    fmt = recipe.format
+    if fmt == "mxfp8":
+        return fake.fake_mx(t, dim, E4M3, recipe.scale_rounding, out)
+    tiled = role == "weight" and recipe.tiled_weight
+    if fmt == "nvfp4":
+        sr = generator if role == "grad" and recipe.stochastic_rounding else None
+        return fake.fake_nvfp4(t, dim, tiled, sr, out)
+    elem = recipe.grad_dtype if role == "grad" else E4M3
+    return fake.fake_blockwise(t, dim, tiled, elem, out)

@@ -1,0 +1,157 @@
+"""Which nn.Linear layers a low-precision format converts, and why the others stay in high
+precision: one rule set for FP8 (:mod:`mptrain.precision.fp8.convert`) and the block-scaled
+formats (:mod:`mptrain.precision.blocks.convert`), each under its own config keys (``fp8.*``,
+``mx.*``, ``nvfp4.*``); the per-layer GEMM FLOPs and the report's layer rows; swapping a module.
+
+Every Linear, in registration order, either converts or is kept with the first reason that holds
+(:func:`choose`):
+
+1. not matched by ``<key>.include`` (when given) or matched by ``<key>.exclude``;
+2. the first or last Linear with ``<key>.keep_first_last`` (unless ``include`` names layers);
+3. among the last ``keep_last_fraction`` of the Linear layers (NVFP4's BF16 tail; unless
+   ``include`` names layers);
+4. in or out features not a multiple of the format's alignment (``torch._scaled_mm``'s 16 for
+   FP8, the block size for block formats: a block never straddles a row);
+5. in or out features below ``<key>.min_features`` (too small to gain).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+@dataclass
+class LayerChoice:
+    name: str
+    in_features: int
+    out_features: int
+    converted: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class LayerRules:
+    """The selection settings of one format; ``key`` names its config group in the reasons."""
+
+    key: str  # fp8 | mx | nvfp4
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    keep_first_last: bool = True
+    min_features: int = 0
+    alignment: int = 16
+    alignment_why: str = "torch._scaled_mm alignment"
+    keep_last_fraction: float = 0.0
+    kept_dtype: str = "BF16"  # what the kept layers compute in, for the reasons
+
+
+def tail_start(count: int, fraction: float) -> int:
+    """The index of the first of the last ``fraction`` of ``count`` layers (rounded up: at least
+    that share is kept; ``count`` when the fraction is 0)."""
+    return count - math.ceil(fraction * count - 1e-9) if fraction > 0 else count
+
+
+def _skip_reason(
+    name: str, layer: nn.Linear, index: int, count: int, rules: LayerRules
+) -> str | None:
+    """Why ``layer`` (the ``index``-th of ``count`` Linear layers) stays in high precision, or
+    None when it converts (see the module doc for the order)."""
+    key = rules.key
+    if rules.include and not any(fnmatch.fnmatchcase(name, p) for p in rules.include):
+        return f"not matched by {key}.include"
+    matched = [p for p in rules.exclude if fnmatch.fnmatchcase(name, p)]
+    if matched:
+        return f"excluded by {key}.exclude pattern {matched[0]!r}"
+    if rules.keep_first_last and not rules.include and index in (0, count - 1):
+        return f"first/last layer kept in {rules.kept_dtype}"
+    if not rules.include and index >= tail_start(count, rules.keep_last_fraction):
+        return (
+            f"in the last {rules.keep_last_fraction:g} of Linear layers "
+            f"({key}.keep_last_fraction), kept in {rules.kept_dtype}"
+        )
+    n = rules.alignment
+    if layer.in_features % n or layer.out_features % n:
+        return f"in/out features not multiples of {n} ({rules.alignment_why})"
+    if min(layer.in_features, layer.out_features) < rules.min_features:
+        return f"smaller than {key}.min_features={rules.min_features}"
+    return None
+
+
+def choose(model: nn.Module, rules: LayerRules) -> list[LayerChoice]:
+    """For every nn.Linear of ``model`` in registration order, whether it converts and, if not,
+    why (see the module doc)."""
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    choices = []
+    for i, (name, layer) in enumerate(linears):
+        reason = _skip_reason(name, layer, i, len(linears), rules)
+        choices.append(
+            LayerChoice(
+                name, layer.in_features, layer.out_features, reason is None, reason or "converted"
+            )
+        )
+    return choices
+
+
+def skip_summary(layers: list[dict[str, Any]]) -> str:
+    """Why the unconverted layers of a report section were kept, each reason once with its count
+    ("2 layers: first/last layer kept in BF16; 1 layer: ..."); "no nn.Linear layer" if none."""
+    counts = Counter(row["reason"] for row in layers if not row["converted"])
+    if not counts:
+        return "no nn.Linear layer"
+    return "; ".join(f"{n} layer{'s' if n > 1 else ''}: {why}" for why, n in counts.items())
+
+
+def set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Put ``module`` where ``model.get_submodule(name)`` is."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+@torch.no_grad()
+def linear_flops(model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
+    """FLOPs of each nn.Linear (by name) for one forward pass of ``sample``."""
+    flops: dict[str, int] = {}
+    hooks = []
+    for name, layer in model.named_modules():
+        if isinstance(layer, nn.Linear):
+
+            def hook(mod: nn.Module, args: tuple, out: torch.Tensor, name: str = name) -> None:
+                rows = args[0].numel() // mod.in_features
+                flops[name] = flops.get(name, 0) + 2 * rows * mod.in_features * mod.out_features
+
+            hooks.append(layer.register_forward_hook(hook))
+    was_training = model.training
+    model.eval()
+    try:
+        model(sample)
+    finally:
+        model.train(was_training)
+        for h in hooks:
+            h.remove()
+    return flops
+
+
+def layer_rows(
+    choices: list[LayerChoice], flops: dict[str, int]
+) -> tuple[float, list[dict[str, Any]]]:
+    """(the converted layers' share of the Linear FLOPs, the report's row per Linear)."""
+    total = sum(flops.values())
+    converted = sum(flops.get(c.name, 0) for c in choices if c.converted)
+    rows = [
+        {
+            "name": c.name,
+            "shape": [c.in_features, c.out_features],
+            "converted": c.converted,
+            "reason": c.reason,
+            "flops_share": flops.get(c.name, 0) / total if total else 0.0,
+        }
+        for c in choices
+    ]
+    return (converted / total if total else 0.0), rows
