@@ -233,10 +233,13 @@ def test_gpu_candidates_add_tf32_and_label_fp8_by_the_hardware(monkeypatch, fp8_
     by_name = {c.name: c for c in cands}
 
     fp8s = ["fp8", "fp8-rowwise", "fp8-delayed", "fp8-pow2"]
-    assert list(by_name) == ["fp32", "tf32", "fp16", "bf16", *fp8s]
+    blocks = ["fp8-blockwise", "mxfp8", "nvfp4"]  # no real block-scaled GEMM wired in yet
+    assert list(by_name) == ["fp32", "tf32", "fp16", "bf16", *fp8s, *blocks]
     assert by_name["tf32"].cfg.precision.allow_tf32 and by_name["tf32"].timed
     for name in fp8s:
         assert by_name[name].emulated == (not fp8_gemm) and by_name[name].timed == fp8_gemm
+    for name in blocks:
+        assert by_name[name].emulated and not by_name[name].timed
     assert not any(c.skipped for c in cands)  # FP8 without FP8 GEMMs: emulated, not skipped
     assert by_name["fp8"].label == "fp8 tensorwise" + ("" if fp8_gemm else " (emulated)")
 
@@ -257,7 +260,10 @@ def test_every_fp8_recipe_is_a_candidate_with_its_keys_and_the_users_others():
         "fp8-rowwise": ("rowwise", "dynamic", False),
         "fp8-delayed": ("tensorwise", "delayed", False),
         "fp8-pow2": ("tensorwise", "dynamic", True),
+        "fp8-blockwise": ("blockwise", "dynamic", False),
     }
+    assert by_name["mxfp8"].cfg.precision.name == "mxfp8"
+    assert by_name["nvfp4"].cfg.precision.name == "nvfp4"
     assert all(by_name[n].cfg.fp8.format == "e4m3" and by_name[n].cfg.fp8.margin == 1 for n in axes)
     assert by_name["fp8-rowwise"].label == "fp8 rowwise (emulated)"
     assert by_name["bf16"].cfg.fp8.granularity == "rowwise"  # unused there: left as given

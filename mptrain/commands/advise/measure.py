@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mptrain.precision.blocks.gemm import block_gemm_available
+
 if TYPE_CHECKING:
     pass
 
@@ -94,6 +96,8 @@ HARDWARE: dict[str, Callable[[RunConfig, torch.device], bool]] = {
     "FP8 GEMMs": lambda cfg, device: (
         cfg.fp8.emulate is not True and bench.fp8_gemm_available(device)
     ),
+    # no real block-scaled GEMM is wired in yet: emulated (and not timed) on every device
+    "block-scaled GEMMs": lambda cfg, device: block_gemm_available(device, cfg.precision.name)[0],
 }
 
 

@@ -5,7 +5,8 @@ config keys it sets (the same ones its training command carries).
 BF16, FP16); :data:`LOW_PRECISION` every low-precision recipe mptrain runs, each measured for
 fidelity like the others and timed only where the device has the hardware (``needs``): FP8 with a
 scale per tensor (``fp8``, mptrain's default), per row, from the amax history (delayed), and with
-power-of-two scales. A recipe is one line here; a new kind of hardware it ``needs`` is one line in
+power-of-two scales; then the block-scaled formats (blockwise FP8, MXFP8, NVFP4), emulated on every
+device for now. A recipe is one line here; a new kind of hardware it ``needs`` is one line in
 :data:`mptrain.commands.advise.measure.HARDWARE` too.
 
 Every FP8 recipe sets all three of its axes (granularity, scaling, power-of-two scales), so each
@@ -62,6 +63,10 @@ LOW_PRECISION = (
     Recipe("fp8-rowwise", "fp8 rowwise", _fp8("rowwise"), needs="FP8 GEMMs"),
     Recipe("fp8-delayed", "fp8 delayed", _fp8("tensorwise", "delayed"), needs="FP8 GEMMs"),
     Recipe("fp8-pow2", "fp8 pow2 scales", _fp8("tensorwise", pow2=True), needs="FP8 GEMMs"),
+    # the block-scaled formats (mptrain.precision.blocks): blockwise FP8 (DeepSeek-V3), MXFP8, NVFP4
+    Recipe("fp8-blockwise", "fp8 blockwise", _fp8("blockwise"), needs="block-scaled GEMMs"),
+    Recipe("mxfp8", "mxfp8", (("precision", "mxfp8"),), needs="block-scaled GEMMs"),
+    Recipe("nvfp4", "nvfp4", (("precision", "nvfp4"),), needs="block-scaled GEMMs"),
 )
 RECIPES = {r.name: r for r in (*BASE, *LOW_PRECISION)}
 # Ties go to the first: TF32 changes nothing in the loop, BF16 needs no loss scaler, FP16 needs
