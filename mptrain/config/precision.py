@@ -202,6 +202,13 @@ def validate_fp8(f: FP8Config) -> None:
     )
     require(f.margin >= 0, "fp8.margin", f.margin, "must be an integer >= 0")
     require(f.backend in ("builtin", "torchao"), "fp8.backend", f.backend, "builtin or torchao")
+    require(
+        f.backend == "builtin" or f.scaling == "dynamic",
+        "fp8.backend",
+        f.backend,
+        "torchao's float8 training scales dynamically only (no amax history): use "
+        "fp8.scaling=dynamic, or fp8.backend=builtin for delayed scaling",
+    )
     require(isinstance(f.pow2_scales, bool), "fp8.pow2_scales", f.pow2_scales, "true or false")
     require(
         type(f.min_features) is int and f.min_features >= 0,

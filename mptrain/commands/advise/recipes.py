@@ -106,15 +106,9 @@ def refusal(cfg: RunConfig) -> str | None:
     """Why the user's other keys rule out a recipe's config (in the config check's words), or
     None: e.g. ``fp8.backend=torchao`` runs dynamic scaling only."""
     try:
-        validate_fp8(cfg.fp8)
+        validate_fp8(cfg.fp8)  # e.g. torchao with delayed scaling
     except ConfigError as exc:
         return str(exc)
-    if (
-        cfg.precision.name == "fp8"
-        and cfg.fp8.backend == "torchao"
-        and cfg.fp8.scaling != "dynamic"
-    ):
-        return "fp8.backend=torchao runs fp8.scaling=dynamic only (torchao has no delayed scaling)"
     return None
 
 
