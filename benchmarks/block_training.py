@@ -2,7 +2,7 @@
 emulation's step time as a ratio to FP32's.
 
     python benchmarks/block_training.py [--jobs lm,classify] [--lm-steps 300] [--epochs 15]
-        [--precisions fp32,bf16,mxfp8,nvfp4,fp8_blockwise] [--threads 2] [--out FILE]
+        [--precisions fp32,bf16,mxfp8,nvfp4,fp8_blockwise] [--threads 1] [--out FILE]
         [--lm-overrides "model.layers=2 ..."] [-- extra overrides for every run]
 
 Two jobs, each trained once per precision from the same seed (the same initial weights and
@@ -23,7 +23,8 @@ Each row gives the final training loss (the last metrics row's batch), the final
 (every thread; build and evaluation included), each with its ratio to FP32's.
 The block formats are emulated (FP32 matmuls of the dequantized operands): their ratio is the
 cost of the emulation, not a speed of the format. Wall-clock ratios on a shared machine move with
-its load: each row records the 1-minute load average before and after it.
+its load: each row records the 1-minute load average before and after it, and the runs use one
+thread unless ``--threads`` says otherwise.
 
 Prints a markdown table and writes the JSON document with ``--out``.
 """
@@ -165,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lm-steps", type=int, default=300)
     parser.add_argument("--lm-overrides", default="", help="overrides of the lm job only")
     parser.add_argument("--epochs", type=int, default=15)
-    parser.add_argument("--threads", default="2", help="mptrain's threads= for every run")
+    # One thread by default: two threads on a 2-core machine others use collapse (each waits on
+    # the other's core) and their spin-waits fill the CPU time; one thread keeps its core.
+    parser.add_argument("--threads", default="1", help="mptrain's threads= for every run")
     parser.add_argument("--out", type=Path)
     parser.add_argument("extra", nargs="*", help="overrides for every run (after --)")
     args = parser.parse_args(argv)
