@@ -155,6 +155,10 @@ def predict_configs(
     accountant, step = Accountant(first, shape), run_step(first, shape)
     out: dict[str, Prediction | str] = {}
     for name, cfg in configs.items():
+        if cfg.precision.name in ("mxfp8", "nvfp4") or cfg.fp8.granularity == "blockwise":
+            # not accounted as BF16 under its name: said, not guessed
+            out[name] = "no roofline for block-scaled formats yet (mxfp8, nvfp4, fp8 blockwise)"
+            continue
         try:
             recipe = accountant.recipe(run_precision(cfg), cfg.fp8.granularity)
             out[name] = predict(accountant.accounting(recipe), recipe, gpu, step)
