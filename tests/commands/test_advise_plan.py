@@ -415,8 +415,12 @@ def test_advise_keeps_the_fragile_layer_in_high_precision(
     within tolerance where every layer in FP8 is not. In this process, without the speed part
     (not this test's subject: it would fill half of what the budget leaves)."""
     monkeypatch.setattr(measure, "run_speed", lambda *args: None)
+    # the plan is for the fp8 recipe: the block formats' emulated runs and the seeds would only
+    # spend the budget the plan comes after
+    fp8_recipes = tuple(r for r in recipes.LOW_PRECISION if r.overrides[0] == ("precision", "fp8"))
+    monkeypatch.setattr(recipes, "LOW_PRECISION", fp8_recipes[:4])
     steps = ("advise.fidelity_steps=30", "optimizer.lr=0.005")  # FP32 learns: FP8 all-layers not
-    args = ["advise", "model=custom", *model, *steps, "hydra.run.dir=out"]
+    args = ["advise", "model=custom", *model, *steps, "advise.seeds=1", "hydra.run.dir=out"]
     outcome = run_cli(args, fragile_module, monkeypatch, jobs=True)
     assert outcome.code in (0, None), outcome
     out = fragile_module / "out"
