@@ -103,7 +103,10 @@ def test_help_is_a_short_usage_with_commands_groups_and_where_the_rest_is(monkey
     assert len(text.splitlines()) < 40
     for command in ("advise", "bench", "eval", "sample"):
         assert f"\n  {command} " in text
-    assert "  precision  auto*, fp32, fp16, bf16, fp8, fp16_noscale, fp16_pure, bf16_pure" in text
+    assert (
+        "  precision  auto*, fp32, fp16, bf16, fp8, mxfp8, nvfp4, fp16_noscale, fp16_pure, bf16_pure"
+        in text
+    )
     assert "16-mixed" in text and "model      mlp, cnn*," in text and "recipe     " in text
     assert "mptrain --cfg job" in text and "--hydra-help" in text
 
