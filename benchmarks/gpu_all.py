@@ -1,7 +1,7 @@
 """Every GPU check of mptrain in one command, for the one shot a lent H200 gives (~8.5 min).
 
     python3 benchmarks/gpu_all.py [--out DIR] [--budget-s 510] [--skip-install] [--wheels DIR]
-        [--pip-install] [--only STEP,...] [--python PYTHON] [--[no-]bundle]
+        [--pip-install] [--only STEP,...] [--python PYTHON] [--[no-]bundle] [--speed-s 200]
     python3 benchmarks/gpu_all.py --smoke [--out DIR]      # the same steps, tiny, on a CPU
     python3 benchmarks/gpu_all.py --fetch-wheels .whl      # beforehand, where PyPI is reachable
 
@@ -21,21 +21,26 @@ estimate is left; BENCHMARKS.md has the limits and estimates):
    needed). Without either it fails at once, printing the two commands that carry the wheels.
    When setup fails, no other step runs: summary.md says so.
 2. ``nvidia_smi``: the GPU, its driver and clocks.
-3. ``pytest_gpu``: ``pytest -v -m gpu`` on the test files that hold GPU tests (tests needing
+3. ``fp8_check``: benchmarks/gpu_fp8_check.py: the ``_scaled_mm``-vs-emulation verdict first,
+   forward GEMM speed (accurate and fast accumulation), then FP8 vs BF16 training, eager and
+   compiled (graph breaks counted).
+4. ``speed_table``: benchmarks/gpu_speed.py: the contention-free speed table, mptrain's GPT and
+   ResNet-50 x FP32/TF32/FP16/BF16/FP8 (tensorwise, rowwise) x compile off/on through mptrain's
+   own loop, every eager cell first, then the compiled ones by value, within its own budget
+   (``--speed-s`` less SPEED_MARGIN_S); the cells it had no time for are listed as not run. It
+   writes ``speed_table.json`` and ``speed_table.md`` (the table to paste into BENCHMARKS.md)
+   after every cell.
+5. ``pytest_gpu``: ``pytest -v -m gpu`` on the test files that hold GPU tests (tests needing
    packages the GPU image lacks are not collected), with pytest-timeout's limit per test
    (TEST_TIMEOUT_S) where the plugin is installed. On the GPU a pytest step in which no test
    passed (all skipped) counts as failed.
-4. ``fp8_check``: benchmarks/gpu_fp8_check.py: the ``_scaled_mm``-vs-emulation verdict first,
-   forward GEMM speed (accurate and fast accumulation), then FP8 vs BF16 training, eager and
-   compiled (graph breaks counted).
-5. ``gpt``: benchmarks/gpu_gpt.py with its defaults: tokens/s and MFU at FP32/TF32/BF16/FP16/FP8.
-6. ``resnet50``: benchmarks/gpu_resnet50.py, FP32/TF32/FP16/BF16 and BF16 with cudnn.benchmark,
-   batch 256, 30 steps after 10.
-7. ``imagefolder_train``: benchmarks/imagefolder_train.py, ResNet-50 BF16 through
-   ``dataset=imagefolder`` on 4096 generated JPEGs: PIL in 14 persistent workers vs
-   ``dataset.decode_device=cuda`` (with the JPEGs nvJPEG refused and the host decoded).
-8. Optional: ``collect_env`` (``python -m torch.utils.collect_env``) and ``data_path``
-   (benchmarks/data_path.py ``--device cuda --device-decode``: the data path alone, no model).
+6. Optional, on the time the planned steps left: ``imagefolder_train``
+   (benchmarks/imagefolder_train.py, ResNet-50 BF16 through ``dataset=imagefolder`` on 4096
+   generated JPEGs: PIL in 14 persistent workers vs ``dataset.decode_device=cuda``),
+   ``collect_env`` (``python -m torch.utils.collect_env``), ``resnet50`` (gpu_resnet50.py with
+   its cudnn.benchmark row, batch 256, 30 steps after 10), ``gpt`` (gpu_gpt.py: tokens/s and MFU
+   over a longer window than the table's) and ``data_path`` (benchmarks/data_path.py ``--device
+   cuda --device-decode``: the data path alone, no model).
 
 A step over its limit gets SIGINT (pytest then writes its JUnit XML; the scripts have their JSON
 on disk already), SIGTERM halfway through KILL_GRACE_S, SIGKILL at its limit, all to its process
@@ -49,9 +54,10 @@ Written into ``--out`` (default: ``$OUT`` when set, else benchmarks/results/gpu_
 each step's combined stdout/stderr (``<step>.log``), the scripts' JSON documents
 (``<step>.json``), pytest's JUnit XML, ``summary.json`` (every step's exit code, wall time, JSON
 document and, for pytest, every test's outcome) and ``summary.md`` (the steps table, headline
-figures, every GPU test by name with its outcome, the tail of each failed step's log). With
-``--bundle`` (the default when the directory is ``$OUT``, whose files come back only eight at a
-time) every file but the two summaries is packed into ``gpu_all_files.tar.gz`` at the end.
+figures with the speed table, every GPU test by name with its outcome, the tail of each failed
+step's log). With ``--bundle`` (the default when the directory is ``$OUT``, whose files come back
+only eight at a time) every file but the two summaries and ``speed_table.md`` is packed into
+``gpu_all_files.tar.gz`` at the end.
 
 On the H200 lent to these sessions: python3 there holds torch (a CUDA build), torchvision,
 pytest, pytest-timeout, pillow and rich but not hydra-core, omegaconf or antlr4-python3-runtime,
@@ -94,9 +100,12 @@ IMPORTS = "import torch, torchvision, hydra, omegaconf, mptrain.cli"
 WHEELS = ["hydra-core==1.3.8", "omegaconf==2.3.1", "antlr4-python3-runtime==4.9.3"]
 WHEEL_MODULES = ("hydra", "omegaconf", "antlr4")
 BUNDLE = "gpu_all_files.tar.gz"
+SPEED_TABLE_MD = "speed_table.md"  # left out of the bundle: the table to paste, read at once
 DEVICE_TIMEOUT_S = 540  # the device tool's timeout_s for this command (at most 600)
 BUDGET_S = 510.0  # ~30 s of DEVICE_TIMEOUT_S left for the summary and the bundle
 SMOKE_BUDGET_S = 240.0  # under tests/e2e/test_benchmarks.py's 300 s for the whole smoke run
+SPEED_S = 200.0  # the speed table's limit (--speed-s): what the plan leaves it
+SPEED_MARGIN_S = 20.0  # of its limit, for its imports and last write before gpu_all's SIGINT
 SETUP_S = 45.0  # import check, offline install of three wheels, import check again
 SETUP_ESTIMATE_S = 20.0
 IMPORT_CHECK_S = 30.0
@@ -267,6 +276,7 @@ def script_args(smoke: bool) -> dict[str, list[str]]:
     if not smoke:
         return {
             "fp8_check": [],  # its defaults: the check as designed (inductor compiles last)
+            "speed_table": [],  # its defaults: every cell, the GPU sizes
             "gpt": [],  # its defaults: the GPU sizes
             "resnet50": ["--batch", "256", "--steps", "30", "--warmup", "10"],
             "imagefolder_train": [
@@ -286,6 +296,10 @@ def script_args(smoke: bool) -> dict[str, list[str]]:
             "--compile-backend", "aot_eager",  # the compiled code path without inductor's wait
             "--speed-shapes", "64x128x256", "--speed-repeats", "2",
         ],
+        "speed_table": [  # two precisions (ResNet-50 refuses FP8); compiled: the GPT only
+            *cpu, "--precisions", "fp32,fp8_rowwise", "--compile-backend", "aot_eager",
+            "--compile-models", "gpt",  # compiling ResNet-50, even with aot_eager: ~15 s
+        ],
         "gpt": [*cpu, "--precisions", "fp32,fp8"],  # the script's tiny CPU sizes; FP8 emulated
         "resnet50": [
             *cpu, "--batch", "2", "--image-size", "32", "--steps", "1", "--warmup", "1",
@@ -303,34 +317,43 @@ def script_args(smoke: bool) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
-def plan(python: str, out: Path, smoke: bool, test_timeout_s: int | None) -> list[Step]:
+def plan(
+    python: str, out: Path, smoke: bool, test_timeout_s: int | None, speed_s: float = SPEED_S
+) -> list[Step]:
     """The steps after setup, in order of value per second (see the module docstring); limits
-    and estimates in seconds on an H200 (BENCHMARKS.md)."""
+    and estimates in seconds on an H200 (BENCHMARKS.md). ``speed_s``: the speed table's limit,
+    its own budget SPEED_MARGIN_S less (it stops its cells within it)."""
     sizes = script_args(smoke)
     no_smi = (
         "CPU smoke run, no nvidia-smi here" if smoke and not shutil.which("nvidia-smi") else None
     )
     tests = ["-m", "gpu", *gpu_test_files()]
+    sizes["speed_table"] += ["--budget-s", f"{speed_s - SPEED_MARGIN_S:.0f}"]
 
-    def bench(name: str, file: str, limit: float, estimate: float, what: str) -> Step:
+    def bench(
+        name: str, file: str, limit: float, estimate: float, what: str, optional: bool = False
+    ) -> Step:
         argv = script(python, file, *sizes[name], "--out", str(out / f"{name}.json"))
-        return Step(name, argv, limit, what, f"{name}.json", estimate)
+        return Step(name, argv, limit, what, f"{name}.json", estimate, optional)
 
     return [
         Step("nvidia_smi", ["nvidia-smi"], 10, "the GPU, its driver and clocks", estimate_s=2,
              skip=no_smi),
-        Step("pytest_gpu", pytest_argv(python, out / "pytest_gpu.xml", tests, test_timeout_s),
-             150, "pytest -m gpu", estimate_s=110, must_pass=not smoke, junit="pytest_gpu.xml"),
         bench("fp8_check", "gpu_fp8_check.py", 110, 80,
               "FP8 GEMMs vs emulation (tensorwise, rowwise), forward GEMM speed; FP8 vs BF16 "
               "training, eager and compiled"),
-        bench("gpt", "gpu_gpt.py", 65, 50, "GPT language model per precision: tokens/s, MFU"),
-        bench("resnet50", "gpu_resnet50.py", 65, 50,
-              "ResNet-50 per precision, synthetic data (+ cudnn.benchmark)"),
+        bench("speed_table", "gpu_speed.py", speed_s, speed_s - SPEED_MARGIN_S / 2,
+              "GPT and ResNet-50 x precision x compile off/on: samples/s, tokens/s, memory"),
+        Step("pytest_gpu", pytest_argv(python, out / "pytest_gpu.xml", tests, test_timeout_s),
+             145, "pytest -m gpu", estimate_s=110, must_pass=not smoke, junit="pytest_gpu.xml"),
         bench("imagefolder_train", "imagefolder_train.py", 65, 45,
-              "training through imagefolder: PIL workers vs device decode"),
+              "training through imagefolder: PIL workers vs device decode", optional=True),
         Step("collect_env", [python, "-m", "torch.utils.collect_env"], 30, "torch's environment",
              estimate_s=10, optional=True),
+        bench("resnet50", "gpu_resnet50.py", 65, 50,
+              "ResNet-50 per precision, synthetic data (+ cudnn.benchmark)", optional=True),
+        bench("gpt", "gpu_gpt.py", 65, 50, "GPT language model per precision: tokens/s, MFU",
+              optional=True),
         Step("data_path", script(python, "data_path.py", *sizes["data_path"], "--device-decode",
              "--json", str(out / "data_path.json")), 60, "data path alone: old/new/device decode",
              "data_path.json", 40, optional=True),
@@ -726,8 +749,14 @@ def data_path_lines(doc: dict) -> list[str]:
     return [f"- data path alone (images/s): {rates or 'none timed'}", *[f"  - {f}" for f in failed]]
 
 
+def speed_lines(doc: dict) -> list[str]:
+    """The speed table as gpu_speed.py rendered it (after every cell), under a heading."""
+    return ["", f"### Speed table ({SPEED_TABLE_MD})", "", *doc["markdown"].splitlines(), ""]
+
+
 HEADLINES = {
     "fp8_check": fp8_lines,
+    "speed_table": speed_lines,
     "resnet50": resnet50_lines,
     "gpt": gpt_lines,
     "imagefolder_train": imagefolder_lines,
@@ -814,9 +843,9 @@ def write_summary(outcomes: list[Outcome], out: Path, meta: dict) -> None:
 
 
 def bundle(out: Path) -> None:
-    """Pack every file of ``out`` but summary.md/summary.json into BUNDLE (written whole, then
+    """Pack every file of ``out`` but summary.md/summary.json/SPEED_TABLE_MD into BUNDLE (written whole, then
     renamed), then remove the packed files."""
-    keep = {"summary.md", "summary.json", BUNDLE}
+    keep = {"summary.md", "summary.json", BUNDLE, SPEED_TABLE_MD}
     files = sorted(p for p in out.rglob("*") if p.is_file() and p.name not in keep)
     partial = out / f".{BUNDLE}.tmp"
     with tarfile.open(partial, "w:gz") as tar:
@@ -848,7 +877,9 @@ class Driver:
         self.outcomes.append(setup(self.args, self.out, self.budget))
         report(self.outcomes[0])
         timeout = TEST_TIMEOUT_S if has_module(self.args.python, "pytest_timeout") else None
-        self.steps = plan(self.args.python, self.out, self.args.smoke, timeout)
+        self.steps = plan(
+            self.args.python, self.out, self.args.smoke, timeout, speed_s=self.args.speed_s
+        )
         if self.args.only:
             names = set(self.args.only.split(","))
             self.steps = [s for s in self.steps if s.name in names]
@@ -937,6 +968,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--python", default=sys.executable, help="the interpreter of every step")
     parser.add_argument("--bundle", action=argparse.BooleanOptionalAction, default=None)
     parser.add_argument("--only", default=None, help="comma-separated step names (a rerun)")
+    parser.add_argument("--speed-s", type=float, default=SPEED_S, help="the speed table's limit")
     parser.add_argument("--fetch-wheels", type=Path, default=None, metavar="DIR")
     args = parser.parse_args(argv)
     from_env = args.out is None and bool(os.environ.get("OUT"))

@@ -26,13 +26,19 @@ utilisation (MFU). Model FLOPs per token (PaLM, appendix B):
 where N counts the parameters except the position embedding (the tied token embedding / output
 head once: its matmul is the head's), and the second term is the attention scores and values,
 counted whole (not halved for the causal mask). MFU = FLOPs per token x tokens/s / peak FLOP/s,
-against the dense (no sparsity) peak of the row's own precision (``mfu``: FP32 non-tensor, TF32,
-BF16/FP16, FP8) and against the BF16 peak (``mfu_vs_bf16_peak``: one yardstick for all rows). The
-peaks come from PEAKS by GPU name (``--peak-tflops fp32=67,bf16=989,...`` overrides or adds);
-an unknown GPU (or a CPU) gets MFU null with the reason. FP8 converts the attention projections
-and MLP Linears only (SDPA and the head stay BF16), so its MFU against the FP8 peak understates
-what the FP8 GEMMs reach. Emulated FP8 (no FP8 GEMMs: compute capability < 8.9, or a CPU) is
-measured and labelled, but gets no MFU: it is not a speed.
+against the FLOP-weighted peak of the formats the row's GEMMs ran in (``mfu``:
+:func:`mptrain.platform.gpus.mixed_peak_flops`; FP8 converts the attention projections and MLP
+Linears but the first, while SDPA and the head stay BF16, so FP8's peak mixes the FP8 and BF16
+peaks by their FLOPs; FP32 is the non-tensor rate, TF32 and BF16/FP16 tensor) and against the
+BF16 peak (``mfu_vs_bf16_peak``: one yardstick for all rows). The dense (no sparsity) peaks come
+from mptrain's table by GPU name (:mod:`mptrain.platform.gpus`; ``--peak-tflops
+fp32=67,bf16=989,...`` overrides or adds); an unknown GPU (or a CPU) gets MFU null with the
+reason. Emulated FP8 (no FP8 GEMMs: compute capability < 8.9, or a CPU) is measured and
+labelled, but gets no MFU: it is not a speed.
+
+On a GPU of the table each row also has the roofline's *predicted* tokens/s for that GPU
+(:mod:`mptrain.precision.roofline`: an upper bound of the speed) and the prediction's error,
+(predicted − measured) / measured (``predicted_tokens_per_s``, ``prediction_error``).
 
 The JSON document is rewritten into ``--out`` atomically after every row; a precision that raises
 (out of memory or any other error) is a row with its ``error`` and the others still run (exit
@@ -46,7 +52,6 @@ import dataclasses
 import datetime as dt
 import gc
 import json
-import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -58,8 +63,10 @@ from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
 from mptrain.commands.bench import measure, precision_config
 from mptrain.compose.registry import register_configs, to_run_config
 from mptrain.models.gpt import GPT, GPTShape
+from mptrain.platform import gpus
 from mptrain.platform.hardware import hardware_info, software_versions
 from mptrain.precision.fp8.convert import fp8_gemm_available
+from mptrain.precision.speed import DataShape, flops_by_format, predict_config
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 VOCAB = 256  # dataset.vocabulary=bytes
@@ -70,17 +77,10 @@ SIZES = {
     "cpu": {"width": 64, "layers": 1, "heads": 2, "block": 64, "batch": 4, "steps": 2,
             "warmup": 1, "max_bytes": 100_000},
 }  # fmt: skip
-# Dense (no sparsity) peak TFLOP/s by precision, from NVIDIA's datasheets. FP32: the non-tensor
-# rate; TF32, BF16/FP16 and FP8: tensor cores. (name, GPU-name pattern, names it must not have).
-PEAKS: list[tuple[str, re.Pattern[str], tuple[str, ...], dict[str, float]]] = [
-    ("H100/H200 SXM", re.compile(r"\bH[12]00\b"), ("PCIe", "NVL"),
-     {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0, "fp8": 1979.0}),
-    ("A100", re.compile(r"\bA100\b"), (),
-     {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}),
-]  # fmt: skip
 MFU_BASIS = {
-    "mfu": "model FLOP/s over the dense peak of the row's own precision (fp32: FP32 non-tensor, "
-    "tf32: TF32 tensor, bf16/fp16: BF16/FP16 tensor, fp8: FP8 tensor)",
+    "mfu": "model FLOP/s over the FLOP-weighted dense peak of the formats the row's GEMMs ran "
+    "in (fp32: FP32 non-tensor, tf32: TF32 tensor, bf16/fp16: BF16/FP16 tensor, fp8: its FP8 "
+    "Linears at the FP8 peak, the rest at BF16's)",
     "mfu_vs_bf16_peak": "model FLOP/s over the dense BF16 tensor peak, for every row",
 }
 
@@ -99,11 +99,10 @@ def flops_per_token(shape: GPTShape) -> int:
 
 
 def table_peaks(gpu_name: str | None) -> tuple[str | None, dict[str, float]]:
-    """(the PEAKS entry, its TFLOP/s by precision) for ``gpu_name``; (None, {}) when unknown."""
-    for label, pattern, excluded, peaks in PEAKS:
-        if gpu_name and pattern.search(gpu_name) and not any(x in gpu_name for x in excluded):
-            return label, dict(peaks)
-    return None, {}
+    """(the table's row, its dense TFLOP/s by format) for ``gpu_name``; (None, {}) when the
+    table (:mod:`mptrain.platform.gpus`) does not know it."""
+    gpu = gpus.row_for_device_name(gpu_name) if gpu_name else None
+    return (gpu.key, dict(gpu.tflops)) if gpu else (None, {})
 
 
 def parse_peaks(text: str | None) -> dict[str, float]:
@@ -123,7 +122,8 @@ def peak_table(gpu_name: str | None, override: dict[str, float]) -> dict[str, An
     """The peaks MFU is taken against, where they came from, and why there are none."""
     entry, peaks = table_peaks(gpu_name)
     peaks.update(override)
-    sources = ([f"table: {entry} dense"] if entry else []) + (["--peak-tflops"] if override else [])
+    sources = [f"mptrain.platform.gpus: {entry} (dense)"] if entry else []
+    sources += ["--peak-tflops"] if override else []
     reason = None
     if not peaks:
         where = f"GPU {gpu_name!r}" if gpu_name else "a CPU"
@@ -131,8 +131,20 @@ def peak_table(gpu_name: str | None, override: dict[str, float]) -> dict[str, An
     return {"tflops": peaks, "source": " + ".join(sources) or None, "unknown_reason": reason}
 
 
-def add_mfu(row: dict[str, Any], per_token: int, peaks: dict[str, Any]) -> None:
-    """``mfu``, ``mfu_vs_bf16_peak`` (fractions, or None) and ``mfu_note`` (why one is None)."""
+def peak_gpu(peaks: dict[str, Any]) -> gpus.GPU:
+    """The peaks of :func:`peak_table` as a GPU row the mixed peak can be taken on."""
+    return gpus.GPU("peaks", peaks["source"] or "", "", dict(peaks["tflops"]), 0, 0, 0, (0, 0), "")
+
+
+def add_mfu(
+    row: dict[str, Any],
+    per_token: int,
+    peaks: dict[str, Any],
+    by_format: dict[str, float] | None = None,
+) -> None:
+    """``mfu``, ``mfu_vs_bf16_peak`` (fractions, or None) and ``mfu_note`` (why one is None).
+    ``by_format``: the row's model FLOPs by the format its GEMMs ran in (the mixed peak's
+    weights); None: all in the row's own precision."""
     row["mfu"] = row["mfu_vs_bf16_peak"] = None
     row["mfu_note"] = None
     if row.get("error"):
@@ -147,15 +159,41 @@ def add_mfu(row: dict[str, Any], per_token: int, peaks: dict[str, Any]) -> None:
     achieved = per_token * row["tokens_per_s"]
     tflops = peaks["tflops"]
     notes = []
-    if row["precision"] in tflops:
-        row["mfu"] = achieved / (tflops[row["precision"]] * 1e12)
-    else:
+    try:
+        mixed = gpus.mixed_peak_flops(by_format or {row["precision"]: 1.0}, peak_gpu(peaks))
+        row["mfu"] = achieved / mixed
+    except ValueError:
         notes.append(f"no {row['precision']} peak for this GPU")
     if "bf16" in tflops:
         row["mfu_vs_bf16_peak"] = achieved / (tflops["bf16"] * 1e12)
     else:
         notes.append("no bf16 peak for this GPU")
     row["mfu_note"] = "; ".join(notes) or None
+
+
+def predictions(cfg: Any, data: DataShape, gpu_name: str | None, names: list[str]) -> dict:
+    """The roofline's predicted step per precision on this GPU (``rows``: tokens/s, or why
+    none), with which GPU row and figures; no rows on a CPU or a GPU the table lacks."""
+    gpu = gpus.row_for_device_name(gpu_name) if gpu_name else None
+    if gpu is None:
+        why = f"the table does not know {gpu_name}" if gpu_name else "on a CPU"
+        return {"gpu": None, "note": f"no prediction: {why}", "rows": {}}
+    found = predict_config(cfg, data, gpu, names)
+    rows = {n: p if isinstance(p, str) else p.tokens_per_s for n, p in found.items()}
+    return {"gpu": gpu.key, "source": gpu.source, "basis": "roofline, at best", "rows": rows}
+
+
+def add_prediction(row: dict[str, Any], predicted: float | str | None) -> None:
+    """``predicted_tokens_per_s`` beside the measured figure and ``prediction_error``
+    ((predicted − measured) / measured); a reason instead when there is no prediction."""
+    if predicted is None:
+        return
+    if isinstance(predicted, str):
+        row["predicted_tokens_per_s"], row["prediction_note"] = None, predicted
+        return
+    row["predicted_tokens_per_s"] = predicted
+    if not row.get("error") and not row["emulated"]:
+        row["prediction_error"] = (predicted - row["tokens_per_s"]) / row["tokens_per_s"]
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
@@ -194,6 +232,11 @@ def describe(row: dict[str, Any]) -> str:
         f"({row['samples_per_s']:8.2f} samples/s, {row['step_time_ms']:8.1f} ms/step), "
         f"peak {'-' if peak is None else f'{peak / 2**30:.2f} GiB'}, MFU {mfu} "
         f"(vs BF16 peak {vs_bf16}){'  [emulated FP8]' if row['emulated'] else ''}"
+        + (
+            f"; predicted {row['predicted_tokens_per_s']:,.0f} tokens/s ({row['prediction_error']:+.0%})"
+            if "prediction_error" in row
+            else ""
+        )
     )
 
 
@@ -286,12 +329,17 @@ def main() -> int:
     gpu_name = hardware["gpu"]["name"] if hardware.get("gpu") else None
     peaks = peak_table(gpu_name, args.peak_override)
     result = document(args, shape, peaks, hardware)
+    data = DataShape(0, 0, VOCAB, args.block)
+    by_format = {name: flops_by_format(cfg, data, name) for name in args.precisions}
+    predicted = predictions(cfg, data, gpu_name, args.precisions)
+    result["prediction"] = {k: v for k, v in predicted.items() if k != "rows"}
     rows = result["rows"]
     for name in args.precisions:
         rows.append(measure_precision(cfg, name, args, device))
         add_ratios(rows)  # against the rows so far: fp32 comes first
         for row in rows:
-            add_mfu(row, result["flops"]["per_token"], peaks)
+            add_mfu(row, result["flops"]["per_token"], peaks, by_format[row["precision"]])
+        add_prediction(rows[-1], predicted["rows"].get(name))
         print(describe(rows[-1]), flush=True)
         write_json(args.out, result)
     print(json.dumps(result, indent=2))

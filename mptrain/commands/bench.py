@@ -198,7 +198,7 @@ def run_bench(
     """Time every precision ``reps`` times (see module doc); write bench.json and bench.md into
     ``output_dir``, print the table, and return its rows (skipped precisions with the reason)."""
     device = hardware.resolve_device(cfg.device)
-    has_convs = config_has_convolutions(cfg.model)  # FP16 convolutions crawl on CPUs
+    has_convs = config_has_convolutions(cfg.model, cfg.task == "lm")  # FP16 convs crawl on CPUs
     blockwise = cfg.fp8.granularity == "blockwise"
     precisions = bench_precisions(device, has_convs, blockwise, block_formats=True)
     configs = {

@@ -5,6 +5,7 @@ computes (:data:`mptrain.config.keys.NON_TRAINING_KEYS`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from mptrain.config.base import at_least, positive, require
@@ -19,6 +20,15 @@ class BenchConfig:
     reps: int = 3  # repetitions in rotating order; fewer than 3 cannot judge the spread
 
 
+# The names advise.target takes: the rows of mptrain.platform.gpus' table, their aliases, auto and
+# none (tests/commands/test_roofline.py keeps the two in step).
+GPU_TARGETS = (
+    "h100-sxm", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "b200", "a100", "a100-40gb",
+    "a100-pcie", "l4", "l40s", "rtx4090", "h100", "h200-sxm", "a100-sxm", "a100-80gb", "auto",
+    "none",
+)  # fmt: skip
+
+
 @dataclass
 class AdviseConfig:
     """``mptrain advise``: how long the advice may take and what counts as faithful to FP32."""
@@ -30,6 +40,16 @@ class AdviseConfig:
     warmup_steps: int = 3  # speed: optimizer steps run before timing starts
     speed_steps: int = 20  # speed: optimizer steps timed per precision and repetition
     reps: int = 3  # speed: repetitions in rotating order (fewer than 3 cannot judge the spread)
+    # FP8's per-layer plan: rank the eligible layers by their FP8 sensitivity, keep the fewest in
+    # high precision that bring the loss within tolerance, and verify with a short run
+    plan: bool = True
+    # Each finalist's fidelity run over this many seeds, for an equivalence verdict on the final
+    # loss: auto (as many as the budget affords, 3 to 10) | N (1: the single run only).
+    seeds: str = "auto"
+    alpha: float = 0.05  # the equivalence test's significance level (its p-value must be below)
+    # The GPU whose speed is predicted beside the measurements (mptrain.platform.gpus: h100, h200,
+    # b200, a100, l4, ...): auto: the GPU advise runs on (none on a CPU) | none: no prediction.
+    target: str = "auto"
 
 
 @dataclass
@@ -74,7 +94,8 @@ def check_eval_checkpoint(which: str) -> None:
 
 
 def validate_advise(a: AdviseConfig) -> None:
-    """``mptrain advise``: a positive budget and tolerance, whole step counts, a fraction."""
+    """``mptrain advise``: a positive budget and tolerance, whole step counts, a fraction, a
+    GPU the table knows."""
     positive("advise.budget_s", a.budget_s)
     positive("advise.tolerance", a.tolerance)
     require(
@@ -87,3 +108,28 @@ def validate_advise(a: AdviseConfig) -> None:
     at_least("advise.warmup_steps", a.warmup_steps, 1)
     at_least("advise.speed_steps", a.speed_steps, 1)
     at_least("advise.reps", a.reps, 1)
+    require(isinstance(a.plan, bool), "advise.plan", a.plan, "true or false")
+    require(
+        re.fullmatch(r"auto|0*[1-9]\d*", str(a.seeds).strip()) is not None,
+        "advise.seeds",
+        a.seeds,
+        "auto (as many seeds as the budget affords) or a seed count of at least 1",
+    )
+    require(0 < a.alpha < 0.5, "advise.alpha", a.alpha, "must be in the open interval (0, 0.5)")
+    check_target(a.target)
+
+
+def seed_count(seeds: str) -> int | None:
+    """``advise.seeds`` as a count; None for ``auto`` (the budget decides)."""
+    text = str(seeds).strip()
+    return None if text == "auto" else int(text)
+
+
+def check_target(name: str) -> None:
+    """``advise.target``: a GPU of the table (by its name or an alias, any case), auto or none."""
+    require(
+        name.lower() in GPU_TARGETS,
+        "advise.target",
+        name,
+        f"not a GPU this table knows; one of {', '.join(GPU_TARGETS)}",
+    )

@@ -1,5 +1,6 @@
-"""The precision group's schemas (``precision=...``, ``precision.scaler.*``, ``fp8.*``, and the
-block-scaled formats' ``mx.*`` and ``nvfp4.*``) and their range rules; what each precision runs is :data:`mptrain.precision.policy.PRECISIONS`.
+"""The precision group's schemas (``precision=...``, ``precision.scaler.*``,
+``precision.switch.*``, ``fp8.*``, and the block-scaled formats' ``mx.*`` and ``nvfp4.*``) and their
+range rules; what each precision runs is :data:`mptrain.precision.policy.PRECISIONS`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,10 @@ from mptrain.config.base import FP32_MAX, NOT_TRAINING, at_least, require
 FP8_GRANULARITIES = ("tensorwise", "rowwise", "blockwise")
 SCALE_ROUNDINGS = ("floor", "rceil")
 REDUCE_DTYPES = ("float32", "float16", "bfloat16")
+# precision.update: how a pure precision's optimizer writes its update into the low-precision
+# weights (mptrain.precision.update); nearest is torch's own step. Which pure precision takes which.
+UPDATE_RULES = ("nearest", "stochastic", "kahan")
+PURE_UPDATE_RULES = {"bf16_pure": UPDATE_RULES, "fp16_pure": ("nearest", "kahan")}
 
 
 @dataclass
@@ -25,6 +30,24 @@ class ScalerConfig:
     growth_interval: int = 2000
 
 
+# The precisions without FP32 master weights (mptrain.precision.policy.PRECISIONS: param_dtype):
+# a precision schedule switches only between precisions that keep FP32 master weights.
+# The block-scaled formats' precisions (mptrain.precision.blocks): not in a precision schedule yet.
+BLOCK_PRECISIONS = ("mxfp8", "nvfp4")
+PURE_PRECISIONS = ("fp16_pure", "bf16_pure")
+
+
+@dataclass
+class SwitchConfig:
+    """A precision schedule (mptrain.train.switch): train in ``precision``, then in ``to`` from
+    the step after ``at`` on. ``at`` below 1: a share of the run's optimizer steps, rounded to the
+    nearest step (0.85 of 200: after step 170); 1 or more: the step number itself (a whole
+    number). None (both): no switch."""
+
+    to: str | None = None
+    at: float | None = None
+
+
 @dataclass
 class PrecisionConfig:
     """A precision by name (what each runs: mptrain.precision.policy.PRECISIONS) and its tunables."""
@@ -32,10 +55,12 @@ class PrecisionConfig:
     name: str = "auto"
     scaler: ScalerConfig = field(default_factory=ScalerConfig)
     allow_tf32: bool = False
+    switch: SwitchConfig = field(default_factory=SwitchConfig)
     # precision=auto only: time the candidates (BF16 and FP32 on a CPU with native BF16) on a few
     # steps of copies of the model before training and keep the faster (mptrain.train.autoprecision);
     # false: the device rule alone. Not a training setting: what ran is recorded as the precision.
     measure: bool = field(default=True, metadata=NOT_TRAINING)
+    update: str = "nearest"  # pure precisions: nearest | stochastic (bf16_pure) | kahan
     # The other tool's name the precision was chosen by (precision=16-mixed: "16-mixed", set by
     # conf/precision/16-mixed.yaml), recorded in the report as requested; None when chosen by name.
     alias: str | None = field(default=None, metadata=NOT_TRAINING)
@@ -86,6 +111,79 @@ def validate_precision(p: PrecisionConfig) -> None:
         "must be in the open interval (0, 1)",
     )
     at_least("precision.scaler.growth_interval", s.growth_interval, 1)
+    _check_update(p)
+
+
+def _check_update(p: PrecisionConfig) -> None:
+    """precision.update: a known rule, and other than nearest only where the weights are low
+    precision (a mixed precision's FP32 master weights take every update already)."""
+    require(p.update in UPDATE_RULES, "precision.update", p.update, " or ".join(UPDATE_RULES))
+    if p.update == "nearest":
+        return
+    accepted = PURE_UPDATE_RULES.get(p.name)
+    require(
+        accepted is not None,
+        "precision.update",
+        p.update,
+        f"only for pure low-precision weights (precision=bf16_pure or fp16_pure); "
+        f"precision={p.name} keeps FP32 master weights, which take every update",
+    )
+    require(
+        p.update in accepted,
+        "precision.update",
+        p.update,
+        f"precision={p.name} accepts {' or '.join(accepted)} (the stochastic-rounding bit "
+        "trick is BF16's)",
+    )
+
+
+def validate_switch(p: PrecisionConfig, known: tuple[str, ...]) -> None:
+    """``precision.switch``: both keys or neither; ``to`` one of ``known`` (the precision names,
+    auto excluded) with FP32 master weights, other than the run's; ``at`` a share in (0, 1) or a
+    whole step number >= 1. The run's own precision must be named (not auto) and keep FP32
+    master weights. Whether ``at`` falls inside the run is checked once its length is known."""
+    to, at = p.switch.to, p.switch.at
+    if to is None and at is None:
+        return
+    for key, name in (("precision.switch.to", to), ("precision", p.name)):
+        require(
+            name not in BLOCK_PRECISIONS,
+            key,
+            name,
+            "block-scaled formats (mxfp8, nvfp4) do not switch yet; switch between fp32, bf16, "
+            "fp16 and fp8",
+        )
+    mixed = [n for n in known if n not in PURE_PRECISIONS and n not in BLOCK_PRECISIONS]
+    steps = "a share of the run's optimizer steps in (0, 1), or a whole step number >= 1"
+    if to is None:
+        require(
+            False,
+            "precision.switch.to",
+            to,
+            f"to switch at={at:g}, name the precision: " + ", ".join(mixed),
+        )
+    require(at is not None, "precision.switch.at", at, f"when to switch to {to}: {steps}")
+    pure = " (pure precisions keep no FP32 copy of the weights to switch with)"
+    require(
+        to in mixed,
+        "precision.switch.to",
+        to,
+        f"a precision with FP32 master weights: {', '.join(mixed)}" + (pure if to in known else ""),
+    )
+    require(
+        p.name in mixed,
+        "precision",
+        p.name,
+        f"precision.switch.to={to} switches from a named precision with FP32 master weights: "
+        f"{', '.join(mixed)}" + (pure if p.name in PURE_PRECISIONS else ""),
+    )
+    require(to != p.name, "precision.switch.to", to, f"the run already trains in {p.name}")
+    require(
+        math.isfinite(at) and (0 < at < 1 or (at >= 1 and at == int(at))),
+        "precision.switch.at",
+        at,
+        steps,
+    )
 
 
 def validate_fp8(f: FP8Config) -> None:
@@ -114,6 +212,13 @@ def validate_fp8(f: FP8Config) -> None:
     )
     require(f.margin >= 0, "fp8.margin", f.margin, "must be an integer >= 0")
     require(f.backend in ("builtin", "torchao"), "fp8.backend", f.backend, "builtin or torchao")
+    require(
+        f.backend == "builtin" or f.scaling == "dynamic",
+        "fp8.backend",
+        f.backend,
+        "torchao's float8 training scales dynamically only (no amax history): use "
+        "fp8.scaling=dynamic, or fp8.backend=builtin for delayed scaling",
+    )
     require(isinstance(f.pow2_scales, bool), "fp8.pow2_scales", f.pow2_scales, "true or false")
     require(
         type(f.min_features) is int and f.min_features >= 0,

@@ -37,6 +37,7 @@ from mptrain.config.commands import (
 from mptrain.config.data import DatasetConfig
 from mptrain.config.models import ModelConfig
 from mptrain.config.optim import OptimizerConfig, SchedulerConfig
+from mptrain.config.options import PRECISION_NAMES
 from mptrain.config.precision import (
     REDUCE_DTYPES,
     FP8Config,
@@ -47,6 +48,7 @@ from mptrain.config.precision import (
     validate_mx,
     validate_nvfp4,
     validate_precision,
+    validate_switch,
 )
 
 
@@ -271,6 +273,7 @@ def _check_task(run: RunConfig) -> None:
 def validate(run: RunConfig) -> None:
     """Check every range and cross-key rule; raise :class:`ConfigError` on the first violation."""
     validate_precision(run.precision)
+    validate_switch(run.precision, PRECISION_NAMES)
     validate_fp8(run.fp8)
     validate_mx(run.mx)
     validate_nvfp4(run.nvfp4)

@@ -72,15 +72,17 @@ def has_convolutions(model: nn.Module) -> bool:
     return any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())
 
 
-def config_has_convolutions(cfg: ModelConfig) -> bool:
+def config_has_convolutions(cfg: ModelConfig, tokens: bool = False) -> bool:
     """Whether the configured model has convolutions, before the data is known (``mptrain bench``
     skips FP16 on CPUs for them): builtin models by :data:`CONVOLUTIONAL`; torchvision, timm and
     custom models built on the meta device (no memory, no weights initialised) for 3 x 224 x 224
-    images and 10 classes, and inspected."""
+    images and 10 classes, or with ``tokens`` (task=lm) for token windows of a 256-token
+    vocabulary, and inspected."""
     if not isinstance(cfg, TorchvisionModelConfig | TimmModelConfig | CustomModelConfig):
         return cfg.name in CONVOLUTIONAL
+    shape = (0, 0, 256) if tokens else (3, 224, 10)  # token data: 0 channels (build_custom)
     with torch.device("meta"):
-        return has_convolutions(MODELS[cfg.name].build(cfg, 3, 224, 10))
+        return has_convolutions(MODELS[cfg.name].build(cfg, *shape))
 
 
 def build_model(

@@ -213,3 +213,41 @@ def plot_advice(
     _save(fig, path)
     plt.close(fig)
     return path
+
+
+def plot_layer_plan(layers: list[dict[str, Any]], title: str, path: Path) -> Path:
+    """``mptrain advise``'s FP8 per-layer map, one row per eligible layer, the most sensitive at
+    the top: the SQNR (dB) of its output, its gradients and the model's gradient with it alone in
+    FP8; and its share of the all-layers gradient error (%). Each row of ``layers`` holds
+    ``label`` and those figures; a non-finite SQNR (exact, or no signal left) draws no bar."""
+    plt = _pyplot()
+    height = 1.2 + 0.45 * len(layers)
+    fig, (sqnr_ax, share_ax) = plt.subplots(1, 2, figsize=(14, height), sharey=True)
+    labels = [row["label"] for row in layers]
+    places = list(range(len(layers)))
+    series = (
+        ("output_sqnr_db", "its output"),
+        ("input_grad_sqnr_db", "its input gradient"),
+        ("weight_grad_sqnr_db", "its weight gradient"),
+        ("alone_grad_sqnr_db", "model gradient, it alone in FP8"),
+    )
+    bar = 0.8 / len(series)
+    for i, (key, name) in enumerate(series):
+        values = [_finite_or_nan(row[key]) for row in layers]
+        sqnr_ax.barh([p + (i - 1.5) * bar for p in places], values, height=bar, label=name)
+    sqnr_ax.set(title="SQNR against FP32 (dB; lower: more error)", xlabel="dB")
+    # Below the axes (bbox_inches="tight" keeps it): inside, it would cover the top rows' bars.
+    sqnr_ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.5 / height - 0.1), ncol=2)
+    shares = [100 * _finite_or_nan(row["share"]) for row in layers]
+    share_ax.barh(places, shares, color="tab:red")
+    share_ax.set(title="share of the all-layers FP8 gradient error (%)", xlabel="%")
+    sqnr_ax.set_yticks(places, labels)
+    sqnr_ax.invert_yaxis()  # rank 1 at the top
+    fig.suptitle(title, y=1.02)
+    _save(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _finite_or_nan(x: float | None) -> float:
+    return x if x is not None and math.isfinite(x) else math.nan

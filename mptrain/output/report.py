@@ -41,6 +41,12 @@ class PrecisionSection:
     # precision=auto timed on the model: median s/step per candidate and every step timed
     # (mptrain.train.autoprecision); None when it was not timed.
     auto_timing: dict[str, Any] | None = None
+    # precision.switch (mptrain.train.switch): the step, both precisions (from = the fields above),
+    # the train loss over the steps either side and the evaluations around it; None: no switch.
+    switch: dict[str, Any] | None = None
+    # How a pure precision's update was written into its weights (precision.update): nearest |
+    # stochastic | kahan; None with FP32 master weights (and in reports written before it existed).
+    update: str | None = None
 
 
 @dataclass
@@ -148,6 +154,12 @@ class ThroughputSection:
     # steps, the spread behind sweep speed ratios. None in reports written before these existed.
     window_samples_per_s: list[float] | None = None
     window_steps: list[int] | None = None
+    # Model FLOPs utilisation on a GPU of mptrain.platform.gpus' table: model FLOP/s over the
+    # FLOP-weighted peak of the formats the GEMMs ran in (FP8 and BF16 mixed: still defined);
+    # None with mfu_note saying why (a CPU: n/a). None in reports written before it existed.
+    mfu: float | None = None
+    mixed_peak_tflops: float | None = None
+    mfu_note: str | None = None
 
 
 @dataclass

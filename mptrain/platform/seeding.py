@@ -50,8 +50,9 @@ def restore_rng_states(states: dict[str, Any]) -> None:
 
 
 # Independent random streams per (seed, epoch): the data order and the augmentation must not
-# share draws (a crop offset would otherwise repeat the index that chose the sample).
-ORDER_STREAM, AUGMENT_STREAM = 0, 1
+# share draws (a crop offset would otherwise repeat the index that chose the sample). The
+# stochastic rounding of weight updates (precision.update) draws from its own (epoch 0).
+ORDER_STREAM, AUGMENT_STREAM, ROUNDING_STREAM = 0, 1, 2
 
 
 def stream_seed(seed: int, epoch: int, stream: int, index: int = 0) -> int:

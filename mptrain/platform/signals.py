@@ -139,6 +139,7 @@ class GracefulStop(SignalsHeld):
         self.stop_now = stop_now
         self.also = also
         self.now = False  # a second signal came: stop at once
+        self.second: int | None = None  # that second signal's number
         self.interruptible = _Interruptible(self)
 
     def _signals(self) -> tuple[int, ...]:
@@ -149,10 +150,17 @@ class GracefulStop(SignalsHeld):
             self.signum = signum
             self._say(f"{self.name}: stopping after this step{self._again()}")
         elif self.stop_now and not self.now:
-            self.now = True
-            self._say(f"{signal.Signals(signum).name} again: stopping now")
+            self.now, self.second = True, signum
+            self._say(f"{self.both}: stopping now")
             if self.interruptible.active:
                 raise StopNow(self.signum)
+
+    @property
+    def both(self) -> str:
+        """The two stop signals in words: ``SIGINT twice``, ``SIGINT then SIGTERM``."""
+        if self.second is None or self.second == self.signum:
+            return f"{self.name} twice"
+        return f"{self.name} then {signal.Signals(self.second).name}"
 
     def _again(self) -> str:
         if not self.stop_now:

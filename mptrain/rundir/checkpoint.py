@@ -5,7 +5,8 @@ When to save and how a run is restored: :mod:`mptrain.train.checkpointer`.
 A checkpoint holds everything the next step depends on: model (FP8 scales and amax histories are
 buffers, so they come with it), optimizer, LR scheduler, loss scaler (scale and growth tracker),
 the loop's counters and history (step, epoch, skipped steps, scale history, evaluations), every RNG
-(python, numpy, torch CPU and CUDA) and the resolved config; and, for using the trained model
+(python, numpy, torch CPU and CUDA), ``precision.update``'s rounding generator and Kahan buffers
+(``update``; None when it rounds to nearest) and the resolved config; and, for using the trained model
 (:mod:`mptrain.commands.evaluate`), the data facts: input shape, class names and preprocessing. The data position is implied: the
 order of epoch ``e`` is a function of (seed, e), and the step count says how far into it we are.
 
@@ -255,6 +256,7 @@ ADDED_SETTINGS: dict[str, Any] = {
     "fp8.pow2_scales": False,
     "fp8.min_features": 0,
     "fp8.granularity": "tensorwise",
+    "precision.update": "nearest",
 }
 # Added to dataset=text (only its signatures hold them); dataset.tokenizer's null needs no entry.
 ADDED_TEXT_SETTINGS: dict[str, Any] = {"dataset.text_field": "text"}
@@ -331,13 +333,14 @@ def _short_digest(identity: str | None) -> str:
 
 
 def _added_defaults(saved: dict[str, Any]) -> dict[str, Any]:
-    """The :data:`ADDED_SETTINGS` an older signature lacks (FP8 keys only if it ran FP8), for
-    dataset=text the :data:`ADDED_TEXT_SETTINGS` and for model=gpt the :data:`ADDED_GPT_SETTINGS`."""
-    fp8 = any(key.startswith("fp8.") for key in saved)
+    """The :data:`ADDED_SETTINGS` an older signature lacks (a group's keys, ``fp8.`` or
+    ``precision.``, only if it signed that group: FP8 keys only if it ran FP8), for dataset=text
+    the :data:`ADDED_TEXT_SETTINGS` and for model=gpt the :data:`ADDED_GPT_SETTINGS`."""
+    groups = {key.split(".")[0] for key in saved if "." in key}
     text = ADDED_TEXT_SETTINGS if saved.get("dataset.name") == "text" else {}
     gpt = ADDED_GPT_SETTINGS if saved.get("model.name") == "gpt" else {}
     return {
         key: value
         for key, value in {**ADDED_SETTINGS, **text, **gpt}.items()
-        if key not in saved and (fp8 or not key.startswith("fp8."))
+        if key not in saved and ("." not in key or key.split(".")[0] in groups)
     }

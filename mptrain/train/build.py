@@ -6,7 +6,8 @@ report written after a failed build still names the device, precision and TF32 f
 
     seed -> device -> precision policy -> TF32 flags | data -> model (FP8/block conversion, FP32
     islands, "pure" casts, channels_last, DDP/FSDP wrapping) -> optimizer -> LR schedule ->
-    torch.compile -> loss scaler -> loop settings -> monitor -> fault injection (debug only)
+    torch.compile -> loss scaler -> loop settings -> precision schedule (a switch planned and its
+    second precision resolved: mptrain.train.switch) -> monitor -> fault injection (debug only)
 
 and returns a :class:`Run`; :func:`mptrain.train.loop.train_loop` trains it. Combinations that cannot
 run are refused by :func:`check_run` before anything is built; what only the built objects reveal
@@ -37,9 +38,9 @@ from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.threads import ThreadChoice, apply_threads, resolve_threads
 from mptrain.precision.blocks.convert import BlockLayers, apply_blocks
-from mptrain.precision.diagnostics.culprit import find_culprit
-from mptrain.precision.fp8.convert import apply_fp8, skip_summary
-from mptrain.precision.fp8.dist import FP8Sync, build_fp8_sync, gathers_fp32
+from mptrain.precision.formats import convert_layers, layer_sync
+from mptrain.precision.fp8.convert import skip_summary
+from mptrain.precision.fp8.dist import gathers_fp32
 from mptrain.precision.policy import (
     PrecisionPolicy,
     apply_tf32,
@@ -47,12 +48,15 @@ from mptrain.precision.policy import (
     keep_in_fp32,
     resolve_precision,
 )
+from mptrain.precision.update import build_weight_update
 from mptrain.train.components import Run
 from mptrain.train.faults import InfGradInjector
+from mptrain.train.health import culprit_finder
 from mptrain.train.monitor import Monitor, MonitorSettings
 from mptrain.train.optim import build_optimizer, build_scheduler
 from mptrain.train.recipe import check_recipe_data
 from mptrain.train.state import LoopSettings
+from mptrain.train.switch import plan_switch
 
 
 def prepare_run(cfg: RunConfig, dist: DistContext | None = None) -> Run:
@@ -94,6 +98,11 @@ def check_run(cfg: RunConfig, policy: PrecisionPolicy, dist: DistContext) -> Non
         )
     if dist.enabled and (cfg.audit or cfg.probe):
         raise ConfigError("audit/probe: run them in a single process, not under torchrun")
+    if cfg.precision.update != "nearest" and dist.enabled and dist.strategy == "fsdp":
+        raise ConfigError(
+            f"precision.update={cfg.precision.update}: not under distributed.strategy=fsdp "
+            "(its random bits and Kahan buffers are per whole parameter); use ddp"
+        )
 
 
 def build_run(
@@ -117,18 +126,14 @@ def build_run(
     check_run(cfg, policy, dist)
     data = _checked_data(cfg, device, dist)
     threads = choose_threads(cfg.threads, device, data, dist, jobs, measure_threads)
-    task = Task(cfg.task, tokens_per_sample=data.sequence_length)
     fsdp = dist.enabled and dist.strategy == "fsdp"
     model, fp8, fp32_modules, blocks = build_model_for_run(cfg, data, device, policy, fsdp)
     num_parameters = count_parameters(model)
     # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
     model = wrap_model(model, dist, device, policy.autocast_dtype, gathers_fp32)
-    fp8_sync, fp8 = _fp8_sync_for(model, dist, cfg, policy, fp8)
+    fp8_sync, fp8 = layer_sync(model, dist, cfg, policy, fp8)
     settings = plan_loop(cfg, data, dist)
-    optimizer = build_optimizer(cfg.optimizer, model, fused=dist.strategy != "fsdp")
-    scheduler = build_scheduler(
-        cfg.scheduler, optimizer, settings.steps_per_epoch, settings.total_steps
-    )
+    optimizer, scheduler = _optimization(cfg, model, settings, dist)
     model = torch.compile(model) if cfg.compile else model
     run = Run(
         cfg=cfg,
@@ -142,7 +147,7 @@ def build_run(
         scheduler=scheduler,
         scaler=build_grad_scaler(policy, dist),
         loss_fn=functools.partial(cross_entropy, label_smoothing=cfg.label_smoothing),
-        task=task,
+        task=Task(cfg.task, tokens_per_sample=data.sequence_length),
         settings=settings,
         monitor=_build_monitor(cfg, data, model, policy, dist, device),
         num_parameters=num_parameters,
@@ -151,11 +156,23 @@ def build_run(
         fp8_sync=fp8_sync,
         blocks=blocks,
         threads=threads,
+        schedule=plan_switch(cfg, policy, device, dist, settings.total_steps),
+        update=build_weight_update(optimizer, cfg.precision.update, cfg.seed, device),
     )
+    run.monitor.loss_window = run.schedule.loss_window()  # the losses around a switch
     _install_faults(run)
     if dist.enabled:
         seed_everything(cfg.seed + dist.rank)  # per-rank dropout and other randomness
     return run
+
+
+def _optimization(
+    cfg: RunConfig, model: torch.nn.Module, settings: LoopSettings, dist: DistContext
+) -> tuple[torch.optim.Optimizer, Any]:
+    """The optimizer over ``model``'s (possibly sharded) parameters and its lr schedule."""
+    optimizer = build_optimizer(cfg.optimizer, model, fused=dist.strategy != "fsdp")
+    steps = (settings.steps_per_epoch, settings.total_steps)
+    return optimizer, build_scheduler(cfg.scheduler, optimizer, *steps)
 
 
 def with_policy(run: Run, policy: PrecisionPolicy) -> Run:
@@ -226,21 +243,6 @@ def _batch_layout(cfg: RunConfig, device: torch.device, dist: DistContext) -> Ba
     )
 
 
-def _fp8_sync_for(
-    model: torch.nn.Module,
-    dist: DistContext,
-    cfg: RunConfig,
-    policy: PrecisionPolicy,
-    fp8: dict[str, Any] | None,
-) -> tuple[FP8Sync, dict[str, Any] | None]:
-    """What the ranks agree on for the wrapped ``model``'s FP8 layers, and the fp8 section with
-    a record of it."""
-    if fp8 is None or policy.fp8 is None:
-        return FP8Sync(), fp8
-    fp8_sync = build_fp8_sync(model, dist, cfg.fp8.backend, policy.fp8)
-    return fp8_sync, {**fp8, **fp8_sync.describe()}
-
-
 def build_model_for_run(
     cfg: RunConfig,
     data: DataBundle,
@@ -257,21 +259,10 @@ def build_model_for_run(
         cfg.model, data.in_channels, data.image_size, data.num_classes, device, data.sequence_length
     )
     fp8, blocks = None, BlockLayers()
-    if policy.blocks is not None:
+    if policy.blocks is not None:  # block-scaled formats (mptrain.precision.blocks)
         blocks = _convert_blocks(cfg, data, model, policy)
-    elif policy.fp8 is not None:
-        sample, _ = next(iter(data.val.batches(0)))
-        fp8 = apply_fp8(
-            model,
-            replace(policy.fp8, fsdp_float8_all_gather=fsdp),
-            sample[:2],
-            include=list(cfg.fp8.include),
-            exclude=list(cfg.fp8.exclude),
-            keep_first_last=cfg.fp8.keep_first_last,
-            backend=cfg.fp8.backend,
-        )
-        fp8["compile"] = cfg.compile  # the report's model section counts the graphs and breaks
-        _require_converted(cfg, policy.name, "FP8", fp8["layers"], "fp8")
+    else:  # FP8 layers, or none: mptrain.precision.formats
+        fp8 = convert_layers(model, policy, cfg, data, fsdp)
     patterns = list(cfg.numerics.fp32_modules)
     fp32_modules = keep_in_fp32(model, patterns, device.type)
     if patterns and not fp32_modules:
@@ -372,11 +363,7 @@ def _build_monitor(
         # The re-run of a batch would call collectives on some ranks only: single process only.
         find_culprit=cfg.numerics.find_culprit and not dist.enabled,
     )
-
-    def culprit_finder(images: torch.Tensor, labels: torch.Tensor, loss_scale: float) -> Any:
-        return find_culprit(model, images, labels, policy.autocast, loss_scale)
-
-    return Monitor(settings, device, culprit_finder)
+    return Monitor(settings, device, culprit_finder(model, policy.autocast))
 
 
 def _install_faults(run: Run) -> None:

@@ -81,10 +81,13 @@ class Checkpointer:
             "loop": {**state.state_dict(), **run.monitor.state_dict()},
             "rng": rng_states(),
             "blocks": run.blocks.state_dict(),  # stochastic-rounding generators (nvfp4)
+            "update": run.update.state_dict() if run.update is not None else None,
             "signature": self.signature,
             "world_size": self.dist.world_size,
             "config": dataclasses.asdict(run.cfg),
             "data": data_facts(run),
+            # precision.switch: which phase the checkpoint is in (mptrain.train.switch)
+            "precision_switch": run.schedule.state_dict(),
         }
 
     def save(self, state: LoopState) -> Path:
@@ -190,9 +193,11 @@ def restore(payload: dict[str, Any], run: Run, path: Path) -> list[str]:
     ``resume_allow_changes=true`` allowed a change): the saved optimizer state brings its own
     hyperparameters, which are replaced by the configured ones. Returns notes for the report.
     """
+    # A checkpoint saved after a precision switch holds the second precision's layers and
+    # scaler: the run switches first (absent in checkpoints written before schedules existed).
+    notes = run.schedule.load_state_dict(run, payload.get("precision_switch"))
     model, optimizer = run.checkpoint_model, run.optimizer
     load_model_state(model, payload["model"], run.dist)
-    notes = []
     saved_optimizer = payload["config"]["optimizer"]["name"]
     if saved_optimizer == run.cfg.optimizer.name:
         configured = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
@@ -219,7 +224,22 @@ def restore(payload: dict[str, Any], run: Run, path: Path) -> list[str]:
     run.monitor.load_state_dict(payload["loop"])
     restore_rng_states(payload["rng"])
     notes += run.blocks.load_state_dict(payload.get("blocks") or {})  # older: no such key
-    return notes
+    return notes + _restore_update(run, payload.get("update"))
+
+
+def _restore_update(run: Run, saved: dict[str, Any] | None) -> list[str]:
+    """precision.update's generator and Kahan buffers; a note where the checkpoint holds none of
+    this rule's (saved with another rule, allowed by resume_allow_changes): they start fresh."""
+    if run.update is None:
+        return []
+    if saved is None or saved.get("rule") != run.update.rule:
+        was = "nearest" if saved is None else saved.get("rule")
+        return [
+            f"precision.update changed ({was} -> {run.update.rule}): its random bits and Kahan "
+            "buffers start fresh"
+        ]
+    run.update.load_state_dict(saved)
+    return []
 
 
 def _restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict[str, Any]) -> None:
@@ -254,19 +274,27 @@ def run_signature(
 
     Settings that do not change what a run computes (:data:`mptrain.config.keys.NON_TRAINING_KEYS`)
     are left out, and so are a precision's own settings (``fp8.*``, ``mx.*``, ``nvfp4.*``) unless
-    the run uses them, and the distributed ones.
+    the run uses them in either phase of its precision schedule, ``precision.switch.*`` unless it
+    has one, and the distributed ones.
     """
     settings = flatten(dataclasses.asdict(cfg))
     # The seed too: it orders the data and draws dropout (sweeps pair runs across seeds, so
     # the comparison policy leaves it out).
     signature: dict[str, Any] = {"precision": policy.name, "seed": cfg.seed}
+    switch_to = cfg.precision.switch.to
     for key, value in settings.items():
         group = key.partition(".")[0]
-        unused = group in PRECISION_GROUPS and not PRECISION_GROUPS[group](policy)
+        unused = (
+            group in PRECISION_GROUPS
+            and not PRECISION_GROUPS[group](policy)
+            and not (group == "fp8" and switch_to == "fp8")
+        )
+        # a run without a switch signs what a run signed before schedules existed
+        no_switch = key.startswith("precision.switch.") and switch_to is None
         # distributed.*: how the work is spread; a change of world size or strategy is resumed
         # by design (full state dicts) and noted separately.
         where = key.startswith(("precision.name", "distributed."))
-        if where or unused or is_non_training_key(key):
+        if where or unused or no_switch or is_non_training_key(key):
             continue
         signature[key] = value
     if data_identity is not None:

@@ -22,8 +22,36 @@ from mptrain.platform.threads import ThreadChoice
 from mptrain.precision.blocks.convert import BlockLayers
 from mptrain.precision.fp8.dist import FP8Sync
 from mptrain.precision.policy import PrecisionPolicy
-from mptrain.train.monitor import Monitor
+from mptrain.precision.update import WeightUpdate
+from mptrain.train.monitor import LossWindow, Monitor
 from mptrain.train.state import LoopSettings, LoopState
+
+
+class PrecisionSchedule:
+    """A run without ``precision.switch``: every call does nothing. A switch from one precision
+    to another during the run is :class:`mptrain.train.switch.Switch`, with the same calls."""
+
+    emulated = False  # phase 2 ran emulated (its speed is not comparable)
+    say: Callable[[str], None] | None = None  # the job's one line at the switch (job sets it)
+
+    def before_step(self, run: Run, steps_done: int) -> None:
+        """Before each optimizer step (``steps_done`` steps finished)."""
+
+    def loss_window(self) -> LossWindow | None:
+        """The steps whose losses the monitor keeps for :meth:`describe`."""
+        return None
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """A checkpoint's record of the schedule (which phase it was saved in)."""
+        return None
+
+    def load_state_dict(self, run: Run, saved: dict[str, Any] | None) -> list[str]:
+        """Before a checkpoint's states load into ``run``: its phase. Returns notes."""
+        return []
+
+    def describe(self, run: Run, state: LoopState) -> dict[str, Any] | None:
+        """The report's ``precision.switch``."""
+        return None
 
 
 @dataclass
@@ -52,6 +80,8 @@ class Run:
     blocks: BlockLayers = field(default_factory=BlockLayers)
     state: LoopState = field(default_factory=LoopState)
     threads: ThreadChoice | None = None  # the intra-op thread count set for the run (build_run)
+    schedule: PrecisionSchedule = field(default_factory=PrecisionSchedule)  # precision.switch
+    update: WeightUpdate | None = None  # precision.update's hooks on the optimizer; None: nearest
 
     @property
     def checkpoint_model(self) -> torch.nn.Module:

@@ -12,10 +12,20 @@ from typing import Any
 import torch
 
 from mptrain.config.run import NumericsConfig
-from mptrain.precision.diagnostics.culprit import describe_input
+from mptrain.precision.diagnostics.culprit import describe_input, find_culprit
+from mptrain.precision.diagnostics.hooks import Autocast
 
 # find(images, labels, loss_scale) -> the culprit description, or None when the batch re-ran finite
 CulpritFinder = Callable[[torch.Tensor, torch.Tensor, float], "dict[str, Any] | None"]
+
+
+def culprit_finder(model: torch.nn.Module, autocast: Autocast) -> CulpritFinder:
+    """The monitor's culprit search: ``model`` re-run under ``autocast`` (the precision's)."""
+
+    def find(images: torch.Tensor, labels: torch.Tensor, loss_scale: float) -> Any:
+        return find_culprit(model, images, labels, autocast, loss_scale)
+
+    return find
 
 
 @dataclass

@@ -231,6 +231,7 @@ class Job:
             trained_in = found[1]["signature"].get("precision") if found else None
             run = self.run = decide_auto(run, run.settings.total_steps, trained_in)
             self.policy = run.policy
+        run.schedule.say = functools.partial(self.log.say, label="precision")  # at a switch
         if run.threads.measure:  # threads=auto on a CPU: measured on the first training steps
             say = functools.partial(self.log.say, label="threads")
             window = max(cfg.log_every, MIN_WINDOW_STEPS)
@@ -391,13 +392,13 @@ class Job:
         if state.stopped and self.stop is not None:
             name = self.stop.name
             saved = self.checkpointer is not None and state.step in self.checkpointer.steps
-            where = f"at step {state.step}"
+            where = f"{name} at step {state.step}"
             if self.abandoned:
                 where = (
-                    f"twice: stopped at once, step {state.step + 1} abandoned (its forward had "
-                    f"run: resuming from step {state.step} is not bit for bit)"
+                    f"{self.stop.both}: stopped at once, step {state.step + 1} abandoned (its "
+                    f"forward had run: resuming from step {state.step} is not bit for bit)"
                 )
-            reason = f"{name} {where}; " + (
+            reason = f"{where}; " + (
                 "checkpoint written, resume with resume=auto"
                 if saved
                 else "no checkpoint (checkpoint.enabled=false): progress is lost"

@@ -13,6 +13,10 @@ Per optimizer step (:func:`take_step`, ``grad_accum_steps`` micro-batches), in t
 5. a skipped step is recorded and does *not* advance the LR scheduler.
 6. gradients set to ``None`` (``optimizer.zero_grad(set_to_none=True)``, see :func:`clear_grads`).
 
+Before every step, ``run.schedule`` may switch the run to another precision (once, with
+``precision.switch``: policy, layers, loss scaler; :mod:`mptrain.train.switch`): every call
+above reads ``run.policy``, ``run.scaler`` and ``run.fp8_sync`` when it runs.
+
 Data-parallel FP8 runs agree on their FP8 state through ``run.fp8_sync`` after the backward and
 after the optimizer step (:mod:`mptrain.precision.fp8.dist`; nothing for other runs). Block-scaled
 layers (mxfp8, nvfp4, blockwise fp8) count their saturated, underflowed and zero blocks during the
@@ -55,6 +59,7 @@ from mptrain.platform.distributed import (
     no_sync,
 )
 from mptrain.precision.policy import PrecisionPolicy, to_model_input
+from mptrain.precision.update import WeightUpdate
 from mptrain.train.cadence import TimeCadence
 from mptrain.train.monitor import LoopObserver, StepOutcome
 from mptrain.train.state import LoopSettings, LoopState
@@ -100,6 +105,7 @@ def train_loop(run: Run, hooks: LoopHooks = LoopHooks()) -> LoopState:
     run.model.train()
     clear_grads(run.optimizer)
     for micro_batches in _step_batches(run.data.train, s, state):
+        run.schedule.before_step(run, state.step)  # precision.switch: once, between two steps
         monitor.before_step(state.step)
         logged = _every(state.step + 1, s.log_every) or state.step + 1 == s.total_steps
         probed = _every(state.step + 1, s.probe_every)
@@ -244,7 +250,7 @@ def _optimizer_step(
         outcome.grad_norm = gradient_norm(params)
     if clip is not None:
         torch.nn.utils.clip_grads_with_norm_(params, clip, outcome.grad_norm)
-    probe = UpdateProbe(params) if probe_now else None
+    probe = UpdateProbe(params, run.update) if probe_now else None
     if scaled:
         _scaled_step(run, outcome)
     else:
@@ -359,34 +365,49 @@ def _nonzero_mask_(x: torch.Tensor) -> torch.Tensor:
 
 class UpdateProbe:
     """Measures, around one optimizer step, how many gradients are zero and how many non-zero
-    gradients left their parameter unchanged (the update rounded away in the parameter's dtype).
+    gradients left no trace of their update (rounded away in the parameter's dtype).
 
     Works on flat FP32 copies of all gradients and parameters (three concatenations and a few
     element-wise kernels, not a dozen small kernels per tensor); it still costs a copy of the
     parameters, so the loop takes it only every ``probe_every`` steps. Under FSDP each rank
-    measures its own shard.
+    measures its own shard. With ``precision.update`` (``update``) the trace is where that rule
+    keeps updates (:meth:`mptrain.precision.update.WeightUpdate.landing`): the weight plus its
+    Kahan buffer, or the FP32 result stochastic rounding drew from.
     """
 
-    def __init__(self, params: list[torch.Tensor]) -> None:
+    def __init__(self, params: list[torch.Tensor], update: WeightUpdate | None = None) -> None:
         self.params = [p for p in params if p.grad is not None]
         self.total = sum(local_shard(p).numel() for p in params)  # no gradient counts as zero
+        self.update = update
         self.moved_mask = self.before = None
         self.moved = 0.0
         if self.params:
             self.moved_mask = _nonzero_mask_(_flat_fp32([p.grad for p in self.params]))
-            self.before = _flat_fp32(self.params)
+            self.before = self._weights()
             self.moved = float(self.moved_mask.sum())
+        if update is not None:
+            update.keep_results(True)
+
+    def _weights(self) -> torch.Tensor:
+        if self.update is None:
+            return _flat_fp32(self.params)
+        return _flat_fp32([self.update.landing(p) for p in self.params])
 
     def zero_grad_fraction(self) -> float:
         return 1.0 - self.moved / self.total if self.total else 0.0
 
     def updates_lost_fraction(self) -> float:
-        """After the optimizer step: of the non-zero gradients, the share whose parameter did not
-        change. (Two distinct floats never subtract to zero, so a zero difference means equal.)"""
+        """After the optimizer step: of the non-zero gradients, the share whose parameter (or the
+        update rule's trace of it) did not change. (Two distinct floats never subtract to zero,
+        so a zero difference means equal.)"""
         if not self.moved:
-            return 0.0
-        changed = _nonzero_mask_(_flat_fp32(self.params) - self.before)
-        return 1.0 - float(torch.dot(self.moved_mask, changed)) / self.moved
+            lost = 0.0
+        else:
+            changed = _nonzero_mask_(self._weights() - self.before)
+            lost = 1.0 - float(torch.dot(self.moved_mask, changed)) / self.moved
+        if self.update is not None:
+            self.update.keep_results(False)
+        return lost
 
 
 def found_inf_flags(

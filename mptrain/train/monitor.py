@@ -8,7 +8,10 @@ The loop hands every step's :class:`StepOutcome` to :meth:`Monitor.after_step`, 
   (:class:`ScaleHealth`): warnings once per kind, divergence with a reason;
 - searches for the module that first produced a non-finite value when the run diverges
   (re-running the batch with hooks, once per run);
-- writes a metrics row to the observers every ``log_every`` steps (the loop's logging sync point).
+- writes a metrics row to the observers every ``log_every`` steps (the loop's logging sync point),
+  naming the precision that computed it;
+- keeps the loss of every step in a :class:`LossWindow` when one is set (a precision schedule's
+  steps around its switch).
 
 It also resets and reads the device's peak-memory counter. Its state (scale history, health,
 probe sums) is saved in checkpoints through :meth:`Monitor.state_dict` and restored with
@@ -66,6 +69,30 @@ class StepOutcome:
     loss_finite: bool = True  # with loss scaling: the loss was finite on every rank (read per step)
 
 
+@dataclass
+class LossWindow:
+    """The train loss of every step from ``first`` to ``last`` (a precision schedule's steps
+    around its switch: :mod:`mptrain.train.switch`). Losses stay on the device until
+    :meth:`values` reads them; a checkpoint holds them as floats, so a resumed run reports the
+    same figures as an uninterrupted one."""
+
+    first: int
+    last: int
+    losses: dict[int, torch.Tensor | float] = field(default_factory=dict)
+
+    def record(self, step: int, loss: torch.Tensor) -> None:
+        if self.first <= step <= self.last:
+            self.losses[step] = loss
+
+    def values(self) -> dict[int, float]:
+        """Step -> loss, read from the device (one read for all steps not read yet)."""
+        unread = [step for step, loss in self.losses.items() if isinstance(loss, torch.Tensor)]
+        if unread:
+            read = torch.stack([self.losses[s].float().reshape(()) for s in unread]).tolist()
+            self.losses.update(zip(unread, read, strict=True))
+        return {step: self.losses[step] for step in sorted(self.losses)}
+
+
 @dataclass(frozen=True)
 class MonitorSettings:
     """How the monitor measures and when it warns or stops (from the run's config)."""
@@ -113,6 +140,7 @@ class Monitor:
         self._first_step: int | None = None  # the step the loop started from (before_step)
         # threads=auto on a CPU: times each step to pick the thread count (mptrain.train.threads)
         self.threads: ThreadTuner | None = None
+        self.loss_window: LossWindow | None = None  # set by a precision schedule
 
     # ------------------------------------------------------------------------------ lifecycle
     def begin(
@@ -127,13 +155,27 @@ class Monitor:
         self._step_starts = tuple(o.on_step_start for o in observers if hasattr(o, "on_step_start"))
         self._optimizer = optimizer
         self.memory_kind = hardware.reset_peak_memory(self.device)
+        self._use_scaler(scaler)
+        self._interval.restart()
+        self._loop_started = time.perf_counter()
+        self._first_step = None
+
+    def _use_scaler(self, scaler: torch.amp.GradScaler) -> None:
+        """Read the loss scale (None without loss scaling); start its history at the first one."""
         self.scale = scaler.get_scale() if scaler.is_enabled() else None
         if self.scale_stats is None and self.scale is not None:
             s = self.scale
             self.scale_stats = ScaleStats(initial=s, final=s, min=s, max=s)
-        self._interval.restart()
-        self._loop_started = time.perf_counter()
-        self._first_step = None
+
+    def switch_precision(
+        self, precision: str, scaler: torch.amp.GradScaler, culprit_finder: CulpritFinder
+    ) -> None:
+        """A precision schedule's switch between two steps: rows and messages name ``precision``,
+        the loss scale is ``scaler``'s from now on (the history of an earlier phase's scale stays),
+        a divergence's culprit is searched for under the new precision."""
+        self.settings = dataclasses.replace(self.settings, precision=precision)
+        self.culprit_finder = culprit_finder
+        self._use_scaler(scaler)
 
     def before_step(self, steps_done: int) -> None:
         """Start timing after this process's first ``throughput_warmup_steps`` steps: counted
@@ -187,6 +229,8 @@ class Monitor:
         if self.threads is not None:  # first: the row's logging is not the step's time
             self.threads.after_step(state.step)
         self._interval.losses.append(outcome.loss)
+        if self.loss_window is not None:
+            self.loss_window.record(state.step, outcome.loss)
         self.probes.record(outcome.zero_grads, outcome.updates_lost)
         if self.scale is not None:
             self._watch_scale(state.step, outcome)
@@ -243,6 +287,7 @@ class Monitor:
             "kind": "train",
             "step": state.step,
             "epoch": state.epoch,
+            "precision": self.settings.precision,
             "loss": mean_loss,
             "lr": self._optimizer.param_groups[0]["lr"],
             "loss_scale": self.scale,
@@ -280,7 +325,8 @@ class Monitor:
 
     # ------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """The measurements a resumed run continues from (throughput restarts with the run)."""
+        """The measurements a resumed run continues from (throughput restarts with the run); with
+        a precision switch, the losses around it."""
         p = self.probes
         return {
             "scale": dataclasses.asdict(self.scale_stats) if self.scale_stats else None,
@@ -291,7 +337,7 @@ class Monitor:
                 p.update_probes,
                 p.updates_lost_fraction_sum,
             ],
-        }
+        } | ({} if self.loss_window is None else {"loss_window": self.loss_window.values()})
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         if saved["scale"]:
@@ -302,3 +348,5 @@ class Monitor:
             health = {k: v for k, v in saved["health"].items() if k != "settings"}
             self.health = ScaleHealth(settings=self.settings.health, **health)  # this run's limits
         self.probes = Probes(*saved["probes"])
+        if self.loss_window is not None and saved.get("loss_window"):  # None before it existed
+            self.loss_window.losses = dict(saved["loss_window"])

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.models.build import compile_counts, model_facts
@@ -32,11 +33,12 @@ from mptrain.output.report import (
     TimeSection,
     TrainingSection,
 )
-from mptrain.platform import contention, hardware
+from mptrain.platform import contention, gpus, hardware
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.fp8.convert import fp8_layer_stats
 from mptrain.precision.policy import PrecisionPolicy
+from mptrain.precision.speed import DataShape, mfu_of_run
 from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.components import Run
 from mptrain.train.optim import optimizer_implementation
@@ -121,11 +123,9 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         started_at=job.started_at,
         finished_at=now_iso(),
         wall_time_s=wall_time_s,
-        precision=_precision_section(cfg, job.policy, job.display.notes if job.display else []),
+        precision=_precision_section(job, job.display.notes if job.display else []),
         tf32=job.tf32,
-        fp8={**run.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
-        if run and run.fp8
-        else None,
+        fp8=_fp8_section(run),
         hardware={**hardware.hardware_info(job.device), "machine_load": _machine_load(job)},
         versions=hardware.software_versions(),
         seed=cfg.seed,
@@ -137,7 +137,7 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         training=_training_section(cfg, run, state),
         numerics=_numerics_section(run),
         evaluation=evaluation,
-        throughput=_throughput_section(cfg, run, job.policy),
+        throughput=_throughput_section(job),
         memory=MemorySection(
             run.monitor.peak_memory_bytes if run else None, run.monitor.memory_kind if run else None
         ),
@@ -152,10 +152,20 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
     )
 
 
-def _precision_section(
-    cfg: RunConfig, p: PrecisionPolicy | None, run_notes: list[str]
-) -> PrecisionSection:
-    """What ran and why; ``run_notes``: notes given while it trained (a slow path's, measured)."""
+def _fp8_section(run: Run | None) -> dict[str, Any] | None:
+    """The FP8 layers and their final figures: at the end of the run, or, for FP8 layers a
+    precision switch left, as they were at the switch (mptrain.train.switch)."""
+    if run is None or not run.fp8:
+        return None
+    if "final_layer_stats" in run.fp8:
+        return run.fp8
+    return {**run.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
+
+
+def _precision_section(job: JobRecord, run_notes: list[str]) -> PrecisionSection:
+    """What ran and why (with a precision switch: the first precision, and the switch);
+    ``run_notes``: notes given while it trained (a slow path's, measured)."""
+    cfg, p, run = job.cfg, job.policy, job.run
     if p is None:
         return PrecisionSection(requested=cfg.precision.alias or cfg.precision.name)
     return PrecisionSection(
@@ -171,6 +181,8 @@ def _precision_section(
         master_weights_dtype=dtype_name(p.param_dtype),
         master_weights=p.master_weights,
         auto_timing=p.auto_timing,
+        switch=run.schedule.describe(run, job.state) if run else None,
+        update=None if p.master_weights else cfg.precision.update,
     )
 
 
@@ -243,9 +255,8 @@ def _evaluation_section(state: LoopState, run: Run | None, task_name: str) -> Ev
     )
 
 
-def _throughput_section(
-    cfg: RunConfig, run: Run | None, policy: PrecisionPolicy | None
-) -> ThroughputSection:
+def _throughput_section(job: JobRecord) -> ThroughputSection:
+    cfg, run, policy = job.cfg, job.run, job.policy
     throughput = run.monitor.throughput if run else None
     windows = throughput.windows if throughput else []
     samples = run.monitor.settings.samples_per_step if run else 0
@@ -256,11 +267,41 @@ def _throughput_section(
         warmup_steps=cfg.throughput_warmup_steps,
         data_wait_fraction=throughput.data_wait_fraction if throughput else None,
         # Emulated FP8 runs FP32 matmuls: its speed says nothing about FP8 hardware.
-        comparable=not (policy is not None and policy.emulated),
+        comparable=not (policy is not None and policy.emulated)
+        and not (run is not None and run.schedule.emulated),
         window_samples_per_s=[n * samples / s for n, s in windows],
         tokens_per_s=run.monitor.tokens_per_s if run else None,
         window_steps=[n for n, _ in windows],
+        **_mfu_fields(job),
     )
+
+
+def _mfu_fields(job: JobRecord) -> dict[str, Any]:
+    """The throughput section's MFU: model FLOP/s over the FLOP-weighted peak of the formats the
+    run's GEMMs ran in (:func:`mptrain.precision.speed.mfu_of_run`), on a GPU the table knows;
+    otherwise None and why (on a CPU: n/a)."""
+    cfg, run, policy, device = job.cfg, job.run, job.policy, job.device
+    if device.type != "cuda":
+        return {"mfu_note": "n/a: on a CPU (no peak throughput table)"}
+    samples_per_s = run.monitor.throughput.samples_per_s if run else None
+    if run is None or policy is None or not samples_per_s:
+        return {"mfu_note": "n/a: no step was measured"}
+    if policy.emulated:
+        return {"mfu_note": "n/a: emulated FP8 (no FP8 GEMM hardware) is not a speed"}
+    gpu = gpus.row_for_device_name(torch.cuda.get_device_name(device))
+    if gpu is None:
+        return {"mfu_note": f"n/a: no peak table for {torch.cuda.get_device_name(device)}"}
+    name = "tf32" if policy.name == "fp32" and cfg.precision.allow_tf32 else policy.name
+    fp8 = [r["name"] for r in run.fp8["layers"] if r["converted"]] if run.fp8 else None
+    try:
+        per_sample, peak = mfu_of_run(cfg, DataShape.of(run.data), name, fp8, gpu)
+    except (ConfigError, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+        return {"mfu_note": f"n/a: the model's FLOPs could not be counted ({exc})"}
+    return {
+        "mfu": samples_per_s * per_sample / (job.dist.world_size * peak),
+        "mixed_peak_tflops": peak / 1e12,
+        "mfu_note": f"{gpu.name}, {name}: FLOP-weighted peak of its GEMMs' formats",
+    }
 
 
 def _time_section(

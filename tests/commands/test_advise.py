@@ -18,7 +18,7 @@ import torch
 from conftest import LM, describe, run_cli, run_mptrain, tiny_run
 
 from mptrain.commands import bench
-from mptrain.commands.advise import measure, run, trials
+from mptrain.commands.advise import measure, recipes, run, trials
 from mptrain.commands.advise import report as advise_report
 from mptrain.commands.advise.decide import (
     Context,
@@ -232,10 +232,60 @@ def test_gpu_candidates_add_tf32_and_label_fp8_by_the_hardware(monkeypatch, fp8_
     cands = measure.candidates(tiny_run(), torch.device("cuda"))
     by_name = {c.name: c for c in cands}
 
-    assert list(by_name) == ["fp32", "tf32", "fp16", "bf16", "fp8"]
+    fp8s = ["fp8", "fp8-rowwise", "fp8-delayed", "fp8-pow2"]
+    blocks = ["fp8-blockwise", "mxfp8", "nvfp4"]  # no real block-scaled GEMM wired in yet
+    assert list(by_name) == ["fp32", "tf32", "fp16", "bf16", *fp8s, *blocks]
     assert by_name["tf32"].cfg.precision.allow_tf32 and by_name["tf32"].timed
-    assert by_name["fp8"].emulated == (not fp8_gemm) and by_name["fp8"].timed == fp8_gemm
+    for name in fp8s:
+        assert by_name[name].emulated == (not fp8_gemm) and by_name[name].timed == fp8_gemm
+    for name in blocks:
+        assert by_name[name].emulated and not by_name[name].timed
     assert not any(c.skipped for c in cands)  # FP8 without FP8 GEMMs: emulated, not skipped
+    assert by_name["fp8"].label == "fp8 tensorwise" + ("" if fp8_gemm else " (emulated)")
+
+
+def test_every_fp8_recipe_is_a_candidate_with_its_keys_and_the_users_others():
+    """Each recipe sets its three axes whatever the user's were (fp8.granularity=rowwise given)
+    and keeps the user's other FP8 keys (format, margin)."""
+    cfg = tiny_run("fp8.granularity=rowwise", "fp8.format=e4m3", "fp8.margin=1")
+    by_name = {c.name: c for c in measure.candidates(cfg, torch.device("cpu"))}
+    axes = {
+        name: (c.cfg.fp8.granularity, c.cfg.fp8.scaling, c.cfg.fp8.pow2_scales)
+        for name, c in by_name.items()
+        if c.cfg.precision.name == "fp8"
+    }
+
+    assert axes == {
+        "fp8": ("tensorwise", "dynamic", False),
+        "fp8-rowwise": ("rowwise", "dynamic", False),
+        "fp8-delayed": ("tensorwise", "delayed", False),
+        "fp8-pow2": ("tensorwise", "dynamic", True),
+        "fp8-blockwise": ("blockwise", "dynamic", False),
+    }
+    assert by_name["mxfp8"].cfg.precision.name == "mxfp8"
+    assert by_name["nvfp4"].cfg.precision.name == "nvfp4"
+    assert all(by_name[n].cfg.fp8.format == "e4m3" and by_name[n].cfg.fp8.margin == 1 for n in axes)
+    assert by_name["fp8-rowwise"].label == "fp8 rowwise (emulated)"
+    assert by_name["bf16"].cfg.fp8.granularity == "rowwise"  # unused there: left as given
+    assert all(not by_name[n].timed and not by_name[n].skipped for n in axes)
+
+
+def test_a_recipe_the_users_keys_rule_out_is_skipped_in_their_words():
+    """torchao runs dynamic scaling only: the delayed recipe is listed, not run (elsewhere
+    the torchao backend refuses a CPU when the pilot builds it)."""
+    cfg = tiny_run("fp8.backend=torchao")
+    by_name = {c.name: c for c in measure.candidates(cfg, torch.device("cpu"))}
+
+    assert "scales dynamically only" in by_name["fp8-delayed"].skipped["all"]
+    assert not by_name["fp8-rowwise"].skipped
+
+
+def test_every_recipe_names_hardware_advise_can_check():
+    for r in recipes.LOW_PRECISION:
+        assert r.needs in measure.HARDWARE, r
+    assert set(recipes.SIMPLICITY) == set(recipes.RECIPES)
+    names = [b for b in recipes.BASE] + list(recipes.LOW_PRECISION)
+    assert len({r.name for r in names}) == len(names)
 
 
 def test_a_cpu_without_native_bf16_skips_it_and_keeps_fp16_for_convolutions(monkeypatch):
@@ -260,6 +310,28 @@ def test_the_command_keeps_the_users_overrides_but_not_advises_own():
     assert command == "mptrain precision=bf16 model=mlp 'model.hidden_sizes=[32, 32]'"
 
 
+@pytest.mark.parametrize(
+    ("name", "command"),
+    [
+        (
+            "tf32",  # the FP8 keys it does not set are the user's, unused by TF32
+            "mptrain precision=fp32 precision.allow_tf32=true model=mlp fp8.granularity=rowwise "
+            "fp8.margin=1",
+        ),
+        ("fp8", "mptrain precision=fp8 model=mlp fp8.margin=1"),
+        ("fp8-rowwise", "mptrain precision=fp8 fp8.granularity=rowwise model=mlp fp8.margin=1"),
+        ("fp8-delayed", "mptrain precision=fp8 fp8.scaling=delayed model=mlp fp8.margin=1"),
+        ("fp8-pow2", "mptrain precision=fp8 fp8.pow2_scales=true model=mlp fp8.margin=1"),
+    ],
+)
+def test_each_recipes_command_sets_its_keys_and_drops_the_users_of_them(name, command):
+    """The user's own fp8.granularity is dropped (the recipe decides it; its default is
+    tensorwise), their fp8.margin kept; TF32 is FP32 with TF32 allowed (no precision=tf32), and
+    only there: every recipe was measured with TF32 off unless it turns it on."""
+    given = ["model=mlp", "fp8.granularity=rowwise", "fp8.margin=1", "precision.allow_tf32=true"]
+    assert run.command_for(given, name) == command
+
+
 # ------------------------------------------------------------------------------ end to end
 TINY = ("device=cpu", "advise.budget_s=20", "advise.fidelity_steps=12", "advise.speed_steps=5")
 
@@ -280,9 +352,21 @@ def test_advise_mlp_writes_the_advice_its_evidence_and_the_figure(tmp_path):
     assert f"**Recommendation: {rec['precision']}**" in result.stdout  # piped: plain text
     assert "\x1b[" not in result.stdout
     rows = {r["precision"]: r for r in data["precisions"]}
-    assert list(rows) == ["fp32", "bf16", "fp16", "fp8"]
-    assert rows["fp8"]["emulated"] and rows["fp8"]["speed"] is None
-    assert "only emulated" in next(r["why"] for r in rec["runners_up"] if r["precision"] == "fp8")
+    fp8s = {
+        "fp8": ("fp8 tensorwise", "precision=fp8"),
+        "fp8-rowwise": ("fp8 rowwise", "precision=fp8 fp8.granularity=rowwise"),
+        "fp8-delayed": ("fp8 delayed", "precision=fp8 fp8.scaling=delayed"),
+        "fp8-pow2": ("fp8 pow2 scales", "precision=fp8 fp8.pow2_scales=true"),
+    }
+    assert list(rows) == ["fp32", "bf16", "fp16", *fp8s]
+    runners_up = {r["precision"]: r for r in rec["runners_up"]}
+    for name, (label, keys) in fp8s.items():  # each in the table, with the command that runs it
+        command = f"mptrain {keys} model=mlp device=cpu"
+        assert rows[name]["emulated"] and rows[name]["speed"] is None
+        assert rows[name]["command"] == runners_up[name]["command"] == command
+        assert f"\n| {label} (emulated) | not " in markdown
+        assert "only emulated" in runners_up[name]["why"]
+        assert f"- {name}: {runners_up[name]['why']} (`{command}`)" in markdown
     assert rows["fp32"]["fidelity"]["max_rel_diff"] == 0.0
     assert len(rows["fp32"]["losses"]) == 12
     assert data["elapsed_s"] <= 30  # the budget, and the process's own start-up
@@ -382,6 +466,9 @@ def test_the_table_gives_tokens_per_second_for_language_models():
         ("advise.tolerance=-1", "advise.tolerance=-1.0: must be > 0 and finite"),
         ("advise.reps=0", "advise.reps=0: must be an integer >= 1"),
         ("advise.max_skipped_fraction=1", "advise.max_skipped_fraction=1.0: must be in [0, 1)"),
+        ("advise.seeds=0", "advise.seeds='0': auto (as many seeds as the budget affords) or a"),
+        ("advise.seeds=many", "advise.seeds='many': auto (as many seeds"),
+        ("advise.alpha=0.5", "advise.alpha=0.5: must be in the open interval (0, 0.5)"),
         ("--multirun", "takes config overrides"),
     ],
 )

@@ -159,6 +159,7 @@ def test_gpt_script_smoke_run_on_cpu(tmp_path):
     assert rows["fp32"]["vs_fp32"] == 1.0
     assert rows["bf16"]["vs_fp32"] == rows["bf16"]["tokens_per_s"] / rows["fp32"]["tokens_per_s"]
     assert "no peak FLOP/s known for a CPU" in rows["fp32"]["mfu_note"]
+    assert doc["prediction"] == {"gpu": None, "note": "no prediction: on a CPU"}
     assert not rows["fp32"]["emulated"] and rows["fp8"]["emulated"]
     assert "emulated FP8" in rows["fp8"]["mfu_note"] and "emulated" in rows["fp8"]["label"]
     assert doc["mfu"]["tflops"] == {} and "a CPU" in doc["mfu"]["unknown_reason"]
@@ -177,26 +178,31 @@ def test_gpt_flops_count_and_mfu_against_the_peak_table():
     assert gpt.parameters_counted(shape) == n
     assert gpt.flops_per_token(shape) == 6 * n + 12 * layers * 1024 * w
 
+    # The peaks are mptrain.platform.gpus' (dense: datasheets' with-sparsity figures halved).
     assert gpt.table_peaks("NVIDIA H200")[1]["fp8"] == 1979
-    assert gpt.table_peaks("NVIDIA H100 80GB HBM3")[1]["bf16"] == 989
+    assert gpt.table_peaks("NVIDIA H100 80GB HBM3")[1]["bf16"] == 989.5
+    assert gpt.table_peaks("NVIDIA H100 PCIe") == ("h100-pcie", gpt.gpus.GPUS["h100-pcie"].tflops)
     assert gpt.table_peaks("NVIDIA A100-SXM4-80GB")[1] == {
         "fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312,
     }  # fmt: skip
-    for other in ("NVIDIA H100 PCIe", "NVIDIA H200 NVL", "NVIDIA L4", None):
+    for other in ("NVIDIA GeForce RTX 3090", "Tesla V100-SXM2-16GB", None):
         assert gpt.table_peaks(other) == (None, {}), other
 
     peaks = gpt.peak_table("NVIDIA H200", {})
     row = {"precision": "bf16", "tokens_per_s": 1e6, "emulated": False}
     gpt.add_mfu(row, 10**9, peaks)  # 1e15 FLOP/s
-    assert row["mfu"] == pytest.approx(1e15 / 989e12) == row["mfu_vs_bf16_peak"]
+    assert row["mfu"] == pytest.approx(1e15 / 989.5e12) == row["mfu_vs_bf16_peak"]
     fp8 = {"precision": "fp8", "tokens_per_s": 1e6, "emulated": False}
     gpt.add_mfu(fp8, 10**9, peaks)
     assert fp8["mfu"] == pytest.approx(1e15 / 1979e12) and fp8["mfu_note"] is None
+    # FP8 and BF16 GEMMs mixed, half the FLOPs each: the FLOP-weighted peak 2 / (1/1979 + 1/989.5).
+    gpt.add_mfu(fp8, 10**9, peaks, {"fp8": 1.0, "bf16": 1.0})
+    assert fp8["mfu"] == pytest.approx(1e15 / (2 / (1 / 1979e12 + 1 / 989.5e12)))
     emulated = {"precision": "fp8", "tokens_per_s": 1e6, "emulated": True}
     gpt.add_mfu(emulated, 10**9, gpt.peak_table("NVIDIA A100-SXM4-80GB", {}))
     assert emulated["mfu"] is None and "emulated FP8" in emulated["mfu_note"]
     # --peak-tflops adds to (or replaces) the table; a GPU it lacks then gets an MFU too.
-    override = gpt.peak_table("NVIDIA L4", gpt.parse_peaks("fp32=30"))
+    override = gpt.peak_table("NVIDIA GeForce RTX 3090", gpt.parse_peaks("fp32=30"))
     assert override["source"] == "--peak-tflops" and override["unknown_reason"] is None
     fp32 = {"precision": "fp32", "tokens_per_s": 1e6, "emulated": False}
     gpt.add_mfu(fp32, 3 * 10**7, override)
@@ -368,8 +374,8 @@ def test_data_path_pipeline_that_raises_is_recorded_and_not_rerun(tmp_path, monk
 
 # ------------------------------------------------------------------------ benchmarks/gpu_all.py
 GPU_ALL_STEPS = [
-    "setup", "nvidia_smi", "pytest_gpu", "fp8_check", "gpt", "resnet50", "imagefolder_train",
-    "collect_env", "data_path",
+    "setup", "nvidia_smi", "fp8_check", "speed_table", "pytest_gpu", "imagefolder_train",
+    "collect_env", "resnet50", "gpt", "data_path",
 ]  # fmt: skip
 
 
@@ -415,14 +421,66 @@ def test_gpu_all_smoke_run_runs_every_step_and_summarises(tmp_path):
     assert "| fp8 (emulated) |" in summary and "emulated FP8: none" in summary
     assert f"- pytest_gpu: 0 passed, 0 failed, 0 error, {len(tests)} skipped" in summary
     assert "- `tests/e2e/test_gpu.py::test_channels_last_and_compile`: skipped" in summary
+    # The speed table's markdown comes back beside the summaries, unbundled, as the JSON wrote it.
     assert sorted(p.name for p in out.iterdir()) == [
-        "gpu_all_files.tar.gz", "summary.json", "summary.md",
+        "gpu_all_files.tar.gz", "speed_table.md", "summary.json", "summary.md",
     ]  # fmt: skip
     with tarfile.open(out / "gpu_all_files.tar.gz") as tar:
         members = set(tar.getnames())
     assert {"setup.log", "fp8_check.json", "imagefolder_train.log", "pytest_gpu.xml"} <= members
+    assert {"speed_table.json", "speed_table.log"} <= members
+    check_speed_table_smoke(steps["speed_table"]["result"], (out / "speed_table.md").read_text())
+    assert "### Speed table (speed_table.md)" in summary and SPEED_HEADER in summary
     pytest_log = tar_text(out / "gpu_all_files.tar.gz", "pytest_gpu.log")
     assert " -v " in pytest_log.splitlines()[0]  # every test's name in the log, come what may
+
+
+SPEED_HEADER = (
+    "| model | precision | compile | samples/s | tokens/s | vs fp32 eager | vs eager | step ms | "
+    "peak memory | skipped steps (window/all) | compile s | MFU | predicted samples/s | note |"
+)
+
+
+def check_speed_table_smoke(doc: dict, markdown: str) -> None:
+    """gpu_all --smoke's speed table (fp32 and FP8 rowwise, compile off, and on for the GPT, with
+    aot_eager): every cell through mptrain's loop, stopped after its window with no evaluation;
+    ResNet-50 refuses FP8 (no Linear to convert)."""
+    cells = {(c["model"], c["precision"], c["compile"]): c for c in doc["cells"]}
+    assert list(cells) == [
+        ("gpt", "fp32", False), ("gpt", "fp8_rowwise", False),
+        ("resnet50", "fp32", False), ("resnet50", "fp8_rowwise", False),
+        ("gpt", "fp8_rowwise", True), ("gpt", "fp32", True),
+    ]  # fmt: skip
+    assert doc["compile_backend"] == "aot_eager" and doc["not_run_for_budget"] == []
+    block, warmup = doc["sizes"]["gpt"]["block"], doc["sizes"]["gpt"]["warmup"]
+    for key, cell in cells.items():
+        f = cell["figures"]
+        if key[0] == "resnet50" and key[1] == "fp8_rowwise":
+            assert cell["status"] == "refused" and "no Linear layer" in cell["why"], cell
+            continue
+        assert cell["status"] == "ok", cell
+        assert f["samples_per_s"] > 0 and f["measured_steps"] == f["planned_steps"], cell
+        assert f["evaluations"] == 0 and f["skipped_in_window"] <= f["skipped_steps"]
+        assert ("compile_s" in f) == key[2] and f["emulated"] == (key[1] == "fp8_rowwise")
+        if key[2]:
+            assert f["graphs"] >= 1 and f["graph_breaks"] == 0, cell
+            same = cells[key[0], key[1], False]["figures"]["samples_per_s"]
+            assert f["vs_eager"] == f["samples_per_s"] / same
+        if key[0] == "gpt":
+            assert f["steps_done"] == warmup + doc["sizes"]["gpt"]["steps"]
+            assert math.isclose(f["tokens_per_s"], f["samples_per_s"] * block, rel_tol=1e-12)
+            assert f["mfu"] is None and f["mfu_note"], cell  # a CPU: no peak, or emulated FP8
+    assert cells["gpt", "fp32", False]["figures"]["vs_fp32"] == 1.0
+    assert doc["predictor"] == "mptrain.commands.advise.predict" and doc["machine_load"]["words"]
+    predicted = [c["figures"].get("predicted_error", "") for c in cells.values() if c["figures"]]
+    assert all("on a CPU: no prediction" in p for p in predicted if p), predicted  # the roofline's
+    assert markdown == doc["markdown"] and SPEED_HEADER in markdown
+    assert "- Not run for lack of budget: none" in markdown
+    assert "| gpt | fp8_rowwise (emulated) | on |" in markdown
+    assert (
+        "| resnet50 | fp8_rowwise | off | - |" in markdown and "refused: precision=fp8" in markdown
+    )
+    assert len([line for line in markdown.splitlines() if line.startswith("| ")]) == 2 + 6
 
 
 def tar_text(path: Path, member: str) -> str:
@@ -437,15 +495,26 @@ def test_gpu_all_plan_fits_the_budget_and_the_device_call():
     steps = gpu_all.plan("python3", Path("/out"), smoke=False, test_timeout_s=90)
     planned = [s for s in steps if not s.optional]
     assert gpu_all.SETUP_S + sum(s.timeout_s for s in planned) == gpu_all.BUDGET_S
-    estimates = gpu_all.SETUP_ESTIMATE_S + sum(s.estimate_s for s in steps)
+    estimates = gpu_all.SETUP_ESTIMATE_S + sum(s.estimate_s for s in planned)
     assert estimates <= gpu_all.BUDGET_S < gpu_all.DEVICE_TIMEOUT_S - 20
     assert gpu_all.DEVICE_TIMEOUT_S <= 600  # the device tool's most per command
-    # The GPU tests and the FP8 verdict first (after the one-second nvidia-smi).
-    assert [s.name for s in steps][:3] == ["nvidia_smi", "pytest_gpu", "fp8_check"]
+    # The FP8 verdict, the speed table, then the GPU tests (after the one-second nvidia-smi);
+    # the rest only on time those left.
+    names = [s.name for s in steps]
+    assert names[:4] == ["nvidia_smi", "fp8_check", "speed_table", "pytest_gpu"]
+    assert [s.name for s in planned] == names[:4]
     assert all(s.timeout_s >= s.estimate_s > s.start_s() for s in steps)
-    assert "pytest -v -p no:cacheprovider -p timeout --timeout=90 " in " ".join(steps[1].argv)
-    without = gpu_all.plan("python3", Path("/out"), smoke=False, test_timeout_s=None)[1].argv
+    by_name = {s.name: s for s in steps}
+    pytest_argv = " ".join(by_name["pytest_gpu"].argv)
+    assert "pytest -v -p no:cacheprovider -p timeout --timeout=90 " in pytest_argv
+    without = gpu_all.plan("python3", Path("/out"), smoke=False, test_timeout_s=None)[3].argv
     assert not any(arg.startswith("--timeout") for arg in without) and "timeout" not in without
+    # The speed table stops its own cells SPEED_MARGIN_S before its limit; --speed-s moves both.
+    speed = by_name["speed_table"]
+    assert speed.timeout_s == gpu_all.SPEED_S == 200
+    assert speed.argv[-4:] == ["--budget-s", "180", "--out", "/out/speed_table.json"]
+    longer = gpu_all.plan("python3", Path("/out"), smoke=False, test_timeout_s=90, speed_s=470)
+    assert longer[2].timeout_s == 470 and longer[2].argv[-3] == "450"
 
 
 def test_gpu_all_reports_a_failed_and_a_hung_step_and_goes_on(tmp_path):
@@ -578,7 +647,7 @@ import gpu_all
 def setup(args, out, budget):
     return gpu_all.Outcome("setup", gpu_all.SETUP_WHAT, "ok", 0, 0.1, 45, None)
 
-def plan(python, out, smoke, test_timeout_s):
+def plan(python, out, smoke, test_timeout_s, **settings):
     slow = [python, "-c", {slow!r}, str(out / "slow.json")]
     return [
         gpu_all.Step("quick", [python, "-c", "print('quick')"], 30, "ends at once", estimate_s=1),
@@ -707,6 +776,163 @@ def test_contention_benchmark_pairs_auto_with_the_default_under_each_load(tmp_pa
         default = row["runs"]["default"][0]
         assert default["threads_used"] == doc["cpu_count"] and default["measurements"] == []
         assert row["auto_over_default"] > 0 and row["auto_over_fair_share"] > 0
+
+
+# ------------------------------------------------------------------------ benchmarks/gpu_speed.py
+FAKE_SECONDS = {
+    ("gpt", False): 4,
+    ("resnet50", False): 6,
+    ("gpt", True): 30,
+    ("resnet50", True): 40,
+}
+
+
+class FakeCells:
+    """gpu_speed's ``train`` and ``clock`` for a Section: a cell takes FAKE_SECONDS of a fake clock
+    (a cell whose deadline comes first stops there, in its warm-up: nothing timed); mptrain
+    refuses FP8 on ResNet-50; ``interrupt`` raises KeyboardInterrupt at that cell."""
+
+    def __init__(self, config_error: type, interrupt: str | None = None):
+        self.now, self.ran, self.config_error, self.interrupt = 0.0, [], config_error, interrupt
+
+    def clock(self) -> float:
+        return self.now
+
+    def train(self, cell, warmup: int, steps: int, deadline: float) -> dict:
+        self.ran.append(cell.label())
+        if cell.label() == self.interrupt:
+            raise KeyboardInterrupt
+        if cell.model == "resnet50" and cell.precision == "fp8":
+            raise self.config_error("precision=fp8: no Linear layer of model=resnet50 can run")
+        end = self.now + FAKE_SECONDS[cell.key]
+        done = steps if end <= deadline else 0  # stopped in its warm-up: nothing timed
+        self.now = min(end, deadline)
+        figures = {
+            "samples_per_s": 100.0 * (2 if cell.compile else 1) if done else None,
+            "step_time_ms": 10.0,
+            "tokens_per_s": 6400.0 if cell.model == "gpt" else None, "peak_memory_bytes": 2**30,
+            "label": cell.precision, "measured_steps": done, "planned_steps": steps,
+            "skipped_steps": 1, "skipped_in_window": 0,
+        }  # fmt: skip
+        return {**figures, "compile_s": 20.0} if cell.compile else figures
+
+
+def fake_section(tmp_path, monkeypatch, *argv: str, interrupt: str | None = None):
+    """A gpu_speed Section on FakeCells (cell_config passes the cell itself as its config)."""
+    speed = load_script("gpu_speed.py")
+    monkeypatch.setattr(speed, "cell_config", lambda base, cell: cell)
+    args = speed.parse_args(["--device", "cpu", "--out", str(tmp_path / "t.json"), *argv])
+    fake = FakeCells(speed.ConfigError, interrupt)
+    configs = dict.fromkeys(speed.MODELS)  # unused: cell_config passes the cell itself
+    section = speed.Section(args, configs, speed.document(args), fake.clock, fake.train)
+    return speed, section, fake
+
+
+@pytest.mark.slow  # torch._dynamo's first import (gpu_speed resets it after every cell): ~3 s
+def test_gpu_speed_runs_the_cells_by_value_within_its_budget_and_says_what_it_skipped(
+    tmp_path, monkeypatch
+):
+    """Eager cells first, then compiled ones by value (models alternating); a cell starts only
+    when its estimate (the constant, then the longest cell of its model and mode) fits; one past
+    its cap keeps its partial window; the JSON and the table on disk say which were not run."""
+    _, section, fake = fake_section(
+        tmp_path, monkeypatch, "--precisions", "fp32,bf16,fp8", "--budget-s", "100",
+        "--cell-cap-s", "35",
+    )  # fmt: skip
+    section.run()
+
+    eager = [f"{m} {p} compile off" for m in ("gpt", "resnet50") for p in ("fp32", "bf16", "fp8")]
+    # gpt eager 3 x 4 s, resnet50 2 x 6 s (FP8 refused at once): 24 s, 76 s left. Compiled:
+    # gpt bf16 (estimate 10 s) 30 s; resnet50 bf16 (estimate 15 s) stopped at its 35 s cap;
+    # 11 s left: gpt fp8 (estimate now 30 s) and the rest do not fit; resnet50 fp8 is refused.
+    assert fake.ran == [*eager, "gpt bf16 compile on", "resnet50 bf16 compile on"]
+    doc = json.loads((tmp_path / "t.json").read_text())
+    status = {(c["model"], c["precision"], c["compile"]): (c["status"], c["why"]) for c in doc["cells"]}  # fmt: skip
+    assert status["resnet50", "bf16", True] == (
+        "partial", "stopped at its cap after 0 of 1 timed steps"
+    )  # fmt: skip
+    assert status["resnet50", "fp8", True] == (
+        "refused",
+        "precision=fp8: no Linear layer of model=resnet50 can run (as compile off)",
+    )
+    assert status["gpt", "fp8", True] == (
+        "not run",
+        "budget: 11 s of the section left, ~30 s needed",
+    )
+    assert status["resnet50", "fp32", True] == (
+        "not run",
+        "budget: 11 s of the section left, ~35 s needed",
+    )
+    assert doc["not_run_for_budget"] == [
+        "gpt fp8 compile on", "gpt fp32 compile on", "resnet50 fp32 compile on",
+    ]  # fmt: skip
+    compiled = next(c for c in doc["cells"] if c["model"] == "gpt" and c["compile"])["figures"]
+    assert compiled["vs_eager"] == 2.0 and compiled["vs_fp32"] == 2.0
+    assert "predicted_samples_per_s" not in compiled
+    table = (tmp_path / "t.md").read_text()
+    assert table == doc["markdown"]
+    assert (
+        "| gpt | bf16 | on | 200.0 | 6,400 | 2.00 | 2.00 | 10.0 | 1.00 GiB | 0/1 | 20.0 | - | - |  |"
+        in table
+    )
+    assert (
+        "| gpt | fp8 | on | - |" in table and "not run: budget: 11 s of the section left" in table
+    )
+    assert "- Not run for lack of budget: 3 cells (gpt fp8 compile on; gpt fp32" in table
+    assert "- Predicted: mptrain.commands.advise.predict" in table  # the roofline, on a GPU
+
+
+@pytest.mark.slow
+def test_gpu_speed_stopped_mid_table_keeps_what_it_measured(tmp_path, monkeypatch):
+    """gpu_all's SIGINT (KeyboardInterrupt) in a cell: that cell is recorded as stopped, the
+    ones after it as not run, the measured ones kept, and both files written before it ends."""
+    _, section, _ = fake_section(
+        tmp_path, monkeypatch, "--models", "gpt", "--precisions", "fp32,bf16",
+        interrupt="gpt bf16 compile off",
+    )  # fmt: skip
+    with pytest.raises(KeyboardInterrupt):
+        section.run()
+
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert [(c["status"], c["figures"].get("samples_per_s")) for c in doc["cells"]] == [
+        ("ok", 100.0), ("stopped", None), ("not run", None), ("not run", None),
+    ]  # fmt: skip
+    why = doc["cells"][1]["why"]
+    assert (
+        why.startswith("the section was stopped (KeyboardInterrupt")
+        and doc["cells"][3]["why"] == why
+    )
+    assert doc["not_run_for_budget"] == []
+    assert "| gpt | bf16 | off | - |" in (tmp_path / "t.md").read_text()
+
+
+@pytest.mark.slow
+def test_gpu_speed_records_the_predictor_next_to_the_measurement(tmp_path, monkeypatch):
+    """The hook: when mptrain has an advise predictor, every measured cell carries its figure
+    and the ratio; cells not measured get none."""
+    speed = load_script("gpu_speed.py")
+    asked = []
+
+    def predict(cfg):
+        asked.append(cfg.label())
+        return 400.0
+
+    monkeypatch.setattr(speed, "load_predictor", lambda: (predict, "a test's predictor"))
+    monkeypatch.setattr(speed, "cell_config", lambda base, cell: cell)
+    args = speed.parse_args(["--device", "cpu", "--out", str(tmp_path / "t.json"), "--models",
+                             "resnet50", "--precisions", "bf16,fp8", "--compile", "off"])  # fmt: skip
+    fake = FakeCells(speed.ConfigError)
+    speed.Section(
+        args, dict.fromkeys(speed.MODELS), speed.document(args), fake.clock, fake.train
+    ).run()
+
+    doc = json.loads((tmp_path / "t.json").read_text())
+    assert asked == ["resnet50 bf16 compile off"] and doc["predictor"] == "a test's predictor"
+    bf16, fp8 = (c["figures"] for c in doc["cells"])
+    assert bf16["predicted_samples_per_s"] == 400.0 and bf16["measured_over_predicted"] == 0.25
+    assert "predicted_samples_per_s" not in fp8  # refused: nothing measured, nothing predicted
+    table = doc["markdown"]
+    assert "- Predicted: a test's predictor" in table and "| 400.0 |" in table
 
 
 @pytest.mark.slow

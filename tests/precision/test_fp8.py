@@ -1056,6 +1056,13 @@ def test_validate_fp8_names_a_bad_pow2_scales_or_min_features(changes, pattern):
     validate_fp8(FP8Config(pow2_scales=False, min_features=4096))
 
 
+def test_torchao_with_delayed_scaling_is_refused_at_the_config_check():
+    """It used to pass the check and fail with a ValueError when the model was built."""
+    with pytest.raises(ConfigError, match=r"^fp8\.backend='torchao': .*scales dynamically only"):
+        validate_fp8(FP8Config(backend="torchao", scaling="delayed"))
+    validate_fp8(FP8Config(backend="torchao", scaling="dynamic"))
+
+
 # ------------------------------------------------------------------------------ 9. end to end
 def val_accuracy(tmp_path, name: str, *overrides: str) -> float:
     report = train(tiny_run(*overrides), tmp_path / name)

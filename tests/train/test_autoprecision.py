@@ -8,13 +8,13 @@ import dataclasses
 
 import pytest
 import torch
+from conftest import tiny_run, train
 
 from mptrain.platform import hardware
 from mptrain.rundir.layout import step_checkpoint_name
 from mptrain.train import autoprecision
 from mptrain.train.autoprecision import MIN_STEPS, choose, decide_auto, time_candidates
 from mptrain.train.build import prepare_run, with_policy
-from tests.conftest import tiny_run, train
 
 
 @pytest.fixture

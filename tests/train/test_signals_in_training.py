@@ -73,7 +73,19 @@ def test_a_second_ctrl_c_during_a_step_stops_at_once_with_the_last_completed_ste
     assert checkpoint_steps(tmp_path) == [2]
     out = capsys.readouterr().out
     assert "SIGINT: stopping after this step (Ctrl-C again to stop now)" in out
-    assert "SIGINT again: stopping now" in out
+    assert "SIGINT twice: stopping now" in out
+
+
+def test_a_different_second_signal_is_named_as_it_came(tmp_path, monkeypatch, capsys):
+    """Ctrl-C then SIGTERM (a scheduler's kill after a user's Ctrl-C) was reported as "SIGINT
+    twice"; the first signal still decides the exit code."""
+    signals_in(monkeypatch, "_forward_backward", 3, signal.SIGINT, signal.SIGTERM)
+    with pytest.raises(job_module.RunInterrupted) as stopped:
+        train(tiny_run(*QUICK), tmp_path)
+    assert stopped.value.exit_code == 130
+    report = json.loads((tmp_path / REPORT_JSON).read_text())
+    assert report["reason"].startswith("SIGINT then SIGTERM: stopped at once, step 3 abandoned")
+    assert "SIGINT then SIGTERM: stopping now" in capsys.readouterr().out
 
 
 def test_a_second_signal_during_the_update_lets_the_update_finish(tmp_path, monkeypatch):

@@ -1,8 +1,9 @@
 """``mptrain advise [overrides]``: which precision to train this model with on this machine.
 
 For every precision :func:`mptrain.commands.bench.bench_precisions` lists for the device (FP32, BF16 where
-native, FP16, TF32 on GPUs; FP8 always, emulated and labelled where there is no FP8 hardware) it
-measures, on the configured model and data, in this order:
+native, FP16, TF32 on GPUs) and every low-precision recipe (:data:`.recipes.LOW_PRECISION`: FP8
+tensorwise, rowwise, delayed, power-of-two scales; emulated and labelled where the device lacks the
+hardware) it measures, on the configured model and data, in this order:
 
 1. **pilot**: builds the run and trains a few steps, timed: what a step and a run's set-up cost
    here. A scout step on 4 samples goes before each (scaled by FP32's own small-to-full ratio):
@@ -12,8 +13,13 @@ measures, on the configured model and data, in this order:
 3. **fidelity**: ``advise.fidelity_steps`` optimizer steps per precision from the same seed (the
    same initial weights and batches) as an FP32 run; the loss trajectories are compared
    (:func:`mptrain.commands.advise.decide.fidelity_of`), skipped steps and divergence recorded.
+   With ``advise.plan``: the ``fp8`` recipe's **per-layer plan** (:mod:`.layers`, :mod:`.plan`): each eligible
+   layer's FP8 sensitivity on one batch, ranked, and the fewest layers kept in high precision
+   (``fp8.exclude``) that bring its loss within the allowance, verified by short runs.
 4. **speed**: bench's alternating repetitions (:func:`mptrain.commands.bench.measure_reps`), in rotated
    order, ``advise.reps`` times; ratios to FP32 with their min–max (emulated FP8 is not timed).
+5. **seeds** (``advise.seeds``): the finalists of a provisional decision run their fidelity run
+   over more seeds; :mod:`.confidence` gives each an equivalence verdict on the final loss.
 
 The measured costs decide what fits ``advise.budget_s``: FP32 first (the reference), then each
 precision whole (its fidelity run and its speed measurement together: one without the other
@@ -24,7 +30,9 @@ decides; :mod:`mptrain.commands.advise.report` writes advise.md, advise.json and
 ``outputs/advise/<date>/<time>_<model>_<dataset>`` (or ``hydra.run.dir=DIR``) and prints the
 recommendation and the table.
 
-Modules: :mod:`.trials` (one short run, the budget), :mod:`.measure` (every precision within the
-budget), :mod:`.decide` (the decision as a pure function), :mod:`.report` (advise.md/.json/.png),
-:mod:`.run` (the command).
+Modules: :mod:`.recipes` (the candidates as data, their commands), :mod:`.trials` (one short run,
+the budget), :mod:`.measure` (every precision within the budget), :mod:`.seeds` (the finalists'
+seeds), :mod:`.confidence` (the equivalence test, pure), :mod:`.decide` (the decision as a pure
+function), :mod:`.layers` and :mod:`.plan` (FP8's per-layer plan: measured, decided),
+:mod:`.report` (advise.md/.json/.png), :mod:`.run` (the command).
 """

@@ -15,6 +15,9 @@ Pure functions on plain data, no torch: :func:`recommend` takes one :class:`Meas
 3. Among the qualifying, the highest median speed wins; precisions whose ranges overlap the
    fastest one's tie with it, and the tie goes to the simplest recipe (:data:`SIMPLICITY`: no loss
    scaler beats a loss scaler, fewer moving parts beat more).
+4. With ``advise.seeds``, a finalist's equivalence verdict over seeds (:mod:`.confidence`) decides
+   its loss instead of the single run's trajectory: *not equivalent* rules it out, *equivalent*
+   lets it pass even where the single run strayed; *undecided* leaves the single run to decide.
 
 The autocast audit's flags (an op the recipe wants in FP32 that ran in low precision) are not
 disqualifying: the fidelity run measures their effect directly. They are stated with the fix.
@@ -26,12 +29,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from mptrain.commands.advise.confidence import EQUIVALENT, NOT_EQUIVALENT, Verdict, verdict_words
+from mptrain.commands.advise.recipes import SIMPLICITY
+
 # A precision's loss may differ from FP32's by up to this many times the difference a one-ulp nudge
 # of FP32's initial weights makes on its own (chaotic training forks whatever the precision).
 CHAOS_MARGIN = 2.0
-# Ties go to the first of these: TF32 changes nothing in the loop, BF16 needs no loss scaler,
-# FP16 needs one, FP8 adds per-tensor scales on top of BF16.
-SIMPLICITY = ("fp32", "tf32", "bf16", "fp16", "fp8")
 REFERENCE = "fp32"
 
 
@@ -59,7 +62,7 @@ class Speed:
 class Measured:
     """What was measured for one precision; ``None`` fields were not measured (``*_note`` says why)."""
 
-    precision: str  # fp32 | tf32 | bf16 | fp16 | fp8
+    precision: str  # fp32 | tf32 | bf16 | fp16 | fp8 | fp8-rowwise ... (recipes.RECIPES)
     not_run: str | None = None  # nothing measured: refused to build, or no budget for its pilot
     speed: Speed | None = None
     speed_note: str | None = None
@@ -68,6 +71,7 @@ class Measured:
     emulated: bool = False  # FP8 without FP8 hardware
     fp16_overflow: tuple[str, ...] = ()  # FP16 only: layers whose forward exceeds 65504
     audit_modules: tuple[str, ...] = ()  # modules with an op the autocast audit flagged
+    equivalence: Verdict | None = None  # its final loss against FP32's over seeds (advise.seeds)
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,7 @@ def disqualified(m: Measured, ctx: Context) -> str | None:
     if m.not_run:
         return f"not measured: {m.not_run}"
     if m.emulated:  # whatever its numerics, emulation never buys speed
-        return "FP8 only emulated here (no FP8 hardware): numerics without a speed-up"
+        return f"{m.precision} only emulated here (no hardware for it): numerics without a speed-up"
     if m.fidelity is None:
         return f"fidelity not measured ({m.fidelity_note or 'no run'}): cannot vouch for it"
     f = m.fidelity
@@ -145,7 +149,11 @@ def disqualified(m: Measured, ctx: Context) -> str | None:
             f"lost updates: {f.skipped_steps} of {f.steps} optimizer steps skipped "
             f"(more than {ctx.max_skipped_fraction:.0%})"
         )
-    if not f.max_rel_diff <= allowed_difference(ctx):  # also catches NaN
+    v = m.equivalence
+    if v is not None and v.verdict == NOT_EQUIVALENT:
+        return f"final loss over seeds: {verdict_words(m.precision, v)}"
+    passed = v is not None and v.verdict == EQUIVALENT  # the seeds decide, not the single run
+    if not passed and not f.max_rel_diff <= allowed_difference(ctx):  # also catches NaN
         return (
             f"loss trajectory leaves FP32's by up to {f.max_rel_diff:.1%} ({allowance_words(ctx)})"
         )
@@ -241,8 +249,8 @@ def recommend(measured: Sequence[Measured], ctx: Context) -> Advice:
     f = winner.fidelity
     reasons = (
         f"fastest measurable speed-up here: {speed_words(winner.speed)}",
-        f"loss within {_pct(f.max_rel_diff)} of FP32's over {f.steps} steps from the same "
-        f"weights and batches ({allowance_words(ctx)}), final {_pct(f.final_rel_diff)}",
+        _loss_reason(winner, ctx),
+        *([verdict_words(winner.precision, winner.equivalence)] if winner.equivalence else []),
         f"{f.skipped_steps} skipped optimizer steps; no forward overflow",
     )
     fp32 = (REFERENCE, f"the reference: {winner.precision} is {speed_words(winner.speed)}")
@@ -252,6 +260,20 @@ def recommend(measured: Sequence[Measured], ctx: Context) -> Advice:
         (*lost, fp32, *runners_up),
         tuple(fixes(measured, winner.precision, ctx)),
     )
+
+
+def _loss_reason(winner: Measured, ctx: Context) -> str:
+    """The single run's loss against FP32's; where it strayed past the allowance the seeds'
+    verdict (equivalent) let the precision through, and this says so."""
+    f = winner.fidelity
+    words = "within" if f.max_rel_diff <= allowed_difference(ctx) else "up to (past the allowance)"
+    line = (
+        f"loss {words} {_pct(f.max_rel_diff)} of FP32's over {f.steps} steps from the same "
+        f"weights and batches ({allowance_words(ctx)}), final {_pct(f.final_rel_diff)}"
+    )
+    if words != "within":
+        line += "; its final loss over seeds is equivalent, which decides"
+    return line
 
 
 def _shortfall(ctx: Context) -> str:

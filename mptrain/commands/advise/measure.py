@@ -15,11 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mptrain.precision.blocks.gemm import block_gemm_available
+
 if TYPE_CHECKING:
     pass
 
 from mptrain.commands import bench
 from mptrain.commands.advise import decide as advice
+from mptrain.commands.advise import recipes
 from mptrain.commands.advise.trials import (
     MIN_TIMED_S,
     NOT_COMPARED,
@@ -70,6 +73,13 @@ class Candidate:
     # FP32 only: the nudged run's largest relative loss difference from FP32's (advice.Context)
     nudge_spread: float | None = None
     speed: dict[str, Any] | None = None  # a bench row (median, min–max, ratios)
+    recipe: recipes.Recipe | None = None  # what it sets (its label, its command)
+
+    @property
+    def label(self) -> str:
+        """``fp8 rowwise (emulated)``: the recipe's label, and whether it was emulated."""
+        label = self.recipe.label if self.recipe else self.name
+        return f"{label} (emulated)" if self.emulated else label
 
     def fidelity_against(self, reference: Trial | None) -> advice.Fidelity | None:
         """This precision's short run compared with FP32's (``reference``); None if either is
@@ -80,19 +90,41 @@ class Candidate:
         return advice.fidelity_of(f.losses, reference.losses, f.skipped_steps, f.diverged)
 
 
+# Whether a recipe's config runs on the device's hardware for what it ``needs``
+# (recipes.Recipe.needs) rather than emulated: then its speed is worth timing.
+HARDWARE: dict[str, Callable[[RunConfig, torch.device], bool]] = {
+    "FP8 GEMMs": lambda cfg, device: (
+        cfg.fp8.emulate is not True and bench.fp8_gemm_available(device)
+    ),
+    # no real block-scaled GEMM is wired in yet: emulated (and not timed) on every device
+    "block-scaled GEMMs": lambda cfg, device: block_gemm_available(device, cfg.precision.name)[0],
+}
+
+
 def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
-    """FP32 first, then every precision the device runs natively, then FP8 (emulated here or
-    not). FP16 is kept on CPUs even for convolutions: the pilot measures how slow it is."""
+    """FP32 first, then every precision the device runs natively, then every low-precision
+    recipe (:data:`recipes.LOW_PRECISION`; emulated, and not timed, where the device lacks the
+    hardware it needs). FP16 is kept on CPUs even for convolutions: the pilot measures how slow
+    it is. A recipe the user's other keys rule out is skipped with the config's own words."""
     out = []
-    for name, skip in bench.bench_precisions(device, config_has_convolutions(cfg.model)):
-        emulated = name == "fp8" and not bench.fp8_gemm_available(device)
-        if skip and name not in ("fp16", "fp8"):
-            out.append(Candidate(name, cfg, False, skipped={"all": skip}))
+    for name, skip in bench.bench_precisions(
+        device, config_has_convolutions(cfg.model, cfg.task == "lm")
+    ):
+        if name == "fp8":  # bench's one FP8 line: here each of LOW_PRECISION's recipes, below
             continue
-        precision = bench.precision_config(name, cfg.precision)
-        out.append(
-            Candidate(name, dataclasses.replace(cfg, precision=precision), not emulated, emulated)
-        )
+        r = recipes.recipe(name)
+        if skip and name != "fp16":
+            out.append(Candidate(name, cfg, False, skipped={"all": skip}, recipe=r))
+            continue
+        out.append(Candidate(name, recipes.apply(cfg, r), True, recipe=r))
+    for r in recipes.LOW_PRECISION:
+        recipe_cfg = recipes.apply(cfg, r)
+        emulated = not HARDWARE[r.needs](recipe_cfg, device)
+        c = Candidate(r.name, recipe_cfg, not emulated, emulated, recipe=r)
+        refused = recipes.refusal(recipe_cfg)
+        if refused:
+            c.skipped["all"] = refused
+        out.append(c)
     return out
 
 

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
+from mptrain.commands.advise import confidence, predict, recipes
+from mptrain.commands.advise import plan as layer_plan
 from mptrain.commands.advise.decide import CHAOS_MARGIN, Advice
 from mptrain.commands.advise.trials import REPORT, START_UP, WARM_UP, Budget
 from mptrain.output.render import fmt_bytes
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from mptrain.config.run import RunConfig
 
 ADVISE_JSON, ADVISE_MD, ADVISE_PNG = "advise.json", "advise.md", "advise.png"
+ADVISE_LAYERS_PNG = "advise_layers.png"  # FP8's per-layer map (advise.plan)
 
 
 # ------------------------------------------------------------------------------ the record
@@ -43,7 +46,8 @@ def _row(c: Any, reference: Any) -> dict[str, Any]:
     fidelity = c.fidelity_against(reference)
     return {
         "precision": c.name,
-        "label": (c.pilot.label if c.pilot else c.name),
+        "label": c.label,
+        "overrides": recipes.command_overrides(c.recipe) if c.recipe else [],
         "emulated": c.emulated,
         "skipped": dict(c.skipped),
         "pilot": _trial(c.pilot),
@@ -93,6 +97,8 @@ def assemble(
     """advise.json's content (plain types): the setting, every figure, the decision."""
     cands = found["candidates"]
     reference = next((c.fidelity for c in cands if c.name == "fp32"), None)
+    rows = [_row(c, reference) for c in cands]
+    predict.compare(found.get("prediction"), rows)
     return {
         "model": cfg.model.name,
         "dataset": cfg.dataset.name,
@@ -113,9 +119,13 @@ def assemble(
             "fixes": list(decision.fixes),
             "command": command,
         },
-        "precisions": [_row(c, reference) for c in cands],
+        "precisions": rows,
+        # advise.target's GPU: each precision's predicted step, labelled so (None: not asked)
+        "prediction": found.get("prediction"),
         "fp32_one_ulp_check": _one_ulp_check(cands),
         "numerics": _numerics(found["numerics"]),
+        "layer_plan": found["plan"],  # FP8's per-layer plan: every per-layer figure, the runs
+        "confidence": found.get("confidence"),  # advise.seeds: every seed's figures, verdicts
         "timings_s": found["timings"],
     }
 
@@ -188,8 +198,8 @@ def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
         )
         ops = f"{len(flagged)} op{'' if len(flagged) == 1 else 's'} flagged"
         parts.append(f"audit: {ops}" + (f" ({', '.join(where)})" if flagged else ""))
-    fp8 = numerics["fp8"]
-    if name == "fp8" and fp8 and "layers" in fp8:
+    fp8 = numerics["fp8"]  # the layer choice, the same for every FP8 recipe
+    if recipes.runs(name) == "fp8" and fp8 and "layers" in fp8:
         converted = sum(layer["converted"] for layer in fp8["layers"])
         parts.append(
             f"{converted} of {len(fp8['layers'])} Linear layers in FP8, "
@@ -198,12 +208,18 @@ def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def headers(result: dict[str, Any]) -> list[str]:
+    """The evidence table's columns: HEADERS, then the predicted ones when there is a target."""
+    return [*HEADERS, *predict.headers(result.get("prediction"))]
+
+
 def table_rows(result: dict[str, Any]) -> list[list[str]]:
     lm = result["task"] == "lm"
     rows = []
     for row in result["precisions"]:
+        predicted = predict.cells(result.get("prediction"), row["precision"], lm)
         if row["skipped"].get("all"):
-            rows.append([row["label"], "not measured (below)"] + [""] * 5)
+            rows.append([row["label"], "not measured (below)"] + [""] * 5 + predicted)
             continue
         rows.append(
             [
@@ -211,6 +227,7 @@ def table_rows(result: dict[str, Any]) -> list[list[str]]:
                 *_speed_cells(row, lm),
                 *_fidelity_cells(row),
                 numerics_cell(row["precision"], result["numerics"]),
+                *predicted,
             ]
         )
     return rows
@@ -222,15 +239,21 @@ def recommendation_lines(result: dict[str, Any]) -> list[str]:
     rec = result["recommendation"]
     headline = f"Recommendation: {rec['precision']}" if rec["measured"] else "No recommendation"
     lines = [f"**{headline}**", ""]
+    lead = confidence.lead_lines(result.get("confidence"), result["interrupted"])
+    lines += [*lead, ""] if lead else []
     lines += [f"- {r}" for r in rec["reasons"]]
     lines += ["", "Runners-up:"]
-    lines += [f"- {r['precision']}: {r['why']}" for r in rec["runners_up"]]
+    lines += [f"- {r['precision']}: {r['why']}{_command(r)}" for r in rec["runners_up"]]
     if rec["fixes"]:
         lines += ["", "Fixes worth trying:"]
         lines += [f"- `{f.split(': ', 1)[0]}`: {f.split(': ', 1)[1]}" for f in rec["fixes"]]
     if rec["measured"]:
         lines += ["", "Train with it:", "", "```bash", rec["command"], "```"]
     return lines
+
+
+def _command(runner_up: dict[str, Any]) -> str:
+    return f" (`{runner_up['command']}`)" if runner_up.get("command") else ""
 
 
 def interrupted_line(result: dict[str, Any]) -> str | None:
@@ -288,7 +311,8 @@ def skipped_lines(result: dict[str, Any]) -> list[str]:
         for part, why in row["skipped"].items():
             what = row["precision"] if part == "all" else f"{row['precision']} {part}"
             lines.append(f"- {what}: {why}")
-    return lines
+    lines += layer_plan.skipped_lines(result["layer_plan"])
+    return lines + confidence.skipped_lines(result.get("confidence"))
 
 
 def render(result: dict[str, Any]) -> str:
@@ -303,10 +327,11 @@ def render(result: dict[str, Any]) -> str:
         *([busy, ""] if (busy := busy_line(result)) else []),
         *recommendation_lines(result),
         "",
+        *layer_plan.section(result["layer_plan"], ADVISE_LAYERS_PNG),
         "## Evidence",
         "",
-        "| " + " | ".join(HEADERS) + " |",
-        "|" + "---|" * len(HEADERS),
+        "| " + " | ".join(headers(result)) + " |",
+        "|" + "---|" * len(headers(result)),
         *("| " + " | ".join(cells) + " |" for cells in table_rows(result)),
         "",
         f"Speed: medians of {_reps_done(result)} repetitions of {_timed_steps(result)} steps after "
@@ -315,6 +340,8 @@ def render(result: dict[str, Any]) -> str:
         "initial weights and batches; relative difference of the mean loss over windows of a "
         f"tenth of the run (tolerance {s['tolerance']:.0%}).",
         _one_ulp_line(result["fp32_one_ulp_check"]),
+        *([method] if (method := confidence.method_line(result.get("confidence"))) else []),
+        *predict.lines(result.get("prediction")),
     ]
     skipped = skipped_lines(result)
     if skipped:
@@ -343,7 +370,10 @@ def write(result: dict[str, Any], output_dir: Path, budget: Budget) -> None:
     """advise.png, then advise.json and advise.md with the time taken against ``budget`` (the
     figure included), each file written atomically."""
     started = time.perf_counter()
-    from mptrain.output.plots import plot_advice  # matplotlib: most of the report's time
+    from mptrain.output.plots import (  # matplotlib: most of the report's time
+        plot_advice,
+        plot_layer_plan,
+    )
 
     output_dir.mkdir(parents=True, exist_ok=True)
     curves = {r["label"]: r["losses"] for r in result["precisions"] if r["losses"]}
@@ -354,16 +384,28 @@ def write(result: dict[str, Any], output_dir: Path, budget: Budget) -> None:
     ]
     title = f"mptrain advise: {result['model']} on {result['dataset']}"
     plot_advice(curves, speeds, title, output_dir / ADVISE_PNG)
+    if rows := layer_plan.figure_rows(result["layer_plan"]):
+        plot_layer_plan(rows, f"{title}: FP8 per layer", output_dir / ADVISE_LAYERS_PNG)
     result["timings_s"][REPORT] = time.perf_counter() - started  # the files: milliseconds
     result["elapsed_s"] = budget.elapsed_s()
     atomic_write_text(output_dir / ADVISE_JSON, json.dumps(clean_json(result), indent=2) + "\n")
     atomic_write_text(output_dir / ADVISE_MD, render(result))
 
 
+def show_plan(console: Console, plan: dict[str, Any]) -> None:
+    """FP8's per-layer plan on a terminal: its headline, runs and command (the table: advise.md)."""
+    for line in layer_plan.summary_lines(plan) if "ranking" in plan else []:
+        if line.startswith("**"):
+            console.print(f"[bold]FP8 per layer: {escape(line.strip('*'))}[/bold]")
+        elif not line.startswith("```"):  # Markdown's fence: the command stands on its own line
+            console.print(escape(line))
+
+
 def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
     """The recommendation and the table: rich on a terminal, advise.md's lines elsewhere."""
     if not console.is_terminal:
-        print(render(result).split("\n![")[0].rstrip())
+        lines = render(result).split("\n")  # the figures' links are for advise.md only
+        print("\n".join(line for line in lines if not line.startswith("![")).rstrip())
         print(f"advise written to {output_dir / ADVISE_MD}")
         return
     heads = [head for head in (interrupted_line(result), busy_line(result)) if head]
@@ -375,11 +417,14 @@ def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
         else:
             console.print(escape(line))
     table = Table(title=f"evidence: {result['model']} on {result['dataset']}")
-    for header in HEADERS:
+    for header in headers(result):
         table.add_column(header, overflow="fold")
     for cells in table_rows(result):
         table.add_row(*(escape(c) for c in cells))
     console.print(table)
+    for line in predict.lines(result.get("prediction")):
+        console.print(escape(line))
+    show_plan(console, result["layer_plan"])
     skipped = skipped_lines(result)
     if skipped:
         console.print("Not measured:")

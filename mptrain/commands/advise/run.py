@@ -15,6 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from mptrain.commands.advise import decide as advice
+from mptrain.commands.advise.recipes import add_commands, command_for
 from mptrain.platform import contention, hardware
 from mptrain.platform.signals import SignalsHeld, Terminated
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
     from mptrain.commands.advise.measure import Candidate
     from mptrain.commands.advise.trials import Budget, Trial
+    from mptrain.config.commands import AdviseConfig
     from mptrain.config.run import RunConfig
 
 
@@ -54,17 +56,8 @@ def to_measured(c: Candidate, reference: Trial | None, numerics: dict[str, Any])
     )
 
 
-def command_for(overrides: list[str], precision: str) -> str:
-    """The command that trains with ``precision``: the user's overrides without what only
-    advise reads (advise.*, bench.*, hydra.run.dir) and without their own precision."""
-    import shlex
-
-    dropped = ("precision=", "advise.", "bench.", "hydra.run.dir=")
-    kept = [o for o in overrides if not o.lstrip("+~").startswith(dropped)]
-    return " ".join(["mptrain", f"precision={precision}", *(shlex.quote(o) for o in kept)])
-
-
 def decide(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> advice.Advice:
+    from mptrain.commands.advise.seeds import with_verdicts
     from mptrain.models.build import config_has_convolutions
 
     cands, numerics = found["candidates"], found["numerics"]
@@ -75,23 +68,29 @@ def decide(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> advic
         fp32_spread=next((c.nudge_spread for c in cands if c.name == "fp32"), None),
         max_skipped_fraction=cfg.advise.max_skipped_fraction,
         device_type=device.type,
-        has_convolutions=config_has_convolutions(cfg.model),
+        has_convolutions=config_has_convolutions(cfg.model, cfg.task == "lm"),
         channels_last=cfg.channels_last,
         interrupted_by=interrupted["signal"] if interrupted else None,
         busy=contention.busy_words(found.get("machine_load")),
     )
-    return advice.recommend([to_measured(c, reference, numerics) for c in cands], ctx)
+    measured = [to_measured(c, reference, numerics) for c in cands]
+    measured = with_verdicts(measured, found.get("confidence"), ctx.interrupted_by)
+    return advice.recommend(measured, ctx)
 
 
-def new_findings(cands: list[Candidate]) -> dict[str, Any]:
+def new_findings(cands: list[Candidate], settings: AdviseConfig) -> dict[str, Any]:
     """What :func:`measure_all` fills in place, so that an interrupt keeps what was measured:
-    the candidates, the numerics, each part's seconds, and (set after an interrupt) which
-    signal came during which part."""
+    the candidates, the numerics, each part's seconds, the seeds, and (set after an interrupt)
+    which signal came during which part."""
+    from mptrain.commands.advise.layers import new_plan
     from mptrain.commands.advise.measure import new_numerics
+    from mptrain.commands.advise.seeds import new_confidence
 
     return {
+        "confidence": new_confidence(settings),
         "candidates": cands,
         "numerics": new_numerics(),
+        "plan": new_plan(),  # FP8's per-layer plan (advise.plan)
         "timings": {},
         "interrupted": None,
         "machine_load": None,  # set once speed was measured: whether others competed for cores
@@ -99,13 +98,15 @@ def new_findings(cands: list[Candidate]) -> dict[str, Any]:
 
 
 def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
-    """Steps 1–4 of the module doc within ``budget``, into ``found`` (:func:`new_findings`)."""
+    """Steps 1–5 of the package doc within ``budget``, into ``found`` (:func:`new_findings`)."""
+    from mptrain.commands.advise.layers import run_plan
     from mptrain.commands.advise.measure import (
         measure_numerics,
         run_fidelity,
         run_pilots,
         run_speed,
     )
+    from mptrain.commands.advise.seeds import run_seeds, speed_budget
     from mptrain.commands.advise.trials import START_UP, timed_part
 
     cands, timings = found["candidates"], found["timings"]
@@ -114,14 +115,18 @@ def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
     with timed_part(timings, "numerics"):
         measure_numerics(cfg, cands, budget, found["numerics"])
     run_fidelity(cands, cfg.advise, budget, timings)
+    run_plan(cands, cfg.advise, budget, timings, found["plan"])
     before = contention.sample()
-    run_speed(cands, cfg.advise, budget, timings)
-    found["machine_load"] = contention.judged_since(before, hardware.resolve_device(cfg.device))
+    run_speed(cands, cfg.advise, speed_budget(cands, cfg.advise, budget), timings)
+    device = hardware.resolve_device(cfg.device)
+    found["machine_load"] = contention.judged_since(before, device)
+    run_seeds(cfg, found, decide(cfg, found, device), budget, timings)  # the finalists'
 
 
 def note_interrupt(found: dict[str, Any], signal_name: str, budget: Budget) -> None:
     """Record in ``found`` that ``signal_name`` stopped the measuring, during which part and
     when, and list every part not reached as not measured because of it."""
+    from mptrain.commands.advise.layers import note_not_reached
     from mptrain.commands.advise.measure import mark_not_reached
     from mptrain.commands.advise.trials import IN_PROGRESS
 
@@ -130,6 +135,7 @@ def note_interrupt(found: dict[str, Any], signal_name: str, budget: Budget) -> N
     found["interrupted"] = {"signal": signal_name, "during": during, "after_s": budget.elapsed_s()}
     why = f"interrupted by {signal_name}" + (f" during {during}" if during else "")
     mark_not_reached(found["candidates"], found["numerics"], timings, why)
+    note_not_reached(found["plan"], why)
 
 
 class StopOnce(SignalsHeld):
@@ -164,7 +170,7 @@ def run_advise(
 
     device = hardware.resolve_device(cfg.device)
     with StopOnce() as stop:
-        found = new_findings(candidates(cfg, device))
+        found = new_findings(candidates(cfg, device), cfg.advise)
         output_dir.mkdir(parents=True, exist_ok=True)  # where the advice goes, from the start
         try:
             measure_all(cfg, budget, found)
@@ -194,13 +200,21 @@ def write_advice(
     found: dict[str, Any],
     device: torch.device,
 ) -> dict[str, Any]:
-    """Decide on ``found``, write advise.png/.json/.md into ``output_dir``, print; the result."""
+    """Predict the speed on ``advise.target`` (:mod:`.predict`), decide on ``found``, write
+    advise.png/.json/.md into ``output_dir``, print; the result."""
+    from mptrain.commands.advise import predict
     from mptrain.commands.advise import report as advise_report
+    from mptrain.commands.advise.plan import add_command
+    from mptrain.commands.advise.trials import timed_part
 
+    with timed_part(found["timings"], "prediction"):
+        found["prediction"] = predict.predict(cfg, device, found["candidates"])
     decision = decide(cfg, found, device)
+    add_command(found["plan"], overrides)
     result = advise_report.assemble(
         cfg, device, found, decision, command_for(overrides, decision.precision)
     )
+    add_commands(result, overrides)
     advise_report.write(result, output_dir, budget)
     advise_report.show(console, result, output_dir)
     return result

@@ -1,0 +1,306 @@
+"""The FP8 per-layer plan as pure functions on plain data, no torch: which eligible Linear layers
+are most sensitive to FP8, and the smallest set of them to keep in high precision.
+
+What :mod:`.layers` measured on one batch from FP32's initial weights (every figure against the
+same batch in FP32): for every eligible layer the SQNR of the model's gradient (all parameters as
+one vector) with that layer **alone** in FP8 and with **all but** it in FP8, and the same with
+**none** (the rest of precision=fp8: BF16 autocast) and **all** of them in FP8. Gradient errors
+from different layers add as powers (noise-to-signal ratios, NSR = 10^(−SQNR/10)), so a layer's
+part of the all-layers error is estimated twice — what it adds alone, NSR(alone) − NSR(none), and
+what keeping it removes, NSR(all) − NSR(all but) — and :func:`share` is their mean as a fraction
+of NSR(all) − NSR(none). :func:`rank` orders the layers by it (ties: the lower output SQNR first).
+
+The plan: when the all-layers short run is within the allowed difference to FP32's loss nothing
+is kept. Otherwise layers are kept in rank order, and short runs find the smallest such prefix
+within: the first keeps the smallest prefix predicted within (:func:`first_keep`; the
+prediction, :func:`predicted_gaps`, scales the all-layers run's loss gap by the root of the
+one-batch NSR ratio: first order, so far from exact when the all-layers gap is large), the next
+ones step down while within and up while not (:func:`next_keep`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Sequence
+from typing import Any
+
+from mptrain.commands.advise import recipes
+
+PLANNED = "fp8"  # the recipe the plan is for: FP8 tensorwise, mptrain's default
+
+
+def nsr(sqnr_db: float) -> float:
+    """The noise-to-signal power ratio of an SQNR in dB (inf dB: 0; −inf or NaN: inf)."""
+    if math.isnan(sqnr_db):
+        return math.inf
+    return 10.0 ** (-sqnr_db / 10.0)
+
+
+def _gain(worse: float, better: float) -> float:
+    """``worse − better`` for NSRs, with inf − inf = 0 (keeping a layer that leaves the error
+    non-finite removes nothing)."""
+    if math.isinf(worse) and math.isinf(better):
+        return 0.0
+    return max(0.0, worse - better)
+
+
+def error_part(layer: dict[str, Any], none_db: float, all_db: float) -> float:
+    """A layer's part of the all-layers gradient NSR: the mean of what it adds alone and what
+    keeping it in high precision removes (see module doc)."""
+    alone = _gain(nsr(layer["alone"]["grad_sqnr_db"]), nsr(none_db))
+    removed = _gain(nsr(all_db), nsr(layer["all_but"]["grad_sqnr_db"]))
+    return (alone + removed) / 2
+
+
+def share(layer: dict[str, Any], none_db: float, all_db: float) -> float | None:
+    """:func:`error_part` as a fraction of the all-layers error above the no-FP8 floor; None when
+    that error is not a finite positive number (nothing to share)."""
+    total = _gain(nsr(all_db), nsr(none_db))
+    if not 0 < total < math.inf:
+        return None
+    return error_part(layer, none_db, all_db) / total
+
+
+def rank(layers: Sequence[dict[str, Any]], none_db: float, all_db: float) -> list[str]:
+    """The layers' names, most sensitive first: the largest :func:`error_part`, then the lowest
+    output SQNR (its own quantization error), then the model's order."""
+
+    def key(item: tuple[int, dict[str, Any]]) -> tuple[float, float, int]:
+        i, layer = item
+        output_db = layer["output_sqnr_db"]
+        return (
+            -error_part(layer, none_db, all_db),
+            -math.inf if math.isnan(output_db) else output_db,
+            i,
+        )
+
+    return [layer["name"] for _, layer in sorted(enumerate(layers), key=key)]
+
+
+def predicted_gaps(prefix_dbs: Sequence[float], gap_all: float | None) -> list[float | None]:
+    """The loss gap to FP32 predicted for keeping the ranking's first k layers in high
+    precision, k = 0..n: ``prefix_dbs[k]`` is the one-batch gradient SQNR with them kept
+    (``prefix_dbs[0]``: all in FP8); the all-layers run's ``gap_all`` scaled by
+    sqrt(NSR(k) / NSR(0)). None where that cannot be said (no finite gap or error to scale)."""
+    base = nsr(prefix_dbs[0]) if prefix_dbs else math.inf
+    if gap_all is None or not math.isfinite(gap_all) or not 0 < base < math.inf:
+        return [None] * len(prefix_dbs)
+    return [gap_all * math.sqrt(nsr(db) / base) for db in prefix_dbs]
+
+
+def first_keep(gap_all: float | None, allowed: float, predicted: Sequence[float | None]) -> int:
+    """How many of the ranked layers the first verifying run keeps in high precision: 0 when the
+    all-layers run is within ``allowed`` (no run needed); else the smallest k ≥ 1, short of all
+    n, predicted within; 1 when none is (or nothing could be predicted)."""
+    if gap_all is not None and gap_all <= allowed:
+        return 0
+    n = len(predicted) - 1  # predicted[k] for k = 0..n
+    for k in range(1, n):
+        p = predicted[k]
+        if p is not None and p <= allowed:
+            return k
+    return 1
+
+
+def next_keep(verified: dict[int, bool], n: int) -> int | None:
+    """The next number of ranked layers to keep in a verifying run, given ``verified`` (k ->
+    whether keeping the first k was within), or None when the search is over: down from the
+    smallest k within until the one below it is not (or k = 1), up from the largest k not within
+    while that stays short of all ``n`` layers. The smallest prefix within, when the loss gap
+    shrinks as layers are kept: ``min`` of the k within."""
+    within_ks = [k for k, ok in verified.items() if ok]
+    if within_ks:
+        k = min(within_ks)
+        return None if k == 1 or verified.get(k - 1) is False else k - 1
+    k = max(verified) + 1
+    return k if k < n else None
+
+
+def within(fidelity: dict[str, Any], allowed: float) -> bool:
+    """A short run counts as faithful: it ran to its end and its loss never left FP32's by more
+    than ``allowed`` (relative)."""
+    return fidelity["diverged"] is None and fidelity["max_rel_diff"] <= allowed
+
+
+# Module names Hydra's override grammar reads as one plain string in a list; others are quoted.
+_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*")
+_WORDS = ("true", "false", "null", "inf", "nan")  # plain, but read as a bool, null or number
+
+
+def add_command(plan: dict[str, Any], overrides: list[str]) -> None:
+    """``plan["command"]`` once a set is verified: the command that trains with the ``fp8``
+    recipe and the plan's layers kept in high precision — the user's fp8.exclude patterns and
+    the plan's in one override, in place of the user's own."""
+    kept = plan.get("kept")
+    if kept is None:
+        return
+    if not kept:
+        plan["command"] = recipes.command_for(overrides, PLANNED)
+        return
+    others = [o for o in overrides if not o.lstrip("+~").startswith("fp8.exclude")]
+    override = exclude_override([*plan["exclude_base"], *kept])
+    plan["command"] = f"{recipes.command_for(others, PLANNED)} {shlex.quote(override)}"
+
+
+def exclude_override(patterns: Sequence[str]) -> str:
+    """``fp8.exclude=[head,blocks.0.mlp.fc]``: the override that keeps ``patterns`` (module-name
+    patterns, as fp8.exclude matches them) in high precision; a name Hydra would read as a number
+    or split is single-quoted (``'0'``)."""
+    items = [
+        p if _PLAIN.fullmatch(p) and p.lower() not in _WORDS else "'" + p.replace("'", "\\'") + "'"
+        for p in patterns
+    ]
+    return f"fp8.exclude=[{','.join(items)}]"
+
+
+# ------------------------------------------------------------------------------ the words
+def _db(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.1f} dB" if math.isfinite(x) else ("exact" if x > 0 else "none")
+
+
+def _pct(x: float | None) -> str:
+    if x is None:
+        return "n/a"
+    return f"{x:.2%}" if math.isfinite(x) else "inf"
+
+
+def _gap_words(run: dict[str, Any]) -> str:
+    """``within 0.52% of FP32's loss (final 0.31%)`` or ``diverged: ...``."""
+    if run["diverged"]:
+        return f"diverged ({run['diverged']})"
+    return (
+        f"up to {_pct(run['max_rel_diff'])} from FP32's loss (final {_pct(run['final_rel_diff'])})"
+    )
+
+
+def headline(plan: dict[str, Any]) -> str:
+    """The plan in one bold line: what to keep in high precision, or that no set was found."""
+    kept, n = plan.get("kept"), len(plan["ranking"])
+    if kept is None:
+        return "**No per-layer plan verified** (why: under Not measured)"
+    if not kept:
+        return (
+            f"**Every eligible layer can stay in FP8** ({n} layer{'s' if n > 1 else ''}): "
+            "nothing to keep in high precision"
+        )
+    return f"**Keep {len(kept)} of {n} eligible layers in high precision: {', '.join(kept)}**"
+
+
+def evidence_lines(plan: dict[str, Any]) -> list[str]:
+    """The runs behind the plan: all layers in FP8, each verifying run, the predictions."""
+    allowed = f"allowed {plan['allowed']:.1%}" if "allowed" in plan else "no allowance"
+    lines = []
+    if "all_layers" in plan:
+        lines.append(f"- every eligible layer in FP8: {_gap_words(plan['all_layers'])}; {allowed}")
+    predicted = plan.get("predicted") or []
+    for run in plan["runs"]:
+        k = len(run["kept"])
+        guess = (
+            f", predicted {_pct(predicted[k])}"
+            if k < len(predicted) and predicted[k] is not None
+            else ""
+        )
+        verdict = "within" if run["within"] else "out of tolerance"
+        lines.append(
+            f"- verifying run keeping {', '.join(run['kept'])}: {_gap_words(run)}{guess}: {verdict}"
+        )
+    return lines
+
+
+TABLE_HEADERS = (
+    "rank",
+    "layer",
+    "in × out",
+    "share of FP8's gradient error",
+    "output SQNR",
+    "input-grad SQNR",
+    "weight-grad SQNR",
+    "model-grad SQNR: alone / all but",
+    "loss: alone / all but",
+)
+
+
+def table_rows(plan: dict[str, Any]) -> list[list[str]]:
+    """One row per eligible layer, in rank order."""
+    rows = []
+    for layer in sorted(plan["layers"], key=lambda row: row["rank"]):
+        kept = " (kept)" if layer["name"] in (plan.get("kept") or []) else ""
+        rows.append(
+            [
+                str(layer["rank"]),
+                f"{layer['name']}{kept}",
+                " × ".join(map(str, layer["shape"])),
+                _pct(layer["share"]),
+                _db(layer["output_sqnr_db"]),
+                _db(layer["input_grad_sqnr_db"]),
+                _db(layer["weight_grad_sqnr_db"]),
+                f"{_db(layer['alone']['grad_sqnr_db'])} / {_db(layer['all_but']['grad_sqnr_db'])}",
+                f"{_pct(layer['alone']['loss_rel'])} / {_pct(layer['all_but']['loss_rel'])}",
+            ]
+        )
+    return rows
+
+
+def summary_lines(plan: dict[str, Any]) -> list[str]:
+    """The plan's headline, the runs behind it and the command (Markdown)."""
+    lines = [headline(plan), "", *evidence_lines(plan)]
+    if plan.get("command"):
+        lines += ["", "Train with it:", "", "```bash", plan["command"], "```"]
+    return lines
+
+
+def section(plan: dict[str, Any] | None, figure: str) -> list[str]:
+    """advise.md's FP8 plan (Markdown): the headline, the command, the runs, the ranked table;
+    nothing when no layer was ranked (the reason is under Not measured)."""
+    if not plan or "ranking" not in plan:
+        return []
+    table = [TABLE_HEADERS, ["---"] * len(TABLE_HEADERS), *table_rows(plan)]
+    lines = ["## FP8: layers kept in high precision", "", *summary_lines(plan), ""]
+    lines += [f"| {' | '.join(cells)} |" for cells in table]
+    lines += [
+        "",
+        f"One batch from FP32's initial weights, every figure against FP32's: each layer's own "
+        f"error with all of them in FP8 (its output and gradients from the same input), and the "
+        f"model's gradient and loss with the layer alone in FP8 or all but it (the rest under "
+        f"{plan['autocast']} autocast, as precision=fp8 runs; {plan['recipe']}). Ranked by the "
+        f"layer's share of the all-layers gradient error ({_db(plan['all']['grad_sqnr_db'])}; "
+        f"no layer in FP8: {_db(plan['none']['grad_sqnr_db'])}); kept in rank order, the "
+        f"verifying run checks what the gradient error predicts.",
+        "",
+        f"![per-layer FP8 sensitivity]({figure})",
+        "",
+    ]
+    return lines
+
+
+def skipped_lines(plan: dict[str, Any] | None) -> list[str]:
+    """The plan's parts not measured, with why (advise.md's Not measured list)."""
+    if not plan:
+        return []
+    return [
+        f"- fp8 per-layer plan{'' if part == 'all' else ' ' + part}: {why}"
+        for part, why in plan["skipped"].items()
+    ]
+
+
+def figure_rows(plan: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The per-layer map's rows (:func:`mptrain.output.plots.plot_layer_plan`), in rank order;
+    none when no layer was ranked."""
+    if not plan or "ranking" not in plan:
+        return []
+    kept = plan.get("kept") or []
+    return [
+        {
+            "label": f"{row['rank']}. {row['name']}" + (" (kept)" if row["name"] in kept else ""),
+            "output_sqnr_db": row["output_sqnr_db"],
+            "input_grad_sqnr_db": row["input_grad_sqnr_db"],
+            "weight_grad_sqnr_db": row["weight_grad_sqnr_db"],
+            "alone_grad_sqnr_db": row["alone"]["grad_sqnr_db"],
+            "share": row["share"],
+        }
+        for row in sorted(plan["layers"], key=lambda row: row["rank"])
+    ]

@@ -1,0 +1,187 @@
+"""advise's predicted speed on a named GPU (``advise.target``), beside what it measured.
+
+``advise.target=h100`` (any name of :mod:`mptrain.platform.gpus`) predicts each candidate's
+step (each precision and FP8 recipe, and TF32) on that GPU from the model's GEMM shapes and
+memory traffic (:mod:`mptrain.precision.roofline`: a lower bound of the step's time, so an upper
+bound of its speed); ``auto`` (the default) predicts for the GPU advise runs on, and for nothing on a CPU;
+``none`` turns it off. The prediction is labelled *predicted* wherever it is shown. When advise
+runs on the target GPU, each measured row gets the prediction's error ((predicted − measured) /
+measured) and its model FLOPs utilisation against the FLOP-weighted peak of the formats its
+GEMMs ran in (defined for FP8 and BF16 mixed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from mptrain.config.base import ConfigError
+from mptrain.platform import gpus
+
+if TYPE_CHECKING:
+    import torch
+
+    from mptrain.commands.advise.measure import Candidate
+    from mptrain.config.run import RunConfig
+
+BASIS = (
+    "roofline at best: each GEMM pass max(FLOPs / the format's dense peak, bytes / bandwidth), "
+    "plus casts, the other operations and the optimizer step at the bandwidth; no efficiency "
+    "factor, so a measured step is slower"
+)
+
+
+def device_name(device: torch.device) -> str | None:
+    """The CUDA device's name (``NVIDIA H100 80GB HBM3``); None on a CPU."""
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else None
+
+
+def target_gpu(cfg: RunConfig, device: torch.device) -> tuple[gpus.GPU | None, str]:
+    """(the GPU advise predicts for, or None; the line that says which and why). The name was
+    checked with the config (:func:`mptrain.config.commands.check_target`)."""
+    return gpus.resolve_target(cfg.advise.target, device_name(device))
+
+
+def predict(cfg: RunConfig, device: torch.device, candidates: list[Candidate]) -> dict[str, Any]:
+    """advise.json's ``prediction``: the target, the GPU's row and its source, and per candidate
+    (and TF32, which a GPU would add) the predicted step or why there is none. A model the
+    predictor cannot account is said, not hidden (``error``)."""
+    gpu, note = target_gpu(cfg, device)
+    out: dict[str, Any] = {"target": cfg.advise.target, "note": note, "gpu": None, "rows": {}}
+    if gpu is None:
+        return out
+    here = device_name(device)
+    out["gpu"] = {"key": gpu.key, "name": gpu.name, "source": gpu.source}
+    out["same_device"] = here is not None and gpus.row_for_device_name(here) == gpu
+    out["basis"] = BASIS
+    from mptrain.commands.advise import recipes
+    from mptrain.precision.speed import data_shape, predict_configs
+
+    configs = {c.name: c.cfg for c in candidates}
+    configs.setdefault("tf32", recipes.apply(cfg, recipes.recipe("tf32")))
+    try:
+        found = predict_configs(configs, data_shape(cfg), gpu)
+    except (ConfigError, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+        out["error"] = f"the model could not be accounted on the meta device: {exc}"
+        return out
+    out["rows"] = {
+        name: (
+            {"none": p}
+            if isinstance(p, str)
+            else {**dataclasses.asdict(p), "launch_bound": p.launch_bound}
+        )
+        for name, p in found.items()
+    }
+    _add_ratios(out["rows"])
+    return out
+
+
+def predict_samples_per_s(cfg: RunConfig) -> float:
+    """The roofline's samples/s for ``cfg`` as configured (its precision and FP8 scaling) on the
+    GPU this process runs on: ``benchmarks/gpu_speed.py``'s predictor hook. ValueError with the
+    reason when there is none (a CPU, a GPU the table lacks, a format it lacks)."""
+    import torch
+
+    from mptrain.precision.speed import data_shape, predict_configs
+
+    here = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    gpu, why = gpus.resolve_target(gpus.AUTO, here)
+    if gpu is None:
+        raise ValueError(why)
+    found = predict_configs({"cfg": cfg}, data_shape(cfg), gpu)["cfg"]
+    if isinstance(found, str):
+        raise ValueError(found)
+    return found.samples_per_s
+
+
+def _add_ratios(rows: dict[str, dict[str, Any]]) -> None:
+    """Each predicted row's speed-up over the predicted FP32 and BF16 steps."""
+    for reference in ("fp32", "bf16"):
+        base = rows.get(reference, {}).get("step_time_s")
+        for row in rows.values():
+            if base and "step_time_s" in row:
+                row[f"vs_{reference}"] = base / row["step_time_s"]
+
+
+def compare(prediction: dict[str, Any] | None, rows: list[dict[str, Any]]) -> None:
+    """On the target GPU itself, give each predicted row the measured speed beside it: the
+    prediction's error and the measured MFU against the FLOP-weighted peak (in place)."""
+    if not prediction or not prediction.get("same_device"):
+        return
+    for row in rows:
+        predicted = prediction["rows"].get(row["precision"], {})
+        speed = row["speed"]
+        if "samples_per_s" not in predicted or not speed or row["emulated"]:
+            continue
+        measured = speed["samples_per_s"]
+        per_sample = predicted["model_flops"] / predicted["batch"]
+        predicted["measured_samples_per_s"] = measured
+        predicted["error"] = (predicted["samples_per_s"] - measured) / measured
+        predicted["measured_mfu"] = measured * per_sample / (predicted["mixed_peak_tflops"] * 1e12)
+
+
+# ------------------------------------------------------------------------------ the table
+def headers(prediction: dict[str, Any] | None) -> list[str]:
+    """The evidence table's extra columns: the prediction, and (on that GPU) its error."""
+    if not prediction or not prediction.get("rows"):
+        return []
+    columns = [f"predicted on {prediction['gpu']['key']} (roofline, at best)"]
+    if prediction.get("same_device"):
+        columns.append("measured vs predicted")
+    return columns
+
+
+def cells(prediction: dict[str, Any] | None, precision: str, lm: bool) -> list[str]:
+    """The extra columns' cells of ``precision``'s row (see :func:`headers`)."""
+    columns = headers(prediction)
+    if not columns:
+        return []
+    row = prediction["rows"].get(precision)
+    if row is None:
+        return [""] * len(columns)
+    if "none" in row:
+        return [f"n/a: {row['none']}"] + [""] * (len(columns) - 1)
+    rate = row["tokens_per_s"] if lm and row["tokens_per_s"] else row["samples_per_s"]
+    unit = "tokens/s" if lm and row["tokens_per_s"] else "samples/s"
+    text = f"{rate:,.0f} {unit}, {_duration(row['step_time_s'])}/step"
+    if "vs_fp32" in row and precision != "fp32":
+        text += f", {row['vs_fp32']:.2f}× fp32"
+    if row["launch_bound"]:
+        text += f"; launch-bound: ~{row['kernels']} kernels at ≥ 5 µs each take longer"
+    out = [f"predicted {text}"]
+    if len(columns) > 1:
+        out.append(
+            f"error {row['error']:+.0%}, MFU {row['measured_mfu']:.1%}" if "error" in row else ""
+        )
+    return out
+
+
+def _duration(seconds: float) -> str:
+    """``62.7 ms``, ``1.48 µs``, ``2.16 s``: three figures in the unit that suits."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def lines(prediction: dict[str, Any] | None) -> list[str]:
+    """The words under the table: which GPU, from where, on what basis; or why none."""
+    if not prediction:
+        return []
+    if prediction.get("gpu") is None:
+        return [f"Predicted speed: none ({prediction['note']})."]
+    if prediction.get("error"):
+        return [f"Predicted speed on {prediction['gpu']['name']}: none ({prediction['error']})."]
+    gpu = prediction["gpu"]
+    said = [
+        f"Predicted on {gpu['name']} ({prediction['note']}): {prediction['basis']}. "
+        f"Figures: {gpu['source']}."
+    ]
+    if prediction.get("same_device"):
+        said.append(
+            "Measured on that GPU: error = (predicted − measured) / measured; MFU = model "
+            "FLOP/s over the FLOP-weighted peak of the formats the GEMMs ran in."
+        )
+    return said

@@ -1,0 +1,152 @@
+"""The recipes ``mptrain advise`` considers, as data: each a name, the label people read, and the
+config keys it sets (the same ones its training command carries).
+
+:data:`BASE` holds the precisions :func:`mptrain.commands.bench.bench_precisions` lists (FP32, TF32,
+BF16, FP16); :data:`LOW_PRECISION` every low-precision recipe mptrain runs, each measured for
+fidelity like the others and timed only where the device has the hardware (``needs``): FP8 with a
+scale per tensor (``fp8``, mptrain's default), per row, from the amax history (delayed), and with
+power-of-two scales; then the block-scaled formats (blockwise FP8, MXFP8, NVFP4), emulated on every
+device for now. A recipe is one line here; a new kind of hardware it ``needs`` is one line in
+:data:`mptrain.commands.advise.measure.HARDWARE` too.
+
+Every FP8 recipe sets all three of its axes (granularity, scaling, power-of-two scales), so each
+is what its label says whatever the user's ``fp8.*`` keys were; the user's other keys (format,
+layer choice, margin, history length) stay. No torch here: :mod:`.decide` reads the order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from mptrain.config.base import ConfigError
+from mptrain.config.precision import FP8Config, PrecisionConfig, validate_fp8
+from mptrain.config.run import RunConfig
+
+Override = tuple[str, Any]  # (dotted key, value): ("fp8.granularity", "rowwise")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One candidate: ``name`` keys it in advise.json and the runners-up, ``label`` in the table,
+    ``overrides`` are the keys it sets (``precision`` first), ``needs`` the hardware its speed
+    needs (None: every device runs it natively where bench lists it)."""
+
+    name: str
+    label: str
+    overrides: tuple[Override, ...]
+    needs: str | None = None
+
+
+def _fp8(granularity: str, scaling: str = "dynamic", pow2: bool = False) -> tuple[Override, ...]:
+    return (
+        ("precision", "fp8"),
+        ("fp8.granularity", granularity),
+        ("fp8.scaling", scaling),
+        ("fp8.pow2_scales", pow2),
+    )
+
+
+BASE = (
+    Recipe("fp32", "fp32", (("precision", "fp32"),)),
+    Recipe("tf32", "tf32", (("precision", "fp32"), ("precision.allow_tf32", True))),
+    Recipe("bf16", "bf16", (("precision", "bf16"),)),
+    Recipe("fp16", "fp16", (("precision", "fp16"),)),
+)
+# In the order they are measured (a tight budget drops the last first) and of simplicity (a
+# speed tie goes to the earlier): tensorwise first (mptrain's default), rowwise next (the recipe
+# torchtitan kept when it removed tensorwise), then delayed scaling, then power-of-two scales.
+LOW_PRECISION = (
+    Recipe("fp8", "fp8 tensorwise", _fp8("tensorwise"), needs="FP8 GEMMs"),
+    Recipe("fp8-rowwise", "fp8 rowwise", _fp8("rowwise"), needs="FP8 GEMMs"),
+    Recipe("fp8-delayed", "fp8 delayed", _fp8("tensorwise", "delayed"), needs="FP8 GEMMs"),
+    Recipe("fp8-pow2", "fp8 pow2 scales", _fp8("tensorwise", pow2=True), needs="FP8 GEMMs"),
+    # the block-scaled formats (mptrain.precision.blocks): blockwise FP8 (DeepSeek-V3), MXFP8, NVFP4
+    Recipe("fp8-blockwise", "fp8 blockwise", _fp8("blockwise"), needs="block-scaled GEMMs"),
+    Recipe("mxfp8", "mxfp8", (("precision", "mxfp8"),), needs="block-scaled GEMMs"),
+    Recipe("nvfp4", "nvfp4", (("precision", "nvfp4"),), needs="block-scaled GEMMs"),
+)
+RECIPES = {r.name: r for r in (*BASE, *LOW_PRECISION)}
+# Ties go to the first: TF32 changes nothing in the loop, BF16 needs no loss scaler, FP16 needs
+# one, FP8 adds scales on top of BF16 (and its recipes more moving parts, in LOW_PRECISION's order).
+SIMPLICITY = ("fp32", "tf32", "bf16", "fp16", *(r.name for r in LOW_PRECISION))
+
+
+def recipe(name: str) -> Recipe:
+    """The recipe called ``name``; KeyError names the known ones."""
+    if name not in RECIPES:
+        raise KeyError(f"no advise recipe {name!r}; known: {', '.join(RECIPES)}")
+    return RECIPES[name]
+
+
+def runs(name: str) -> str:
+    """The precision recipe ``name`` trains with (``fp8-rowwise``: ``fp8``); ``name`` itself when
+    it is not a recipe."""
+    r = RECIPES.get(name)
+    return dict(r.overrides)["precision"] if r else name
+
+
+def apply(cfg: RunConfig, r: Recipe) -> RunConfig:
+    """``cfg`` with ``r``'s keys set. ``precision`` starts a fresh precision group (the user's loss
+    scaler numbers kept, TF32 off unless the recipe turns it on), as bench times it."""
+    for key, value in r.overrides:
+        if key == "precision":
+            fresh = PrecisionConfig(name=value, scaler=dataclasses.replace(cfg.precision.scaler))
+            cfg = dataclasses.replace(cfg, precision=fresh)
+            continue
+        group, field = key.split(".")
+        changed = dataclasses.replace(getattr(cfg, group), **{field: value})
+        cfg = dataclasses.replace(cfg, **{group: changed})
+    return cfg
+
+
+def refusal(cfg: RunConfig) -> str | None:
+    """Why the user's other keys rule out a recipe's config (in the config check's words), or
+    None: e.g. ``fp8.backend=torchao`` runs dynamic scaling only."""
+    try:
+        validate_fp8(cfg.fp8)  # e.g. torchao with delayed scaling
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+_DEFAULTS = {"precision": PrecisionConfig(), "fp8": FP8Config()}
+
+
+def _spelled(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def command_overrides(r: Recipe) -> list[str]:
+    """The overrides that select ``r`` on a command line: ``precision=...`` and every other key
+    whose value differs from its default (``fp8.granularity=rowwise``)."""
+    out = []
+    for key, value in r.overrides:
+        if key != "precision":
+            group, field = key.split(".")
+            if getattr(_DEFAULTS[group], field) == value:
+                continue
+        out.append(f"{key}={_spelled(value)}")
+    return out
+
+
+def command_for(overrides: list[str], name: str) -> str:
+    """The command that trains with recipe ``name``: its overrides, then the user's without what
+    only advise reads (advise.*, bench.*, hydra.run.dir) and without the keys the recipe sets
+    (the user's own precision, ``fp8.granularity`` ...; a default the recipe keeps is then the
+    default again)."""
+    r = recipe(name)
+    # apply() measured the recipe with TF32 off unless the recipe turns it on: the user's switch goes
+    reset = ("precision.allow_tf32=",)
+    own = (f"{key}=" for key, _ in r.overrides)
+    dropped = ("advise.", "bench.", "hydra.run.dir=", *reset, *own)
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(dropped)]
+    return " ".join(["mptrain", *command_overrides(r), *(shlex.quote(o) for o in kept)])
+
+
+def add_commands(result: dict[str, Any], overrides: list[str]) -> None:
+    """advise.json's rows and runners-up each with ``command``: the one that trains with it."""
+    for row in (*result["precisions"], *result["recommendation"]["runners_up"]):
+        row["command"] = command_for(overrides, row["precision"])

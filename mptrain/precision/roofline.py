@@ -1,0 +1,277 @@
+"""A roofline estimate of one training step's time per precision on a named GPU: the least time
+the step can take, from its GEMM shapes and the bytes it must move (:mod:`.gemms`) and the GPU's
+dense peaks and bandwidth (:mod:`mptrain.platform.gpus`). Always a *prediction*, and a lower
+bound: no efficiency factor is applied (a measured step is slower; its ratio to this one is the
+figure worth recording).
+
+The step's time is the sum of
+
+- **each GEMM pass** (forward; backward for the data gradient where its input needs one; for
+  the weight gradient): ``max(FLOPs / peak of its format, bytes / bandwidth)``, with bytes = each
+  operand read once in the format's size and the result written once (FP8 GEMMs write BF16).
+  A fused attention is one pass forward and one backward (twice the forward's FLOPs; the causal
+  mask halves both: flash kernels skip the masked blocks);
+- **casts**, memory-bound: autocast's copies of FP32 operands into the GEMM's format and of
+  their gradients back (a read and a write each); FP8's quantization of each operand of every
+  FP8 GEMM, input, weight and output gradient: an amax pass (a read) and the cast (a read and a
+  one-byte write), with tensorwise scales the FP8 copies transposed for the backward GEMMs (a
+  byte read and written), with rowwise scales every operand quantized again along its other
+  axis instead; weight gradients accumulated into their FP32 master copies;
+- **the other operations** (norms, activations, residuals, pooling, the loss): the forward's
+  bytes moved, three times (assumed: the backward reads the output gradient and what the forward
+  saved, and writes the input gradient: twice the forward's traffic);
+- **the optimizer step**: passes over every parameter at the parameters' size
+  (:data:`OPTIMIZER_PASSES`; gradient clipping and loss-scale unscaling add theirs).
+
+Model FLOPs (what MFU counts) are three times the forward GEMM FLOPs, attention whole (PaLM,
+appendix B); MFU's peak is the FLOP-weighted one of the formats the GEMMs ran in
+(:func:`mptrain.platform.gpus.mixed_peak_flops`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from mptrain.platform.gpus import GPU, mixed_peak_flops
+from mptrain.precision.gemms import ATTENTION, LINEAR, Accounting, Gemm
+from mptrain.precision.policy import PRECISIONS
+
+FORMAT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+RESULT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # FP8 GEMMs write BF16
+_LOW_FORMAT = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+# Passes over every parameter per optimizer step: AdamW reads the parameter, its gradient and
+# both moments and writes the parameter and the moments; SGD with momentum reads the parameter,
+# gradient and buffer and writes the parameter and buffer (without momentum: 2 reads, 1 write).
+OPTIMIZER_PASSES = {"adamw": 7, "sgd": 5, "sgd_no_momentum": 3}
+CLIP_PASSES = 3  # the gradients' norm (a read), then their scaling (a read and a write)
+UNSCALE_PASSES = 2  # GradScaler.unscale_: a read and a write of every gradient
+# Not in the step time: the least a CUDA kernel costs (its launch and the smallest kernel: a few
+# microseconds on any NVIDIA GPU). A predicted step shorter than its kernels x this is launch-bound.
+KERNEL_FLOOR_S = 5e-6
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What the roofline needs of a precision: the GEMMs' format, the autocast the meta pass
+    emulates, the bytes of a parameter (and of its gradient and optimizer state), which Linears
+    run in FP8 and how they are scaled."""
+
+    precision: str
+    gemm_format: str  # fp32 | tf32 | bf16 | fp16: every GEMM not in FP8
+    autocast: torch.dtype | None
+    param_dtype: torch.dtype
+    fp8_layers: frozenset[str] = frozenset()
+    rowwise: bool = False  # FP8 scales per row: every operand quantized twice
+    loss_scaling: bool = False
+
+    @property
+    def param_bytes(self) -> int:
+        return torch.tensor([], dtype=self.param_dtype).element_size()
+
+
+def recipe_for(
+    precision: str, fp8_layers: Iterable[str] = (), granularity: str = "tensorwise"
+) -> Recipe:
+    """The :class:`Recipe` of ``precision`` (a name of :data:`~mptrain.precision.policy.PRECISIONS`
+    or ``tf32``: FP32 with TF32 GEMMs), read from the precision table; ``fp8_layers``: the
+    Linears precision=fp8 converts (its layer choice), ignored by the others."""
+    if precision == "tf32":
+        return Recipe("tf32", "tf32", None, torch.float32)
+    spec = PRECISIONS.get(precision)
+    if spec is None:
+        raise ValueError(f"precision {precision!r}: one of tf32, {', '.join(PRECISIONS)}")
+    low = spec.autocast_dtype or (None if spec.param_dtype == torch.float32 else spec.param_dtype)
+    return Recipe(
+        precision=precision,
+        gemm_format=_LOW_FORMAT[low],
+        autocast=spec.autocast_dtype,
+        param_dtype=spec.param_dtype,
+        fp8_layers=frozenset(fp8_layers) if precision == "fp8" else frozenset(),
+        rowwise=granularity == "rowwise",
+        loss_scaling=spec.loss_scaling,
+    )
+
+
+def gemm_format(g: Gemm, recipe: Recipe) -> str:
+    """The format ``g`` runs in: FP8 for the Linears the FP8 layer choice converted, else the
+    precision's GEMM format."""
+    return "fp8" if g.kind == LINEAR and g.name in recipe.fp8_layers else recipe.gemm_format
+
+
+# ------------------------------------------------------------------------------ per GEMM
+def gemm_passes(g: Gemm, fmt: str, batch: int) -> list[tuple[float, float]]:
+    """(FLOPs executed, bytes moved) of each pass of ``g`` over ``batch`` samples in ``fmt``:
+    forward, data gradient (if A needs one), weight gradient (if B needs one); a fused attention:
+    forward and one backward."""
+    ob, rb = FORMAT_BYTES[fmt], RESULT_BYTES[fmt]
+    a, c = g.a_elems * batch, g.out_elems * batch
+    b = g.b_elems if g.b_is_weight else g.b_elems * batch
+    flops = g.flops * batch * (0.5 if g.causal else 1.0)
+    passes = [(flops, (a + b) * ob + c * rb)]
+    if g.kind == ATTENTION:
+        if g.a_grad or g.b_grad:  # reads Q, K, V, O, dO; writes dQ, dK, dV
+            passes.append((2 * flops, (a + b) * (ob + rb) + 2 * c * ob))
+        return passes
+    if g.a_grad:
+        passes.append((flops, (c + b) * ob + a * rb))
+    if g.b_grad:
+        passes.append((flops, (c + a) * ob + b * rb))
+    return passes
+
+
+def pass_seconds(flops: float, nbytes: float, fmt: str, gpu: GPU) -> float:
+    """The roofline of one pass: the longer of its FLOPs at the format's peak and its bytes at
+    the memory bandwidth."""
+    return max(flops / gpu.peak_flops(fmt), nbytes / gpu.bandwidth_bytes_s)
+
+
+def cast_bytes(g: Gemm, fmt: str, recipe: Recipe, batch: int) -> float:
+    """Bytes the casts around ``g`` move over ``batch`` samples (see the module doc)."""
+    a = g.a_elems * batch
+    b = g.b_elems if g.b_is_weight else g.b_elems * batch
+    if fmt == "fp8":
+        return _fp8_cast_bytes(g, recipe, a, b, g.out_elems * batch)
+    low = FORMAT_BYTES[fmt]
+    total = 0.0
+    for elems, arrived, grad in ((a, g.a_bytes, g.a_grad), (b, g.b_bytes, g.b_grad)):
+        if arrived > low:  # cast down for the GEMM, and (autograd) its gradient cast back up
+            total += elems * (arrived + low) * (2 if grad else 1)
+    return total
+
+
+def _fp8_cast_bytes(g: Gemm, recipe: Recipe, x: float, w: float, dy: float) -> float:
+    """Quantization of an FP8 Linear's input ``x``, weight ``w`` and output gradient ``dy``
+    (element counts): amax read, then read and a one-byte write, once per scale axis."""
+
+    def quantize(elems: float, high: int) -> float:
+        return elems * (2 * high + 1)
+
+    dy_bytes = RESULT_BYTES["fp8"]  # the output gradient arrives in the output's BF16
+    times = 2 if recipe.rowwise else 1
+    total = times * (quantize(x, g.a_bytes) + quantize(w, g.b_bytes) + quantize(dy, dy_bytes))
+    if not recipe.rowwise:
+        total += 2 * (x + w + dy)  # the FP8 copies transposed for the backward GEMMs
+    if g.b_grad and g.b_bytes > dy_bytes:
+        total += w * (dy_bytes + g.b_bytes)  # dW written in BF16, added into the FP32 gradient
+    if g.a_grad and g.a_bytes > dy_bytes:
+        total += x * (dy_bytes + g.a_bytes)  # dX back to the input's dtype
+    return total
+
+
+# ------------------------------------------------------------------------------ one step
+@dataclass(frozen=True)
+class Step:
+    """What one optimizer step trains on one GPU: ``batch`` samples per micro-batch,
+    ``micro_batches`` of them, ``tokens_per_sample`` (language models), and the optimizer's
+    passes over the parameters (:func:`optimizer_passes`; a GPU holding a shard of them, as
+    under FSDP, makes its share of those passes: a fraction)."""
+
+    batch: int
+    optimizer_passes: float
+    micro_batches: int = 1
+    tokens_per_sample: int | None = None
+
+
+def optimizer_passes(name: str, momentum: float = 0.0, clip: bool = False) -> int:
+    """Passes over every parameter per step for optimizer ``name`` (adamw | sgd), with gradient
+    clipping (``clip``) adding its own; loss-scale unscaling is the precision's (:func:`predict`)."""
+    key = "sgd_no_momentum" if name == "sgd" and not momentum else name
+    if key not in OPTIMIZER_PASSES:
+        raise ValueError(f"optimizer {name!r}: the roofline knows adamw and sgd")
+    return OPTIMIZER_PASSES[key] + (CLIP_PASSES if clip else 0)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One precision's predicted step on one GPU (seconds, at best), its parts, and the model
+    FLOPs by format MFU's peak is weighted by."""
+
+    precision: str
+    gpu: str
+    batch: int  # samples per optimizer step
+    step_time_s: float
+    samples_per_s: float
+    tokens_per_s: float | None
+    gemm_s: float
+    compute_bound_share: float  # of the GEMM time, in passes bound by FLOPs rather than bytes
+    cast_s: float
+    elementwise_s: float
+    optimizer_s: float
+    model_flops: float  # per step: 3 x forward GEMM FLOPs, attention whole
+    flops_by_format: dict[str, float] = field(default_factory=dict)
+    mixed_peak_tflops: float = 0.0  # the FLOP-weighted peak of flops_by_format
+    kernels: int = 0  # per step, about: each forward operation, and twice that for the backward
+
+    @property
+    def launch_bound(self) -> bool:
+        """The step is shorter than its kernels at :data:`KERNEL_FLOOR_S` each: on a real GPU
+        launches, not FLOPs or bytes, set its time (the roofline does not count them)."""
+        return self.step_time_s < self.kernels * KERNEL_FLOOR_S
+
+    @property
+    def fp8_share(self) -> float:
+        """The share of model FLOPs in FP8 GEMMs."""
+        return self.flops_by_format.get("fp8", 0.0) / self.model_flops if self.model_flops else 0.0
+
+
+def model_flops_by_format(accounting: Accounting, recipe: Recipe) -> dict[str, float]:
+    """Model FLOPs per sample (3 x forward, attention whole) by the format each GEMM runs in."""
+    out: dict[str, float] = {}
+    for g in accounting.gemms:
+        fmt = gemm_format(g, recipe)
+        out[fmt] = out.get(fmt, 0.0) + 3 * g.flops
+    return out
+
+
+def _micro_batch(acc: Accounting, recipe: Recipe, gpu: GPU, batch: int) -> dict[str, float]:
+    """Seconds of one micro-batch's forward and backward: GEMMs (and how much of that is
+    compute-bound), casts, other operations."""
+    gemm = bound = casts = 0.0
+    for g in acc.gemms:
+        fmt = gemm_format(g, recipe)
+        for flops, nbytes in gemm_passes(g, fmt, batch):
+            seconds = pass_seconds(flops, nbytes, fmt, gpu)
+            gemm += seconds
+            if flops / gpu.peak_flops(fmt) >= nbytes / gpu.bandwidth_bytes_s:
+                bound += seconds
+        casts += cast_bytes(g, fmt, recipe, batch)
+    bandwidth = gpu.bandwidth_bytes_s
+    return {
+        "gemm": gemm,
+        "bound": bound,
+        "casts": casts / bandwidth,
+        "elementwise": 3 * acc.elementwise_bytes * batch / bandwidth,
+    }
+
+
+def predict(acc: Accounting, recipe: Recipe, gpu: GPU, step: Step) -> Prediction:
+    """The roofline of one optimizer step (see module doc) of ``acc`` (accounted under
+    ``recipe.autocast``) in ``recipe`` on ``gpu``. ValueError when the GPU lacks a format."""
+    micro = _micro_batch(acc, recipe, gpu, step.batch)
+    passes = step.optimizer_passes + (UNSCALE_PASSES if recipe.loss_scaling else 0)
+    optimizer_s = acc.parameters * recipe.param_bytes * passes / gpu.bandwidth_bytes_s
+    k = step.micro_batches
+    step_s = k * (micro["gemm"] + micro["casts"] + micro["elementwise"]) + optimizer_s
+    samples = step.batch * k
+    by_format = {f: v * samples for f, v in model_flops_by_format(acc, recipe).items()}
+    model_flops = sum(by_format.values())
+    return Prediction(
+        precision=recipe.precision,
+        gpu=gpu.key,
+        batch=samples,
+        step_time_s=step_s,
+        samples_per_s=samples / step_s,
+        tokens_per_s=samples * step.tokens_per_sample / step_s if step.tokens_per_sample else None,
+        gemm_s=k * micro["gemm"],
+        compute_bound_share=micro["bound"] / micro["gemm"] if micro["gemm"] else 0.0,
+        cast_s=k * micro["casts"],
+        elementwise_s=k * micro["elementwise"],
+        optimizer_s=optimizer_s,
+        model_flops=model_flops,
+        flops_by_format=by_format,
+        mixed_peak_tflops=mixed_peak_flops(by_format, gpu) / 1e12,
+        kernels=3 * k * (len(acc.gemms) + sum(acc.elementwise_ops.values())),
+    )

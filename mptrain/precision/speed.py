@@ -1,0 +1,202 @@
+"""A configured run's predicted speed on a named GPU, and its model FLOPs by format (MFU's
+FLOP-weighted peak): the glue from a :class:`~mptrain.config.run.RunConfig` to
+:mod:`mptrain.precision.roofline`.
+
+The model is built on the meta device (no memory, no weights initialised) from the same config
+and data shape a run would use; the FP8 layers are the ones precision=fp8 would convert
+(:func:`mptrain.precision.fp8.convert.choose_layers` with the run's ``fp8.*``), unless the caller
+names those that did. ``advise``, the run report and ``benchmarks/roofline.py`` call this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from mptrain.config.data import SyntheticConfig
+from mptrain.config.models import lm_block_size
+from mptrain.config.run import RunConfig
+from mptrain.data.batches import BatchLayout, DataBundle
+from mptrain.data.build import build_data
+from mptrain.models.build import build_model
+from mptrain.platform.gpus import GPU, mixed_peak_flops
+from mptrain.precision.fp8.convert import choose_layers, skip_summary
+from mptrain.precision.gemms import SAMPLES, Accounting, account
+from mptrain.precision.roofline import (
+    Prediction,
+    Recipe,
+    Step,
+    model_flops_by_format,
+    optimizer_passes,
+    predict,
+    recipe_for,
+)
+
+
+@dataclass(frozen=True)
+class DataShape:
+    """What the model builder needs of the data: image channels and side, classes (a language
+    model: the vocabulary) and, for token data, the window length."""
+
+    in_channels: int
+    image_size: int
+    num_classes: int
+    sequence_length: int | None = None
+
+    @classmethod
+    def of(cls, data: DataBundle) -> DataShape:
+        return cls(data.in_channels, data.image_size, data.num_classes, data.sequence_length)
+
+
+def data_shape(cfg: RunConfig) -> DataShape:
+    """The data's shape for ``cfg``: the synthetic dataset's from its config (no images made);
+    any other dataset loaded as a run loads it (on the CPU; ConfigError as a run's would be)."""
+    d = cfg.dataset
+    if isinstance(d, SyntheticConfig):
+        return DataShape(d.channels, d.image_size, d.num_classes)
+    sequence = lm_block_size(cfg.model) if cfg.task == "lm" else None
+    layout = BatchLayout(
+        cfg.batch_size,
+        cfg.eval_batch_size,
+        torch.device("cpu"),
+        cfg.seed,
+        0,
+        sequence_length=sequence,
+    )
+    return DataShape.of(build_data(d, layout))
+
+
+def meta_model(cfg: RunConfig, shape: DataShape, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The configured model on the meta device, its parameters in ``dtype``."""
+    with torch.device("meta"):
+        model = build_model(
+            cfg.model,
+            shape.in_channels,
+            shape.image_size,
+            shape.num_classes,
+            "meta",
+            shape.sequence_length,
+        )
+    return model if dtype == torch.float32 else model.to(dtype)
+
+
+def meta_sample(shape: DataShape) -> torch.Tensor:
+    """A meta batch of :data:`~mptrain.precision.gemms.SAMPLES` inputs: token ids or images."""
+    if shape.sequence_length is not None:
+        return torch.zeros(SAMPLES, shape.sequence_length, dtype=torch.long, device="meta")
+    size = (SAMPLES, shape.in_channels, shape.image_size, shape.image_size)
+    return torch.zeros(size, device="meta")
+
+
+def fp8_layer_names(model: nn.Module, cfg: RunConfig) -> list[str]:
+    """The Linears precision=fp8 would convert in ``model`` with the run's ``fp8.*``;
+    ValueError, as the run's ConfigError says, when there are none."""
+    f = cfg.fp8
+    chosen = choose_layers(
+        model, list(f.include), list(f.exclude), f.keep_first_last, f.min_features
+    )
+    names = [c.name for c in chosen if c.converted]
+    if not names:
+        why = skip_summary([{"converted": c.converted, "reason": c.reason} for c in chosen])
+        raise ValueError(f"no Linear layer of model={cfg.model.name} can run in FP8 ({why})")
+    return names
+
+
+def run_step(cfg: RunConfig, shape: DataShape) -> Step:
+    """One optimizer step of ``cfg``: its batch, micro-batches, tokens and optimizer passes."""
+    opt = cfg.optimizer
+    passes = optimizer_passes(
+        opt.name, getattr(opt, "momentum", 0.0), cfg.clip_grad_norm is not None
+    )
+    return Step(cfg.batch_size, passes, cfg.grad_accum_steps, shape.sequence_length)
+
+
+def run_precision(cfg: RunConfig) -> str:
+    """The precision ``cfg`` trains in, as the roofline names it (``tf32``: FP32 with TF32)."""
+    p = cfg.precision
+    return "tf32" if p.name == "fp32" and p.allow_tf32 else p.name
+
+
+class Accountant:
+    """The accounting of ``cfg``'s model under each (autocast, parameter dtype) pair asked for,
+    each made once; the FP8 layer names from the fp32 build with ``cfg``'s ``fp8.*`` layer keys."""
+
+    def __init__(self, cfg: RunConfig, shape: DataShape, fp8_layers: Iterable[str] | None = None):
+        self.cfg, self.shape = cfg, shape
+        self._done: dict[tuple[torch.dtype | None, torch.dtype], Accounting] = {}
+        self.fp8_layers = None if fp8_layers is None else list(fp8_layers)
+
+    def recipe(self, precision: str, granularity: str | None = None) -> Recipe:
+        """``precision``'s recipe; FP8 scaled per ``granularity`` (default: the config's)."""
+        if precision == "fp8" and self.fp8_layers is None:
+            self.fp8_layers = fp8_layer_names(meta_model(self.cfg, self.shape), self.cfg)
+        scales = granularity or self.cfg.fp8.granularity
+        return recipe_for(precision, self.fp8_layers or (), scales)
+
+    def accounting(self, recipe: Recipe) -> Accounting:
+        key = (recipe.autocast, recipe.param_dtype)
+        if key not in self._done:
+            model = meta_model(self.cfg, self.shape, recipe.param_dtype)
+            self._done[key] = account(model, meta_sample(self.shape), recipe.autocast)
+        return self._done[key]
+
+
+def predict_configs(
+    configs: Mapping[str, RunConfig], shape: DataShape, gpu: GPU
+) -> dict[str, Prediction | str]:
+    """Each named config's predicted step on ``gpu`` (one model and data: the configs differ
+    in their precision and FP8 scaling, as advise's candidates do), or why there is none (the
+    GPU lacks the format: FP8 on an A100; the model has no Linear FP8 would convert). Delayed
+    scaling and power-of-two scales move the same bytes as dynamic tensorwise scaling."""
+    first = next(iter(configs.values()))
+    accountant, step = Accountant(first, shape), run_step(first, shape)
+    out: dict[str, Prediction | str] = {}
+    for name, cfg in configs.items():
+        if cfg.precision.name in ("mxfp8", "nvfp4") or cfg.fp8.granularity == "blockwise":
+            # not accounted as BF16 under its name: said, not guessed
+            out[name] = "no roofline for block-scaled formats yet (mxfp8, nvfp4, fp8 blockwise)"
+            continue
+        try:
+            recipe = accountant.recipe(run_precision(cfg), cfg.fp8.granularity)
+            out[name] = predict(accountant.accounting(recipe), recipe, gpu, step)
+        except ValueError as exc:  # no FP8 layer, or a format the GPU lacks: said, not guessed
+            out[name] = str(exc)
+    return out
+
+
+def predict_config(
+    cfg: RunConfig, shape: DataShape, gpu: GPU, precisions: Iterable[str]
+) -> dict[str, Prediction | str]:
+    """Each precision's (``tf32``: FP32 with TF32 allowed) predicted step of ``cfg`` on ``gpu``,
+    or why there is none (see :func:`predict_configs`)."""
+    return predict_configs({name: with_precision(cfg, name) for name in precisions}, shape, gpu)
+
+
+def with_precision(cfg: RunConfig, name: str) -> RunConfig:
+    """``cfg`` trained in ``name`` (``tf32``: FP32 with TF32 allowed), its other keys kept."""
+    fp32 = name in ("fp32", "tf32")
+    precision = replace(cfg.precision, name="fp32" if fp32 else name, allow_tf32=name == "tf32")
+    return replace(cfg, precision=precision)
+
+
+def flops_by_format(
+    cfg: RunConfig, shape: DataShape, precision: str, fp8_layers: Iterable[str] | None = None
+) -> dict[str, float]:
+    """Model FLOPs per sample (3 x forward GEMMs, attention whole) of ``cfg`` in ``precision``
+    (``tf32``: FP32 with TF32 allowed) by the format each GEMM runs in; ``fp8_layers``: the
+    Linears that ran in FP8 (a run's fp8 section), else those precision=fp8 would convert."""
+    accountant = Accountant(cfg, shape, fp8_layers)
+    recipe = accountant.recipe(precision)
+    return model_flops_by_format(accountant.accounting(recipe), recipe)
+
+
+def mfu_of_run(
+    cfg: RunConfig, shape: DataShape, precision: str, fp8_layers: Iterable[str] | None, gpu: GPU
+) -> tuple[float, float]:
+    """(model FLOPs per sample, FLOP-weighted peak FLOP/s) of a run of ``cfg`` in ``precision``
+    on ``gpu`` (see :func:`flops_by_format`). MFU = FLOPs per sample x samples/s / (GPUs x peak)."""
+    by_format = flops_by_format(cfg, shape, precision, fp8_layers)
+    return sum(by_format.values()), mixed_peak_flops(by_format, gpu)

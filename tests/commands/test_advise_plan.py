@@ -1,0 +1,433 @@
+"""``mptrain advise``'s FP8 per-layer plan: the ranking and the smallest kept set on hand-made
+figures, the verifying runs' bookkeeping with fake runs, the one-batch sensitivity and whole
+advice runs on models built with one FP8-fragile layer (a classifier and a language model)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import LM, compose_run, run_cli, tiny_run
+
+from mptrain.commands.advise import layers, measure, plan, recipes, trials
+from mptrain.commands.advise.measure import Candidate
+from mptrain.config.models import CustomModelConfig
+from mptrain.models.build import config_has_convolutions
+
+
+def db(noise_to_signal: float) -> float:
+    if math.isinf(noise_to_signal):
+        return -math.inf
+    return -10 * math.log10(noise_to_signal) if noise_to_signal > 0 else math.inf
+
+
+def row(name: str, alone: float, all_but: float, output_db: float = 30.0) -> dict:
+    """A layer's figures, its model-gradient errors given as noise-to-signal ratios."""
+    return {
+        "name": name,
+        "output_sqnr_db": output_db,
+        "alone": {"grad_sqnr_db": db(alone), "loss_rel": 0.0},
+        "all_but": {"grad_sqnr_db": db(all_but), "loss_rel": 0.0},
+    }
+
+
+# No layer in FP8 (BF16 autocast only): NSR 0.001; every layer: 0.101.
+NONE_DB, ALL_DB = db(0.001), db(0.101)
+
+
+# ------------------------------------------------------------------------------ the ranking
+def test_the_layer_carrying_most_of_the_gradient_error_ranks_first():
+    layers_ = [
+        row("a", alone=0.002, all_but=0.100),  # adds 0.001 alone, keeping it removes 0.001
+        row("fragile", alone=0.097, all_but=0.005),  # adds 0.096, removes 0.096
+        row("b", alone=0.004, all_but=0.099, output_db=20.0),
+        row("c", alone=0.004, all_but=0.099, output_db=25.0),  # ties with b: b's output is worse
+    ]
+    ranking = plan.rank(layers_, NONE_DB, ALL_DB)
+
+    assert ranking == ["fragile", "b", "c", "a"]
+    assert plan.share(layers_[1], NONE_DB, ALL_DB) == pytest.approx(0.96)
+    assert plan.share(layers_[0], NONE_DB, ALL_DB) == pytest.approx(0.01)
+    assert plan.share(layers_[0], NONE_DB, NONE_DB) is None  # no error to share
+
+
+def test_a_layer_whose_fp8_gradient_is_not_finite_ranks_first():
+    """Its error alone is infinite, and so is every set that keeps it in FP8."""
+    layers_ = [row("a", alone=0.01, all_but=math.inf), row("nan", alone=math.inf, all_but=0.02)]
+
+    assert plan.rank(layers_, NONE_DB, -math.inf) == ["nan", "a"]
+
+
+def test_the_gap_is_predicted_from_the_root_of_the_gradient_error_ratio():
+    predicted = plan.predicted_gaps([db(0.1), db(0.01), db(0.001)], gap_all=0.4)
+
+    assert predicted == pytest.approx([0.4, 0.4 * math.sqrt(0.1), 0.04])
+    assert plan.predicted_gaps([db(0.1), db(0.01)], gap_all=math.inf) == [None, None]
+    assert plan.predicted_gaps([math.inf, math.inf], gap_all=0.2) == [None, None]
+
+
+@pytest.mark.parametrize(
+    ("gap_all", "predicted", "keep"),
+    [
+        (0.03, [0.03, 0.01, 0.0], 0),  # the all-layers run is within: nothing kept
+        (0.4, [0.4, 0.2, 0.04, 0.01, 0.0], 2),  # the smallest prefix predicted within
+        (0.4, [0.4, 0.3, 0.2, 0.1, 0.0], 1),  # none short of all: one, then more
+        (math.inf, [None, None, None, None], 1),  # nothing to predict from: the same
+    ],
+    ids=["within", "predicted", "none-predicted", "no-prediction"],
+)
+def test_the_first_verifying_run_keeps_the_smallest_prefix_predicted_within(
+    gap_all, predicted, keep
+):
+    assert plan.first_keep(gap_all, 0.05, predicted) == keep
+
+
+@pytest.mark.parametrize(
+    ("verified", "following"),
+    [
+        ({3: True}, 2),  # within: try one layer fewer
+        ({3: True, 2: True}, 1),
+        ({3: True, 2: False}, None),  # 3 is the smallest within
+        ({3: True, 2: True, 1: True}, None),  # 1 is
+        ({1: False}, 2),  # not within: one more
+        ({1: False, 2: False, 3: False}, None),  # 4 of 4 would leave nothing in FP8
+    ],
+)
+def test_the_search_steps_down_while_within_and_up_while_not(verified, following):
+    assert plan.next_keep(verified, n=4) == following
+
+
+def test_the_exclude_override_composes_to_the_same_patterns():
+    patterns = ["head", "blocks.0.mlp.fc", "0", "true", "layer-1", "1.5"]
+    override = plan.exclude_override(patterns)
+
+    assert override.startswith("fp8.exclude=[head,blocks.0.mlp.fc,'0','true',")
+    assert compose_run("model=mlp", override).fp8.exclude == patterns
+
+
+def test_the_ready_command_replaces_the_users_exclude_with_the_whole_list():
+    overrides = ["task=lm", "fp8.exclude=[head]", "advise.budget_s=30", "fp8.granularity=rowwise"]
+    found = {"kept": ["blocks.1.mlp.fc"], "exclude_base": ["head"]}
+    plan.add_command(found, overrides)
+
+    assert found["command"] == (
+        "mptrain precision=fp8 task=lm 'fp8.exclude=[head,blocks.1.mlp.fc]'"
+    )  # the recipe the plan is for: tensorwise, mptrain's default
+    nothing = {"kept": [], "exclude_base": ["head"]}
+    plan.add_command(nothing, overrides)
+    assert nothing["command"] == "mptrain precision=fp8 task=lm 'fp8.exclude=[head]'"
+    unverified = {"kept": None}
+    plan.add_command(unverified, overrides)
+    assert "command" not in unverified
+
+
+def test_sqnr():
+    ref = torch.tensor([1.0, 0.0])
+    assert layers.sqnr_db(ref, torch.tensor([1.0, 0.1])) == pytest.approx(20.0)
+    assert layers.sqnr_db(ref, ref.clone()) == math.inf
+    assert layers.sqnr_db(ref, torch.tensor([math.nan, 0.0])) == -math.inf
+    assert layers.sqnr_db(torch.zeros(2), torch.tensor([0.0, 1.0])) == -math.inf
+
+
+# ------------------------------------------------------------------------------ the verifying runs
+def trial(losses: list[float], step_s: float = 0.01) -> trials.Trial:
+    return trials.Trial("x", len(losses), losses, 0, None, step_s, 0.1 + len(losses) * step_s)
+
+
+def candidates(fp8_losses: list[float]) -> tuple[Candidate, Candidate]:
+    cfg = tiny_run("advise.fidelity_steps=4")
+    fp32 = Candidate("fp32", cfg, timed=False)
+    fp32.pilot = fp32.fidelity = trial([2.0, 1.5, 1.0, 0.8])
+    fp8_cfg = recipes.apply(cfg, recipes.recipe("fp8"))
+    fp8 = Candidate("fp8", fp8_cfg, timed=False, emulated=True)
+    fp8.pilot = fp8.fidelity = trial(fp8_losses)
+    return fp32, fp8
+
+
+def ranked(order: list[str], prefix_nsr: list[float]) -> dict:
+    return {
+        **layers.new_plan(),
+        "ranking": order,
+        "prefixes": [{"grad_sqnr_db": db(x), "loss_rel": 0.0} for x in prefix_nsr],
+    }
+
+
+def fake_runs(monkeypatch, needed: str) -> list[list[str]]:
+    """short_run stands in: FP32's losses when ``needed`` is kept in high precision, 30% above
+    them otherwise; returns the fp8.exclude of each run."""
+    excluded = []
+
+    def short_run(cfg, steps, *args, **kwargs):
+        excluded.append(list(cfg.fp8.exclude))
+        factor = 1.0 if needed in cfg.fp8.exclude else 1.3
+        return trial([factor * x for x in [2.0, 1.5, 1.0, 0.8]])
+
+    monkeypatch.setattr(layers, "short_run", short_run)
+    return excluded
+
+
+def test_a_missed_verifying_run_takes_the_next_ranked_layer(monkeypatch):
+    """The ranking put ``b`` before ``fragile`` and the prediction said one layer is enough:
+    keeping ``b`` misses, so ``fragile`` joins it and that run is within."""
+    fp32, fp8 = candidates([2.6, 1.95, 1.3, 1.04])  # 30% off: the all-layers run is not within
+    found = ranked(["b", "fragile", "a"], [0.1, 0.0001, 0.0001, 0.0001])
+    excluded = fake_runs(monkeypatch, needed="fragile")
+
+    layers.verify(found, fp32, fp8, lambda: 100.0, trials.Budget(100.0), {})
+
+    assert excluded == [["b"], ["b", "fragile"]]
+    assert [r["within"] for r in found["runs"]] == [False, True]
+    assert found["kept"] == ["b", "fragile"]
+    assert not found["all_layers"]["within"] and found["allowed"] == 0.05
+    assert found["predicted"][1] == pytest.approx(0.3 * math.sqrt(0.001))
+
+
+def test_a_pessimistic_prediction_is_corrected_downwards(monkeypatch):
+    """Predicted within only with three layers kept; the runs find that one is enough."""
+    fp32, fp8 = candidates([2.6, 1.95, 1.3, 1.04])
+    found = ranked(["fragile", "b", "a", "c"], [0.1, 0.01, 0.005, 0.002, 0.001])
+    excluded = fake_runs(monkeypatch, needed="fragile")
+
+    layers.verify(found, fp32, fp8, lambda: 100.0, trials.Budget(100.0), {})
+
+    assert excluded == [["fragile", "b", "a"], ["fragile", "b"], ["fragile"]]
+    assert found["kept"] == ["fragile"] and all(r["within"] for r in found["runs"])
+
+
+def test_no_verifying_run_when_every_layer_can_stay_in_fp8(monkeypatch):
+    fp32, fp8 = candidates([2.01, 1.5, 1.0, 0.8])
+    found = ranked(["a", "b"], [0.1, 0.01, 0.001])
+    excluded = fake_runs(monkeypatch, needed="a")
+
+    layers.verify(found, fp32, fp8, lambda: 100.0, trials.Budget(100.0), {})
+
+    assert excluded == [] and found["kept"] == [] and found["all_layers"]["within"]
+
+
+def test_a_verifying_run_the_budget_cannot_fit_is_listed_with_its_estimate(monkeypatch):
+    fp32, fp8 = candidates([2.6, 1.95, 1.3, 1.04])
+    found = ranked(["fragile", "a"], [0.1, 0.0001, 0.0001])
+    excluded = fake_runs(monkeypatch, needed="fragile")
+
+    layers.verify(found, fp32, fp8, lambda: 0.05, trials.Budget(100.0), {})
+
+    assert excluded == [] and "kept" not in found
+    assert found["skipped"]["verifying run"] == (
+        "keeping 1 layer: estimated 0 s, 0 s of advise.budget_s left"
+    )
+    assert "- fp8 per-layer plan verifying run: keeping 1 layer" in plan.skipped_lines(found)[0]
+
+
+def test_the_plan_is_skipped_with_why(monkeypatch):
+    fp32, fp8 = candidates([2.0, 1.5, 1.0, 0.8])
+    off = dataclasses.replace(fp8.cfg.advise, plan=False)
+    found = layers.new_plan()
+    layers.run_plan([fp32, fp8], off, trials.Budget(100.0), {}, found)
+    assert found["skipped"] == {"all": "advise.plan=false"}
+
+    fp8.pilot, fp8.skipped["all"] = None, "no Linear layer can run in FP8"
+    found = layers.new_plan()
+    layers.run_plan([fp32, fp8], fp8.cfg.advise, trials.Budget(100.0), {}, found)
+    assert found["skipped"] == {"all": "FP8 not measured: no Linear layer can run in FP8"}
+    layers.note_not_reached(found, "interrupted by SIGINT")  # already said why: kept
+    assert found["skipped"] == {"all": "FP8 not measured: no Linear layer can run in FP8"}
+
+
+def test_an_interrupt_lists_the_part_not_reached():
+    found = ranked(["a"], [0.1, 0.01])
+    layers.note_not_reached(found, "interrupted by SIGINT during layer plan: sensitivity")
+    assert found["skipped"] == {
+        "verifying run": "interrupted by SIGINT during layer plan: sensitivity"
+    }
+    empty = layers.new_plan()
+    layers.note_not_reached(empty, "interrupted by SIGTERM")
+    assert empty["skipped"] == {"all": "interrupted by SIGTERM"}
+
+
+def test_advise_md_leads_the_fp8_part_with_the_plan():
+    found = ranked(["fragile", "a"], [0.1, 0.001, 0.0005])
+    figures = {"output_sqnr_db": 1.2, "input_grad_sqnr_db": 25.0, "weight_grad_sqnr_db": None}
+    found["layers"] = [
+        {**row("a", 0.002, 0.1), **figures, "rank": 2, "share": 0.01, "shape": [64, 64]},
+        {**row("fragile", 0.1, 0.002), **figures, "rank": 1, "share": 0.98, "shape": [64, 32]},
+    ]
+    found.update(
+        none={"grad_sqnr_db": 30.0},
+        all={"grad_sqnr_db": 10.0},
+        autocast="bfloat16",
+        recipe="tensorwise dynamic scaling",
+        allowed=0.05,
+        all_layers={"max_rel_diff": 0.3, "final_rel_diff": 0.2, "diverged": None},
+        runs=[
+            {
+                "kept": ["fragile"],
+                "max_rel_diff": 0.01,
+                "final_rel_diff": 0.005,
+                "diverged": None,
+                "within": True,
+            }
+        ],
+        predicted=[0.3, 0.03, 0.02],
+        kept=["fragile"],
+        command="mptrain precision=fp8 'fp8.exclude=[fragile]'",
+    )
+    lines = plan.section(found, "advise_layers.png")
+
+    assert lines[:3] == [
+        "## FP8: layers kept in high precision",
+        "",
+        "**Keep 1 of 2 eligible layers in high precision: fragile**",
+    ]
+    assert (
+        "- every eligible layer in FP8: up to 30.00% from FP32's loss (final 20.00%); allowed 5.0%"
+        in lines
+    )
+    assert (
+        "- verifying run keeping fragile: up to 1.00% from FP32's loss (final 0.50%), "
+        "predicted 3.00%: within"
+    ) in lines
+    assert "mptrain precision=fp8 'fp8.exclude=[fragile]'" in lines
+    table = [line for line in lines if line.startswith("| 1 |") or line.startswith("| 2 |")]
+    assert table[0].startswith("| 1 | fragile (kept) | 64 × 32 | 98.00% | 1.2 dB | 25.0 dB | n/a |")
+    assert lines[-2] == "![per-layer FP8 sensitivity](advise_layers.png)"
+    unverified = {k: v for k, v in found.items() if k != "kept"}
+    assert plan.headline(unverified).startswith("**No per-layer plan verified**")
+    assert plan.section(layers.new_plan(), "x.png") == []
+
+
+# ------------------------------------------------------------------------------ fragile models
+FRAGILE = '''
+import torch
+from torch import nn
+
+SPIKE = 1e7
+
+
+def add_fragile_body(model: nn.Module) -> None:
+    """Three FP8-eligible Linear layers, a, fragile, b. ``fragile``'s input carries a constant
+    spike of 1e7 on channel 0 (a "massive activation") that the layer ignores: its weights'
+    column 0 is zero and stays zero (its gradient is masked). FP32 and BF16 compute what the layer
+    would without the spike; tensorwise FP8 scales the whole input by 448 / 1e7 and every other
+    channel flushes to zero, so nothing but the bias comes out."""
+    model.a = nn.Linear(64, 64)
+    model.fragile = nn.Linear(64, 64)
+    model.b = nn.Linear(64, 64)
+    spike = torch.zeros(64)
+    spike[0] = SPIKE
+    model.register_buffer("spike", spike)
+    mask = torch.ones(64, 64)
+    mask[:, 0] = 0
+    with torch.no_grad():
+        model.fragile.weight.mul_(mask)
+    model.fragile.weight.register_hook(lambda grad: grad * mask)
+
+
+def fragile_body(model: nn.Module, h: torch.Tensor) -> torch.Tensor:
+    h = model.fragile(model.a(h).relu() + model.spike).relu()
+    return model.b(h).relu()
+
+
+class FragileNet(nn.Module):
+    def __init__(self, in_channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.flatten = nn.Flatten()
+        self.stem = nn.Linear(in_channels * 64, 64)  # first and last: kept by keep_first_last
+        add_fragile_body(self)
+        self.head = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        return self.head(fragile_body(self, self.stem(self.flatten(x)).relu()))
+
+
+class FragileLM(nn.Module):
+    def __init__(self, vocab_size: int, block_size: int) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, 64)
+        add_fragile_body(self)
+        self.head = nn.Linear(64, vocab_size)  # task=lm's fp8.exclude keeps it
+
+    def forward(self, ids):
+        return self.head(fragile_body(self, self.embed(ids)))
+'''
+
+
+@pytest.fixture
+def fragile_module(tmp_path, monkeypatch):
+    (tmp_path / "fragile_net.py").write_text(textwrap.dedent(FRAGILE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("fragile_net", None)
+
+
+@pytest.mark.slow  # the first Embedding built on the meta device imports torch._dynamo: ~3 s
+def test_a_custom_language_model_is_inspected_for_convolutions_on_token_data(fragile_module):
+    """advise and bench ask before the data is known: a custom LM (vocab_size, block_size) was
+    built for images and refused ("missing a required argument: 'vocab_size'")."""
+    cfg = CustomModelConfig(_target_="fragile_net.FragileLM", block_size=8)
+    assert config_has_convolutions(cfg, tokens=True) is False
+
+
+@pytest.mark.slow
+def test_one_batch_ranks_the_fragile_layer_first(fragile_module):
+    cfg = tiny_run("model=custom", "model._target_=fragile_net.FragileNet", "precision=fp32")
+    fp8_cfg = recipes.apply(cfg, recipes.recipe("fp8"))
+    found = layers.new_plan()
+
+    layers.measure_sensitivity(cfg, fp8_cfg, found, deadline=math.inf)
+
+    assert found["ranking"][0] == "fragile" and sorted(found["ranking"]) == ["a", "b", "fragile"]
+    rows = {r["name"]: r for r in found["layers"]}
+    assert rows["fragile"]["share"] > 0.9  # nearly all of FP8's gradient error
+    assert rows["fragile"]["output_sqnr_db"] < 5 < 20 < rows["a"]["output_sqnr_db"]
+    assert found["none"]["grad_sqnr_db"] > found["prefixes"][1]["grad_sqnr_db"] > 15
+    assert found["prefixes"][0] == found["all"] and found["prefixes"][-1] == found["none"]
+    assert len(found["prefixes"]) == 4
+    figure = plan.figure_rows({**found, "kept": ["fragile"]})
+    assert figure[0]["label"] == "1. fragile (kept)"
+
+
+# The tiny GPT's data and batch, the model's own keys left out (but its window, block_size).
+TINY_LM = [
+    o
+    for o in LM
+    if not o.startswith(("progress", "log_every", "throughput", "model.l", "model.h", "model.w"))
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("model", "exclude"),
+    [
+        (["model._target_=fragile_net.FragileNet", "device=cpu"], "[fragile]"),
+        ([*TINY_LM, "model._target_=fragile_net.FragileLM"], "[head,lm_head,fragile]"),
+    ],
+    ids=["classifier", "lm"],
+)
+def test_advise_keeps_the_fragile_layer_in_high_precision(
+    fragile_module, monkeypatch, model, exclude
+):
+    """Issue 31's done-when: the fragile layer ranks first and is kept, and the verifying run is
+    within tolerance where every layer in FP8 is not. In this process, without the speed part
+    (not this test's subject: it would fill half of what the budget leaves)."""
+    monkeypatch.setattr(measure, "run_speed", lambda *args: None)
+    steps = ("advise.fidelity_steps=30", "optimizer.lr=0.005")  # FP32 learns: FP8 all-layers not
+    args = ["advise", "model=custom", *model, *steps, "hydra.run.dir=out"]
+    outcome = run_cli(args, fragile_module, monkeypatch, jobs=True)
+    assert outcome.code in (0, None), outcome
+    out = fragile_module / "out"
+    data = json.loads((out / "advise.json").read_text())
+    found = data["layer_plan"]
+
+    assert found["ranking"][0] == "fragile", found["ranking"]
+    assert found["kept"] == ["fragile"], found
+    assert not found["all_layers"]["within"] and found["runs"][-1]["within"]
+    assert found["command"].endswith(f"'fp8.exclude={exclude}'")
+    markdown = (out / "advise.md").read_text()
+    assert "**Keep 1 of 3 eligible layers in high precision: fragile**" in markdown
+    assert markdown.index("## FP8: layers kept") < markdown.index("## Evidence")
+    assert (out / "advise_layers.png").stat().st_size > 10_000
