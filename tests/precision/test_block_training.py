@@ -577,3 +577,21 @@ def test_nvfp4_with_stochastic_rounding_resumes_bit_for_bit(tmp_path, monkeypatc
     train(tiny_run(*overrides, f"resume={step_10}"), tmp_path / "fresh")
     fresh = load_checkpoint(tmp_path / "fresh" / "checkpoints" / "step_00000020.pt")
     assert not torch.equal(fresh["model"]["3.weight"], whole["model"]["3.weight"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("recipe", [MXFP8, NVFP4], ids=["mxfp8", "nvfp4"])
+def test_compiled_block_linear_equals_eager(recipe):
+    """torch.compile (compile=true) computes what the eager layer computes: the output and the
+    input and weight gradients bit for bit (the rounding in FP32 arithmetic survives Inductor:
+    no fast-math folding of (m + c) - c), the bias gradient, a sum over the tokens that Inductor
+    orders its own way, to FP32 rounding."""
+    eager = BlockLinear.from_linear(nn.Linear(64, 64), recipe, seed=1)
+    compiled = BlockLinear.from_linear(nn.Linear(64, 64), recipe, seed=1)
+    compiled.load_state_dict(eager.state_dict())
+    x, dy = randn(32, 64), randn(32, 64, seed=1)
+    *expected, bias = run_layer(eager, x, dy)
+    *mine, compiled_bias = run_layer(torch.compile(compiled), x, dy)
+    for ours, reference in zip(mine, expected, strict=True):
+        assert bits_equal(ours, reference)
+    torch.testing.assert_close(compiled_bias, bias, rtol=1e-6, atol=1e-6)
