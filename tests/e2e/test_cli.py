@@ -149,7 +149,7 @@ def test_console_script_help_exits_0(tmp_path):
     assert result.returncode == 0, describe(result)
     assert result.stdout.startswith("usage: mptrain")
     assert (
-        "precision  auto*, fp32, fp16, bf16, fp8, fp16_noscale, fp16_pure, bf16_pure"
+        "precision  auto*, fp32, fp16, bf16, fp8, mxfp8, nvfp4, fp16_noscale, fp16_pure, bf16_pure"
         in result.stdout
     )
     assert "schema" not in result.stdout
