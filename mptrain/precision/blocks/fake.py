@@ -37,13 +37,8 @@ from mptrain.precision.blocks.blockwise import BLOCKWISE_BLOCK
 from mptrain.precision.blocks.e2m1 import E2M1, E2M1_MAX
 from mptrain.precision.blocks.hadamard import RHT_SIZE
 from mptrain.precision.blocks.mx import (
-    _FP32_SMALLEST_NORMAL,
-    E8M0_NAN,
-    ELEMENT_EMAX,
     MX_BLOCK,
-    code_value,
-    floor_codes,
-    rceil_codes,
+    scale_codes,
 )
 from mptrain.precision.blocks.nvfp4 import NVFP4_BLOCK, _to_e4m3, nvfp4_tensor_scale
 from mptrain.precision.fp8.quant import E4M3, E5M2, scale_from_amax
@@ -198,13 +193,7 @@ def fake_mx(
     memory, or the scratch slot ``out`` (valid until that slot's next use)."""
     blocks = _split(x, dim, (1, MX_BLOCK), "MX")
     amax = _amax(blocks)
-    if rounding == "floor":
-        codes = floor_codes(amax, ELEMENT_EMAX[elem_dtype])
-        multiplier = code_value(codes).clamp(min=_FP32_SMALLEST_NORMAL).reciprocal()
-    else:
-        codes = rceil_codes(amax, element_max(elem_dtype))
-        multiplier = torch.where(codes == 0, 1.0, code_value(codes).reciprocal())
-        multiplier = torch.where(codes == E8M0_NAN, torch.nan, multiplier)
+    codes, multiplier = scale_codes(amax, elem_dtype, rounding)
     # rceil's scale is at least amax / max: no finite element saturates. An inf one rounds to
     # inf here and to max x 2^127 there, which is inf in FP32 too.
     scale = codes.view(torch.float8_e8m0fnu).float()

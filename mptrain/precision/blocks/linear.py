@@ -31,6 +31,7 @@ from mptrain.precision.blocks.recipe import (
     fake_quant_operand,
     quantize_operand,
 )
+from mptrain.precision.fp8.linear import apply_linear_function
 
 COUNTS = ("saturated", "underflows", "zero_blocks", "nonfinite_blocks")
 SHAPES = ("elements", "blocks")
@@ -174,17 +175,7 @@ class BlockLinear(nn.Linear):
         }
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Under autocast the model computes in BF16: the GEMM's output takes that dtype.
-        if torch.is_autocast_enabled(x.device.type):
-            out_dtype = torch.get_autocast_dtype(x.device.type)
-        else:
-            out_dtype = x.dtype
-        with torch.autocast(x.device.type, enabled=False):
-            out = _BlockLinearFunction.apply(x, self.weight, self.bias, self, out_dtype)
-        # Reshaped outside the Function (a view it returned could not be changed in place).
-        if x.dim() == 2:
-            return out
-        return out.reshape(*x.shape[:-1], self.out_features)
+        return apply_linear_function(_BlockLinearFunction, self, x)
 
     def extra_repr(self) -> str:
         gemm = "scaled_mm" if self.recipe.real_gemm else "emulated"

@@ -96,18 +96,25 @@ def _quantize_blocks(
     blocks: Blocks, elem_dtype: torch.dtype, rounding: str, stats: bool
 ) -> BlockQuantized:
     amax = blocks.amax()
+    codes, multiplier = scale_codes(amax, elem_dtype, rounding)
+    data, counts = finish(blocks, multiplier, amax, elem_dtype, stats=stats)
+    return assemble(blocks, data, codes.view(torch.float8_e8m0fnu), counts)
+
+
+def scale_codes(
+    amax: torch.Tensor, elem_dtype: torch.dtype, rounding: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(E8M0 codes, the multiplier that scales a block's elements) of blocks with ``amax``
+    under ``rounding`` (floor | rceil): what the quantizer and the fast fake quantization share."""
     if rounding == "floor":
         codes = floor_codes(amax, ELEMENT_EMAX[elem_dtype])
         # torchao divides by the scale, clamped to FP32's smallest normal (code 0 divides by
         # 2^-126); dividing by a power of two is multiplying by its exact reciprocal, and
         # code 255 (an FP32 inf) by 0.
-        multiplier = code_value(codes).clamp(min=_FP32_SMALLEST_NORMAL).reciprocal()
-    else:
-        codes = rceil_codes(amax, element_max(elem_dtype))
-        multiplier = torch.where(codes == 0, 1.0, code_value(codes).reciprocal())
-        multiplier = torch.where(codes == E8M0_NAN, torch.nan, multiplier)
-    data, counts = finish(blocks, multiplier, amax, elem_dtype, stats=stats)
-    return assemble(blocks, data, codes.view(torch.float8_e8m0fnu), counts)
+        return codes, code_value(codes).clamp(min=_FP32_SMALLEST_NORMAL).reciprocal()
+    codes = rceil_codes(amax, element_max(elem_dtype))
+    multiplier = torch.where(codes == 0, 1.0, code_value(codes).reciprocal())
+    return codes, torch.where(codes == E8M0_NAN, torch.nan, multiplier)
 
 
 def floor_codes(amax: torch.Tensor, emax: int) -> torch.Tensor:

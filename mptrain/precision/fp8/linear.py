@@ -202,6 +202,28 @@ class _RowwiseFloat8LinearFunction(torch.autograd.Function):
         return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
 
 
+def apply_linear_function(
+    function: type[torch.autograd.Function], layer: nn.Linear, x: torch.Tensor
+) -> torch.Tensor:
+    """``function.apply(x, weight, bias, layer, out_dtype)`` for a Linear whose GEMMs run in a
+    format of their own (FP8 here, the block-scaled formats' BlockLinear): autocast off inside,
+    the output in the autocast dtype when autocast is on (the surrounding model computes in it),
+    else in ``x``'s; reshaped to ``x``'s leading dimensions outside the Function."""
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        out_dtype = torch.get_autocast_dtype(device_type)
+    else:
+        out_dtype = x.dtype
+    with torch.autocast(device_type, enabled=False):
+        out = function.apply(x, layer.weight, layer.bias, layer, out_dtype)
+    # Reshape outside the Function: a view returned by it could not be modified in place.
+    # A 2-D input needs none: FSDP2 warns of a view output, whose in-place change (the next
+    # ReLU(inplace=True)) would drop its pre-backward hook.
+    if x.dim() == 2:
+        return out
+    return out.reshape(*x.shape[:-1], layer.out_features)
+
+
 class Float8Linear(nn.Linear):
     """An nn.Linear whose GEMMs run in FP8 (see module doc). Parameters stay FP32.
 
@@ -235,24 +257,12 @@ class Float8Linear(nn.Linear):
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Under autocast the surrounding model computes in BF16; the FP8 GEMM output takes that dtype.
-        if torch.is_autocast_enabled(x.device.type):
-            out_dtype = torch.get_autocast_dtype(x.device.type)
-        else:
-            out_dtype = x.dtype
-        with torch.autocast(x.device.type, enabled=False):
-            function = (
-                _RowwiseFloat8LinearFunction
-                if self.recipe.granularity == "rowwise"
-                else _Float8LinearFunction
-            )
-            out = function.apply(x, self.weight, self.bias, self, out_dtype)
-        # Reshape outside the Function: a view returned by it could not be modified in place.
-        # A 2-D input needs none: FSDP2 warns of a view output, whose in-place change (the next
-        # ReLU(inplace=True)) would drop its pre-backward hook.
-        if x.dim() == 2:
-            return out
-        return out.reshape(*x.shape[:-1], self.out_features)
+        function = (
+            _RowwiseFloat8LinearFunction
+            if self.recipe.granularity == "rowwise"
+            else _Float8LinearFunction
+        )
+        return apply_linear_function(function, self, x)
 
     def extra_repr(self) -> str:
         fmt = f"{dtype_name(self.recipe.forward_dtype)}/{dtype_name(self.recipe.backward_dtype)}"
