@@ -287,7 +287,9 @@ def _mfu_fields(job: JobRecord) -> dict[str, Any]:
     if run is None or policy is None or not samples_per_s:
         return {"mfu_note": "n/a: no step was measured"}
     if policy.emulated:
-        return {"mfu_note": "n/a: emulated FP8 (no FP8 GEMM hardware) is not a speed"}
+        return {
+            "mfu_note": f"n/a: {policy.label} runs emulated GEMMs (no hardware kernel): not a speed"
+        }
     gpu = gpus.row_for_device_name(torch.cuda.get_device_name(device))
     if gpu is None:
         return {"mfu_note": f"n/a: no peak table for {torch.cuda.get_device_name(device)}"}
