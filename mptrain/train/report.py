@@ -288,7 +288,7 @@ def _mfu_fields(job: JobRecord) -> dict[str, Any]:
         return {"mfu_note": "n/a: no step was measured"}
     if policy.emulated:
         return {
-            "mfu_note": f"n/a: {policy.label} runs emulated GEMMs (no hardware kernel): not a speed"
+            "mfu_note": f"n/a: {policy.name}'s GEMMs are emulated (no hardware kernel): not a speed"
         }
     gpu = gpus.row_for_device_name(torch.cuda.get_device_name(device))
     if gpu is None:
