@@ -146,7 +146,11 @@ HEADERS = (
 def _speed_cells(row: dict[str, Any], lm: bool) -> list[str]:
     s = row["speed"]
     if s is None:  # why: in the "Not measured" list below the table
-        return ["not timed: FP8 emulated" if row["emulated"] else "not measured (below)", "", ""]
+        return [
+            "not timed: emulated, not a speed" if row["emulated"] else "not measured (below)",
+            "",
+            "",
+        ]
     key = "tokens_per_s" if lm and "tokens_per_s" in s else "samples_per_s"
     low, high = s[f"{key}_range"]
     unit = "tokens/s" if key == "tokens_per_s" else "samples/s"
