@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from mptrain.config.run import RunConfig
 
 ADVISE_JSON, ADVISE_MD, ADVISE_PNG = "advise.json", "advise.md", "advise.png"
-ADVISE_LAYERS_PNG = "advise_layers.png"  # FP8's per-layer map (advise.plan)
+ADVISE_LAYERS_PNG = "advise_layers.png"  # the per-layer plan's map (advise.plan)
 
 
 # ------------------------------------------------------------------------------ the record
@@ -124,7 +124,7 @@ def assemble(
         "prediction": found.get("prediction"),
         "fp32_one_ulp_check": _one_ulp_check(cands),
         "numerics": _numerics(found["numerics"]),
-        "layer_plan": found["plan"],  # FP8's per-layer plan: every per-layer figure, the runs
+        "layer_plan": found["plan"],  # the per-layer plan: every per-layer figure, the runs
         "confidence": found.get("confidence"),  # advise.seeds: every seed's figures, verdicts
         "timings_s": found["timings"],
     }
@@ -146,7 +146,11 @@ HEADERS = (
 def _speed_cells(row: dict[str, Any], lm: bool) -> list[str]:
     s = row["speed"]
     if s is None:  # why: in the "Not measured" list below the table
-        return ["not timed: FP8 emulated" if row["emulated"] else "not measured (below)", "", ""]
+        return [
+            "not timed: emulated, not a speed" if row["emulated"] else "not measured (below)",
+            "",
+            "",
+        ]
     key = "tokens_per_s" if lm and "tokens_per_s" in s else "samples_per_s"
     low, high = s[f"{key}_range"]
     unit = "tokens/s" if key == "tokens_per_s" else "samples/s"
@@ -385,7 +389,11 @@ def write(result: dict[str, Any], output_dir: Path, budget: Budget) -> None:
     title = f"mptrain advise: {result['model']} on {result['dataset']}"
     plot_advice(curves, speeds, title, output_dir / ADVISE_PNG)
     if rows := layer_plan.figure_rows(result["layer_plan"]):
-        plot_layer_plan(rows, f"{title}: FP8 per layer", output_dir / ADVISE_LAYERS_PNG)
+        plot_layer_plan(
+            rows,
+            f"{title}: {result['layer_plan']['label']} per layer",
+            output_dir / ADVISE_LAYERS_PNG,
+        )
     result["timings_s"][REPORT] = time.perf_counter() - started  # the files: milliseconds
     result["elapsed_s"] = budget.elapsed_s()
     atomic_write_text(output_dir / ADVISE_JSON, json.dumps(clean_json(result), indent=2) + "\n")
@@ -393,10 +401,10 @@ def write(result: dict[str, Any], output_dir: Path, budget: Budget) -> None:
 
 
 def show_plan(console: Console, plan: dict[str, Any]) -> None:
-    """FP8's per-layer plan on a terminal: its headline, runs and command (the table: advise.md)."""
+    """The per-layer plan on a terminal: its headline, runs and command (the table: advise.md)."""
     for line in layer_plan.summary_lines(plan) if "ranking" in plan else []:
         if line.startswith("**"):
-            console.print(f"[bold]FP8 per layer: {escape(line.strip('*'))}[/bold]")
+            console.print(f"[bold]{plan['label']} per layer: {escape(line.strip('*'))}[/bold]")
         elif not line.startswith("```"):  # Markdown's fence: the command stands on its own line
             console.print(escape(line))
 
