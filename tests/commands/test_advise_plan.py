@@ -17,6 +17,8 @@ from conftest import LM, compose_run, run_cli, tiny_run
 
 from mptrain.commands.advise import layers, measure, plan, recipes, sensitivity, trials
 from mptrain.commands.advise.measure import Candidate
+from mptrain.config.base import ConfigError
+from mptrain.config.commands import ADVISE_PLAN_RECIPES, AdviseConfig, plan_choice, validate_advise
 from mptrain.config.models import CustomModelConfig
 from mptrain.models.build import config_has_convolutions
 
@@ -300,7 +302,7 @@ def test_a_verifying_run_the_budget_cannot_fit_is_listed_with_its_estimate(monke
 
 def test_the_plan_is_skipped_with_why(monkeypatch):
     fp32, fp8 = candidates([2.0, 1.5, 1.0, 0.8])
-    off = dataclasses.replace(fp8.cfg.advise, plan=False)
+    off = dataclasses.replace(fp8.cfg.advise, plan="False")  # advise.plan=false, as it arrives
     found = layers.new_plan()
     layers.run_plan([fp32, fp8], off, trials.Budget(100.0), {}, found)
     assert found["skipped"] == {"all": "advise.plan=false"}
@@ -324,6 +326,43 @@ def test_the_plan_takes_the_recipe_on_the_hardware_over_the_emulated_ones():
     assert layers.planned([fp32, fp8, mx, nvfp4]) is mx
     mx.skipped["all"] = "refused"
     assert layers.planned([fp32, fp8, mx, nvfp4]) is fp8
+
+
+def test_the_plan_is_for_the_recipe_the_user_names():
+    fp32, fp8 = candidates([2.0, 1.5, 1.0, 0.8])
+    _, mx = candidates([2.0, 1.5, 1.0, 0.8], "mxfp8")
+    assert layers.planned([fp32, fp8, mx], "mxfp8") is mx
+    assert layers.planned([fp32, fp8, mx], "nvfp4") is None  # named but not measured
+
+    named, args = dataclasses.replace(fp8.cfg.advise, plan="nvfp4"), (trials.Budget(100.0), {})
+    found = layers.new_plan()
+    layers.run_plan([fp32, fp8, mx], named, *args, found)
+    assert found["skipped"] == {"all": "advise.plan=nvfp4: its all-layers short run did not run"}
+    mx.pilot, mx.skipped["all"] = None, "estimated 30 s, 2 s of advise.budget_s left"
+    found = layers.new_plan()
+    layers.run_plan([fp32, fp8, mx], dataclasses.replace(named, plan="mxfp8"), *args, found)
+    assert found["skipped"] == {
+        "all": "advise.plan=mxfp8: its all-layers short run did not run "
+        "(mxfp8: estimated 30 s, 2 s of advise.budget_s left)"
+    }
+
+
+@pytest.mark.parametrize(
+    ("given", "choice"),
+    [("auto", "auto"), ("True", "auto"), ("true", "auto"), ("False", "false"), ("mxfp8", "mxfp8")],
+)
+def test_advise_plan_takes_auto_true_false_or_a_recipe(given, choice):
+    assert plan_choice(given) == choice
+    validate_advise(AdviseConfig(plan=given))
+
+
+def test_advise_plan_refuses_an_unknown_recipe_naming_the_accepted():
+    with pytest.raises(ConfigError, match=r"advise\.plan.*mxfp9.*fp8-rowwise, .*nvfp4"):
+        validate_advise(AdviseConfig(plan="mxfp9"))
+
+
+def test_the_recipes_advise_plan_names_are_advise_s_low_precision_recipes():
+    assert tuple(r.name for r in recipes.LOW_PRECISION) == ADVISE_PLAN_RECIPES
 
 
 def test_a_block_format_keeps_its_layers_by_its_own_key_and_states_their_speed(monkeypatch):

@@ -39,7 +39,7 @@ from mptrain.commands.advise.measure import Candidate, latest_cost, speed_need
 from mptrain.commands.advise.seeds import speed_budget
 from mptrain.commands.advise.sensitivity import measure_sensitivity
 from mptrain.commands.advise.trials import PILOT_WARMUP, Budget, short_run, timed_part
-from mptrain.config.commands import AdviseConfig
+from mptrain.config.commands import AdviseConfig, plan_choice
 from mptrain.config.run import RunConfig
 
 SENSITIVITY = "layer plan: sensitivity"  # timings' part names
@@ -56,10 +56,13 @@ def new_plan() -> dict[str, Any]:
 LOW_NAMES = tuple(r.name for r in recipes.LOW_PRECISION)
 
 
-def planned(cands: list[Candidate]) -> Candidate | None:
-    """The low-precision candidate the plan is for (:func:`.plan.planned_recipe`) among those
-    whose pilot ran; None when none did."""
+def planned(cands: list[Candidate], choice: str = "auto") -> Candidate | None:
+    """The low-precision candidate the plan is for among those whose pilot ran: the one named by
+    ``choice`` (``advise.plan``, normalised), or for "auto" :func:`.plan.planned_recipe`'s pick;
+    None when there is none."""
     lows = [c for c in cands if c.name in LOW_NAMES and c.pilot is not None and not c.skipped]
+    if choice != "auto":
+        return next((c for c in lows if c.name == choice), None)
     options = [
         {
             "name": c.name,
@@ -77,13 +80,16 @@ def _not_plannable(
     fp32: Candidate, low: Candidate | None, cands: list[Candidate], settings: AdviseConfig
 ) -> str | None:
     """Why no per-layer plan can be measured, or None."""
-    if not settings.plan:
+    choice = plan_choice(settings.plan)
+    if choice == "false":
         return "advise.plan=false"
     if low is None:
-        whys = [
-            f"{c.name}: {c.skipped.get('all', 'no pilot')}" for c in cands if c.name in LOW_NAMES
-        ]
-        return "no low-precision recipe was measured" + (f" ({'; '.join(whys)})" if whys else "")
+        names = LOW_NAMES if choice == "auto" else (choice,)
+        whys = [f"{c.name}: {c.skipped.get('all', 'no pilot')}" for c in cands if c.name in names]
+        why = f" ({'; '.join(whys)})" if whys else ""
+        if choice == "auto":
+            return f"no low-precision recipe was measured{why}"
+        return f"advise.plan={choice}: its all-layers short run did not run{why}"
     if fp32.fidelity is None:
         return "no FP32 reference run to compare with"
     return None
@@ -106,7 +112,7 @@ def run_plan(
 ) -> None:
     """The module doc's steps into ``plan`` (:func:`new_plan`), each only when its estimate
     (from the recipe's and FP32's measured runs) fits what is left, else skipped with it."""
-    fp32, low = cands[0], planned(cands)
+    fp32, low = cands[0], planned(cands, plan_choice(settings.plan))
     why = _not_plannable(fp32, low, cands, settings)
     if why is not None:
         plan["skipped"]["all"] = why
