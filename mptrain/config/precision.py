@@ -278,7 +278,7 @@ class NVFP4Config(BlockLayersConfig):
     weight_tiles: bool = True  # 16x16 weight blocks: the same quantized weight in both GEMMs
     hadamard: bool = True  # random Hadamard transform on the weight-gradient GEMM's inputs
     stochastic_rounding: bool = True  # of the output gradients (seeded, resumed exactly)
-    keep_last_fraction: float = 0.15  # the last share of Linear layers kept in BF16
+    keep_last_fraction: float = 0.15  # the last share of transformer blocks kept in BF16
 
 
 def _validate_block_layers(prefix: str, c: BlockLayersConfig) -> None:
@@ -307,5 +307,5 @@ def validate_nvfp4(c: NVFP4Config) -> None:
         0 <= c.keep_last_fraction < 1,
         "nvfp4.keep_last_fraction",
         c.keep_last_fraction,
-        "must be in [0, 1): the share of Linear layers, counted from the last, kept in BF16",
+        "must be in [0, 1): the share of transformer blocks, counted from the last, kept in BF16",
     )
