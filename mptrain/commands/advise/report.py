@@ -393,6 +393,7 @@ def write(result: dict[str, Any], output_dir: Path, budget: Budget) -> None:
             rows,
             f"{title}: {result['layer_plan']['label']} per layer",
             output_dir / ADVISE_LAYERS_PNG,
+            result["layer_plan"]["label"],
         )
     result["timings_s"][REPORT] = time.perf_counter() - started  # the files: milliseconds
     result["elapsed_s"] = budget.elapsed_s()
