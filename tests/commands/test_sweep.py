@@ -21,9 +21,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import describe, run_cli, run_command, run_mptrain, tiny_run, train
+from conftest import describe, run_cli, run_command, tiny_run, train
 from omegaconf import OmegaConf
 from rich.console import Console
+from sweeps import job_dirs, read_report, run_sweep
 
 from mptrain.commands import sweep
 from mptrain.output.render import write_failure
@@ -56,16 +57,6 @@ def md_headers(text: str) -> list[str]:
     return [c.strip() for c in first.strip().strip("|").split("|")]
 
 
-def read_report(directory: Path) -> dict:
-    return json.loads((directory / REPORT_JSON).read_text(encoding="utf-8"))
-
-
-def job_dirs(sweep_dir: Path) -> list[Path]:
-    """Hydra's job directories (<number>_<overrides>), in job order."""
-    jobs = [p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()]
-    return sorted(jobs, key=lambda p: int(p.name.split("_", 1)[0]))
-
-
 def fake_job(sweep_dir: Path, number: int, overrides: list[str]) -> Path:
     """A job directory as Hydra leaves it before the task runs: .hydra/overrides.yaml only."""
     job = sweep_dir / f"{number}_{','.join(overrides)}"
@@ -78,9 +69,8 @@ def fake_job(sweep_dir: Path, number: int, overrides: list[str]) -> Path:
 @pytest.fixture(scope="module")
 def precision_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     cwd = tmp_path_factory.mktemp("precision_sweep")
-    result = run_mptrain(
+    return run_sweep(
         cwd,
-        "-m",
         "precision=fp32,bf16,fp16",
         "model=mlp",
         "max_steps=20",
@@ -88,10 +78,8 @@ def precision_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path
         "throughput_warmup_steps=4",
         "probe_every=4",  # zero gradients / updates lost: every column of the table is filled
         "progress=false",
-        "hydra.sweep.dir=sweep",
         timeout=TIMEOUT_S,
     )
-    return result, cwd / "sweep"
 
 
 @pytest.fixture(scope="module")
@@ -250,17 +238,14 @@ def test_printed_table_shows_each_run_label_whole(precision_sweep, sweep_rows):
 def failing_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     # cifar10's files are absent under the default root `data`: found at run time, not preflight.
     cwd = tmp_path_factory.mktemp("failing_sweep")
-    result = run_mptrain(
+    return run_sweep(
         cwd,
-        "-m",
         "dataset=digits,cifar10",
         "model=mlp",
         "max_steps=4",
         "progress=false",
-        "hydra.sweep.dir=sweep",
         timeout=TIMEOUT_S,
     )
-    return result, cwd / "sweep"
 
 
 @pytest.mark.slow
@@ -839,9 +824,8 @@ def test_a_report_without_windows_gives_one_measurement_marked_noisy(runs, tmp_p
 @pytest.fixture(scope="module")
 def parallel_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     cwd = tmp_path_factory.mktemp("parallel_sweep")
-    result = run_mptrain(
+    return run_sweep(
         cwd,
-        "-m",
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
         "precision=fp32,bf16",
@@ -852,10 +836,8 @@ def parallel_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]
         "throughput_warmup_steps=4",
         "progress=false",
         "checkpoint.enabled=false",
-        "hydra.sweep.dir=sweep",
         timeout=TIMEOUT_S,
     )
-    return result, cwd / "sweep"
 
 
 @pytest.mark.slow
