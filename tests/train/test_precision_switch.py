@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import NoFigure, tiny_run, train
+from observers import PerStep
 from torch import nn
 
 from mptrain.config.base import ConfigError
@@ -43,25 +44,6 @@ def switched(first: str, to: str, at: str, *overrides: str):
     return tiny_run(
         f"precision={first}", f"precision.switch.to={to}", f"precision.switch.at={at}", *overrides
     )
-
-
-class PerStep:
-    """An observer recording, after every step, what ``record(run)`` returns."""
-
-    def __init__(self, run, record) -> None:
-        self.run, self.record, self.rows = run, record, []
-
-    def on_step(self, state) -> None:
-        self.rows.append((state.step, self.record(self.run)))
-
-    def on_log(self, row) -> None:
-        pass
-
-    def on_eval(self, row) -> None:
-        pass
-
-    def on_warning(self, message) -> None:
-        pass
 
 
 def layer_types(run) -> dict[str, str]:
