@@ -233,7 +233,7 @@ def test_gpu_candidates_add_tf32_and_label_fp8_by_the_hardware(monkeypatch, fp8_
     by_name = {c.name: c for c in cands}
 
     fp8s = ["fp8", "fp8-rowwise", "fp8-delayed", "fp8-pow2"]
-    blocks = ["fp8-blockwise", "mxfp8", "nvfp4"]  # no real block-scaled GEMM wired in yet
+    blocks = ["fp8-blockwise", "mxfp8", "nvfp4"]  # CUDA not available: no block-scaled kernel
     assert list(by_name) == ["fp32", "tf32", "fp16", "bf16", *fp8s, *blocks]
     assert by_name["tf32"].cfg.precision.allow_tf32 and by_name["tf32"].timed
     for name in fp8s:

@@ -53,7 +53,7 @@ def test_cuda_precisions_include_tf32_and_what_the_gpu_has(monkeypatch, native_b
     assert rows["fp32"] is None and rows["tf32"] is None and rows["fp16"] is None
     assert (rows["bf16"] is None) == native_bf16
     assert (rows["fp8"] is None) == fp8_gemm
-    # no real block-scaled GEMM is wired in: emulated everywhere, never timed
+    # CUDA is not available here: no block-scaled kernel, emulated, never timed
     assert rows["mxfp8"].endswith("emulated MXFP8 is not a speed")
     assert rows["nvfp4"].endswith("emulated NVFP4 is not a speed")
     blockwise = skipped(bench.bench_precisions(torch.device("cuda"), True, fp8_blockwise=True))
