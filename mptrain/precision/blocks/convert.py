@@ -1,9 +1,9 @@
 """Which layers take a block-scaled format and how: the conversion (undone, as every layer
 format's, by :func:`mptrain.precision.formats.to_plain_linear`), the run's handle on the converted
 layers (:class:`BlockLayers`: counting on the loop's log rows, the stochastic-rounding generators
-a checkpoint saves, the per-layer figures of the report), and
-:func:`apply_blocks`, which returns the report's ``blocks`` section: the conversion that
-:data:`mptrain.precision.formats.LAYER_FORMATS` registers for mxfp8, nvfp4 and fp8_blockwise.
+a checkpoint saves, the per-layer figures of the report), and :func:`apply_blocks`, which returns
+the report's ``blocks`` section: the conversion that :data:`mptrain.precision.formats.LAYER_FORMATS`
+registers for mxfp8, nvfp4 and fp8_blockwise.
 
 Layer selection is FP8's (:mod:`mptrain.precision.selection`) under the format's keys, with the
 block size as the alignment: a Linear whose in or out features are not multiples of it stays in
