@@ -538,26 +538,46 @@ def test_resume_before_at_and_after_the_switch_is_bit_identical(tmp_path, first,
 WORKER = Path(__file__).resolve().parents[1] / "distributed_worker.py"
 
 
+def run_two_ranks(tmp_path: Path, *overrides: str) -> tuple[list[dict], dict]:
+    """model=mlp under two Gloo ranks: each rank's final state (distributed_worker) and the
+    report."""
+    common = ("model=mlp", "device=cpu", "progress=false", "threads=1", "batch_size=16")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(WORKER), str(tmp_path), *common, *overrides,
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return ranks, json.loads((tmp_path / "run" / "report.json").read_text())
+
+
 @pytest.mark.slow
 def test_a_switch_into_fp8_under_ddp_keeps_the_ranks_alike(tmp_path):
     """Two Gloo ranks switch BF16 -> FP8 (delayed scaling) after step 2 of 4: the FP8 state the
     ranks agree on is set up at the switch, so both hold the same weights and FP8 buffers, and
     the counters count both ranks' casts of the two FP8 steps."""
-    overrides = (
-        "model=mlp", "device=cpu", "progress=false", "threads=1", "batch_size=16",
-        "precision=bf16", "precision.switch.to=fp8", "precision.switch.at=2", "max_steps=4",
-        "fp8.scaling=delayed",
+    ranks, report = run_two_ranks(
+        tmp_path, "precision=bf16", "precision.switch.to=fp8", "precision.switch.at=2",
+        "max_steps=4", "fp8.scaling=delayed",
     )  # fmt: skip
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        str(WORKER), str(tmp_path), *overrides,
-    ]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     for part in ("params", "buffers"):
         assert_same(ranks[0][part], ranks[1][part], part)
     assert float(ranks[0]["buffers"]["3.input_scaler.seen"]) == 2 * 2 * 16 * 256
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["fp8"]["amax_reduction"].startswith("max over 2 ranks")
+    assert report["precision"]["switch"]["switched_after_step"] == 2
+
+
+@pytest.mark.slow
+def test_a_switch_into_nvfp4_under_ddp_keeps_the_ranks_alike(tmp_path):
+    """Two Gloo ranks switch BF16 -> NVFP4 after step 2 of 4: the layers made at the switch are
+    seeded alike on both ranks (Hadamard signs, generators), and the weights stay equal."""
+    ranks, report = run_two_ranks(
+        tmp_path, "precision=bf16", "precision.switch.to=nvfp4", "precision.switch.at=2",
+        "max_steps=4",
+    )  # fmt: skip
+    assert_same(ranks[0]["params"], ranks[1]["params"], "params")
+    signs = [rank["buffers"]["3.rht_signs"] for rank in ranks]
+    assert_same(*signs, "3.rht_signs")
+    assert report["blocks"]["steps"] == [3, 4]
     assert report["precision"]["switch"]["switched_after_step"] == 2
