@@ -32,8 +32,6 @@ class ScalerConfig:
 
 # The precisions without FP32 master weights (mptrain.precision.policy.PRECISIONS: param_dtype):
 # a precision schedule switches only between precisions that keep FP32 master weights.
-# The block-scaled formats' precisions (mptrain.precision.blocks): not in a precision schedule yet.
-BLOCK_PRECISIONS = ("mxfp8", "nvfp4")
 PURE_PRECISIONS = ("fp16_pure", "bf16_pure")
 
 
@@ -145,15 +143,7 @@ def validate_switch(p: PrecisionConfig, known: tuple[str, ...]) -> None:
     to, at = p.switch.to, p.switch.at
     if to is None and at is None:
         return
-    for key, name in (("precision.switch.to", to), ("precision", p.name)):
-        require(
-            name not in BLOCK_PRECISIONS,
-            key,
-            name,
-            "block-scaled formats (mxfp8, nvfp4) do not switch yet; switch between fp32, bf16, "
-            "fp16 and fp8",
-        )
-    mixed = [n for n in known if n not in PURE_PRECISIONS and n not in BLOCK_PRECISIONS]
+    mixed = [n for n in known if n not in PURE_PRECISIONS]
     steps = "a share of the run's optimizer steps in (0, 1), or a whole step number >= 1"
     if to is None:
         require(

@@ -105,9 +105,12 @@ def _model_section(job: JobRecord) -> ModelSection:
 
 
 def _blocks_section(run: Run | None) -> dict[str, Any] | None:
-    """The block-scaled layers' section with their counts (reads device values), or None."""
+    """The block-scaled layers' section with their counts (reads device values): at the end of
+    the run, or, for layers a precision switch left, as they were at the switch; or None."""
     if run is None or run.blocks.section is None:
         return None
+    if "final_layer_stats" in run.blocks.section:
+        return run.blocks.section
     return {**run.blocks.section, "final_layer_stats": run.blocks.layer_stats()}
 
 

@@ -31,7 +31,6 @@ from mptrain.precision.blocks.blockwise import quantize_blockwise
 from mptrain.precision.blocks.convert import (
     BlockLayers,
     apply_blocks,
-    convert_from_blocks,
     convert_to_blocks,
     layer_rules,
 )
@@ -39,6 +38,7 @@ from mptrain.precision.blocks.hadamard import random_hadamard_transform, rht_sig
 from mptrain.precision.blocks.linear import BlockLinear
 from mptrain.precision.blocks.nvfp4 import quantize_nvfp4
 from mptrain.precision.blocks.recipe import BlockRecipe, fake_quant_operand, quantize_operand
+from mptrain.precision.formats import to_plain_linear
 from mptrain.precision.fp8.dist import gathers_fp32
 from mptrain.precision.fp8.quant import E4M3, E5M2, FP8_MAX
 from mptrain.precision.policy import resolve_precision
@@ -341,7 +341,7 @@ def test_conversion_shares_parameters_and_undoes():
     }  # no buffers in the state_dict: checkpoints load across precisions
     seeds = [layer.seed for layer in layers.layers.values()]
     assert len(set(seeds)) == 4  # every layer its own signs and generator
-    assert convert_from_blocks(model) == ["qkv", "odd", "fc", "proj"]
+    assert to_plain_linear(model) == ["qkv", "odd", "fc", "proj"]
     assert not any(isinstance(m, BlockLinear) for m in model.modules())
     assert list(model.parameters()) == params
 

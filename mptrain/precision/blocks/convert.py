@@ -1,7 +1,9 @@
-"""Which layers take a block-scaled format and how: the conversion (and its undoing), the run's
-handle on the converted layers (:class:`BlockLayers`: counting on the loop's log rows, the
-stochastic-rounding generators a checkpoint saves, the per-layer figures of the report), and
-:func:`apply_blocks`, the run's one entry point, which returns the report's ``blocks`` section.
+"""Which layers take a block-scaled format and how: the conversion (undone, as every layer
+format's, by :func:`mptrain.precision.formats.to_plain_linear`), the run's handle on the converted
+layers (:class:`BlockLayers`: counting on the loop's log rows, the stochastic-rounding generators
+a checkpoint saves, the per-layer figures of the report), and :func:`apply_blocks`, which returns
+the report's ``blocks`` section: the conversion that :data:`mptrain.precision.formats.LAYER_FORMATS`
+registers for mxfp8, nvfp4 and fp8_blockwise.
 
 Layer selection is FP8's (:mod:`mptrain.precision.selection`) under the format's keys, with the
 block size as the alignment: a Linear whose in or out features are not multiples of it stays in
@@ -89,6 +91,13 @@ class BlockLayers:
     rank: int = 0
     world_size: int = 1
 
+    @classmethod
+    def of(cls, model: nn.Module, section: dict[str, Any] | None = None) -> BlockLayers:
+        """The BlockLinear layers of ``model`` as they stand, by name in module order (the
+        order :func:`convert_to_blocks` made them in), with the report's ``section``."""
+        layers = {n: m for n, m in model.named_modules() if isinstance(m, BlockLinear)}
+        return cls(layers, section)
+
     def sample(self, on: bool) -> None:
         """Count the coming quantizations (:class:`BlockStats`) when ``on``, until called again
         with False (the loop: around the forward and backward of its log rows' steps)."""
@@ -172,19 +181,6 @@ def convert_to_blocks(
         set_submodule(model, choice.name, layer)
         layers[choice.name] = layer
     return BlockLayers(layers, rank=rank, world_size=world_size)
-
-
-def convert_from_blocks(model: nn.Module) -> list[str]:
-    """Undo :func:`convert_to_blocks`: every BlockLinear of ``model`` becomes an nn.Linear with
-    the same Parameter objects (optimizers keep working). Returns the names converted back."""
-    names = [n for n, m in model.named_modules() if isinstance(m, BlockLinear)]
-    for name in names:
-        layer = model.get_submodule(name)
-        with torch.device("meta"):
-            linear = nn.Linear(layer.in_features, layer.out_features, layer.bias is not None)
-        linear.weight, linear.bias = layer.weight, layer.bias
-        set_submodule(model, name, linear)
-    return names
 
 
 def apply_blocks(
