@@ -94,9 +94,11 @@ class BlockLayers:
     @classmethod
     def of(cls, model: nn.Module, section: dict[str, Any] | None = None) -> BlockLayers:
         """The BlockLinear layers of ``model`` as they stand, by name in module order (the
-        order :func:`convert_to_blocks` made them in), with the report's ``section``."""
+        order :func:`convert_to_blocks` made them in), with the report's ``section``, on this
+        process's rank (:func:`process_place`: whose generators' states it saves and restores)."""
         layers = {n: m for n, m in model.named_modules() if isinstance(m, BlockLinear)}
-        return cls(layers, section)
+        rank, world_size = process_place()
+        return cls(layers, section, rank=rank, world_size=world_size)
 
     def sample(self, on: bool) -> None:
         """Count the coming quantizations (:class:`BlockStats`) when ``on``, until called again
