@@ -223,7 +223,7 @@ AUDIT_SLOWDOWN = 3.0  # a traced step (every op through a dispatch mode) against
 
 def new_numerics() -> dict[str, Any]:
     """What :func:`measure_numerics` fills: nothing measured yet."""
-    return {"probe": None, "audit": {}, "skipped": {}, "fp8": None}
+    return {"probe": None, "audit": {}, "skipped": {}, "fp8": None, "blocks": {}}
 
 
 def measure_numerics(
@@ -231,12 +231,14 @@ def measure_numerics(
 ) -> None:
     """Fill ``out`` (:func:`new_numerics`, filled part by part: an interrupt keeps what was
     done) with the FP16 range probe and the autocast audit per low-precision autocast, on FP32's
-    initial weights (a fresh seeded build; nothing trains), and FP8's layer report from its
-    pilot. Each part is estimated from the pilots first and skipped (``skipped``: part -> why)
+    initial weights (a fresh seeded build; nothing trains), and FP8's and each block-scaled
+    recipe's layer report from its pilot. Each part is estimated from the pilots first and skipped (``skipped``: part -> why)
     if it would not fit.
     """
     fp8 = next((c for c in cands if c.name == "fp8"), None)
     out["fp8"] = fp8.pilot.fp8 if fp8 and fp8.pilot else {"skipped": fp8 and fp8.skipped.get("all")}
+    # each block-scaled recipe's layer choice (its own keys: mx.*, nvfp4.*, blockwise fp8.*)
+    out["blocks"] = {c.name: c.pilot.blocks for c in cands if c.pilot and c.pilot.blocks}
     fp32 = cands[0]
     if fp32.pilot is None:
         out["skipped"]["all"] = "FP32's pilot did not run"

@@ -58,11 +58,13 @@ def _row(c: Any, reference: Any) -> dict[str, Any]:
 
 
 def _numerics(numerics: dict[str, Any]) -> dict[str, Any]:
-    """The numerics worth keeping: the probe (with its layers), audit flags, the FP8 report."""
+    """The numerics worth keeping: the probe (with its layers), audit flags, the FP8 report and
+    each block-scaled recipe's."""
     return {
         "fp16_probe": numerics["probe"],
         "audit": numerics["audit"],
         "fp8": numerics["fp8"],
+        "blocks": numerics.get("blocks", {}),
         "skipped": numerics["skipped"],
     }
 
@@ -202,12 +204,16 @@ def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
         )
         ops = f"{len(flagged)} op{'' if len(flagged) == 1 else 's'} flagged"
         parts.append(f"audit: {ops}" + (f" ({', '.join(where)})" if flagged else ""))
-    fp8 = numerics["fp8"]  # the layer choice, the same for every FP8 recipe
-    if recipes.runs(name) == "fp8" and fp8 and "layers" in fp8:
-        converted = sum(layer["converted"] for layer in fp8["layers"])
+    # the layer choice: a block-scaled recipe's own; else the same for every FP8 recipe
+    section = numerics.get("blocks", {}).get(name)
+    if section is None and recipes.runs(name) == "fp8" and name != "fp8-blockwise":
+        section = numerics["fp8"]
+    if section and "layers" in section:
+        converted = sum(layer["converted"] for layer in section["layers"])
+        fmt = section.get("name", "FP8")
         parts.append(
-            f"{converted} of {len(fp8['layers'])} Linear layers in FP8, "
-            f"{fp8['converted_linear_flops_share']:.0%} of Linear FLOPs"
+            f"{converted} of {len(section['layers'])} Linear layers in {fmt}, "
+            f"{section['converted_linear_flops_share']:.0%} of Linear FLOPs"
         )
     return "; ".join(parts)
 

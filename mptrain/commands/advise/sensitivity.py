@@ -23,7 +23,7 @@ from mptrain.commands.advise.trials import format_layers
 from mptrain.config.run import RunConfig
 from mptrain.models.task import logits_of
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.blocks.convert import FORMAT_NAMES, convert_from_blocks
+from mptrain.precision.blocks.convert import FORMAT_NAMES
 from mptrain.precision.formats import to_plain_linear
 from mptrain.precision.policy import PrecisionPolicy, resolve_precision, to_model_input
 from mptrain.train.build import prepare_run
@@ -55,7 +55,8 @@ def rel_diff(loss: float, reference: float) -> float:
 class LayerSwitch:
     """``model``'s layers in a low-precision format (:func:`.trials.format_layers`: as its build
     converted them), each with a plain ``nn.Linear`` twin holding the same Parameter objects
-    (made by the formats' own undoing: :func:`to_plain_linear`, :func:`convert_from_blocks`);
+    (made by the formats' own undoing, :func:`to_plain_linear`, which every registered format's
+    layers share);
     :meth:`use` puts exactly the given layers in the format and every other one back in high
     precision. ``names``: the converted layers, in the model's order."""
 
@@ -63,7 +64,6 @@ class LayerSwitch:
         self.model = model
         self.low = format_layers(model)
         to_plain_linear(model)
-        convert_from_blocks(model)
         self.plain = {name: model.get_submodule(name) for name in self.low}
         self.names = list(self.low)
 

@@ -82,6 +82,7 @@ class Trial:
     cut_short: bool = False
     figures: dict[str, Any] = field(default_factory=dict)  # bench's figures (run_figures)
     fp8: dict[str, Any] | None = None  # the FP8 layer report, for precision=fp8
+    blocks: dict[str, Any] | None = None  # the block-scaled layer report (mxfp8, nvfp4, ...)
     converted: int = 0  # Linear layers in a low-precision format (FORMAT_LAYERS)
 
 
@@ -145,6 +146,7 @@ def short_run(
         cut_short=state.step < steps and run.monitor.diverged_reason is None,
         figures=bench.run_figures(run),
         fp8=run.fp8,
+        blocks=run.blocks.section,
         converted=len(format_layers(run.model)),
     )
 
