@@ -10,8 +10,9 @@ here. Bandwidth is in GB/s (10⁹ bytes per second), memory in GB (10⁹ bytes),
 
 Block-scaled formats (:data:`BLOCK_FORMATS`) have no row of their own: a GPU whose tensor cores
 (or kernels) take their block scales runs them at its element format's rate (MXFP8 at FP8's,
-NVFP4 at FP4's, blockwise FP8 at FP8's on Hopper and later); on any other GPU they are emulated,
-and :meth:`GPU.peak_flops` says so rather than giving a rate.
+NVFP4 at FP4's, blockwise FP8 at FP8's on Hopper only: torch has no blockwise kernel for
+Blackwell); on any other GPU they are emulated, and :meth:`GPU.peak_flops` says so rather than
+giving a rate.
 
 ``advise.target`` takes a row's name or an alias (:func:`resolve_target`); ``auto`` maps
 ``torch.cuda.get_device_name()`` to a row (:func:`row_for_device_name`). Nothing here imports
@@ -37,13 +38,25 @@ FORMATS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "fp8_blockwise", "mxfp8
 # (DeepSeek-V3's recipe, arXiv 2412.19437; torch's BlockWise1x128/128x128 scaled_mm) run the
 # FP8 tensor cores on 128-deep slices and apply the two FP32 scales to each partial sum on the
 # CUDA cores, overlapped with the next slice's MMA: the FP8 rate at best, the scales' traffic
-# counted by the roofline. Kept equal to mptrain.precision.blocks.recipe.MIN_CAPABILITY (a test
-# checks; the platform layer cannot import it).
-BLOCK_FORMATS = {
-    "fp8_blockwise": ("fp8", (9, 0)),
-    "mxfp8": ("fp8", (10, 0)),
-    "nvfp4": ("fp4", (10, 0)),
+# counted by the roofline. Each entry: (element format, lowest compute capability, the first one
+# above that no longer has the kernel or None). torch runs blockwise FP8's scaled_mm on SM90 only
+# (its ScaledBlas.cpp refuses DeepSeek-style scales elsewhere, Blackwell included), so mptrain
+# emulates it on a B200 and the roofline does not predict it there. Kept equal to the runner's
+# own rule, mptrain.precision.blocks.gemm.CAPABLE (a test checks; this layer cannot import it).
+BLOCK_FORMATS: dict[str, tuple[str, tuple[int, int], tuple[int, int] | None]] = {
+    "fp8_blockwise": ("fp8", (9, 0), (10, 0)),
+    "mxfp8": ("fp8", (10, 0), None),
+    "nvfp4": ("fp4", (10, 0), None),
 }
+
+
+def block_kernel_range(fmt: str) -> str:
+    """The compute capabilities with ``fmt``'s block-scaled kernel, for people: "9.x", "10.0 or
+    later"."""
+    _, least, below = BLOCK_FORMATS[fmt]
+    if below == (least[0] + 1, 0):
+        return f"{least[0]}.x"
+    return f"{least[0]}.{least[1]} or later"
 
 
 @dataclass(frozen=True)
@@ -68,12 +81,13 @@ class GPU:
         :data:`BLOCK_FORMATS`); ValueError naming the GPU when it has no such format, or no
         hardware kernel for a block-scaled one (emulated there: no rate to predict)."""
         if fmt in BLOCK_FORMATS:
-            element, least = BLOCK_FORMATS[fmt]
-            if self.capability < least or element not in self.tflops:
-                have, need = ".".join(map(str, self.capability)), ".".join(map(str, least))
+            element, least, below = BLOCK_FORMATS[fmt]
+            within = least <= self.capability and (below is None or self.capability < below)
+            if not within or element not in self.tflops:
+                have = ".".join(map(str, self.capability))
                 raise ValueError(
                     f"{self.name} has no hardware kernel for {fmt} (compute capability {have}, "
-                    f"needs {need}): emulated there, not a prediction"
+                    f"needs {block_kernel_range(fmt)}): emulated there, not a prediction"
                 )
             fmt = element
         if fmt not in self.tflops:

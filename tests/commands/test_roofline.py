@@ -267,7 +267,7 @@ def test_advise_predicts_each_candidate_labelled_and_says_why_not():
     assert rows["fp8-blockwise"]["flops_by_format"]["fp8_blockwise"] > 0
     for name in ("mxfp8", "nvfp4"):
         assert rows[name] == {"none": f"NVIDIA H100 SXM5 80GB has no hardware kernel for {name} "
-                              "(compute capability 9.0, needs 10.0): emulated there, not a "
+                              "(compute capability 9.0, needs 10.0 or later): emulated there, not a "
                               "prediction"}  # fmt: skip
     assert rows["fp8-rowwise"]["cast_s"] > rows["fp8"]["cast_s"]  # every operand cast twice
     assert rows["fp8-delayed"]["step_time_s"] == rows["fp8"]["step_time_s"]

@@ -15,7 +15,7 @@ from test_roofline import linear_gemm, meta, roofline_script
 from torch import nn
 
 from mptrain.platform import gpus
-from mptrain.precision.blocks.recipe import MIN_CAPABILITY
+from mptrain.precision.blocks.gemm import CAPABLE
 from mptrain.precision.gemms import account
 from mptrain.precision.roofline import Step, cast_bytes, gemm_passes, predict, recipe_for
 from mptrain.precision.speed import DataShape, flops_by_format, mfu_of_run, with_precision
@@ -26,19 +26,28 @@ X, W, DY = 1024 * 4096, 4096 * 4096, 1024 * 4096  # a 1024-row BF16 input, a 409
 
 def test_each_block_format_runs_at_its_element_formats_dense_peak_where_the_kernels_are():
     # HGX B200 datasheet: FP8 72, FP4 144 PFLOPS with sparsity for 8 GPUs: 4.5 and 9 dense each.
-    assert B200.peak_flops("mxfp8") == B200.peak_flops("fp8_blockwise") == 4500e12
+    assert B200.peak_flops("mxfp8") == 4500e12
     assert B200.peak_flops("nvfp4") == 9000e12
     # Blackwell Ultra datasheet, HGX B300: FP4 14 PFLOPS dense; GB200 NVL72: NVFP4 720 / 72 GPUs.
     assert gpus.row("b300").peak_flops("nvfp4") == 14000e12
     gb200 = gpus.row("gb200")
     assert (gb200.peak_flops("mxfp8"), gb200.peak_flops("nvfp4")) == (5000e12, 10000e12)
     assert H100.peak_flops("fp8_blockwise") == 1979e12  # Hopper: the FP8 tensor-core rate
-    for gpu, fmt, least in ((H100, "mxfp8", "10.0"), (gpus.row("l4"), "fp8_blockwise", "9.0")):
+    for gpu, fmt, least in (
+        (H100, "mxfp8", "10.0 or later"),
+        (gpus.row("l4"), "fp8_blockwise", "9.x"),
+        (gpus.row("b200"), "fp8_blockwise", "9.x"),  # torch's blockwise scaled_mm: SM90 only
+    ):
         with pytest.raises(ValueError, match=rf"no hardware kernel for {fmt} .*needs {least}\): "
                                              "emulated there, not a prediction"):  # fmt: skip
             gpu.peak_flops(fmt)
     # The table's kernels are the runner's: the capability that takes each format's real GEMM.
-    assert {f: least for f, (_, least) in gpus.BLOCK_FORMATS.items()} == MIN_CAPABILITY
+    for fmt, (_, least, below) in gpus.BLOCK_FORMATS.items():
+        assert set(gpus.BLOCK_FORMATS) == set(CAPABLE)
+        last = (below[0] - 1, 9) if below else (12, 9)
+        assert CAPABLE[fmt](least) and CAPABLE[fmt](last), fmt
+        assert not CAPABLE[fmt]((least[0] - 1, 9)), fmt
+        assert below is None or not CAPABLE[fmt](below), fmt
     assert gpus.row_for_device_name("NVIDIA GB200").key == "gb200"
     assert gpus.row_for_device_name("NVIDIA B300 SXM6 AC").key == "b300"
 
@@ -149,5 +158,6 @@ def test_the_script_predicts_gpt2_124m_and_block_formats_only_where_they_run():
     h100, b200 = script.gpt2_124m("h100"), script.gpt2_124m("b200")
     assert h100["tokens_per_s"]["bf16"] > 0 and h100["tokens_per_s"]["fp8 blockwise"] > 0
     assert "emulated there, not a prediction" in h100["tokens_per_s"]["nvfp4"]
+    assert "emulated there, not a prediction" in b200["tokens_per_s"].pop("fp8 blockwise")
     assert all(isinstance(v, float) for v in b200["tokens_per_s"].values())
     assert 0 < b200["mfu_ceiling"]["nvfp4"] < b200["mfu_ceiling"]["bf16"] < 1
