@@ -6,6 +6,9 @@ the ``mptrain`` command line as a subprocess. And the two tiers:
 - ``pytest -m slow`` is the end-to-end tier: subprocess CLI runs, torchrun, compile, long runs.
   ``.ci/run`` runs the fast tier, then this one. Any ``-m`` expression, or a test named by its
   node id (``path::test``), selects as written: slow tests are left out only by default.
+
+An in-process run draws no curves.png unless its test is marked ``figure`` (see
+:func:`figures_only_where_marked`): the figure's child process costs more CPU than a tiny run.
 """
 
 from __future__ import annotations
@@ -36,6 +39,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+@pytest.fixture(autouse=True)
+def figures_only_where_marked(request: pytest.FixtureRequest, monkeypatch) -> None:
+    """In-process runs draw no figure (:class:`NoFigure`) unless the test is marked ``figure``.
+
+    A run's figure worker (mptrain.output.plots.FigureWorker) is a child process that imports
+    matplotlib and draws curves.png: ~1 s of CPU per run, several times a tiny run's training, and
+    most tests read nothing of it. The tests marked ``figure`` (the worker, a run's curves.png, a
+    signal or an interrupt around it) and every subprocess run keep the real worker.
+    """
+    if request.node.get_closest_marker("figure") is None:
+        from mptrain.train import job
+
+        monkeypatch.setattr(job, "FigureWorker", NoFigure)
 
 
 # Hydra's ConfigStore needs mptrain's schemas and recipes before any test composes: importing

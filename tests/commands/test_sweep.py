@@ -110,6 +110,7 @@ def test_sweep_json_has_one_row_per_job_in_job_order(precision_sweep, sweep_rows
     assert [Path(r["directory"]).name for r in sweep_rows] == [j.name for j in job_dirs(sweep_dir)]
 
 
+@pytest.mark.slow  # reads the subprocess sweep (precision_sweep), as this file's other slow tests
 def test_fp32_row_is_its_own_baseline(sweep_rows):
     fp32 = sweep_rows[0]
     assert fp32["accuracy_delta"] == 0
@@ -140,11 +141,13 @@ def test_mixed_precision_rows_are_compared_with_the_fp32_job(precision_sweep, sw
     )
 
 
+@pytest.mark.slow  # reads the subprocess sweep (precision_sweep), as this file's other slow tests
 def test_only_the_fp16_row_has_a_loss_scale(sweep_rows):
     assert [r["final_loss_scale"] for r in sweep_rows] == [None, None, 65536]
     assert [r["skipped_steps"] for r in sweep_rows] == [0, 0, 0]
 
 
+@pytest.mark.slow  # reads the subprocess sweep (precision_sweep), as this file's other slow tests
 def test_every_row_has_the_gradient_probes(sweep_rows):
     for row in sweep_rows:
         assert 0 <= row["zero_grad_fraction"] < 1
@@ -198,6 +201,7 @@ def speed_cell(row: dict) -> str:
     return cell + " noisy" if row["throughput_noisy"] else cell
 
 
+@pytest.mark.slow  # reads the subprocess sweep (precision_sweep), as this file's other slow tests
 def test_sequential_jobs_did_not_run_at_the_same_time(sweep_rows):
     for row in sweep_rows:
         assert row["ran_alongside"] == 0, row

@@ -311,6 +311,7 @@ def test_png_bytes_are_decoded_in_the_worker_and_jpeg_bytes_are_not(tmp_path):
     assert kinds == {".jpg": 1, ".png": 3}
 
 
+@pytest.mark.figure
 def test_a_whole_job_with_persistent_workers_ends_with_its_figure(tmp_path):
     """The job's figure process was started before the DataLoader workers were forked, and they
     hold copies of its pipe: the figure request must not wait for an end of file (it hung)."""

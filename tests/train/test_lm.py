@@ -158,6 +158,7 @@ def lm_run(*overrides: str) -> RunConfig:
     return compose_run(*LM, *overrides)
 
 
+@pytest.mark.figure
 def test_the_lm_task_trains_below_the_unigram_baseline_and_the_report_says_so(tmp_path):
     report = train(
         lm_run("precision=fp32", "max_steps=200", "eval_every=100", "optimizer.lr=3e-3"), tmp_path

@@ -184,7 +184,9 @@ def stop_signals_raise():
         signal.signal(sig, handler)
 
 
-@pytest.mark.parametrize("where", ["check_no_other_run", "FigureWorker"])
+@pytest.mark.parametrize(
+    "where", ["check_no_other_run", pytest.param("FigureWorker", marks=pytest.mark.figure)]
+)
 def test_sigterm_while_the_run_takes_its_directory_writes_an_interrupted_report(
     tmp_path, monkeypatch, stop_signals_raise, where
 ):
