@@ -260,11 +260,13 @@ def gpu_test_files() -> list[str]:
 
 def pytest_argv(python: str, junit: Path, args: list[str], test_timeout_s: int | None) -> list[str]:
     """pytest with ``-v`` (each test's name and outcome in the log, whatever becomes of the XML),
-    its JUnit XML, and pytest-timeout's per-test limit when ``test_timeout_s`` (plugin found)."""
+    its JUnit XML, and pytest-timeout's per-test limit when ``test_timeout_s`` (plugin found).
+    In one process: the project's addopts (pyproject.toml) ask for two pytest-xdist workers,
+    which the GPU image may lack and which would share the one GPU, so they are replaced."""
     limit = ["-p", "timeout", f"--timeout={test_timeout_s}"] if test_timeout_s else []
     return [
-        python, "-m", "pytest", "-v", "-p", "no:cacheprovider", *limit, f"--junitxml={junit}",
-        *args,
+        python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-o", "addopts=--strict-markers",
+        *limit, f"--junitxml={junit}", *args,
     ]  # fmt: skip
 
 

@@ -30,6 +30,12 @@ from hydra import compose, initialize_config_module
 from mptrain.compose.registry import register_configs, to_run_config
 from mptrain.config.run import RunConfig
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One of several pytest-xdist workers sharing the cores: torch's default of a thread per core
+    # in each would oversubscribe them (torch's threads collapse under contention). Runs the
+    # tests start pin threads=1 already; this covers everything else the workers compute.
+    torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Leave ``slow`` tests out of a plain ``pytest`` (see the module docstring)."""

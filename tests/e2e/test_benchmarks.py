@@ -506,7 +506,9 @@ def test_gpu_all_plan_fits_the_budget_and_the_device_call():
     assert all(s.timeout_s >= s.estimate_s > s.start_s() for s in steps)
     by_name = {s.name: s for s in steps}
     pytest_argv = " ".join(by_name["pytest_gpu"].argv)
-    assert "pytest -v -p no:cacheprovider -p timeout --timeout=90 " in pytest_argv
+    assert "pytest -v -p no:cacheprovider -o addopts=--strict-markers -p timeout --timeout=90 " in (
+        pytest_argv
+    )
     without = gpu_all.plan("python3", Path("/out"), smoke=False, test_timeout_s=None)[3].argv
     assert not any(arg.startswith("--timeout") for arg in without) and "timeout" not in without
     # The speed table stops its own cells SPEED_MARGIN_S before its limit; --speed-s moves both.
