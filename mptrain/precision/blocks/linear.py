@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from mptrain.precision.blocks.blocked import BlockStats
-from mptrain.precision.blocks.fake import hadamard_, scratch
+from mptrain.precision.blocks.fake import hadamard_rows, scratch
 from mptrain.precision.blocks.gemm import block_gemm
 from mptrain.precision.blocks.hadamard import rht_signs
 from mptrain.precision.blocks.recipe import (
@@ -37,16 +37,16 @@ COUNTS = ("saturated", "underflows", "zero_blocks", "nonfinite_blocks")
 SHAPES = ("elements", "blocks")
 
 
-def _tokens_last(t: torch.Tensor, multiple: int, slot: str) -> torch.Tensor:
-    """The 2-D ``t`` (tokens x features) transposed into a contiguous FP32 tensor (the scratch
-    ``slot``), its tokens padded with zeros to a multiple of ``multiple``, in one copy:
-    dW = dyᵀ x reduces over the tokens (zeros add nothing to it, nor to any block's amax), and
-    its operands are quantized along them."""
+def _whole_blocks(t: torch.Tensor, multiple: int, slot: str) -> torch.Tensor:
+    """The 2-D ``t`` (tokens x features) with its tokens padded with zeros to a multiple of
+    ``multiple`` (a copy in the scratch ``slot``, FP32), or ``t`` itself when they need none:
+    dW = dyᵀ x reduces over the tokens (zeros add nothing to it, nor to any block's amax)."""
     tokens, features = t.shape
-    shape = (features, tokens + -tokens % multiple)
-    out = scratch(slot, shape, torch.float32, t.device)
-    out[:, :tokens].copy_(t.t())
-    out[:, tokens:].zero_()
+    if not tokens % multiple:
+        return t
+    out = scratch(slot, (tokens + -tokens % multiple, features), torch.float32, t.device)
+    out[:tokens].copy_(t)
+    out[tokens:].zero_()
     return out
 
 
@@ -80,21 +80,24 @@ class _BlockLinearFunction(torch.autograd.Function):
         layer: BlockLinear = ctx.layer
         recipe = layer.recipe
         g = grad_out.reshape(-1, grad_out.shape[-1])
-        # dx = dy W: both along out_features.
+        # dx = dy W: both along out_features, the weight quantized where it lies (row-major,
+        # as an FP32 Linear's backward reads it: no transposed copy).
         g_q = layer.operand(g, 1, "grad", "a")
-        w_q = w_tiles if w_tiles is not None else layer.operand(weight, 0, "weight", "b")
+        w_q = w_tiles if w_tiles is not None else layer.operand(weight, 0, "weight", "b", True)
         grad_x = block_gemm(g_q, w_q, ctx.x_dtype, recipe)
-        # dW = dyᵀ x: both along the tokens, padded to whole blocks, transposed once so that
-        # the tokens are the contiguous dimension (the transform and the quantization read
-        # them in place; the GEMM gets torchao's layouts: dyᵀ row-major, x column-major). In
-        # FP32: the Hadamard transform is not rounded to BF16 before it is quantized.
-        g_t = _tokens_last(g, recipe.block_size, "dy_t")
-        x_t = _tokens_last(rows, recipe.block_size, "x_t")
-        if recipe.hadamard:  # in place, in their scratch: random_hadamard_transform's bits
-            hadamard_(g_t, layer.rht_signs)
-            hadamard_(x_t, layer.rht_signs)
-        g_q = layer.operand(g_t, 1, "grad", "a")
-        grad_w = block_gemm(g_q, layer.operand(x_t, 1, "input", "b").t(), torch.float32, recipe)
+        # dW = dyᵀ x: both along the tokens, padded to whole blocks and quantized where they
+        # lie (tokens x features: no transposed copy; the GEMM reads dyᵀ as a view, as an FP32
+        # Linear's backward does). In FP32: the Hadamard transform is not rounded to BF16
+        # before it is quantized.
+        g_t = _whole_blocks(g, recipe.block_size, "dy_t")
+        x_t = _whole_blocks(rows, recipe.block_size, "x_t")
+        if recipe.hadamard:  # into scratch: random_hadamard_transform's bits
+            g_t = hadamard_rows(g_t, layer.rht_signs, "dy_h")
+            x_t = hadamard_rows(x_t, layer.rht_signs, "x_h")
+        g_q = layer.operand(g_t, 0, "grad", "a", True)
+        grad_w = block_gemm(
+            g_q.t(), layer.operand(x_t, 0, "input", "b", True), torch.float32, recipe
+        )
         grad_b = g.float().sum(0) if ctx.has_bias else None
         return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
 
@@ -144,13 +147,23 @@ class BlockLinear(nn.Linear):
         new._seed(seed, linear.weight.device)
         return new
 
-    def operand(self, t: torch.Tensor, dim: int, role: str, slot: str | None) -> torch.Tensor:
+    def operand(
+        self, t: torch.Tensor, dim: int, role: str, slot: str | None, keep_layout: bool = False
+    ) -> torch.Tensor:
         """``t`` quantized along ``dim`` for one GEMM and dequantized to FP32: counted while
         ``sampling`` (the quantizer's own path, new memory), else the fast path (the same bits),
         into the scratch ``slot`` when given (:func:`mptrain.precision.blocks.fake.scratch`:
-        the GEMM reads it at once)."""
+        the GEMM reads it at once), in ``t``'s layout with ``keep_layout``."""
         if not self.sampling:
-            return fake_quant_operand(self.recipe, t, dim, role, generator=self.generator, out=slot)
+            return fake_quant_operand(
+                self.recipe,
+                t,
+                dim,
+                role,
+                generator=self.generator,
+                out=slot,
+                keep_layout=keep_layout,
+            )
         quantized = quantize_operand(
             self.recipe, t, dim, role, generator=self.generator, stats=True
         )
