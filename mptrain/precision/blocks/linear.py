@@ -66,7 +66,7 @@ class _BlockLinearFunction(torch.autograd.Function):
         w_q = layer.operand(weight, 1, "weight", None if tiled else "b")
         out = block_gemm(x_q, w_q.t(), out_dtype, layer.recipe)
         if bias is not None:
-            out = out + bias.to(out_dtype)
+            out.add_(bias.to(out_dtype))  # in place: the GEMM's output is new memory
         # The high-precision tensors: the backward quantizes them along its own dimensions. A
         # tiled weight is the same along both, so its quantization is kept instead.
         ctx.save_for_backward(rows, weight, w_q if tiled else None)
