@@ -15,6 +15,17 @@ does. Stochastic rounding (NVFP4 gradients) draws the same ``torch.rand`` number
 order, as :func:`mptrain.precision.blocks.e2m1.encode` and compares them with the same exact
 fraction.
 
+The time is in the passes over the operand (each elementwise torch operation is one; on the CPU
+they are bound by memory traffic), so they are few: ``|x|`` is written once, into the buffer the
+result is returned in, and everything after it happens there in place (the blocks' amax, the
+multiplier, saturation, the rounding, the sign, the scale: ten passes for MX, against eleven
+and the casts before); a block's multiplier and scale come from a few integer passes over the
+amaxes (MX: :func:`mptrain.precision.blocks.mx.scale_factors`, no E8M0 codes, cast or boolean
+mask: a mask costs ten times an integer pass there). An operand whose quantized dimension is not
+its last can be quantized where it lies (``keep_layout``: blocks split along a middle dimension,
+the amax reduced across rows), so that no transposed copy is made: what the backward's dx and
+dW GEMMs use, reading their operands in an FP32 Linear's own layouts.
+
 Temporaries live in a per-thread scratch space (:func:`scratch`), reused from call to call:
 fresh memory costs a page fault per page, which on a CPU (a VM's above all) costs more than
 the pass that fills it. The scratch holds the largest operand quantized so far, twice or three
@@ -141,36 +152,36 @@ def hadamard_(t: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
     contiguous ``t`` along its last dimension (a multiple of 16), in place: the same additions
     (the same bits), written into ``t`` and one scratch buffer in turn instead of new tensors
     at every butterfly stage. Returns ``t``."""
-    blocks = t.view(-1, RHT_SIZE).mul_(signs.to(t.device))
-    spare = scratch("hadamard", blocks.shape, torch.float32, t.device)
-    src, dst, half = blocks, spare, 1
-    while half < RHT_SIZE:
-        pairs, out = (b.view(-1, RHT_SIZE // (2 * half), 2, half) for b in (src, dst))
-        torch.add(pairs[..., 0, :], pairs[..., 1, :], out=out[..., 0, :])
-        torch.sub(pairs[..., 0, :], pairs[..., 1, :], out=out[..., 1, :])
-        src, dst, half = dst, src, half * 2
-    # four stages: the result is back in t
+    blocks = t.view(-1, RHT_SIZE, 1).mul_(signs.to(t.device).view(RHT_SIZE, 1))
+    _butterflies(blocks)
     return t.mul_(_RHT_NORM)
 
 
 def hadamard_rows(t: torch.Tensor, signs: torch.Tensor, out: str) -> torch.Tensor:
     """:func:`mptrain.precision.blocks.hadamard.random_hadamard_transform` of the 2-D ``t``
-    (FP32, BF16 or FP16, contiguous) along its first dimension (a multiple of 16), in FP32 into
-    the scratch slot ``out`` (``t`` is left alone): :func:`hadamard_`'s additions on blocks of
-    16 rows, the same bits as the transform of ``t``'s transpose."""
+    (FP32, BF16 or FP16) along its first dimension (a multiple of 16), in FP32 into the scratch
+    slot ``out`` (``t`` is left alone): :func:`hadamard_`'s additions on blocks of 16 rows, the
+    same bits as the transform of ``t``'s transpose."""
     rows, cols = t.shape
     shape = (rows // RHT_SIZE, RHT_SIZE, cols)
     result = scratch(out, shape, torch.float32, t.device)
     torch.mul(t.reshape(shape), signs.to(t.device).view(RHT_SIZE, 1), out=result)
-    spare = scratch("hadamard", shape, torch.float32, t.device)
-    src, dst, half = result, spare, 1
-    while half < RHT_SIZE:
-        pairs, into = (b.view(-1, RHT_SIZE // (2 * half), 2, half, cols) for b in (src, dst))
+    return _butterflies(result).mul_(_RHT_NORM).view(rows, cols)
+
+
+def _butterflies(blocks: torch.Tensor) -> torch.Tensor:
+    """The Walsh-Hadamard butterflies (hadamard.walsh_hadamard's additions) along the middle
+    dimension (16) of the FP32, contiguous ``blocks`` (n, 16, inner), in place: each stage
+    written into a scratch buffer and back in turn. Returns ``blocks``."""
+    n, size, inner = blocks.shape
+    spare = scratch("hadamard", blocks.shape, torch.float32, blocks.device)
+    src, dst, half = blocks, spare, 1
+    while half < size:
+        pairs, into = (b.view(n, size // (2 * half), 2, half, inner) for b in (src, dst))
         torch.add(pairs[:, :, 0], pairs[:, :, 1], out=into[:, :, 0])
         torch.sub(pairs[:, :, 0], pairs[:, :, 1], out=into[:, :, 1])
         src, dst, half = dst, src, half * 2
-    # four stages: the result is back in result
-    return result.mul_(_RHT_NORM).view(rows, cols)
+    return blocks  # an even number of stages (four): the result is back in blocks
 
 
 def _split(
