@@ -55,6 +55,7 @@ _RHT_NORM = RHT_SIZE**-0.5  # 1/4, exact: hadamard.py's normalisation
 _MANTISSA_BITS = 23
 _EXPONENT_BITS = 0x7F800000
 _MAGNITUDE_BITS = 0x7FFFFFFF
+_MAGIC_CAP = 100  # the largest exponent of the rounding's power of two (module doc)
 # (mantissa bits, smallest normal exponent) of each element format.
 GRIDS = {E4M3: (3, -6), E5M2: (2, -14), E2M1: (1, 0)}
 
@@ -103,13 +104,16 @@ def round_magnitude_(a: torch.Tensor, elem_dtype: torch.dtype) -> torch.Tensor:
     unless inf) rounded to nearest even on the grid of ``elem_dtype``, in place (module doc):
     ``(a + c) - c``, ``c`` from ``a``'s exponent field. Returns ``a``."""
     mantissa, emin = GRIDS[elem_dtype]
-    # 2^(e + 23 - mantissa) from a's exponent field (at least the format's smallest normal's);
-    # bit operations: a pass each, cheaper than shifts on the CPU.
-    magic = torch.bitwise_and(
-        a.view(torch.int32), _EXPONENT_BITS, out=scratch("magic", a.shape, torch.int32, a.device)
-    )
-    magic.clamp_(min=(emin + 127) << _MANTISSA_BITS).add_((_MANTISSA_BITS - mantissa) << 23)
-    return a.add_(magic.view(torch.float32)).sub_(magic.view(torch.float32))
+    # 2^e from a's exponent field, e clamped to [the format's smallest normal exponent, 100]
+    # (clamping the bits clamps the field; above the format's range only inf and NaN reach the
+    # cap, and they stay themselves); c = 2^(23 - mantissa) x 2^e is exact, so add's alpha
+    # rounds nothing: two passes for c instead of three.
+    bits = (emin + 127) << _MANTISSA_BITS, (_MAGIC_CAP + 127) << _MANTISSA_BITS
+    power = torch.clamp(
+        a.view(torch.int32), *bits, out=scratch("magic", a.shape, torch.int32, a.device)
+    ).bitwise_and_(_EXPONENT_BITS)
+    c, alpha = power.view(torch.float32), 2.0 ** (_MANTISSA_BITS - mantissa)
+    return a.add_(c, alpha=alpha).sub_(c, alpha=alpha)
 
 
 def stochastic_round_e2m1_(a: torch.Tensor, draw: torch.Tensor) -> torch.Tensor:
