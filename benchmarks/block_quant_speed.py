@@ -4,7 +4,8 @@ format against FP32's, and what it spends on quantizing and on its GEMMs.
     python benchmarks/block_quant_speed.py [--tokens 4096] [--shapes 128x384,128x128,128x512,512x128]
         [--formats mxfp8,nvfp4,fp8_blockwise] [--rounds 20] [--out FILE]
 
-Defaults: the default GPT's four Linears (``task=lm``: width 128, batch 32 x 128 tokens; qkv,
+Shapes are ``in_features x out_features``, multiples of every format's block (128 for
+blockwise FP8), as are the tokens. Defaults: the default GPT's four Linears (``task=lm``: width 128, batch 32 x 128 tokens; qkv,
 attention projection, MLP up and down). Per format, summed over the shapes:
 
 - ``step``: ``BlockLinear`` forward and backward (the emulation a training step runs: six
@@ -160,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [f for f in args.formats.split(",") if f not in RECIPES]
     if unknown:
         parser.error(f"--formats: any of {', '.join(RECIPES)}; got {unknown}")
+    if args.tokens % 128:  # every format's block divides it: the quantizations need no padding
+        parser.error(f"--tokens: a multiple of 128, got {args.tokens}")
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
     figures = measure(variants(args), args.rounds)
