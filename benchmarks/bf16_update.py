@@ -25,33 +25,24 @@ Prints a table; --out writes every figure with the CPU and the date.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from contention import COMMON as CONTENTION_COMMON
-from contention import JOBS as CONTENTION_JOBS
-from contention import _quiet_console, compose
+# benchmarks/ is on sys.path when this script runs
+from inprocess import CPU_JOB, SMALL_GPT, cpu_document, train_report
 from jsondoc import write_json
 
-# The MLP on digits, and the small GPT of benchmarks/contention.py.
-JOBS = {"mlp": ("model=mlp", "dataset=digits"), "gpt": CONTENTION_JOBS["gpt"]}
-COMMON = (*CONTENTION_COMMON, "threads=1")  # no checkpoints, no thread measuring
+# The MLP on digits, and the small GPT (benchmarks/contention.py's too).
+JOBS = {"mlp": ("model=mlp", "dataset=digits"), "gpt": SMALL_GPT}
+COMMON = (*CPU_JOB, "threads=1")  # no checkpoints, no thread measuring
 VARIANTS = (("fp32", "nearest"), ("bf16_pure", "nearest"), ("bf16_pure", "stochastic"))
 VARIANTS += (("bf16_pure", "kahan"),)
 
 
 def run_report(job: str, lr: float, steps: int, *overrides: str) -> dict:
     """One whole run's report: ``job`` at peak learning rate ``lr`` with ``overrides``."""
-    from mptrain.train.job import train
-
-    cfg = compose(*JOBS[job], *COMMON, f"max_steps={steps}", f"optimizer.lr={lr}", *overrides)
-    with tempfile.TemporaryDirectory() as tmp:
-        return train(cfg, Path(tmp), console=_quiet_console()).to_dict()
+    return train_report(*JOBS[job], *COMMON, f"max_steps={steps}", f"optimizer.lr={lr}", *overrides)
 
 
 def run_once(job: str, precision: str, update: str, lr: float, steps: int) -> dict[str, Any]:
@@ -136,26 +127,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fp32-seeds", default="", help="FP32 runs at these seeds too: 1,2")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    from mptrain.platform.hardware import hardware_info, software_versions
-
     started = time.perf_counter()
     jobs, lrs = args.jobs.split(","), [float(x) for x in args.lrs.split(",")]
     seeds = [int(x) for x in args.fp32_seeds.split(",") if x]
     steps = {"mlp": args.mlp_steps, "gpt": args.gpt_steps}
     rows, spread = measure(jobs, lrs, steps, seeds, args.out)
     print(render(rows))
-    import torch
-
-    doc = {
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "hardware": hardware_info(torch.device("cpu")),
-        "versions": software_versions(),
-        "wall_s": time.perf_counter() - started,
-        "rows": rows,
-        "fp32_other_seeds": spread,
-    }
-    write_json(args.out, doc)
+    arguments = {k: str(v) for k, v in vars(args).items()}
+    write_json(args.out, cpu_document(arguments, started, rows=rows, fp32_other_seeds=spread))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from fp8_rowwise_sqnr import EVERY, sqnr_db  # benchmarks/ is on sys.path when this script runs
+from fp8_rowwise_sqnr import (  # benchmarks/ is on sys.path when this script runs
+    EVERY,
+    linear_gemms,
+    parse_outliers,
+    sqnr_db,
+)
 from jsondoc import write_json
 from torch import nn
 
@@ -102,10 +107,7 @@ def block_quantizers() -> dict[str, Quantizer]:
 def float8_gemms(reference: nn.Linear, granularity: str, x: torch.Tensor, dy: torch.Tensor) -> dict:
     """out, dx and dW of mptrain's Float8Linear (emulated) with the reference's weights."""
     layer = Float8Linear.from_linear(copy.deepcopy(reference), FP8Recipe(granularity=granularity))
-    inputs = x.clone().requires_grad_()
-    out = layer(inputs)
-    out.backward(dy)
-    return {"out": out.detach(), "dx": inputs.grad, "dW": layer.weight.grad}
+    return linear_gemms(layer, x, dy)
 
 
 def measure(rows: int, features: int, outlier: float) -> list[dict]:
@@ -133,10 +135,7 @@ def main() -> int:
     parser.add_argument("--outliers", default="1,1e3")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    try:
-        outliers = [float(v) for v in args.outliers.split(",")]
-    except ValueError:
-        parser.error(f"--outliers {args.outliers!r}: comma-separated numbers")
+    outliers = parse_outliers(parser, args.outliers)
     if args.rows % 128 or args.features % 128:
         parser.error("--rows and --features: multiples of 128 (blockwise FP8's blocks)")
     rows = [r for o in outliers for r in measure(args.rows, args.features, o)]

@@ -10,7 +10,7 @@ batches), in mptrain's own loop (``mptrain.train.job.train``: the run a user get
 
 - ``lm``: ``task=lm`` with the default GPT (4 blocks, width 128, 128-token windows, batch 32) on
   the embedded text, ``max_steps=--lm-steps``: its 16 block Linears convert (not the head);
-  NVFP4 keeps the last 15% of the Linear layers in BF16 (the last block's MLP and the head);
+  NVFP4 keeps the last 15% of the blocks in BF16 (rounded up: the last block's four Linears);
 - ``classify``: ``model=mlp`` on digits, ``epochs=--epochs`` (the default classification job's
   data and length; the default ``cnn`` has a single Linear, its classifier, which every
   low-precision format keeps, so it cannot run in one): its 256x256 hidden layer converts.

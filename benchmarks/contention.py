@@ -25,43 +25,18 @@ when the busy processes and it share them equally (the issue's done-when: at lea
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import multiprocessing
 import os
 import statistics
-import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+# benchmarks/ is on sys.path when this script runs
+from inprocess import CPU_JOB, SMALL_GPT, cpu_document, train_report
 from jsondoc import write_json
 
-JOBS = {
-    "cnn": ("model=cnn", "dataset=digits"),
-    "gpt": (
-        "task=lm",
-        "model.layers=2",
-        "model.heads=2",
-        "model.width=64",
-        "model.block_size=64",
-        "batch_size=16",
-    ),
-}
-COMMON = ("device=cpu", "progress=false", "epochs=null", "checkpoint.enabled=false")
-
-
-def compose(*overrides: str):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-
-    from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-    from mptrain.compose.registry import register_configs, to_run_config
-
-    register_configs()
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-        return to_run_config(hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides)))
+JOBS = {"cnn": ("model=cnn", "dataset=digits"), "gpt": SMALL_GPT}
 
 
 def _spin(stop_at: float) -> None:
@@ -94,11 +69,7 @@ class Busy:
 
 def run_once(job: str, threads: str, steps: int) -> dict[str, Any]:
     """One whole job; its samples/s over the training time and the threads it used."""
-    from mptrain.train.job import train
-
-    cfg = compose(*JOBS[job], *COMMON, f"max_steps={steps}", f"threads={threads}")
-    with tempfile.TemporaryDirectory() as tmp:
-        report = train(cfg, Path(tmp), console=_quiet_console()).to_dict()
+    report = train_report(*JOBS[job], *CPU_JOB, f"max_steps={steps}", f"threads={threads}")
     t = report["threads"]
     return {
         "samples_per_s": report["training"]["samples_seen"] / report["time"]["training_s"],
@@ -107,12 +78,6 @@ def run_once(job: str, threads: str, steps: int) -> dict[str, Any]:
         "measurements": t["measurements"],
         "changes": t["changes"],
     }
-
-
-def _quiet_console():
-    from rich.console import Console
-
-    return Console(quiet=True)
 
 
 def measure(busy: list[int], reps: int, steps: dict[str, int]) -> list[dict[str, Any]]:
@@ -186,24 +151,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gpt-steps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
-    import torch
-
-    from mptrain.platform.hardware import hardware_info, software_versions
-
     started = time.perf_counter()
     rows = measure(args.busy, args.reps, {"cnn": args.cnn_steps, "gpt": args.gpt_steps})
     add_ratios(rows)
     print(render(rows))
-    doc = {
-        "date": dt.datetime.now().isoformat(timespec="seconds"),
-        "args": vars(args),
-        "cpu_count": os.cpu_count(),
-        "hardware": hardware_info(torch.device("cpu")),
-        "versions": software_versions(),
-        "wall_s": time.perf_counter() - started,
-        "rows": rows,
-    }
-    write_json(args.out, doc)
+    write_json(args.out, cpu_document(vars(args), started, cpu_count=os.cpu_count(), rows=rows))
 
 
 if __name__ == "__main__":

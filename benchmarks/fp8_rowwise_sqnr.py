@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
 from pathlib import Path
 
 import torch
+from jsondoc import write_json  # benchmarks/ is on sys.path when this script runs
 from torch import nn
 
 from mptrain.platform.hardware import software_versions
@@ -41,6 +41,23 @@ def sqnr_db(reference: torch.Tensor, other: torch.Tensor) -> float:
     return math.inf if noise == 0 else 10 * math.log10(ref.pow(2).sum().item() / noise)
 
 
+def linear_gemms(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A Linear layer's three GEMMs as autograd runs them: its output for ``x`` (``out``), and
+    the gradients of ``x`` (``dx``) and of its weight (``dW``) for the output gradient ``dy``."""
+    inputs = x.clone().requires_grad_()
+    out = layer(inputs)
+    out.backward(dy)
+    return {"out": out.detach(), "dx": inputs.grad, "dW": layer.weight.grad}
+
+
+def parse_outliers(parser: argparse.ArgumentParser, text: str) -> list[float]:
+    """``--outliers``' comma-separated numbers; the parser's error (exit 2) for anything else."""
+    try:
+        return [float(v) for v in text.split(",")]
+    except ValueError:
+        parser.error(f"--outliers {text!r}: comma-separated numbers")
+
+
 def measure(outlier: float, granularity: str) -> dict[str, float]:
     """SQNRs of one FP8 layer against the FP32 layer, for one outlier size."""
     torch.manual_seed(0)
@@ -49,20 +66,12 @@ def measure(outlier: float, granularity: str) -> dict[str, float]:
     x = torch.randn(ROWS, FEATURES)
     x[::EVERY] *= outlier
     grad_out = torch.randn(ROWS, FEATURES)
-    results = []
-    for module in (reference, layer):
-        inputs = x.clone().requires_grad_()
-        out = module(inputs)
-        out.backward(grad_out)
-        results.append((out.detach(), inputs.grad, module.weight.grad))
-    (ref_out, ref_dx, ref_dw), (out, dx, dw) = results
+    exact, fp8 = (linear_gemms(module, x, grad_out) for module in (reference, layer))
     ordinary = torch.ones(ROWS, dtype=torch.bool)
     ordinary[::EVERY] = False
     return {
-        "out_ordinary_rows": sqnr_db(ref_out[ordinary], out[ordinary]),
-        "out": sqnr_db(ref_out, out),
-        "dx": sqnr_db(ref_dx, dx),
-        "dW": sqnr_db(ref_dw, dw),
+        "out_ordinary_rows": sqnr_db(exact["out"][ordinary], fp8["out"][ordinary]),
+        **{k: sqnr_db(exact[k], fp8[k]) for k in ("out", "dx", "dW")},
     }
 
 
@@ -71,10 +80,7 @@ def main() -> int:
     parser.add_argument("--outliers", default="1,1e2,1e3,1e4,1e5,1e6")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    try:
-        outliers = [float(v) for v in args.outliers.split(",")]
-    except ValueError:
-        parser.error(f"--outliers {args.outliers!r}: comma-separated numbers")
+    outliers = parse_outliers(parser, args.outliers)
     rows = [
         {"outlier": o, "granularity": g, **measure(o, g)}
         for o in outliers
@@ -87,9 +93,7 @@ def main() -> int:
             f"{r['outlier']:>8g} {r['granularity']:>11} {r['out_ordinary_rows']:>13.2f} "
             f"{r['out']:>6.2f} {r['dx']:>6.2f} {r['dW']:>6.2f}"
         )
-    if args.out:
-        doc = {"versions": software_versions(), "rows": rows}
-        args.out.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json(args.out, {"versions": software_versions(), "rows": rows})
     return 0
 
 

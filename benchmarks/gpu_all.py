@@ -21,7 +21,8 @@ estimate is left; BENCHMARKS.md has the limits and estimates):
    needed). Without either it fails at once, printing the two commands that carry the wheels.
    When setup fails, no other step runs: summary.md says so.
 2. ``nvidia_smi``: the GPU, its driver and clocks.
-3. ``fp8_check``: benchmarks/gpu_fp8_check.py: the ``_scaled_mm``-vs-emulation verdict first,
+3. ``fp8_check``: benchmarks/gpu_fp8_check.py: the ``_scaled_mm``-vs-emulation verdict first
+   (the block-scaled GEMMs the GPU has included: blockwise FP8 on SM90, MXFP8/NVFP4 on SM100),
    forward GEMM speed (accurate and fast accumulation), then FP8 vs BF16 training, eager and
    compiled (graph breaks counted).
 4. ``speed_table``: benchmarks/gpu_speed.py: the contention-free speed table, mptrain's GPT and
@@ -340,8 +341,8 @@ def plan(
         Step("nvidia_smi", ["nvidia-smi"], 10, "the GPU, its driver and clocks", estimate_s=2,
              skip=no_smi),
         bench("fp8_check", "gpu_fp8_check.py", 110, 80,
-              "FP8 GEMMs vs emulation (tensorwise, rowwise), forward GEMM speed; FP8 vs BF16 "
-              "training, eager and compiled"),
+              "FP8 GEMMs vs emulation (tensorwise, rowwise; block-scaled where the GPU has "
+              "them), forward GEMM speed; FP8 vs BF16 training, eager and compiled"),
         bench("speed_table", "gpu_speed.py", speed_s, speed_s - SPEED_MARGIN_S / 2,
               "GPT and ResNet-50 x precision x compile off/on: samples/s, tokens/s, memory"),
         Step("pytest_gpu", pytest_argv(python, out / "pytest_gpu.xml", tests, test_timeout_s),
@@ -589,7 +590,9 @@ FP8_AGREE_DB = 40.0  # real vs emulated FP8 GEMM: far closer than FP8 is to FP32
 def fp8_verdict(doc: dict) -> tuple[str, str]:
     """(PASS | FAIL | INCOMPLETE, the reading): PASS when every GEMM agrees with the emulation
     (SQNR >= FP8_AGREE_DB), every planned training variant ran and every loss is finite."""
-    gemms = doc.get("gemm_agreement") or []
+    # the block-scaled GEMMs the GPU has count like the others; skipped ones (no kernel) do not
+    blocks = [g for g in doc.get("block_gemms") or [] if "skipped" not in g]
+    gemms = (doc.get("gemm_agreement") or []) + blocks
     sqnrs = [g["real_vs_emulated_sqnr_db"] for g in gemms if "error" not in g]
     raised = len(gemms) - len(sqnrs)
     lowest = min(sqnrs, default=float("nan"))
@@ -636,6 +639,7 @@ def fp8_lines(doc: dict) -> list[str]:
     ]
     lines += [f"  - {name} FAILED: {why}" for name, why in training["failed"].items()]
     lines += forward_gemm_lines(doc.get("forward_gemm") or [])
+    lines += block_gemm_lines(doc.get("block_gemms") or [])
     if doc.get("note"):
         lines.append(f"  - note: {doc['note']}")
     return lines
@@ -653,6 +657,21 @@ def forward_gemm_lines(rows: list[dict]) -> list[str]:
             f"x{row['fp8_speedup_vs_bf16']:.2f} (use_fast_accum false), "
             f"x{row['fp8_fast_accum_speedup_vs_bf16']:.2f} (true; SQNR vs emulation "
             f"{row['fast_accum_vs_emulated_sqnr_db']:.1f} dB)"
+        )
+    return lines if rows else []
+
+
+def block_gemm_lines(rows: list[dict]) -> list[str]:
+    lines = ["- Block-scaled GEMMs, real (scaled_mm) vs emulated:"]
+    for row in rows:
+        name = f"{row['format']} {'x'.join(map(str, row['shape']))}"
+        if row.get("skipped") or row.get("error"):
+            lines.append(f"  - {name}: {row.get('skipped') or row['error']}")
+            continue
+        lines.append(
+            f"  - {name}: SQNR vs emulation {row['real_vs_emulated_sqnr_db']:.1f} dB; "
+            f"{row['tflops']['real']:.1f} TFLOP/s (x{row['real_speedup_vs_emulated']:.1f} the "
+            f"emulation, x{row['real_speedup_vs_bf16']:.2f} BF16)"
         )
     return lines if rows else []
 

@@ -9,6 +9,12 @@ For one NVIDIA GPU of compute capability >= 8.9 (H100/H200/L4/RTX 40xx); runs in
    of the left operand, per column of the right), multiplied by ``torch._scaled_mm`` and by the
    emulation (FP8 values in FP32, FP32 matmul, one rescale). The two must agree to BF16 rounding:
    both see the same FP8 operands.
+   Block-scaled GEMMs (``block_gemms``, part of the verdict; seconds): per ``--block-shapes``
+   shape, blockwise FP8 (1x128 activations x 128x128 weights; needs SM90) and MXFP8 and NVFP4
+   (need SM100 or later) quantized by mptrain's recipes and multiplied by torch's block-scaled
+   ``scaled_mm`` (mptrain.precision.blocks.gemm) and by the emulation (dequantized operands, FP32
+   matmul): their SQNR, and the seconds per call of both and of a BF16 matmul. A format the GPU
+   lacks is a row ``skipped: needs SM100, this is SM90`` (printed), not a failure.
 2. Forward GEMM speed (``forward_gemm``): per ``--speed-shapes`` shape and scaling, BF16 matmul vs
    ``torch._scaled_mm`` with accurate accumulation (``use_fast_accum=False``: every FP8 GEMM
    mptrain runs) and with fast accumulation (``use_fast_accum=True``: what torchao's float8 recipes
@@ -62,6 +68,8 @@ from mptrain.platform.hardware import (
     software_versions,
     synchronize,
 )
+from mptrain.precision.blocks.gemm import block_gemm, block_gemm_available, transposed
+from mptrain.precision.blocks.recipe import BlockRecipe, quantize_operand
 from mptrain.precision.fp8.convert import apply_fp8, fp8_gemm_available
 from mptrain.precision.fp8.linear import fp8_gemm
 from mptrain.precision.fp8.quant import E4M3, E5M2, FP8Recipe, quantize, scale_from_amax
@@ -119,6 +127,83 @@ def gemm_agreement(device: torch.device, shapes: list[tuple[int, int, int]]) -> 
             row.update(gemm_row(device, shape, granularity, a_dtype))
         except Exception as exc:  # recorded in the document, the other GEMMs still run
             row["error"] = error_text(exc)
+        rows.append(row)
+    return rows
+
+
+# The block-scaled formats the GPU check multiplies, with the SM their real GEMM needs (words).
+BLOCK_FORMATS = {"fp8_blockwise": "SM90", "mxfp8": "SM100", "nvfp4": "SM100"}
+
+
+def block_skip(device: torch.device, fmt: str) -> str | None:
+    """Why ``fmt``'s real GEMM does not run on ``device`` ("skipped: needs SM100, this is SM90"),
+    or None when it does."""
+    available, why = block_gemm_available(device, fmt)
+    if available:
+        return None
+    if device.type == "cuda" and torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability(device)
+        here = f"SM{major}{minor}"
+    else:
+        here = f"the {device.type.upper()}"
+    return f"skipped: needs {BLOCK_FORMATS[fmt]}, this is {here} ({why})"
+
+
+def block_gemm_row(device: torch.device, fmt: str, shape: tuple, repeats: int) -> dict:
+    """One block-scaled format and shape: the real GEMM against the emulation (SQNR, the largest
+    difference over the largest value) and against FP32, and the seconds per call of the real
+    GEMM, the emulated one (its FP32 matmul of the dequantized operands) and a BF16 matmul,
+    operands quantized once beforehand (mptrain's recipe: activation x weight, as the forward)."""
+    m, k, n = shape
+    a = torch.randn(m, k, device=device) * torch.logspace(-2, 2, m, device=device)[:, None]
+    b = torch.randn(n, k, device=device) * 0.02
+    recipe = BlockRecipe(fmt, weight_tiles=True)  # NVFP4: its recipe's 16x16 weight tiles
+    a_q, b_q = quantize_operand(recipe, a, 1, "input"), quantize_operand(recipe, b, 1, "weight")
+    a_e, b_e = a_q.dequantize(torch.float32), b_q.dequantize(torch.float32).t()
+    real_recipe = BlockRecipe(fmt, real_gemm=True)
+
+    def real() -> torch.Tensor:
+        return block_gemm(a_q, transposed(b_q), torch.bfloat16, real_recipe)
+
+    def emulated() -> torch.Tensor:
+        return block_gemm(a_e, b_e, torch.bfloat16, recipe)
+
+    got, want = real(), emulated()
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    seconds = {
+        "real": seconds_per_call(device, real, repeats),
+        "emulated": seconds_per_call(device, emulated, repeats),
+        "bf16": seconds_per_call(device, lambda: a16 @ b16.t(), repeats),
+    }
+    flops = 2 * math.prod(shape)
+    return {
+        "real_vs_emulated_sqnr_db": sqnr_db(want, got),
+        "real_vs_emulated_max_rel": float(
+            (got.float() - want.float()).abs().max() / want.float().abs().max()
+        ),
+        "real_vs_fp32_sqnr_db": sqnr_db(a @ b.t(), got),
+        "seconds_per_call": seconds,
+        "tflops": {name: flops / s / 1e12 for name, s in seconds.items()},
+        "real_speedup_vs_emulated": seconds["emulated"] / seconds["real"],
+        "real_speedup_vs_bf16": seconds["bf16"] / seconds["real"],
+    }
+
+
+def block_gemms(device: torch.device, shapes: list[tuple[int, int, int]], repeats: int) -> list:
+    """:func:`block_gemm_row` per format and shape where the GPU has the format's kernel, else a
+    ``skipped`` row (printed); one that raises is a row with its ``error``."""
+    rows = []
+    for fmt, shape in itertools.product(BLOCK_FORMATS, shapes):
+        row: dict = {"format": fmt, "shape": list(shape)}
+        skip = block_skip(device, fmt)
+        if skip:
+            print(f"block GEMM {fmt} {'x'.join(map(str, shape))}: {skip}", flush=True)
+            row["skipped"] = skip
+        else:
+            try:
+                row.update(block_gemm_row(device, fmt, shape, repeats))
+            except Exception as exc:  # recorded in the document, the other formats still run
+                row["error"] = error_text(exc)
         rows.append(row)
     return rows
 
@@ -308,6 +393,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gemm-shapes", default="128x256x512,1000x2048x4096,4096x4096x4096")
     parser.add_argument("--speed-shapes", default="8192x4096x4096", help="forward GEMM MxKxN")
     parser.add_argument("--speed-repeats", type=int, default=50)
+    parser.add_argument(
+        "--block-shapes", default="256x512x384,4096x4096x4096", help="block-scaled GEMMs MxKxN"
+    )
+    parser.add_argument("--block-repeats", type=int, default=10)
     parser.add_argument("--device", default="cuda", help="cuda (the check) | cpu (a smoke run)")
     parser.add_argument(
         "--variants", default=",".join(VARIANTS), help="a subset of " + ",".join(VARIANTS)
@@ -322,8 +411,9 @@ def parse_args() -> argparse.Namespace:
     try:
         args.gemm_shapes = parse_shapes(args.gemm_shapes)
         args.speed_shapes = parse_shapes(args.speed_shapes)
+        args.block_shapes = parse_shapes(args.block_shapes)
     except ValueError as exc:
-        parser.error(f"--gemm-shapes/--speed-shapes {exc}: expected MxKxN[,MxKxN...]")
+        parser.error(f"--gemm/speed/block-shapes {exc}: expected MxKxN[,MxKxN...]")
     return args
 
 
@@ -373,6 +463,8 @@ def main() -> int:
     }
     result["gemm_agreement"] = gemm_agreement(device, args.gemm_shapes)
     write_json(args.out, result)  # the verdict first: kept whatever happens later
+    result["block_gemms"] = block_gemms(device, args.block_shapes, args.block_repeats)
+    write_json(args.out, result)
     result["forward_gemm"] = forward_gemm(device, args.speed_shapes, args.speed_repeats)
     write_json(args.out, result)
     sizes = Sizes(args.steps, args.warmup, args.batch, args.width)

@@ -40,24 +40,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from inprocess import compose  # benchmarks/ is on sys.path when this script runs
 
-from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-from mptrain.compose.registry import register_configs, to_run_config
 from mptrain.output.metrics import MetricsLog
 from mptrain.platform.hardware import hardware_info, software_versions
 from mptrain.train.build import prepare_run
 from mptrain.train.loop import LoopHooks, train_loop
 
 CPU = torch.device("cpu")
-
-
-def compose(*overrides: str):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-
-    register_configs()  # explicit: importing mptrain registers nothing
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-        return to_run_config(hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides)))
 
 
 def time_mptrain(run, steps: int, warmup: int) -> float:

@@ -5,6 +5,7 @@
     python benchmarks/roofline.py --target h100 --preset gpt     # benchmarks/gpu_gpt.py's GPT
     python benchmarks/roofline.py --target h100 --preset resnet50  # benchmarks/gpu_resnet50.py's
     python benchmarks/roofline.py --target h100 --llama3-8b  # as torchao's float8 README measures
+    python benchmarks/roofline.py --target h100 --gpt2-124m  # as llm.c trains GPT-2 124M
 
 Any mptrain overrides; ``--preset`` starts from the settings of a GPU script (overrides after it
 still apply). Runs on a CPU in seconds: the model is built on the meta device and counted, not
@@ -32,6 +33,7 @@ from torch import nn
 
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
 from mptrain.compose.registry import register_configs, to_run_config
+from mptrain.models import gpt as gpt_model
 from mptrain.platform import gpus
 from mptrain.precision.gemms import SAMPLES, account
 from mptrain.precision.roofline import Step, optimizer_passes, predict, recipe_for
@@ -39,7 +41,7 @@ from mptrain.precision.speed import data_shape, predict_config
 
 BF16 = torch.bfloat16
 
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp8_blockwise", "mxfp8", "nvfp4")
 # The settings of the GPU scripts, so that their measurements and these predictions match.
 RESNET50 = [
     "model=resnet50", "model.small_stem=false", "dataset=synthetic", "dataset.image_size=224",
@@ -101,7 +103,7 @@ def predict_for(
             "elementwise_ms": 1e3 * p.elementwise_s,
             "optimizer_ms": 1e3 * p.optimizer_s,
             "model_tflop_per_step": p.model_flops / 1e12,
-            "fp8_flops_share": p.fp8_share,
+            "low_flops_share": p.low_share,
             "mixed_peak_tflops": p.mixed_peak_tflops,
         }
     for reference in ("fp32", "bf16"):
@@ -164,6 +166,19 @@ class Llama3(nn.Module):
         return self.output(self.norm(x))
 
 
+def per_gpu(model: nn.Module, length: int, step: Step, gpu: gpus.GPU, recipes: dict) -> dict:
+    """Each named recipe's predicted step of the language model ``model`` (token windows of
+    ``length``) on ``gpu``, or why there is none (a format the GPU has no kernel for)."""
+    acc = account(model, torch.zeros(SAMPLES, length, dtype=torch.long, device="meta"), BF16)
+    rows: dict[str, Any] = {}
+    for name, recipe in recipes.items():
+        try:
+            rows[name] = predict(acc, recipe, gpu, step)
+        except ValueError as exc:  # e.g. MXFP8 on an H100: emulated, not a prediction
+            rows[name] = str(exc)
+    return rows
+
+
 def llama3_8b(target: str, length: int = 8192, gpus_sharded: int = 8) -> dict[str, Any]:
     """Llama 3 8B as torchao's float8 README benchmarks it with torchtitan (8 H100s, FSDP2,
     batch 1, sequence 8192, AdamW): BF16, and FP8 in every block's Linears (torchtitan leaves
@@ -171,20 +186,55 @@ def llama3_8b(target: str, length: int = 8192, gpus_sharded: int = 8) -> dict[st
     gpu = target_row(target)
     with torch.device("meta"):
         model = Llama3()
-    acc = account(model, torch.zeros(SAMPLES, length, dtype=torch.long, device="meta"), BF16)
     step = Step(1, optimizer_passes("adamw") / gpus_sharded, 1, length)
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "output"]
-    rows = {
-        "bf16": predict(acc, recipe_for("bf16"), gpu, step),
-        "fp8 tensorwise": predict(acc, recipe_for("fp8", linears), gpu, step),
-        "fp8 rowwise": predict(acc, recipe_for("fp8", linears, "rowwise"), gpu, step),
-    }
+    rows = per_gpu(model, length, step, gpu, {
+        "bf16": recipe_for("bf16"),
+        "fp8 tensorwise": recipe_for("fp8", linears),
+        "fp8 rowwise": recipe_for("fp8", linears, "rowwise"),
+    })  # fmt: skip
     return {
         "model": f"Llama 3 8B shape, sequence {length}, batch 1, AdamW, FSDP over "
         f"{gpus_sharded} GPUs (optimizer sharded; communication not counted)",
         "gpu": gpu.key,
         "tokens_per_s": {name: p.tokens_per_s for name, p in rows.items()},
         "vs_bf16": {name: rows["bf16"].step_time_s / p.step_time_s for name, p in rows.items()},
+    }
+
+
+# llm.c's GPT-2 124M run (karpathy/llm.c scripts/run_gpt2_124M.sh): 12 layers, 12 heads, width
+# 768, 1024-token windows, the vocabulary padded to 50,304; 64 windows per GPU, 8 GPUs,
+# BF16 with FP32 master weights, AdamW sharded over the GPUs (-z 1), gradients clipped.
+GPT2_124M = gpt_model.GPTShape(50304, 1024, 12, 12, 768)
+
+
+def gpt2_124m(target: str, batch: int = 64, gpus_sharded: int = 8) -> dict[str, Any]:
+    """GPT-2 124M as llm.c trains it (:data:`GPT2_124M`), per GPU: BF16, and each low-precision
+    format in the block Linears (mptrain's layer choice: the first and last Linear, here the
+    first block's attention projection and the tied head, kept in BF16); AdamW's passes over
+    1/``gpus_sharded`` of the weights. Tokens/s per GPU, or why there is no prediction."""
+    gpu = target_row(target)
+    with torch.device("meta"):
+        model = gpt_model.GPT(GPT2_124M)
+    step = Step(batch, optimizer_passes("adamw", clip=True) / gpus_sharded, 1, GPT2_124M.block_size)
+    linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)][1:-1]
+    rows = per_gpu(model, GPT2_124M.block_size, step, gpu, {
+        "bf16": recipe_for("bf16"),
+        "fp8 tensorwise": recipe_for("fp8", linears),
+        "fp8 blockwise": recipe_for("fp8", linears, "blockwise"),
+        "mxfp8": recipe_for("mxfp8", linears),
+        "nvfp4": recipe_for("nvfp4", linears),
+    })  # fmt: skip
+    return {
+        "model": f"GPT-2 124M shape, sequence 1024, {batch} windows per GPU, AdamW sharded over "
+        f"{gpus_sharded} GPUs (communication not counted)",
+        "gpu": gpu.key,
+        "tokens_per_s": {n: p if isinstance(p, str) else p.tokens_per_s for n, p in rows.items()},
+        "mfu_ceiling": {
+            n: p.model_flops / p.step_time_s / (p.mixed_peak_tflops * 1e12)
+            for n, p in rows.items()
+            if not isinstance(p, str)
+        },
     }
 
 
@@ -206,7 +256,8 @@ def table(doc: dict[str, Any]) -> str:
         f"Predicted on {doc['gpu']['name']}, batch {doc['batch_size']} ({doc['kind']})",
         "",
         "| precision | step (ms) | samples/s | tokens/s | vs fp32 | vs bf16 | GEMM ms "
-        "(compute-bound) | casts ms | other ops ms | optimizer ms | FP8 share | peak TFLOP/s |",
+        "(compute-bound) | casts ms | other ops ms | optimizer ms | low-precision share | "
+        "peak TFLOP/s |",
         "|" + "---|" * 12,
     ]
     for r in doc["rows"]:
@@ -219,7 +270,7 @@ def table(doc: dict[str, Any]) -> str:
             f"{tokens} | {r.get('vs_fp32', 0):.2f}× | {r.get('vs_bf16', 0):.2f}× | "
             f"{r['gemm_ms']:.2f} ({r['compute_bound_share']:.0%}) | {r['cast_ms']:.2f} | "
             f"{r['elementwise_ms']:.2f} | {r['optimizer_ms']:.2f} | "
-            f"{r['fp8_flops_share']:.0%} | {r['mixed_peak_tflops']:,.0f} |"
+            f"{r['low_flops_share']:.0%} | {r['mixed_peak_tflops']:,.0f} |"
         )
     return "\n".join(lines)
 
@@ -238,9 +289,11 @@ def main() -> int:
     parser.add_argument(
         "--llama3-8b", action="store_true", help="Llama 3 8B as torchao's README measures it"
     )
+    parser.add_argument("--gpt2-124m", action="store_true", help="GPT-2 124M as llm.c trains it")
     args = parser.parse_args()
-    if args.llama3_8b:
-        print(json.dumps(llama3_8b(args.target), indent=2))
+    if args.llama3_8b or args.gpt2_124m:
+        doc = llama3_8b(args.target) if args.llama3_8b else gpt2_124m(args.target)
+        print(json.dumps(doc, indent=2))
         return 0
     overrides = [*PRESETS.get(args.preset, []), *args.overrides]
     try:

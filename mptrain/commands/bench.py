@@ -44,6 +44,8 @@ from mptrain.output.render import fmt_bytes, fmt_pct, plural
 from mptrain.platform import contention, hardware
 from mptrain.precision.blocks.gemm import block_gemm_available
 from mptrain.precision.fp8.convert import fp8_gemm_available
+from mptrain.precision.fp8.quant import E4M3
+from mptrain.precision.policy import blockwise_grad_dtype
 from mptrain.rundir.fileio import atomic_write_text
 from mptrain.train.build import prepare_run, window_length
 from mptrain.train.components import Run
@@ -55,11 +57,13 @@ def bench_precisions(
     model_has_convs: bool,
     fp8_blockwise: bool = False,
     block_formats: bool = False,
+    blockwise_grads: torch.dtype = E4M3,
 ) -> list[tuple[str, str | None]]:
     """(precision, reason it is skipped or None) for every precision worth timing here; with
     ``block_formats``, mxfp8 and nvfp4 too. Block-scaled GEMMs (fp8 with ``fp8_blockwise``)
     count only where they are real: emulated, they run FP32 matmuls and their speed says
-    nothing."""
+    nothing (``blockwise_grads``: the gradients' element format, which the real blockwise GEMM
+    restricts)."""
     blocks = BLOCK_ROWS if block_formats else ()
     rows: list[tuple[str, str | None]] = [("fp32", None)]
     if device.type == "cuda":
@@ -68,7 +72,8 @@ def bench_precisions(
         native_bf16 = hardware.cuda_has_native_bf16(device)
         rows.append(("bf16", None if native_bf16 else "no native BF16 on this GPU"))
         if fp8_blockwise:
-            rows.append(("fp8", _block_skip(device, "fp8_blockwise", "blockwise FP8")))
+            skip = _block_skip(device, "fp8_blockwise", "blockwise FP8", blockwise_grads)
+            rows.append(("fp8", skip))
         else:
             rows.append(("fp8", None if fp8_gemm_available(device) else "no FP8 GEMMs (cc < 8.9)"))
         return rows + [(name, _block_skip(device, name, name.upper())) for name in blocks]
@@ -87,9 +92,11 @@ def bench_precisions(
 BLOCK_ROWS = ("mxfp8", "nvfp4")
 
 
-def _block_skip(device: torch.device, fmt: str, words: str) -> str | None:
+def _block_skip(
+    device: torch.device, fmt: str, words: str, grads: torch.dtype = E4M3
+) -> str | None:
     """Why ``fmt`` is not timed on ``device`` (its GEMMs would be emulated), or None."""
-    available, why_not = block_gemm_available(device, fmt)
+    available, why_not = block_gemm_available(device, fmt, grads)
     return None if available else f"{why_not}: emulated {words} is not a speed"
 
 
@@ -200,7 +207,8 @@ def run_bench(
     device = hardware.resolve_device(cfg.device)
     has_convs = config_has_convolutions(cfg.model, cfg.task == "lm")  # FP16 convs crawl on CPUs
     blockwise = cfg.fp8.granularity == "blockwise"
-    precisions = bench_precisions(device, has_convs, blockwise, block_formats=True)
+    grads = blockwise_grad_dtype(cfg.fp8)
+    precisions = bench_precisions(device, has_convs, blockwise, True, grads)
     configs = {
         name: dataclasses.replace(cfg, precision=precision_config(name, cfg.precision))
         for name, skip in precisions

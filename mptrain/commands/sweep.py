@@ -1,9 +1,12 @@
 """Compare finished runs: the table a precision sweep ends with, and ``mptrain-compare DIR...``.
 
 Each run directory holds ``report.json`` (and ``.hydra/overrides.yaml`` when Hydra made it). A run
-is compared with the FP32 run whose config is otherwise identical (the baseline): accuracy delta
+is compared with the FP32 run whose config is otherwise identical (the baseline; a run that switched
+from FP32 to another precision, ``precision.switch``, is none): accuracy delta
 (language models: validation loss delta, their primary metric, and perplexity), throughput ratio and peak-memory ratio. Emulated FP8 runs get no throughput ratio: their speed says
 nothing about FP8 hardware. Runs that failed, or never wrote a report, appear as rows with the reason.
+A run with a precision switch shows both precisions and the step (``fp8 (emulated) -> bf16 after
+step 17``: :meth:`~mptrain.output.report.PrecisionSection.what_ran`), never its first one alone.
 
 A throughput ratio is never one bare number: it is the median of the run's measured windows over the
 baseline's, with a range and a *noisy* mark and reason (:mod:`mptrain.commands.spread`) when that range is
@@ -85,7 +88,7 @@ def compare(runs: list[RunRecord]) -> list[dict[str, Any]]:
     baselines: dict[str, RunReport] = {}
     for run in runs:
         r = run.report
-        if r and r.status == "completed" and r.precision.effective == "fp32":
+        if r and _fp32_throughout(r):
             baselines.setdefault(_comparison_key(r), r)
     alongside = concurrent_jobs([run.report for run in runs if run.report is not None])
     rows = []
@@ -100,6 +103,14 @@ def compare(runs: list[RunRecord]) -> list[dict[str, Any]]:
                 row.update(_against_baseline(run.report, base, alongside))
         rows.append(row)
     return rows
+
+
+def _fp32_throughout(r: RunReport) -> bool:
+    """A completed run in FP32 from its first step to its last: a baseline. A run that switched
+    from FP32 to another precision is not (its accuracy and speed are partly the other's)."""
+    return (
+        r.status == "completed" and r.precision.effective == "fp32" and r.precision.switch is None
+    )
 
 
 def _job(r: RunReport) -> tuple[str, str]:
@@ -184,7 +195,7 @@ def _figures(r: RunReport) -> dict[str, Any]:
     return {
         "status": r.status,
         "reason": r.reason,
-        "precision": r.precision.label or r.precision.effective,
+        "precision": r.precision.what_ran(),
         "final_val_accuracy": r.evaluation.final_val_accuracy,
         # Language models are compared on their loss (the primary metric), with perplexity.
         "final_val_loss": r.evaluation.final_val_loss if _lm(r) else None,
@@ -282,9 +293,10 @@ def render_markdown(rows: list[dict[str, Any]], title: str, figure: str | None) 
         lines.append("| " + " | ".join(_cell(row, k).replace("|", "/") for k, _ in columns) + " |")
     lines += [
         "",
-        "Δ loss, Δ acc, speed and memory compare each run with the completed FP32 run of otherwise identical "
-        "config (— where there is none). Zero grads and updates lost are averages of "
-        "the probes taken every probe_every steps.",
+        "Δ loss, Δ acc, speed and memory compare each run with the completed FP32 run of "
+        "otherwise identical config (— where there is none; a run that switched precision is "
+        "none). Zero grads and updates lost are averages of the probes taken every probe_every "
+        "steps.",
         "",
         *(f"- {line}" for line in speed_notes(rows)),
     ]

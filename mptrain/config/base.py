@@ -104,3 +104,9 @@ def at_least(key: str, value: int | None, minimum: int, *, allow_none: bool = Fa
     if value is None and allow_none:
         return
     require(value is not None and value >= minimum, key, value, f"must be an integer >= {minimum}")
+
+
+def each_at_least(group: str, schema: object, keys: tuple[str, ...], minimum: int) -> None:
+    """:func:`at_least` for each of ``schema``'s ``keys``, named ``<group>.<key>``, in order."""
+    for key in keys:
+        at_least(f"{group}.{key}", getattr(schema, key), minimum)

@@ -20,12 +20,19 @@ class BenchConfig:
     reps: int = 3  # repetitions in rotating order; fewer than 3 cannot judge the spread
 
 
+# The recipes advise.plan may name: mptrain.commands.advise.recipes.LOW_PRECISION's names
+# (tests/commands/test_advise_plan.py keeps the two in step).
+ADVISE_PLAN_RECIPES = (
+    "fp8", "fp8-rowwise", "fp8-delayed", "fp8-pow2", "fp8-blockwise", "mxfp8", "nvfp4",
+)  # fmt: skip
+
+
 # The names advise.target takes: the rows of mptrain.platform.gpus' table, their aliases, auto and
 # none (tests/commands/test_roofline.py keeps the two in step).
 GPU_TARGETS = (
-    "h100-sxm", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "b200", "a100", "a100-40gb",
-    "a100-pcie", "l4", "l40s", "rtx4090", "h100", "h200-sxm", "a100-sxm", "a100-80gb", "auto",
-    "none",
+    "h100-sxm", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "b200", "b300", "gb200", "gb300",
+    "a100", "a100-40gb", "a100-pcie", "l4", "l40s", "rtx4090", "h100", "h200-sxm", "a100-sxm",
+    "a100-80gb", "auto", "none",
 )  # fmt: skip
 
 
@@ -40,9 +47,10 @@ class AdviseConfig:
     warmup_steps: int = 3  # speed: optimizer steps run before timing starts
     speed_steps: int = 20  # speed: optimizer steps timed per precision and repetition
     reps: int = 3  # speed: repetitions in rotating order (fewer than 3 cannot judge the spread)
-    # FP8's per-layer plan: rank the eligible layers by their FP8 sensitivity, keep the fewest in
-    # high precision that bring the loss within tolerance, and verify with a short run
-    plan: bool = True
+    # The per-layer plan: rank the eligible layers by their sensitivity to a low-precision recipe,
+    # keep the fewest in high precision that bring the loss within tolerance, verify with a short
+    # run. auto (true): for the recipe advise would use | a recipe (ADVISE_PLAN_RECIPES) | false
+    plan: str = "auto"
     # Each finalist's fidelity run over this many seeds, for an equivalence verdict on the final
     # loss: auto (as many as the budget affords, 3 to 10) | N (1: the single run only).
     seeds: str = "auto"
@@ -93,6 +101,13 @@ def check_eval_checkpoint(which: str) -> None:
     )
 
 
+def plan_choice(plan: object) -> str:
+    """``advise.plan`` normalised: "auto" (also true), "false", or the recipe's name as given
+    (a command line's true/false reach the string field as "True"/"False")."""
+    text = str(plan).strip()
+    return {"true": "auto", "false": "false", "auto": "auto"}.get(text.lower(), text)
+
+
 def validate_advise(a: AdviseConfig) -> None:
     """``mptrain advise``: a positive budget and tolerance, whole step counts, a fraction, a
     GPU the table knows."""
@@ -108,7 +123,12 @@ def validate_advise(a: AdviseConfig) -> None:
     at_least("advise.warmup_steps", a.warmup_steps, 1)
     at_least("advise.speed_steps", a.speed_steps, 1)
     at_least("advise.reps", a.reps, 1)
-    require(isinstance(a.plan, bool), "advise.plan", a.plan, "true or false")
+    require(
+        plan_choice(a.plan) in ("auto", "false", *ADVISE_PLAN_RECIPES),
+        "advise.plan",
+        a.plan,
+        f"auto (or true), false, or a recipe: {', '.join(ADVISE_PLAN_RECIPES)}",
+    )
     require(
         re.fullmatch(r"auto|0*[1-9]\d*", str(a.seeds).strip()) is not None,
         "advise.seeds",

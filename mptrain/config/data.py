@@ -9,7 +9,15 @@ from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
-from mptrain.config.base import NOT_TRAINING, PATH, at_least, check_path, check_target, require
+from mptrain.config.base import (
+    NOT_TRAINING,
+    PATH,
+    at_least,
+    check_path,
+    check_target,
+    each_at_least,
+    require,
+)
 
 
 # ---------------------------------------------------------------------------------------- datasets
@@ -47,8 +55,7 @@ class SyntheticConfig(DatasetConfig):
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
-        for key in ("num_train", "num_val", "channels", "image_size"):
-            at_least(f"dataset.{key}", getattr(self, key), 1)
+        each_at_least("dataset", self, ("num_train", "num_val", "channels", "image_size"), 1)
         at_least("dataset.num_classes", self.num_classes, 2)
         require(self.noise >= 0, "dataset.noise", self.noise, "must be >= 0")
 

@@ -15,6 +15,7 @@ from mptrain.config.base import (
     at_least,
     check_dropout,
     check_target,
+    each_at_least,
     positive,
     require,
 )
@@ -79,8 +80,7 @@ class ViTConfig(ModelConfig):
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
-        for key in ("patch_size", "dim", "depth", "heads"):
-            at_least(f"model.{key}", getattr(self, key), 1)
+        each_at_least("model", self, ("patch_size", "dim", "depth", "heads"), 1)
         require(
             self.dim % self.heads == 0,
             "model.dim",
@@ -133,8 +133,7 @@ class GPTConfig(ModelConfig):
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
-        for key in ("layers", "heads", "width"):
-            at_least(f"model.{key}", getattr(self, key), 1)
+        each_at_least("model", self, ("layers", "heads", "width"), 1)
         at_least("model.block_size", self.block_size, 2)
         require(
             self.width % self.heads == 0,

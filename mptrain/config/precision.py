@@ -32,8 +32,6 @@ class ScalerConfig:
 
 # The precisions without FP32 master weights (mptrain.precision.policy.PRECISIONS: param_dtype):
 # a precision schedule switches only between precisions that keep FP32 master weights.
-# The block-scaled formats' precisions (mptrain.precision.blocks): not in a precision schedule yet.
-BLOCK_PRECISIONS = ("mxfp8", "nvfp4")
 PURE_PRECISIONS = ("fp16_pure", "bf16_pure")
 
 
@@ -145,15 +143,7 @@ def validate_switch(p: PrecisionConfig, known: tuple[str, ...]) -> None:
     to, at = p.switch.to, p.switch.at
     if to is None and at is None:
         return
-    for key, name in (("precision.switch.to", to), ("precision", p.name)):
-        require(
-            name not in BLOCK_PRECISIONS,
-            key,
-            name,
-            "block-scaled formats (mxfp8, nvfp4) do not switch yet; switch between fp32, bf16, "
-            "fp16 and fp8",
-        )
-    mixed = [n for n in known if n not in PURE_PRECISIONS and n not in BLOCK_PRECISIONS]
+    mixed = [n for n in known if n not in PURE_PRECISIONS]
     steps = "a share of the run's optimizer steps in (0, 1), or a whole step number >= 1"
     if to is None:
         require(
@@ -278,7 +268,7 @@ class NVFP4Config(BlockLayersConfig):
     weight_tiles: bool = True  # 16x16 weight blocks: the same quantized weight in both GEMMs
     hadamard: bool = True  # random Hadamard transform on the weight-gradient GEMM's inputs
     stochastic_rounding: bool = True  # of the output gradients (seeded, resumed exactly)
-    keep_last_fraction: float = 0.15  # the last share of Linear layers kept in BF16
+    keep_last_fraction: float = 0.15  # the last share of transformer blocks kept in BF16
 
 
 def _validate_block_layers(prefix: str, c: BlockLayersConfig) -> None:
@@ -307,5 +297,5 @@ def validate_nvfp4(c: NVFP4Config) -> None:
         0 <= c.keep_last_fraction < 1,
         "nvfp4.keep_last_fraction",
         c.keep_last_fraction,
-        "must be in [0, 1): the share of Linear layers, counted from the last, kept in BF16",
+        "must be in [0, 1): the share of transformer blocks, counted from the last, kept in BF16",
     )

@@ -30,7 +30,8 @@ def _formats(section: dict[str, Any]) -> str:
 
 def blocks_rows(section: dict[str, Any] | None) -> list[tuple[str, str]]:
     """The summary rows of a block-scaled run: its formats and settings, the GEMM, the layers
-    converted and the share of the Linear FLOPs per format; none for other runs."""
+    converted, the share of the Linear FLOPs per format and, with a precision switch, the steps
+    the format ran; none for other runs."""
     if section is None:
         return []
     layers = section["layers"]
@@ -47,6 +48,8 @@ def blocks_rows(section: dict[str, Any] | None) -> list[tuple[str, str]]:
     words += (
         f"; {section['gemm']}; {converted} of {len(layers)} Linear layers (Linear FLOPs: {shares})"
     )
+    if "steps" in section:  # a precision switch into or out of the format: the steps it ran
+        words += f"; steps {section['steps'][0]}-{section['steps'][1]}"
     return [("block format", words)]
 
 

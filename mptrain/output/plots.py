@@ -215,10 +215,11 @@ def plot_advice(
     return path
 
 
-def plot_layer_plan(layers: list[dict[str, Any]], title: str, path: Path) -> Path:
-    """``mptrain advise``'s FP8 per-layer map, one row per eligible layer, the most sensitive at
-    the top: the SQNR (dB) of its output, its gradients and the model's gradient with it alone in
-    FP8; and its share of the all-layers gradient error (%). Each row of ``layers`` holds
+def plot_layer_plan(layers: list[dict[str, Any]], title: str, path: Path, fmt: str = "FP8") -> Path:
+    """``mptrain advise``'s per-layer map for the low-precision recipe ``fmt`` (its label, e.g.
+    "fp8 rowwise", "mxfp8"), one row per eligible layer, the most sensitive at the top: the SQNR
+    (dB) of its output, its gradients and the model's gradient with it alone in ``fmt``; and its
+    share of the all-layers gradient error (%). Each row of ``layers`` holds
     ``label`` and those figures; a non-finite SQNR (exact, or no signal left) draws no bar."""
     plt = _pyplot()
     height = 1.2 + 0.45 * len(layers)
@@ -229,7 +230,7 @@ def plot_layer_plan(layers: list[dict[str, Any]], title: str, path: Path) -> Pat
         ("output_sqnr_db", "its output"),
         ("input_grad_sqnr_db", "its input gradient"),
         ("weight_grad_sqnr_db", "its weight gradient"),
-        ("alone_grad_sqnr_db", "model gradient, it alone in FP8"),
+        ("alone_grad_sqnr_db", f"model gradient, it alone in {fmt}"),
     )
     bar = 0.8 / len(series)
     for i, (key, name) in enumerate(series):
@@ -240,7 +241,7 @@ def plot_layer_plan(layers: list[dict[str, Any]], title: str, path: Path) -> Pat
     sqnr_ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.5 / height - 0.1), ncol=2)
     shares = [100 * _finite_or_nan(row["share"]) for row in layers]
     share_ax.barh(places, shares, color="tab:red")
-    share_ax.set(title="share of the all-layers FP8 gradient error (%)", xlabel="%")
+    share_ax.set(title=f"share of the all-layers {fmt} gradient error (%)", xlabel="%")
     sqnr_ax.set_yticks(places, labels)
     sqnr_ax.invert_yaxis()  # rank 1 at the top
     fig.suptitle(title, y=1.02)

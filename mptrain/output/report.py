@@ -48,6 +48,19 @@ class PrecisionSection:
     # stochastic | kahan; None with FP32 master weights (and in reports written before it existed).
     update: str | None = None
 
+    def what_ran(self) -> str | None:
+        """The precision as a comparison of runs names it: ``label`` (``effective`` without one;
+        None when it was never resolved); with a precision switch, also the precision it switched
+        to and after which step, as the report words it: ``fp8 (emulated) -> bf16 after step
+        17``, or ``... (not reached)`` when the run ended first. So a switched run never passes
+        for a run of its first precision alone."""
+        first, switch = self.label or self.effective, self.switch
+        if first is None or switch is None:
+            return first
+        after = switch["switched_after_step"]
+        words = f"{first} -> {switch['to_label']} after step "
+        return words + (f"{switch['step']} (not reached)" if after is None else str(after))
+
 
 @dataclass
 class OptimizerSection:

@@ -8,6 +8,12 @@ holds the dense figure where printed, else the half. FP32 is
 the non-tensor (CUDA-core) rate, which the datasheets print dense. FP16 equals BF16 everywhere
 here. Bandwidth is in GB/s (10⁹ bytes per second), memory in GB (10⁹ bytes), as printed.
 
+Block-scaled formats (:data:`BLOCK_FORMATS`) have no row of their own: a GPU whose tensor cores
+(or kernels) take their block scales runs them at its element format's rate (MXFP8 at FP8's,
+NVFP4 at FP4's, blockwise FP8 at FP8's on Hopper only: torch has no blockwise kernel for
+Blackwell); on any other GPU they are emulated, and :meth:`GPU.peak_flops` says so rather than
+giving a rate.
+
 ``advise.target`` takes a row's name or an alias (:func:`resolve_target`); ``auto`` maps
 ``torch.cuda.get_device_name()`` to a row (:func:`row_for_device_name`). Nothing here imports
 torch: the table is data, and the mixed peak is arithmetic.
@@ -22,8 +28,35 @@ from dataclasses import dataclass, field
 from mptrain.config.base import ConfigError
 from mptrain.config.commands import check_target
 
-# The formats a GEMM can run in, as the predictor and MFU name them.
-FORMATS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
+# The formats a GEMM can run in, as the predictor and MFU name them: the table's, then the
+# block-scaled ones (their rate is an element format's, where the GPU has the kernels).
+FORMATS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "fp8_blockwise", "mxfp8", "nvfp4")
+# Block-scaled format -> (the element format whose dense rate it runs at, the least compute
+# capability with hardware kernels for it). Blackwell's (SM100) tensor cores apply E8M0 (MX) and
+# E4M3 (NVFP4) block scales inside the MMA, at the datasheets' "FP8/FP6" and "FP4" (GB200 NVL72:
+# "NVFP4") Tensor Core rates. Hopper (SM90) has no block-scaled MMA: blockwise FP8 kernels
+# (DeepSeek-V3's recipe, arXiv 2412.19437; torch's BlockWise1x128/128x128 scaled_mm) run the
+# FP8 tensor cores on 128-deep slices and apply the two FP32 scales to each partial sum on the
+# CUDA cores, overlapped with the next slice's MMA: the FP8 rate at best, the scales' traffic
+# counted by the roofline. Each entry: (element format, lowest compute capability, the first one
+# above that no longer has the kernel or None). torch runs blockwise FP8's scaled_mm on SM90 only
+# (its ScaledBlas.cpp refuses DeepSeek-style scales elsewhere, Blackwell included), so mptrain
+# emulates it on a B200 and the roofline does not predict it there. Kept equal to the runner's
+# own rule, mptrain.precision.blocks.gemm.CAPABLE (a test checks; this layer cannot import it).
+BLOCK_FORMATS: dict[str, tuple[str, tuple[int, int], tuple[int, int] | None]] = {
+    "fp8_blockwise": ("fp8", (9, 0), (10, 0)),
+    "mxfp8": ("fp8", (10, 0), None),
+    "nvfp4": ("fp4", (10, 0), None),
+}
+
+
+def block_kernel_range(fmt: str) -> str:
+    """The compute capabilities with ``fmt``'s block-scaled kernel, for people: "9.x", "10.0 or
+    later"."""
+    _, least, below = BLOCK_FORMATS[fmt]
+    if below == (least[0] + 1, 0):
+        return f"{least[0]}.x"
+    return f"{least[0]}.{least[1]} or later"
 
 
 @dataclass(frozen=True)
@@ -44,7 +77,19 @@ class GPU:
     excludes: tuple[str, ...] = field(default=())  # words the device name must not hold
 
     def peak_flops(self, fmt: str) -> float:
-        """FLOP/s of ``fmt`` at best; ValueError naming the GPU when it has no such format."""
+        """FLOP/s of ``fmt`` at best (a block-scaled format: its element format's rate, see
+        :data:`BLOCK_FORMATS`); ValueError naming the GPU when it has no such format, or no
+        hardware kernel for a block-scaled one (emulated there: no rate to predict)."""
+        if fmt in BLOCK_FORMATS:
+            element, least, below = BLOCK_FORMATS[fmt]
+            within = least <= self.capability and (below is None or self.capability < below)
+            if not within or element not in self.tflops:
+                have = ".".join(map(str, self.capability))
+                raise ValueError(
+                    f"{self.name} has no hardware kernel for {fmt} (compute capability {have}, "
+                    f"needs {block_kernel_range(fmt)}): emulated there, not a prediction"
+                )
+            fmt = element
         if fmt not in self.tflops:
             have = ", ".join(self.tflops)
             raise ValueError(f"{self.name} has no {fmt} peak (it has {have})")
@@ -69,6 +114,7 @@ def _hopper(fp32: float, tf32_sparse: float, bf16_sparse: float, fp8_sparse: flo
 H100_SHEET = "NVIDIA H100 Tensor Core GPU datasheet"
 H200_SHEET = "NVIDIA H200 Tensor Core GPU datasheet"
 A100_SHEET = "NVIDIA A100 Tensor Core GPU datasheet"
+BLACKWELL_ULTRA_SHEET = "NVIDIA Blackwell Ultra datasheet"
 HALVED = "tensor rates printed with sparsity, halved to dense"
 # Every A100 form factor has the same peaks (the datasheet prints them dense and with sparsity).
 A100_TFLOPS = {"fp32": 19.5, "tf32": 156, "bf16": 312, "fp16": 312}
@@ -109,6 +155,28 @@ GPUS: dict[str, GPU] = {
             "FP8 72*, FP4 144* PFLOPS, 1.4 TB HBM3e at 64 TB/s; per GPU: divided by 8 "
             f"(180 GB at 8 TB/s; {HALVED})",
             r"\bB200\b"),
+        GPU("b300", "NVIDIA B300 (Blackwell Ultra, HGX) 270GB", "SXM",
+            {**_hopper(75, 2200, 4500, 9000), "fp4": 14000},
+            7700, 270, 160, (10, 3),
+            f"{BLACKWELL_ULTRA_SHEET}, individual GPU specifications, HGX B300 column: FP4 "
+            "18 | 14 PFLOPS (sparse | dense), FP8/FP6 9*, FP16/BF16 4.5*, TF32 2.2* PFLOPS, FP32 "
+            f"75 TFLOPS, 270 GB HBM3E at 7.7 TB/s ({HALVED}; NVIDIA's HGX page prints 144 | 108 "
+            "PFLOPS FP4 for 8 GPUs, 13.5 dense each). 160 SMs: not in the datasheet",
+            r"\bB300\b"),
+        GPU("gb200", "NVIDIA GB200 (Blackwell, Grace Blackwell NVL72) 186GB", "NVL72",
+            {**_hopper(5760 / 72, 180000 / 72, 360000 / 72, 720000 / 72), "fp4": 720000 / 72},
+            8000, 186, 148, (10, 0),
+            "NVIDIA GB200 NVL72 datasheet (72 GPUs): NVFP4 1,440 | 720 PFLOPS (sparse | dense), "
+            "FP8/FP6 720*, FP16/BF16 360*, TF32 180* PFLOPS, FP32 5,760 TFLOPS, 13.4 TB HBM3E at "
+            f"576 TB/s; per GPU: divided by 72 (186 GB at 8 TB/s; {HALVED}). SMs as B200's",
+            r"\bGB200\b"),
+        GPU("gb300", "NVIDIA GB300 (Blackwell Ultra, Grace Blackwell NVL72) 279GB", "NVL72",
+            {**_hopper(80, 2500, 5000, 10000), "fp4": 15000},
+            8000, 279, 160, (10, 3),
+            f"{BLACKWELL_ULTRA_SHEET}, individual GPU specifications, GB300 column: FP4 "
+            "20 | 15 PFLOPS (sparse | dense), FP8/FP6 10*, FP16/BF16 5*, TF32 2.5* PFLOPS, FP32 "
+            f"80 TFLOPS, 279 GB HBM3E at 8 TB/s ({HALVED}). SMs as B300's",
+            r"\bGB300\b"),
         GPU("a100", "NVIDIA A100 SXM4 80GB", "SXM",
             A100_TFLOPS, 2039, 80, 108, (8, 0),
             f"{A100_SHEET}, A100 80GB SXM column: {A100_PEAKS} (dense; 312*/624* with "

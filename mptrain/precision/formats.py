@@ -3,15 +3,26 @@ registers how a model's layers convert into it: :data:`LAYER_FORMATS`.
 
 A layer format is a subclass of ``nn.Linear`` that shares the converted layer's Parameter objects
 (``weight``, ``bias``), so an optimizer built on the model, its FP32 state and a data-parallel
-wrapper keep working across a conversion; it may add buffers of its own (scales, histories).
-Every such format converts back the same way: :func:`to_plain_linear` puts an ``nn.Linear``
-holding the same Parameters where each of its layers was (what a precision schedule does when it
-leaves the format: :mod:`mptrain.train.switch`).
+wrapper keep working across a conversion; it may add buffers of its own (scales, histories) and
+generators (NVFP4's stochastic rounding). Every such format converts back the same way:
+:func:`to_plain_linear` puts an ``nn.Linear`` holding the same Parameters where each of its layers
+was (what a precision schedule does when it leaves the format: :mod:`mptrain.train.switch`).
 
-A new format (a precision of :data:`mptrain.precision.policy.PRECISIONS` whose Linear layers are
-not nn.Linear) adds one :class:`LayerFormat` entry under its precision's name: the layer types it
-makes and its ``convert`` function. The build (:func:`mptrain.train.build.build_model_for_run`)
-and a precision schedule's switch then call it; nothing else needs to know the format.
+:data:`LAYER_FORMATS` is keyed by the *layer format* a policy computes its Linear layers in
+(:func:`format_of`), not by the precision's name: ``fp8`` (tensorwise or rowwise scales:
+:class:`~mptrain.precision.fp8.linear.Float8Linear`), and the block-scaled ``mxfp8``, ``nvfp4``
+and ``fp8_blockwise`` (:class:`~mptrain.precision.blocks.linear.BlockLinear`; the last is
+``precision=fp8 fp8.granularity=blockwise``). One precision name (fp8) thus reaches two entries
+by its settings, and no entry has to look at another's settings to decide what it builds.
+
+Each entry says which report section its layers fill (``report``: ``fp8`` or ``blocks``), kept on
+the :class:`~mptrain.train.components.Run` as ``run.fp8`` and ``run.blocks``
+(:func:`run_sections` places them). A new format (a precision of
+:data:`mptrain.precision.policy.PRECISIONS` whose Linear layers are not nn.Linear) adds one
+:class:`LayerFormat` entry under its format's name: the layer types it makes, its ``convert``
+function, its final per-layer figures and its report section. The build
+(:func:`mptrain.train.build.build_model_for_run`) and a precision schedule's switch then call
+it; nothing else needs to know the format.
 """
 
 from __future__ import annotations
@@ -27,6 +38,9 @@ from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.platform.distributed import DistContext
+from mptrain.precision.blocks.convert import BlockLayers, apply_blocks
+from mptrain.precision.blocks.linear import BlockLinear
+from mptrain.precision.blocks.recipe import CONFIG_KEYS
 from mptrain.precision.fp8.convert import apply_fp8, fp8_layer_stats, skip_summary
 from mptrain.precision.fp8.dist import FP8Sync, build_fp8_sync
 from mptrain.precision.fp8.linear import Float8Linear
@@ -38,49 +52,102 @@ Convert = Callable[[nn.Module, PrecisionPolicy, RunConfig, DataBundle, bool], di
 
 @dataclass(frozen=True)
 class LayerFormat:
-    """How a precision's Linear layers are made: ``convert(model, policy, cfg, data, fsdp)``
+    """How a format's Linear layers are made: ``convert(model, policy, cfg, data, fsdp)``
     replaces the eligible ``nn.Linear`` layers of ``model`` in place by ``layer_types`` (sharing
-    their Parameters) and returns the report's section of the format; it raises
+    their Parameters; drawing no global random number) and returns the report's section of the
+    format, with a row per Linear (``name``, ``converted``) under ``layers``; it raises
     :class:`~mptrain.config.base.ConfigError` when no layer can convert. ``data``: the run's
     (e.g. a validation batch to count FLOPs on; drawing one uses no global random state);
     ``fsdp``: the model will be sharded with FSDP2. ``final_stats(model)``: the per-layer
     figures the report shows at the end of the format's use (the section's
-    ``final_layer_stats``; reads device values)."""
+    ``final_layer_stats``; reads device values). ``report``: the report section the format's
+    section is (``fp8`` or ``blocks``; :func:`run_sections`)."""
 
     layer_types: tuple[type[nn.Linear], ...]
     convert: Convert
     final_stats: Callable[[nn.Module], list[dict[str, Any]]]
+    report: str
+
+
+def _sample(data: DataBundle) -> torch.Tensor:
+    """Two samples of the first validation batch: the FLOPs of each Linear are counted on them."""
+    sample, _ = next(iter(data.val.batches(0)))
+    return sample[:2]
+
+
+def _require_converted(
+    cfg: RunConfig, precision: str, fmt: str, layers: list[dict[str, Any]], key: str
+) -> None:
+    """ConfigError when no Linear layer converted: the run would compute in plain layers."""
+    if not any(layer["converted"] for layer in layers):
+        raise ConfigError(
+            f"precision={precision}: no Linear layer of model={cfg.model.name} can run in {fmt} "
+            f"({skip_summary(layers)}); see {key}.include/exclude/keep_first_last/min_features"
+        )
 
 
 def _into_fp8(
     model: nn.Module, policy: PrecisionPolicy, cfg: RunConfig, data: DataBundle, fsdp: bool
 ) -> dict[str, Any]:
-    """precision=fp8: the eligible Linear layers become Float8Linear (fp8.* settings)."""
-    sample, _ = next(iter(data.val.batches(0)))
+    """precision=fp8 (tensorwise, rowwise): the eligible Linear layers become Float8Linear
+    (fp8.* settings)."""
     fp8 = apply_fp8(
         model,
         replace(policy.fp8, fsdp_float8_all_gather=fsdp),
-        sample[:2],
+        _sample(data),
         include=list(cfg.fp8.include),
         exclude=list(cfg.fp8.exclude),
         keep_first_last=cfg.fp8.keep_first_last,
         backend=cfg.fp8.backend,
     )
     fp8["compile"] = cfg.compile  # the report's model section counts the graphs and breaks
-    if not any(layer["converted"] for layer in fp8["layers"]):
-        raise ConfigError(
-            f"precision=fp8: no Linear layer of model={cfg.model.name} can run in FP8 "
-            f"({skip_summary(fp8['layers'])}); "
-            "see fp8.include/exclude/keep_first_last/min_features"
-        )
+    _require_converted(cfg, "fp8", "FP8", fp8["layers"], "fp8")
     return fp8
 
 
-# The one registry: a precision's name -> how its Linear layers are made. Precisions not listed
-# compute with plain nn.Linear layers (under their autocast dtype).
+def _into_blocks(
+    model: nn.Module, policy: PrecisionPolicy, cfg: RunConfig, data: DataBundle, fsdp: bool
+) -> dict[str, Any]:
+    """precision=mxfp8, nvfp4, fp8 with fp8.granularity=blockwise: the eligible Linear layers
+    become BlockLinear, selected by the format's config group (mx.*, nvfp4.*, fp8.*); the
+    layers' Hadamard signs and stochastic-rounding generators are seeded from the run's
+    ``seed`` (the same at the build and at a switch, so a resume finds them alike)."""
+    key = CONFIG_KEYS[policy.blocks.format]
+    rules = getattr(cfg, key)
+    _, section = apply_blocks(
+        model,
+        replace(policy.blocks, seed=cfg.seed),
+        _sample(data),
+        include=list(rules.include),
+        exclude=list(rules.exclude),
+        keep_first_last=rules.keep_first_last,
+    )
+    _require_converted(cfg, policy.name, section["name"], section["layers"], key)
+    return section
+
+
+def _block_stats(model: nn.Module) -> list[dict[str, Any]]:
+    return BlockLayers.of(model).layer_stats()
+
+
+_BLOCKS = LayerFormat((BlockLinear,), _into_blocks, _block_stats, "blocks")
+
+# The one registry: a layer format's name (format_of) -> how its Linear layers are made.
+# Precisions without an entry compute with plain nn.Linear layers (under their autocast dtype).
 LAYER_FORMATS: dict[str, LayerFormat] = {
-    "fp8": LayerFormat((Float8Linear,), _into_fp8, fp8_layer_stats),
+    "fp8": LayerFormat((Float8Linear,), _into_fp8, fp8_layer_stats, "fp8"),
+    "mxfp8": _BLOCKS,
+    "nvfp4": _BLOCKS,
+    "fp8_blockwise": _BLOCKS,
 }
+
+
+def format_of(policy: PrecisionPolicy) -> str | None:
+    """The key of :data:`LAYER_FORMATS` that ``policy``'s Linear layers compute in: the block
+    recipe's format (mxfp8, nvfp4, fp8_blockwise) for a block-scaled precision, else the
+    precision's name; None for a precision of plain nn.Linear layers."""
+    name = policy.blocks.format if policy.blocks is not None else policy.name
+    return name if name in LAYER_FORMATS else None
 
 
 def convert_layers(
@@ -92,10 +159,25 @@ def convert_layers(
 ) -> dict[str, Any] | None:
     """Convert ``model``'s layers into ``policy``'s format, if it has one (see
     :class:`LayerFormat`); its report section, or None for a precision of plain layers."""
-    layer_format = LAYER_FORMATS.get(policy.name)
-    if layer_format is None:
+    name = format_of(policy)
+    if name is None:
         return None
-    return layer_format.convert(model, policy, cfg, data, fsdp)
+    return LAYER_FORMATS[name].convert(model, policy, cfg, data, fsdp)
+
+
+def run_sections(
+    model: nn.Module, *placed: tuple[PrecisionPolicy, dict[str, Any] | None]
+) -> tuple[dict[str, Any] | None, BlockLayers]:
+    """Where a run keeps its formats' report sections: (the ``fp8`` section, ``model``'s
+    BlockLinear layers with the ``blocks`` section), from (policy, the section of its format)
+    pairs — a precision switch passes the left format's and the entered one's. A format's
+    section goes to its entry's ``report``; a plain precision's (None) goes nowhere."""
+    sections: dict[str, dict[str, Any] | None] = {"fp8": None, "blocks": None}
+    for policy, section in placed:
+        name = format_of(policy)
+        if name is not None and section is not None:
+            sections[LAYER_FORMATS[name].report] = section
+    return sections["fp8"], BlockLayers.of(model, sections["blocks"])
 
 
 def to_plain_linear(model: nn.Module) -> list[str]:
@@ -104,7 +186,7 @@ def to_plain_linear(model: nn.Module) -> list[str]:
 
     The new layers are made on the meta device: no initialisation runs, no random number is
     drawn, so a run switched here and one resumed past this point stay bit for bit alike. The
-    format's own buffers (scales, amax histories) go with the old layers.
+    format's own buffers (scales, amax histories) and generators go with the old layers.
     """
     formats = tuple(t for f in LAYER_FORMATS.values() for t in f.layer_types)
     replaced = []
@@ -127,9 +209,10 @@ def layer_sync(
     policy: PrecisionPolicy,
     section: dict[str, Any] | None,
 ) -> tuple[FP8Sync, dict[str, Any] | None]:
-    """What the ranks agree on for the wrapped ``model``'s FP8 layers (nothing for other
-    precisions, or a single process), and the format's ``section`` with a record of it."""
-    if section is None or policy.fp8 is None:
+    """What the ranks agree on for the wrapped ``model``'s FP8 layers (nothing for other formats,
+    block-scaled FP8 included: no delayed state, or a single process), and the format's
+    ``section`` with a record of it."""
+    if section is None or format_of(policy) != "fp8":
         return FP8Sync(), section
     fp8_sync = build_fp8_sync(model, dist, cfg.fp8.backend, policy.fp8)
     return fp8_sync, {**section, **fp8_sync.describe()}

@@ -181,7 +181,9 @@ def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[
     """The FP8 recipe for ``device``: real GEMMs where possible, emulation only where allowed.
     Blockwise FP8 (``fp8.granularity=blockwise``): :func:`resolve_blocks`'s rules."""
     if cfg.granularity == "blockwise":
-        blocks, notes = resolve_blocks("fp8_blockwise", cfg.emulate, device, "fp8")
+        blocks, notes = resolve_blocks(
+            "fp8_blockwise", cfg.emulate, device, "fp8", blockwise_grad_dtype(cfg)
+        )
         return _fp8_recipe(cfg, blocks.real_gemm), notes
     available = fp8_gemm_available(device)
     required = ".".join(map(str, MIN_FP8_CAPABILITY))
@@ -224,13 +226,25 @@ def _fp8_recipe(cfg: FP8Config, real: bool) -> FP8Recipe:
     )
 
 
+def blockwise_grad_dtype(cfg: FP8Config) -> torch.dtype:
+    """The element format of blockwise FP8's gradients: E5M2 with ``fp8.format=hybrid``."""
+    return E5M2 if cfg.format == "hybrid" else E4M3
+
+
 def resolve_blocks(
-    fmt: str, emulate: bool | None, device: torch.device, key: str
+    fmt: str,
+    emulate: bool | None,
+    device: torch.device,
+    key: str,
+    grad_dtype: torch.dtype = E4M3,
 ) -> tuple[BlockRecipe, tuple[str, ...]]:
     """Real or emulated GEMMs for the block-scaled format ``fmt`` on ``device`` (the settings
-    come with :func:`block_recipe`): real where the device has them unless ``<key>.emulate``
-    is true; ``<key>.emulate=false`` without them raises ConfigError."""
-    available, why_not = block_gemm_available(device, fmt)
+    come with :func:`block_recipe`; ``grad_dtype``: the gradients' elements, which blockwise
+    FP8's real GEMM restricts to E4M3): real where the device has them unless ``<key>.emulate``
+    is true, the choice recorded in the recipe (``real_gemm``: the report's ``gemm`` and
+    ``emulated``, the label) and, when emulated, in a note with the reason;
+    ``<key>.emulate=false`` without them raises ConfigError with the reason."""
+    available, why_not = block_gemm_available(device, fmt, grad_dtype)
     if emulate is False and not available:
         raise ConfigError(
             f"{key}.emulate=false: {why_not}; found {_device_words(device)}. "
@@ -265,9 +279,10 @@ def block_recipe(
             "min_features": nvfp4.min_features,
         }
     elif name == "fp8" and fp8.granularity == "blockwise":
-        recipe, notes = resolve_blocks("fp8_blockwise", fp8.emulate, device, "fp8")
+        grad_dtype = blockwise_grad_dtype(fp8)
+        recipe, notes = resolve_blocks("fp8_blockwise", fp8.emulate, device, "fp8", grad_dtype)
         settings = {
-            "grad_dtype": E5M2 if fp8.format == "hybrid" else E4M3,
+            "grad_dtype": grad_dtype,
             "min_features": fp8.min_features,
         }
     else:

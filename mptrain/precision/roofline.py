@@ -8,7 +8,8 @@ The step's time is the sum of
 
 - **each GEMM pass** (forward; backward for the data gradient where its input needs one; for
   the weight gradient): ``max(FLOPs / peak of its format, bytes / bandwidth)``, with bytes = each
-  operand read once in the format's size and the result written once (FP8 GEMMs write BF16).
+  operand read once in the format's size (block-scaled formats: with its scales) and the result
+  written once (FP8 and block-scaled GEMMs write BF16).
   A fused attention is one pass forward and one backward (twice the forward's FLOPs; the causal
   mask halves both: flash kernels skip the masked blocks);
 - **casts**, memory-bound: autocast's copies of FP32 operands into the GEMM's format and of
@@ -16,7 +17,13 @@ The step's time is the sum of
   FP8 GEMM, input, weight and output gradient: an amax pass (a read) and the cast (a read and a
   one-byte write), with tensorwise scales the FP8 copies transposed for the backward GEMMs (a
   byte read and written), with rowwise scales every operand quantized again along its other
-  axis instead; weight gradients accumulated into their FP32 master copies;
+  axis instead; weight gradients accumulated into their FP32 master copies; the block-scaled
+  formats' quantization (:func:`block_cast_bytes`): each GEMM quantizes its two operands along
+  its own reduction dimension, a read of the high-precision operand and a write of its elements
+  and block scales (the scale of a block comes from the block: no amax pass), so input and
+  output gradient twice each and the weight twice, or once where one 2-D tiling serves both
+  GEMMs that read it (128x128 blockwise, NVFP4's 16x16); NVFP4's FP32 per-tensor scale adds an
+  amax pass (a read) per quantization, as FP8's tensorwise scale does;
 - **the other operations** (norms, activations, residuals, pooling, the loss): the forward's
   bytes moved, three times (assumed: the backward reads the output gradient and what the forward
   saved, and writes the input gradient: twice the forward's traffic);
@@ -39,8 +46,22 @@ from mptrain.platform.gpus import GPU, mixed_peak_flops
 from mptrain.precision.gemms import ATTENTION, LINEAR, Accounting, Gemm
 from mptrain.precision.policy import PRECISIONS
 
+# Bytes per element of a GEMM operand, and of its result (FP8 and block-scaled GEMMs write BF16).
 FORMAT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-RESULT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}  # FP8 GEMMs write BF16
+FORMAT_BYTES.update(fp8_blockwise=1, mxfp8=1, nvfp4=0.5)  # NVFP4: two E2M1 codes a byte
+RESULT_BYTES = {**FORMAT_BYTES, "fp8": 2, "fp8_blockwise": 2, "mxfp8": 2, "nvfp4": 2}
+# The formats a precision converts Linears to (the rest of its GEMMs run in its GEMM format).
+LAYER_FORMATS = ("fp8", "fp8_blockwise", "mxfp8", "nvfp4")
+# Block scales, bytes per element: (a 1-D block along the reduction dimension, a 2-D weight
+# tile), and bytes per tensor. MXFP8: one E8M0 byte per 32; NVFP4: one E4M3 byte per 16 (16x16
+# weight tiles: per 256) and an FP32 scale per tensor; blockwise FP8: an FP32 scale per 1x128
+# tile of activations and gradients, per 128x128 block of weights.
+SCALE_BYTES = {
+    "mxfp8": (1 / 32, 1 / 32),
+    "nvfp4": (1 / 16, 1 / 256),
+    "fp8_blockwise": (4 / 128, 4 / 128**2),
+}
+TENSOR_SCALE_BYTES = {"nvfp4": 4}
 _LOW_FORMAT = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 # Passes over every parameter per optimizer step: AdamW reads the parameter, its gradient and
 # both moments and writes the parameter and the moments; SGD with momentum reads the parameter,
@@ -57,68 +78,99 @@ KERNEL_FLOOR_S = 5e-6
 class Recipe:
     """What the roofline needs of a precision: the GEMMs' format, the autocast the meta pass
     emulates, the bytes of a parameter (and of its gradient and optimizer state), which Linears
-    run in FP8 and how they are scaled."""
+    run in a low-precision format (``layer_format``) and how they are scaled."""
 
     precision: str
-    gemm_format: str  # fp32 | tf32 | bf16 | fp16: every GEMM not in FP8
+    gemm_format: str  # fp32 | tf32 | bf16 | fp16: every GEMM not converted
     autocast: torch.dtype | None
     param_dtype: torch.dtype
-    fp8_layers: frozenset[str] = frozenset()
+    layers: frozenset[str] = frozenset()  # the Linears converted to layer_format
+    layer_format: str = "fp8"  # one of LAYER_FORMATS
     rowwise: bool = False  # FP8 scales per row: every operand quantized twice
     loss_scaling: bool = False
+    weight_tiles: bool = False  # NVFP4's 16x16 weight tiles (blockwise FP8's 128x128: always)
 
     @property
     def param_bytes(self) -> int:
         return torch.tensor([], dtype=self.param_dtype).element_size()
 
+    @property
+    def tiled_weight(self) -> bool:
+        """One 2-D quantization of the weight serves the forward and the data-gradient GEMM."""
+        return self.layer_format == "fp8_blockwise" or (
+            self.layer_format == "nvfp4" and self.weight_tiles
+        )
+
 
 def recipe_for(
-    precision: str, fp8_layers: Iterable[str] = (), granularity: str = "tensorwise"
+    precision: str,
+    layers: Iterable[str] = (),
+    granularity: str = "tensorwise",
+    weight_tiles: bool = True,
 ) -> Recipe:
     """The :class:`Recipe` of ``precision`` (a name of :data:`~mptrain.precision.policy.PRECISIONS`
-    or ``tf32``: FP32 with TF32 GEMMs), read from the precision table; ``fp8_layers``: the
-    Linears precision=fp8 converts (its layer choice), ignored by the others."""
+    or ``tf32``: FP32 with TF32 GEMMs), read from the precision table; ``layers``: the Linears
+    precision=fp8, mxfp8 or nvfp4 converts (its layer choice), ignored by the others;
+    ``granularity``: FP8's scaling (``blockwise``: the blockwise FP8 format); ``weight_tiles``:
+    NVFP4's 16x16 weight tiles."""
     if precision == "tf32":
         return Recipe("tf32", "tf32", None, torch.float32)
     spec = PRECISIONS.get(precision)
     if spec is None:
         raise ValueError(f"precision {precision!r}: one of tf32, {', '.join(PRECISIONS)}")
     low = spec.autocast_dtype or (None if spec.param_dtype == torch.float32 else spec.param_dtype)
+    fmt = "fp8_blockwise" if precision == "fp8" and granularity == "blockwise" else precision
     return Recipe(
         precision=precision,
         gemm_format=_LOW_FORMAT[low],
         autocast=spec.autocast_dtype,
         param_dtype=spec.param_dtype,
-        fp8_layers=frozenset(fp8_layers) if precision == "fp8" else frozenset(),
-        rowwise=granularity == "rowwise",
+        layers=frozenset(layers) if fmt in LAYER_FORMATS else frozenset(),
+        layer_format=fmt if fmt in LAYER_FORMATS else "fp8",
+        rowwise=precision == "fp8" and granularity == "rowwise",
         loss_scaling=spec.loss_scaling,
+        weight_tiles=precision == "nvfp4" and weight_tiles,
     )
 
 
 def gemm_format(g: Gemm, recipe: Recipe) -> str:
-    """The format ``g`` runs in: FP8 for the Linears the FP8 layer choice converted, else the
-    precision's GEMM format."""
-    return "fp8" if g.kind == LINEAR and g.name in recipe.fp8_layers else recipe.gemm_format
+    """The format ``g`` runs in: the recipe's layer format for the Linears its layer choice
+    converted, else the precision's GEMM format."""
+    return (
+        recipe.layer_format if g.kind == LINEAR and g.name in recipe.layers else recipe.gemm_format
+    )
 
 
 # ------------------------------------------------------------------------------ per GEMM
-def gemm_passes(g: Gemm, fmt: str, batch: int) -> list[tuple[float, float]]:
+def operand_bytes(fmt: str, elems: float, tile: bool = False) -> float:
+    """Bytes of a GEMM operand of ``elems`` elements in ``fmt``: its elements and, for a
+    block-scaled format, its block scales (``tile``: a weight in 2-D tiles) and tensor scale."""
+    scales = SCALE_BYTES.get(fmt, (0.0, 0.0))[1 if tile else 0]
+    return elems * (FORMAT_BYTES[fmt] + scales) + TENSOR_SCALE_BYTES.get(fmt, 0)
+
+
+def gemm_passes(
+    g: Gemm, fmt: str, batch: int, tiled_weight: bool = False
+) -> list[tuple[float, float]]:
     """(FLOPs executed, bytes moved) of each pass of ``g`` over ``batch`` samples in ``fmt``:
     forward, data gradient (if A needs one), weight gradient (if B needs one); a fused attention:
-    forward and one backward."""
+    forward and one backward. Operands are read with their scales (:func:`operand_bytes`;
+    ``tiled_weight``: the weight's in 2-D tiles)."""
     ob, rb = FORMAT_BYTES[fmt], RESULT_BYTES[fmt]
     a, c = g.a_elems * batch, g.out_elems * batch
     b = g.b_elems if g.b_is_weight else g.b_elems * batch
     flops = g.flops * batch * (0.5 if g.causal else 1.0)
-    passes = [(flops, (a + b) * ob + c * rb)]
+    x, dy = operand_bytes(fmt, a), operand_bytes(fmt, c)
+    w = operand_bytes(fmt, b, tiled_weight and g.b_is_weight)
+    passes = [(flops, x + w + c * rb)]
     if g.kind == ATTENTION:
         if g.a_grad or g.b_grad:  # reads Q, K, V, O, dO; writes dQ, dK, dV
             passes.append((2 * flops, (a + b) * (ob + rb) + 2 * c * ob))
         return passes
     if g.a_grad:
-        passes.append((flops, (c + b) * ob + a * rb))
+        passes.append((flops, dy + w + a * rb))
     if g.b_grad:
-        passes.append((flops, (c + a) * ob + b * rb))
+        passes.append((flops, dy + x + b * rb))
     return passes
 
 
@@ -134,6 +186,8 @@ def cast_bytes(g: Gemm, fmt: str, recipe: Recipe, batch: int) -> float:
     b = g.b_elems if g.b_is_weight else g.b_elems * batch
     if fmt == "fp8":
         return _fp8_cast_bytes(g, recipe, a, b, g.out_elems * batch)
+    if fmt in SCALE_BYTES:
+        return block_cast_bytes(g, recipe, a, b, g.out_elems * batch)
     low = FORMAT_BYTES[fmt]
     total = 0.0
     for elems, arrived, grad in ((a, g.a_bytes, g.a_grad), (b, g.b_bytes, g.b_grad)):
@@ -154,11 +208,40 @@ def _fp8_cast_bytes(g: Gemm, recipe: Recipe, x: float, w: float, dy: float) -> f
     total = times * (quantize(x, g.a_bytes) + quantize(w, g.b_bytes) + quantize(dy, dy_bytes))
     if not recipe.rowwise:
         total += 2 * (x + w + dy)  # the FP8 copies transposed for the backward GEMMs
-    if g.b_grad and g.b_bytes > dy_bytes:
-        total += w * (dy_bytes + g.b_bytes)  # dW written in BF16, added into the FP32 gradient
-    if g.a_grad and g.a_bytes > dy_bytes:
-        total += x * (dy_bytes + g.a_bytes)  # dX back to the input's dtype
+    return total + _gradient_casts(g, x, w)
+
+
+def _gradient_casts(g: Gemm, x: float, w: float) -> float:
+    """A low-precision Linear's BF16 gradients cast to the operands' dtypes: dW written in BF16
+    and added into the FP32 gradient, dX back to the input's dtype (read and write each)."""
+    low, total = RESULT_BYTES["fp8"], 0.0
+    if g.b_grad and g.b_bytes > low:
+        total += w * (low + g.b_bytes)
+    if g.a_grad and g.a_bytes > low:
+        total += x * (low + g.a_bytes)
     return total
+
+
+def block_cast_bytes(g: Gemm, recipe: Recipe, x: float, w: float, dy: float) -> float:
+    """Quantization of a block-scaled Linear's input ``x``, weight ``w`` and output gradient
+    ``dy`` (element counts), once per GEMM that reads each along its reduction dimension: the
+    forward reads x and W, the data gradient dy and W (if the input needs one), the weight
+    gradient dy and x (if the weight needs one); W once where 2-D tiles serve both its GEMMs.
+    Each quantization reads the high-precision operand and writes its elements and scales
+    (:func:`operand_bytes`); NVFP4 first reads it for the per-tensor amax."""
+    fmt = recipe.layer_format
+    amax = 1 if fmt in TENSOR_SCALE_BYTES else 0  # the per-tensor scale's amax pass: a read
+    dy_bytes = RESULT_BYTES[fmt]  # the output gradient arrives in the output's BF16
+
+    def quantize(elems: float, high: float, times: int, tile: bool = False) -> float:
+        return times * (elems * high * (1 + amax) + operand_bytes(fmt, elems, tile))
+
+    w_times = 1 if recipe.tiled_weight or not g.a_grad else 2
+    total = quantize(x, g.a_bytes, 1 + g.b_grad) + quantize(
+        w, g.b_bytes, w_times, recipe.tiled_weight
+    )
+    total += quantize(dy, dy_bytes, g.a_grad + g.b_grad)
+    return total + _gradient_casts(g, x, w)
 
 
 # ------------------------------------------------------------------------------ one step
@@ -212,9 +295,11 @@ class Prediction:
         return self.step_time_s < self.kernels * KERNEL_FLOOR_S
 
     @property
-    def fp8_share(self) -> float:
-        """The share of model FLOPs in FP8 GEMMs."""
-        return self.flops_by_format.get("fp8", 0.0) / self.model_flops if self.model_flops else 0.0
+    def low_share(self) -> float:
+        """The share of model FLOPs in the converted Linears' format (FP8, blockwise FP8, MXFP8
+        or NVFP4)."""
+        low = sum(self.flops_by_format.get(f, 0.0) for f in LAYER_FORMATS)
+        return low / self.model_flops if self.model_flops else 0.0
 
 
 def model_flops_by_format(accounting: Accounting, recipe: Recipe) -> dict[str, float]:
@@ -232,7 +317,7 @@ def _micro_batch(acc: Accounting, recipe: Recipe, gpu: GPU, batch: int) -> dict[
     gemm = bound = casts = 0.0
     for g in acc.gemms:
         fmt = gemm_format(g, recipe)
-        for flops, nbytes in gemm_passes(g, fmt, batch):
+        for flops, nbytes in gemm_passes(g, fmt, batch, recipe.tiled_weight):
             seconds = pass_seconds(flops, nbytes, fmt, gpu)
             gemm += seconds
             if flops / gpu.peak_flops(fmt) >= nbytes / gpu.bandwidth_bytes_s:

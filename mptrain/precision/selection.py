@@ -8,8 +8,10 @@ Every Linear, in registration order, either converts or is kept with the first r
 
 1. not matched by ``<key>.include`` (when given) or matched by ``<key>.exclude``;
 2. the first or last Linear with ``<key>.keep_first_last`` (unless ``include`` names layers);
-3. among the last ``keep_last_fraction`` of the Linear layers (NVFP4's BF16 tail; unless
-   ``include`` names layers);
+3. in NVFP4's BF16 tail, ``keep_last_fraction`` of the model's transformer blocks counted from
+   the last, and every Linear registered after the last block (:func:`tail_reasons`; unless
+   ``include`` names layers). A model without a block list (:func:`block_list`) counts the
+   fraction in Linear layers instead, and its reasons say so;
 4. in or out features not a multiple of the format's alignment (``torch._scaled_mm``'s 16 for
    FP8, the block size for block formats: a block never straddles a row);
 5. in or out features below ``<key>.min_features`` (too small to gain).
@@ -52,16 +54,84 @@ class LayerRules:
 
 
 def tail_start(count: int, fraction: float) -> int:
-    """The index of the first of the last ``fraction`` of ``count`` layers (rounded up: at least
-    that share is kept; ``count`` when the fraction is 0)."""
+    """The index of the first of the last ``fraction`` of ``count`` items (rounded up: at least
+    that share is kept, and one item for any fraction > 0; ``count`` when the fraction is 0)."""
     return count - math.ceil(fraction * count - 1e-9) if fraction > 0 else count
 
 
+def _holds_linear(module: nn.Module) -> bool:
+    return any(isinstance(m, nn.Linear) for m in module.modules())
+
+
+def block_list(model: nn.Module) -> tuple[str, list[nn.Module]] | None:
+    """The model's transformer blocks, (the list's module name, its blocks), or None.
+
+    The rule: among the nn.ModuleList and nn.Sequential modules of ``model`` (itself included)
+    whose children number at least 2, are all of one class, are not nn.Linear layers and each
+    hold an nn.Linear, the one with the most children (on a tie, the last registered). mptrain's
+    GPT: ``blocks``; its ViT: ``blocks``; torchvision's VisionTransformer: ``encoder.layers``;
+    Hugging Face decoders: ``model.layers`` or ``transformer.h``. A plain MLP (a Sequential of
+    Linear and activation layers) or a CNN whose blocks hold no Linear has none. A hierarchical
+    model (Swin) gets its longest stage, and the stages after it count as after the blocks.
+    """
+    found: tuple[str, list[nn.Module]] | None = None
+    for name, module in model.named_modules():
+        if not isinstance(module, (nn.ModuleList, nn.Sequential)):
+            continue
+        children = list(module.children())
+        kinds = {type(child) for child in children}
+        if len(children) < 2 or len(kinds) != 1 or issubclass(kinds.pop(), nn.Linear):
+            continue
+        if all(_holds_linear(child) for child in children) and (
+            found is None or len(children) >= len(found[1])
+        ):
+            found = (name, children)
+    return found
+
+
+def tail_reasons(
+    model: nn.Module, linears: list[tuple[str, nn.Linear]], rules: LayerRules
+) -> dict[str, str]:
+    """The Linear layers (by name) that ``rules.keep_last_fraction`` keeps, with the reason;
+    empty when the fraction is 0 or ``include`` names layers.
+
+    NVIDIA's NVFP4 recipe keeps the last ~15 % of the network's blocks in BF16 (arXiv
+    2509.25149): the fraction counts the blocks of :func:`block_list`, rounded up
+    (:func:`tail_start`: a fraction > 0 keeps at least one block), and every Linear inside
+    them or registered after the last block (the output head) is kept. Without a block list the
+    fraction counts Linear layers, rounded up, and the reason says the model has no block list.
+    """
+    fraction = rules.keep_last_fraction
+    if fraction <= 0 or rules.include:
+        return {}
+    key, kept_in = f"{rules.key}.keep_last_fraction", f"kept in {rules.kept_dtype}"
+    found = block_list(model)
+    if found is None:
+        why = f"in the last {fraction:g} of Linear layers ({key}; the model has no block list)"
+        return {
+            name: f"{why}, {kept_in}" for name, _ in linears[tail_start(len(linears), fraction) :]
+        }
+    where = repr(found[0]) if found[0] else "the model"
+    blocks = found[1]
+    kept = blocks[tail_start(len(blocks), fraction) :]
+    in_kept = {id(m) for block in kept for m in block.modules()}
+    in_list = {id(m) for block in blocks for m in block.modules()}
+    last = max(i for i, (_, layer) in enumerate(linears) if id(layer) in in_list)
+    setting = f"({key}={fraction:g}), {kept_in}"
+    inside = f"in the last {len(kept)} of the {len(blocks)} blocks in {where} {setting}"
+    after = f"after the last block in {where} {setting}"
+    reasons = {}
+    for i, (name, layer) in enumerate(linears):
+        if id(layer) in in_kept or i > last:
+            reasons[name] = inside if id(layer) in in_kept else after
+    return reasons
+
+
 def _skip_reason(
-    name: str, layer: nn.Linear, index: int, count: int, rules: LayerRules
+    name: str, layer: nn.Linear, index: int, count: int, rules: LayerRules, tail: dict[str, str]
 ) -> str | None:
     """Why ``layer`` (the ``index``-th of ``count`` Linear layers) stays in high precision, or
-    None when it converts (see the module doc for the order)."""
+    None when it converts (see the module doc for the order); ``tail``: :func:`tail_reasons`."""
     key = rules.key
     if rules.include and not any(fnmatch.fnmatchcase(name, p) for p in rules.include):
         return f"not matched by {key}.include"
@@ -70,11 +140,8 @@ def _skip_reason(
         return f"excluded by {key}.exclude pattern {matched[0]!r}"
     if rules.keep_first_last and not rules.include and index in (0, count - 1):
         return f"first/last layer kept in {rules.kept_dtype}"
-    if not rules.include and index >= tail_start(count, rules.keep_last_fraction):
-        return (
-            f"in the last {rules.keep_last_fraction:g} of Linear layers "
-            f"({key}.keep_last_fraction), kept in {rules.kept_dtype}"
-        )
+    if name in tail:
+        return tail[name]
     n = rules.alignment
     if layer.in_features % n or layer.out_features % n:
         return f"in/out features not multiples of {n} ({rules.alignment_why})"
@@ -87,9 +154,10 @@ def choose(model: nn.Module, rules: LayerRules) -> list[LayerChoice]:
     """For every nn.Linear of ``model`` in registration order, whether it converts and, if not,
     why (see the module doc)."""
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    tail = tail_reasons(model, linears, rules)
     choices = []
     for i, (name, layer) in enumerate(linears):
-        reason = _skip_reason(name, layer, i, len(linears), rules)
+        reason = _skip_reason(name, layer, i, len(linears), rules, tail)
         choices.append(
             LayerChoice(
                 name, layer.in_features, layer.out_features, reason is None, reason or "converted"

@@ -3,9 +3,12 @@ FLOP-weighted peak): the glue from a :class:`~mptrain.config.run.RunConfig` to
 :mod:`mptrain.precision.roofline`.
 
 The model is built on the meta device (no memory, no weights initialised) from the same config
-and data shape a run would use; the FP8 layers are the ones precision=fp8 would convert
-(:func:`mptrain.precision.fp8.convert.choose_layers` with the run's ``fp8.*``), unless the caller
-names those that did. ``advise``, the run report and ``benchmarks/roofline.py`` call this.
+and data shape a run would use; the converted layers are the ones the precision would convert:
+FP8's (:func:`mptrain.precision.fp8.convert.choose_layers` with the run's ``fp8.*``), the
+block-scaled formats' (:mod:`mptrain.precision.selection` under ``mx.*``, ``nvfp4.*`` or, for
+``fp8.granularity=blockwise``, ``fp8.*``, with the format's block alignment and NVFP4's BF16
+tail), unless the caller names those that did. ``advise``, the run report and
+``benchmarks/roofline.py`` call this.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from mptrain.data.batches import BatchLayout, DataBundle
 from mptrain.data.build import build_data
 from mptrain.models.build import build_model
 from mptrain.platform.gpus import GPU, mixed_peak_flops
+from mptrain.precision.blocks.convert import layer_rules
+from mptrain.precision.blocks.recipe import BlockRecipe
 from mptrain.precision.fp8.convert import choose_layers, skip_summary
 from mptrain.precision.gemms import SAMPLES, Accounting, account
 from mptrain.precision.roofline import (
@@ -34,6 +39,7 @@ from mptrain.precision.roofline import (
     predict,
     recipe_for,
 )
+from mptrain.precision.selection import LayerChoice, choose
 
 
 @dataclass(frozen=True)
@@ -91,18 +97,39 @@ def meta_sample(shape: DataShape) -> torch.Tensor:
     return torch.zeros(size, device="meta")
 
 
-def fp8_layer_names(model: nn.Module, cfg: RunConfig) -> list[str]:
-    """The Linears precision=fp8 would convert in ``model`` with the run's ``fp8.*``;
-    ValueError, as the run's ConfigError says, when there are none."""
-    f = cfg.fp8
-    chosen = choose_layers(
-        model, list(f.include), list(f.exclude), f.keep_first_last, f.min_features
-    )
+def layer_format(precision: str, granularity: str) -> str | None:
+    """The format ``precision`` converts Linears to (``fp8`` scaled by ``granularity``:
+    ``fp8_blockwise`` when blockwise), or None for a precision that converts none."""
+    if precision == "fp8":
+        return "fp8_blockwise" if granularity == "blockwise" else "fp8"
+    return precision if precision in ("mxfp8", "nvfp4") else None
+
+
+def converted_layer_names(model: nn.Module, cfg: RunConfig, fmt: str) -> list[str]:
+    """The Linears the run would convert to ``fmt`` (a :func:`layer_format`) in ``model``, by
+    the format's layer rules and config keys; ValueError, as the run's ConfigError says, when
+    there are none."""
+    if fmt == "fp8":
+        f = cfg.fp8
+        chosen = choose_layers(
+            model, list(f.include), list(f.exclude), f.keep_first_last, f.min_features
+        )
+    else:
+        chosen = _block_choices(model, cfg, fmt)
     names = [c.name for c in chosen if c.converted]
     if not names:
         why = skip_summary([{"converted": c.converted, "reason": c.reason} for c in chosen])
-        raise ValueError(f"no Linear layer of model={cfg.model.name} can run in FP8 ({why})")
+        raise ValueError(f"no Linear layer of model={cfg.model.name} can run in {fmt} ({why})")
     return names
+
+
+def _block_choices(model: nn.Module, cfg: RunConfig, fmt: str) -> list[LayerChoice]:
+    """The layer choice of a block-scaled format: the rules apply_blocks applies at run time."""
+    keys = {"fp8_blockwise": cfg.fp8, "mxfp8": cfg.mx, "nvfp4": cfg.nvfp4}[fmt]
+    tail = cfg.nvfp4.keep_last_fraction if fmt == "nvfp4" else 0.0
+    recipe = BlockRecipe(fmt, keep_last_fraction=tail, min_features=keys.min_features)
+    rules = layer_rules(recipe, list(keys.include), list(keys.exclude), keys.keep_first_last)
+    return choose(model, rules)
 
 
 def run_step(cfg: RunConfig, shape: DataShape) -> Step:
@@ -122,19 +149,28 @@ def run_precision(cfg: RunConfig) -> str:
 
 class Accountant:
     """The accounting of ``cfg``'s model under each (autocast, parameter dtype) pair asked for,
-    each made once; the FP8 layer names from the fp32 build with ``cfg``'s ``fp8.*`` layer keys."""
+    each made once; each layer format's converted Linears chosen once, from the fp32 build with
+    ``cfg``'s layer keys, unless ``layers`` names those a run converted (for its precision)."""
 
-    def __init__(self, cfg: RunConfig, shape: DataShape, fp8_layers: Iterable[str] | None = None):
+    def __init__(self, cfg: RunConfig, shape: DataShape, layers: Iterable[str] | None = None):
         self.cfg, self.shape = cfg, shape
         self._done: dict[tuple[torch.dtype | None, torch.dtype], Accounting] = {}
-        self.fp8_layers = None if fp8_layers is None else list(fp8_layers)
+        self._layers: dict[str, list[str]] = {}
+        self.given = None if layers is None else list(layers)
 
     def recipe(self, precision: str, granularity: str | None = None) -> Recipe:
         """``precision``'s recipe; FP8 scaled per ``granularity`` (default: the config's)."""
-        if precision == "fp8" and self.fp8_layers is None:
-            self.fp8_layers = fp8_layer_names(meta_model(self.cfg, self.shape), self.cfg)
         scales = granularity or self.cfg.fp8.granularity
-        return recipe_for(precision, self.fp8_layers or (), scales)
+        fmt = layer_format(precision, scales)
+        if fmt is None:
+            return recipe_for(precision, (), scales)
+        if fmt not in self._layers:
+            self._layers[fmt] = (
+                self.given
+                if self.given is not None
+                else converted_layer_names(meta_model(self.cfg, self.shape), self.cfg, fmt)
+            )
+        return recipe_for(precision, self._layers[fmt], scales, self.cfg.nvfp4.weight_tiles)
 
     def accounting(self, recipe: Recipe) -> Accounting:
         key = (recipe.autocast, recipe.param_dtype)
@@ -149,16 +185,13 @@ def predict_configs(
 ) -> dict[str, Prediction | str]:
     """Each named config's predicted step on ``gpu`` (one model and data: the configs differ
     in their precision and FP8 scaling, as advise's candidates do), or why there is none (the
-    GPU lacks the format: FP8 on an A100; the model has no Linear FP8 would convert). Delayed
-    scaling and power-of-two scales move the same bytes as dynamic tensorwise scaling."""
+    GPU lacks the format: FP8 on an A100, MXFP8 on an H100, "no hardware kernel: emulated";
+    the model has no Linear the format would convert). Delayed scaling and power-of-two scales
+    move the same bytes as dynamic tensorwise scaling."""
     first = next(iter(configs.values()))
     accountant, step = Accountant(first, shape), run_step(first, shape)
     out: dict[str, Prediction | str] = {}
     for name, cfg in configs.items():
-        if cfg.precision.name in ("mxfp8", "nvfp4") or cfg.fp8.granularity == "blockwise":
-            # not accounted as BF16 under its name: said, not guessed
-            out[name] = "no roofline for block-scaled formats yet (mxfp8, nvfp4, fp8 blockwise)"
-            continue
         try:
             recipe = accountant.recipe(run_precision(cfg), cfg.fp8.granularity)
             out[name] = predict(accountant.accounting(recipe), recipe, gpu, step)
@@ -170,33 +203,40 @@ def predict_configs(
 def predict_config(
     cfg: RunConfig, shape: DataShape, gpu: GPU, precisions: Iterable[str]
 ) -> dict[str, Prediction | str]:
-    """Each precision's (``tf32``: FP32 with TF32 allowed) predicted step of ``cfg`` on ``gpu``,
-    or why there is none (see :func:`predict_configs`)."""
+    """Each precision's (``tf32``: FP32 with TF32 allowed; ``fp8_blockwise``: blockwise FP8)
+    predicted step of ``cfg`` on ``gpu``, or why there is none (see :func:`predict_configs`)."""
     return predict_configs({name: with_precision(cfg, name) for name in precisions}, shape, gpu)
 
 
 def with_precision(cfg: RunConfig, name: str) -> RunConfig:
-    """``cfg`` trained in ``name`` (``tf32``: FP32 with TF32 allowed), its other keys kept."""
+    """``cfg`` trained in ``name`` (``tf32``: FP32 with TF32 allowed; ``fp8_blockwise``: FP8
+    with ``fp8.granularity=blockwise``), its other keys kept."""
+    if name == "fp8_blockwise":
+        blockwise = replace(cfg.fp8, granularity="blockwise", scaling="dynamic", backend="builtin")
+        return replace(with_precision(cfg, "fp8"), fp8=blockwise)
     fp32 = name in ("fp32", "tf32")
     precision = replace(cfg.precision, name="fp32" if fp32 else name, allow_tf32=name == "tf32")
     return replace(cfg, precision=precision)
 
 
 def flops_by_format(
-    cfg: RunConfig, shape: DataShape, precision: str, fp8_layers: Iterable[str] | None = None
+    cfg: RunConfig, shape: DataShape, precision: str, layers: Iterable[str] | None = None
 ) -> dict[str, float]:
     """Model FLOPs per sample (3 x forward GEMMs, attention whole) of ``cfg`` in ``precision``
-    (``tf32``: FP32 with TF32 allowed) by the format each GEMM runs in; ``fp8_layers``: the
-    Linears that ran in FP8 (a run's fp8 section), else those precision=fp8 would convert."""
-    accountant = Accountant(cfg, shape, fp8_layers)
+    (``tf32``: FP32 with TF32 allowed) by the format each GEMM runs in (FP8, blockwise FP8,
+    MXFP8 and NVFP4 Linears under their own names); ``layers``: the Linears that ran in the
+    precision's low format (a run's fp8 section), else those the precision would convert."""
+    accountant = Accountant(cfg, shape, layers)
     recipe = accountant.recipe(precision)
     return model_flops_by_format(accountant.accounting(recipe), recipe)
 
 
 def mfu_of_run(
-    cfg: RunConfig, shape: DataShape, precision: str, fp8_layers: Iterable[str] | None, gpu: GPU
+    cfg: RunConfig, shape: DataShape, precision: str, layers: Iterable[str] | None, gpu: GPU
 ) -> tuple[float, float]:
     """(model FLOPs per sample, FLOP-weighted peak FLOP/s) of a run of ``cfg`` in ``precision``
-    on ``gpu`` (see :func:`flops_by_format`). MFU = FLOPs per sample x samples/s / (GPUs x peak)."""
-    by_format = flops_by_format(cfg, shape, precision, fp8_layers)
+    on ``gpu`` (see :func:`flops_by_format`; a block-scaled format's GEMMs weighted by its peak,
+    :meth:`~mptrain.platform.gpus.GPU.peak_flops`). MFU = FLOPs per sample x samples/s / (GPUs x
+    peak)."""
+    by_format = flops_by_format(cfg, shape, precision, layers)
     return sum(by_format.values()), mixed_peak_flops(by_format, gpu)

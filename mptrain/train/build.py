@@ -37,9 +37,8 @@ from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.threads import ThreadChoice, apply_threads, resolve_threads
-from mptrain.precision.blocks.convert import BlockLayers, apply_blocks
-from mptrain.precision.formats import convert_layers, layer_sync
-from mptrain.precision.fp8.convert import skip_summary
+from mptrain.precision.blocks.convert import BlockLayers
+from mptrain.precision.formats import convert_layers, layer_sync, run_sections
 from mptrain.precision.fp8.dist import gathers_fp32
 from mptrain.precision.policy import (
     PrecisionPolicy,
@@ -258,11 +257,9 @@ def build_model_for_run(
     model = build_model(
         cfg.model, data.in_channels, data.image_size, data.num_classes, device, data.sequence_length
     )
-    fp8, blocks = None, BlockLayers()
-    if policy.blocks is not None:  # block-scaled formats (mptrain.precision.blocks)
-        blocks = _convert_blocks(cfg, data, model, policy)
-    else:  # FP8 layers, or none: mptrain.precision.formats
-        fp8 = convert_layers(model, policy, cfg, data, fsdp)
+    # FP8 or block-scaled layers, or none: mptrain.precision.formats.LAYER_FORMATS
+    section = convert_layers(model, policy, cfg, data, fsdp)
+    fp8, blocks = run_sections(model, (policy, section))
     patterns = list(cfg.numerics.fp32_modules)
     fp32_modules = keep_in_fp32(model, patterns, device.type)
     if patterns and not fp32_modules:
@@ -275,38 +272,6 @@ def build_model_for_run(
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model, fp8, fp32_modules, blocks
-
-
-def _convert_blocks(
-    cfg: RunConfig, data: DataBundle, model: torch.nn.Module, policy: PrecisionPolicy
-) -> BlockLayers:
-    """The block-scaled conversion (mptrain.precision.blocks), by the selection keys of the
-    precision's config group; its layers' seeds derive from the run's ``seed``."""
-    key = {"mxfp8": "mx", "nvfp4": "nvfp4"}.get(policy.name, "fp8")
-    rules = getattr(cfg, key)
-    sample, _ = next(iter(data.val.batches(0)))
-    blocks, section = apply_blocks(
-        model,
-        replace(policy.blocks, seed=cfg.seed),
-        sample[:2],
-        include=list(rules.include),
-        exclude=list(rules.exclude),
-        keep_first_last=rules.keep_first_last,
-    )
-    blocks.section = section
-    _require_converted(cfg, policy.name, section["name"], section["layers"], key)
-    return blocks
-
-
-def _require_converted(
-    cfg: RunConfig, precision: str, fmt: str, layers: list[dict[str, Any]], key: str
-) -> None:
-    """ConfigError when no Linear layer converted: the precision would be plain BF16."""
-    if not any(layer["converted"] for layer in layers):
-        raise ConfigError(
-            f"precision={precision}: no Linear layer of model={cfg.model.name} can run in {fmt} "
-            f"({skip_summary(layers)}); see {key}.include/exclude/keep_first_last/min_features"
-        )
 
 
 def window_length(cfg: RunConfig) -> int | None:

@@ -442,7 +442,9 @@ class Job:
             return report
         metrics_path = self.output_dir / METRICS_JSONL
         if metrics_path.is_file():
-            title = f"{report.precision.label or self.cfg.precision.name} {self.cfg.model.name}"
+            title = (
+                f"{report.precision.what_ran() or self.cfg.precision.name} {self.cfg.model.name}"
+            )
             try:
                 draw = self.figures.plot_run if self.figures else plot_run
                 draw(read_metrics(metrics_path), title, self.output_dir / RUN_PNG)

@@ -105,9 +105,12 @@ def _model_section(job: JobRecord) -> ModelSection:
 
 
 def _blocks_section(run: Run | None) -> dict[str, Any] | None:
-    """The block-scaled layers' section with their counts (reads device values), or None."""
+    """The block-scaled layers' section with their counts (reads device values): at the end of
+    the run, or, for layers a precision switch left, as they were at the switch; or None."""
     if run is None or run.blocks.section is None:
         return None
+    if "final_layer_stats" in run.blocks.section:
+        return run.blocks.section
     return {**run.blocks.section, "final_layer_stats": run.blocks.layer_stats()}
 
 
@@ -287,7 +290,9 @@ def _mfu_fields(job: JobRecord) -> dict[str, Any]:
     if run is None or policy is None or not samples_per_s:
         return {"mfu_note": "n/a: no step was measured"}
     if policy.emulated:
-        return {"mfu_note": "n/a: emulated FP8 (no FP8 GEMM hardware) is not a speed"}
+        return {
+            "mfu_note": f"n/a: {policy.name}'s GEMMs are emulated (no hardware kernel): not a speed"
+        }
     gpu = gpus.row_for_device_name(torch.cuda.get_device_name(device))
     if gpu is None:
         return {"mfu_note": f"n/a: no peak table for {torch.cuda.get_device_name(device)}"}

@@ -1,6 +1,6 @@
 """Precision schedules: ``precision.switch.to`` and ``precision.switch.at`` train the first steps
-in the run's precision (phase 1) and the rest in another (phase 2), e.g. FP8 for 85 % of the
-steps, then BF16 (NVIDIA's NVFP4 recipe ends in BF16 the same way).
+in the run's precision (phase 1) and the rest in another (phase 2), e.g. NVFP4 for 85 % of the
+steps, then BF16, as NVIDIA's NVFP4 recipe ends (or FP8, then BF16).
 
 The switch step ``k``: ``at`` itself when ``at >= 1`` (a step number), else ``at`` × the run's
 optimizer steps rounded to the nearest step; each phase needs at least one step. Steps 1..k run
@@ -9,13 +9,18 @@ in phase 1, steps k+1.. in phase 2; the evaluation and checkpoint after step k a
 The switch, by :meth:`Switch.before_step` (the loop calls it before every step; it acts once,
 before step k+1), in this order:
 
-1. layers: phase 1's layer format (:data:`mptrain.precision.formats.LAYER_FORMATS`, e.g. FP8)
-   records its layers' final figures and goes back to ``nn.Linear``; phase 2's converts them.
-   Every format shares the layers' Parameter objects: the FP32 master weights, the optimizer and
-   its state carry on untouched. Layers of ``numerics.fp32_modules`` stay in FP32;
-2. FP8 scales of phase 2 start afresh, as in a new FP8 run: dynamic scaling takes each cast's
-   own amax; delayed scaling starts from an empty amax history, so the first step after the
-   switch casts at scale 1 and calibrates the history;
+1. layers: phase 1's layer format (:data:`mptrain.precision.formats.LAYER_FORMATS`: FP8, or a
+   block-scaled MXFP8, NVFP4, blockwise FP8) records its layers' final figures and goes back to
+   ``nn.Linear``; phase 2's converts them, chosen by its settings as at a build. Every format
+   shares the layers' Parameter objects: the FP32 master weights, the optimizer and its state
+   carry on untouched. Layers of ``numerics.fp32_modules`` stay in FP32. At most one of the two
+   precisions is block-scaled (a report has one ``blocks`` section);
+2. scales of phase 2 start afresh, as in a new run: FP8's dynamic scaling takes each cast's own
+   amax; delayed scaling starts from an empty amax history, so the first step after the switch
+   casts at scale 1 and calibrates the history; block formats take every block's scale from the
+   operand at hand (no state). NVFP4's stochastic-rounding generators and Hadamard signs are
+   the new layers', seeded from the run's ``seed`` as at a build; leaving NVFP4 drops them (a
+   checkpoint after the switch holds none);
 3. the policy (autocast dtype) becomes phase 2's;
 4. the loss scaler becomes phase 2's, fresh: FP16 starts at ``precision.scaler.init_scale``,
    a precision without loss scaling has a disabled scaler (the loss scale's history of an FP16
@@ -29,7 +34,9 @@ applies the switch to the freshly built run before the states load (:meth:`Switc
 so a resume on either side of the switch equals the uninterrupted run bit for bit. The report's
 ``precision.switch`` (:meth:`Switch.describe`) holds the step, both precisions, the train loss
 over the :data:`WINDOW_STEPS` steps either side (kept by the monitor's
-:class:`~mptrain.train.monitor.LossWindow`) and the evaluations around the switch.
+:class:`~mptrain.train.monitor.LossWindow`) and the evaluations around the switch. The format
+sections (``fp8``, ``blocks``) say the steps their layers ran (``steps``); a format left at the
+switch keeps its layers' figures of that moment (``final_layer_stats``), saved in checkpoints.
 """
 
 from __future__ import annotations
@@ -47,7 +54,14 @@ from mptrain.config.precision import PrecisionConfig
 from mptrain.config.run import RunConfig
 from mptrain.platform.distributed import DistContext, unwrap
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.formats import LAYER_FORMATS, convert_layers, layer_sync, to_plain_linear
+from mptrain.precision.formats import (
+    LAYER_FORMATS,
+    convert_layers,
+    format_of,
+    layer_sync,
+    run_sections,
+    to_plain_linear,
+)
 from mptrain.precision.fp8.dist import FP8Sync
 from mptrain.precision.policy import (
     PrecisionPolicy,
@@ -113,10 +127,11 @@ def plan_switch(
         name=to, scaler=cfg.precision.scaler, allow_tf32=cfg.precision.allow_tf32
     )
     policy = resolve_precision(requested, device, cfg.fp8, cfg.mx, cfg.nvfp4)
-    if first.blocks is not None or policy.blocks is not None:  # not in LAYER_FORMATS yet
+    if first.blocks is not None and policy.blocks is not None:
         raise ConfigError(
-            f"{key}: block-scaled formats (mxfp8, nvfp4, fp8.granularity=blockwise) do not "
-            "switch yet; switch between fp32, bf16, fp16 and fp8 (tensorwise or rowwise)"
+            f"{key}: from {first.blocks.format} to {policy.blocks.format}: a run has one block "
+            "format (one blocks section in its report); switch between a block format (mxfp8, "
+            "nvfp4, fp8.granularity=blockwise) and fp32, bf16, fp16 or fp8 (tensorwise, rowwise)"
         )
     reason = f"precision.switch: after step {step} of {total_steps} in {first.label}"
     return Switch(step, at, total_steps, first, replace(policy, reason=reason))
@@ -156,19 +171,24 @@ class Switch(PrecisionSchedule):
         """Steps 1-5 of the module doc, on the run as it stands between two steps."""
         model = unwrap(run.model)
         replaced = []
-        if self.first.name in LAYER_FORMATS:
-            stats = LAYER_FORMATS[self.first.name].final_stats(model)
-            self.left = {**run.fp8, "final_layer_stats": stats, "steps": [1, self.step]}
+        left = format_of(self.first)
+        if left is not None:
+            layer_format = LAYER_FORMATS[left]
+            section = run.fp8 if layer_format.report == "fp8" else run.blocks.section
+            stats = layer_format.final_stats(model)
+            self.left = {**section, "final_layer_stats": stats, "steps": [1, self.step]}
             replaced += to_plain_linear(model)
         # The FP32 master weights stay in place: a format converts the layers around them.
         section = convert_layers(model, self.to, run.cfg, run.data)
-        run.fp8_sync, run.fp8 = FP8Sync(), self.left
+        run.fp8_sync = FP8Sync()
         if section is not None:
             section["steps"] = [self.step + 1, self.total_steps]
             replaced += [layer["name"] for layer in section["layers"] if layer["converted"]]
             wrapped = getattr(run.model, "_orig_mod", run.model)  # DDP's, not torch.compile's
             run.fp8_sync, self.entered = layer_sync(wrapped, run.dist, run.cfg, self.to, section)
-            run.fp8 = self.entered
+        # Block layers' generators (nvfp4) are the new layers' own, seeded: a checkpoint saved
+        # after the switch restores them into these (mptrain.train.checkpointer.restore).
+        run.fp8, run.blocks = run_sections(model, (self.first, self.left), (self.to, self.entered))
         patterns = run.cfg.numerics.fp32_modules
         again = [n for n in replaced if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
         keep_in_fp32(model, again, run.device.type)  # the new layers: outside autocast again
@@ -202,7 +222,8 @@ class Switch(PrecisionSchedule):
             )
         self._apply(run)
         self.switched_after, self.left = saved["switched_after"], saved["left"]
-        run.fp8 = self.entered or self.left
+        model = unwrap(run.model)
+        run.fp8, run.blocks = run_sections(model, (self.first, self.left), (self.to, self.entered))
         return [
             f"saved after the precision switch ({self.first.name} -> {self.to.name} after "
             f"step {self.switched_after}): resumed in {self.to.name}"

@@ -32,6 +32,7 @@ from mptrain.commands.advise.decide import (
 )
 from mptrain.output import plots
 from mptrain.platform import hardware
+from mptrain.train.build import prepare_run
 
 CTX = Context(tolerance=0.05, max_skipped_fraction=0.1)
 CLOSE = Fidelity(steps=40, max_rel_diff=0.01, final_rel_diff=0.005)
@@ -233,7 +234,7 @@ def test_gpu_candidates_add_tf32_and_label_fp8_by_the_hardware(monkeypatch, fp8_
     by_name = {c.name: c for c in cands}
 
     fp8s = ["fp8", "fp8-rowwise", "fp8-delayed", "fp8-pow2"]
-    blocks = ["fp8-blockwise", "mxfp8", "nvfp4"]  # no real block-scaled GEMM wired in yet
+    blocks = ["fp8-blockwise", "mxfp8", "nvfp4"]  # CUDA not available: no block-scaled kernel
     assert list(by_name) == ["fp32", "tf32", "fp16", "bf16", *fp8s, *blocks]
     assert by_name["tf32"].cfg.precision.allow_tf32 and by_name["tf32"].timed
     for name in fp8s:
@@ -633,3 +634,20 @@ def test_a_stop_signal_and_a_burst_after_it_keep_the_partial_advice(tmp_path, si
     data = json.loads((tmp_path / "out" / "advise.json").read_text())
     assert data["interrupted"]["signal"] == name
     assert f"Interrupted by {name} after" in (tmp_path / "out" / "advise.md").read_text()
+
+
+def test_the_numerics_column_gives_each_recipe_its_own_layer_choice():
+    """A block-scaled recipe's cell counts its own layers (mx.*, nvfp4.* keys), not FP8's."""
+    fp8 = {"layers": [{"converted": True}] * 3, "converted_linear_flops_share": 1.0}
+    mx = prepare_run(tiny_run("precision=mxfp8", "mx.keep_first_last=true")).blocks.section
+    numerics = {"fp16_probe": None, "audit": {}, "fp8": fp8, "blocks": {"mxfp8": mx}}
+
+    def count(section: dict) -> str:
+        converted = sum(layer["converted"] for layer in section["layers"])
+        return f"{converted} of {len(section['layers'])} Linear layers in"
+
+    assert advise_report.numerics_cell("fp8-rowwise", numerics).startswith(f"{count(fp8)} FP8, ")
+    mx_cell = advise_report.numerics_cell("mxfp8", numerics)
+    assert mx_cell.startswith(f"{count(mx)} MXFP8, ") and count(mx) != count(fp8)
+    assert mx_cell.endswith(f"{mx['converted_linear_flops_share']:.0%} of Linear FLOPs")
+    assert advise_report.numerics_cell("fp8-blockwise", numerics) == ""  # its pilot did not run

@@ -53,12 +53,20 @@ def test_cuda_precisions_include_tf32_and_what_the_gpu_has(monkeypatch, native_b
     assert rows["fp32"] is None and rows["tf32"] is None and rows["fp16"] is None
     assert (rows["bf16"] is None) == native_bf16
     assert (rows["fp8"] is None) == fp8_gemm
-    # no real block-scaled GEMM is wired in: emulated everywhere, never timed
-    assert rows["mxfp8"].endswith("emulated MXFP8 is not a speed")
-    assert rows["nvfp4"].endswith("emulated NVFP4 is not a speed")
+    # A GPU without block-scaled kernels (the answer is faked: this test also runs on GPUs that
+    # have them): emulated, never timed
+    no_kernel = "no real GEMM here"
+    monkeypatch.setattr(bench, "block_gemm_available", lambda *_: (False, no_kernel))
+    rows = skipped(bench.bench_precisions(torch.device("cuda"), True, block_formats=True))
+    assert rows["mxfp8"] == f"{no_kernel}: emulated MXFP8 is not a speed"
+    assert rows["nvfp4"] == f"{no_kernel}: emulated NVFP4 is not a speed"
     blockwise = skipped(bench.bench_precisions(torch.device("cuda"), True, fp8_blockwise=True))
     assert "mxfp8" not in blockwise  # mptrain advise (its own list) takes them later
-    assert blockwise["fp8"].endswith("emulated blockwise FP8 is not a speed")
+    assert blockwise["fp8"] == f"{no_kernel}: emulated blockwise FP8 is not a speed"
+    # ... and one with them: timed like any other row
+    monkeypatch.setattr(bench, "block_gemm_available", lambda *_: (True, ""))
+    rows = skipped(bench.bench_precisions(torch.device("cuda"), True, block_formats=True))
+    assert rows["mxfp8"] is None and rows["nvfp4"] is None
 
 
 def test_precision_config_per_bench_row():

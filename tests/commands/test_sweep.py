@@ -21,15 +21,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import describe, run_cli, run_command, run_mptrain, tiny_run, train
+from conftest import NoFigure, describe, run_cli, run_command, tiny_run, train
 from omegaconf import OmegaConf
 from rich.console import Console
+from sweeps import job_dirs, read_report, run_sweep
 
 from mptrain.commands import sweep
 from mptrain.output.render import write_failure
 from mptrain.rundir import layout
 from mptrain.rundir.layout import FAILURE_JSON, REPORT_JSON
 from mptrain.rundir.lock import RunDirLock
+from mptrain.train import job as job_module
 from mptrain.train.job import RunFailed
 
 TIMEOUT_S = 240
@@ -56,16 +58,6 @@ def md_headers(text: str) -> list[str]:
     return [c.strip() for c in first.strip().strip("|").split("|")]
 
 
-def read_report(directory: Path) -> dict:
-    return json.loads((directory / REPORT_JSON).read_text(encoding="utf-8"))
-
-
-def job_dirs(sweep_dir: Path) -> list[Path]:
-    """Hydra's job directories (<number>_<overrides>), in job order."""
-    jobs = [p for p in sweep_dir.iterdir() if (p / ".hydra").is_dir()]
-    return sorted(jobs, key=lambda p: int(p.name.split("_", 1)[0]))
-
-
 def fake_job(sweep_dir: Path, number: int, overrides: list[str]) -> Path:
     """A job directory as Hydra leaves it before the task runs: .hydra/overrides.yaml only."""
     job = sweep_dir / f"{number}_{','.join(overrides)}"
@@ -78,9 +70,8 @@ def fake_job(sweep_dir: Path, number: int, overrides: list[str]) -> Path:
 @pytest.fixture(scope="module")
 def precision_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     cwd = tmp_path_factory.mktemp("precision_sweep")
-    result = run_mptrain(
+    return run_sweep(
         cwd,
-        "-m",
         "precision=fp32,bf16,fp16",
         "model=mlp",
         "max_steps=20",
@@ -88,10 +79,8 @@ def precision_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path
         "throughput_warmup_steps=4",
         "probe_every=4",  # zero gradients / updates lost: every column of the table is filled
         "progress=false",
-        "hydra.sweep.dir=sweep",
         timeout=TIMEOUT_S,
     )
-    return result, cwd / "sweep"
 
 
 @pytest.fixture(scope="module")
@@ -250,17 +239,14 @@ def test_printed_table_shows_each_run_label_whole(precision_sweep, sweep_rows):
 def failing_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     # cifar10's files are absent under the default root `data`: found at run time, not preflight.
     cwd = tmp_path_factory.mktemp("failing_sweep")
-    result = run_mptrain(
+    return run_sweep(
         cwd,
-        "-m",
         "dataset=digits,cifar10",
         "model=mlp",
         "max_steps=4",
         "progress=false",
-        "hydra.sweep.dir=sweep",
         timeout=TIMEOUT_S,
     )
-    return result, cwd / "sweep"
 
 
 @pytest.mark.slow
@@ -304,6 +290,8 @@ RUNS = {
     "bf16_seed1": ("precision=bf16", "seed=1"),
     "bf16_batch32": ("precision=bf16", "batch_size=32"),
     "fp8": ("precision=fp8",),
+    # a precision schedule (precision.switch): steps 1-3 in FP8, 4-6 in BF16
+    "fp8_to_bf16": ("precision=fp8", "precision.switch.to=bf16", "precision.switch.at=3"),
 }
 
 
@@ -517,6 +505,39 @@ def test_emulated_fp8_gets_an_accuracy_delta_but_no_speed_ratio(runs):
     md = {r["run"]: r for r in md_table(sweep.render_markdown(list(rows.values()), "t", None))}
     assert md["fp8"]["speed vs fp32"] == "—"
     assert md["fp8"]["Δ acc vs fp32"].endswith(" pt")
+
+
+@pytest.mark.slow
+def test_a_switched_run_shows_both_precisions_apart_from_a_run_of_its_first(runs):
+    rows = rows_by_label([runs[name] for name in ("fp32_monday", "fp8", "fp8_to_bf16")])
+
+    switched = "fp8 (emulated) -> bf16 after step 3"
+    assert rows["fp8"]["precision"] == "fp8 (emulated)"
+    assert rows["fp8_to_bf16"]["precision"] == switched
+    assert rows["fp8_to_bf16"]["baseline"] == str(runs["fp32_monday"])  # compared as any run
+    md = {r["run"]: r for r in md_table(sweep.render_markdown(list(rows.values()), "t", None))}
+    assert (md["fp8"]["precision"], md["fp8_to_bf16"]["precision"]) == ("fp8 (emulated)", switched)
+    terminal = io.StringIO()
+    sweep.print_table(Console(file=terminal, width=160), list(rows.values()), "t")
+    assert switched in terminal.getvalue()
+
+
+@pytest.mark.slow
+def test_a_switch_not_reached_or_reached_late_is_named_so(runs, tmp_path):
+    from mptrain.output.report import load_report
+
+    report = read_report(runs["fp8_to_bf16"])
+    assert report["precision"]["switch"]["switched_after_step"] == 3
+    named = {}
+    for after in (None, 4):  # stopped before the switch; resumed from a checkpoint past step 3
+        report["precision"]["switch"]["switched_after_step"] = after
+        (tmp_path / str(after)).mkdir()
+        (tmp_path / str(after) / REPORT_JSON).write_text(json.dumps(report))
+        named[after] = load_report(tmp_path / str(after) / REPORT_JSON).precision.what_ran()
+    assert named == {
+        None: "fp8 (emulated) -> bf16 after step 3 (not reached)",
+        4: "fp8 (emulated) -> bf16 after step 4",
+    }
 
 
 @pytest.mark.slow
@@ -839,9 +860,8 @@ def test_a_report_without_windows_gives_one_measurement_marked_noisy(runs, tmp_p
 @pytest.fixture(scope="module")
 def parallel_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     cwd = tmp_path_factory.mktemp("parallel_sweep")
-    result = run_mptrain(
+    return run_sweep(
         cwd,
-        "-m",
         "hydra/launcher=joblib",
         "hydra.launcher.n_jobs=2",
         "precision=fp32,bf16",
@@ -852,10 +872,8 @@ def parallel_sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]
         "throughput_warmup_steps=4",
         "progress=false",
         "checkpoint.enabled=false",
-        "hydra.sweep.dir=sweep",
         timeout=TIMEOUT_S,
     )
-    return result, cwd / "sweep"
 
 
 @pytest.mark.slow
@@ -891,6 +909,29 @@ SWEEP = (
     "throughput_warmup_steps=0",
     "hydra.sweep.dir=sweep",
 )
+
+
+@pytest.mark.slow
+def test_a_sweep_over_precision_schedules_tells_each_run_by_both_precisions(tmp_path, monkeypatch):
+    """A real -m sweep of plain and switched runs: the summary names a switched job by both
+    precisions and the step, and pairs every job with the job in FP32 throughout, not with the
+    job that switched from FP32 (the first job in FP32)."""
+    monkeypatch.setattr(job_module, "FigureWorker", NoFigure)  # no curves.png: not read here
+    schedules = "precision.switch={to:bf16,at:1},{to:null,at:null}"  # Hydra's dict values
+    result = run_cli([*SWEEP, "precision=fp32,fp8", schedules], tmp_path, monkeypatch, jobs=True)
+    assert result.code == 0, result
+
+    rows = json.loads((tmp_path / "sweep" / sweep.SWEEP_JSON).read_text())["runs"]
+    switched, plain = "precision.switch={to:bf16,at:1}", "precision.switch={to:null,at:null}"
+    assert [(r["run"], r["precision"]) for r in rows] == [
+        (f"precision=fp32 {switched}", "fp32 -> bf16 after step 1"),
+        (f"precision=fp32 {plain}", "fp32"),
+        (f"precision=fp8 {switched}", "fp8 (emulated) -> bf16 after step 1"),
+        (f"precision=fp8 {plain}", "fp8 (emulated)"),
+    ]
+    assert {r["baseline"] for r in rows} == {str(tmp_path / rows[1]["directory"])}
+    md = md_table((tmp_path / "sweep" / sweep.SWEEP_MD).read_text(encoding="utf-8"))
+    assert [r["precision"] for r in md] == [r["precision"] for r in rows]
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import describe, run_cli, run_command, run_mptrain
+from sweeps import job_dirs, read_report, run_sweep
 
 
 # ----------------------------------------------------------------------------------------- helpers
@@ -112,7 +113,7 @@ def test_tiny_run_exits_0(tiny_run):
 @pytest.mark.slow
 def test_tiny_run_reports_completed(tiny_run):
     _, run_dir = tiny_run
-    report = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    report = read_report(run_dir)
     assert report["status"] == "completed"
     assert report["model"]["name"] == "mlp"
     assert (run_dir / "report.md").read_text(encoding="utf-8").strip()
@@ -181,17 +182,13 @@ def test_composing_imports_no_torch(tmp_path, args):
 # ----------------------------------------------------------------------------------------- sweep
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    cwd = tmp_path_factory.mktemp("sweep")
-    result = run_mptrain(
-        cwd,
-        "-m",
+    return run_sweep(
+        tmp_path_factory.mktemp("sweep"),
         "precision=fp32,bf16",
         "model=mlp",
         "max_steps=6",
         "progress=false",
-        "hydra.sweep.dir=sweep",
     )
-    return result, cwd / "sweep"
 
 
 @pytest.mark.slow
@@ -203,14 +200,9 @@ def test_sweep_exits_0(sweep):
 @pytest.mark.slow
 def test_sweep_writes_one_report_per_job_with_its_precision(sweep):
     _, sweep_dir = sweep
-    job_dirs = sorted(
-        p for p in sweep_dir.iterdir() if p.is_dir()
-    )  # named <job number>_<overrides>
-    assert [p.name.split("_", 1)[0] for p in job_dirs] == ["0", "1"]
-    precisions = [
-        json.loads((job / "report.json").read_text(encoding="utf-8"))["precision"]
-        for job in job_dirs
-    ]
+    jobs = job_dirs(sweep_dir)  # named <job number>_<overrides>
+    assert [p.name.split("_", 1)[0] for p in jobs] == ["0", "1"]
+    precisions = [read_report(job)["precision"] for job in jobs]
     assert [p["effective"] for p in precisions] == ["fp32", "bf16"]
     assert [p["requested"] for p in precisions] == ["fp32", "bf16"]
 

@@ -31,7 +31,6 @@ from mptrain.precision.blocks.blockwise import quantize_blockwise
 from mptrain.precision.blocks.convert import (
     BlockLayers,
     apply_blocks,
-    convert_from_blocks,
     convert_to_blocks,
     layer_rules,
 )
@@ -39,6 +38,7 @@ from mptrain.precision.blocks.hadamard import random_hadamard_transform, rht_sig
 from mptrain.precision.blocks.linear import BlockLinear
 from mptrain.precision.blocks.nvfp4 import quantize_nvfp4
 from mptrain.precision.blocks.recipe import BlockRecipe, fake_quant_operand, quantize_operand
+from mptrain.precision.formats import to_plain_linear
 from mptrain.precision.fp8.dist import gathers_fp32
 from mptrain.precision.fp8.quant import E4M3, E5M2, FP8_MAX
 from mptrain.precision.policy import resolve_precision
@@ -307,7 +307,10 @@ def test_block_formats_select_layers_by_fp8s_rules_with_their_block_size():
     assert mx["odd"] == "in/out features not multiples of 32 (MXFP8 blocks of 32)"
     nv = reasons(BlockRecipe("nvfp4", keep_last_fraction=0.3))
     assert nv["odd"] == "converted"  # 48 is a multiple of 16
-    tail = "in the last 0.3 of Linear layers (nvfp4.keep_last_fraction), kept in BF16"
+    tail = (
+        "in the last 0.3 of Linear layers (nvfp4.keep_last_fraction; the model has no block "
+        "list), kept in BF16"
+    )
     assert nv["proj"] == tail and nv["fc"] == "converted"  # ceil(0.3 x 6) = 2: proj, head
     assert nv["head"] == "first/last layer kept in BF16"
     blockwise = reasons(BLOCKWISE, keep_first_last=False)
@@ -338,7 +341,7 @@ def test_conversion_shares_parameters_and_undoes():
     }  # no buffers in the state_dict: checkpoints load across precisions
     seeds = [layer.seed for layer in layers.layers.values()]
     assert len(set(seeds)) == 4  # every layer its own signs and generator
-    assert convert_from_blocks(model) == ["qkv", "odd", "fc", "proj"]
+    assert to_plain_linear(model) == ["qkv", "odd", "fc", "proj"]
     assert not any(isinstance(m, BlockLinear) for m in model.modules())
     assert list(model.parameters()) == params
 
@@ -397,12 +400,12 @@ def test_generator_states_round_trip_and_a_mismatch_is_noted():
     model = named_model()
     layers = convert_to_blocks(model, choose(model, layer_rules(NVFP4, [], [], True)), NVFP4)
     saved = layers.state_dict()
-    assert set(saved) == set(layers.layers)
+    assert set(saved["ranks"][0]) == set(layers.layers) and len(saved["ranks"]) == 1
     for layer in layers.layers.values():
         torch.rand(5, generator=layer.generator)
     assert layers.load_state_dict(saved) == []
     for name, layer in layers.layers.items():
-        assert torch.equal(saved[name], layer.generator.get_state())
+        assert torch.equal(saved["ranks"][0][name], layer.generator.get_state())
     (note,) = layers.load_state_dict({})
     assert "not resumed" in note and "start from their seeds" in note
     assert BlockLayers().load_state_dict(saved) == []  # a run without them ignores them
@@ -566,8 +569,8 @@ def test_nvfp4_with_stochastic_rounding_resumes_bit_for_bit(tmp_path, monkeypatc
     step_10 = tmp_path / "whole" / "checkpoints" / "step_00000010.pt"
     train(tiny_run(*overrides, f"resume={step_10}"), tmp_path / "resumed")
     whole, resumed = (load_checkpoint(tmp_path / d / "checkpoints" / "step_00000020.pt") for d in ("whole", "resumed"))  # fmt: skip
-    assert whole["blocks"].keys() == {"3"}
-    assert torch.equal(whole["blocks"]["3"], resumed["blocks"]["3"])
+    (straight,), (again,) = whole["blocks"]["ranks"], resumed["blocks"]["ranks"]
+    assert straight.keys() == {"3"} and torch.equal(straight["3"], again["3"])
     for key, value in whole["model"].items():
         assert torch.equal(value, resumed["model"][key]), key
     assert whole["optimizer"]["state"].keys() == resumed["optimizer"]["state"].keys()

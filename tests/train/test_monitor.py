@@ -8,6 +8,7 @@ import time
 
 import torch
 from conftest import tiny_run
+from observers import PerStep
 
 from mptrain.train import loop
 from mptrain.train.build import prepare_run
@@ -100,37 +101,17 @@ def test_non_finite_loss_without_scaler_diverges_with_the_precision_named():
     assert monitor.diverged_reason.startswith("training loss became inf by step 1 (bf16, no loss")
 
 
-class GradRecorder:
-    """Observer keeping whether each step's update was skipped."""
-
-    def __init__(self) -> None:
-        self.skipped: dict[int, bool] = {}
-
-    def on_step(self, state) -> None:
-        self.skipped[state.step] = bool(
-            state.skipped_steps and state.skipped_steps[-1] == state.step
-        )
-
-    def on_log(self, row) -> None:
-        pass
-
-    def on_eval(self, row) -> None:
-        pass
-
-    def on_warning(self, message) -> None:
-        pass
-
-
 def test_injection_hits_only_the_chosen_steps_with_accumulation():
     """With 3 micro-batches per step, the inf lands once per chosen step (not per micro-batch)."""
     cfg = tiny_run(
         "precision=fp16", "max_steps=6", "grad_accum_steps=3", "debug.inject_inf_grad_steps=[2,5]"
     )
     run = prepare_run(cfg)
-    recorder = GradRecorder()
+    # whether each step's update was skipped, seen right after it
+    recorder = PerStep(run, lambda r: r.state.skipped_steps[-1:] == [r.state.step])
     train_loop(run, LoopHooks(observers=(recorder,)))
     assert run.state.skipped_steps == [2, 5]
-    assert [s for s, skipped in recorder.skipped.items() if skipped] == [2, 5]
+    assert [s for s, skipped in recorder.rows if skipped] == [2, 5]
 
 
 def test_injection_counts_steps_from_a_resumed_state():

@@ -1,10 +1,12 @@
 """Precision schedules (``precision.switch.to`` / ``.at``, mptrain.train.switch): the switch really
-changes the layers, the autocast dtype and the loss scaler between two steps; a resume on either
-side of it equals the uninterrupted run bit for bit; bad settings are refused in one line; the
-report, metrics.jsonl and the terminal say what happened.
+changes the layers (FP8 and the block-scaled MXFP8, NVFP4, blockwise FP8), the autocast dtype and
+the loss scaler between two steps; a resume on either side of it equals the uninterrupted run bit
+for bit (NVFP4's generators included); bad settings are refused in one line; the report,
+metrics.jsonl and the terminal say what happened.
 
 CPU-only, model=mlp on digits: Linear layers "1" (64->256), "3" (256->256), "5" (256->10); with
-fp8.keep_first_last=true only "3" runs in FP8 (the 10-class head is not 16-aligned anyway).
+keep_first_last=true (FP8's and the block formats') only "3" converts (the 10-class head is not
+16-aligned anyway).
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import NoFigure, tiny_run, train
+from observers import PerStep
 from torch import nn
 
 from mptrain.config.base import ConfigError
 from mptrain.output.metrics import read_metrics
 from mptrain.platform.distributed import DistContext
+from mptrain.precision.blocks.linear import BlockLinear
+from mptrain.precision.blocks.recipe import BlockRecipe
 from mptrain.precision.formats import LAYER_FORMATS, to_plain_linear
 from mptrain.precision.fp8.linear import Float8Linear
 from mptrain.precision.policy import PRECISIONS
@@ -43,25 +48,6 @@ def switched(first: str, to: str, at: str, *overrides: str):
     return tiny_run(
         f"precision={first}", f"precision.switch.to={to}", f"precision.switch.at={at}", *overrides
     )
-
-
-class PerStep:
-    """An observer recording, after every step, what ``record(run)`` returns."""
-
-    def __init__(self, run, record) -> None:
-        self.run, self.record, self.rows = run, record, []
-
-    def on_step(self, state) -> None:
-        self.rows.append((state.step, self.record(self.run)))
-
-    def on_log(self, row) -> None:
-        pass
-
-    def on_eval(self, row) -> None:
-        pass
-
-    def on_warning(self, message) -> None:
-        pass
 
 
 def layer_types(run) -> dict[str, str]:
@@ -159,17 +145,120 @@ def test_fp32_modules_stay_in_fp32_across_the_switch():
         assert other(torch.randn(4, 64)).dtype == torch.bfloat16
 
 
+# ------------------------------------------------------------------- block-scaled formats
+# model=mlp: only "3" (256->256) converts (first and last kept; the head is not block-aligned)
+BLOCK_FORMATS = [
+    ("nvfp4", ()),
+    ("mxfp8", ()),
+    ("fp8", ("fp8.granularity=blockwise", "fp8.format=e4m3")),
+]
+
+
+@pytest.mark.parametrize(("first", "extra"), BLOCK_FORMATS, ids=["nvfp4", "mxfp8", "blockwise"])
+def test_out_of_a_block_format_puts_plain_linears_back_and_keeps_its_figures(first, extra):
+    run = prepare_run(switched(first, "bf16", "3", "max_steps=5", "log_every=1", *extra))
+    params = [id(p) for p in run.model.parameters()]
+    recorder = PerStep(run, lambda r: (layer_types(r)["3"], r.policy.name, list(r.blocks.layers)))
+    train_loop(run, LoopHooks(observers=(recorder,)))
+    assert recorder.rows == [
+        *((s, ("BlockLinear", first, ["3"])) for s in (1, 2, 3)),
+        *((s, ("Linear", "bf16", [])) for s in (4, 5)),
+    ]
+    assert type(run.model.get_submodule("3")) is nn.Linear
+    assert [id(p) for p in run.model.parameters()] == params
+    assert run.blocks.state_dict() == {}  # NVFP4's generators went with the layers
+    section = run.blocks.section
+    assert section["format"] == run.schedule.first.blocks.format and section["steps"] == [1, 3]
+    # the figures at the switch: the 3 counted steps of phase 1 (log_every=1), each quantizing
+    # its input twice (forward, weight gradient)
+    (stats,) = section["final_layer_stats"]
+    assert stats["name"] == "3" and stats["input"]["samples"] == 2 * 3
+    assert run.fp8 is None and run.policy.name == "bf16"
+
+
+def test_into_a_block_format_converts_on_the_same_parameters_and_counts_from_the_switch():
+    run = prepare_run(switched("bf16", "mxfp8", "2", "max_steps=4", "log_every=1"))
+    params = [id(p) for p in run.model.parameters()]
+    assert run.blocks.section is None and run.blocks.layers == {}
+    train_loop(run, LoopHooks())
+    layer = run.model.get_submodule("3")
+    assert type(layer).__name__ == "BlockLinear" and list(run.blocks.layers) == ["3"]
+    assert run.blocks.layers["3"] is layer
+    assert [id(p) for p in run.model.parameters()] == params
+    assert any(p is layer.weight for group in run.optimizer.param_groups for p in group["params"])
+    assert run.blocks.section["steps"] == [3, 4] and run.blocks.section["name"] == "MXFP8"
+    assert [r["name"] for r in run.blocks.section["layers"] if r["converted"]] == ["3"]
+    (stats,) = run.blocks.layer_stats()
+    assert stats["input"]["samples"] == 2 * 2  # phase 2's two steps, nothing before them
+    assert run.fp8 is None and run.policy.blocks.format == "mxfp8"
+
+
+def test_into_nvfp4_seeds_the_layers_as_a_run_built_in_nvfp4():
+    """The generators and Hadamard signs made at the switch are those of an NVFP4 build of the
+    same seed: a resume after the switch restores its checkpoint's states into alike layers."""
+    built = prepare_run(tiny_run("precision=nvfp4", "max_steps=4", "seed=5"))
+    run = prepare_run(switched("bf16", "nvfp4", "2", "max_steps=4", "seed=5"))
+    rng = torch.get_rng_state()
+    run.schedule.before_step(run, 2)
+    assert torch.equal(torch.get_rng_state(), rng)  # the conversion draws no global number
+    assert [r.keys() for r in run.blocks.state_dict()["ranks"]] == [{"3"}]
+    assert [r.keys() for r in built.blocks.state_dict()["ranks"]] == [{"3"}]
+    assert_same(run.blocks.state_dict(), built.blocks.state_dict(), "generators")
+    assert torch.equal(run.blocks.layers["3"].rht_signs, built.blocks.layers["3"].rht_signs)
+
+
+def test_fp8_to_nvfp4_keeps_both_sections_with_their_steps():
+    run = prepare_run(switched("fp8", "nvfp4", "2", "max_steps=3"))
+    train_loop(run, LoopHooks())
+    assert run.fp8["steps"] == [1, 2] and run.fp8["final_layer_stats"][0]["name"] == "3"
+    assert run.blocks.section["steps"] == [3, 3] and list(run.blocks.layers) == ["3"]
+    assert run.fp8_sync.describe() == {}  # nothing for the ranks to agree on in NVFP4
+
+
+@pytest.mark.parametrize(("first", "to"), [("nvfp4", "bf16"), ("bf16", "nvfp4")])
+def test_a_checkpoint_after_the_switch_restores_the_sections_and_layers(first, to):
+    """What restore does before the states load (Switch.load_state_dict): the fresh run takes
+    phase 2's layers, and the left format's figures at the switch come from the checkpoint."""
+    done = prepare_run(switched(first, to, "2", "max_steps=3"))
+    train_loop(done, LoopHooks())
+    fresh = prepare_run(switched(first, to, "2", "max_steps=3"))
+    assert fresh.schedule.load_state_dict(fresh, done.schedule.state_dict())
+    assert layer_types(fresh) == layer_types(done)
+    assert list(fresh.blocks.layers) == list(done.blocks.layers) == ([] if to == "bf16" else ["3"])
+    assert fresh.blocks.section == done.blocks.section
+    assert ("final_layer_stats" in fresh.blocks.section) == (first == "nvfp4")
+
+
+@pytest.mark.parametrize(
+    ("first", "to", "formats"),
+    [(("precision=mxfp8",), "nvfp4", "mxfp8 to nvfp4"),
+     (("precision=fp8", "fp8.granularity=blockwise"), "mxfp8", "fp8_blockwise to mxfp8")],
+)  # fmt: skip
+def test_a_switch_between_two_block_formats_is_refused(first, to, formats):
+    cfg = tiny_run(*first, f"precision.switch.to={to}", "precision.switch.at=2", "max_steps=4")
+    with pytest.raises(ConfigError) as err:
+        prepare_run(cfg)
+    assert str(err.value) == (
+        f"precision.switch.to={to}: from {formats}: a run has one block format (one blocks "
+        "section in its report); switch between a block format (mxfp8, nvfp4, "
+        "fp8.granularity=blockwise) and fp32, bf16, fp16 or fp8 (tensorwise, rowwise)"
+    )
+
+
 def test_to_plain_linear_replaces_every_registered_format_and_draws_no_random_number():
-    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Sequential(nn.Linear(32, 16)))
+    model = nn.Sequential(
+        nn.Linear(32, 32), nn.ReLU(), nn.Sequential(nn.Linear(32, 16)), nn.Linear(16, 32)
+    )
     recipe = prepare_run(tiny_run("precision=fp8", "max_steps=1")).policy.fp8
     model[0] = Float8Linear.from_linear(model[0], recipe)
     model[2][0] = Float8Linear.from_linear(model[2][0], recipe)
-    weights = [model[0].weight, model[2][0].weight]
+    model[3] = BlockLinear.from_linear(model[3], BlockRecipe("nvfp4"), seed=1)
+    weights = [model[0].weight, model[2][0].weight, model[3].weight]
     rng = torch.get_rng_state()
-    assert to_plain_linear(model) == ["0", "2.0"]
+    assert to_plain_linear(model) == ["0", "2.0", "3"]
     assert torch.equal(torch.get_rng_state(), rng)
-    assert [type(model[0]), type(model[2][0])] == [nn.Linear, nn.Linear]
-    assert [model[0].weight, model[2][0].weight] == weights
+    assert [type(model[0]), type(model[2][0]), type(model[3])] == [nn.Linear] * 3
+    assert [model[0].weight, model[2][0].weight, model[3].weight] == weights
     assert all(issubclass(t, nn.Linear) for f in LAYER_FORMATS.values() for t in f.layer_types)
 
 
@@ -206,6 +295,32 @@ def test_report_metrics_and_terminal_name_both_phases(tmp_path, capsys):
     assert len(said) == 1 and said[0].startswith("precision: fp8 (emulated) -> bf16")
 
 
+def test_report_of_nvfp4_then_bf16_says_the_steps_of_the_block_format(tmp_path, capsys):
+    """NVIDIA's schedule, shortened: NVFP4 for 85 % of the steps, then BF16."""
+    report = train(switched("nvfp4", "bf16", "0.85", "max_steps=20", "log_every=5"), tmp_path)
+    sw = report["precision"]["switch"]
+    assert (sw["step"], sw["switched_after_step"]) == (17, 17)
+    assert (sw["from"], sw["to"]) == ("nvfp4", "bf16")
+    blocks = report["blocks"]
+    assert blocks["name"] == "NVFP4" and blocks["steps"] == [1, 17]
+    (stats,) = blocks["final_layer_stats"]  # the metrics rows of steps 5, 10 and 15
+    assert stats["name"] == "3" and stats["input"]["samples"] == 2 * 3
+    assert report["fp8"] is None and report["throughput"]["comparable"] is False
+    md = (tmp_path / "report.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| block format |"))
+    assert row.rstrip(" |").endswith("; steps 1-17")
+    assert "| 3 | input | 1x16 | 6 |" in md  # the layer table: the counts at the switch
+    rows = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["kind"] == "train"]
+    assert [(r["step"], r["precision"]) for r in rows] == [
+        (5, "nvfp4"), (10, "nvfp4"), (15, "nvfp4"), (20, "bf16")
+    ]  # fmt: skip
+    said = [line for line in capsys.readouterr().out.splitlines() if "after step 17 of 20" in line]
+    assert said == [
+        f"precision: nvfp4 (emulated) -> bf16 (autocast bfloat16, no loss scaling) after step 17 "
+        f"of 20; train loss {sw['train_loss_before']['mean']:.4f} over steps 15-17"
+    ]
+
+
 def test_a_run_stopped_before_the_switch_reports_it_not_reached(tmp_path):
     report = train(switched("bf16", "fp32", "8", "max_steps=10", "log_every=1"), tmp_path)
     assert report["precision"]["switch"]["switched_after_step"] == 8
@@ -229,29 +344,29 @@ def test_a_run_stopped_before_the_switch_reports_it_not_reached(tmp_path):
         (
             ["precision=fp8", "precision.switch.at=0.85"],
             "precision.switch.to=None: to switch at=0.85, name the precision: "
-            "fp32, fp16, bf16, fp8, fp16_noscale",
+            "fp32, fp16, bf16, fp8, mxfp8, nvfp4, fp16_noscale",
         ),
         (
             ["precision=fp8", "precision.switch.to=bf16_pure", "precision.switch.at=0.5"],
             "precision.switch.to='bf16_pure': a precision with FP32 master weights: fp32, fp16, "
-            "bf16, fp8, fp16_noscale (pure precisions keep no FP32 copy of the weights to "
-            "switch with)",
+            "bf16, fp8, mxfp8, nvfp4, fp16_noscale (pure precisions keep no FP32 copy of the "
+            "weights to switch with)",
         ),
         (
             ["precision=fp8", "precision.switch.to=auto", "precision.switch.at=0.5"],
             "precision.switch.to='auto': a precision with FP32 master weights: fp32, fp16, "
-            "bf16, fp8, fp16_noscale",
+            "bf16, fp8, mxfp8, nvfp4, fp16_noscale",
         ),
         (
             ["precision=fp16_pure", "precision.switch.to=fp16", "precision.switch.at=0.5"],
             "precision='fp16_pure': precision.switch.to=fp16 switches from a named precision "
-            "with FP32 master weights: fp32, fp16, bf16, fp8, fp16_noscale (pure precisions "
-            "keep no FP32 copy of the weights to switch with)",
+            "with FP32 master weights: fp32, fp16, bf16, fp8, mxfp8, nvfp4, fp16_noscale (pure "
+            "precisions keep no FP32 copy of the weights to switch with)",
         ),
         (
             ["precision=auto", "precision.switch.to=bf16", "precision.switch.at=0.5"],
             "precision='auto': precision.switch.to=bf16 switches from a named precision with "
-            "FP32 master weights: fp32, fp16, bf16, fp8, fp16_noscale",
+            "FP32 master weights: fp32, fp16, bf16, fp8, mxfp8, nvfp4, fp16_noscale",
         ),
         (
             ["precision=bf16-mixed", "precision.switch.to=bf16", "precision.switch.at=0.5"],
@@ -351,7 +466,17 @@ RESUMED = [
     ("fp8", "bf16", ("fp8.scaling=delayed", "model.dropout=0.2")),
     ("bf16", "fp8", ("fp8.scaling=delayed",)),
     ("bf16", "fp16", ("precision.scaler.growth_interval=3", "debug.inject_inf_grad_steps=[]")),
+    # NVFP4's stochastic-rounding generators: dropped at the switch, or made there and resumed
+    ("nvfp4", "bf16", ("model.dropout=0.2",)),
+    ("bf16", "nvfp4", ()),
+    ("nvfp4", "fp8", ("fp8.scaling=delayed",)),
 ]
+
+
+def without_counts(blocks: dict | None) -> dict | None:
+    """The blocks section less its counts: counted in buffers a checkpoint does not hold, they
+    cover the metrics rows since the run (or its resume) started."""
+    return blocks and {k: v for k, v in blocks.items() if k != "final_layer_stats"}
 
 
 @pytest.mark.slow
@@ -375,12 +500,19 @@ def test_resume_before_at_and_after_the_switch_is_bit_identical(tmp_path, first,
                 f"saved after the precision switch ({first} -> {to} after step 12): resumed in {to}"
             )
         mine, theirs = final_checkpoint(out, 24), final_checkpoint(tmp_path / "ref", 24)
-        for part in ("model", "optimizer", "scheduler", "scaler", "loop", "precision_switch"):
+        for part in ("model", "optimizer", "scheduler", "scaler", "loop", "blocks"):
             assert_same(mine[part], theirs[part], f"from step {stop}: {part}")
+        switches = mine["precision_switch"], theirs["precision_switch"]
+        if first == "nvfp4" and stop <= 12:  # NVFP4 left after the resume: counted since then
+            switches = tuple({**sw, "left": without_counts(sw["left"])} for sw in switches)
+        assert_same(*switches, f"from step {stop}: precision_switch")
         assert train_rows(out, stop) == train_rows(tmp_path / "ref", stop)
         for section in ("switch", "effective", "autocast_dtype"):
             assert report["precision"][section] == reference["precision"][section], section
         assert report["fp8"] == reference["fp8"]
+        assert without_counts(report["blocks"]) == without_counts(reference["blocks"])
+        if first == "nvfp4" and stop > 12:  # the figures at the switch, from the checkpoint
+            assert report["blocks"] == reference["blocks"]
         assert report["evaluation"] == reference["evaluation"]
         assert report["training"]["loss_scale"] == reference["training"]["loss_scale"]
 
@@ -389,26 +521,46 @@ def test_resume_before_at_and_after_the_switch_is_bit_identical(tmp_path, first,
 WORKER = Path(__file__).resolve().parents[1] / "distributed_worker.py"
 
 
+def run_two_ranks(tmp_path: Path, *overrides: str) -> tuple[list[dict], dict]:
+    """model=mlp under two Gloo ranks: each rank's final state (distributed_worker) and the
+    report."""
+    common = ("model=mlp", "device=cpu", "progress=false", "threads=1", "batch_size=16")
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+        str(WORKER), str(tmp_path), *common, *overrides,
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    return ranks, json.loads((tmp_path / "run" / "report.json").read_text())
+
+
 @pytest.mark.slow
 def test_a_switch_into_fp8_under_ddp_keeps_the_ranks_alike(tmp_path):
     """Two Gloo ranks switch BF16 -> FP8 (delayed scaling) after step 2 of 4: the FP8 state the
     ranks agree on is set up at the switch, so both hold the same weights and FP8 buffers, and
     the counters count both ranks' casts of the two FP8 steps."""
-    overrides = (
-        "model=mlp", "device=cpu", "progress=false", "threads=1", "batch_size=16",
-        "precision=bf16", "precision.switch.to=fp8", "precision.switch.at=2", "max_steps=4",
-        "fp8.scaling=delayed",
+    ranks, report = run_two_ranks(
+        tmp_path, "precision=bf16", "precision.switch.to=fp8", "precision.switch.at=2",
+        "max_steps=4", "fp8.scaling=delayed",
     )  # fmt: skip
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-        str(WORKER), str(tmp_path), *overrides,
-    ]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     for part in ("params", "buffers"):
         assert_same(ranks[0][part], ranks[1][part], part)
     assert float(ranks[0]["buffers"]["3.input_scaler.seen"]) == 2 * 2 * 16 * 256
-    report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["fp8"]["amax_reduction"].startswith("max over 2 ranks")
+    assert report["precision"]["switch"]["switched_after_step"] == 2
+
+
+@pytest.mark.slow
+def test_a_switch_into_nvfp4_under_ddp_keeps_the_ranks_alike(tmp_path):
+    """Two Gloo ranks switch BF16 -> NVFP4 after step 2 of 4: the layers made at the switch are
+    seeded alike on both ranks (Hadamard signs, generators), and the weights stay equal."""
+    ranks, report = run_two_ranks(
+        tmp_path, "precision=bf16", "precision.switch.to=nvfp4", "precision.switch.at=2",
+        "max_steps=4",
+    )  # fmt: skip
+    assert_same(ranks[0]["params"], ranks[1]["params"], "params")
+    signs = [rank["buffers"]["3.rht_signs"] for rank in ranks]
+    assert_same(*signs, "3.rht_signs")
+    assert report["blocks"]["steps"] == [3, 4]
     assert report["precision"]["switch"]["switched_after_step"] == 2

@@ -2,7 +2,7 @@
 
 For every precision :func:`mptrain.commands.bench.bench_precisions` lists for the device (FP32, BF16 where
 native, FP16, TF32 on GPUs) and every low-precision recipe (:data:`.recipes.LOW_PRECISION`: FP8
-tensorwise, rowwise, delayed, power-of-two scales; emulated and labelled where the device lacks the
+tensorwise, rowwise, delayed, power-of-two scales, blockwise; MXFP8, NVFP4; emulated and labelled where the device lacks the
 hardware) it measures, on the configured model and data, in this order:
 
 1. **pilot**: builds the run and trains a few steps, timed: what a step and a run's set-up cost
@@ -13,9 +13,11 @@ hardware) it measures, on the configured model and data, in this order:
 3. **fidelity**: ``advise.fidelity_steps`` optimizer steps per precision from the same seed (the
    same initial weights and batches) as an FP32 run; the loss trajectories are compared
    (:func:`mptrain.commands.advise.decide.fidelity_of`), skipped steps and divergence recorded.
-   With ``advise.plan``: the ``fp8`` recipe's **per-layer plan** (:mod:`.layers`, :mod:`.plan`): each eligible
-   layer's FP8 sensitivity on one batch, ranked, and the fewest layers kept in high precision
-   (``fp8.exclude``) that bring its loss within the allowance, verified by short runs.
+   With ``advise.plan``: the **per-layer plan** (:mod:`.layers`, :mod:`.sensitivity`,
+   :mod:`.plan`) for the low-precision recipe advise is likeliest to recommend: each layer it
+   converts measured for sensitivity on one batch in its own format, ranked, and the fewest
+   layers kept in high precision (its exclude key: ``fp8.exclude``, ``mx.exclude``,
+   ``nvfp4.exclude``) that bring its loss within the allowance, verified by short runs.
 4. **speed**: bench's alternating repetitions (:func:`mptrain.commands.bench.measure_reps`), in rotated
    order, ``advise.reps`` times; ratios to FP32 with their min–max (emulated FP8 is not timed).
 5. **seeds** (``advise.seeds``): the finalists of a provisional decision run their fidelity run
@@ -33,6 +35,6 @@ recommendation and the table.
 Modules: :mod:`.recipes` (the candidates as data, their commands), :mod:`.trials` (one short run,
 the budget), :mod:`.measure` (every precision within the budget), :mod:`.seeds` (the finalists'
 seeds), :mod:`.confidence` (the equivalence test, pure), :mod:`.decide` (the decision as a pure
-function), :mod:`.layers` and :mod:`.plan` (FP8's per-layer plan: measured, decided),
+function), :mod:`.layers`, :mod:`.sensitivity` and :mod:`.plan` (the per-layer plan: run, measured, decided),
 :mod:`.report` (advise.md/.json/.png), :mod:`.run` (the command).
 """

@@ -15,8 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from mptrain.precision.blocks.gemm import block_gemm_available
-
 if TYPE_CHECKING:
     pass
 
@@ -47,7 +45,7 @@ from mptrain.config.run import RunConfig
 from mptrain.models.build import config_has_convolutions
 from mptrain.precision.diagnostics.audit import audit_step
 from mptrain.precision.diagnostics.probe import range_probe
-from mptrain.precision.policy import PRECISIONS, to_model_input
+from mptrain.precision.policy import PRECISIONS, block_recipe, to_model_input
 from mptrain.train.build import prepare_run
 
 
@@ -96,9 +94,19 @@ HARDWARE: dict[str, Callable[[RunConfig, torch.device], bool]] = {
     "FP8 GEMMs": lambda cfg, device: (
         cfg.fp8.emulate is not True and bench.fp8_gemm_available(device)
     ),
-    # no real block-scaled GEMM is wired in yet: emulated (and not timed) on every device
-    "block-scaled GEMMs": lambda cfg, device: block_gemm_available(device, cfg.precision.name)[0],
+    "block-scaled GEMMs": lambda cfg, device: _real_block_gemms(cfg, device),
 }
+
+
+def _real_block_gemms(cfg: RunConfig, device: torch.device) -> bool:
+    """Whether the run of ``cfg`` would multiply its block-scaled GEMMs in hardware on
+    ``device``: the precision policy's own choice (``emulate=false`` without the kernel is
+    refused there: not timed here)."""
+    try:
+        recipe, _ = block_recipe(cfg.precision.name, device, cfg.fp8, cfg.mx, cfg.nvfp4)
+    except ConfigError:
+        return False
+    return recipe is not None and recipe.real_gemm
 
 
 def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
@@ -215,7 +223,7 @@ AUDIT_SLOWDOWN = 3.0  # a traced step (every op through a dispatch mode) against
 
 def new_numerics() -> dict[str, Any]:
     """What :func:`measure_numerics` fills: nothing measured yet."""
-    return {"probe": None, "audit": {}, "skipped": {}, "fp8": None}
+    return {"probe": None, "audit": {}, "skipped": {}, "fp8": None, "blocks": {}}
 
 
 def measure_numerics(
@@ -223,12 +231,14 @@ def measure_numerics(
 ) -> None:
     """Fill ``out`` (:func:`new_numerics`, filled part by part: an interrupt keeps what was
     done) with the FP16 range probe and the autocast audit per low-precision autocast, on FP32's
-    initial weights (a fresh seeded build; nothing trains), and FP8's layer report from its
-    pilot. Each part is estimated from the pilots first and skipped (``skipped``: part -> why)
+    initial weights (a fresh seeded build; nothing trains), and FP8's and each block-scaled
+    recipe's layer report from its pilot. Each part is estimated from the pilots first and skipped (``skipped``: part -> why)
     if it would not fit.
     """
     fp8 = next((c for c in cands if c.name == "fp8"), None)
     out["fp8"] = fp8.pilot.fp8 if fp8 and fp8.pilot else {"skipped": fp8 and fp8.skipped.get("all")}
+    # each block-scaled recipe's layer choice (its own keys: mx.*, nvfp4.*, blockwise fp8.*)
+    out["blocks"] = {c.name: c.pilot.blocks for c in cands if c.pilot and c.pilot.blocks}
     fp32 = cands[0]
     if fp32.pilot is None:
         out["skipped"]["all"] = "FP32's pilot did not run"

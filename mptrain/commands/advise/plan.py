@@ -1,10 +1,17 @@
-"""The FP8 per-layer plan as pure functions on plain data, no torch: which eligible Linear layers
-are most sensitive to FP8, and the smallest set of them to keep in high precision.
+"""The per-layer plan as pure functions on plain data, no torch: which low-precision recipe it is
+for, which eligible Linear layers are most sensitive to that recipe's format, and the smallest set
+of them to keep in high precision.
+
+The recipe (:func:`planned_recipe`): among the low-precision recipes measured, the one advise is
+likeliest to recommend once its loss is within: one whose all-layers short run ran, on the
+device's own hardware (an emulated recipe is never recommended) and then the fastest step of its
+runs, else the first in :data:`.recipes.LOW_PRECISION`'s order (the simplest). Its layers are kept
+by its own config key (:data:`EXCLUDE_KEYS`: ``fp8.exclude``, ``mx.exclude``, ``nvfp4.exclude``).
 
 What :mod:`.layers` measured on one batch from FP32's initial weights (every figure against the
 same batch in FP32): for every eligible layer the SQNR of the model's gradient (all parameters as
-one vector) with that layer **alone** in FP8 and with **all but** it in FP8, and the same with
-**none** (the rest of precision=fp8: BF16 autocast) and **all** of them in FP8. Gradient errors
+one vector) with that layer **alone** in the format and with **all but** it, and the same with
+**none** (the rest of the recipe: its autocast) and **all** of them in the format. Gradient errors
 from different layers add as powers (noise-to-signal ratios, NSR = 10^(−SQNR/10)), so a layer's
 part of the all-layers error is estimated twice — what it adds alone, NSR(alone) − NSR(none), and
 what keeping it removes, NSR(all) − NSR(all but) — and :func:`share` is their mean as a fraction
@@ -28,7 +35,27 @@ from typing import Any
 
 from mptrain.commands.advise import recipes
 
-PLANNED = "fp8"  # the recipe the plan is for: FP8 tensorwise, mptrain's default
+# The config group whose ``exclude`` keeps a layer out of each low-precision format, by the
+# precision the recipe trains with (recipes.runs); fp8-blockwise is precision=fp8: fp8.exclude.
+EXCLUDE_KEYS = {"fp8": "fp8", "mxfp8": "mx", "nvfp4": "nvfp4"}
+
+
+def exclude_key(name: str) -> str:
+    """``fp8``, ``mx`` or ``nvfp4``: the group whose ``exclude`` keeps layers of recipe ``name``
+    (a :data:`.recipes.LOW_PRECISION` name) in high precision."""
+    return EXCLUDE_KEYS[recipes.runs(name)]
+
+
+def planned_recipe(options: Sequence[dict[str, Any]]) -> str | None:
+    """The recipe the plan is for (module doc), from ``options`` in :data:`.recipes.LOW_PRECISION`
+    order, each ``{"name", "fidelity": its all-layers short run ran, "timed": on the device's
+    hardware, "step_s": its latest measured step}``; None when there is none. Ties: the earlier."""
+
+    def key(item: tuple[int, dict[str, Any]]) -> tuple[bool, bool, float, int]:
+        i, o = item
+        return (not o["fidelity"], not o["timed"], o["step_s"] if o["timed"] else 0.0, i)
+
+    return min(enumerate(options), key=key)[1]["name"] if options else None
 
 
 def nsr(sqnr_db: float) -> float:
@@ -130,29 +157,31 @@ _WORDS = ("true", "false", "null", "inf", "nan")  # plain, but read as a bool, n
 
 
 def add_command(plan: dict[str, Any], overrides: list[str]) -> None:
-    """``plan["command"]`` once a set is verified: the command that trains with the ``fp8``
-    recipe and the plan's layers kept in high precision — the user's fp8.exclude patterns and
-    the plan's in one override, in place of the user's own."""
+    """``plan["command"]`` once a set is verified: the command that trains with the plan's recipe
+    (``plan["precision"]``) and its layers kept in high precision — the user's patterns of the
+    recipe's exclude key and the plan's in one override, in place of the user's own."""
     kept = plan.get("kept")
     if kept is None:
         return
+    name = plan["precision"]
     if not kept:
-        plan["command"] = recipes.command_for(overrides, PLANNED)
+        plan["command"] = recipes.command_for(overrides, name)
         return
-    others = [o for o in overrides if not o.lstrip("+~").startswith("fp8.exclude")]
-    override = exclude_override([*plan["exclude_base"], *kept])
-    plan["command"] = f"{recipes.command_for(others, PLANNED)} {shlex.quote(override)}"
+    key = exclude_key(name)
+    others = [o for o in overrides if not o.lstrip("+~").startswith(f"{key}.exclude")]
+    override = exclude_override([*plan["exclude_base"], *kept], key)
+    plan["command"] = f"{recipes.command_for(others, name)} {shlex.quote(override)}"
 
 
-def exclude_override(patterns: Sequence[str]) -> str:
-    """``fp8.exclude=[head,blocks.0.mlp.fc]``: the override that keeps ``patterns`` (module-name
-    patterns, as fp8.exclude matches them) in high precision; a name Hydra would read as a number
-    or split is single-quoted (``'0'``)."""
+def exclude_override(patterns: Sequence[str], key: str = "fp8") -> str:
+    """``fp8.exclude=[head,blocks.0.mlp.fc]`` (``key``: fp8, mx or nvfp4): the override that
+    keeps ``patterns`` (module-name patterns, as the exclude keys match them) in high precision;
+    a name Hydra would read as a number or split is single-quoted (``'0'``)."""
     items = [
         p if _PLAIN.fullmatch(p) and p.lower() not in _WORDS else "'" + p.replace("'", "\\'") + "'"
         for p in patterns
     ]
-    return f"fp8.exclude=[{','.join(items)}]"
+    return f"{key}.exclude=[{','.join(items)}]"
 
 
 # ------------------------------------------------------------------------------ the words
@@ -184,18 +213,43 @@ def headline(plan: dict[str, Any]) -> str:
         return "**No per-layer plan verified** (why: under Not measured)"
     if not kept:
         return (
-            f"**Every eligible layer can stay in FP8** ({n} layer{'s' if n > 1 else ''}): "
+            f"**Every eligible layer can stay in {plan['label']}** ({n} layer{'s' if n > 1 else ''}): "
             "nothing to keep in high precision"
         )
     return f"**Keep {len(kept)} of {n} eligible layers in high precision: {', '.join(kept)}**"
 
 
+def _ms(step_s: float | None) -> str:
+    return "not measured" if step_s is None else f"{step_s * 1e3:.3g} ms/step"
+
+
+def speed_line(plan: dict[str, Any]) -> str | None:
+    """What keeping the plan's layers costs in speed: the step time of its verifying run beside
+    the all-layers run's and BF16's (the short runs, each once: not alternated like the speed
+    part); for an emulated recipe that it is not a speed. None before a set is verified."""
+    speed = plan.get("speed")
+    if not speed:
+        return None
+    if speed["emulated"]:
+        return f"- speed: {plan['label']} is emulated here: its step times are not a speed"
+    kept, every = speed["kept_step_s"], speed["all_layers_step_s"]
+    ratio = f" ({kept / every:.2f}× the all-layers step)" if kept and every else ""
+    bf16 = _ms(speed["bf16_step_s"]) + (f" ({speed['bf16_note']})" if speed["bf16_note"] else "")
+    return (
+        f"- speed, from the short runs (each once, not alternated): with the kept layers "
+        f"{_ms(kept)}{ratio}; every eligible layer in {plan['label']} {_ms(every)}; bf16 {bf16}"
+    )
+
+
 def evidence_lines(plan: dict[str, Any]) -> list[str]:
-    """The runs behind the plan: all layers in FP8, each verifying run, the predictions."""
+    """The runs behind the plan: all layers in the format, each verifying run, the predictions,
+    the speed of the kept set."""
     allowed = f"allowed {plan['allowed']:.1%}" if "allowed" in plan else "no allowance"
     lines = []
     if "all_layers" in plan:
-        lines.append(f"- every eligible layer in FP8: {_gap_words(plan['all_layers'])}; {allowed}")
+        lines.append(
+            f"- every eligible layer in {plan['label']}: {_gap_words(plan['all_layers'])}; {allowed}"
+        )
     predicted = plan.get("predicted") or []
     for run in plan["runs"]:
         k = len(run["kept"])
@@ -208,14 +262,14 @@ def evidence_lines(plan: dict[str, Any]) -> list[str]:
         lines.append(
             f"- verifying run keeping {', '.join(run['kept'])}: {_gap_words(run)}{guess}: {verdict}"
         )
-    return lines
+    return lines + ([line] if (line := speed_line(plan)) else [])
 
 
 TABLE_HEADERS = (
     "rank",
     "layer",
     "in × out",
-    "share of FP8's gradient error",
+    "share of the all-layers gradient error",
     "output SQNR",
     "input-grad SQNR",
     "weight-grad SQNR",
@@ -254,24 +308,26 @@ def summary_lines(plan: dict[str, Any]) -> list[str]:
 
 
 def section(plan: dict[str, Any] | None, figure: str) -> list[str]:
-    """advise.md's FP8 plan (Markdown): the headline, the command, the runs, the ranked table;
-    nothing when no layer was ranked (the reason is under Not measured)."""
+    """advise.md's per-layer plan (Markdown): the headline, the command, the runs, the ranked
+    table; nothing when no layer was ranked (the reason is under Not measured)."""
     if not plan or "ranking" not in plan:
         return []
+    label = plan["label"]
     table = [TABLE_HEADERS, ["---"] * len(TABLE_HEADERS), *table_rows(plan)]
-    lines = ["## FP8: layers kept in high precision", "", *summary_lines(plan), ""]
+    lines = [f"## {label}: layers kept in high precision", "", *summary_lines(plan), ""]
     lines += [f"| {' | '.join(cells)} |" for cells in table]
     lines += [
         "",
         f"One batch from FP32's initial weights, every figure against FP32's: each layer's own "
-        f"error with all of them in FP8 (its output and gradients from the same input), and the "
-        f"model's gradient and loss with the layer alone in FP8 or all but it (the rest under "
-        f"{plan['autocast']} autocast, as precision=fp8 runs; {plan['recipe']}). Ranked by the "
-        f"layer's share of the all-layers gradient error ({_db(plan['all']['grad_sqnr_db'])}; "
-        f"no layer in FP8: {_db(plan['none']['grad_sqnr_db'])}); kept in rank order, the "
-        f"verifying run checks what the gradient error predicts.",
+        f"error with all of them in {label} (its output and gradients from the same input), and "
+        f"the model's gradient and loss with the layer alone in {label} or all but it (the rest "
+        f"under {plan['autocast']} autocast, as {plan['precision']}'s runs; {plan['recipe']}). "
+        f"Ranked by the layer's share of the all-layers gradient error "
+        f"({_db(plan['all']['grad_sqnr_db'])}; no layer in {label}: "
+        f"{_db(plan['none']['grad_sqnr_db'])}); kept in rank order, the verifying run checks "
+        f"what the gradient error predicts.",
         "",
-        f"![per-layer FP8 sensitivity]({figure})",
+        f"![per-layer {label} sensitivity]({figure})",
         "",
     ]
     return lines
@@ -281,8 +337,9 @@ def skipped_lines(plan: dict[str, Any] | None) -> list[str]:
     """The plan's parts not measured, with why (advise.md's Not measured list)."""
     if not plan:
         return []
+    what = f"{plan['precision']} per-layer plan" if "precision" in plan else "per-layer plan"
     return [
-        f"- fp8 per-layer plan{'' if part == 'all' else ' ' + part}: {why}"
+        f"- {what}{'' if part == 'all' else ' ' + part}: {why}"
         for part, why in plan["skipped"].items()
     ]
 

@@ -1,13 +1,15 @@
 """advise's predicted speed on a named GPU (``advise.target``), beside what it measured.
 
 ``advise.target=h100`` (any name of :mod:`mptrain.platform.gpus`) predicts each candidate's
-step (each precision and FP8 recipe, and TF32) on that GPU from the model's GEMM shapes and
-memory traffic (:mod:`mptrain.precision.roofline`: a lower bound of the step's time, so an upper
-bound of its speed); ``auto`` (the default) predicts for the GPU advise runs on, and for nothing on a CPU;
+step (each precision and FP8 recipe, the block-scaled formats, and TF32) on that GPU from the
+model's GEMM shapes and memory traffic (:mod:`mptrain.precision.roofline`: a lower bound of the
+step's time, so an upper bound of its speed); a format the GPU has no kernel for (MXFP8 and
+NVFP4 before Blackwell, blockwise FP8 before Hopper) gets no prediction: it would be emulated
+there. ``auto`` (the default) predicts for the GPU advise runs on, and for nothing on a CPU;
 ``none`` turns it off. The prediction is labelled *predicted* wherever it is shown. When advise
 runs on the target GPU, each measured row gets the prediction's error ((predicted − measured) /
 measured) and its model FLOPs utilisation against the FLOP-weighted peak of the formats its
-GEMMs ran in (defined for FP8 and BF16 mixed).
+GEMMs ran in (defined for FP8, block-scaled and BF16 GEMMs mixed).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from mptrain.config.run import RunConfig
 
 ADVISE_JSON, ADVISE_MD, ADVISE_PNG = "advise.json", "advise.md", "advise.png"
-ADVISE_LAYERS_PNG = "advise_layers.png"  # FP8's per-layer map (advise.plan)
+ADVISE_LAYERS_PNG = "advise_layers.png"  # the per-layer plan's map (advise.plan)
 
 
 # ------------------------------------------------------------------------------ the record
@@ -58,11 +58,13 @@ def _row(c: Any, reference: Any) -> dict[str, Any]:
 
 
 def _numerics(numerics: dict[str, Any]) -> dict[str, Any]:
-    """The numerics worth keeping: the probe (with its layers), audit flags, the FP8 report."""
+    """The numerics worth keeping: the probe (with its layers), audit flags, the FP8 report and
+    each block-scaled recipe's."""
     return {
         "fp16_probe": numerics["probe"],
         "audit": numerics["audit"],
         "fp8": numerics["fp8"],
+        "blocks": numerics.get("blocks", {}),
         "skipped": numerics["skipped"],
     }
 
@@ -124,7 +126,7 @@ def assemble(
         "prediction": found.get("prediction"),
         "fp32_one_ulp_check": _one_ulp_check(cands),
         "numerics": _numerics(found["numerics"]),
-        "layer_plan": found["plan"],  # FP8's per-layer plan: every per-layer figure, the runs
+        "layer_plan": found["plan"],  # the per-layer plan: every per-layer figure, the runs
         "confidence": found.get("confidence"),  # advise.seeds: every seed's figures, verdicts
         "timings_s": found["timings"],
     }
@@ -146,7 +148,11 @@ HEADERS = (
 def _speed_cells(row: dict[str, Any], lm: bool) -> list[str]:
     s = row["speed"]
     if s is None:  # why: in the "Not measured" list below the table
-        return ["not timed: FP8 emulated" if row["emulated"] else "not measured (below)", "", ""]
+        return [
+            "not timed: emulated, not a speed" if row["emulated"] else "not measured (below)",
+            "",
+            "",
+        ]
     key = "tokens_per_s" if lm and "tokens_per_s" in s else "samples_per_s"
     low, high = s[f"{key}_range"]
     unit = "tokens/s" if key == "tokens_per_s" else "samples/s"
@@ -198,12 +204,16 @@ def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
         )
         ops = f"{len(flagged)} op{'' if len(flagged) == 1 else 's'} flagged"
         parts.append(f"audit: {ops}" + (f" ({', '.join(where)})" if flagged else ""))
-    fp8 = numerics["fp8"]  # the layer choice, the same for every FP8 recipe
-    if recipes.runs(name) == "fp8" and fp8 and "layers" in fp8:
-        converted = sum(layer["converted"] for layer in fp8["layers"])
+    # the layer choice: a block-scaled recipe's own; else the same for every FP8 recipe
+    section = numerics.get("blocks", {}).get(name)
+    if section is None and recipes.runs(name) == "fp8" and name != "fp8-blockwise":
+        section = numerics["fp8"]
+    if section and "layers" in section:
+        converted = sum(layer["converted"] for layer in section["layers"])
+        fmt = section.get("name", "FP8")
         parts.append(
-            f"{converted} of {len(fp8['layers'])} Linear layers in FP8, "
-            f"{fp8['converted_linear_flops_share']:.0%} of Linear FLOPs"
+            f"{converted} of {len(section['layers'])} Linear layers in {fmt}, "
+            f"{section['converted_linear_flops_share']:.0%} of Linear FLOPs"
         )
     return "; ".join(parts)
 
@@ -385,7 +395,12 @@ def write(result: dict[str, Any], output_dir: Path, budget: Budget) -> None:
     title = f"mptrain advise: {result['model']} on {result['dataset']}"
     plot_advice(curves, speeds, title, output_dir / ADVISE_PNG)
     if rows := layer_plan.figure_rows(result["layer_plan"]):
-        plot_layer_plan(rows, f"{title}: FP8 per layer", output_dir / ADVISE_LAYERS_PNG)
+        plot_layer_plan(
+            rows,
+            f"{title}: {result['layer_plan']['label']} per layer",
+            output_dir / ADVISE_LAYERS_PNG,
+            result["layer_plan"]["label"],
+        )
     result["timings_s"][REPORT] = time.perf_counter() - started  # the files: milliseconds
     result["elapsed_s"] = budget.elapsed_s()
     atomic_write_text(output_dir / ADVISE_JSON, json.dumps(clean_json(result), indent=2) + "\n")
@@ -393,10 +408,10 @@ def write(result: dict[str, Any], output_dir: Path, budget: Budget) -> None:
 
 
 def show_plan(console: Console, plan: dict[str, Any]) -> None:
-    """FP8's per-layer plan on a terminal: its headline, runs and command (the table: advise.md)."""
+    """The per-layer plan on a terminal: its headline, runs and command (the table: advise.md)."""
     for line in layer_plan.summary_lines(plan) if "ranking" in plan else []:
         if line.startswith("**"):
-            console.print(f"[bold]FP8 per layer: {escape(line.strip('*'))}[/bold]")
+            console.print(f"[bold]{plan['label']} per layer: {escape(line.strip('*'))}[/bold]")
         elif not line.startswith("```"):  # Markdown's fence: the command stands on its own line
             console.print(escape(line))
 

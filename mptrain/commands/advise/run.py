@@ -90,7 +90,7 @@ def new_findings(cands: list[Candidate], settings: AdviseConfig) -> dict[str, An
         "confidence": new_confidence(settings),
         "candidates": cands,
         "numerics": new_numerics(),
-        "plan": new_plan(),  # FP8's per-layer plan (advise.plan)
+        "plan": new_plan(),  # the per-layer plan (advise.plan)
         "timings": {},
         "interrupted": None,
         "machine_load": None,  # set once speed was measured: whether others competed for cores

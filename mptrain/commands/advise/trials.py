@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import nn
 
 if TYPE_CHECKING:
     pass
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
 from mptrain.commands import bench
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
+from mptrain.precision.blocks.linear import BlockLinear
+from mptrain.precision.formats import LAYER_FORMATS
 from mptrain.train.build import prepare_run
 from mptrain.train.loop import LoopHooks, train_loop
 
@@ -33,6 +36,16 @@ REP_MARGIN = 1.5  # a busy machine runs slower than the estimates taken a minute
 SPEED_SHARE = 0.5
 RESERVE_S = 5.0  # kept back for the report and the figure (matplotlib's import alone ~1.8 s)
 NOT_COMPARED = "not compared: the FP32 reference run did not fit"
+# The Linear layers that compute in a low-precision format of their own: every registered format's
+# (FP8's Float8Linear, ...) and the block-scaled formats' BlockLinear.
+FORMAT_LAYERS: tuple[type[nn.Module], ...] = tuple(
+    dict.fromkeys([*(t for f in LAYER_FORMATS.values() for t in f.layer_types), BlockLinear])
+)
+
+
+def format_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """``model``'s layers of :data:`FORMAT_LAYERS`, by name, in the model's order."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, FORMAT_LAYERS)}
 
 
 # ------------------------------------------------------------------------------ one short run
@@ -69,6 +82,8 @@ class Trial:
     cut_short: bool = False
     figures: dict[str, Any] = field(default_factory=dict)  # bench's figures (run_figures)
     fp8: dict[str, Any] | None = None  # the FP8 layer report, for precision=fp8
+    blocks: dict[str, Any] | None = None  # the block-scaled layer report (mxfp8, nvfp4, ...)
+    converted: int = 0  # Linear layers in a low-precision format (FORMAT_LAYERS)
 
 
 def nudge_weights(model: torch.nn.Module) -> None:
@@ -131,6 +146,8 @@ def short_run(
         cut_short=state.step < steps and run.monitor.diverged_reason is None,
         figures=bench.run_figures(run),
         fp8=run.fp8,
+        blocks=run.blocks.section,
+        converted=len(format_layers(run.model)),
     )
 
 

@@ -1,36 +1,285 @@
-"""The GEMM of two block-scaled operands, emulated: what :class:`~.linear.BlockLinear` multiplies.
+"""The GEMM of two block-scaled operands, what :class:`~.linear.BlockLinear` multiplies: torch's
+block-scaled ``torch.nn.functional.scaled_mm`` where the GPU has it (``recipe.real_gemm``), the
+emulation everywhere else. Both paths take the operands of the same quantization; only the
+matmul differs.
 
-The operands arrive dequantized in FP32 (their elements times their block scales: the values a
-block-scaled tensor-core GEMM multiplies); the product is an FP32 matmul, then cast to the
-output dtype, as a hardware GEMM accumulating in FP32 writes its output. autocast is off around
-it: torch.compile traces the backward under the forward's autocast (torch 2.14's default
-``backward_pass_autocast="same_as_forward"``), which would run this mm in BF16 (the same reason
-as :func:`mptrain.precision.fp8.linear.fp8_gemm`).
+Which (:func:`block_gemm_available`, from the device's compute capability and torch's build;
+the precision policy decides and records it, ``<key>.emulate=false`` without it is refused):
 
-Real block-scaled kernels (``torch.nn.functional.scaled_mm`` with BlockWise1x128/128x128 scales
-on SM90, BlockWise1x32/1x16 on SM100) are not wired in yet: :func:`block_gemm_available` says so
-for every device, the policy records every block-scaled run as emulated, and ``emulate=false``
-is refused with that reason.
+- blockwise FP8 (``fp8_blockwise``): Hopper, compute capability 9.x, E4M3 operands (torch's
+  DeepSeek recipe: BlockWise1x128 activations and gradients, BlockWise128x128 weights, FP32
+  scales; cuBLAS >= 12.9). torch refuses it on every other architecture, Blackwell included,
+  and refuses E5M2 (``fp8.format=hybrid`` gradients): those run emulated;
+- MXFP8 and NVFP4: Blackwell and later, compute capability >= 10.0 (BlockWise1x32 with E8M0
+  scales, BlockWise1x16 with E4M3 scales, both swizzled into cuBLAS's 128x4 tile layout:
+  :func:`to_blocked`; CUDA >= 12.8).
+
+Emulated (``a`` and ``b`` the dequantized FP32 operands): an FP32 matmul with autocast off, cast
+to the output dtype, as a hardware GEMM accumulating in FP32 writes its output. autocast is off
+because torch.compile traces the backward under the forward's autocast (torch 2.14's default
+``backward_pass_autocast="same_as_forward"``), which would run the mm in BF16 (the reason of
+:func:`mptrain.precision.fp8.linear.fp8_gemm` too).
+
+Real (``a`` and ``b`` :class:`~.blocked.BlockQuantized`, elements and scales as quantized):
+:func:`scaled_mm_call` lays them out as the kernel requires (``a`` row-major, ``b``
+column-major, scales per recipe; checked on the CPU by tests/precision/test_block_gemm.py with
+a reference that dequantizes exactly the arguments passed) and runs one ``scaled_mm`` that
+accumulates in FP32. NVFP4's per-tensor scales multiply the FP32 product afterwards (torchao's
+NVFP4 GEMM does the same). Real and emulated products differ by the FP32 summation order only
+(and, for NVFP4, where the per-tensor scale is applied); the GPU tests bound it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
+import torch.nn.functional as F
 
+from mptrain.platform import hardware
+from mptrain.precision.blocks import e2m1
+from mptrain.precision.blocks.blocked import BlockQuantized
 from mptrain.precision.blocks.recipe import BlockRecipe
+from mptrain.precision.fp8.quant import E4M3
+
+Operand = torch.Tensor | BlockQuantized
+
+# What each format's real GEMM needs, in words (the reasons say it) and as a rule on the
+# compute capability (major, minor): torch's own checks (ScaledBlas.cpp: "DeepSeek style
+# scaling only supported in CUDA for SM90"; its tests' PLATFORM_SUPPORTS_MX_GEMM: SM100 or later).
+NEEDS = {
+    "fp8_blockwise": "needs an NVIDIA Hopper GPU (compute capability 9.x)",
+    "mxfp8": "needs an NVIDIA GPU of compute capability >= 10.0 (Blackwell)",
+    "nvfp4": "needs an NVIDIA GPU of compute capability >= 10.0 (Blackwell)",
+}
+CAPABLE = {
+    "fp8_blockwise": lambda capability: capability[0] == 9,
+    "mxfp8": lambda capability: capability >= (10, 0),
+    "nvfp4": lambda capability: capability >= (10, 0),
+}
+MIN_CUDA = {"fp8_blockwise": (12, 9), "mxfp8": (12, 8), "nvfp4": (12, 8)}  # cuBLAS's first
+# Rows of the left operand are padded to this for blockwise FP8: its FP32 scales are stored
+# M-major, and cuBLAS wants their columns 16-byte aligned (torch tests only multiples of 128).
+BLOCKWISE_ROW_ALIGNMENT = 16
+# cuBLAS's swizzled block-scale layout: 128 rows x 4 scale columns per tile.
+TILE_ROWS, TILE_COLS = 128, 4
 
 
-def block_gemm(
-    a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype, recipe: BlockRecipe
-) -> torch.Tensor:
-    """``a @ b`` of two dequantized FP32 operands with FP32 accumulation, in ``out_dtype``."""
-    if recipe.real_gemm:  # the policy never sets it while no real kernel is wired in
-        raise NotImplementedError(f"{recipe.format}: no real block-scaled GEMM in this mptrain")
+def block_gemm_available(
+    device: torch.device, fmt: str, elements: torch.dtype = E4M3
+) -> tuple[bool, str]:
+    """(whether ``device`` runs ``fmt``'s GEMMs in hardware through this torch, why not): the
+    rules of the module doc, from the device's compute capability (:func:`hardware.cuda_capability`)
+    and torch's build. ``elements``: the gradients' element format (blockwise FP8 takes E4M3
+    only). The reason starts "no real <fmt> GEMM" and says what is missing."""
+    no = f"no real {fmt} GEMM"
+    if device.type != "cuda":
+        return False, f"{no} on the {device.type.upper()}: it {NEEDS[fmt]}"
+    if torch.version.cuda is None:
+        return False, f"{no}: this torch ({torch.__version__}) is not a CUDA build"
+    if not hasattr(F, "scaled_mm") or not hasattr(F, "ScalingType"):
+        return False, f"{no}: torch {torch.__version__} has no torch.nn.functional.scaled_mm"
+    cuda = tuple(int(part) for part in torch.version.cuda.split(".")[:2])
+    if cuda < MIN_CUDA[fmt]:
+        need = ".".join(map(str, MIN_CUDA[fmt]))
+        return False, f"{no}: torch is built with CUDA {torch.version.cuda}, it needs >= {need}"
+    if not torch.cuda.is_available():
+        return False, f"{no}: CUDA is not available here"
+    capability = hardware.cuda_capability(device)
+    if not CAPABLE[fmt](capability):
+        major, minor = capability
+        return False, f"{no} on compute capability {major}.{minor}: it {NEEDS[fmt]}"
+    if fmt == "fp8_blockwise" and elements != E4M3:
+        return False, (
+            f"{no} for {str(elements).replace('torch.', '')} gradients: torch's blockwise FP8 "
+            "GEMM takes E4M3 operands only (fp8.format=e4m3 runs it)"
+        )
+    return True, ""
+
+
+def block_gemm(a: Operand, b: Operand, out_dtype: torch.dtype, recipe: BlockRecipe) -> torch.Tensor:
+    """``a @ b`` (M x K times K x N) with FP32 accumulation, in ``out_dtype``. Emulated
+    (``recipe.real_gemm`` false): two dequantized FP32 tensors. Real: two
+    :class:`BlockQuantized` quantized along K, ``b`` standing for the K x N matrix (its
+    ``dequantize()``; :func:`transposed` turns an N x K one into it)."""
+    if recipe.real_gemm:
+        if not (isinstance(a, BlockQuantized) and isinstance(b, BlockQuantized)):
+            raise TypeError(f"{recipe.format}: the real GEMM takes quantized operands")
+        return scaled_gemm(a, b, out_dtype, recipe.format)
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        raise TypeError(f"{recipe.format}: the emulated GEMM takes dequantized FP32 tensors")
     with torch.autocast(a.device.type, enabled=False):
         return torch.mm(a, b).to(out_dtype)
 
 
-def block_gemm_available(device: torch.device, fmt: str) -> tuple[bool, str]:
-    """(whether ``device`` runs ``fmt``'s GEMMs in hardware here, why not). Always False for
-    now: the real kernels are not wired in (see module doc)."""
-    return False, f"no real {fmt} GEMM is wired into mptrain yet (emulated on every device)"
+def transposed(operand: Operand) -> Operand:
+    """The transpose of a 2-D operand: ``.t()`` of a tensor; a :class:`BlockQuantized` standing
+    for its dequantization's transpose (the same elements and scales, the quantized dimension
+    renamed: no copy)."""
+    if isinstance(operand, torch.Tensor):
+        return operand.t()
+    if operand.data.dim() != 2:
+        raise ValueError(f"transposed: a 2-D operand, got {operand.data.dim()}-D")
+    return replace(operand, dim=1 - operand.dim)
+
+
+def scaled_gemm(
+    a: BlockQuantized, b: BlockQuantized, out_dtype: torch.dtype, fmt: str
+) -> torch.Tensor:
+    """The real GEMM: :func:`scaled_mm_call`'s arguments through ``scaled_mm``, NVFP4's
+    per-tensor scales applied to the FP32 product, padding rows dropped, cast to ``out_dtype``."""
+    call = scaled_mm_call(a, b, out_dtype, fmt)
+    out = F.scaled_mm(
+        call.mat_a,
+        call.mat_b,
+        scale_a=call.scale_a,
+        scale_recipe_a=call.recipe_a,
+        scale_b=call.scale_b,
+        scale_recipe_b=call.recipe_b,
+        swizzle_a=call.swizzle,
+        swizzle_b=call.swizzle,
+        output_dtype=call.output_dtype,
+    )
+    if call.alpha is not None:
+        out = out * call.alpha
+    return out[: call.rows].to(out_dtype)
+
+
+@dataclass(frozen=True)
+class ScaledMMCall:
+    """The arguments of one ``torch.nn.functional.scaled_mm`` (see :func:`scaled_mm_call`):
+    ``mat_a`` (M' x K, row-major; M' >= ``rows``, zero rows past them), ``mat_b`` (K x N,
+    column-major), their scales and ``ScalingType`` recipes, the swizzle of both scales (None:
+    not swizzled), the kernel's output dtype, and ``alpha``: what multiplies the FP32 product
+    afterwards (NVFP4's two per-tensor scales), or None."""
+
+    mat_a: torch.Tensor
+    mat_b: torch.Tensor
+    scale_a: torch.Tensor
+    recipe_a: F.ScalingType
+    scale_b: torch.Tensor
+    recipe_b: F.ScalingType
+    swizzle: F.SwizzleType | None
+    output_dtype: torch.dtype
+    alpha: torch.Tensor | None
+    rows: int
+
+
+def scaled_mm_call(
+    a: BlockQuantized, b: BlockQuantized, out_dtype: torch.dtype, fmt: str
+) -> ScaledMMCall:
+    """The ``scaled_mm`` arguments of ``a @ b`` (see :func:`block_gemm`): ``a`` quantized along
+    its dimension 1 in 1-D blocks, ``b`` along K (a weight's tiles along either: transposed
+    here when needed). Pure torch (no kernel runs): the layout rules are tested on the CPU.
+    Raises ValueError for operands the kernel cannot take."""
+    if a.dim != 1 or a.block[0] != 1 or a.data.dim() != 2:
+        raise ValueError(f"{fmt} GEMM: the left operand must be 2-D, in 1-D blocks along dim 1")
+    b = _k_last(b, fmt)
+    if a.data.shape[1] != b.data.shape[1]:
+        raise ValueError(f"{fmt} GEMM: inner dimensions differ ({a.data.shape} and {b.data.shape})")
+    if fmt == "fp8_blockwise":
+        return _blockwise_call(a, b, out_dtype)
+    if fmt == "mxfp8":
+        return _mx_call(a, b, out_dtype)
+    if fmt == "nvfp4":
+        return _nvfp4_call(a, b)
+    raise ValueError(f"{fmt!r} is not a block-scaled format with a real GEMM")
+
+
+def _k_last(b: BlockQuantized, fmt: str) -> BlockQuantized:
+    """``b`` (standing for K x N) with K last in its data: as quantized when it was quantized
+    along K (``dim`` 0); a tiled weight quantized along N is transposed (its tiles, hence its
+    values, are the same either way)."""
+    if b.data.dim() != 2:
+        raise ValueError(f"{fmt} GEMM: the right operand must be 2-D")
+    if b.dim == 0:
+        return b
+    if b.block[0] == 1:
+        raise ValueError(f"{fmt} GEMM: the right operand's blocks lie along N, not K")
+    if b.data.dtype == torch.uint8:  # FP4 codes, two per byte along the last dimension
+        data = e2m1.pack(e2m1.unpack(b.data).t().contiguous())
+    else:
+        data = b.data.t().contiguous()
+    return replace(b, data=data, scale=b.scale.t().contiguous(), dim=0)
+
+
+def _gemm_out(out_dtype: torch.dtype) -> torch.dtype:
+    """The kernel's output dtype for ``out_dtype``: BF16 and FP32 directly (one rounding of the
+    FP32 sum, as the emulation), anything else through FP32."""
+    return out_dtype if out_dtype in (torch.bfloat16, torch.float32) else torch.float32
+
+
+def _blockwise_call(a: BlockQuantized, b: BlockQuantized, out_dtype: torch.dtype) -> ScaledMMCall:
+    """torch's DeepSeek recipe: ``a`` 1x128 with its (M, K/128) scales M-major (strides (1, M));
+    ``b`` 128x128 with its scales as (round_up(K/128, 4), N/128), strides (1, that) (cuBLAS's
+    K-major layout, padding ones unread), or 1x128 with (N, K/128) scales N-major."""
+    if a.data.dtype != E4M3 or b.data.dtype != E4M3:
+        raise ValueError(
+            f"blockwise FP8 GEMM: E4M3 operands only, got {a.data.dtype} and {b.data.dtype}"
+        )
+    rows = a.data.shape[0]
+    extra = -rows % BLOCKWISE_ROW_ALIGNMENT
+    mat_a, scale_a = a.data, a.scale
+    if extra:  # zero elements; scale 1 (any finite value: the elements are zero)
+        mat_a = torch.cat([mat_a, mat_a.new_zeros(extra, mat_a.shape[1])])
+        scale_a = torch.cat([scale_a, scale_a.new_ones(extra, scale_a.shape[1])])
+    if b.block[0] == 1:
+        scale_b, recipe_b = _outer_major(b.scale), F.ScalingType.BlockWise1x128
+    else:
+        k_blocks = b.scale.shape[1]
+        padded = b.scale.new_ones(b.scale.shape[0], k_blocks + -k_blocks % 4)
+        padded[:, :k_blocks] = b.scale
+        scale_b, recipe_b = padded.t(), F.ScalingType.BlockWise128x128
+    return ScaledMMCall(
+        mat_a, b.data.t(), _outer_major(scale_a), F.ScalingType.BlockWise1x128, scale_b,
+        recipe_b, None, _gemm_out(out_dtype), None, rows,
+    )  # fmt: skip
+
+
+def _outer_major(scale: torch.Tensor) -> torch.Tensor:
+    """A (rows, K/128) scale stored rows-fastest (strides (1, rows)): "outer-dim-major"."""
+    return scale.t().contiguous().t()
+
+
+def _mx_call(a: BlockQuantized, b: BlockQuantized, out_dtype: torch.dtype) -> ScaledMMCall:
+    """MXFP8: E4M3 elements, (rows, K/32) E8M0 scales swizzled (:func:`to_blocked`)."""
+    if a.data.dtype != E4M3 or b.data.dtype != E4M3:
+        raise ValueError(f"MXFP8 GEMM: E4M3 operands only, got {a.data.dtype} and {b.data.dtype}")
+    return ScaledMMCall(
+        a.data, b.data.t(), to_blocked(a.scale), F.ScalingType.BlockWise1x32,
+        to_blocked(b.scale), F.ScalingType.BlockWise1x32, F.SwizzleType.SWIZZLE_32_4_4,
+        _gemm_out(out_dtype), None, a.data.shape[0],
+    )  # fmt: skip
+
+
+def _nvfp4_call(a: BlockQuantized, b: BlockQuantized) -> ScaledMMCall:
+    """NVFP4: packed E2M1 elements, (rows, K/16) E4M3 block scales swizzled (a weight's 16x16
+    tile scales repeated down their 16 rows), FP32 output times the per-tensor scales."""
+    if a.data.dtype != torch.uint8 or b.data.dtype != torch.uint8:
+        raise ValueError(f"NVFP4 GEMM: packed E2M1 operands only, got {a.data.dtype}")
+    scales = [q.scale.repeat_interleave(q.block[0], dim=0) for q in (a, b)]
+    tensor_scales = [q.tensor_scale for q in (a, b) if q.tensor_scale is not None]
+    alpha = None
+    if tensor_scales:
+        alpha = tensor_scales[0] * tensor_scales[1] if len(tensor_scales) == 2 else tensor_scales[0]
+    fp4 = torch.float4_e2m1fn_x2
+    return ScaledMMCall(
+        a.data.view(fp4), b.data.view(fp4).t(), to_blocked(scales[0]),
+        F.ScalingType.BlockWise1x16, to_blocked(scales[1]), F.ScalingType.BlockWise1x16,
+        F.SwizzleType.SWIZZLE_32_4_4, torch.float32, alpha, a.data.shape[0],
+    )  # fmt: skip
+
+
+def to_blocked(scale: torch.Tensor) -> torch.Tensor:
+    """A (rows, cols) block-scale matrix in cuBLAS's swizzled layout (SWIZZLE_32_4_4, "1D block
+    scaling factors layout"), flattened: padded with zeros to whole tiles of 128 rows x 4
+    columns; in each tile, row r = 32 i + j (i < 4, j < 32) and column c land at
+    ``j * 16 + i * 4 + c``; tiles follow one another row of tiles by row of tiles. Equal to
+    torchao's ``mx_formats.utils.to_blocked`` (tests/precision/test_block_gemm.py)."""
+    rows, cols = scale.shape
+    row_tiles, col_tiles = -(-rows // TILE_ROWS), -(-cols // TILE_COLS)
+    padded = scale.new_zeros(row_tiles * TILE_ROWS, col_tiles * TILE_COLS)
+    padded[:rows, :cols] = scale
+    # (row tile, i, j, col tile, c) -> (row tile, col tile, j, i, c)
+    tiles = padded.view(row_tiles, 4, TILE_ROWS // 4, col_tiles, TILE_COLS)
+    return tiles.permute(0, 3, 2, 1, 4).reshape(-1)

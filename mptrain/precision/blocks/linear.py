@@ -2,11 +2,13 @@
 blockwise FP8: :mod:`.recipe`), each quantized along its own GEMM's reduction dimension, the
 backward re-quantizing the saved high-precision input and weight (torchao's ``mx_mm``, TE).
 
-The GEMM (:func:`block_gemm`) is emulated on every device: the operands are quantized and
-dequantized in FP32 (exact for MXFP8 and blockwise FP8 elements times their scales; NVFP4's
-element x (tensor scale x block scale) is rounded once to FP32) and multiplied by an FP32
-matmul with autocast off, then cast to the output dtype: the numerics of a block-scaled GEMM
-that accumulates in FP32, without its speed. Real kernels: :mod:`.gemm`.
+Each operand is quantized once per GEMM, the same way on both paths; only the matmul
+(:func:`~.gemm.block_gemm`) differs. With ``recipe.real_gemm`` (the policy sets it where the GPU
+has the kernel: :mod:`.gemm`) the quantized elements and scales go to torch's block-scaled
+``scaled_mm``; otherwise they are dequantized in FP32 (exact for MXFP8 and blockwise FP8
+elements times their scales; NVFP4's element x (tensor scale x block scale) is rounded once to
+FP32) and multiplied by an FP32 matmul with autocast off, then cast to the output dtype: the
+numerics of a block-scaled GEMM that accumulates in FP32, without its speed.
 
 Counts (:class:`~mptrain.precision.blocks.blocked.BlockStats`) cost more than the quantization,
 so a layer counts only while ``sampling`` is set (the loop sets it for its log rows: see
@@ -21,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from mptrain.precision.blocks.blocked import BlockStats
-from mptrain.precision.blocks.fake import hadamard_rows, scratch
-from mptrain.precision.blocks.gemm import block_gemm
+from mptrain.precision.blocks.blocked import BlockQuantized, BlockStats
+from mptrain.precision.blocks.fake import hadamard_, hadamard_rows, scratch
+from mptrain.precision.blocks.gemm import Operand, block_gemm, transposed
 from mptrain.precision.blocks.hadamard import rht_signs
 from mptrain.precision.blocks.recipe import (
     ROLES,
@@ -50,6 +52,44 @@ def _whole_blocks(t: torch.Tensor, multiple: int, slot: str) -> torch.Tensor:
     return out
 
 
+def _tokens_last(t: torch.Tensor, multiple: int, slot: str) -> torch.Tensor:
+    """The 2-D ``t`` (tokens x features) transposed into a contiguous FP32 tensor (the scratch
+    ``slot``), its tokens padded with zeros to a multiple of ``multiple``, in one copy: the
+    layout a real block-scaled GEMM reads dW's operands in (tokens, its K, contiguous)."""
+    tokens, features = t.shape
+    shape = (features, tokens + -tokens % multiple)
+    out = scratch(slot, shape, torch.float32, t.device)
+    out[:, :tokens].copy_(t.t())
+    out[:, tokens:].zero_()
+    return out
+
+
+def _weight_grad(layer: BlockLinear, g: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """dW = dyᵀ x, both along the tokens, padded to whole blocks (zeros add nothing to it, nor
+    to any block's amax); in FP32: the Hadamard transform is not rounded to BF16 before it is
+    quantized. Emulated: quantized where they lie (tokens x features: no transposed copy; the
+    GEMM reads dyᵀ as a view, as an FP32 Linear's backward does). Real: transposed once so that
+    the tokens are the contiguous dimension (K-major, what the kernel reads)."""
+    recipe = layer.recipe
+    if not recipe.real_gemm:
+        g_t = _whole_blocks(g, recipe.block_size, "dy_t")
+        x_t = _whole_blocks(rows, recipe.block_size, "x_t")
+        if recipe.hadamard:  # into scratch: random_hadamard_transform's bits
+            g_t = hadamard_rows(g_t, layer.rht_signs, "dy_h")
+            x_t = hadamard_rows(x_t, layer.rht_signs, "x_h")
+        g_q = layer.operand(g_t, 0, "grad", "a", True)
+        x_q = layer.operand(x_t, 0, "input", "b", True)
+        return block_gemm(g_q.t(), x_q, torch.float32, recipe)
+    g_t = _tokens_last(g, recipe.block_size, "dy_t")
+    x_t = _tokens_last(rows, recipe.block_size, "x_t")
+    if recipe.hadamard:  # in place, in their scratch: random_hadamard_transform's bits
+        hadamard_(g_t, layer.rht_signs)
+        hadamard_(x_t, layer.rht_signs)
+    g_q = layer.operand(g_t, 1, "grad", "a")
+    x_q = layer.operand(x_t, 1, "input", "b")
+    return block_gemm(g_q, transposed(x_q), torch.float32, recipe)
+
+
 class _BlockLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -64,12 +104,15 @@ class _BlockLinearFunction(torch.autograd.Function):
         tiled = layer.recipe.tiled_weight  # kept for the backward: not in scratch
         x_q = layer.operand(rows, 1, "input", "a")
         w_q = layer.operand(weight, 1, "weight", None if tiled else "b")
-        out = block_gemm(x_q, w_q.t(), out_dtype, layer.recipe)
+        out = block_gemm(x_q, transposed(w_q), out_dtype, layer.recipe)
         if bias is not None:
             out.add_(bias.to(out_dtype))  # in place: the GEMM's output is new memory
         # The high-precision tensors: the backward quantizes them along its own dimensions. A
-        # tiled weight is the same along both, so its quantization is kept instead.
-        ctx.save_for_backward(rows, weight, w_q if tiled else None)
+        # tiled weight is the same along both, so its quantization is kept instead (the real
+        # GEMM's elements and scales are not one tensor: kept on ctx).
+        emulated_tiles = w_q if tiled and isinstance(w_q, torch.Tensor) else None
+        ctx.save_for_backward(rows, weight, emulated_tiles)
+        ctx.quantized_tiles = w_q if tiled and isinstance(w_q, BlockQuantized) else None
         ctx.layer, ctx.x_shape, ctx.x_dtype = layer, x.shape, x.dtype
         ctx.has_bias = bias is not None
         return out
@@ -77,6 +120,7 @@ class _BlockLinearFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         rows, weight, w_tiles = ctx.saved_tensors
+        w_tiles = w_tiles if ctx.quantized_tiles is None else ctx.quantized_tiles
         layer: BlockLinear = ctx.layer
         recipe = layer.recipe
         g = grad_out.reshape(-1, grad_out.shape[-1])
@@ -85,19 +129,7 @@ class _BlockLinearFunction(torch.autograd.Function):
         g_q = layer.operand(g, 1, "grad", "a")
         w_q = w_tiles if w_tiles is not None else layer.operand(weight, 0, "weight", "b", True)
         grad_x = block_gemm(g_q, w_q, ctx.x_dtype, recipe)
-        # dW = dyᵀ x: both along the tokens, padded to whole blocks and quantized where they
-        # lie (tokens x features: no transposed copy; the GEMM reads dyᵀ as a view, as an FP32
-        # Linear's backward does). In FP32: the Hadamard transform is not rounded to BF16
-        # before it is quantized.
-        g_t = _whole_blocks(g, recipe.block_size, "dy_t")
-        x_t = _whole_blocks(rows, recipe.block_size, "x_t")
-        if recipe.hadamard:  # into scratch: random_hadamard_transform's bits
-            g_t = hadamard_rows(g_t, layer.rht_signs, "dy_h")
-            x_t = hadamard_rows(x_t, layer.rht_signs, "x_h")
-        g_q = layer.operand(g_t, 0, "grad", "a", True)
-        grad_w = block_gemm(
-            g_q.t(), layer.operand(x_t, 0, "input", "b", True), torch.float32, recipe
-        )
+        grad_w = _weight_grad(layer, g, rows)
         grad_b = g.float().sum(0) if ctx.has_bias else None
         return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
 
@@ -149,12 +181,14 @@ class BlockLinear(nn.Linear):
 
     def operand(
         self, t: torch.Tensor, dim: int, role: str, slot: str | None, keep_layout: bool = False
-    ) -> torch.Tensor:
-        """``t`` quantized along ``dim`` for one GEMM and dequantized to FP32: counted while
-        ``sampling`` (the quantizer's own path, new memory), else the fast path (the same bits),
-        into the scratch ``slot`` when given (:func:`mptrain.precision.blocks.fake.scratch`:
+    ) -> Operand:
+        """``t`` quantized along ``dim`` for one GEMM, counted while ``sampling``. For the real
+        GEMM the quantization itself (elements and scales); for the emulated one dequantized to
+        FP32: through the quantizer while counting (new memory), else the fast path (the same
+        bits) into the scratch ``slot`` when given (:func:`mptrain.precision.blocks.fake.scratch`:
         the GEMM reads it at once), in ``t``'s layout with ``keep_layout``."""
-        if not self.sampling:
+        real = self.recipe.real_gemm
+        if not self.sampling and not real:
             return fake_quant_operand(
                 self.recipe,
                 t,
@@ -165,10 +199,11 @@ class BlockLinear(nn.Linear):
                 keep_layout=keep_layout,
             )
         quantized = quantize_operand(
-            self.recipe, t, dim, role, generator=self.generator, stats=True
+            self.recipe, t, dim, role, generator=self.generator, stats=self.sampling
         )
-        self._count(role, quantized.stats)
-        return quantized.dequantize(torch.float32)
+        if self.sampling:
+            self._count(role, quantized.stats)
+        return quantized if real else quantized.dequantize(torch.float32)
 
     def _count(self, role: str, stats: BlockStats) -> None:
         """Add one quantization's counts (device tensors: no host read)."""

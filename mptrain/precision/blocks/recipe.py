@@ -45,9 +45,6 @@ BLOCK_SIZES = {"mxfp8": MX_BLOCK, "nvfp4": NVFP4_BLOCK, "fp8_blockwise": BLOCKWI
 ROLES = ("input", "weight", "grad")
 # The config group whose keys set each format (layer selection reasons name them).
 CONFIG_KEYS = {"mxfp8": "mx", "nvfp4": "nvfp4", "fp8_blockwise": "fp8"}
-# The NVIDIA GPUs whose tensor cores take each format's block scales: Hopper (SM90) for blockwise
-# FP8 (torch's BlockWise1x128 / BlockWise128x128 scaled_mm), Blackwell (SM100) for MX and NVFP4.
-MIN_CAPABILITY = {"mxfp8": (10, 0), "nvfp4": (10, 0), "fp8_blockwise": (9, 0)}
 
 
 @dataclass(frozen=True)
@@ -56,7 +53,7 @@ class BlockRecipe:
     Built from the ``mx``/``nvfp4``/``fp8`` config by the precision policy."""
 
     format: str  # one of BLOCK_FORMATS
-    real_gemm: bool = False  # torch's block-scaled GEMM (True) or the emulation (False)
+    real_gemm: bool = False  # torch's block-scaled scaled_mm (True) or the emulation: .gemm
     scale_rounding: str = "rceil"  # mxfp8: rceil | floor
     weight_tiles: bool = False  # nvfp4: 16x16 weight tiles; fp8_blockwise: always 128x128
     hadamard: bool = False  # nvfp4: RHT on dW's operands

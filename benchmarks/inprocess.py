@@ -1,0 +1,78 @@
+"""mptrain jobs a CPU benchmark trains in its own process, and the head of its JSON document.
+
+A job is composed from command-line overrides as ``mptrain`` composes them (Hydra's compose API,
+then ``to_run_config``) and trained by ``mptrain.train.job.train`` (build, loop, evaluations,
+report) in a temporary directory, the console silent. Used by benchmarks/contention.py,
+benchmarks/bf16_update.py and benchmarks/overhead.py; a script imports it as ``inprocess``
+(benchmarks/ is on sys.path when a script runs). mptrain, Hydra and torch are imported when a
+function is called, not on import.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+# Every job of these benchmarks: on the CPU, no progress display, a length in steps (max_steps),
+# no checkpoints (disk writes are not what they measure).
+CPU_JOB = ("device=cpu", "progress=false", "epochs=null", "checkpoint.enabled=false")
+# The small GPT (task=lm: the default GPT on the embedded text, 2 layers of width 64, 64-token
+# windows, batch 16): a language model that trains in seconds on a CPU.
+SMALL_GPT = (
+    "task=lm",
+    "model.layers=2",
+    "model.heads=2",
+    "model.width=64",
+    "model.block_size=64",
+    "batch_size=16",
+)
+
+
+def compose(*overrides: str):
+    """The RunConfig ``mptrain *overrides`` would train (ConfigError for bad input, as there)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
+    from mptrain.compose.registry import register_configs, to_run_config
+
+    register_configs()  # explicit: importing mptrain registers nothing
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
+        return to_run_config(hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides)))
+
+
+def quiet_console():
+    """A rich Console that prints nothing: the job's summary and lines stay off the table."""
+    from rich.console import Console
+
+    return Console(quiet=True)
+
+
+def train_report(*overrides: str) -> dict[str, Any]:
+    """The report (``to_dict``) of one whole job of ``overrides``, trained in a temporary
+    directory that is gone afterwards."""
+    from mptrain.train.job import train
+
+    cfg = compose(*overrides)
+    with tempfile.TemporaryDirectory() as tmp:
+        return train(cfg, Path(tmp), console=quiet_console()).to_dict()
+
+
+def cpu_document(args: dict[str, Any], started: float, **figures: Any) -> dict[str, Any]:
+    """A CPU benchmark's JSON document: the date, ``args``, the CPU and the software versions,
+    the wall time since ``started`` (a ``time.perf_counter()``), then ``figures``."""
+    import torch
+
+    from mptrain.platform.hardware import hardware_info, software_versions
+
+    return {
+        "date": dt.datetime.now().isoformat(timespec="seconds"),
+        "args": args,
+        "hardware": hardware_info(torch.device("cpu")),
+        "versions": software_versions(),
+        "wall_s": time.perf_counter() - started,
+        **figures,
+    }
