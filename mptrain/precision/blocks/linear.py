@@ -106,7 +106,7 @@ class _BlockLinearFunction(torch.autograd.Function):
         w_q = layer.operand(weight, 1, "weight", None if tiled else "b")
         out = block_gemm(x_q, transposed(w_q), out_dtype, layer.recipe)
         if bias is not None:
-            out.add_(bias.to(out_dtype))  # in place: the GEMM's output is new memory
+            out = out + bias.to(out_dtype)
         # The high-precision tensors: the backward quantizes them along its own dimensions. A
         # tiled weight is the same along both, so its quantization is kept instead (the real
         # GEMM's elements and scales are not one tensor: kept on ctx).
