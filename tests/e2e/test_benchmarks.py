@@ -965,3 +965,17 @@ def test_block_training_trains_every_format_and_pairs_it_with_fp32(tmp_path):
         assert (row["final_val_accuracy"] is not None) == (job == "classify")
     assert rows["lm", "fp32"]["step_time_vs_fp32"] == 1.0 and rows["lm", "mxfp8"]["steps"] == 8
     assert "| lm | mxfp8 (emulated) | 8 |" in doc["markdown"]
+
+
+@pytest.mark.slow
+def test_block_quant_speed_times_each_format_against_fp32(tmp_path):
+    doc = run_to_json(
+        "block_quant_speed.py", "--tokens", "128", "--shapes", "128x128,256x128", "--rounds", "1",
+        cwd=tmp_path,
+    )  # fmt: skip
+    figures = doc["figures"]
+    parts = ("step", "quantize")
+    expected = ["fp32 step", "fp32 gemm", *(f"{f} {p}" for f in ("mxfp8", "nvfp4") for p in parts)]
+    assert list(figures) == [*expected, "fp8_blockwise step", "fp8_blockwise quantize"]
+    assert all(f["cpu_ms_min"] > 0 and f["wall_ms_min"] > 0 for f in figures.values())
+    assert "| mxfp8 step |" in doc["markdown"] and len(doc["load"]) == 2

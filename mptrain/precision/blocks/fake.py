@@ -15,6 +15,17 @@ does. Stochastic rounding (NVFP4 gradients) draws the same ``torch.rand`` number
 order, as :func:`mptrain.precision.blocks.e2m1.encode` and compares them with the same exact
 fraction.
 
+The time is in the passes over the operand (each elementwise torch operation is one; on the CPU
+they are bound by memory traffic), so they are few: ``|x|`` is written once, into the buffer the
+result is returned in, and everything after it happens there in place (the blocks' amax, the
+multiplier, saturation, the rounding, the sign, the scale: ten passes for MX, against eleven
+and the casts before); a block's multiplier and scale come from a few integer passes over the
+amaxes (MX: :func:`mptrain.precision.blocks.mx.scale_factors`, no E8M0 codes, cast or boolean
+mask: a mask costs ten times an integer pass there). An operand whose quantized dimension is not
+its last can be quantized where it lies (``keep_layout``: blocks split along a middle dimension,
+the amax reduced across rows), so that no transposed copy is made: what the backward's dx and
+dW GEMMs use, reading their operands in an FP32 Linear's own layouts.
+
 Temporaries live in a per-thread scratch space (:func:`scratch`), reused from call to call:
 fresh memory costs a page fault per page, which on a CPU (a VM's above all) costs more than
 the pass that fills it. The scratch holds the largest operand quantized so far, twice or three
@@ -36,10 +47,7 @@ from mptrain.precision.blocks.blocked import INPUT_DTYPES, Blocks, element_max, 
 from mptrain.precision.blocks.blockwise import BLOCKWISE_BLOCK
 from mptrain.precision.blocks.e2m1 import E2M1, E2M1_MAX
 from mptrain.precision.blocks.hadamard import RHT_SIZE
-from mptrain.precision.blocks.mx import (
-    MX_BLOCK,
-    scale_codes,
-)
+from mptrain.precision.blocks.mx import MX_BLOCK, scale_factors
 from mptrain.precision.blocks.nvfp4 import NVFP4_BLOCK, _to_e4m3, nvfp4_tensor_scale
 from mptrain.precision.fp8.quant import E4M3, E5M2, scale_from_amax
 
@@ -47,6 +55,7 @@ _RHT_NORM = RHT_SIZE**-0.5  # 1/4, exact: hadamard.py's normalisation
 _MANTISSA_BITS = 23
 _EXPONENT_BITS = 0x7F800000
 _MAGNITUDE_BITS = 0x7FFFFFFF
+_MAGIC_CAP = 100  # the largest exponent of the rounding's power of two (module doc)
 # (mantissa bits, smallest normal exponent) of each element format.
 GRIDS = {E4M3: (3, -6), E5M2: (2, -14), E2M1: (1, 0)}
 
@@ -85,44 +94,61 @@ def round_to_grid(v: torch.Tensor, elem_dtype: torch.dtype, out: str | None = No
     """``v`` (FP32, contiguous, already clamped to the format's range; NaN stays NaN) rounded
     to nearest even on the grid of ``elem_dtype``, in FP32 (module doc), into new memory or
     the scratch slot ``out``."""
-    mantissa, emin = GRIDS[elem_dtype]
-    bits = v.view(torch.int32)
-    # 2^(e + 23 - mantissa) from v's exponent field (at least the format's smallest normal's);
-    # bit operations: a pass each, cheaper than abs() and shifts on the CPU.
-    magic = torch.bitwise_and(
-        bits, _EXPONENT_BITS, out=scratch("magic", v.shape, torch.int32, v.device)
-    )
-    magic.clamp_(min=(emin + 127) << _MANTISSA_BITS).add_((_MANTISSA_BITS - mantissa) << 23)
     rounded = _result(v, out)
-    torch.bitwise_and(bits, _MAGNITUDE_BITS, out=rounded.view(torch.int32))
-    return rounded.add_(magic.view(torch.float32)).sub_(magic.view(torch.float32)).copysign_(v)
+    torch.bitwise_and(v.view(torch.int32), _MAGNITUDE_BITS, out=rounded.view(torch.int32))
+    return round_magnitude_(rounded, elem_dtype).copysign_(v)
 
 
-def stochastic_round_e2m1(
-    v: torch.Tensor, generator: torch.Generator, out: str | None = None
-) -> torch.Tensor:
-    """``v`` (FP32, contiguous, clamped to ±6) rounded to an E2M1 neighbour at random, up with
-    probability (|v| - lower) / (upper - lower), against one ``torch.rand`` draw per element
-    from ``generator``: :func:`mptrain.precision.blocks.e2m1.encode`'s draws and comparison.
-    The spacing is 0.5 below 2, 1 below 4, 2 up to 6 (at 6 the fraction is 0: it stays)."""
-    magnitude = torch.abs(v, out=scratch("magnitude", v.shape, torch.float32, v.device))
+def round_magnitude_(a: torch.Tensor, elem_dtype: torch.dtype) -> torch.Tensor:
+    """The magnitudes ``a`` (FP32, contiguous, non-negative or NaN, at most the format's max
+    unless inf) rounded to nearest even on the grid of ``elem_dtype``, in place (module doc):
+    ``(a + c) - c``, ``c`` from ``a``'s exponent field. Returns ``a``."""
+    mantissa, emin = GRIDS[elem_dtype]
+    # 2^e from a's exponent field, e clamped to [the format's smallest normal exponent, 100]
+    # (clamping the bits clamps the field; above the format's range only inf and NaN reach the
+    # cap, and they stay themselves); c = 2^(23 - mantissa) x 2^e is exact, so add's alpha
+    # rounds nothing: two passes for c instead of three.
+    bits = (emin + 127) << _MANTISSA_BITS, (_MAGIC_CAP + 127) << _MANTISSA_BITS
+    power = torch.clamp(
+        a.view(torch.int32), *bits, out=scratch("magic", a.shape, torch.int32, a.device)
+    ).bitwise_and_(_EXPONENT_BITS)
+    c, alpha = power.view(torch.float32), 2.0 ** (_MANTISSA_BITS - mantissa)
+    return a.add_(c, alpha=alpha).sub_(c, alpha=alpha)
+
+
+def stochastic_round_e2m1_(a: torch.Tensor, draw: torch.Tensor) -> torch.Tensor:
+    """The magnitudes ``a`` (FP32, contiguous, in [0, 6] or NaN) rounded to an E2M1 neighbour
+    at random, in place: up with probability (a - lower) / (upper - lower), against ``draw``
+    (one ``torch.rand`` number per element, :func:`_draws`), as
+    :func:`mptrain.precision.blocks.e2m1.encode` compares. The spacing is 0.5 below 2, 1 below
+    4, 2 up to 6 (at 6 the fraction is 0: it stays). Returns ``a``."""
     exponent = torch.bitwise_right_shift(
-        magnitude.view(torch.int32),
-        _MANTISSA_BITS,
-        out=scratch("magic", v.shape, torch.int32, v.device),
+        a.view(torch.int32), _MANTISSA_BITS, out=scratch("magic", a.shape, torch.int32, a.device)
     )
     spacing = (
         exponent.clamp_(min=127).sub_(1).bitwise_left_shift_(_MANTISSA_BITS).view(torch.float32)
     )
-    lower = torch.div(magnitude, spacing, out=_result(v, out)).floor_().mul_(spacing)  # exact
-    fraction = magnitude.sub_(lower).div_(spacing)
+    # a / spacing is exact (spacing 1/2 below 2, 2 only from 4 up), so its fractional part is
+    # (a - lower) / spacing exactly, encode's fraction.
+    fraction = torch.div(a, spacing, out=scratch("fraction", a.shape, torch.float32, a.device))
+    lower = torch.floor(fraction, out=a)
+    fraction.sub_(lower)
+    return lower.mul_(spacing).add_(spacing.mul_(draw < fraction))
+
+
+def _draws(blocks: Blocks, generator: torch.Generator, moved: torch.Size) -> torch.Tensor:
+    """One ``torch.rand`` draw per element from ``generator``, in the order of the quantizer's
+    ``data`` layout (``moved``: the input with its quantized dimension last), as a view that
+    lines up with ``blocks.view``."""
+    view = blocks.view
     draw = torch.rand(
-        v.shape,
-        generator=generator,
-        device=v.device,
-        out=scratch("draw", v.shape, torch.float32, v.device),
-    )
-    return lower.add_(spacing.mul_(draw < fraction)).copysign_(v)
+        moved, generator=generator, device=view.device,
+        out=scratch("draw", moved, torch.float32, view.device),
+    )  # fmt: skip
+    if blocks.reduced[-1] == view.dim() - 1:  # the blocks were split in that order
+        return draw.view(view.shape)
+    # kept in place (_split's keep_layout): the quantized dimension precedes the reduced one
+    return draw.movedim(-1, blocks.reduced[0] - 1).reshape(view.shape)
 
 
 def hadamard_(t: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
@@ -130,21 +156,56 @@ def hadamard_(t: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
     contiguous ``t`` along its last dimension (a multiple of 16), in place: the same additions
     (the same bits), written into ``t`` and one scratch buffer in turn instead of new tensors
     at every butterfly stage. Returns ``t``."""
-    blocks = t.view(-1, RHT_SIZE).mul_(signs.to(t.device))
-    spare = scratch("hadamard", blocks.shape, torch.float32, t.device)
-    src, dst, half = blocks, spare, 1
-    while half < RHT_SIZE:
-        pairs, out = (b.view(-1, RHT_SIZE // (2 * half), 2, half) for b in (src, dst))
-        torch.add(pairs[..., 0, :], pairs[..., 1, :], out=out[..., 0, :])
-        torch.sub(pairs[..., 0, :], pairs[..., 1, :], out=out[..., 1, :])
-        src, dst, half = dst, src, half * 2
-    # four stages: the result is back in t
+    blocks = t.view(-1, RHT_SIZE, 1).mul_(signs.to(t.device).view(RHT_SIZE, 1))
+    _butterflies(blocks)
     return t.mul_(_RHT_NORM)
 
 
-def _split(x: torch.Tensor, dim: int, block: tuple[int, int], fmt: str) -> Blocks:
+def hadamard_rows(t: torch.Tensor, signs: torch.Tensor, out: str) -> torch.Tensor:
+    """:func:`mptrain.precision.blocks.hadamard.random_hadamard_transform` of the 2-D ``t``
+    (FP32, BF16 or FP16) along its first dimension (a multiple of 16), in FP32 into the scratch
+    slot ``out`` (``t`` is left alone): :func:`hadamard_`'s additions on blocks of 16 rows, the
+    same bits as the transform of ``t``'s transpose."""
+    rows, cols = t.shape
+    shape = (rows // RHT_SIZE, RHT_SIZE, cols)
+    result = scratch(out, shape, torch.float32, t.device)
+    torch.mul(t.reshape(shape), signs.to(t.device).view(RHT_SIZE, 1), out=result)
+    return _butterflies(result).mul_(_RHT_NORM).view(rows, cols)
+
+
+def _butterflies(blocks: torch.Tensor) -> torch.Tensor:
+    """The Walsh-Hadamard butterflies (hadamard.walsh_hadamard's additions) along the middle
+    dimension (16) of the FP32, contiguous ``blocks`` (n, 16, inner), in place: each stage
+    written into a scratch buffer and back in turn. Returns ``blocks``."""
+    n, size, inner = blocks.shape
+    spare = scratch("hadamard", blocks.shape, torch.float32, blocks.device)
+    src, dst, half = blocks, spare, 1
+    while half < size:
+        pairs, into = (b.view(n, size // (2 * half), 2, half, inner) for b in (src, dst))
+        torch.add(pairs[:, :, 0], pairs[:, :, 1], out=into[:, :, 0])
+        torch.sub(pairs[:, :, 0], pairs[:, :, 1], out=into[:, :, 1])
+        src, dst, half = dst, src, half * 2
+    return blocks  # an even number of stages (four): the result is back in blocks
+
+
+def _split(
+    x: torch.Tensor, dim: int, block: tuple[int, int], fmt: str, keep_layout: bool = False
+) -> Blocks:
     """:func:`split_input`, with the FP32 copy of a BF16 or FP16 input, or of one whose ``dim``
-    is not contiguous, made in scratch (one pass: the conversion and the transposition)."""
+    is not contiguous, made in scratch (one pass: the conversion and the transposition).
+
+    ``keep_layout`` (``(1, n)`` blocks only): the blocks are split where they lie, ``dim`` not
+    moved (the dimensions after it stay innermost; no transposition), so the result keeps
+    ``x``'s layout: ``shape`` is ``x``'s and ``dim`` its last, as if nothing had moved."""
+    if keep_layout and block[0] == 1 and x.dim() and -x.dim() <= dim < x.dim() - 1:
+        split_input(torch.empty(x.shape, dtype=x.dtype, device="meta"), dim, block, fmt)  # checks
+        dim %= x.dim()
+        if x.dtype != torch.float32 or not x.is_contiguous():
+            x = scratch("input", x.shape, torch.float32, x.device).copy_(x)
+        view = x.view(*x.shape[:dim], x.shape[dim] // block[1], block[1], -1)
+        return Blocks(view, x.shape, block, x.dim() - 1, (dim + 1,))
+    if keep_layout and block[0] > 1:
+        raise ValueError(f"{fmt}: keep_layout takes (1, n) blocks, not {block[0]}x{block[1]} tiles")
     if x.dtype in INPUT_DTYPES and x.dim() and -x.dim() <= dim < x.dim():
         moved = x.movedim(dim, -1)
         if x.dtype != torch.float32 or not moved.is_contiguous():
@@ -153,32 +214,33 @@ def _split(x: torch.Tensor, dim: int, block: tuple[int, int], fmt: str) -> Block
     return split_input(x, dim, block, fmt)
 
 
+def _magnitudes(blocks: Blocks, out: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``|x|`` of the blocks' view, in new memory or the scratch slot ``out``; each block's
+    amax, keepdim, NaN if it holds a NaN): the buffer the quantization then works in, in place,
+    to the dequantized result."""
+    view = blocks.view
+    magnitude = torch.abs(view, out=_result(view, out))
+    return magnitude, magnitude.amax(dim=blocks.reduced, keepdim=True)
+
+
 def _finish(
     blocks: Blocks,
+    magnitude: torch.Tensor,
     multiplier: torch.Tensor,
     scale: torch.Tensor,
     elem_dtype: torch.dtype,
-    out: str | None,
     saturate: bool = True,
 ) -> torch.Tensor:
-    """Scaled, saturated (unless the scales rule it out), rounded and multiplied back by
-    ``scale`` (keepdim per block): the dequantized operand in the input's layout."""
-    view = blocks.view
-    scaled = torch.mul(
-        view, multiplier, out=scratch("scaled", view.shape, torch.float32, view.device)
-    )
+    """``magnitude`` (:func:`_magnitudes`) scaled, saturated (unless the scales rule it out),
+    rounded, signed and multiplied back by ``scale`` (keepdim per block), in place: the
+    dequantized operand in the input's layout. Working on magnitudes is the same arithmetic:
+    every multiplier is positive (or NaN, zero, inf: a NaN block either way), and rounding is
+    symmetric."""
+    magnitude.mul_(multiplier)
     if saturate:
-        limit = element_max(elem_dtype)
-        scaled.clamp_(-limit, limit)
-    return _back(blocks, round_to_grid(scaled, elem_dtype, out).mul_(scale))
-
-
-def _amax(blocks: Blocks) -> torch.Tensor:
-    """:meth:`Blocks.amax`, its absolute values in scratch (the "scaled" slot, whose next use
-    overwrites them)."""
-    view = blocks.view
-    magnitudes = torch.abs(view, out=scratch("scaled", view.shape, torch.float32, view.device))
-    return magnitudes.amax(dim=blocks.reduced, keepdim=True)
+        magnitude.clamp_(max=element_max(elem_dtype))
+    rounded = round_magnitude_(magnitude, elem_dtype)
+    return _back(blocks, rounded.copysign_(blocks.view).mul_(scale))
 
 
 def _back(blocks: Blocks, values: torch.Tensor) -> torch.Tensor:
@@ -187,17 +249,23 @@ def _back(blocks: Blocks, values: torch.Tensor) -> torch.Tensor:
 
 
 def fake_mx(
-    x: torch.Tensor, dim: int, elem_dtype: torch.dtype, rounding: str, out: str | None = None
+    x: torch.Tensor,
+    dim: int,
+    elem_dtype: torch.dtype,
+    rounding: str,
+    out: str | None = None,
+    keep_layout: bool = False,
 ) -> torch.Tensor:
     """``quantize_mx(x, dim, ...).dequantize(torch.float32)``, fast (module doc); into new
-    memory, or the scratch slot ``out`` (valid until that slot's next use)."""
-    blocks = _split(x, dim, (1, MX_BLOCK), "MX")
-    amax = _amax(blocks)
-    codes, multiplier = scale_codes(amax, elem_dtype, rounding)
+    memory, or the scratch slot ``out`` (valid until that slot's next use; not ``x``'s); in
+    ``x``'s layout (contiguous) with ``keep_layout`` (:func:`_split`), else in the
+    dequantization's."""
+    blocks = _split(x, dim, (1, MX_BLOCK), "MX", keep_layout)
+    magnitude, amax = _magnitudes(blocks, out)
+    multiplier, scale = scale_factors(amax, elem_dtype, rounding)
     # rceil's scale is at least amax / max: no finite element saturates. An inf one rounds to
     # inf here and to max x 2^127 there, which is inf in FP32 too.
-    scale = codes.view(torch.float8_e8m0fnu).float()
-    return _finish(blocks, multiplier, scale, elem_dtype, out, saturate=rounding == "floor")
+    return _finish(blocks, magnitude, multiplier, scale, elem_dtype, saturate=rounding == "floor")
 
 
 def fake_nvfp4(
@@ -206,33 +274,39 @@ def fake_nvfp4(
     tile_2d: bool,
     generator: torch.Generator | None,
     out: str | None = None,
+    keep_layout: bool = False,
 ) -> torch.Tensor:
     """``quantize_nvfp4(x, dim, tile_2d=..., generator=...).dequantize(torch.float32)`` (with
-    the per-tensor scale), fast (module doc); into new memory or the scratch slot ``out``."""
+    the per-tensor scale), fast (module doc); into new memory or the scratch slot ``out``
+    (not ``x``'s); ``keep_layout`` as :func:`fake_mx`'s."""
     block = (NVFP4_BLOCK, NVFP4_BLOCK) if tile_2d else (1, NVFP4_BLOCK)
-    blocks = _split(x, dim, block, "NVFP4")
-    amax = _amax(blocks)
+    blocks = _split(x, dim, block, "NVFP4", keep_layout)
+    magnitude, amax = _magnitudes(blocks, out)
     tensor_scale = nvfp4_tensor_scale(amax.amax())
     scale_e4m3 = _to_e4m3(amax / torch.full_like(amax, E2M1_MAX) / tensor_scale).float()
     multiplier = tensor_scale.reciprocal() / scale_e4m3
-    view = blocks.view
-    scaled = torch.mul(
-        view, multiplier, out=scratch("scaled", view.shape, torch.float32, view.device)
-    )
-    scaled.clamp_(-E2M1_MAX, E2M1_MAX)
+    magnitude.mul_(multiplier).clamp_(max=E2M1_MAX)
     if generator is None:
-        rounded = round_to_grid(scaled, E2M1, out)
+        rounded = round_magnitude_(magnitude, E2M1)
     else:
-        rounded = stochastic_round_e2m1(scaled, generator, out)
-    return _back(blocks, rounded.mul_(tensor_scale * scale_e4m3))
+        moved = x.movedim(dim, -1).shape
+        rounded = stochastic_round_e2m1_(magnitude, _draws(blocks, generator, moved))
+    return _back(blocks, rounded.copysign_(blocks.view).mul_(tensor_scale * scale_e4m3))
 
 
 def fake_blockwise(
-    x: torch.Tensor, dim: int, tile_2d: bool, elem_dtype: torch.dtype, out: str | None = None
+    x: torch.Tensor,
+    dim: int,
+    tile_2d: bool,
+    elem_dtype: torch.dtype,
+    out: str | None = None,
+    keep_layout: bool = False,
 ) -> torch.Tensor:
     """``quantize_blockwise(x, dim, ...).dequantize(torch.float32)``, fast (module doc); into
-    new memory or the scratch slot ``out``."""
+    new memory or the scratch slot ``out`` (not ``x``'s); ``keep_layout`` as
+    :func:`fake_mx`'s."""
     block = (BLOCKWISE_BLOCK, BLOCKWISE_BLOCK) if tile_2d else (1, BLOCKWISE_BLOCK)
-    blocks = _split(x, dim, block, "blockwise FP8")
-    scale = scale_from_amax(_amax(blocks), elem_dtype)
-    return _finish(blocks, scale, scale.reciprocal(), elem_dtype, out)
+    blocks = _split(x, dim, block, "blockwise FP8", keep_layout)
+    magnitude, amax = _magnitudes(blocks, out)
+    scale = scale_from_amax(amax, elem_dtype)
+    return _finish(blocks, magnitude, scale, scale.reciprocal(), elem_dtype)

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from mptrain.precision.blocks.blocked import BlockQuantized, BlockStats
-from mptrain.precision.blocks.fake import hadamard_, scratch
+from mptrain.precision.blocks.fake import hadamard_, hadamard_rows, scratch
 from mptrain.precision.blocks.gemm import Operand, block_gemm, transposed
 from mptrain.precision.blocks.hadamard import rht_signs
 from mptrain.precision.blocks.recipe import (
@@ -39,17 +39,55 @@ COUNTS = ("saturated", "underflows", "zero_blocks", "nonfinite_blocks")
 SHAPES = ("elements", "blocks")
 
 
+def _whole_blocks(t: torch.Tensor, multiple: int, slot: str) -> torch.Tensor:
+    """The 2-D ``t`` (tokens x features) with its tokens padded with zeros to a multiple of
+    ``multiple`` (a copy in the scratch ``slot``, FP32), or ``t`` itself when they need none:
+    dW = dyᵀ x reduces over the tokens (zeros add nothing to it, nor to any block's amax)."""
+    tokens, features = t.shape
+    if not tokens % multiple:
+        return t
+    out = scratch(slot, (tokens + -tokens % multiple, features), torch.float32, t.device)
+    out[:tokens].copy_(t)
+    out[tokens:].zero_()
+    return out
+
+
 def _tokens_last(t: torch.Tensor, multiple: int, slot: str) -> torch.Tensor:
     """The 2-D ``t`` (tokens x features) transposed into a contiguous FP32 tensor (the scratch
-    ``slot``), its tokens padded with zeros to a multiple of ``multiple``, in one copy:
-    dW = dyᵀ x reduces over the tokens (zeros add nothing to it, nor to any block's amax), and
-    its operands are quantized along them."""
+    ``slot``), its tokens padded with zeros to a multiple of ``multiple``, in one copy: the
+    layout a real block-scaled GEMM reads dW's operands in (tokens, its K, contiguous)."""
     tokens, features = t.shape
     shape = (features, tokens + -tokens % multiple)
     out = scratch(slot, shape, torch.float32, t.device)
     out[:, :tokens].copy_(t.t())
     out[:, tokens:].zero_()
     return out
+
+
+def _weight_grad(layer: BlockLinear, g: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """dW = dyᵀ x, both along the tokens, padded to whole blocks (zeros add nothing to it, nor
+    to any block's amax); in FP32: the Hadamard transform is not rounded to BF16 before it is
+    quantized. Emulated: quantized where they lie (tokens x features: no transposed copy; the
+    GEMM reads dyᵀ as a view, as an FP32 Linear's backward does). Real: transposed once so that
+    the tokens are the contiguous dimension (K-major, what the kernel reads)."""
+    recipe = layer.recipe
+    if not recipe.real_gemm:
+        g_t = _whole_blocks(g, recipe.block_size, "dy_t")
+        x_t = _whole_blocks(rows, recipe.block_size, "x_t")
+        if recipe.hadamard:  # into scratch: random_hadamard_transform's bits
+            g_t = hadamard_rows(g_t, layer.rht_signs, "dy_h")
+            x_t = hadamard_rows(x_t, layer.rht_signs, "x_h")
+        g_q = layer.operand(g_t, 0, "grad", "a", True)
+        x_q = layer.operand(x_t, 0, "input", "b", True)
+        return block_gemm(g_q.t(), x_q, torch.float32, recipe)
+    g_t = _tokens_last(g, recipe.block_size, "dy_t")
+    x_t = _tokens_last(rows, recipe.block_size, "x_t")
+    if recipe.hadamard:  # in place, in their scratch: random_hadamard_transform's bits
+        hadamard_(g_t, layer.rht_signs)
+        hadamard_(x_t, layer.rht_signs)
+    g_q = layer.operand(g_t, 1, "grad", "a")
+    x_q = layer.operand(x_t, 1, "input", "b")
+    return block_gemm(g_q, transposed(x_q), torch.float32, recipe)
 
 
 class _BlockLinearFunction(torch.autograd.Function):
@@ -86,22 +124,12 @@ class _BlockLinearFunction(torch.autograd.Function):
         layer: BlockLinear = ctx.layer
         recipe = layer.recipe
         g = grad_out.reshape(-1, grad_out.shape[-1])
-        # dx = dy W: both along out_features.
+        # dx = dy W: both along out_features, the weight quantized where it lies (row-major,
+        # as an FP32 Linear's backward reads it: no transposed copy).
         g_q = layer.operand(g, 1, "grad", "a")
-        w_q = w_tiles if w_tiles is not None else layer.operand(weight, 0, "weight", "b")
+        w_q = w_tiles if w_tiles is not None else layer.operand(weight, 0, "weight", "b", True)
         grad_x = block_gemm(g_q, w_q, ctx.x_dtype, recipe)
-        # dW = dyᵀ x: both along the tokens, padded to whole blocks, transposed once so that
-        # the tokens are the contiguous dimension (the transform and the quantization read
-        # them in place; the GEMM gets torchao's layouts: dyᵀ row-major, x column-major). In
-        # FP32: the Hadamard transform is not rounded to BF16 before it is quantized.
-        g_t = _tokens_last(g, recipe.block_size, "dy_t")
-        x_t = _tokens_last(rows, recipe.block_size, "x_t")
-        if recipe.hadamard:  # in place, in their scratch: random_hadamard_transform's bits
-            hadamard_(g_t, layer.rht_signs)
-            hadamard_(x_t, layer.rht_signs)
-        g_q = layer.operand(g_t, 1, "grad", "a")
-        x_q = layer.operand(x_t, 1, "input", "b")
-        grad_w = block_gemm(g_q, transposed(x_q), torch.float32, recipe)
+        grad_w = _weight_grad(layer, g, rows)
         grad_b = g.float().sum(0) if ctx.has_bias else None
         return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
 
@@ -151,15 +179,25 @@ class BlockLinear(nn.Linear):
         new._seed(seed, linear.weight.device)
         return new
 
-    def operand(self, t: torch.Tensor, dim: int, role: str, slot: str | None) -> Operand:
+    def operand(
+        self, t: torch.Tensor, dim: int, role: str, slot: str | None, keep_layout: bool = False
+    ) -> Operand:
         """``t`` quantized along ``dim`` for one GEMM, counted while ``sampling``. For the real
         GEMM the quantization itself (elements and scales); for the emulated one dequantized to
         FP32: through the quantizer while counting (new memory), else the fast path (the same
         bits) into the scratch ``slot`` when given (:func:`mptrain.precision.blocks.fake.scratch`:
-        the GEMM reads it at once)."""
+        the GEMM reads it at once), in ``t``'s layout with ``keep_layout``."""
         real = self.recipe.real_gemm
         if not self.sampling and not real:
-            return fake_quant_operand(self.recipe, t, dim, role, generator=self.generator, out=slot)
+            return fake_quant_operand(
+                self.recipe,
+                t,
+                dim,
+                role,
+                generator=self.generator,
+                out=slot,
+                keep_layout=keep_layout,
+            )
         quantized = quantize_operand(
             self.recipe, t, dim, role, generator=self.generator, stats=self.sampling
         )

@@ -62,6 +62,15 @@ E8M0_NAN = 255
 E8M0_MAX = 254  # 2^127
 _FP32_MANTISSA_BITS = 23
 _FP32_SMALLEST_NORMAL = 2.0**-126
+_FP32_SMALLEST_NORMAL_BITS = 1 << _FP32_MANTISSA_BITS
+_MANTISSA_MASK = (1 << _FP32_MANTISSA_BITS) - 1
+_EXPONENT_BITS = 0x7F800000
+# E8M0's smallest and largest values as FP32 bits: 2^-127 (an FP32 subnormal) and 2^127.
+_E8M0_SMALLEST = 2.0**-127
+_E8M0_SMALLEST_BITS = 1 << (_FP32_MANTISSA_BITS - 1)
+_E8M0_LARGEST_BITS = E8M0_MAX << _FP32_MANTISSA_BITS
+# 2^127's bits minus 1.0's: what turns rceil's reciprocal of 2^-127 into 1 (code 0)
+_CODE0_MULTIPLIER_BITS = 0x7F000000 - 0x3F800000
 
 
 def quantize_mx(
@@ -115,6 +124,36 @@ def scale_codes(
     codes = rceil_codes(amax, element_max(elem_dtype))
     multiplier = torch.where(codes == 0, 1.0, code_value(codes).reciprocal())
     return codes, torch.where(codes == E8M0_NAN, torch.nan, multiplier)
+
+
+def scale_factors(
+    amax: torch.Tensor, elem_dtype: torch.dtype, rounding: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the multiplier of :func:`scale_codes`, the value its code stands for in E8M0: code 0
+    2^-127), both FP32, of blocks with the FP32 amaxes ``amax``; a NaN block gets NaN for both
+    (its dequantized elements are NaN either way). What the fast fake quantization multiplies
+    by: the same values computed from FP32 bits, without the uint8 codes, the E8M0 cast or any
+    boolean mask (a few integer passes over the amaxes: masks cost ten times more on the CPU)."""
+    if rounding == "floor":
+        # floor_codes's code as FP32 bits: amax's exponent field minus emax (code 0 at or below
+        # zero, where the E8M0 value is 2^-127 and torchao's divisor 2^-126)
+        bits = (amax.view(torch.int32) & _EXPONENT_BITS) - (ELEMENT_EMAX[elem_dtype] << 23)
+        multiplier = bits.clamp(min=_FP32_SMALLEST_NORMAL_BITS).view(torch.float32).reciprocal()
+        scale = bits.clamp_(min=_E8M0_SMALLEST_BITS).view(torch.float32)
+    else:
+        # rceil_codes's code: amax / max rounded up to a power of two, clamped to [2^-127,
+        # 2^127]; adding an all-ones mantissa carries into the exponent unless it is zero.
+        descale = amax / torch.full_like(amax, element_max(elem_dtype))
+        bits = descale.view(torch.int32).clamp(_E8M0_SMALLEST_BITS, _E8M0_LARGEST_BITS)
+        # code 0 (descale at most 2^-127): 1 there, else 0
+        code0 = bits.clamp(max=_E8M0_SMALLEST_BITS + 1).neg_().add_(_E8M0_SMALLEST_BITS + 1)
+        bits.add_(_MANTISSA_MASK).bitwise_and_(_EXPONENT_BITS)  # 2^-126 for code 0: halved
+        scale = bits.sub_(code0.bitwise_left_shift(_FP32_MANTISSA_BITS - 1)).view(torch.float32)
+        multiplier = scale.reciprocal()  # 2^127 for code 0, where it multiplies by 1
+        multiplier.view(torch.int32).sub_(code0.mul_(_CODE0_MULTIPLIER_BITS))
+    # NaN (amax NaN) into both: maximum propagates it and leaves the rest (all at least 2^-127)
+    nan = amax.clamp(max=_E8M0_SMALLEST)
+    return torch.maximum(multiplier, nan), torch.maximum(scale, nan)
 
 
 def floor_codes(amax: torch.Tensor, emax: int) -> torch.Tensor:

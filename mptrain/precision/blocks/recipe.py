@@ -140,16 +140,19 @@ def fake_quant_operand(
     *,
     generator: torch.Generator | None = None,
     out: str | None = None,
+    keep_layout: bool = False,
 ) -> torch.Tensor:
     """``quantize_operand(recipe, t, dim, role, generator=generator).dequantize(torch.float32)``,
     the same bits, computed without leaving FP32 (:mod:`.fake`): what an emulated GEMM reads.
-    ``out``: a scratch slot to write it into (valid until the slot's next use), else new memory."""
+    ``out``: a scratch slot to write it into (valid until the slot's next use), else new memory;
+    ``keep_layout``: in ``t``'s layout, ``dim`` quantized where it lies (no transposition; not
+    for a tiled weight)."""
     fmt = recipe.format
     if fmt == "mxfp8":
-        return fake.fake_mx(t, dim, E4M3, recipe.scale_rounding, out)
+        return fake.fake_mx(t, dim, E4M3, recipe.scale_rounding, out, keep_layout)
     tiled = role == "weight" and recipe.tiled_weight
     if fmt == "nvfp4":
         sr = generator if role == "grad" and recipe.stochastic_rounding else None
-        return fake.fake_nvfp4(t, dim, tiled, sr, out)
+        return fake.fake_nvfp4(t, dim, tiled, sr, out, keep_layout)
     elem = recipe.grad_dtype if role == "grad" else E4M3
-    return fake.fake_blockwise(t, dim, tiled, elem, out)
+    return fake.fake_blockwise(t, dim, tiled, elem, out, keep_layout)
