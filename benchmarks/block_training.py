@@ -40,10 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsondoc import error_text, write_json  # benchmarks/ is on sys.path when this script runs
+from inprocess import compose  # benchmarks/ is on sys.path when this script runs
+from jsondoc import error_text, write_json
 
-from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-from mptrain.compose.registry import register_configs, to_run_config
 from mptrain.platform.hardware import hardware_info, software_versions
 
 CPU = torch.device("cpu")
@@ -61,15 +60,6 @@ COMMON = (
     "checkpoint.enabled=false",
     "throughput_warmup_steps=5",
 )
-
-
-def compose(*overrides: str):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-
-    register_configs()  # explicit: importing mptrain registers nothing
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-        return to_run_config(hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides)))
 
 
 def job_overrides(job: str, args: argparse.Namespace) -> tuple[str, ...]:
