@@ -540,7 +540,12 @@ def test_a_budget_too_small_to_measure_says_so_and_how_long_it_took(tmp_path, mo
     assert "**No recommendation**" in markdown and "Train with it" not in markdown
     assert "- nothing measured within the budget; raise advise.budget_s" in markdown
     assert {trials.START_UP, trials.REPORT} <= set(data["timings_s"])
-    assert f"Time: {data['elapsed_s']:.1f} s of a 5 s budget" in markdown
+    # start-up and the report are fixed costs no budget cuts: on a loaded machine they overrun it
+    took, over = data["elapsed_s"], data["elapsed_s"] - 5
+    if over > 0:
+        assert f"Time: {took:.1f} s against a 5 s budget: {over:.1f} s over" in markdown
+    else:
+        assert f"Time: {took:.1f} s of a 5 s budget" in markdown
     assert "Fixed costs in it, which no budget cuts: start-up (config, imports)" in markdown
 
 
