@@ -150,6 +150,15 @@ def format_of(policy: PrecisionPolicy) -> str | None:
     return name if name in LAYER_FORMATS else None
 
 
+def layer_format(precision: str, granularity: str | None = None) -> str | None:
+    """:func:`format_of` from names alone, before any policy is resolved (the roofline's
+    accounting): the key of :data:`LAYER_FORMATS` precision ``precision`` computes its Linear
+    layers in, FP8 scaled per ``granularity`` (``blockwise``: fp8_blockwise); None for a
+    precision of plain nn.Linear layers (tf32 included)."""
+    name = "fp8_blockwise" if precision == "fp8" and granularity == "blockwise" else precision
+    return name if name in LAYER_FORMATS else None
+
+
 def convert_layers(
     model: nn.Module,
     policy: PrecisionPolicy,

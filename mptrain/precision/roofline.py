@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import torch
 
 from mptrain.platform.gpus import GPU, mixed_peak_flops
+from mptrain.precision import formats
 from mptrain.precision.gemms import ATTENTION, LINEAR, Accounting, Gemm
 from mptrain.precision.policy import PRECISIONS
 
@@ -51,7 +52,7 @@ FORMAT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 FORMAT_BYTES.update(fp8_blockwise=1, mxfp8=1, nvfp4=0.5)  # NVFP4: two E2M1 codes a byte
 RESULT_BYTES = {**FORMAT_BYTES, "fp8": 2, "fp8_blockwise": 2, "mxfp8": 2, "nvfp4": 2}
 # The formats a precision converts Linears to (the rest of its GEMMs run in its GEMM format).
-LAYER_FORMATS = ("fp8", "fp8_blockwise", "mxfp8", "nvfp4")
+LAYER_FORMATS = tuple(formats.LAYER_FORMATS)
 # Block scales, bytes per element: (a 1-D block along the reduction dimension, a 2-D weight
 # tile), and bytes per tensor. MXFP8: one E8M0 byte per 32; NVFP4: one E4M3 byte per 16 (16x16
 # weight tiles: per 256) and an FP32 scale per tensor; blockwise FP8: an FP32 scale per 1x128
@@ -119,14 +120,14 @@ def recipe_for(
     if spec is None:
         raise ValueError(f"precision {precision!r}: one of tf32, {', '.join(PRECISIONS)}")
     low = spec.autocast_dtype or (None if spec.param_dtype == torch.float32 else spec.param_dtype)
-    fmt = "fp8_blockwise" if precision == "fp8" and granularity == "blockwise" else precision
+    fmt = formats.layer_format(precision, granularity)
     return Recipe(
         precision=precision,
         gemm_format=_LOW_FORMAT[low],
         autocast=spec.autocast_dtype,
         param_dtype=spec.param_dtype,
-        layers=frozenset(layers) if fmt in LAYER_FORMATS else frozenset(),
-        layer_format=fmt if fmt in LAYER_FORMATS else "fp8",
+        layers=frozenset(layers) if fmt is not None else frozenset(),
+        layer_format=fmt or "fp8",
         rowwise=precision == "fp8" and granularity == "rowwise",
         loss_scaling=spec.loss_scaling,
         weight_tiles=precision == "nvfp4" and weight_tiles,

@@ -27,7 +27,8 @@ from mptrain.data.build import build_data
 from mptrain.models.build import build_model
 from mptrain.platform.gpus import GPU, mixed_peak_flops
 from mptrain.precision.blocks.convert import layer_rules
-from mptrain.precision.blocks.recipe import BlockRecipe
+from mptrain.precision.blocks.recipe import CONFIG_KEYS, BlockRecipe
+from mptrain.precision.formats import layer_format
 from mptrain.precision.fp8.convert import choose_layers, skip_summary
 from mptrain.precision.gemms import SAMPLES, Accounting, account
 from mptrain.precision.roofline import (
@@ -97,16 +98,8 @@ def meta_sample(shape: DataShape) -> torch.Tensor:
     return torch.zeros(size, device="meta")
 
 
-def layer_format(precision: str, granularity: str) -> str | None:
-    """The format ``precision`` converts Linears to (``fp8`` scaled by ``granularity``:
-    ``fp8_blockwise`` when blockwise), or None for a precision that converts none."""
-    if precision == "fp8":
-        return "fp8_blockwise" if granularity == "blockwise" else "fp8"
-    return precision if precision in ("mxfp8", "nvfp4") else None
-
-
 def converted_layer_names(model: nn.Module, cfg: RunConfig, fmt: str) -> list[str]:
-    """The Linears the run would convert to ``fmt`` (a :func:`layer_format`) in ``model``, by
+    """The Linears the run would convert to ``fmt`` (a :func:`~mptrain.precision.formats.layer_format`) in ``model``, by
     the format's layer rules and config keys; ValueError, as the run's ConfigError says, when
     there are none."""
     if fmt == "fp8":
@@ -125,7 +118,7 @@ def converted_layer_names(model: nn.Module, cfg: RunConfig, fmt: str) -> list[st
 
 def _block_choices(model: nn.Module, cfg: RunConfig, fmt: str) -> list[LayerChoice]:
     """The layer choice of a block-scaled format: the rules apply_blocks applies at run time."""
-    keys = {"fp8_blockwise": cfg.fp8, "mxfp8": cfg.mx, "nvfp4": cfg.nvfp4}[fmt]
+    keys = getattr(cfg, CONFIG_KEYS[fmt])  # the config group whose keys choose its layers
     tail = cfg.nvfp4.keep_last_fraction if fmt == "nvfp4" else 0.0
     recipe = BlockRecipe(fmt, keep_last_fraction=tail, min_features=keys.min_features)
     rules = layer_rules(recipe, list(keys.include), list(keys.exclude), keys.keep_first_last)
