@@ -256,12 +256,9 @@ def _restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict[
     scheduler._last_lr = [group["lr"] for group in groups]
 
 
-# The config groups one precision alone reads, and whether a run's policy reads each.
-PRECISION_GROUPS: dict[str, Callable[[PrecisionPolicy], bool]] = {
-    "fp8": lambda policy: policy.fp8 is not None,
-    "mx": lambda policy: policy.name == "mxfp8",
-    "nvfp4": lambda policy: policy.name == "nvfp4",
-}
+# The config groups one precision alone reads, and the precision that reads each (fp8.* serves
+# tensorwise, rowwise and blockwise FP8 alike).
+PRECISION_GROUPS = {"fp8": "fp8", "mx": "mxfp8", "nvfp4": "nvfp4"}
 
 
 def run_signature(
@@ -282,13 +279,10 @@ def run_signature(
     # the comparison policy leaves it out).
     signature: dict[str, Any] = {"precision": policy.name, "seed": cfg.seed}
     switch_to = cfg.precision.switch.to
+    ran = {policy.name, switch_to}  # the precisions of both phases of a schedule
     for key, value in settings.items():
         group = key.partition(".")[0]
-        unused = (
-            group in PRECISION_GROUPS
-            and not PRECISION_GROUPS[group](policy)
-            and not (group == "fp8" and switch_to == "fp8")
-        )
+        unused = group in PRECISION_GROUPS and PRECISION_GROUPS[group] not in ran
         # a run without a switch signs what a run signed before schedules existed
         no_switch = key.startswith("precision.switch.") and switch_to is None
         # distributed.*: how the work is spread; a change of world size or strategy is resumed

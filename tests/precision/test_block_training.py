@@ -499,6 +499,11 @@ def test_only_the_runs_format_keys_are_in_its_resume_signature():
     cfg = tiny_run("precision=bf16")
     keys = run_signature(cfg, resolve_precision(cfg.precision, CPU))
     assert not any(k.startswith(("mx.", "nvfp4.", "fp8.")) for k in keys)
+    # a schedule into a block format signs that format's keys too: its second phase reads them
+    for to, own in (("nvfp4", "nvfp4."), ("mxfp8", "mx.")):
+        cfg = tiny_run("precision=bf16", f"precision.switch.to={to}", "precision.switch.at=0.5")
+        keys = run_signature(cfg, resolve_precision(cfg.precision, CPU))
+        assert any(k.startswith(own) for k in keys), to
 
 
 # ----------------------------------------------------------------------------- 6. runs
