@@ -120,11 +120,12 @@ class NoFigure:
 
 
 def run_command(
-    cwd: Path, *command: str, timeout: float = SUBPROCESS_TIMEOUT_S
+    cwd: Path, *command: str, timeout: float = SUBPROCESS_TIMEOUT_S, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Run a command in ``cwd``; no HYDRA_FULL_ERROR (tracebacks) and no inherited terminal size."""
+    """Run a command in ``cwd``; no HYDRA_FULL_ERROR (tracebacks) and no inherited terminal size;
+    ``env``: variables set on top of this process's environment."""
     drop = ("HYDRA_FULL_ERROR", "COLUMNS", "LINES")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env = {k: v for k, v in os.environ.items() if k not in drop} | (env or {})
     return subprocess.run(
         list(command),
         cwd=cwd,
@@ -145,6 +146,33 @@ def run_mptrain(
 
 def describe(result: subprocess.CompletedProcess) -> str:
     return f"exit {result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+@contextlib.contextmanager
+def restored_tf32():
+    """Put torch's process-wide TF32 flags (legacy and ``fp32_precision`` APIs) back as they were
+    on entry, and check that they read so: a run with ``precision.allow_tf32=true`` sets them for
+    the whole process."""
+    cuda, cudnn = torch.backends.cuda.matmul, torch.backends.cudnn
+    legacy = (cuda.allow_tf32, cudnn.allow_tf32)
+    modern = hasattr(cuda, "fp32_precision")
+    saved = (
+        (cuda.fp32_precision, cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision) if modern else ()
+    )
+
+    def now() -> tuple:
+        return ((cuda.allow_tf32, cudnn.allow_tf32), (cuda.fp32_precision, cudnn.conv.fp32_precision,
+                cudnn.rnn.fp32_precision) if modern else ())  # fmt: skip
+
+    try:
+        yield
+    finally:
+        # The legacy setters first (after the new API alone the legacy getters raise), as
+        # mptrain.precision.policy.apply_tf32 does.
+        cuda.allow_tf32, cudnn.allow_tf32 = legacy
+        if modern:
+            cuda.fp32_precision, cudnn.conv.fp32_precision, cudnn.rnn.fp32_precision = saved
+    assert now() == (legacy, saved), f"TF32 flags not restored: {now()} != {(legacy, saved)}"
 
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

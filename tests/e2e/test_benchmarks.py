@@ -21,8 +21,10 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 TIMEOUT_S = 300
 
 
-def run_script(name: str, *args: str, cwd: Path, timeout: float = TIMEOUT_S):
-    return run_command(cwd, sys.executable, str(BENCHMARKS / name), *args, timeout=timeout)
+def run_script(
+    name: str, *args: str, cwd: Path, timeout: float = TIMEOUT_S, env: dict | None = None
+):
+    return run_command(cwd, sys.executable, str(BENCHMARKS / name), *args, timeout=timeout, env=env)
 
 
 def run_to_json(name: str, *args: str, cwd: Path) -> dict:
@@ -391,8 +393,13 @@ def load_gpu_all():
 
 @pytest.mark.slow
 def test_gpu_all_smoke_run_runs_every_step_and_summarises(tmp_path):
+    """As on the GPU machine's image (benchmarks/gpu_image: no torchao, nothing of the test extra):
+    every script gpu_all runs imports only what the image has and the wheels it carries."""
     out = tmp_path / "gpu"
-    result = run_script("gpu_all.py", "--smoke", "--bundle", "--out", str(out), cwd=tmp_path)
+    image = {"PYTHONPATH": str(BENCHMARKS / "gpu_image")}
+    result = run_script(
+        "gpu_all.py", "--smoke", "--bundle", "--out", str(out), cwd=tmp_path, env=image
+    )
 
     assert result.returncode == 0, describe(result)
     doc = json.loads((out / "summary.json").read_text())
@@ -506,15 +513,16 @@ def test_gpu_all_plan_fits_the_budget_and_the_device_call():
     assert all(s.timeout_s >= s.estimate_s > s.start_s() for s in steps)
     by_name = {s.name: s for s in steps}
     pytest_argv = " ".join(by_name["pytest_gpu"].argv)
-    assert "pytest -v -p no:cacheprovider -o addopts=--strict-markers -p timeout --timeout=90 " in (
-        pytest_argv
-    )
+    assert (
+        "pytest -v -p no:cacheprovider -o addopts=--strict-markers "
+        "--continue-on-collection-errors -p timeout --timeout=90 "
+    ) in pytest_argv
     without = gpu_all.plan("python3", Path("/out"), smoke=False, test_timeout_s=None)[3].argv
     assert not any(arg.startswith("--timeout") for arg in without) and "timeout" not in without
     # The speed table stops its own cells SPEED_MARGIN_S before its limit; --speed-s moves both.
     speed = by_name["speed_table"]
-    assert speed.timeout_s == gpu_all.SPEED_S == 200
-    assert speed.argv[-4:] == ["--budget-s", "180", "--out", "/out/speed_table.json"]
+    assert speed.timeout_s == gpu_all.SPEED_S == 165
+    assert speed.argv[-4:] == ["--budget-s", "145", "--out", "/out/speed_table.json"]
     longer = gpu_all.plan("python3", Path("/out"), smoke=False, test_timeout_s=90, speed_s=470)
     assert longer[2].timeout_s == 470 and longer[2].argv[-3] == "450"
 

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import compose_run, requires_cuda, train
+from conftest import compose_run, requires_cuda, restored_tf32, train
 
 from mptrain.config.precision import PrecisionConfig
 from mptrain.precision.policy import build_grad_scaler, resolve_precision
@@ -52,10 +52,29 @@ def test_channels_last_and_compile(tmp_path):
         "max_steps=6",
         "batch_size=32",
     )
-    assert train(cfg, tmp_path)["status"] == "completed"
+    convs = [m for m in prepare_run(cfg).model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(
+        c.weight.is_contiguous(memory_format=torch.channels_last) and not c.weight.is_contiguous()
+        for c in convs
+        if c.weight.shape[-2:] != (1, 1)  # a 1x1 kernel is contiguous in both layouts
+    )
+    report = train(cfg, tmp_path)
+    assert report["status"] == "completed"
+    model = report["model"]
+    assert (model["channels_last"], model["compile"]) == (True, True)
+    assert model["compiled_graphs"] > 0, model  # TorchDynamo compiled, not an eager fallback
 
 
-def test_tf32_opt_in_is_recorded(tmp_path):
+@pytest.fixture
+def tf32_restored():
+    """The TF32 flags as they were before the test: a run with precision.allow_tf32=true leaves
+    them on (they are torch's process-wide settings), and the FP8 and block GEMM comparisons run
+    later in the same process compute their FP32 references with whatever is left."""
+    with restored_tf32():
+        yield
+
+
+def test_tf32_opt_in_is_recorded(tmp_path, tf32_restored):
     report = train(gpu_run("precision=fp32", "precision.allow_tf32=true", "max_steps=3"), tmp_path)
     assert report["tf32"]["cuda_matmul"] == "tf32"
 

@@ -8,7 +8,8 @@ On the CPU (no block-scaled kernel runs here):
 - the arguments :func:`scaled_mm_call` builds satisfy torch's ``scaled_mm`` contract (dtypes,
   row-major first operand, column-major second, scale shapes, strides, swizzle) and, dequantized
   by :func:`reference_scaled_mm` (a pure-torch reading of exactly those arguments, swizzled scales
-  undone with torchao's ``from_blocked``), are the emulated GEMM's operands bit for bit
+  undone with torchao's ``from_blocked``; these tests skip without torchao), are the emulated
+  GEMM's operands bit for bit
   (NVFP4: to one FP32 rounding, where the per-tensor scale is applied);
 - with the kernel replaced by that reference, BlockLinear's real path (forward, input and weight
   gradients, tiles, Hadamard, stochastic rounding, counting) equals its emulated path, and a
@@ -30,9 +31,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import NoFigure, compose_run, requires_cuda, tiny_run, train
-from torchao.prototype.mx_formats.kernels import f4_unpacked_to_f32, unpack_uint4
-from torchao.prototype.mx_formats.utils import from_blocked
-from torchao.prototype.mx_formats.utils import to_blocked as torchao_to_blocked
 
 from mptrain.config.base import ConfigError
 from mptrain.config.precision import FP8Config, MXConfig, NVFP4Config, PrecisionConfig
@@ -67,13 +65,26 @@ def randn(*shape: int, seed: int = 0, device: torch.device = CPU) -> torch.Tenso
 
 
 # ------------------------------------------------------------------- a reference of the kernel
+def torchao_mx():
+    """torchao's MX helpers (FP4 unpacking, the swizzled scale layout), imported when a test needs
+    them: a test that does skips where torchao is not installed. Not at module level: the GPU
+    machine's image has no torchao, and one collection error would cost every GPU test of the
+    run (benchmarks/gpu_image/sitecustomize.py rehearses that image)."""
+    kernels = pytest.importorskip("torchao.prototype.mx_formats.kernels")
+    utils = pytest.importorskip("torchao.prototype.mx_formats.utils")
+    return kernels, utils
+
+
 def _element_values(mat: torch.Tensor, k_last: bool) -> torch.Tensor:
     """FP32 values of FP8 or packed FP4 elements (FP4 packed along K: the last dimension of a
     row-major left operand, the first of a column-major right one)."""
     if mat.dtype != torch.float4_e2m1fn_x2:
         return mat.float()
     rows_first = mat if k_last else mat.t()
-    values = f4_unpacked_to_f32(unpack_uint4(rows_first.contiguous().view(torch.uint8)))
+    kernels, _ = torchao_mx()
+    values = kernels.f4_unpacked_to_f32(
+        kernels.unpack_uint4(rows_first.contiguous().view(torch.uint8))
+    )
     return values if k_last else values.t()
 
 
@@ -83,7 +94,7 @@ def _block_scales(scale, recipe, swizzle, rows: int, k: int) -> torch.Tensor:
         block = 32 if recipe == ST.BlockWise1x32 else 16
         assert swizzle == F.SwizzleType.SWIZZLE_32_4_4 and scale.is_contiguous()
         assert scale.numel() == -(-rows // 128) * 128 * -(-(k // block) // 4) * 4
-        per_block = from_blocked(scale, rows, k // block)
+        per_block = torchao_mx()[1].from_blocked(scale, rows, k // block)
         return per_block.float().repeat_interleave(block, dim=1)
     assert swizzle is None and scale.dtype == torch.float32
     if recipe == ST.BlockWise1x128:  # (rows, K/128), outer-dim-major
@@ -135,11 +146,12 @@ def reference_scaled_mm(  # noqa: PLR0913 (scaled_mm's own signature)
 def test_to_blocked_equals_torchaos_bit_for_bit(shape, dtype):
     codes = torch.randint(0, 255, shape, generator=torch.Generator().manual_seed(1))
     scale = codes.to(torch.uint8).view(dtype) if dtype != torch.float32 else codes.float()
-    ours, theirs = to_blocked(scale), torchao_to_blocked(scale)
+    utils = torchao_mx()[1]
+    ours, theirs = to_blocked(scale), utils.to_blocked(scale)
     assert ours.dtype == theirs.dtype == dtype and ours.shape == theirs.shape
     ints = torch.uint8 if dtype != torch.float32 else torch.int32
     assert torch.equal(ours.view(ints), theirs.view(ints))
-    assert torch.equal(from_blocked(ours, *shape).view(ints), scale.view(ints))
+    assert torch.equal(utils.from_blocked(ours, *shape).view(ints), scale.view(ints))
 
 
 # -------------------------------------------------------------------- 2. the decision, faked
@@ -386,6 +398,7 @@ def test_the_gpu_checks_block_rows_run_where_the_kernel_does(monkeypatch, capsys
     monkeypatch.setattr(script, "block_gemm_available", lambda device, fmt: (True, ""))
     monkeypatch.setattr(F, "scaled_mm", reference_scaled_mm)
     rows = script.block_gemms(CPU, [(48, 256, 128)], 1)
+    assert [row["format"] for row in rows] == ["fp8_blockwise", "mxfp8", "nvfp4"]
     for row in rows:
         assert "error" not in row and "skipped" not in row, row
         assert row["real_vs_emulated_sqnr_db"] > 40 and row["real_vs_fp32_sqnr_db"] > 10

@@ -671,12 +671,16 @@ def test_run_with_fp32_module_and_audit(tmp_path):
 
 
 def test_fp32_modules_with_a_pure_precision(tmp_path):
+    """Refused before training: a pure precision holds its weights in BF16, so an FP32 island
+    would run FP32 arithmetic on BF16 weights and say it kept the layer in FP32."""
     cfg = tiny_run("precision=bf16_pure", "numerics.fp32_modules=[5]", "max_steps=2")
-    try:
-        report = train(cfg, tmp_path)
-    except ConfigError:
-        return  # refusing the combination up front would be fine too
-    assert report["status"] == "completed"
+    with pytest.raises(ConfigError) as refused:
+        train(cfg, tmp_path)
+    assert str(refused.value) == (
+        "numerics.fp32_modules: precision=bf16_pure keeps its weights in bfloat16, so no layer "
+        "can run in FP32; use a mixed precision (fp16, bf16) instead"
+    )
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.jsonl").exists()
 
 
 # ------------------------------------------------------------------------------ FP16 range probe
@@ -738,11 +742,15 @@ def test_run_with_probe_writes_probe_files(tmp_path):
 
 
 def test_probe_with_a_pure_precision(tmp_path):
-    try:
-        report = train(tiny_run("precision=bf16_pure", "probe=true", "max_steps=2"), tmp_path)
-    except ConfigError:
-        return  # refusing the combination up front would be fine too
-    assert report["status"] == "completed" and (tmp_path / "probe.json").is_file()
+    """The FP16 range probe runs under a pure precision too (it asks whether FP16 would hold
+    this model's values, whatever the run trains in): every layer probed, the run unchanged."""
+    report = train(tiny_run("precision=bf16_pure", "probe=true", "max_steps=2"), tmp_path)
+    assert report["status"] == "completed" and report["training"]["steps"] == 2
+    assert report["precision"]["master_weights_dtype"] == "bfloat16"
+    probe = json.loads((tmp_path / "probe.json").read_text())
+    assert [layer["module"] for layer in probe["layers"]] == ["0", "1", "2", "3", "4", "5"]
+    assert probe["verdict"].startswith("FP16 safe") and probe["overflow_modules"] == []
+    assert (tmp_path / "probe.md").read_text().startswith("# FP16 range probe")
 
 
 # ------------------------------------------------------------- diagnostics don't change training

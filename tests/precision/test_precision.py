@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import restored_tf32
 
 from mptrain.config.base import ConfigError
 from mptrain.config.precision import PrecisionConfig
@@ -141,6 +142,22 @@ def test_tf32_flags_are_set_and_reported():
         assert on["cuda_matmul"] == "tf32" and on["cudnn_conv"] == "tf32"
     finally:
         apply_tf32(False)
+
+
+def test_restored_tf32_undoes_a_tf32_opt_in():
+    """tests/e2e/test_gpu.py's fixture: after a run that turned TF32 on, the flags read as before,
+    so a later FP32 reference (the FP8 and block GEMM comparisons) is not computed in TF32."""
+    matmul = torch.backends.cuda.matmul
+    before = (
+        legacy_tf32_getters(),
+        matmul.fp32_precision,
+        torch.backends.cudnn.conv.fp32_precision,
+    )
+    with restored_tf32():
+        apply_tf32(True)
+        assert matmul.fp32_precision == "tf32" and matmul.allow_tf32
+    after = (legacy_tf32_getters(), matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
+    assert after == before and not matmul.allow_tf32
 
 
 def legacy_tf32_getters() -> tuple:

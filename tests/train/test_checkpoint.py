@@ -10,6 +10,7 @@ an observer at step N, while :class:`~mptrain.platform.signals.GracefulStop` has
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import errno
@@ -941,20 +942,38 @@ def test_unwritable_output_directory_is_found_before_training(tmp_path, monkeypa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file"]
 
 
-@pytest.mark.skipif(
-    not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root may write anywhere"
-)
+@contextlib.contextmanager
+def read_only(directory: Path):
+    """``directory`` unwritable for this process: a user's ``chmod -w``; for root, which ignores
+    permissions, a read-only tmpfs mounted over it (a read-only file system, as a full quota or
+    a read-only remount of a cluster's scratch gives). Skips where root cannot mount."""
+    directory.mkdir()
+    if os.geteuid() != 0:
+        directory.chmod(0o500)
+        try:
+            yield
+        finally:
+            directory.chmod(0o700)
+        return
+    mount = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(directory)], capture_output=True
+    )
+    if mount.returncode != 0:
+        pytest.skip(f"root cannot mount a read-only tmpfs here: {mount.stderr.decode().strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", str(directory)], check=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="chmod and mount as on Linux")
 def test_read_only_output_directory_is_found_before_training(tmp_path):
     out = tmp_path / "ro"
-    out.mkdir()
-    out.chmod(0o500)
-    try:
+    with read_only(out):
         with pytest.raises(ConfigError, match="not writable") as err:
             train(tiny_run("max_steps=2"), out)
         assert str(out) in str(err.value)
         assert list(out.iterdir()) == []
-    finally:
-        out.chmod(0o700)
 
 
 # ------------------------------------------------------------------------- bugs found (xfail)

@@ -22,9 +22,10 @@ QUICK = ("epochs=null", "max_steps=6", "log_every=1", "checkpoint.every_minutes=
 def handlers_put_back():
     """Every signal handler as it was after each test: a signal mptrain left unhandled must fail
     the test, never end pytest (SIGUSR1's default would)."""
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
     previous = {sig: signal.getsignal(sig) for sig in sigs}
     signal.signal(signal.SIGUSR1, _unhandled)
+    signal.signal(signal.SIGUSR2, _unhandled)
     yield
     for sig, handler in previous.items():
         signal.signal(sig, handler)
@@ -119,7 +120,18 @@ def test_the_checkpoint_signal_can_stop_the_run_instead(tmp_path, monkeypatch):
     assert checkpoint_steps(tmp_path) == [2]
 
 
-def test_the_checkpoint_signal_is_configurable(tmp_path, monkeypatch):
+def test_the_checkpoint_signal_is_configurable(tmp_path, monkeypatch, capsys):
+    """checkpoint.signal=SIGUSR2 (a scheduler told --signal=USR2@T): SIGUSR2 saves and goes on."""
+    signals_in(monkeypatch, "_forward_backward", 2, signal.SIGUSR2)
+    report = train(
+        tiny_run(*QUICK, "checkpoint.signal=SIGUSR2", "checkpoint.keep_last=5"), tmp_path
+    )
+    assert report["status"] == "completed" and report["training"]["steps"] == 6
+    assert checkpoint_steps(tmp_path) == [2, 6]
+    assert "SIGUSR2: a checkpoint after this step; training goes on" in capsys.readouterr().out
+
+
+def test_another_checkpoint_signal_leaves_sigusr1_alone(tmp_path, monkeypatch):
     signals_in(monkeypatch, "_forward_backward", 2, signal.SIGUSR1)  # no longer mptrain's
     with pytest.raises(job_module.RunFailed, match="SIGUSR1 reached a handler mptrain did not"):
         train(tiny_run(*QUICK, "checkpoint.signal=SIGUSR2"), tmp_path)
