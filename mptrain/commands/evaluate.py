@@ -44,6 +44,7 @@ from mptrain.config.data import TextDatasetConfig
 from mptrain.config.keys import flatten
 from mptrain.config.models import EXTRA_KEYS_FIELD
 from mptrain.config.run import RunConfig
+from mptrain.config.targets import refuse_checkpoint_code
 from mptrain.data.batches import BatchLayout, DataBundle
 from mptrain.data.build import build_data
 from mptrain.data.lm import text_bundle, text_in_vocabulary
@@ -333,6 +334,7 @@ def eval_main(overrides: list[str]) -> None:
         raise ConfigError("hydra.run.dir=: empty; give the directory eval should write to")
     _apply_saved(composed, payload["config"], user_keys, OmegaConf)
     cfg = checked_run_config(composed)
+    refuse_checkpoint_code(payload["config"], str(path), user_keys, cfg.trust_checkpoint_code)
     # Before evaluating (minutes on big data), and without creating anything.
     check_creatable(Path(run_dir or "outputs/eval"), "hydra.run.dir" if run_dir else "outputs/eval")
     result = run_eval(cfg, path, payload)
@@ -415,15 +417,21 @@ def load_model_info(path: str | Path, checkpoint: str = "latest") -> dict[str, A
 
 
 def load_model(
-    path: str | Path, device: str | torch.device = "cpu", checkpoint: str = "latest"
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    checkpoint: str = "latest",
+    trust_checkpoint_code: bool = False,
 ) -> nn.Module:
     """The trained model of a checkpoint file or run directory: the plain FP32 architecture (FP8
-    layers as nn.Linear), in eval mode, on ``device``. Attributes: ``mptrain_classes`` (names in
+    layers as nn.Linear), in eval mode, on ``device``. A model the checkpoint names by
+    ``_target_`` (``model=custom``) is its code: built only with ``trust_checkpoint_code=True``,
+    else ConfigError naming the target. Attributes: ``mptrain_classes`` (names in
     label order, or None), ``mptrain_preprocessing`` (see :func:`mptrain.data.build.preprocessing`),
     ``mptrain_preprocess(raw)`` (raw inputs -> the model's input), ``mptrain_vocabulary`` (a
     language model's :class:`~mptrain.data.text.Vocabulary`, else None), ``mptrain_sequence_length``
     (a language model's context in tokens, else None) and ``mptrain_checkpoint``."""
     info = load_model_info(path, checkpoint)
+    refuse_checkpoint_code(info["config"], info["path"], trusted=trust_checkpoint_code)
     saved_model, data = info["config"]["model"], info["data"]
     option = MODELS.get(saved_model["name"])
     if option is None:

@@ -284,7 +284,7 @@ def sample_main(argv: list[str]) -> None:
     cfg, prompt = sample_settings(argv)
     s = cfg.sample
     device = hardware.resolve_device(cfg.device)
-    model = load_model(cfg.resume, device, cfg.eval.checkpoint)
+    model = load_model(cfg.resume, device, cfg.eval.checkpoint, cfg.trust_checkpoint_code)
     vocab = model.mptrain_vocabulary
     if vocab is None:
         raise ConfigError(

@@ -205,6 +205,9 @@ class RunConfig:
     resume: str | None = field(default=None, metadata=PATH | NOT_TRAINING)  # or "auto"
     resume_allow_changes: bool = field(default=False, metadata=NOT_TRAINING)
     overwrite: bool = field(default=False, metadata=NOT_TRAINING)
+    # mptrain eval / sample: rebuild a model or dataset whose _target_ the checkpoint names (its
+    # code runs: only for checkpoints you trust); see mptrain.config.targets.
+    trust_checkpoint_code: bool = field(default=False, metadata=NOT_TRAINING)
     bench: BenchConfig = field(default_factory=BenchConfig, metadata=NOT_TRAINING)
     advise: AdviseConfig = field(default_factory=AdviseConfig, metadata=NOT_TRAINING)
     eval: EvalConfig = field(default_factory=EvalConfig, metadata=NOT_TRAINING)

@@ -13,6 +13,14 @@ as in any Hydra app. Two things differ from a plain ``instantiate`` call:
 - Mistakes are one line: an import that fails, a name that is not there, keys the callable does
   not take, or an exception raised while it runs each become a
   :class:`~mptrain.config.base.ConfigError` naming ``key`` (``model._target_``, ``dataset._target_``).
+- Instantiation is not recursive: a ``{_target_: ...}`` node inside the keys is passed as the dict
+  it is, never called. A config value is data; only the top ``_target_`` names code.
+
+A checkpoint records the config it was trained with, and ``mptrain eval``, ``mptrain sample`` and
+:func:`mptrain.load_model` rebuild the model (and data) from it. Anyone can write a checkpoint that
+passes ``torch.load(weights_only=True)`` (dicts and strings), so a ``_target_`` read from one is
+never imported or called unless the user gives it on the command line or opts in with
+``trust_checkpoint_code=true`` (:func:`refuse_checkpoint_code`).
 """
 
 from __future__ import annotations
@@ -114,12 +122,66 @@ def check_keys(key: str, target: str, call: Callable[..., Any], kwargs: dict[str
 
 
 def call_target(key: str, target: str, kwargs: dict[str, Any]) -> Any:
-    """``hydra.utils.instantiate({'_target_': target, **kwargs})`` (nested ``_target_`` nodes in
-    the keys are instantiated too); any exception it raises becomes ConfigError naming ``key``."""
+    """``hydra.utils.instantiate({'_target_': target, **kwargs})``, not recursive (a nested
+    ``_target_`` node in the keys stays a dict); any exception it raises becomes ConfigError
+    naming ``key``."""
     from hydra.utils import instantiate
 
     try:
-        return instantiate({"_target_": target, **kwargs}, _convert_="all")
+        return instantiate({"_target_": target, **kwargs}, _convert_="all", _recursive_=False)
     except Exception as exc:
         cause = exc.__cause__ or exc
         raise ConfigError(f"{key}={target!r}: raised {first_line(cause)}") from exc
+
+
+# --------------------------------------------------------------------------- code a checkpoint names
+TRUST_KEY = "trust_checkpoint_code"
+# The parts of a checkpoint's config that mptrain rebuilds objects from.
+_REBUILT = ("model", "dataset")
+
+
+def checkpoint_targets(saved: dict[str, Any]) -> dict[str, str]:
+    """Every ``_target_`` in the model and dataset sections of a checkpoint's config, by dotted
+    key (``model._target_``, ``model.kwargs.norm._target_``): code a rebuild would import."""
+    found: dict[str, str] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, dict):
+            for name, value in node.items():
+                key = f"{prefix}.{name}"
+                if name == "_target_":
+                    found[key] = str(value)
+                walk(value, key)
+        elif isinstance(node, list | tuple):
+            for index, value in enumerate(node):
+                walk(value, f"{prefix}.{index}")
+
+    for section in _REBUILT:
+        walk(saved.get(section), section)
+    return found
+
+
+def refuse_checkpoint_code(
+    saved: dict[str, Any], source: str, given: set[str] | None = None, trusted: bool = False
+) -> None:
+    """ConfigError (before anything is imported) when the checkpoint config ``saved``, read from
+    ``source``, names code to rebuild its model or data (a ``_target_``) that the command line
+    does not replace, unless ``trusted`` (``trust_checkpoint_code``). ``given``: the command
+    line's keys and groups (``model``, ``model._target_``) where it can replace the checkpoint's
+    values (``mptrain eval``); None where it cannot (``mptrain sample``, :func:`load_model`).
+    The message names the key, the target, and how to run it anyway."""
+    if trusted:
+        return
+    within = lambda key: any(key == g or key.startswith(f"{g}.") for g in given or ())  # noqa: E731
+    for key, target in checkpoint_targets(saved).items():
+        if within(key):
+            continue
+        how = (
+            f"give {key}={target} on the command line, or {TRUST_KEY}=true"
+            if given is not None
+            else f"add {TRUST_KEY}=true (mptrain sample) or pass {TRUST_KEY}=True (load_model)"
+        )
+        raise ConfigError(
+            f"{key}={target!r} comes from the checkpoint {source}: mptrain does not import or "
+            f"call code a checkpoint names (anyone can write one); if you trust it, {how}"
+        )

@@ -336,9 +336,13 @@ def test_a_custom_model_is_evaluated_and_loaded_back_with_its_constructor_argume
         launch_dir, *model_args, *CUSTOM_DATA, *TINY, "checkpoint.enabled=true"
     )
     assert trained.returncode == 0, describe(trained)
+    # The checkpoint names tiny_net.TinyNet: its code runs only when the user says so.
+    refused = mptrain_console(launch_dir, "eval", "resume=run", "hydra.run.dir=eval")
+    assert refused.returncode == 2 and "trust_checkpoint_code=true" in refused.stderr
     evaluated = mptrain_console(
-        launch_dir, "eval", "resume=run", "precision=bf16", "hydra.run.dir=eval"
-    )
+        launch_dir, "eval", "resume=run", "precision=bf16", "hydra.run.dir=eval",
+        "trust_checkpoint_code=true",
+    )  # fmt: skip
     assert evaluated.returncode == 0, describe(evaluated)
     result = json.loads((launch_dir / "eval" / "eval.json").read_text())
     assert result["samples"] == 128
@@ -346,12 +350,15 @@ def test_a_custom_model_is_evaluated_and_loaded_back_with_its_constructor_argume
     # the precision it trained in reproduces the accuracy recorded at training time exactly.
     if result["trained_precision"] == "bf16":
         assert result["accuracy_difference"] == 0
-    model = mptrain.load_model(launch_dir / "run")
+    model = mptrain.load_model(launch_dir / "run", trust_checkpoint_code=True)
     assert type(model).__name__ == "TinyNet"
     assert model.mptrain_classes == ["top-left", "top-right", "bottom-left", "bottom-right"]
     assert sum(p.numel() for p in model.parameters()) == (9 * 16 + 16) + (16 * 4 + 4)
     # Setting a constructor argument again (its saved value) is the same model, not a conflict.
-    again = mptrain_console(launch_dir, "eval", "resume=run", "+model.width=16")
+    again = mptrain_console(
+        launch_dir, "eval", "resume=run", "+model.width=16", "model._target_=tiny_net.TinyNet",
+        "dataset._target_=blobs.make_blobs",  # both given: the user's own code, no opt-in
+    )  # fmt: skip
     assert again.returncode == 0, describe(again)
 
 
@@ -363,7 +370,7 @@ def test_a_custom_dataset_fed_by_workers_has_no_preprocessing_to_replay(launch_d
     data = ("dataset=custom", "dataset._target_=squares.make", "num_workers=0", "batch_size=8")
     trained = run_mptrain(launch_dir, *CUSTOM_MODEL, *data, *TINY, "checkpoint.enabled=true")
     assert trained.returncode == 0, describe(trained)
-    model = mptrain.load_model(launch_dir / "run")
+    model = mptrain.load_model(launch_dir / "run", trust_checkpoint_code=True)
     assert model.mptrain_classes == ["dark", "bright"]
     with pytest.raises(ValueError, match="prepared by its dataset's own code"):
         model.mptrain_preprocess(torch.zeros(3, 8, 8))
