@@ -511,6 +511,7 @@ def test_no_run_starts_that_the_budget_cannot_fit(monkeypatch):
     """Issue 27, item 15: ``budget_s=5`` took 42 s. Nothing starts once nothing is left (the
     process warm-up included), and no pilot whose set-up and first step, estimated from the last
     run, cannot fit what is left."""
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)  # BF16 is a candidate
     runs = []
     slow = trials.Trial("fp32", 2, [1.0, 1.0], 0, None, step_time_s=None, wall_s=60.0)
     monkeypatch.setattr(measure, "short_run", lambda *a, **k: runs.append(a) or slow)

@@ -21,7 +21,7 @@ from mptrain.commands.advise import predict as advise_predict
 from mptrain.config.base import ConfigError
 from mptrain.config.commands import GPU_TARGETS
 from mptrain.models.gpt import GPT, GPTShape
-from mptrain.platform import gpus
+from mptrain.platform import gpus, hardware
 from mptrain.precision.fp8.convert import choose_layers
 from mptrain.precision.gemms import Gemm, account
 from mptrain.precision.roofline import (
@@ -249,6 +249,13 @@ def test_recipes_come_from_the_precision_table():
 
 
 # ------------------------------------------------------------------------------ advise
+@pytest.fixture(autouse=True)
+def bf16_cpu(monkeypatch):
+    """advise's candidates on a CPU with native BF16 (AVX512-BF16 or AMX), whatever this one has:
+    on an AVX2-only CPU advise skips BF16 as emulated, and these tests are about the GPU rows."""
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)
+
+
 def advice_for(*overrides: str) -> dict:
     """advise's prediction for a tiny CPU run's candidates."""
     cfg = tiny_run(*overrides)

@@ -9,6 +9,7 @@ import pytest
 from conftest import NoFigure, tiny_run
 
 from mptrain.output.render import render_markdown, summary_rows
+from mptrain.platform import hardware
 from mptrain.train import job as run_module
 from mptrain.train.job import RunFailed, train
 
@@ -34,6 +35,8 @@ def test_a_run_failed_before_training_shows_what_it_was_and_no_n_a(tmp_path, mon
 
     monkeypatch.setattr(run_module, "build_run", crashing_build)
     monkeypatch.setattr(run_module, "FigureWorker", NoFigure)
+    # No "BF16 emulated" note row on a CPU without native BF16: the rows asked for below.
+    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)
     with pytest.raises(RunFailed) as failed:
         train(tiny_run("precision=bf16"), tmp_path)
 
