@@ -89,7 +89,7 @@ def _run_job(
 
     from mptrain.output.render import write_failure
     from mptrain.platform.threads import sweep_jobs
-    from mptrain.train.job import RunFailed, RunInterrupted, train
+    from mptrain.train.job import AlreadyCompleted, RunFailed, RunInterrupted, train
 
     hydra_cfg = HydraConfig.get()
     try:
@@ -112,6 +112,10 @@ def _run_job(
             command = continue_command(list(hydra_cfg.overrides.task), output_dir)
             print(f"mptrain: to continue: {command}", file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
+    except AlreadyCompleted as exc:
+        print(f"mptrain: {exc}")
+        evaluation = exc.report.get("evaluation") or {}
+        return evaluation.get(f"final_{evaluation.get('primary_metric')}")
     except RunFailed as exc:
         if not multirun:
             where = f" (report in {output_dir})" if exc.written else ""

@@ -134,43 +134,70 @@ def quarantine(path: Path) -> str:
 
 
 def newest_loadable(
-    directory: Path, key: str, *, quarantine_unreadable: bool
-) -> tuple[tuple[Path, dict[str, Any]] | None, list[str]]:
-    """((path, payload) of the newest checkpoint in ``directory`` that loads, or None; a note per
-    unreadable one skipped, each set aside as ``*.corrupt`` when ``quarantine_unreadable``).
+    directory: Path, key: str
+) -> tuple[tuple[Path, dict[str, Any]] | None, list[tuple[Path, CheckpointError]]]:
+    """((path, payload) of the newest checkpoint in ``directory`` that loads, or None; each
+    unreadable one newer than it, with why). Nothing is changed in ``directory``.
     A checkpoint that is intact but refused (another format) is a ConfigError naming ``key``:
     falling back past it would start over, or evaluate an older state, without saying so."""
-    notes: list[str] = []
+    skipped: list[tuple[Path, CheckpointError]] = []
     for path in candidates(directory):
         try:
-            return (path, load_checkpoint(path)), notes
+            return (path, load_checkpoint(path)), skipped
         except CheckpointRefused as exc:
             raise ConfigError(f"{key}: {exc}") from exc
         except CheckpointError as exc:
-            notes.append(
-                f"skipped {exc}; {quarantine(path)}" if quarantine_unreadable else f"skipped {exc}"
-            )
-    return None, notes
+            skipped.append((path, exc))
+    return None, skipped
 
 
-def resolve_resume(resume: str, output_dir: Path) -> tuple[Path, dict[str, Any], list[str]] | None:
+def resolve_resume(
+    resume: str, output_dir: Path, overwrite: bool = False
+) -> tuple[Path, dict[str, Any], list[str]] | None:
     """(path, payload, notes) for training's ``resume=PATH|auto``; None when auto finds nothing.
 
     ``auto`` looks in this run's directory and falls back past unreadable checkpoints to the
     newest that loads (setting them aside as ``*.corrupt``), and to ``best.pt`` when no step
-    checkpoint loads (said in the notes). PATH goes through
+    checkpoint loads (said in the notes). When checkpoints are there and none loads, or
+    ``checkpoints`` is not a directory, it refuses in one line naming each (starting over on
+    another run's work would replace its metrics and report) unless ``overwrite``: then None,
+    nothing set aside (the fresh run's overwrite deletes them). PATH goes through
     :func:`find_checkpoint` without falling back: in a run directory its newest checkpoint, and a
     checkpoint the user named that does not load is an error.
     """
-    if resume == "auto":
-        directory = output_dir / CHECKPOINT_DIR
-        if not directory.is_dir():
+    if resume != "auto":
+        return find_checkpoint(resume)
+    directory = output_dir / CHECKPOINT_DIR
+    if directory.exists() and not directory.is_dir():
+        if overwrite:
             return None
-        found, notes = newest_loadable(directory, "resume=auto", quarantine_unreadable=True)
-        if found is None and (directory / BEST).is_file():
-            return _resume_from_best(directory / BEST, notes)
-        return (*found, notes) if found is not None else None
-    return find_checkpoint(resume)
+        raise ConfigError(
+            f"resume=auto: {directory} is not a directory, so no checkpoint can be read there; "
+            "move it away, or start over with overwrite=true"
+        )
+    if not directory.is_dir():
+        return None
+    found, skipped = newest_loadable(directory, "resume=auto")
+    if found is None and not (directory / BEST).is_file():
+        if not skipped or overwrite:
+            return None
+        unreadable = "; ".join(f"{path.name}: {_why(exc)}" for path, exc in skipped)
+        raise ConfigError(
+            f"resume=auto: no checkpoint in {directory} loads ({unreadable}); nothing was "
+            "changed: resume=PATH another checkpoint, or start over there with overwrite=true "
+            "(deletes them)"
+        )
+    notes = [f"skipped {exc}; {quarantine(path)}" for path, exc in skipped]
+    if found is None:
+        return _resume_from_best(directory / BEST, notes)
+    return (*found, notes)
+
+
+def _why(exc: CheckpointError) -> str:
+    """Why a checkpoint did not load, short: the cause's type and first sentence."""
+    cause = exc.__cause__ or exc
+    first = (str(cause).strip().splitlines() or [""])[0].split(". ")[0].rstrip(".")
+    return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
 
 
 def _resume_from_best(
@@ -240,13 +267,13 @@ def find_checkpoint(
 def _newest_that_loads(resume: str, directory: Path) -> tuple[Path, dict[str, Any], list[str]]:
     """The newest checkpoint in ``directory`` that loads; the ones skipped are noted (and left
     where they are: reading a run directory changes nothing in it)."""
-    found, notes = newest_loadable(directory, f"resume={resume!r}", quarantine_unreadable=False)
+    found, skipped = newest_loadable(directory, f"resume={resume!r}")
     if found is None:
-        skipped = f" ({len(notes)} unreadable)" if notes else ""
+        count = f" ({len(skipped)} unreadable)" if skipped else ""
         raise ConfigError(
-            f"resume={resume!r}: no checkpoint (step_*.pt) that loads in {directory}{skipped}"
+            f"resume={resume!r}: no checkpoint (step_*.pt) that loads in {directory}{count}"
         )
-    return (*found, notes)
+    return (*found, [f"skipped {exc}" for _, exc in skipped])
 
 
 # Training settings added after checkpoints were first written, with the value that computes what
