@@ -89,7 +89,8 @@ def _run_job(
 
     from mptrain.output.render import write_failure
     from mptrain.platform.threads import sweep_jobs
-    from mptrain.train.job import AlreadyCompleted, RunFailed, RunInterrupted, train
+    from mptrain.train.job import RunFailed, RunInterrupted, train
+    from mptrain.train.resume import AlreadyCompleted
 
     hydra_cfg = HydraConfig.get()
     try:

@@ -36,6 +36,7 @@ from mptrain.compose.preflight import (
     checked_run_config,
     compose_job,
     describe_compose_error,
+    refuse_huge_numbers,
     refuse_hydra_options,
 )
 from mptrain.config.base import ConfigError
@@ -354,6 +355,7 @@ def _parse_overrides(overrides: list[str]) -> dict[str, Any]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     refuse_hydra_options(overrides, "eval")
+    refuse_huge_numbers(overrides)
     try:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except Exception as exc:

@@ -63,6 +63,7 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
     """Hydra's own parse of an mptrain command line (overrides, -m, -cd, --cfg, ...); ConfigError
     in one line for an argument that is neither a flag nor an override
     (:func:`mptrain.compose.arguments.parse_arguments`)."""
+    refuse_huge_numbers(argv)
     return parse_arguments(argv)
 
 
@@ -95,6 +96,24 @@ def hydra_like_main(args: argparse.Namespace) -> Iterator[Any]:
         yield Hydra.create_main_hydra2(task_name="mptrain", config_search_path=search_path)
     finally:
         GlobalHydra.instance().clear()
+
+
+# Longer numbers than any setting takes; Python refuses to parse integers past 4,300 digits with
+# a message that names no key (sys.get_int_max_str_digits), so they are refused here first.
+MAX_NUMBER_DIGITS = 100
+
+
+def refuse_huge_numbers(overrides: list[str]) -> None:
+    """ConfigError naming the key of an override whose value is a number of more than
+    MAX_NUMBER_DIGITS digits."""
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        digits = value.strip().lstrip("+-")
+        if sep and len(digits) > MAX_NUMBER_DIGITS and digits.isdigit():
+            raise ConfigError(
+                f"{key.lstrip('+~')}={value.strip()[:12]}...: a number of {len(digits):,} digits, "
+                f"beyond any setting's range"
+            )
 
 
 def preflight(args: argparse.Namespace) -> Preflight:

@@ -175,7 +175,10 @@ class RunConfig:
     nvfp4: NVFP4Config = field(default_factory=NVFP4Config)
     recipe: RecipeConfig = field(default_factory=RecipeConfig, metadata=NOT_TRAINING)
     task: str = "classify"  # classify | lm (set by task=NAME, conf/task/)
-    epochs: int | None = 15
+    # The run's length. epochs=null (the default) means DEFAULT_EPOCHS unless max_steps is given,
+    # which then is the length (as in Hugging Face's Trainer and Lightning); both given, the
+    # first reached ends the run. Resolved when the config is built (__post_init__).
+    epochs: int | None = None
     max_steps: int | None = None
     batch_size: int = 64
     eval_batch_size: int = 512
@@ -219,6 +222,17 @@ class RunConfig:
     tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig, metadata=NOT_TRAINING)
     mlflow: MLflowConfig = field(default_factory=MLflowConfig, metadata=NOT_TRAINING)
 
+    def __post_init__(self) -> None:
+        # The default length applies when neither limit is given (see ``epochs``); resolved
+        # here so the report, the resume signature and every reader see the number that ran.
+        if self.epochs is None and self.max_steps is None:
+            self.epochs = DEFAULT_EPOCHS
+
+
+# epochs=null and max_steps=null: the run's length (passes over the training set).
+DEFAULT_EPOCHS = 15
+# The most optimizer steps a run may take: step counts are passed to C ints (2**31 - 1).
+MAX_STEPS = 2**31 - 1
 
 # Signals a scheduler may send before pre-empting a job (SLURM --signal, LSF, PBS), which a run
 # can take as "checkpoint now": not the stop signals, not ones Python or torch use themselves.
@@ -282,13 +296,14 @@ def validate(run: RunConfig) -> None:
     validate_nvfp4(run.nvfp4)
     for group in (run.model, run.dataset, run.optimizer, run.scheduler):
         group.validate()  # each schema's own range rules
-    require(
-        run.epochs is not None or run.max_steps is not None,
-        "epochs",
-        run.epochs,
-        "set epochs or max_steps (both null leaves the run without an end)",
-    )
     at_least("epochs", run.epochs, 1, allow_none=True)
+    for key in ("epochs", "max_steps"):  # step counters reach C ints (the LR schedule, seeds)
+        require(
+            getattr(run, key) is None or getattr(run, key) <= MAX_STEPS,
+            key,
+            getattr(run, key),
+            f"at most {MAX_STEPS:,}",
+        )
     _check_task(run)
     at_least("max_steps", run.max_steps, 1, allow_none=True)
     require(

@@ -264,10 +264,12 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
 
 
 def _steps_text(t: TrainingSection) -> str:
-    """``30 of 300 (1 epoch)``; without a known total (a run that failed before it was worked
-    out) just the steps taken."""
+    """``30 of 300 (1 epoch; length: 15 epochs)``; without a known total (a run that failed
+    before it was worked out) just the steps taken."""
     of = "" if t.total_steps is None else f" of {t.total_steps}"
-    return f"{t.steps}{of} ({plural(t.epochs_completed, 'epoch')})"
+    # The length is said where max_steps set it (an epoch count speaks for itself).
+    length = f"; length: {t.length}" if t.length and "max_steps" in t.length else ""
+    return f"{t.steps}{of} ({plural(t.epochs_completed, 'epoch')}{length})"
 
 
 def _speed_rows(thr: ThroughputSection) -> list[tuple[str, str]]:

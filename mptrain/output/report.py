@@ -121,6 +121,9 @@ class TrainingSection:
     # Averages over the probes taken every probe_every steps.
     zero_grad_fraction: float | None
     updates_lost_fraction: float | None
+    # Which limit sets the run's length: "max_steps=2000", "15 epochs", "max_steps=400, before
+    # 15 epochs"; None in reports written before it existed or of a run that failed first.
+    length: str | None = None
 
 
 @dataclass

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from mptrain.config.base import ConfigError
 from mptrain.platform.contention import affinity_cpus
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -125,6 +126,8 @@ def resolve_threads(
     measured.
     """
     pinned = parse_threads(requested)
+    if pinned is not None:
+        _check_sane("threads", pinned)
     on_cuda = device_type == "cuda"
     host = " (CUDA device: host threads only)" if on_cuda else ""
     if pinned is not None:
@@ -133,6 +136,7 @@ def resolve_threads(
     # had one): there it is not the user's pin, and auto divides the cores itself.
     from_env = _environment_threads() if jobs == 1 else None
     if from_env is not None:  # the user's own pin, the common workaround: respected as such
+        _check_sane("OMP_NUM_THREADS", from_env, " in the environment")
         basis = f"pinned by OMP_NUM_THREADS={from_env} in the environment{host}"
         return ThreadChoice("auto", from_env, "pinned", basis)
     budget = cpu_budget(workers, jobs, root)
@@ -144,6 +148,23 @@ def resolve_threads(
     else:
         mode = "auto"
     return ThreadChoice("auto", budget.threads, mode, basis)
+
+
+# A pinned count beyond this many threads per usable CPU is refused: oversubscription that large
+# only slows a run down, and far beyond it libgomp aborts or the process segfaults (threads=20000
+# aborted, 100000 segfaulted, leaving no report and the run directory's lock behind).
+MAX_THREADS_PER_CPU = 4
+
+
+def _check_sane(key: str, count: int, where: str = "") -> None:
+    """ConfigError naming ``key`` when ``count`` exceeds MAX_THREADS_PER_CPU x the usable CPUs."""
+    cpus = affinity_cpus()
+    most = MAX_THREADS_PER_CPU * cpus
+    if count > most:
+        raise ConfigError(
+            f"{key}={count}{where}: more than {MAX_THREADS_PER_CPU} threads per usable CPU "
+            f"({cpus} here): at most {most}, or threads=auto"
+        )
 
 
 def _environment_threads() -> int | None:

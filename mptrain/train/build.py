@@ -27,7 +27,7 @@ import torch
 from mptrain.config.base import ConfigError
 from mptrain.config.models import lm_block_size
 from mptrain.config.recipes import check_recipe_source
-from mptrain.config.run import RunConfig
+from mptrain.config.run import MAX_STEPS, RunConfig
 from mptrain.data.batches import BatchLayout, DataBundle
 from mptrain.data.build import build_data
 from mptrain.models.build import build_model, count_parameters
@@ -280,7 +280,8 @@ def window_length(cfg: RunConfig) -> int | None:
 
 
 def plan_steps(cfg: RunConfig, data: DataBundle) -> tuple[int, int]:
-    """(optimizer steps per epoch, total optimizer steps) for the configured length."""
+    """(optimizer steps per epoch, total optimizer steps) for the configured length: epochs,
+    max_steps, or the first reached of both (see :class:`RunConfig`'s ``epochs``)."""
     steps_per_epoch = data.train.num_batches // cfg.grad_accum_steps
     if steps_per_epoch < 1:
         raise ConfigError(
@@ -292,7 +293,26 @@ def plan_steps(cfg: RunConfig, data: DataBundle) -> tuple[int, int]:
         limits.append(cfg.epochs * steps_per_epoch)
     if cfg.max_steps is not None:
         limits.append(cfg.max_steps)
-    return steps_per_epoch, min(limits)
+    total = min(limits)
+    if total > MAX_STEPS:
+        raise ConfigError(
+            f"epochs={cfg.epochs}: {total:,} steps of {steps_per_epoch} per epoch; at most "
+            f"{MAX_STEPS:,} steps"
+        )
+    return steps_per_epoch, total
+
+
+def ending_limit(epochs: int | None, max_steps: int | None, steps_per_epoch: int) -> str:
+    """Which limit ends the run, in words: ``max_steps=2000``, ``15 epochs``, ``max_steps=400,
+    before 15 epochs``, ``15 epochs, before max_steps=2000``."""
+    if epochs is None:
+        return f"max_steps={max_steps}"
+    passes = f"{epochs} epoch{'s' if epochs != 1 else ''}"
+    if max_steps is None:
+        return passes
+    if max_steps < epochs * steps_per_epoch:
+        return f"max_steps={max_steps}, before {passes}"
+    return f"{passes}, before max_steps={max_steps}"
 
 
 def plan_loop(cfg: RunConfig, data: DataBundle, dist: DistContext) -> LoopSettings:
@@ -300,6 +320,7 @@ def plan_loop(cfg: RunConfig, data: DataBundle, dist: DistContext) -> LoopSettin
     return LoopSettings(
         total_steps=total_steps,
         steps_per_epoch=steps_per_epoch,
+        length=ending_limit(cfg.epochs, cfg.max_steps, steps_per_epoch),
         grad_accum_steps=cfg.grad_accum_steps,
         clip_grad_norm=cfg.clip_grad_norm,
         eval_every=cfg.eval_every,

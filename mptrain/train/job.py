@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import signal
 import time
@@ -52,7 +51,7 @@ from mptrain.platform.signals import (
 )
 from mptrain.precision.policy import PrecisionPolicy
 from mptrain.rundir.checkpoint import check_compatible, resolve_resume
-from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, REPORT_JSON, REPORT_MD, RUN_PNG
+from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, RUN_PNG
 from mptrain.rundir.lock import RunDirLock, check_no_other_run
 from mptrain.train import cadence
 from mptrain.train.autoprecision import decide_auto
@@ -62,7 +61,14 @@ from mptrain.train.components import Run
 from mptrain.train.diagnostics import write_diagnostics
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.report import assemble_report, now_iso
-from mptrain.train.resume import data_key, no_checkpoint_hint, restore_or_refuse
+from mptrain.train.resume import (
+    AlreadyCompleted,
+    check_not_completed,
+    data_key,
+    no_checkpoint_hint,
+    restore_or_refuse,
+    start_over,
+)
 from mptrain.train.slowpath import check_slow_path
 from mptrain.train.state import LoopState
 from mptrain.train.threads import MIN_WINDOW_STEPS, ThreadTuner
@@ -74,16 +80,6 @@ class RunInterrupted(RuntimeError):
     def __init__(self, exit_code: int, report: RunReport) -> None:
         super().__init__(f"interrupted (exit code {exit_code})")
         self.exit_code = exit_code
-        self.report = report
-
-
-class AlreadyCompleted(RuntimeError):
-    """Raised by :func:`train` for a resume of a run that already completed in this directory
-    (its checkpoint at the last step, its report ``completed``): nothing to train, nothing
-    written, the report kept as it is (``report``: report.json's content). Exit 0."""
-
-    def __init__(self, message: str, report: dict[str, Any]) -> None:
-        super().__init__(message)
         self.report = report
 
 
@@ -147,15 +143,6 @@ def train(
         raise
     finally:
         shutdown(dist)
-
-
-def _read_report(path: Path) -> dict[str, Any] | None:
-    """report.json's content; None when it is missing or unreadable."""
-    try:
-        report = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return report if isinstance(report, dict) else None
 
 
 def check_output_dir(output_dir: Path) -> None:
@@ -279,6 +266,8 @@ class Job:
         # precision=auto, or another tool's name (16-mixed): what was asked for, and why this ran
         why = "" if policy.requested == policy.name else f" ({policy.requested}: {policy.reason})"
         what = f"{self.cfg.model.name} on {run.data.description} | {policy.describe()}{why}"
+        steps = run.settings
+        what += f" | {steps.total_steps} steps ({steps.length})"
         self.log.say(
             f"mptrain {what} | {run.device} | run dir {self.output_dir}",
             markup=f"[bold]mptrain[/bold] {escape(what)} | {run.device} | run dir "
@@ -293,7 +282,9 @@ class Job:
         cfg, run, dist = self.cfg, self.run, self.dist
         if found is None:
             # overwrite=true: what resolve_resume found unreadable, or in the way, is deleted
-            started_over = cfg.overwrite and self.dist.is_main and self._start_over()
+            started_over = (
+                cfg.overwrite and self.dist.is_main and start_over(self.output_dir, self.log.say)
+            )
             note = (
                 f"no checkpoint loaded in {self.output_dir}; started over (overwrite=true)"
                 if started_over
@@ -311,7 +302,8 @@ class Job:
             cfg.resume_allow_changes,
             data_key=data_key(cfg),
         )
-        self._check_not_completed(path, payload["loop"]["step"])
+        step, total = payload["loop"]["step"], run.settings.total_steps
+        check_not_completed(self.output_dir, path, step, total, self.log.say)
         saved_world = payload.get("world_size", 1)
         if saved_world != dist.world_size:
             notes.append(
@@ -335,41 +327,6 @@ class Job:
             "allowed_differences": allowed,
             "notes": notes,
         }
-
-    def _check_not_completed(self, path: Path, step: int) -> None:
-        """:class:`AlreadyCompleted` when ``path`` (the checkpoint resumed, at ``step``) ends this
-        run and this directory's report says it completed: training again for 0 steps would
-        replace its measured throughput, times and estimate with nothing. A finished checkpoint
-        resumed into another directory is said and goes on (a report of 0 steps there)."""
-        total = self.run.settings.total_steps
-        if step < total:
-            return
-        report = _read_report(self.output_dir / REPORT_JSON)
-        own = path.resolve().is_relative_to(self.output_dir.resolve())
-        if own and report is not None and report.get("status") == "completed":
-            raise AlreadyCompleted(
-                f"{self.output_dir}: already completed (step {step} of {total}); nothing to "
-                f"train, its report is kept ({REPORT_MD})",
-                report,
-            )
-        self.log.say(
-            f"{path} is at step {step} of {total}: nothing left to train; evaluating and "
-            "reporting it", "resume",
-        )  # fmt: skip
-
-    def _start_over(self) -> bool:
-        """resume=auto overwrite=true where no checkpoint loads: the earlier run's files go, as
-        for a fresh overwrite=true run (a ``checkpoints`` file in the way included). Whether
-        anything was deleted."""
-        directory = self.output_dir / CHECKPOINT_DIR
-        in_the_way = directory.exists() and not directory.is_dir()
-        if in_the_way:
-            directory.unlink()
-            self.log.say(f"overwrite=true: deleted {directory} (a file, not a directory)", "note")
-        deleted = check_no_other_run(self.output_dir, None, overwrite=True)
-        if deleted:
-            self.log.say(deleted, "note")
-        return in_the_way or deleted is not None
 
     def _loop(self) -> None:
         cfg, run, checkpointer = self.cfg, self.run, self.checkpointer

@@ -4,6 +4,7 @@ finds nothing says which earlier run it may have meant (the job: :mod:`mptrain.t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,8 @@ from omegaconf import OmegaConf
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
 from mptrain.rundir.command import HYDRA_RECORD, continue_command, recorded_overrides
-from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, REPORT_JSON
+from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, REPORT_JSON, REPORT_MD
+from mptrain.rundir.lock import check_no_other_run
 from mptrain.train.checkpointer import restore
 from mptrain.train.components import Run
 
@@ -77,3 +79,60 @@ def _run_kind(run_dir: Path) -> tuple[str, str, str] | None:
         return config["model"]["name"], config["precision"]["name"], config.get("task", "classify")
     except (KeyError, TypeError):
         return None
+
+
+class AlreadyCompleted(RuntimeError):
+    """Raised by :func:`train` for a resume of a run that already completed in this directory
+    (its checkpoint at the last step, its report ``completed``): nothing to train, nothing
+    written, the report kept as it is (``report``: report.json's content). Exit 0."""
+
+    def __init__(self, message: str, report: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+def check_not_completed(
+    output_dir: Path, path: Path, step: int, total: int, say: Callable[[str, str], None]
+) -> None:
+    """:class:`AlreadyCompleted` when ``path`` (the checkpoint resumed, at ``step`` of the run's
+    ``total``) ends the run and ``output_dir``'s report says it completed: training again for 0
+    steps would replace its measured throughput, times and estimate with nothing. A finished
+    checkpoint resumed into another directory is said (``say``) and goes on (0 steps there)."""
+    if step < total:
+        return
+    report = _read_report(output_dir / REPORT_JSON)
+    own = path.resolve().is_relative_to(output_dir.resolve())
+    if own and report is not None and report.get("status") == "completed":
+        raise AlreadyCompleted(
+            f"{output_dir}: already completed (step {step} of {total}); nothing to train, its "
+            f"report is kept ({REPORT_MD})",
+            report,
+        )
+    say(
+        f"{path} is at step {step} of {total}: nothing left to train; evaluating and reporting it",
+        "resume",
+    )
+
+
+def _read_report(path: Path) -> dict[str, Any] | None:
+    """report.json's content; None when it is missing or unreadable."""
+    try:
+        report = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None
+
+
+def start_over(output_dir: Path, say: Callable[[str, str], None]) -> bool:
+    """resume=auto overwrite=true where no checkpoint loads: the earlier run's files go, as for a
+    fresh overwrite=true run (a ``checkpoints`` file in the way included), each deletion said.
+    Whether anything was deleted."""
+    directory = output_dir / CHECKPOINT_DIR
+    in_the_way = directory.exists() and not directory.is_dir()
+    if in_the_way:
+        directory.unlink()
+        say(f"overwrite=true: deleted {directory} (a file, not a directory)", "note")
+    deleted = check_no_other_run(output_dir, None, overwrite=True)
+    if deleted:
+        say(deleted, "note")
+    return in_the_way or deleted is not None

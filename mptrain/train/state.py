@@ -18,6 +18,7 @@ class LoopSettings:
 
     total_steps: int
     steps_per_epoch: int
+    length: str = ""  # which limit ends the run: "max_steps=2000", "15 epochs", ...
     grad_accum_steps: int = 1
     clip_grad_norm: float | None = None
     eval_every: int | None = None  # with eval_every_minutes None: at the end of every epoch

@@ -320,10 +320,10 @@ OUT_OF_RANGE = [
         r"^precision\.scaler\.init_scale=0\.0: must be > 0",
     ),
     (
-        "no-end",
-        ["epochs=null", "max_steps=null"],
-        {"epochs": None, "max_steps": None},
-        r"^epochs=None: .*max_steps",
+        "max-steps-beyond-a-c-int",  # trained a step, then OverflowError (exit 1)
+        ["max_steps=9223372036854775807"],
+        {"max_steps": 9223372036854775807},
+        r"^max_steps=9223372036854775807: at most 2,147,483,647$",
     ),
     ("clip-zero", ["clip_grad_norm=0"], {"clip_grad_norm": 0.0}, r"^clip_grad_norm=0\.0: "),
     (

@@ -17,7 +17,7 @@ from conftest import run_cli, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, REPORT_JSON
-from mptrain.train.job import AlreadyCompleted
+from mptrain.train.resume import AlreadyCompleted
 
 RUN = ("max_steps=6", "checkpoint.every_steps=3", "checkpoint.keep_best=false")
 
