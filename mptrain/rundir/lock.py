@@ -67,10 +67,7 @@ class RunDirLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise ConfigError(
-                    f"{self.kind} directory {self.path.parent}: in use by another {self.kind} "
-                    f"({_holder(self.path)}); choose another {self.key} or wait for it to finish"
-                ) from None
+                raise _in_use(self.path, self.kind, self.key) from None
             if _same_file(fd, self.path):
                 break
             os.close(fd)  # its holder removed it as we opened it: lock the new one
@@ -104,6 +101,29 @@ class RunDirLock:
             self._fd = None
 
 
+def _in_use(path: Path, kind: str, key: str) -> ConfigError:
+    return ConfigError(
+        f"{kind} directory {path.parent}: in use by another {kind} ({_holder(path)}); choose "
+        f"another {key} or wait for it to finish"
+    )
+
+
+def refuse_if_held(path: Path, kind: str = "run", key: str = "hydra.run.dir") -> None:
+    """ConfigError naming the holder while another process holds the lock file ``path``. Takes
+    nothing and changes nothing: a lock left by a run that is gone stays as it is, for the run
+    that takes it over to say so (:attr:`RunDirLock.stale_note`)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _in_use(path, kind, key) from None
+    finally:
+        os.close(fd)  # releases the flock if it was taken
+
+
 def _same_file(fd: int, path: Path) -> bool:
     try:
         return os.fstat(fd).st_ino == os.stat(path).st_ino
@@ -125,9 +145,7 @@ def check_run_dir_free(output_dir: Path, resume: str | None, overwrite: bool) ->
     run holds, or another run's checkpoints a fresh run would overwrite. Takes nothing."""
     if not output_dir.is_dir():
         return
-    if (output_dir / LOCK_NAME).exists():
-        with RunDirLock(output_dir):
-            pass  # raises ConfigError, naming the holder, while another run holds it
+    refuse_if_held(output_dir / LOCK_NAME)
     check_no_other_run(output_dir, resume, overwrite, dry_run=True)
 
 

@@ -412,7 +412,12 @@ class Job:
             name = self.stop.name
             saved = self.checkpointer is not None and state.step in self.checkpointer.steps
             where = f"{name} at step {state.step}"
-            if self.abandoned:
+            if self.abandoned and state.evaluating:  # step N finished: its state is exact
+                where = (
+                    f"{self.stop.both}: stopped at once, the evaluation after step "
+                    f"{state.step} abandoned"
+                )
+            elif self.abandoned:
                 where = (
                     f"{self.stop.both}: stopped at once, step {state.step + 1} abandoned (its "
                     f"forward had run: resuming from step {state.step} is not bit for bit)"

@@ -115,8 +115,10 @@ def train_loop(run: Run, hooks: LoopHooks = LoopHooks()) -> LoopState:
         if monitor.diverged_reason:
             break  # the last checkpoint stays the last good state
         if _eval_due(s, state.step, end_of_epoch, eval_clock, run.device):
+            state.evaluating = True  # stays True when a second stop signal abandons it
             with monitor.paused("evaluation"), hooks.interruptible:
                 _evaluate_into(run, state)
+            state.evaluating = False
             eval_clock.restart()
         if hooks.checkpoint is not None:
             hooks.checkpoint(state, end_of_epoch)

@@ -40,6 +40,7 @@ class LoopState:
     evals: list[dict[str, Any]] = field(default_factory=list)
     last_train_loss: float | None = None
     stopped: bool = False  # stopped on request (a signal) after finishing a step
+    evaluating: bool = False  # inside an evaluation (a second signal may abandon it there)
 
     def advance(self, skipped: bool, samples: int, steps_per_epoch: int) -> bool:
         """Count one finished optimizer step; True when it ended an epoch."""

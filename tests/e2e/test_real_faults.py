@@ -370,14 +370,6 @@ with RunDirLock(Path(sys.argv[1])):
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the command line's preflight (mptrain/compose/preflight.py check_jobs -> "
-    "mptrain/rundir/lock.py check_run_dir_free) takes the dead holder's lock and releases it, "
-    "which deletes .mptrain.lock and drops its stale_note; the run's own RunDirLock then finds "
-    "no file, so 'took over the lock of a run that is gone' is never said (docs/checkpoints.md "
-    "promises it)",
-)
 def test_the_next_command_says_it_took_over_the_lock_of_a_killed_holder(tmp_path, processes):
     """The lock's holder really killed (kill -9, the file still names it): the next
     ``mptrain`` in the directory runs and says whose lock it took over."""
@@ -497,12 +489,6 @@ def test_a_second_signal_during_an_evaluation_stops_it_at_once(tmp_path, monkeyp
     assert "SIGTERM twice: stopping now" in out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an evaluation stopped by a second signal is reported as 'step N+1 abandoned (its "
-    "forward had run: resuming from step N is not bit for bit)': no step N+1 had begun "
-    "(mptrain/train/job.py, Job._conclude: the 'abandoned' wording assumes the forward)",
-)
 def test_a_stopped_evaluation_is_reported_as_such(tmp_path, monkeypatch):
     """The report says the evaluation was abandoned, not a step whose forward never ran."""
     on_disk, _, _ = stopped_in_evaluation(tmp_path, monkeypatch)
