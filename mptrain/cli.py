@@ -87,6 +87,7 @@ def _run_job(
     """:func:`run_job`'s work: train, and turn each outcome into its exit (see there)."""
     from hydra.core.hydra_config import HydraConfig
 
+    from mptrain.output.joblog import record_error
     from mptrain.output.render import write_failure
     from mptrain.platform.threads import sweep_jobs
     from mptrain.train.job import RunFailed, RunInterrupted, train
@@ -102,6 +103,8 @@ def _run_job(
         jobs = sweep_jobs(hydra_cfg.launcher.get("n_jobs")) if multirun else 1
         report = train(run, output_dir, on_owned=lambda: promote(record), jobs=jobs)
     except ConfigError as exc:
+        if record is None or not record.exists():  # the job owned the directory: its log
+            record_error(str(exc))  # says why it holds no run (not an owner's log it was refused)
         if not multirun:
             _fail(str(exc))
         print(f"mptrain: error: {output_dir}: {exc}", file=sys.stderr)

@@ -122,6 +122,19 @@ def preflight(args: argparse.Namespace) -> Preflight:
         return check_jobs(hydra, args)
 
 
+def _resolved(master: Any, key: str) -> str:
+    """``master``'s value at ``key`` (``hydra.run.dir``), interpolations resolved; an
+    interpolation that does not resolve (``${nope}``, ``${oc.env:UNSET}``) is a ConfigError
+    naming the key, as for any other key, not OmegaConf's traceback."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        return str(OmegaConf.select(master, key, throw_on_missing=True))
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from exc
+
+
 def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
     """:func:`preflight` on ``hydra``, the instance :func:`hydra_like_main` made for ``args``."""
     from omegaconf import OmegaConf
@@ -129,7 +142,7 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
     overrides = list(args.overrides)
     master, multirun = _master_config(hydra, args.config_name or CONFIG_NAME, overrides, args)
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
-    output = Path(master.hydra.sweep.dir if multirun else master.hydra.run.dir)
+    output = Path(_resolved(master, key))
     record = master.hydra.output_subdir  # read first: the checks below drop hydra's node
     pattern = str(OmegaConf.to_container(master.hydra.run, resolve=False)["dir"])
     check_creatable(output, key)  # Hydra creates it next, with a traceback if it cannot

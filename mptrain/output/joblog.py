@@ -78,6 +78,33 @@ def plain_table(title: str, headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([title, *lines])
 
 
+def record_error(message: str) -> None:
+    """``error: message`` into the run's log files only (Hydra's ``<job>.log``; the terminal got
+    the line already): a job refused after Hydra made its directory leaves why there, not an
+    empty log."""
+    record = LOGGER.makeRecord(
+        LOGGER.name, logging.ERROR, __file__, 0, f"error: {message}", (), None
+    )
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+
+
+def _stop_quietly_on_error(handler: logging.Handler) -> None:
+    """A log file that cannot be written (a full disk) is said once, in one line, and no longer
+    written: logging's default prints a "--- Logging error ---" traceback for every line, which
+    buried the run's own one-line error under screens of them."""
+
+    def handle_error(record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        handler.setLevel(logging.CRITICAL + 1)  # nothing more reaches it
+        where = getattr(handler, "baseFilename", type(handler).__name__)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        print(f"mptrain: warning: {where}: no longer written ({reason})", file=sys.stderr)
+
+    handler.handleError = handle_error  # type: ignore[method-assign]
+
+
 def _is_console_stream(handler: logging.Handler) -> bool:
     """A handler writing to stdout or stderr (Hydra's ``console`` handler, for one)."""
     if isinstance(handler, logging.FileHandler):
@@ -97,12 +124,15 @@ class JobLog:
         self.console = console
         self.enabled = enabled
         self._saved: tuple[bool, list[logging.Handler], int, bool] | None = None
+        self._held: list[tuple[int, str]] | None = None  # see hold()
 
     def __enter__(self) -> JobLog:
         if self.enabled:
             logger = LOGGER
             self._saved = (logger.propagate, list(logger.handlers), logger.level, logger.disabled)
             handlers = [h for h in logging.getLogger().handlers if not _is_console_stream(h)]
+            for handler in handlers:
+                _stop_quietly_on_error(handler)
             logger.handlers = handlers
             logger.propagate = False  # the root's console handler would print the line again
             logger.setLevel(logging.INFO)
@@ -121,9 +151,24 @@ class JobLog:
             logger.setLevel(level)
             self._saved = None
 
+    def hold(self) -> None:
+        """Keep records back until :meth:`release`: a resume that may be refused must not add
+        its lines to the log of the run that owns the directory."""
+        self._held = []
+
+    def release(self) -> None:
+        """Write the records held back (the job owns its directory now) and stop holding."""
+        held, self._held = self._held, None
+        for level, text in held or ():
+            LOGGER.log(level, text)
+
     def record(self, text: str, level: int = logging.INFO) -> None:
         """Into the log file only (the terminal shows it another way, e.g. the live bar)."""
-        if self.enabled:
+        if not self.enabled:
+            return
+        if self._held is not None:
+            self._held.append((level, text))
+        else:
             LOGGER.log(level, text)
 
     def say(self, text: str, label: str | None = None, markup: str | None = None) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +22,25 @@ def _jsonable(value: Any) -> Any:
 
 
 class MetricsLog:
-    """Appends rows to ``path``; each row is flushed so a killed run keeps what it logged."""
+    """Appends rows to ``path``; each row is written whole or not at all, at once (unbuffered), so
+    a killed run keeps what it logged and a full disk never leaves a cut row: a failed write is
+    undone (the file truncated back to its last whole row) before the OSError propagates."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file = path.open("a", encoding="utf-8")
+        self._file = path.open("ab", buffering=0)
 
     def _write(self, row: dict[str, Any]) -> None:
-        self._file.write(json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n")
-        self._file.flush()
+        line = (json.dumps({k: _jsonable(v) for k, v in row.items()}) + "\n").encode("utf-8")
+        end = self._file.tell()
+        try:
+            written = self._file.write(line)
+            if written != len(line):  # a raw write may stop short of a full disk
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(self._file.fileno(), end)
+            raise
 
     def on_step(self, state: StepCounters) -> None:
         pass

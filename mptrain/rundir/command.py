@@ -8,6 +8,7 @@ back; :func:`run_command` is what they say the run runs (the resume settings apa
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -45,6 +46,20 @@ def run_command(overrides: list[str]) -> list[str]:
 
 def continue_command(overrides: list[str], run_dir: Path) -> str:
     """The command that continues the run in ``run_dir`` started with ``overrides``, quoted for
-    a POSIX shell, from any directory."""
-    words = [*run_command(overrides), "resume=auto", f"hydra.run.dir={run_dir.absolute()}"]
+    a POSIX shell, from any directory: the directory quoted for Hydra's override grammar too
+    where it holds characters the grammar reads as structure (``(``, ``,``, ``=``, spaces,
+    non-ASCII letters), inside the shell's quotes."""
+    directory = hydra_quoted(str(run_dir.absolute()))
+    words = [*run_command(overrides), "resume=auto", f"hydra.run.dir={directory}"]
     return " ".join(["mptrain", *map(shlex.quote, words)])
+
+
+def hydra_quoted(value: str) -> str:
+    """``value`` as one string in Hydra's override grammar: as it is when it holds only
+    characters an unquoted value may (ASCII letters, digits, ``_ . / : + @ % -``), else in
+    single quotes (double quotes, escaped, when it holds a single quote)."""
+    if re.fullmatch(r"[\w./:+@%-]+", value, re.ASCII):
+        return value
+    if "'" not in value:
+        return f"'{value}'"
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'

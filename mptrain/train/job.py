@@ -202,6 +202,8 @@ class Job:
         try:
             if not self.cfg.resume:  # train() took the directory: no other run's work is there
                 self._own()
+            else:  # its lines reach the directory's log once the checkpoint is accepted
+                self.log.hold()
             if early is not None:
                 early.release()
             self._prepare()
@@ -257,6 +259,7 @@ class Job:
         from the start, a resumed one once its checkpoint was accepted. Before that, an outcome
         is not written there: the directory may hold a finished run's report."""
         self.owned = True
+        self.log.release()
         if self.on_owned is not None and self.dist.is_main:
             self.on_owned()
             self.on_owned = None
