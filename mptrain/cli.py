@@ -205,6 +205,16 @@ _SUBCOMMANDS = {
 }
 
 
+def _positional_run(argv: list[str]) -> list[str]:
+    """A command's arguments, ``mptrain eval RUN`` / ``mptrain sample RUN`` (the habit of most
+    tools) read as ``resume=RUN``: a first word that is neither an override nor a flag."""
+    command, rest = argv[0], argv[1:]
+    takes_a_run = command in ("eval", "sample")
+    if takes_a_run and rest and "=" not in rest[0] and not rest[0].startswith(("-", "+", "~")):
+        return [f"resume={rest[0]}", *rest[1:]]
+    return rest
+
+
 def _main(argv: Sequence[str] | None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     terminate_like_interrupt()  # SIGTERM during setup ends the run like Ctrl-C (report, 143)
@@ -214,7 +224,7 @@ def _main(argv: Sequence[str] | None) -> None:
     if argv[:1] and argv[0] in _SUBCOMMANDS:
         module, function = _SUBCOMMANDS[argv[0]]
         try:
-            getattr(importlib.import_module(module), function)(argv[1:])
+            getattr(importlib.import_module(module), function)(_positional_run(argv))
         except ConfigError as exc:
             _fail(str(exc))
         return

@@ -64,8 +64,18 @@ def not_an_override(word: str, first: bool) -> str:
     (``mptrain fit``), else an override missing its value."""
     if not first:
         return f"{word}: not an override; give key=value (or ~key to delete a key)"
+    if word.lower() in _TRAINING_WORDS:  # Lightning's fit, other tools' train: no word here
+        return (
+            f"unknown command '{word}'; mptrain trains without one: mptrain key=value ... "
+            f"(e.g. mptrain model=mlp epochs=5); commands are {', '.join(COMMANDS)}"
+        )
+    if word.lower() in ("compare", "diff"):
+        return (
+            f"unknown command '{word}'; runs are compared by mptrain-compare RUN_OR_SWEEP_DIR ... "
+            "(its own command); a sweep (mptrain -m) writes its comparison itself"
+        )
     close = difflib.get_close_matches(word.lower(), COMMANDS, n=1, cutoff=0.6)
-    meant = f"did you mean {close[0]}? " if close and word.lower() not in _TRAINING_WORDS else ""
+    meant = f"did you mean {close[0]}? " if close else ""
     return (
         f"unknown command '{word}'; {meant}commands are {', '.join(COMMANDS)} "
         "(training takes overrides: mptrain key=value ...)"

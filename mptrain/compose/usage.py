@@ -47,6 +47,8 @@ def usage_text(config_dir: str | None = None) -> str:
             "",
             "commands (mptrain COMMAND --help for each):",
             *commands,
+            f"  {'(compare)':<9} mptrain-compare RUN_OR_SWEEP_DIR ...: compare finished runs "
+            "(its own command)",
             "",
             "config groups (group=option; * the default):",
             *_group_lines(config, config_dir),

@@ -80,14 +80,38 @@ def test_cfg_job_takes_overrides_before_and_after_its_flags(tmp_path):
 
 
 # -------------------------------------------------------------------------------- commands
-@pytest.mark.parametrize(
-    ("word", "meant"), [("fit", ""), ("train", ""), ("evaluate", "did you mean eval? ")]
-)
-def test_an_unknown_command_names_the_commands(tmp_path, monkeypatch, word, meant):
-    assert only_error(run_cli([word, "model=mlp"], tmp_path, monkeypatch)) == (
-        f"unknown command '{word}'; {meant}commands are advise, bench, eval, sample "
+def test_an_unknown_command_names_the_commands(tmp_path, monkeypatch):
+    assert only_error(run_cli(["evaluate", "model=mlp"], tmp_path, monkeypatch)) == (
+        "unknown command 'evaluate'; did you mean eval? commands are advise, bench, eval, sample "
         "(training takes overrides: mptrain key=value ...)"
     )
+
+
+@pytest.mark.parametrize("word", ["fit", "train"])
+def test_a_training_word_points_to_training_without_one(tmp_path, monkeypatch, word):
+    """Issue 39, item 5: Lightning's fit, other tools' train were refused pointing nowhere."""
+    assert only_error(run_cli([word, "model=mlp"], tmp_path, monkeypatch)) == (
+        f"unknown command '{word}'; mptrain trains without one: mptrain key=value ... "
+        "(e.g. mptrain model=mlp epochs=5); commands are advise, bench, eval, sample"
+    )
+
+
+def test_compare_points_to_mptrain_compare_and_the_help_lists_it(tmp_path, monkeypatch):
+    assert only_error(run_cli(["compare", "outputs"], tmp_path, monkeypatch)).startswith(
+        "unknown command 'compare'; runs are compared by mptrain-compare RUN_OR_SWEEP_DIR"
+    )
+    from mptrain.compose.usage import usage_text
+
+    assert "  (compare) mptrain-compare RUN_OR_SWEEP_DIR ..." in usage_text()
+
+
+@pytest.mark.parametrize("command", ["eval", "sample"])
+def test_a_run_given_as_a_word_is_read_as_resume(tmp_path, monkeypatch, command):
+    """``mptrain eval RUN`` said "cannot parse override", ``mptrain sample RUN`` "unknown
+    command 'RUN'": both read RUN as resume=RUN (here a path that is not there, named)."""
+    outcome = run_cli([command, "no_such_run"], tmp_path, monkeypatch)
+    assert outcome.code == 2
+    assert outcome.stderr.startswith("mptrain: error: resume='no_such_run': no such file"), outcome
 
 
 def test_the_commands_of_the_help_are_the_cli_s():
