@@ -86,6 +86,7 @@ class SchedulerConfig:
 
     name: str = "cosine"
     warmup_epochs: float = 0.0
+    warmup_steps: int | None = None  # the warm-up in optimizer steps instead (step-based runs)
     warmup_start_factor: float = 0.1
     min_lr_factor: float = 0.0
     milestones: list[float] = field(default_factory=list)
@@ -95,6 +96,19 @@ class SchedulerConfig:
         """Range rules of this option's keys; ConfigError naming the first violation."""
         require(
             self.warmup_epochs >= 0, "scheduler.warmup_epochs", self.warmup_epochs, "must be >= 0"
+        )
+        require(
+            self.warmup_steps is None or self.warmup_steps >= 0,
+            "scheduler.warmup_steps",
+            self.warmup_steps,
+            "must be >= 0",
+        )
+        require(
+            self.warmup_steps is None or self.warmup_epochs == 0,
+            "scheduler.warmup_steps",
+            self.warmup_steps,
+            f"give the warm-up in steps or in epochs, not both (scheduler.warmup_epochs="
+            f"{self.warmup_epochs}); set scheduler.warmup_epochs=0",
         )
         require(
             0 < self.warmup_start_factor <= 1,

@@ -19,8 +19,9 @@ from collections.abc import Iterable
 from mptrain.config.options import PRECISION_ALIASES, PRECISION_NAMES, SCHEMAS
 from mptrain.config.run import RunConfig
 
-# Another tool's name for a setting -> mptrain's key. Every target is a key of RunConfig or one of
-# Hydra's (tests/config/test_spelling.py), and no peer name is itself an mptrain key.
+# Another tool's name for a setting -> mptrain's key (or key=value, where a flag of theirs is an
+# option of ours). Every target's key is a key of RunConfig or one of Hydra's
+# (tests/config/test_spelling.py), and no peer name is itself an mptrain key.
 PEER_KEYS = {
     # PyTorch Lightning (Trainer arguments; also typed as trainer.<name>)
     "max_epochs": "epochs",
@@ -57,6 +58,11 @@ PEER_KEYS = {
     "resume_from_checkpoint": "resume",
     "torch_compile": "compile",
     "dataloader_num_workers": "num_workers",
+    "warmup_steps": "scheduler.warmup_steps",
+    # Hugging Face's precision flags (fp16=true, bf16=true) and Lightning's checkpoint argument
+    "fp16": "precision=fp16",
+    "bf16": "precision=bf16",
+    "ckpt_path": "resume",
 }
 # Where peers nest their settings (Lightning's trainer.max_epochs, HF's args.num_train_epochs).
 PEER_PREFIXES = ("trainer.", "training.", "train.", "args.")

@@ -126,8 +126,13 @@ def lr_factor_fn(
     cfg: SchedulerConfig, steps_per_epoch: int, total_steps: int
 ) -> Callable[[int], float]:
     """The lr multiplier as a function of the number of applied optimizer steps so far: linear
-    warm-up from ``warmup_start_factor``, then the named schedule."""
-    warmup = round(cfg.warmup_epochs * steps_per_epoch)
+    warm-up from ``warmup_start_factor`` over ``warmup_steps`` (or ``warmup_epochs`` of
+    ``steps_per_epoch``), then the named schedule."""
+    warmup = (
+        cfg.warmup_steps
+        if cfg.warmup_steps is not None
+        else round(cfg.warmup_epochs * steps_per_epoch)
+    )
     decay = SCHEDULES[cfg.name].build(cfg, warmup, total_steps, steps_per_epoch)
 
     def factor(step: int) -> float:

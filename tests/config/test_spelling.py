@@ -55,6 +55,11 @@ def preflight_error(*overrides: str) -> str:
             "optimizer=adam: unknown option (did you mean adamw?); choose one of adamw",
         ),
         ("precision=16_mixed", "precision=16_mixed: unknown option (did you mean 16-mixed?)"),
+        # issue 39, item 9: Hugging Face's and Lightning's names
+        ("fp16=true", "fp16: unknown key (did you mean precision=fp16?)"),
+        ("bf16=true", "bf16: unknown key (did you mean precision=bf16?)"),
+        ("warmup_steps=100", "warmup_steps: unknown key (did you mean scheduler.warmup_steps?)"),
+        ("ckpt_path=last.ckpt", "ckpt_path: unknown key (did you mean resume?)"),
     ],
 )
 def test_an_unknown_key_or_option_gets_the_nearest_valid_spelling(override, start):
@@ -71,7 +76,8 @@ def test_every_peer_name_leads_to_a_key_and_is_none_itself():
     keys = config_keys()
     for peer, ours in PEER_KEYS.items():
         assert peer not in keys, peer
-        assert ours in keys or ours.startswith("hydra."), (peer, ours)
+        key = ours.partition("=")[0]
+        assert key in keys or key.startswith("hydra."), (peer, ours)
 
 
 # ---------------------------------------------------------------- Lightning's precision names
