@@ -84,6 +84,8 @@ class Checkpointer:
             "update": run.update.state_dict() if run.update is not None else None,
             "signature": self.signature,
             "world_size": self.dist.world_size,
+            # threads=auto: the count in effect now, which a resume keeps (train/threads.py)
+            "threads": torch.get_num_threads(),
             "config": dataclasses.asdict(run.cfg),
             "data": data_facts(run),
             # precision.switch: which phase the checkpoint is in (mptrain.train.switch)

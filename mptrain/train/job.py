@@ -71,7 +71,7 @@ from mptrain.train.resume import (
 )
 from mptrain.train.slowpath import check_slow_path
 from mptrain.train.state import LoopState
-from mptrain.train.threads import MIN_WINDOW_STEPS, ThreadTuner
+from mptrain.train.threads import MIN_WINDOW_STEPS, ThreadTuner, kept_from_checkpoint
 
 
 class RunInterrupted(RuntimeError):
@@ -241,6 +241,7 @@ class Job:
             run = self.run = decide_auto(run, run.settings.total_steps, trained_in)
             self.policy = run.policy
         run.schedule.say = functools.partial(self.log.say, label="precision")  # at a switch
+        run.threads = kept_from_checkpoint(run.threads, found)  # threads=auto, resumed
         if run.threads.measure:  # threads=auto on a CPU: measured on the first training steps
             say = functools.partial(self.log.say, label="threads")
             window = max(cfg.log_every, MIN_WINDOW_STEPS)
@@ -285,12 +286,10 @@ class Job:
         cfg, run, dist = self.cfg, self.run, self.dist
         if found is None:
             # overwrite=true: what resolve_resume found unreadable, or in the way, is deleted
-            started_over = (
-                cfg.overwrite and self.dist.is_main and start_over(self.output_dir, self.log.say)
-            )
+            over = cfg.overwrite and self.dist.is_main and start_over(self.output_dir, self.log.say)
             note = (
                 f"no checkpoint loaded in {self.output_dir}; started over (overwrite=true)"
-                if started_over
+                if over
                 else f"{no_checkpoint_hint(self.output_dir, cfg)}; started fresh"
             )
             if self.dist.is_main:  # a fresh start logs from step 1 again

@@ -49,6 +49,30 @@ from mptrain.output.report import ThreadsSection
 from mptrain.platform import contention
 from mptrain.platform.threads import ThreadChoice
 
+
+def kept_from_checkpoint(
+    choice: ThreadChoice, found: tuple[Any, dict[str, Any], Any] | None
+) -> ThreadChoice:
+    """A resumed ``threads=auto`` run on a CPU (``found``: the checkpoint resumed, as
+    :func:`mptrain.rundir.checkpoint.resolve_resume` gives it): the count in effect when the
+    checkpoint was written (recorded there), set, and not measured again. The count changes the order of
+    floating-point sums, so resuming at another count (or measuring counts again) would not
+    reproduce the uninterrupted run bit for bit. ``choice`` itself without a checkpoint, for
+    checkpoints that recorded no count, or where the count is pinned or not measured."""
+    payload = found[1] if found is not None else {}
+    saved = payload.get("threads")
+    if not choice.measure or not isinstance(saved, int) or saved < 1:
+        return choice
+    step = payload.get("loop", {}).get("step")
+    kept = ThreadChoice(
+        choice.requested, saved, "auto, kept from the checkpoint",
+        f"{saved}, the count in effect at the checkpoint's step {step} (resumed bit for bit; "
+        f"this machine's budget: {choice.threads})",
+    )  # fmt: skip
+    torch.set_num_threads(saved)
+    return kept
+
+
 # The re-check compares windows of log_every steps, but never fewer than this: with log_every=1
 # one slow step (a page fault, a scheduler hiccup) would start a measurement.
 MIN_WINDOW_STEPS = 20
