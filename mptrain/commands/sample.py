@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import codecs
 import sys
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -29,7 +30,8 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from mptrain.config.base import ConfigError
+from mptrain.config.base import ConfigError, require
+from mptrain.config.commands import SampleConfig, validate_sample
 from mptrain.config.run import RunConfig
 from mptrain.data.text import Vocabulary
 from mptrain.models.task import logits_of
@@ -140,6 +142,50 @@ def generate(
     (``sampling``: its keywords ``temperature``, ``top_k``, ``generator``)."""
     chosen = new_tokens(model, ids, max_new_tokens, block_size, **sampling)
     return torch.cat([ids, *chosen], dim=1)
+
+
+def generate_text(
+    model: nn.Module,
+    prompt: str = SampleConfig.prompt,
+    *,
+    max_new_tokens: int = SampleConfig.max_new_tokens,
+    temperature: float = SampleConfig.temperature,
+    top_k: int | None = SampleConfig.top_k,
+    seed: int = 0,
+) -> str:
+    """``prompt`` and its continuation by a language model of :func:`mptrain.load_model`: what
+    ``mptrain sample`` prints for the same checkpoint, settings, seed and device, without the
+    final newline (``mptrain.generate`` in Python; the defaults are the command's).
+
+    Tokens are chosen as :func:`choose_next` says, on the model's device, with draws from a
+    generator seeded with ``seed``; the context is cut to the model's ``mptrain_sequence_length``.
+    ConfigError (a ValueError, one line) for a model that is not a language model of
+    ``load_model``, a setting out of range, or a prompt :func:`encode_prompt` refuses;
+    :class:`LogitsNotFinite` naming the checkpoint for damaged weights. A character that an older
+    checkpoint's vocabulary lacks is read as its unknown id, with a warning."""
+    if not hasattr(model, "mptrain_vocabulary"):
+        raise ConfigError(
+            f"{type(model).__name__}: not a model of mptrain.load_model (no mptrain_vocabulary); "
+            "load the language model's run with mptrain.load_model(path)"
+        )
+    vocab, where = model.mptrain_vocabulary, getattr(model, "mptrain_checkpoint", "the model")
+    if vocab is None:
+        raise ConfigError(
+            f"{where}: an image classifier; generate needs a model trained with task=lm"
+        )
+    validate_sample(SampleConfig(prompt, max_new_tokens, temperature, top_k))
+    require(-(2**63) <= seed < 2**64, "seed", seed, "must fit in 64 bits (-2**63 .. 2**64 - 1)")
+    ids, missing = encode_prompt(vocab, prompt)
+    if missing:
+        warnings.warn(f"{missing} not in the vocabulary: read as unknown", stacklevel=2)
+    ids = ids.to(next(model.parameters()).device)
+    generator = torch.Generator(device=ids.device).manual_seed(seed)
+    sampling = {"temperature": temperature, "top_k": top_k, "generator": generator}
+    try:
+        out = generate(model, ids, max_new_tokens, model.mptrain_sequence_length, **sampling)
+    except LogitsNotFinite as exc:
+        raise LogitsNotFinite(f"{where}: {exc}; its weights are damaged") from None
+    return vocab.decode(out[0])
 
 
 class TextStream:

@@ -141,10 +141,10 @@ class Vocabulary:
     """Token ids for bytes (id = byte value), for characters (``chars``), or from a tokenizer file
     (``tokenizer``: a ``tokenizer.json``'s content, see :mod:`mptrain.data.tokenizer`).
 
-    ``encode`` takes bytes; a characters or tokenizer vocabulary reads them as UTF-8 (a byte that
-    is not UTF-8 as U+FFFD). A character the vocabulary lacks raises :class:`UnknownCharacters`
-    unless it has an ``unknown_id`` (only the vocabularies of older checkpoints do). ``decode``
-    gives text; a tokenizer's special tokens are kept in it (an end-of-text token shows where a
+    ``encode`` takes text (as ``decode`` gives it) or bytes, read as UTF-8 (a byte that is not
+    UTF-8 as U+FFFD) by a characters or tokenizer vocabulary; a character it lacks raises
+    :class:`UnknownCharacters` unless it has an ``unknown_id`` (older checkpoints' only).
+    ``decode`` gives text, a tokenizer's special tokens kept (an end-of-text token shows where a
     document ended)."""
 
     chars: str | None = None
@@ -179,19 +179,19 @@ class Vocabulary:
         ``chars = sorted(list(set(data)))`` (its 65 symbols for tiny Shakespeare)."""
         return cls("".join(sorted(set(text))))
 
-    def encode(self, data: bytes) -> torch.Tensor:
+    def encode(self, data: str | bytes) -> torch.Tensor:
+        """The token ids (int64, 1-D) of ``data``, text or bytes (see the class doc)."""
+        if self.kind == "bytes":  # text as UTF-8; PEP 383 escapes as the bytes they stand for
+            data = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+            return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).astype(np.int64))
+        text = data if isinstance(data, str) else data.decode("utf-8", errors="replace")
         if self.tokenizer is not None:
-            text = data.decode("utf-8", errors="replace")
             ids = self._tokenizer.encode(text, add_special_tokens=False).ids
             return torch.tensor(ids, dtype=torch.int64)
-        if self.chars is None:
-            return torch.from_numpy(np.frombuffer(data, dtype=np.uint8).astype(np.int64))
         index = {c: i for i, c in enumerate(self.chars)}
-        text = data.decode("utf-8", errors="replace")
-        if self.unknown_id is None:
-            missing = set(text) - index.keys()
-            if missing:
-                raise UnknownCharacters(sorted(missing))
+        missing = set(text) - index.keys() if self.unknown_id is None else set()
+        if missing:
+            raise UnknownCharacters(sorted(missing))
         return torch.tensor([index.get(c, self.unknown_id) for c in text], dtype=torch.int64)
 
     def decode(self, ids: torch.Tensor | list[int]) -> str:

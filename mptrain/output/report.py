@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mptrain.rundir.layout import REPORT_JSON
+
 SCHEMA_VERSION = 1
 
 
@@ -296,9 +298,29 @@ class ReportError(ValueError):
     """A report.json that does not match this mptrain's schema; the message names the key."""
 
 
-def load_report(path: Path) -> RunReport:
-    """Read a report.json written by :func:`write_report`; raise ReportError naming a bad key."""
-    data = json.loads(path.read_text(encoding="utf-8"))
+def load_report(path: str | Path) -> RunReport:
+    """A run's report: ``path`` (str or Path) is a report.json written by :func:`write_report` or
+    the run directory holding one. FileNotFoundError naming the path when there is none there;
+    ReportError naming the file when it is not a report of this schema (not JSON, an unknown or
+    missing key, another ``schema_version``)."""
+    path = Path(path)
+    if path.is_dir():
+        if not (path / REPORT_JSON).is_file():
+            raise FileNotFoundError(
+                f"{path}: no {REPORT_JSON} in this directory; give a run directory (a run writes "
+                f"{REPORT_JSON} when it ends) or a {REPORT_JSON} file"
+            )
+        path = path / REPORT_JSON
+    elif not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no such file or directory; give a run directory or its {REPORT_JSON}"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise ReportError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ReportError(f"{path}: not a JSON object (a {type(data).__name__}); not a report")
     version = data.setdefault("schema_version", 0)  # 0: written before the field existed
     if version not in (0, SCHEMA_VERSION):
         raise ReportError(
