@@ -40,9 +40,11 @@ def job_console() -> Console:
 
 
 def table_console(min_width: int) -> Console:
-    """A console at least ``min_width`` wide, so a wide table (ratios with their ranges, noisy
-    marks) keeps its rows whole on a narrow terminal and off a terminal (80 columns)."""
-    return Console(width=max(min_width, Console().width))
+    """The console for a command's tables: on a terminal its own width (a wide table folds its
+    cells to fit, as :func:`print_table` draws it); off a terminal at least ``min_width`` wide
+    (tables are plain text there, whole rows; other lines are not cut at 80 columns)."""
+    console = Console()
+    return console if console.is_terminal else Console(width=max(min_width, console.width))
 
 
 def print_table(
@@ -67,15 +69,30 @@ def print_table(
     console.print(table)
 
 
+# A cell longer than this (a diverged job's reason) goes below a plain table as a numbered note,
+# so one long cell does not make every row of the table that wide.
+MAX_PLAIN_CELL = 48
+
+
 def plain_table(title: str, headers: list[str], rows: list[list[str]]) -> str:
     """``title``, then the header and one line per row, columns padded with spaces to their
-    widest cell and two spaces apart; no trailing spaces."""
+    widest cell and two spaces apart; no trailing spaces. A cell longer than MAX_PLAIN_CELL is
+    replaced by ``[N]`` and given whole as note N below the table."""
+    notes: list[str] = []
+
+    def short(cell: str) -> str:
+        if len(cell) <= MAX_PLAIN_CELL:
+            return cell
+        notes.append(cell)
+        return f"[{len(notes)}]"
+
+    rows = [[short(cell) for cell in row] for row in rows]
     widths = [max(len(cell) for cell in column) for column in zip(headers, *rows, strict=True)]
     lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in [headers, *rows]
     ]
-    return "\n".join([title, *lines])
+    return "\n".join([title, *lines, *(f"[{n}] {note}" for n, note in enumerate(notes, 1))])
 
 
 def record_error(message: str) -> None:
@@ -170,6 +187,11 @@ class JobLog:
             self._held.append((level, text))
         else:
             LOGGER.log(level, text)
+
+    def say_in_log(self, text: str, label: str | None = None) -> None:
+        """``label: text`` into the log file only: detail of a setting the user may never have
+        touched (threads=auto's measurements), which the summary and report sum up."""
+        self.record(f"{label}: {text}" if label else text)
 
     def say(self, text: str, label: str | None = None, markup: str | None = None) -> None:
         """Print ``label: text`` (the label in yellow on a terminal) and record it.

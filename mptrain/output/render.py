@@ -480,10 +480,19 @@ def render_markdown(report: RunReport) -> str:
 
 
 def print_summary(console: Console, report: RunReport, report_path: Path) -> None:
-    table = Table(title=f"mptrain — {report.status}", show_header=False, box=None)
-    table.add_column(style="bold")
-    table.add_column()
-    for key, value in summary_rows(report):
+    """The summary: on a terminal a rich table (long values fold within its width); anywhere
+    else one ``key  value`` line per row, keys aligned, values whole and nothing padded after
+    them (a table rendered at a pipe's width padded every row to the widest, 260-355 columns)."""
+    rows = [*summary_rows(report), ("report", str(report_path))]
+    title = f"mptrain — {report.status}"
+    if not console.is_terminal:
+        width = max(len(key) for key, _ in rows)
+        lines = [f"{key.ljust(width)}  {value}".rstrip() for key, value in rows]
+        console.out("\n".join([title, *lines]), highlight=False)
+        return
+    table = Table(title=title, show_header=False, box=None)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for key, value in rows:
         table.add_row(key, escape(value))  # values are text, never rich markup
-    table.add_row("report", escape(str(report_path)))
     console.print(table)

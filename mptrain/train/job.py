@@ -243,7 +243,7 @@ class Job:
         run.schedule.say = functools.partial(self.log.say, label="precision")  # at a switch
         run.threads = kept_from_checkpoint(run.threads, found)  # threads=auto, resumed
         if run.threads.measure:  # threads=auto on a CPU: measured on the first training steps
-            say = functools.partial(self.log.say, label="threads")
+            say = functools.partial(self.log.say_in_log, label="threads")  # report: summary
             window = max(cfg.log_every, MIN_WINDOW_STEPS)
             run.monitor.threads = ThreadTuner(run.threads, window=window, say=say)
         self._announce()
