@@ -241,6 +241,8 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         *_threads_rows(report.threads),
         *_distributed_rows(report.distributed),
         ("model / data", f"{_model_words(report.model)} / {report.data.description}"),
+        *_resumed_rows(report.resumed),
+        *_fp32_module_rows(report.numerics.fp32_modules),
         *_corpus_rows(report.data.text),
         *_fp8_rows(report.fp8),
         *blocks_rows(report.blocks),
@@ -261,6 +263,24 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         )
     rows.append(("wall time", f"{report.wall_time_s:.1f} s"))
     return rows + _closing_rows(report)
+
+
+def _resumed_rows(resumed: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """``resumed  from PATH at step N; ...``: the run continued a checkpoint (and what the resume
+    noted), or resume=auto found nothing and started fresh."""
+    if not resumed:
+        return []
+    if resumed.get("from") is None:
+        return [("resumed", resumed.get("note") or "no checkpoint found: started fresh")]
+    notes = resumed.get("notes") or []
+    changes = resumed.get("allowed_differences") or []
+    text = f"from {resumed['from']} at step {resumed['step']}"
+    text += f"; allowed changes: {', '.join(map(str, changes))}" if changes else ""
+    return [("resumed", text + "".join(f"; {note}" for note in notes))]
+
+
+def _fp32_module_rows(modules: list[str]) -> list[tuple[str, str]]:
+    return [("fp32 modules", ", ".join(modules))] if modules else []
 
 
 def _steps_text(t: TrainingSection) -> str:

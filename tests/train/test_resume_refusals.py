@@ -105,3 +105,17 @@ def test_a_finished_checkpoint_resumed_elsewhere_says_there_is_nothing_to_train(
     assert report["status"] == "completed" and report["training"]["steps"] == 6
     assert f"{step6} is at step 6 of 6: nothing left to train" in capsys.readouterr().out
     assert (tmp_path / "elsewhere" / METRICS_JSONL).read_text().count('"kind": "train"') == 0
+
+
+def test_the_summary_and_report_md_say_a_run_was_resumed_and_its_fp32_modules(finished):
+    """Issue 39, item 8: only report.json said so."""
+    from mptrain.output.render import render_markdown
+    from mptrain.output.report import load_report
+
+    step6 = finished / CHECKPOINT_DIR / "step_00000006.pt"
+    overrides = ("max_steps=9", "resume=auto", "resume_allow_changes=true")
+    train(tiny_run(*RUN[1:], *overrides, "precision=bf16", "numerics.fp32_modules=[4]"), finished)
+    markdown = render_markdown(load_report(finished))
+    assert f"| resumed | from {step6} at step 6; allowed changes: precision: checkpoint" in markdown
+    assert "max_steps: checkpoint 6, now 9" in markdown
+    assert "| fp32 modules | 4 |" in markdown
