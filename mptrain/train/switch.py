@@ -158,13 +158,20 @@ class Switch(PrecisionSchedule):
     def loss_window(self) -> LossWindow:
         return LossWindow(max(1, self.step - 2 * self.window + 1), self.step + self.window)
 
+    @property
+    def switch_step(self) -> int:
+        """The step after which the run switched (or will): the planned one, unless a phase-1
+        checkpoint resumed past it switched later (what the report's ranges must follow)."""
+        return self.switched_after if self.switched_after is not None else self.step
+
     def before_step(self, run: Run, steps_done: int) -> None:
-        # ">=": a checkpoint of phase 1 resumed past the step (a longer run allowed by
-        # resume_allow_changes) switches before its first step.
+        # ">=": a checkpoint of phase 1 resumed past the step (a longer run, or an earlier
+        # switch.at, allowed by resume_allow_changes) switches before its first step; the report
+        # then says after which step it really switched (switch_step).
         if self.switched_after is not None or steps_done < self.step:
             return
-        self._apply(run)
         self.switched_after = steps_done
+        self._apply(run)
         self.say(self._line(run))
 
     def _apply(self, run: Run) -> None:
@@ -176,13 +183,13 @@ class Switch(PrecisionSchedule):
             layer_format = LAYER_FORMATS[left]
             section = run.fp8 if layer_format.report == "fp8" else run.blocks.section
             stats = layer_format.final_stats(model)
-            self.left = {**section, "final_layer_stats": stats, "steps": [1, self.step]}
+            self.left = {**section, "final_layer_stats": stats, "steps": [1, self.switch_step]}
             replaced += to_plain_linear(model)
         # The FP32 master weights stay in place: a format converts the layers around them.
         section = convert_layers(model, self.to, run.cfg, run.data)
         run.fp8_sync = FP8Sync()
         if section is not None:
-            section["steps"] = [self.step + 1, self.total_steps]
+            section["steps"] = [self.switch_step + 1, self.total_steps]
             replaced += [layer["name"] for layer in section["layers"] if layer["converted"]]
             wrapped = getattr(run.model, "_orig_mod", run.model)  # DDP's, not torch.compile's
             run.fp8_sync, self.entered = layer_sync(wrapped, run.dist, run.cfg, self.to, section)
@@ -220,8 +227,9 @@ class Switch(PrecisionSchedule):
                 f"precision.switch.to={self.to.name}: the checkpoint was saved after switching "
                 f"to {saved['to']}; resume with precision.switch.to={saved['to']}"
             )
+        self.switched_after = saved["switched_after"]
         self._apply(run)
-        self.switched_after, self.left = saved["switched_after"], saved["left"]
+        self.left = saved["left"]
         model = unwrap(run.model)
         run.fp8, run.blocks = run_sections(model, (self.first, self.left), (self.to, self.entered))
         return [
@@ -234,7 +242,7 @@ class Switch(PrecisionSchedule):
         {"steps": [first, last], "count", "mean"} of the steps that ran (a run that stopped
         early has fewer after the switch); None where none ran or the run is too short."""
         losses = run.monitor.loss_window.values() if run.monitor.loss_window else {}
-        k, w = self.step, self.window
+        k, w = self.switch_step, self.window
         ranges = {"earlier": (k - 2 * w, k - w), "before": (k - w, k), "after": (k, k + w)}
         means: dict[str, dict[str, Any] | None] = {}
         for name, (after, last) in ranges.items():
@@ -250,8 +258,8 @@ class Switch(PrecisionSchedule):
         """The report's ``precision.switch`` (see the module doc)."""
         means = self._window_means(run)
         before, after, earlier = means["before"], means["after"], means["earlier"]
-        evals_before = [e for e in state.evals if e["step"] <= self.step]
-        evals_after = [e for e in state.evals if e["step"] > self.step]
+        evals_before = [e for e in state.evals if e["step"] <= self.switch_step]
+        evals_after = [e for e in state.evals if e["step"] > self.switch_step]
         return {
             "at": self.at,
             "step": self.step,

@@ -564,3 +564,18 @@ def test_a_switch_into_nvfp4_under_ddp_keeps_the_ranks_alike(tmp_path):
     assert_same(*signs, "3.rht_signs")
     assert report["blocks"]["steps"] == [3, 4]
     assert report["precision"]["switch"]["switched_after_step"] == 2
+
+
+def test_a_resume_with_switch_at_before_its_checkpoint_reports_where_it_switched(tmp_path):
+    """Issue 39, item 23: a phase-1 checkpoint at step 12 resumed with switch.at=6 (allowed)
+    switches after step 12; the report said the first format ran steps 1-6 and compared two
+    evaluations of the same format as either side of the switch."""
+    common = ("max_steps=20", "log_every=2", "eval_every=4", "checkpoint.every_steps=12")
+    train(switched("nvfp4", "bf16", "15", *common, "checkpoint.keep_last=5"), tmp_path / "a")
+    step12 = tmp_path / "a" / "checkpoints" / "step_00000012.pt"  # phase 1: NVFP4
+    resumed = ("resume_allow_changes=true", f"resume={step12}")
+    report = train(switched("nvfp4", "bf16", "6", *common, *resumed), tmp_path / "b")
+    sw = report["precision"]["switch"]
+    assert (sw["step"], sw["switched_after_step"]) == (6, 12)
+    assert report["blocks"]["steps"] == [1, 12]  # NVFP4 ran steps 1-12, not 1-6
+    assert sw["eval_before"]["step"] == 12 and sw["eval_after"]["step"] == 16
