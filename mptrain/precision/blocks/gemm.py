@@ -25,8 +25,9 @@ Real (``a`` and ``b`` :class:`~.blocked.BlockQuantized`, elements and scales as 
 column-major, scales per recipe; checked on the CPU by tests/precision/test_block_gemm.py with
 a reference that dequantizes exactly the arguments passed) and runs one ``scaled_mm`` that
 accumulates in FP32. NVFP4's per-tensor scales multiply the FP32 product afterwards (torchao's
-NVFP4 GEMM does the same). Real and emulated products differ by the FP32 summation order only
-(and, for NVFP4, where the per-tensor scale is applied); the GPU tests bound it.
+NVFP4 GEMM does the same). Real and emulated products differ by the FP32 summation order and,
+for NVFP4 and blockwise FP8, by where the scales are applied (the emulation rounds each element
+times its scales to FP32; MXFP8's are exact); the GPU tests bound it.
 """
 
 from __future__ import annotations

@@ -5,10 +5,13 @@ backward re-quantizing the saved high-precision input and weight (torchao's ``mx
 Each operand is quantized once per GEMM, the same way on both paths; only the matmul
 (:func:`~.gemm.block_gemm`) differs. With ``recipe.real_gemm`` (the policy sets it where the GPU
 has the kernel: :mod:`.gemm`) the quantized elements and scales go to torch's block-scaled
-``scaled_mm``; otherwise they are dequantized in FP32 (exact for MXFP8 and blockwise FP8
-elements times their scales; NVFP4's element x (tensor scale x block scale) is rounded once to
-FP32) and multiplied by an FP32 matmul with autocast off, then cast to the output dtype: the
-numerics of a block-scaled GEMM that accumulates in FP32, without its speed.
+``scaled_mm``; otherwise they are dequantized in FP32 (exact for MXFP8, E4M3 values times powers
+of two down to 2^-136; blockwise FP8's element x FP32 scale and NVFP4's element x (tensor scale
+x block scale) are rounded once to FP32) and multiplied by an FP32 matmul with autocast off,
+whose product is rounded once to the output dtype: the numerics of a block-scaled GEMM that
+accumulates in FP32, without its speed. torchao's emulated ``MXFP8Linear`` multiplies in the
+layer's dtype instead: equal bit for bit in FP32, not in BF16 (BF16 operands, a BF16 matmul:
+docs/precisions.md, *Checked against torchao*).
 
 Counts (:class:`~mptrain.precision.blocks.blocked.BlockStats`) cost more than the quantization,
 so a layer counts only while ``sampling`` is set (the loop sets it for its log rows: see

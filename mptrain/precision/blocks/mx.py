@@ -33,7 +33,10 @@ so its scale for such a block is one binade too small (and the block's largest e
 saturate). Here the rounding up is exact, as in the PTX instruction torchao itself uses on
 SM100 and in cuBLAS; the test measures how rare such blocks are.
 
-``data * scale`` (an exact product) is what the GEMM multiplies: :meth:`BlockQuantized.dequantize`.
+``data * scale`` is what the GEMM multiplies (:meth:`BlockQuantized.dequantize`): exact in FP32
+(down to 2^-136), which mptrain's emulation multiplies. In BF16 (:func:`fake_quant_mx` of a BF16
+tensor; torchao's BF16 emulation) a value needing bits below BF16's subnormal spacing 2^-133 is
+rounded: for BF16 inputs only in ``floor``'s code-0 blocks, whose halving adds a bit.
 """
 
 from __future__ import annotations
