@@ -173,6 +173,7 @@ class _ClosedPipeSafe:
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
+        self.reader_gone = False  # what only produces output (mptrain sample) may stop then
 
     def write(self, text: str) -> int:
         try:
@@ -188,6 +189,7 @@ class _ClosedPipeSafe:
             self._give_up()
 
     def _give_up(self) -> None:
+        self.reader_gone = True
         os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
         self._stream = open(os.devnull, "w")  # noqa: SIM115 (lives as long as the process)
 

@@ -283,7 +283,8 @@ def encode_prompt(vocab: Vocabulary, prompt: str) -> tuple[torch.Tensor, list[st
 
 def write_sample(model: nn.Module, ids: torch.Tensor, cfg: RunConfig, out: TextIO) -> None:
     """Write the prompt ``ids (1, length)`` and, as each new token is chosen, its text (flushed:
-    a long sample shows as it grows), then a newline. Draws come from a generator seeded with
+    a long sample shows as it grows), then a newline; stop early when ``out`` says its reader
+    went away (``reader_gone``: mptrain's stdout after a closed pipe). Draws come from a generator seeded with
     ``cfg.seed`` on ``ids``' device. ConfigError naming ``resume`` if the model's logits are not
     finite."""
     s = cfg.sample
@@ -304,6 +305,8 @@ def write_sample(model: nn.Module, ids: torch.Tensor, cfg: RunConfig, out: TextI
         for next_id in chosen:
             out.write(stream.piece(next_id[0].tolist()))
             out.flush()
+            if getattr(out, "reader_gone", False):  # `| head -c 5` closed the pipe: stop
+                return
     except LogitsNotFinite as exc:
         out.write("\n")
         raise ConfigError(

@@ -239,3 +239,24 @@ def test_an_older_vocabulary_reads_unseen_characters_as_its_unknown_id():
     assert older.unknown_id == 0
     ids, missing = encode_prompt(older, "a Zc")
     assert ids[0].tolist() == [2, 1, 0, 4] and missing == ["Z"]
+
+
+class ReaderGoesAway(Recorder):
+    """mptrain's stdout when ``| head -c 5`` closed the pipe after the prompt and two tokens."""
+
+    reader_gone = False
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        self.reader_gone = len(self.writes) >= 3
+        return written
+
+
+def test_sampling_stops_when_the_reader_went_away(monkeypatch):
+    """Issue 39, item 25: ``mptrain sample ... | head -c 5`` kept generating."""
+    model = tiny_lm(CHARS)
+    monkeypatch.setattr("mptrain.commands.evaluate.load_model", lambda *a, **k: model)
+    out = ReaderGoesAway(model)
+    monkeypatch.setattr(sys, "stdout", out)
+    sample_main(["resume=tiny.pt", "device=cpu", "max_new_tokens=500", "temperature=0"])
+    assert len(out.writes) == 3 and out.forwards <= 3  # not 500 forwards into the void
