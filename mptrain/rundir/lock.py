@@ -23,11 +23,15 @@ from types import TracebackType
 
 from mptrain.config.base import NAME_MAX, PATH_MAX, ConfigError
 from mptrain.rundir.layout import (
+    AUDIT_JSON,
+    AUDIT_MD,
     BEST,
     CHECKPOINT_DIR,
     LATEST,
     LOCK_NAME,
     METRICS_JSONL,
+    PROBE_JSON,
+    PROBE_MD,
     REPORT_JSON,
     REPORT_MD,
     RUN_PNG,
@@ -210,9 +214,14 @@ def check_no_other_run(
     if dry_run:
         return None
     directory = output_dir / CHECKPOINT_DIR
+    # Also what the earlier run's diagnostics and quarantine left: a fresh run's audit=false
+    # would otherwise leave the old audit.md beside its own report.
+    leftovers = [output_dir / name for name in (AUDIT_JSON, AUDIT_MD, PROBE_JSON, PROBE_MD)]
+    leftovers += sorted(directory.glob("*.corrupt")) if directory.is_dir() else []
+    found += [path for path in leftovers if path.is_file()]
     for path in [*found, directory / LATEST]:
         path.unlink(missing_ok=True)
-    steps = [p for p in found if p.parent == directory and p.name != BEST]
+    steps = [p for p in found if p.parent == directory and p.suffix == ".pt" and p.name != BEST]
     others = [p.name for p in found if p not in steps]
     return (
         f"overwrite=true: deleted {len(steps)} checkpoint(s) of the previous run in {directory}"

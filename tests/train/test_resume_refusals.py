@@ -119,3 +119,13 @@ def test_the_summary_and_report_md_say_a_run_was_resumed_and_its_fp32_modules(fi
     assert f"| resumed | from {step6} at step 6; allowed changes: precision: checkpoint" in markdown
     assert "max_steps: checkpoint 6, now 9" in markdown
     assert "| fp32 modules | 4 |" in markdown
+
+
+def test_overwrite_true_removes_the_earlier_runs_diagnostics_and_quarantined_files(tmp_path):
+    """Issue 39, item 25: the old audit.* and *.corrupt stayed beside the new run's report."""
+    out = tmp_path / "run"
+    train(tiny_run(*RUN, "audit=true"), out)
+    (out / CHECKPOINT_DIR / "step_00000001.pt.corrupt").write_bytes(b"cut")
+    train(tiny_run(*RUN, "overwrite=true"), out)
+    assert not (out / "audit.json").exists() and not (out / "audit.md").exists()
+    assert list((out / CHECKPOINT_DIR).glob("*.corrupt")) == []
