@@ -65,6 +65,12 @@ class Checkpointer:
         self.asked: Callable[[], bool] = lambda: False
         if self.dist.is_main:
             directory.mkdir(parents=True, exist_ok=True)
+            pointer = directory / LATEST
+            if pointer.exists() and not pointer.is_file():  # found now, not at the first save
+                raise ConfigError(
+                    f"{pointer}: not a file (a directory?), so no checkpoint could be recorded "
+                    "there; move it away or choose another hydra.run.dir"
+                )
             remove_stray_temporaries(directory)
             # Files of an earlier (interrupted) run of this directory count towards keep_last.
             self.saved = list(reversed(candidates(directory)))

@@ -129,3 +129,10 @@ def test_overwrite_true_removes_the_earlier_runs_diagnostics_and_quarantined_fil
     train(tiny_run(*RUN, "overwrite=true"), out)
     assert not (out / "audit.json").exists() and not (out / "audit.md").exists()
     assert list((out / CHECKPOINT_DIR).glob("*.corrupt")) == []
+
+
+def test_a_latest_json_that_is_a_directory_is_found_before_training(tmp_path):
+    """Issue 39, item 25: it surfaced only at the first save, as a raw IsADirectoryError."""
+    (tmp_path / "run" / CHECKPOINT_DIR / "latest.json").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"latest\.json: not a file \(a directory\?\)"):
+        train(tiny_run(*RUN), tmp_path / "run")
