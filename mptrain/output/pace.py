@@ -145,10 +145,21 @@ class Pace:
         self._first_done: float | None = None  # when the first step finished
         self._measured: tuple[int, float] = (0, 0.0)  # (steps, seconds) after the first
         self.estimate: RunEstimate | None = None
+        self._origin: int | None = None  # the step timing restarted after (restart)
+        self.restarted_why: str | None = None
 
     @property
     def first_step(self) -> int:
-        return self.start_step + 1
+        return self.start_step + 1 if self._origin is None else self._origin
+
+    def restart(self, step: int, now: float, why: str) -> None:
+        """Time the steps after ``step`` afresh and make the estimate again from them: what ran
+        before is no guide any more (threads=auto changed the thread count there: the first
+        estimate, from steps at both counts, was 4-17x off). ``why`` is said with it."""
+        if self._first_done is None:
+            return  # the first step has not finished: nothing was measured yet
+        self._origin, self._first_done, self._measured = step, now, (0, 0.0)
+        self.estimate, self.restarted_why = None, why
 
     def start(self, now: float) -> None:
         self.started = now

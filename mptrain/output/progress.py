@@ -233,7 +233,14 @@ class ProgressDisplay:
         self._paced_step = step
         estimate = self.pace.step_done(step, now)
         if estimate is not None:
-            self._shown(estimate.line())
+            again = self.pace.restarted_why
+            self._shown(f"re-estimated ({again}): {estimate.line()}" if again else estimate.line())
+
+    def remeasure(self, step: int, why: str) -> None:
+        """The steps after ``step`` run differently (threads=auto changed the thread count): the
+        estimate is made again from them (:meth:`mptrain.output.pace.Pace.restart`)."""
+        with self._lock:
+            self.pace.restart(step, self.clock(), why)
 
     def _after_first_step(self, state: StepCounters, now: float) -> None:
         """The first line (unless the step's log row just gave one) and the slow-path note."""

@@ -304,8 +304,7 @@ class Job:
             cfg.resume_allow_changes,
             data_key=data_key(cfg),
         )
-        step, total = payload["loop"]["step"], run.settings.total_steps
-        check_not_completed(self.output_dir, path, step, total, self.log.say)
+        check_not_completed(self.output_dir, path, payload, run.settings.total_steps, self.log.say)
         saved_world = payload.get("world_size", 1)
         if saved_world != dist.world_size:
             notes.append(
@@ -345,6 +344,8 @@ class Job:
         display = ProgressDisplay(
             total, label, self.console, show, self.log, start, cadence.now, slow_path
         )
+        if run.monitor.threads is not None:  # a new thread count: the estimate is made again
+            run.monitor.threads.on_change = display.remeasure
         try:
             with display, self._stop_signals() as (stop, save):
                 self.display = display

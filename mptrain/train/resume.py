@@ -92,12 +92,17 @@ class AlreadyCompleted(RuntimeError):
 
 
 def check_not_completed(
-    output_dir: Path, path: Path, step: int, total: int, say: Callable[[str, str], None]
+    output_dir: Path,
+    path: Path,
+    payload: dict[str, Any],
+    total: int,
+    say: Callable[[str, str], None],
 ) -> None:
-    """:class:`AlreadyCompleted` when ``path`` (the checkpoint resumed, at ``step`` of the run's
-    ``total``) ends the run and ``output_dir``'s report says it completed: training again for 0
+    """:class:`AlreadyCompleted` when ``path`` (the checkpoint resumed, ``payload`` its content, at
+    a step of the run's ``total``) ends the run and ``output_dir``'s report says it completed: training again for 0
     steps would replace its measured throughput, times and estimate with nothing. A finished
     checkpoint resumed into another directory is said (``say``) and goes on (0 steps there)."""
+    step = payload["loop"]["step"]
     if step < total:
         return
     report = _read_report(output_dir / REPORT_JSON)

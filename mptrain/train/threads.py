@@ -119,6 +119,8 @@ class ThreadTuner:
     ) -> None:
         self.choice = choice
         self.say = say  # one line per measurement (the job's log: terminal and .log file)
+        # Told (step, why) when the count changes: the progress display estimates again.
+        self.on_change: Callable[[int, str], None] | None = None
         self.start_count = choice.threads
         self.current = choice.threads
         self.window, self.rounds = max(1, window), rounds
@@ -191,6 +193,8 @@ class ThreadTuner:
             }
         )
         if best != self.current:
+            if self.on_change is not None:
+                self.on_change(step, f"threads {self.current} -> {best} at step {step}")
             speedup = medians[self.current] / medians[best] if self.current in medians else None
             gain = f", {speedup:.2f}x the steps/s" if speedup else ""
             self.changes.append(
