@@ -245,3 +245,15 @@ def earlier_run_files(output_dir: Path) -> list[Path]:
         if path.is_file()
     ]
     return found
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """Fail before training, not at the first save, when the run directory is not writable."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"output directory {output_dir}: cannot create it ({exc.strerror})"
+        ) from exc
+    if not os.access(output_dir, os.W_OK | os.X_OK):
+        raise ConfigError(f"output directory {output_dir}: not writable by this user")

@@ -10,7 +10,11 @@ state are untouched): one warm-up step each, then :data:`ROUNDS` rounds alternat
 of load hits both alike, and each candidate's fastest step counts: other work on the machine only
 ever slows a step down (here, with other jobs on the 2 cores, single steps of a 5 ms model took
 300 ms), so the fastest is the least disturbed. BF16 is kept only when its step is at least
-:data:`FASTER_BY` times faster: at equal speed FP32 computes more faithfully.
+:data:`FASTER_BY` times faster: at equal speed FP32 computes more faithfully. When the paired
+rounds disagree (neither candidate faster in :data:`AGREE` of them: a busy machine, where the
+same job decided fp32 "3.32x faster" and bf16 "2.79x faster" minutes apart), more rounds are
+timed, up to :data:`MAX_ROUNDS`; still undecided, the device rule's choice stands, and the reason
+says so. One line is said before the timing starts; a run stopped during it says that too.
 
 Not measured (the rule stands, and the reason says why): ``precision.measure=false``; a GPU
 (BF16 tensor cores are the rule's strong case, and timing copies would double the model's memory
@@ -26,6 +30,7 @@ Same command, different machines: the choice can differ. The report says what ra
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from mptrain.config.options import AUTO
@@ -37,6 +42,8 @@ from mptrain.train.steptime import time_steps
 MIN_STEPS = 200  # 10 timed steps: 5 % of such a run at most
 ROUNDS = 4  # timed steps per candidate after its warm-up step
 FASTER_BY = 1.05  # the lower precision must be this much faster to be chosen
+AGREE = 0.75  # the share of paired rounds one candidate must win for the timing to decide
+MAX_ROUNDS = 3 * ROUNDS  # rounds timed at most before the device rule decides instead
 CANDIDATES = {"bf16": ("bf16", "fp32")}  # the rule's CPU choice -> what is timed
 
 
@@ -59,13 +66,19 @@ def why_not_measured(run: Run, steps: int) -> str | None:
     return None
 
 
-def decide_auto(run: Run, steps: int, trained_in: str | None = None) -> Run:
+def decide_auto(
+    run: Run,
+    steps: int,
+    trained_in: str | None = None,
+    say: Callable[[str], None] | None = None,
+) -> Run:
     """``run`` (built with the rule's precision) with the precision ``auto`` settles on.
 
     ``trained_in``: the precision of the checkpoint a resumed run continues (kept whatever the
     rule or a timing would say now). Otherwise the candidates are timed when
     :func:`why_not_measured` allows; else the rule's choice stays, its reason extended with why
-    it was not timed. Only the policy (and the monitor that names it) can change.
+    it was not timed. Only the policy (and the monitor that names it) can change. ``say`` gets
+    one line before the timing starts (it takes seconds to a minute).
     """
     policy = run.policy
     if policy.requested != AUTO:
@@ -78,9 +91,41 @@ def decide_auto(run: Run, steps: int, trained_in: str | None = None) -> Run:
     skip = why_not_measured(run, steps)
     if skip is not None:
         return _with_reason(run, f"{policy.reason}; {skip}")
-    timing = time_candidates(run, CANDIDATES[policy.name])
+    names = CANDIDATES[policy.name]
+    if say is not None:
+        say(f"auto: timing {' and '.join(names)} on copies of this model before training")
+    timing = time_candidates(run, names)
+    while _undecided(timing, policy.name) and len(timing["steps"]["fp32"]) < MAX_ROUNDS:
+        timing = _merged(timing, time_candidates(run, names))  # a busy machine: more rounds
+    if _undecided(timing, policy.name):
+        wins = _wins(timing, policy.name)
+        reason = (
+            f"{policy.reason}; timed but undecided on a busy machine ({policy.name} faster in "
+            f"{wins} of {len(timing['steps']['fp32'])} paired steps): the device rule's choice"
+        )
+        return with_policy(run, _policy_for(run, policy.name, reason, timing))
     name, reason = choose(timing, lower=policy.name)
     return with_policy(run, _policy_for(run, name, reason, timing))
+
+
+def _wins(timing: dict[str, Any], lower: str) -> int:
+    """In how many paired rounds ``lower``'s step beat FP32's."""
+    steps = timing["steps"]
+    return sum(low < fp32 for low, fp32 in zip(steps[lower], steps["fp32"], strict=True))
+
+
+def _undecided(timing: dict[str, Any], lower: str) -> bool:
+    """The paired rounds disagree: neither candidate was faster in at least AGREE of them (on a
+    busy machine the fastest steps flip between runs minutes apart: 3.3x one way, 2.8x the
+    other)."""
+    rounds = len(timing["steps"]["fp32"])
+    wins = _wins(timing, lower)
+    return max(wins, rounds - wins) < AGREE * rounds
+
+
+def _merged(timing: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    steps = {n: timing["steps"][n] + more["steps"][n] for n in timing["steps"]}
+    return {**timing, "steps": steps, "s_per_step": {n: min(t) for n, t in steps.items()}}
 
 
 def time_candidates(run: Run, names: tuple[str, ...]) -> dict[str, Any]:

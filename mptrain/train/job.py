@@ -15,8 +15,8 @@ exception — a report is written with the matching status before the exception 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
-import os
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -52,7 +52,7 @@ from mptrain.platform.signals import (
 from mptrain.precision.policy import PrecisionPolicy
 from mptrain.rundir.checkpoint import check_compatible, resolve_resume
 from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, RUN_PNG
-from mptrain.rundir.lock import RunDirLock, check_no_other_run
+from mptrain.rundir.lock import RunDirLock, check_no_other_run, check_output_dir
 from mptrain.train import cadence
 from mptrain.train.autoprecision import decide_auto
 from mptrain.train.build import build_run, resolve_run
@@ -145,18 +145,6 @@ def train(
         shutdown(dist)
 
 
-def check_output_dir(output_dir: Path) -> None:
-    """Fail before training, not at the first save, when the run directory is not writable."""
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(
-            f"output directory {output_dir}: cannot create it ({exc.strerror})"
-        ) from exc
-    if not os.access(output_dir, os.W_OK | os.X_OK):
-        raise ConfigError(f"output directory {output_dir}: not writable by this user")
-
-
 class Job:
     """One job's life (see the module doc); always ends with a report once it has started."""
 
@@ -238,7 +226,7 @@ class Job:
         found = resolve_resume(cfg.resume, self.output_dir, cfg.overwrite) if cfg.resume else None
         if cfg.precision.name == AUTO:  # the rule's choice, or timed on the model, or resumed
             trained_in = found[1]["signature"].get("precision") if found else None
-            run = self.run = decide_auto(run, run.settings.total_steps, trained_in)
+            run = self.run = decide_auto(run, run.settings.total_steps, trained_in, self._deciding)
             self.policy = run.policy
         run.schedule.say = functools.partial(self.log.say, label="precision")  # at a switch
         run.threads = kept_from_checkpoint(run.threads, found)  # threads=auto, resumed
@@ -254,6 +242,13 @@ class Job:
         if cfg.checkpoint.enabled:
             signature = run_signature(cfg, self.policy, run.data.identity)
             self.checkpointer = Checkpointer(self.output_dir / CHECKPOINT_DIR, run, signature)
+
+    def _deciding(self, line: str) -> None:
+        """precision=auto starts timing its candidates (up to a minute): said before, and what a
+        report written meanwhile (a stop) gives as the precision's reason."""
+        self.log.say(line, "precision")
+        stopped = f"{self.policy.reason}; stopped while precision=auto timed its candidates"
+        self.policy = dataclasses.replace(self.policy, reason=stopped)
 
     def _own(self) -> None:
         """The run owns its directory from now on (see :func:`train`'s ``on_owned``): a fresh run

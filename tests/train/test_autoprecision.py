@@ -124,3 +124,60 @@ def test_only_the_same_build_can_change_precision():
     fp16 = dataclasses.replace(run.policy, name="fp16", loss_scaling=True)
     with pytest.raises(ValueError, match="not the same build"):
         with_policy(run, fp16)
+
+
+# ------------------------------------------- issue 39, item 2: an auto that decides the same way
+def fake_timings(monkeypatch, *rounds: tuple[list[float], list[float]]):
+    """time_candidates returning these (bf16 steps, fp32 steps) batches, one per call."""
+    batches = iter(rounds)
+
+    def timed(run, names):
+        bf16, fp32 = next(batches)
+        steps = {"bf16": bf16, "fp32": fp32}
+        return {"s_per_step": {n: min(t) for n, t in steps.items()}, "steps": steps}
+
+    monkeypatch.setattr(autoprecision, "time_candidates", timed)
+
+
+def test_rounds_that_disagree_are_timed_again_then_left_to_the_rule(native_bf16, monkeypatch):
+    """On a busy machine the fastest steps flipped between runs minutes apart (fp32 3.32x
+    faster, then bf16 2.79x faster): paired rounds that disagree are timed again, and if they
+    still disagree the device rule decides, saying so."""
+    flip = ([0.01, 0.05, 0.01, 0.05], [0.03, 0.01, 0.03, 0.01])  # each wins 2 of 4
+    fake_timings(monkeypatch, flip, flip, flip)
+    said = []
+    run = prepare_run(tiny_run("precision.measure=true", f"max_steps={MIN_STEPS}"))
+    settled = decide_auto(run, MIN_STEPS, say=said.append)
+    assert said == ["auto: timing bf16 and fp32 on copies of this model before training"]
+    policy = settled.policy
+    assert policy.name == "bf16" and len(policy.auto_timing["steps"]["fp32"]) == 12
+    assert policy.reason.endswith(
+        "timed but undecided on a busy machine (bf16 faster in 6 of 12 paired steps): the "
+        "device rule's choice"
+    )
+
+
+def test_rounds_that_agree_decide_at_once(native_bf16, monkeypatch):
+    fake_timings(monkeypatch, ([0.01, 0.011, 0.012, 0.05], [0.02, 0.02, 0.02, 0.02]))
+    run = prepare_run(tiny_run("precision.measure=true", f"max_steps={MIN_STEPS}"))
+    policy = decide_auto(run, MIN_STEPS).policy  # bf16 wins 3 of 4: decided, no more rounds
+    assert policy.name == "bf16" and len(policy.auto_timing["steps"]["bf16"]) == 4
+    assert policy.reason.startswith("measured: bf16 10 ms vs fp32 20 ms")
+
+
+def test_a_run_stopped_while_auto_times_reports_it(native_bf16, monkeypatch, tmp_path):
+    """A run killed in that window reported "precision choice: rule"."""
+
+    def interrupted(run, names):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(autoprecision, "time_candidates", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_run("precision.measure=true", f"max_steps={MIN_STEPS}"), tmp_path)
+    import json
+
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["status"] == "interrupted"
+    assert report["precision"]["reason"].endswith(
+        "stopped while precision=auto timed its candidates"
+    )
