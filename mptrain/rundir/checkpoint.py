@@ -317,10 +317,15 @@ def check_compatible(
     saved = {**_added_defaults(signed), **signed}
     if DATA_IDENTITY not in saved:
         signature = {k: v for k, v in signature.items() if k != DATA_IDENTITY}
+    # Another precision signs other settings (nvfp4.* for nvfp4, none for bf16): a key only one
+    # side has is then part of the precision's difference, not one of its own (8 spurious
+    # "nvfp4.x: checkpoint ..., now None" lines for an nvfp4 run resumed in bf16).
+    other_precision = saved.get("precision") != signature.get("precision")
     differences = [
         f"{key}: checkpoint {saved.get(key)!r}, now {signature.get(key)!r}"
         for key in dict.fromkeys([*signature, *saved])  # both key sets, in order
         if saved.get(key) != signature.get(key)
+        and not (other_precision and (key in saved) != (key in signature))
     ]
     if differences and not allow_changes:
         if differences[0].startswith(DATA_IDENTITY) and len(differences) == 1:

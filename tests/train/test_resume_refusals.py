@@ -136,3 +136,14 @@ def test_a_latest_json_that_is_a_directory_is_found_before_training(tmp_path):
     (tmp_path / "run" / CHECKPOINT_DIR / "latest.json").mkdir(parents=True)
     with pytest.raises(ConfigError, match=r"latest\.json: not a file \(a directory\?\)"):
         train(tiny_run(*RUN), tmp_path / "run")
+
+
+def test_a_resume_in_another_precision_lists_the_precision_not_its_settings(tmp_path):
+    """Issue 39, item 25: an nvfp4 run resumed with precision=bf16 listed 8 spurious
+    "nvfp4.*: checkpoint X, now None" differences besides the precision."""
+    out = tmp_path / "run"
+    train(tiny_run("precision=nvfp4", "max_steps=4", "epochs=null"), out)
+    with pytest.raises(ConfigError) as refused:
+        train(tiny_run("precision=bf16", "max_steps=4", "epochs=null", "resume=auto"), out)
+    assert "(precision: checkpoint 'nvfp4', now 'bf16'); " in str(refused.value)
+    assert "nvfp4." not in str(refused.value)
