@@ -657,3 +657,18 @@ def test_the_numerics_column_gives_each_recipe_its_own_layer_choice():
     assert mx_cell.startswith(f"{count(mx)} MXFP8, ") and count(mx) != count(fp8)
     assert mx_cell.endswith(f"{mx['converted_linear_flops_share']:.0%} of Linear FLOPs")
     assert advise_report.numerics_cell("fp8-blockwise", numerics) == ""  # its pilot did not run
+
+
+def test_a_second_advise_into_a_directory_in_use_is_refused(tmp_path, monkeypatch):
+    """Issue 39, item 25: two advise commands into one directory both "succeeded" and the first
+    result was overwritten without a word."""
+    from mptrain.rundir.lock import RunDirLock
+
+    (tmp_path / "adv").mkdir()
+    with RunDirLock(tmp_path / "adv", kind="advise"):  # the first advise, still measuring
+        outcome = run_cli(
+            ["advise", "model=mlp", "hydra.run.dir=adv"], tmp_path, monkeypatch, jobs=True
+        )
+    assert outcome.code == 2, outcome
+    assert outcome.stderr.startswith("mptrain: error: advise directory adv: in use by another")
+    assert not (tmp_path / "adv" / "advise.json").exists()

@@ -228,6 +228,12 @@ def advise_main(overrides: list[str]) -> None:
     from mptrain.commands.advise.trials import Budget
     from mptrain.compose.preflight import subcommand_job
     from mptrain.output.joblog import job_console
+    from mptrain.rundir.lock import RunDirLock, check_output_dir
 
     cfg, output_dir = subcommand_job(overrides, "advise")
-    run_advise(cfg, overrides, output_dir, job_console(), Budget(cfg.advise.budget_s, started))
+    check_output_dir(output_dir)
+    # Two advise commands into one directory: the second is refused, naming the first (both
+    # "succeeded" and the first's result was overwritten without a word).
+    with RunDirLock(output_dir, kind="advise"):
+        budget = Budget(cfg.advise.budget_s, started)
+        run_advise(cfg, overrides, output_dir, job_console(), budget)
