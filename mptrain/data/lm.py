@@ -5,6 +5,7 @@ of random training windows and fixed validation windows.
 from __future__ import annotations
 
 import dataclasses
+import stat
 from pathlib import Path
 
 from mptrain.config.base import ConfigError
@@ -35,6 +36,24 @@ MAX_NOT_UTF8_SHARE = 0.01
 
 
 # ------------------------------------------------------------------------------------------- text
+def _check_source(cfg: TextDatasetConfig) -> None:
+    """ConfigError naming ``dataset.path`` for a path that is neither a file nor a directory (a
+    FIFO would block the run, /dev/zero never end: both were "no .txt files") or a symbolic link
+    that leads nowhere (a loop was "does not exist")."""
+    if not cfg.path:
+        return  # the embedded standard-library corpus
+    path = Path(cfg.path)
+    if path.is_symlink() and not path.exists():
+        raise ConfigError(
+            f"dataset.path={cfg.path!r}: a symbolic link that leads nowhere (or in a loop)"
+        )
+    if path.exists() and not (path.is_dir() or stat.S_ISREG(path.stat().st_mode)):
+        raise ConfigError(
+            f"dataset.path={cfg.path!r}: not a regular file or a directory (a pipe or a device?); "
+            "give a text, .jsonl or .parquet file, or a directory of them"
+        )
+
+
 def load_text(cfg: TextDatasetConfig) -> TokenText:
     """The text ``dataset.path`` names (default: the standard library's sources), tokenised with
     ``dataset.tokenizer`` when one is given. ConfigError naming ``dataset.path`` when there is no
@@ -42,6 +61,7 @@ def load_text(cfg: TextDatasetConfig) -> TokenText:
     :data:`MAX_NOT_UTF8_SHARE` of it is not UTF-8 under a characters or tokenizer vocabulary;
     naming ``dataset.tokenizer`` when its file cannot be used."""
     tokenizer = load_tokenizer(cfg)
+    _check_source(cfg)
     try:
         text = read_text_dataset(
             cfg.path,

@@ -250,3 +250,27 @@ def test_a_bad_label_in_a_worker_fed_run_is_one_line_exit_1(tmp_path, monkeypatc
         r"outside 0\.\.9 \(dataset.num_classes=10\) \(report in ",
         lines[0],
     ), lines[0]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "loop"])
+def test_a_text_path_that_is_no_file_nor_directory_is_named(tmp_path, kind):
+    """Issue 39, item 25: a FIFO or /dev/zero said "no .txt files" (a FIFO would block the run),
+    a symbolic link loop "does not exist"."""
+    import os
+    from pathlib import Path
+
+    from mptrain.config.data import TextDatasetConfig
+    from mptrain.data.lm import load_text
+
+    if kind == "fifo":
+        path = tmp_path / "fifo"
+        os.mkfifo(path)
+    elif kind == "device":
+        path = Path("/dev/zero")
+    else:
+        path = tmp_path / "a"
+        path.symlink_to(tmp_path / "b")
+        (tmp_path / "b").symlink_to(path)
+    expected = "symbolic link that leads nowhere" if kind == "loop" else "not a regular file"
+    with pytest.raises(ConfigError, match=expected):
+        load_text(TextDatasetConfig(path=str(path)))
