@@ -24,6 +24,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mptrain.output.render import plural
+
 # A range wider than 10 % of the median cannot tell a 10 % gain from none: smaller differences
 # than that are not what anyone picks a precision by, larger ones must be told reliably.
 NOISY_SPREAD = 0.10
@@ -59,13 +61,12 @@ class Spread:
 def _judged(median: float, low: float, high: float, samples: int, what: str) -> Spread:
     """The spread with its verdict: too few ``what`` to judge, or wider than NOISY_SPREAD."""
     spread = Spread(median, low, high, samples)
+    counted = plural(samples, what.removesuffix("s"))  # "1 window", not "1 windows"
     if samples < MIN_SAMPLES:
-        return spread.marked(
-            f"{samples} {what}: too few to judge the spread (at least {MIN_SAMPLES})"
-        )
+        return spread.marked(f"{counted}: too few to judge the spread (at least {MIN_SAMPLES})")
     if spread.relative > NOISY_SPREAD:
         return spread.marked(
-            f"spread {spread.relative:.0%} of the median over {samples} {what} "
+            f"spread {spread.relative:.0%} of the median over {counted} "
             f"(noisy above {NOISY_SPREAD:.0%})"
         )
     return spread

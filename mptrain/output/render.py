@@ -26,6 +26,7 @@ from mptrain.output.report import (
     TimeSection,
     TrainingSection,
 )
+from mptrain.output.switch import switch_rows
 from mptrain.platform.contention import busy_words
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 from mptrain.rundir.layout import FAILURE_JSON, METRICS_JSONL, REPORT_JSON, REPORT_MD
@@ -107,47 +108,6 @@ _UPDATE_WORDS = {
     "stochastic": "rounded stochastically",
     "kahan": "Kahan-compensated",
 }
-
-
-def _switch_rows(switch: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """A precision schedule's switch in one row: when, into what, and the loss either side."""
-    if switch is None:
-        return []
-    to = (
-        f"{switch['to_label']} (autocast {switch['to_autocast_dtype'] or 'none'}, loss scaling "
-        f"{'on' if switch['to_loss_scaling'] else 'off'})"
-    )
-    words = f"{switch['from_label']} -> {to} after step {switch['step']}"
-    if switch["switched_after_step"] is None:
-        return [("precision switch", f"{words}: not reached")]
-    if switch["switched_after_step"] != switch["step"]:
-        words = words.replace(f"step {switch['step']}", f"step {switch['switched_after_step']}")
-    return [("precision switch", "; ".join([words, *_switch_effect(switch)]))]
-
-
-def _switch_effect(switch: dict[str, Any]) -> list[str]:
-    """The train loss over the steps either side of the switch and the evaluations around it."""
-    parts = []
-    before, after = switch["train_loss_before"], switch["train_loss_after"]
-    if before and after:
-        change = f"train loss {_span(before)} -> {_span(after)}: {switch['loss_change']:+.4f}"
-        earlier = switch["train_loss_earlier"]
-        if earlier:  # how the loss moved over as many steps without a switch
-            steps = f"steps {earlier['steps'][0]}-{earlier['steps'][1]} -> {before['steps'][0]}-"
-            change += f"; before it, {steps}{before['steps'][1]}: {switch['trend_before']:+.4f}"
-        parts.append(change)
-    ev_before, ev_after = switch["eval_before"], switch["eval_after"]
-    if ev_before and ev_after:
-        parts.append(
-            f"val loss {fmt_num(ev_before['val_loss'])} (step {ev_before['step']}) -> "
-            f"{fmt_num(ev_after['val_loss'])} (step {ev_after['step']})"
-        )
-    return parts
-
-
-def _span(window: dict[str, Any]) -> str:
-    """``2.3100 (steps 81-100)``: a mean train loss and the steps it is over."""
-    return f"{window['mean']:.4f} (steps {window['steps'][0]}-{window['steps'][1]})"
 
 
 def _corpus_rows(text: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -236,7 +196,7 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         ("status", report.status + (f": {report.reason}" if report.reason else "")),
         ("precision", _precision_text(p)),
         ("precision choice", p.reason),
-        *_switch_rows(p.switch),
+        *switch_rows(p.switch),
         ("device", report.hardware["device"]),
         *_threads_rows(report.threads),
         *_distributed_rows(report.distributed),

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from mptrain.config.options import AUTO
+from mptrain.output.render import plural
 from mptrain.precision.policy import PRECISIONS, PrecisionPolicy, resolve_precision
 from mptrain.train.build import with_policy
 from mptrain.train.components import Run
@@ -62,7 +63,7 @@ def why_not_measured(run: Run, steps: int) -> str | None:
     if run.dist.enabled:
         return "several processes"
     if steps < MIN_STEPS:
-        return f"a run of {steps} steps: timing the candidates pays off from {MIN_STEPS}"
+        return f"a run of {plural(steps, 'step')}: timing the candidates pays off from {MIN_STEPS}"
     return None
 
 

@@ -218,7 +218,8 @@ def test_ratios_pair_each_repetition_and_a_wide_spread_is_noisy():
 def test_fewer_than_three_repetitions_cannot_judge_the_spread(reps):
     _, row = bench_rows({"fp32": [100] * reps, "bf16": [200] * reps})
     assert row["vs_fp32"] == 2 and row["vs_fp32_range"] == [2, 2]
-    assert row["vs_fp32_noisy"] == f"{reps} repetitions: too few to judge the spread (at least 3)"
+    said = "1 repetition" if reps == 1 else f"{reps} repetitions"
+    assert row["vs_fp32_noisy"] == f"{said}: too few to judge the spread (at least 3)"
 
 
 def test_the_base_row_is_1_by_definition_and_tf32_rows_get_their_own_ratios():
