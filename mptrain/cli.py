@@ -51,7 +51,7 @@ from mptrain.compose.registry import absolute_paths, register_configs, to_run_co
 from mptrain.config.base import ConfigError, launch_dir, set_launch_dir
 from mptrain.platform.signals import Terminated, terminate_like_interrupt
 from mptrain.rundir.command import continue_command
-from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST
+from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, REPORT_JSON
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -118,6 +118,10 @@ def _run_job(
         raise SystemExit(exc.exit_code) from None
     except AlreadyCompleted as exc:
         print(f"mptrain: {exc}")
+        # Its report stands as this command's answer (a sweep's summary reads it as this
+        # sweep's): touched, its content unchanged.
+        with contextlib.suppress(OSError):
+            os.utime(output_dir / REPORT_JSON)
         evaluation = exc.report.get("evaluation") or {}
         return evaluation.get(f"final_{evaluation.get('primary_metric')}")
     except RunFailed as exc:

@@ -174,12 +174,25 @@ def _as_of(run: RunRecord, started: float) -> RunRecord:
     if _written_since(failure, started):
         return RunRecord(run.directory, run.label, None, reason=_failure_reason(failure))
     report = run.report
-    if report is not None and dt.datetime.fromisoformat(report.started_at).timestamp() < started:
+    # A report older than the sweep is another run's, unless this sweep's job confirmed it (a
+    # finished job resumed again: "already completed" touches it, its content unchanged).
+    if report is not None and _started_before(report, started) and not _written_since(
+        run.directory / REPORT_JSON, started
+    ):
         reason = (
             f"no report.json from this sweep (the one there: a run started {report.started_at})"
         )
         return RunRecord(run.directory, run.label, None, reason=reason)
     return run
+
+
+def _started_before(report: RunReport, started: float) -> bool:
+    """Whether ``report``'s run started before ``started``; a started_at that is no timestamp
+    (a report.json anyone edited) counts as not (the comparison names what is wrong with it)."""
+    try:
+        return dt.datetime.fromisoformat(report.started_at).timestamp() < started
+    except (TypeError, ValueError):
+        return False
 
 
 def _failure_reason(path: Path) -> str:

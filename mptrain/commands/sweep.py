@@ -14,29 +14,33 @@ wide, when there are too few windows, or when either job ran at the same time as
 comparison (their started_at–finished_at spans overlap: a joblib launcher, two terminals).
 
 After a Hydra multirun, :class:`SweepSummaryCallback` writes ``sweep.md``, ``sweep.json`` and
-``sweep_loss.png`` into the sweep directory and prints the table.
+``sweep_loss.png`` into the sweep directory and prints the table; ``mptrain-compare`` writes them
+into a directory of its own (``outputs/compare/<date>/<time>``, or ``--out DIR``).
+
+One bad run directory never stops a comparison: a report.json the comparison cannot read (a field
+of the wrong type, a section that is not an object) makes that run a row with the reason
+(:func:`readable`), a metrics.jsonl row cut short by a kill or a full disk is left out of the
+curves (:func:`curve_rows`), and text taken from the runs (overrides, reasons, labels) is printed
+and written to sweep.md with its control characters escaped (:func:`visible`).
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import json
-import sys
+import math
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from hydra.experimental.callback import Callback
 from rich.console import Console
 from rich.markup import escape
 
+from mptrain.commands.readable import curve_rows, readable, visible
 from mptrain.commands.runs import (
-    NO_RUNS,
-    SEARCH_DEPTH,
     RunRecord,
     find_runs,
-    run_dirs_in,
     this_sweeps_runs,
 )
 from mptrain.commands.spread import (
@@ -49,12 +53,11 @@ from mptrain.commands.spread import (
 from mptrain.config.keys import flatten, is_non_training_key
 from mptrain.output.joblog import print_table as show_table
 from mptrain.output.joblog import table_console
-from mptrain.output.metrics import read_metrics
 from mptrain.output.plots import plot_sweep
-from mptrain.output.render import fmt_bytes, fmt_pct, plural
+from mptrain.output.render import fmt_bytes, fmt_pct
 from mptrain.output.report import RunReport, ThroughputSection
 from mptrain.platform.contention import busy_words
-from mptrain.rundir.fileio import atomic_write_text
+from mptrain.rundir.fileio import atomic_write_text, clean_json
 from mptrain.rundir.layout import METRICS_JSONL, SWEEP_PNG
 
 SWEEP_MD, SWEEP_JSON = "sweep.md", "sweep.json"
@@ -84,7 +87,9 @@ def _ratio(value: float | None, base: float | None) -> float | None:
 
 
 def compare(runs: list[RunRecord]) -> list[dict[str, Any]]:
-    """One row per run with its figures and, where an FP32 twin exists, the ratios against it."""
+    """One row per run with its figures and, where an FP32 twin exists, the ratios against it;
+    a run whose report the comparison cannot read (:func:`readable`) is a row with the reason."""
+    runs = [readable(run) for run in runs]
     baselines: dict[str, RunReport] = {}
     for run in runs:
         r = run.report
@@ -253,6 +258,11 @@ LM_ONLY_COLUMNS = frozenset({"final_val_loss", "loss_delta", "final_val_perplexi
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
+    """The text of ``row``'s ``key`` column, control characters escaped (:func:`visible`)."""
+    return visible(_text(row, key))
+
+
+def _text(row: dict[str, Any], key: str) -> str:
     value = row.get(key)
     if key == "status" and row.get("reason") and value != "completed":
         return f"{value}: {row['reason']}"
@@ -260,6 +270,8 @@ def _cell(row: dict[str, Any], key: str) -> str:
         return "—"
     if key in ("final_val_accuracy", "zero_grad_fraction", "updates_lost_fraction"):
         return fmt_pct(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # nan, inf: as report.json spells them (a diverged run's loss)
     if key == "final_val_loss":
         return f"{value:.4f}"
     if key == "loss_delta":
@@ -286,7 +298,7 @@ def _columns(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 def render_markdown(rows: list[dict[str, Any]], title: str, figure: str | None) -> str:
     columns = _columns(rows)
-    lines = [f"# {title}", ""]
+    lines = [f"# {visible(title)}", ""]
     lines.append("| " + " | ".join(h for _, h in columns) + " |")
     lines.append("|" + "---|" * len(columns))
     for row in rows:
@@ -307,7 +319,9 @@ def render_markdown(rows: list[dict[str, Any]], title: str, figure: str | None) 
         lines += [
             "",
             "Peak memory: "
-            + ", ".join(f"{r['run'] or '?'}: {fmt_bytes(r['peak_memory_bytes'])}" for r in peak),
+            + ", ".join(
+                f"{visible(r['run'] or '?')}: {fmt_bytes(r['peak_memory_bytes'])}" for r in peak
+            ),
         ]
     return "\n".join(lines) + "\n"
 
@@ -325,7 +339,7 @@ def speed_notes(rows: list[dict[str, Any]]) -> list[str]:
         "read it as fact. Emulated FP8 gets no speed ratio."
     ]
     lines += [
-        f"{r['run']}: speed noisy: {r['throughput_noisy']}"
+        visible(f"{r['run']}: speed noisy: {r['throughput_noisy']}")
         for r in rows
         if r.get("throughput_noisy")
     ]
@@ -339,7 +353,7 @@ def print_table(console: Console, rows: list[dict[str, Any]], title: str) -> Non
     cells = [[_cell(row, k) for k, _ in columns] for row in rows]
     # Labels and speeds (noisy marks) stay whole; the other figures' columns give way.
     whole = frozenset(h for k, h in columns if k in ("run", "throughput_ratio"))
-    show_table(console, title, [h for _, h in columns], cells, whole)
+    show_table(console, visible(title), [h for _, h in columns], cells, whole)
     for line in speed_notes(rows):
         console.print(escape(line))
 
@@ -347,28 +361,35 @@ def print_table(console: Console, rows: list[dict[str, Any]], title: str) -> Non
 def write_comparison(
     runs: list[RunRecord], out_dir: Path, title: str, console: Console
 ) -> list[dict[str, Any]]:
-    """Write sweep.md, sweep.json and sweep_loss.png into ``out_dir``; print the table."""
+    """Write sweep.md, sweep.json and sweep_loss.png into ``out_dir``; print the table, then a
+    note per metrics.jsonl whose rows were not all read (:func:`curve_rows`). sweep.json keeps
+    the runs' text as it is (JSON escapes control characters) and non-finite numbers as
+    report.json does ("nan")."""
+    runs = [readable(run) for run in runs]
     rows = compare(runs)
-    curves = {}
+    curves, notes = {}, []
     for run in runs:
         metrics = run.directory / METRICS_JSONL
         if run.report is not None and metrics.is_file():
-            curves[run.label or run.directory.name] = read_metrics(metrics)
+            curve, note = curve_rows(metrics)
+            curves[visible(run.label or run.directory.name)] = curve
+            notes += [note] if note else []
     figure = None
     if curves:
-        plot_sweep(curves, title, out_dir / SWEEP_PNG)
+        plot_sweep(curves, visible(title), out_dir / SWEEP_PNG)
         figure = SWEEP_PNG
-    atomic_write_text(
-        out_dir / SWEEP_JSON, json.dumps({"title": title, "runs": rows}, indent=2) + "\n"
-    )
+    data = clean_json({"title": title, "runs": rows})
+    atomic_write_text(out_dir / SWEEP_JSON, json.dumps(data, indent=2) + "\n")
     atomic_write_text(out_dir / SWEEP_MD, render_markdown(rows, title, figure))
     print_table(console, rows, title)
-    console.print(f"comparison written to {out_dir / SWEEP_MD}")
+    for note in notes:
+        console.print(escape(f"note: {visible(note)}"))
+    console.print(escape(visible(f"comparison written to {out_dir / SWEEP_MD}")))
     return rows
 
 
 # -------------------------------------------------------------------------------- entry points
-def _wide_console() -> Console:
+def wide_console() -> Console:
     return table_console(160)  # up to 11 columns, speeds with their range
 
 
@@ -399,69 +420,5 @@ def write_sweep_summary(sweep_dir: Path, started: float | None) -> list[RunRecor
     except FileNotFoundError:
         return []
     if runs:
-        write_comparison(runs, sweep_dir, f"sweep {sweep_dir}", _wide_console())
+        write_comparison(runs, sweep_dir, f"sweep {sweep_dir}", wide_console())
     return runs
-
-
-def compare_main(argv: list[str] | None = None) -> None:
-    """``mptrain-compare PATH... [--out DIR]``: compare runs made at any time, on any machine.
-
-    Each PATH is a run, a sweep, or a folder searched for runs (:func:`run_dirs_in`). A shell glob
-    (``outputs/*/*``) also matches files (curves.png, sweep.md) and folders without runs: they
-    are skipped, named in one note line each on stderr. Exit 2, writing nothing, when a path does
-    not exist or no path holds a run.
-    """
-    parser = argparse.ArgumentParser(
-        prog="mptrain-compare",
-        description="Compare finished mptrain runs (run directories, sweep directories, or "
-        f"folders holding runs up to {SEARCH_DEPTH} levels down, such as outputs).",
-    )
-    parser.add_argument("paths", nargs="+", type=Path, help="run or sweep directories, or folders")
-    parser.add_argument(
-        "--out", type=Path, default=Path("."), help="where to write sweep.md/json/png (default: .)"
-    )
-    args = parser.parse_args(argv)
-    for path in args.paths:
-        if not path.exists():
-            _refuse(f"{path}: no such directory")
-    found = {path: run_dirs_in(path) for path in args.paths if path.is_dir()}
-    files = [path for path in args.paths if not path.is_dir()]
-    empty = [path for path, dirs in found.items() if not dirs]
-    if len(empty) == len(found):  # nothing to compare
-        _refuse(_nothing_found(empty, files))
-    for line in skipped_notes(files, empty):
-        print(f"mptrain-compare: note: {line}", file=sys.stderr)
-    runs = find_runs([d for dirs in found.values() for d in dirs])
-    args.out.mkdir(parents=True, exist_ok=True)
-    title = f"comparison of {plural(len(runs), 'run')}"
-    write_comparison(runs, args.out, title, _wide_console())
-
-
-def _refuse(message: str) -> NoReturn:
-    print(f"mptrain-compare: error: {message}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def _nothing_found(empty: list[Path], files: list[Path]) -> str:
-    """The one line when no path holds a run: each folder said so, and the files named."""
-    parts = [NO_RUNS.format(path=path) for path in empty]
-    if files:
-        parts.append(f"{_names(files)}: {'a file' if len(files) == 1 else 'files'}, not runs")
-    return "; ".join(parts)
-
-
-def skipped_notes(files: list[Path], empty: list[Path]) -> list[str]:
-    """One line for the files among the paths, one for the folders without runs (none when
-    there are none of either)."""
-    lines = []
-    if files:
-        lines.append(f"skipped {plural(len(files), 'file')} (not run directories): {_names(files)}")
-    if empty:
-        lines.append(f"skipped {plural(len(empty), 'folder')} holding no run: {_names(empty)}")
-    return lines
-
-
-def _names(paths: list[Path], shown: int = 5) -> str:
-    """Up to ``shown`` paths, then how many more (a glob may match hundreds of files)."""
-    names = ", ".join(str(p) for p in paths[:shown])
-    return names + (f" and {len(paths) - shown} more" if len(paths) > shown else "")

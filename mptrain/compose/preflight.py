@@ -193,13 +193,16 @@ def hold_sweep_dir(sweep_dir: Path) -> Iterator[str | None]:
 
 def _check_job_dir(composed: Any, sweep_dir: Path, number: int) -> Path:
     """The job's directory (``hydra.sweep.subdir``, by default its number and overrides), which
-    must be one the file system can hold: many overrides make a name over 255 bytes, and Hydra
-    would stop the sweep with a traceback when it creates it."""
+    must lie below ``sweep_dir`` (:func:`_check_inside_sweep`) and be one the file system can
+    hold: many overrides make a name over 255 bytes, and Hydra would stop the sweep with a
+    traceback when it creates it."""
     from omegaconf import open_dict
 
     with open_dict(composed):
         composed.hydra.job.num = number
-    job_dir = sweep_dir / str(composed.hydra.sweep.subdir)
+    subdir = str(composed.hydra.sweep.subdir)
+    job_dir = sweep_dir / subdir
+    _check_inside_sweep(job_dir, sweep_dir, subdir, list(composed.hydra.overrides.task), number)
     try:
         check_creatable(job_dir, "hydra.sweep.subdir")
     except ConfigError as exc:
@@ -208,6 +211,39 @@ def _check_job_dir(composed: Any, sweep_dir: Path, number: int) -> Path:
             "or name keys to leave out in hydra.job.config.override_dirname.exclude_keys"
         ) from exc
     return job_dir
+
+
+def _check_inside_sweep(
+    job_dir: Path, sweep_dir: Path, subdir: str, overrides: list[str], number: int
+) -> None:
+    """ConfigError naming the override and the directory when ``job_dir`` resolves (``..``, an
+    absolute ``hydra.sweep.subdir``, symbolic links) to anywhere but below ``sweep_dir``.
+
+    Refused rather than renamed: Hydra names a job's directory after the overrides' text, so a
+    value such as ``../../x`` climbs out of the sweep, where the job would write over whatever is
+    there and its sweep's comparison would never see it; a rename would pick a directory the
+    user did not ask for, and the user knows best which key to leave out of the name."""
+    # realpath, not Path.resolve: it never raises (a symlink loop, an unreadable ancestor).
+    inside, where = Path(os.path.realpath(sweep_dir)), Path(os.path.realpath(job_dir))
+    if where != inside and where.is_relative_to(inside):
+        return
+    culprit = next((o for o in overrides if _climbs(o.partition("=")[2])), None)
+    here = Path(os.path.realpath(os.getcwd()))  # shown from here when below it, as a user types
+    shown = where.relative_to(here) if where.is_relative_to(here) else where
+    if where == inside:
+        place = f"hydra.sweep.dir={sweep_dir} itself"
+    else:
+        place = f"{shown}, outside hydra.sweep.dir={sweep_dir}"
+    raise ConfigError(
+        f"{culprit or f'hydra.sweep.subdir={subdir}'}: job {number}'s directory would be {place}; "
+        "leave the key out of the directory name (hydra.job.config.override_dirname.exclude_keys) "
+        "or set 'hydra.sweep.subdir=${hydra.job.num}' (quoted for the shell)"
+    )
+
+
+def _climbs(value: str) -> bool:
+    """Whether an override's value, read as a path, leaves the directory it is joined to."""
+    return value.startswith("/") or ".." in Path(value).parts
 
 
 def launch(

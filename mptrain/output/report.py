@@ -319,6 +319,8 @@ def load_report(path: str | Path) -> RunReport:
         data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise ReportError(f"{path}: not JSON ({exc})") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise ReportError(f"{path}: nested too deeply to be a report") from None
     if not isinstance(data, dict):
         raise ReportError(f"{path}: not a JSON object (a {type(data).__name__}); not a report")
     version = data.setdefault("schema_version", 0)  # 0: written before the field existed

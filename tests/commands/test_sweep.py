@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from rich.console import Console
 from sweeps import job_dirs, read_report, run_sweep
 
-from mptrain.commands import sweep
+from mptrain.commands import compare, sweep
 from mptrain.output.render import write_failure
 from mptrain.rundir import layout
 from mptrain.rundir.layout import FAILURE_JSON, REPORT_JSON
@@ -324,7 +324,7 @@ def rows_by_label(paths: list[Path]) -> dict[str, dict]:
 @pytest.mark.slow
 def test_compare_main_compares_runs_made_on_different_days(runs, tmp_path, capsys):
     out = tmp_path / "comparison"
-    sweep.compare_main([str(runs["fp32_monday"]), str(runs["bf16_tuesday"]), "--out", str(out)])
+    compare.compare_main([str(runs["fp32_monday"]), str(runs["bf16_tuesday"]), "--out", str(out)])
 
     data = json.loads((out / "sweep.json").read_text(encoding="utf-8"))
     assert data["title"] == "comparison of 2 runs"
@@ -384,7 +384,7 @@ def test_compare_refuses_a_directory_that_is_neither_a_run_nor_a_sweep(tmp_path,
     out = tmp_path / "out"
 
     with pytest.raises(SystemExit) as exc:
-        sweep.compare_main([str(notes), "--out", str(out)])
+        compare.compare_main([str(notes), "--out", str(out)])
 
     assert exc.value.code == 2
     err = capsys.readouterr().err
@@ -409,7 +409,7 @@ def test_compare_skips_the_files_a_glob_matches_in_one_note(tmp_path, capsys):
     (bench / "2024-05-01" / "10-30-00_mlp_digits").mkdir(parents=True)
     out = tmp_path / "cmp"
 
-    sweep.compare_main([str(run_a), str(day / "curves.png"), str(run_b), str(day / "sweep.md"),
+    compare.compare_main([str(run_a), str(day / "curves.png"), str(run_b), str(day / "sweep.md"),
                         str(bench), "--out", str(out)])  # fmt: skip
 
     rows = json.loads((out / "sweep.json").read_text(encoding="utf-8"))["runs"]
@@ -426,7 +426,7 @@ def test_compare_of_a_file_alone_says_so_in_one_line(tmp_path, capsys):
     stray = tmp_path / "curves.png"
     stray.write_text("not a run\n")
     with pytest.raises(SystemExit) as exc:
-        sweep.compare_main([str(stray), "--out", str(tmp_path / "out")])
+        compare.compare_main([str(stray), "--out", str(tmp_path / "out")])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err == f"mptrain-compare: error: {stray}: a file, not runs\n"
@@ -442,7 +442,7 @@ def test_compare_of_outputs_finds_the_dated_runs_and_sweeps_inside(tmp_path):
     too_deep = failed_run(outputs / "a" / "b" / "c" / "run")
     out = tmp_path / "cmp"
 
-    sweep.compare_main([str(outputs), str(multirun), "--out", str(out)])
+    compare.compare_main([str(outputs), str(multirun), "--out", str(out)])
 
     rows = json.loads((out / "sweep.json").read_text(encoding="utf-8"))["runs"]
     assert [Path(r["directory"]) for r in rows] == [dated, later, *reversed(jobs)]
@@ -453,7 +453,7 @@ def test_compare_of_outputs_finds_the_dated_runs_and_sweeps_inside(tmp_path):
 def test_compare_refuses_a_missing_path(runs, tmp_path, capsys):
     missing = tmp_path / "no_such_run"
     with pytest.raises(SystemExit) as exc:
-        sweep.compare_main([str(runs["fp32_monday"]), str(missing), "--out", str(tmp_path / "o")])
+        compare.compare_main([str(runs["fp32_monday"]), str(missing), "--out", str(tmp_path / "o")])
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert str(missing) in err and "no such directory" in err
@@ -617,7 +617,7 @@ def test_comparing_two_sweeps_of_the_same_jobs_keeps_every_curve(
 
     monkeypatch.setattr(sweep, "plot_sweep", record_plot)
     rows = sweep.write_comparison(
-        sweep.find_runs([day1, day2]), tmp_path, "two days", sweep._wide_console()
+        sweep.find_runs([day1, day2]), tmp_path, "two days", sweep.wide_console()
     )
 
     assert len(rows) == 6
@@ -1002,6 +1002,7 @@ def test_only_this_sweeps_jobs_are_judged_and_never_by_an_earlier_report(earlier
         os.utime(path, (time.time() - 3600,) * 2)
     started = time.time() - 1  # the sweep began before its jobs below were written
     kept = job_with_the_earlier_report(1, ["seed=2"])  # Hydra's record new, the report not
+    os.utime(kept / REPORT_JSON, (time.time() - 3600,) * 2)
     refused = job_with_the_earlier_report(2, ["seed=3"])
     write_failure(refused, "run directory: in use by another run")
 
@@ -1018,15 +1019,21 @@ def test_only_this_sweeps_jobs_are_judged_and_never_by_an_earlier_report(earlier
 @pytest.mark.slow
 def test_the_same_sweep_with_resume_auto_continues_its_jobs_where_they_are(tmp_path, monkeypatch):
     """resume, resume_allow_changes and overwrite are not part of a job's directory name: the
-    same sweep again with resume=auto used to open new directories and resume nothing."""
+    same sweep again with resume=auto used to open new directories and resume nothing. Its
+    finished jobs say "already completed" and keep their reports, measurements included (issue
+    39, item 16: they were rewritten with 0 steps and sweep.md lost its speed column)."""
     first = run_cli([*SWEEP, "seed=1,2"], tmp_path, monkeypatch, jobs=True)
     assert first.code == 0, first
     jobs = sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    before = [(tmp_path / "sweep" / job / "report.json").read_text() for job in jobs]
+    summary = json.loads((tmp_path / "sweep" / sweep.SWEEP_JSON).read_text())["runs"]
     again = run_cli([*SWEEP, "seed=1,2", "resume=auto"], tmp_path, monkeypatch, jobs=True)
     assert again.code == 0, again
     assert sorted(p.name for p in (tmp_path / "sweep").iterdir() if p.is_dir()) == jobs
-    reports = [json.loads((tmp_path / "sweep" / job / "report.json").read_text()) for job in jobs]
-    assert all(report["resumed"]["from"] for report in reports)
+    assert [(tmp_path / "sweep" / job / "report.json").read_text() for job in jobs] == before
+    rows = json.loads((tmp_path / "sweep" / sweep.SWEEP_JSON).read_text())["runs"]
+    assert [row["status"] for row in rows] == ["completed", "completed"]
+    assert [row["samples_per_s"] for row in rows] == [r["samples_per_s"] for r in summary]
 
 
 @pytest.mark.slow
