@@ -115,9 +115,11 @@ def check_keys(key: str, target: str, call: Callable[..., Any], kwargs: dict[str
             return
         names, _ = accepted(call)
         takes = ", ".join(sorted(names)) or "no keyword arguments"
+        # Only the keys it does not take: naming in_channels and num_classes beside depth read as
+        # if the constructor refused the data's facts it does take.
+        unknown = sorted(k for k in kwargs if k not in names) or sorted(kwargs)
         raise ConfigError(
-            f"{key}={target!r}: does not take the given keys {sorted(kwargs)} ({exc}); "
-            f"it takes: {takes}"
+            f"{key}={target!r}: does not take the given keys {unknown} ({exc}); it takes: {takes}"
         ) from exc
 
 

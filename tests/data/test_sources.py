@@ -247,7 +247,7 @@ def test_a_user_value_wins_over_the_dataset_fact(launch_dir):
         ),
         (
             ("model._target_=tiny_net.TinyNet", "+model.depth=3"),
-            r"^model\._target_='tiny_net\.TinyNet': does not take the given keys .*'depth'",
+            r"^model\._target_='tiny_net\.TinyNet': does not take the given keys \['depth'\] ",
         ),
         (
             ("model._target_=torch.nn.Linear", "+model.in_features=5", "+model.out_features=4"),
