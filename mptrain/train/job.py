@@ -299,7 +299,10 @@ class Job:
             cfg.resume_allow_changes,
             data_key=data_key(cfg),
         )
-        check_not_completed(self.output_dir, path, payload, run.settings.total_steps, self.log.say)
+        if not allowed:  # the same settings: nothing left to train (changes: applied below)
+            check_not_completed(
+                self.output_dir, path, payload, run.settings.total_steps, self.log.say
+            )
         saved_world = payload.get("world_size", 1)
         if saved_world != dist.world_size:
             notes.append(
