@@ -22,6 +22,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -294,3 +295,33 @@ def run_cli(args: list[str], cwd: Path, monkeypatch, jobs: bool = False) -> Outc
             if str(getattr(module, "__file__", None) or "").startswith(str(cwd)):
                 del sys.modules[name]
     return Outcome(code, stderr.getvalue(), bool(launched))
+
+
+# ------------------------------------------------------------------- signals, in-process
+def signals_on_call(monkeypatch, owner, name: str, at_call: int, *sigs: int) -> list[int]:
+    """Raise ``sigs`` (real signals, to this process) inside ``owner.name`` on its
+    ``at_call``-th call, before it does its work; returns the list its calls are counted in."""
+    real, calls = getattr(owner, name), []
+
+    def signalled(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            for sig in sigs:
+                signal.raise_signal(sig)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, signalled)
+    return calls
+
+
+# ------------------------------------------------------------------- a language model
+def tiny_lm(vocab: Any) -> torch.nn.Module:
+    """What load_model returns for a language model, untrained: random weights, a context of 8."""
+    from mptrain.models.gpt import GPT, GPTShape
+
+    torch.manual_seed(0)
+    model = GPT(GPTShape(vocab_size=vocab.size, block_size=8, layers=1, heads=2, width=16))
+    model.eval()
+    model.mptrain_vocabulary, model.mptrain_sequence_length = vocab, 8
+    model.mptrain_checkpoint = "tiny.pt"
+    return model

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LM, compose_run, tiny_run, train
+from conftest import LM, compose_run, tiny_lm, tiny_run, train
 
 import mptrain
 from mptrain.commands.sample import sample_main
 from mptrain.config.base import ConfigError
 from mptrain.data.text import UnknownCharacters, Vocabulary
-from mptrain.models.gpt import GPT, GPTShape
+from mptrain.models.gpt import GPT
 from mptrain.output.report import ReportError, RunReport
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -113,16 +113,6 @@ def test_a_tokenizer_vocabulary_encodes_text(tmp_path):
 
 
 # ---------------------------------------------------------------------------- mptrain.generate
-def tiny_lm(vocab: Vocabulary) -> GPT:
-    """What load_model returns for a language model, untrained: random weights, a context of 8."""
-    torch.manual_seed(0)
-    model = GPT(GPTShape(vocab_size=vocab.size, block_size=8, layers=1, heads=2, width=16))
-    model.eval()
-    model.mptrain_vocabulary, model.mptrain_sequence_length = vocab, 8
-    model.mptrain_checkpoint = "tiny.pt"
-    return model
-
-
 def command_output(monkeypatch, model: GPT, *args: str) -> str:
     """``mptrain sample`` in-process with ``model`` as the checkpoint's: its stdout."""
     monkeypatch.setattr("mptrain.commands.evaluate.load_model", lambda *a, **k: model)

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import run_cli, tiny_lm
 
 from mptrain.commands.sample import encode_prompt, sample_main, sample_settings
 from mptrain.config.base import ConfigError
 from mptrain.data.text import Vocabulary
-from mptrain.models.gpt import GPT, GPTShape
+from mptrain.models.gpt import GPT
 
 CHARS = Vocabulary.of_characters("the quick brown fox\n")
 BYTES = Vocabulary()  # chars None: a token is a byte
@@ -70,16 +70,6 @@ def test_bad_settings_are_one_line_errors(args, message):
 
 
 # ------------------------------------------------------- sampling, on an untrained tiny GPT
-
-
-def tiny_lm(vocab: Vocabulary) -> GPT:
-    """What load_model returns for a language model, untrained: random weights, a context of 8."""
-    torch.manual_seed(0)
-    model = GPT(GPTShape(vocab_size=vocab.size, block_size=8, layers=1, heads=2, width=16))
-    model.eval()
-    model.mptrain_vocabulary, model.mptrain_sequence_length = vocab, 8
-    model.mptrain_checkpoint = "tiny.pt"
-    return model
 
 
 class Recorder(io.StringIO):

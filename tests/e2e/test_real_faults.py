@@ -41,7 +41,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_run, describe, run_command, tiny_run, train
+from conftest import compose_run, describe, run_command, signals_on_call, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.rundir.checkpoint import load_checkpoint
@@ -420,22 +420,6 @@ def test_kill_9_in_the_middle_of_a_checkpoint_write_resumes_from_the_previous_on
 
 
 # ---------------------------------------------------------- 3. a second signal, in-process
-def signals_on_call(monkeypatch, owner, name: str, at_call: int, *sigs: int) -> list[int]:
-    """Raise ``sigs`` (real signals, to this process) inside ``owner.name`` on its
-    ``at_call``-th call, before it does its work; returns the list its calls are counted in."""
-    real, calls = getattr(owner, name), []
-
-    def signalled(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == at_call:
-            for sig in sigs:
-                signal.raise_signal(sig)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(owner, name, signalled)
-    return calls
-
-
 def interrupted(cfg, run_dir: Path) -> RunInterrupted:
     """Train in-process; the RunInterrupted a stop ends the run with. Anything else fails the
     test: a StopNow or Terminated escaping the run is a KeyboardInterrupt, which would end

@@ -8,7 +8,7 @@ import json
 import signal
 
 import pytest
-from conftest import tiny_run, train
+from conftest import signals_on_call, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.rundir.layout import CHECKPOINT_DIR, REPORT_JSON
@@ -42,16 +42,7 @@ def _unhandled(signum, frame):
 def signals_in(monkeypatch, name: str, at_call: int, *sigs: int) -> None:
     """Raise ``sigs`` inside the loop's ``name`` (a function of mptrain.train.loop) on its
     ``at_call``-th call (1-based), then let it run."""
-    real, calls = getattr(loop_module, name), []
-
-    def signalled(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == at_call:
-            for sig in sigs:
-                signal.raise_signal(sig)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(loop_module, name, signalled)
+    signals_on_call(monkeypatch, loop_module, name, at_call, *sigs)
 
 
 def checkpoint_steps(directory) -> list[int]:
