@@ -32,6 +32,7 @@ from mptrain.data.batches import BatchLayout, DataBundle
 from mptrain.data.build import build_data
 from mptrain.models.build import build_model, count_parameters
 from mptrain.models.task import Task, cross_entropy
+from mptrain.output.render import plural
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
@@ -307,7 +308,7 @@ def ending_limit(epochs: int | None, max_steps: int | None, steps_per_epoch: int
     before 15 epochs``, ``15 epochs, before max_steps=2000``."""
     if epochs is None:
         return f"max_steps={max_steps}"
-    passes = f"{epochs} epoch{'s' if epochs != 1 else ''}"
+    passes = plural(epochs, "epoch")
     if max_steps is None:
         return passes
     if max_steps < epochs * steps_per_epoch:
