@@ -176,8 +176,10 @@ def _as_of(run: RunRecord, started: float) -> RunRecord:
     report = run.report
     # A report older than the sweep is another run's, unless this sweep's job confirmed it (a
     # finished job resumed again: "already completed" touches it, its content unchanged).
-    if report is not None and _started_before(report, started) and not _written_since(
-        run.directory / REPORT_JSON, started
+    if (
+        report is not None
+        and _started_before(report, started)
+        and not _written_since(run.directory / REPORT_JSON, started)
     ):
         reason = (
             f"no report.json from this sweep (the one there: a run started {report.started_at})"
