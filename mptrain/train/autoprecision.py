@@ -6,10 +6,13 @@ FP32 on a CPU with AMX-BF16 (issue 29). So, on a CPU where the rule chose BF16, 
 two candidates — BF16 autocast and FP32, the same FP32 weights, no loss scaling either way, so
 the choice changes nothing but the autocast dtype — on copies of the run's model and its first
 batch (:func:`mptrain.train.steptime.time_steps`: the run's weights, data position and random
-state are untouched): one warm-up step each, then :data:`ROUNDS` rounds alternating, so a change
-of load hits both alike, and each candidate's fastest step counts: other work on the machine only
-ever slows a step down (here, with other jobs on the 2 cores, single steps of a 5 ms model took
-300 ms), so the fastest is the least disturbed. BF16 is kept only when its step is at least
+state are untouched), at each thread count the run may train at (with ``threads=auto``, the
+counts its tuner chooses from on the first training steps: a candidate is judged at the count it
+would run at, not at a start count the tuner then abandons): one warm-up step per candidate and
+count, then :data:`ROUNDS` rounds alternating, so a change of load hits all alike, and each
+candidate's fastest step counts: other work on the machine only ever slows a step down (here,
+with other jobs on the 2 cores, single steps of a 5 ms model took 300 ms), so the fastest is the
+least disturbed. BF16 is kept only when its step is at least
 :data:`FASTER_BY` times faster: at equal speed FP32 computes more faithfully. When the paired
 rounds disagree (neither candidate faster in :data:`AGREE` of them: a busy machine, where the
 same job decided fp32 "3.32x faster" and bf16 "2.79x faster" minutes apart), more rounds are
@@ -39,6 +42,7 @@ from mptrain.precision.policy import PRECISIONS, PrecisionPolicy, resolve_precis
 from mptrain.train.build import with_policy
 from mptrain.train.components import Run
 from mptrain.train.steptime import time_steps
+from mptrain.train.threads import candidates_for
 
 MIN_STEPS = 200  # 10 timed steps: 5 % of such a run at most
 ROUNDS = 4  # timed steps per candidate after its warm-up step
@@ -125,24 +129,64 @@ def _undecided(timing: dict[str, Any], lower: str) -> bool:
 
 
 def _merged(timing: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-    steps = {n: timing["steps"][n] + more["steps"][n] for n in timing["steps"]}
-    return {**timing, "steps": steps, "s_per_step": {n: min(t) for n, t in steps.items()}}
+    """The rounds of two timings as one."""
+    by_threads = {
+        name: {
+            count: steps + more["steps_by_threads"][name][count] for count, steps in counts.items()
+        }
+        for name, counts in timing["steps_by_threads"].items()
+    }
+    return summarised(by_threads)
+
+
+def thread_counts(run: Run) -> list[int]:
+    """The thread counts the run may train at: with ``threads=auto`` on a CPU its candidates (the
+    tuner keeps the fastest on the first training steps, :mod:`mptrain.train.threads`), else the
+    one count set. Timing the candidates at the start count alone would compare them at a
+    count the tuner may abandon (2 threads here, where a busy machine then trains at 1)."""
+    count = run.threads.threads
+    return candidates_for(count) if run.threads.measure else [count]
 
 
 def time_candidates(run: Run, names: tuple[str, ...]) -> dict[str, Any]:
-    """The fastest step's seconds of each of ``names`` (see the module doc), and every step
-    timed after the warm-up ones."""
-    autocasts = [PRECISIONS[n].autocast_dtype for n in names]
-    order = list(names) * (1 + ROUNDS)  # one warm-up step each, then alternating rounds
-    seconds = time_steps(run, autocasts * (1 + ROUNDS))[len(names) :]
-    steps: dict[str, list[float]] = {n: [] for n in names}
-    for name, s in zip(order[len(names) :], seconds, strict=True):
-        steps[name].append(s)
+    """Each of ``names`` timed at each of :func:`thread_counts`: one warm-up step per pair, then
+    :data:`ROUNDS` rounds alternating (see the module doc); summarised by :func:`summarised`."""
+    counts = thread_counts(run)
+    pairs = [(name, count) for count in counts for name in names]
+    order = pairs * (1 + ROUNDS)
+    seconds = time_steps(
+        run,
+        [PRECISIONS[name].autocast_dtype for name, _ in order],
+        threads=[count for _, count in order],
+    )
+    by_threads: dict[str, dict[str, list[float]]] = {n: {str(c): [] for c in counts} for n in names}
+    for (name, count), s in zip(order[len(pairs) :], seconds[len(pairs) :], strict=True):
+        by_threads[name][str(count)].append(s)
+    return summarised(by_threads)
+
+
+def summarised(by_threads: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
+    """A timing from each candidate's steps per thread count (``{"bf16": {"2": [s, ...]}}``, one
+    step per round at each count): per round, the candidate's step at its fastest count in that
+    round (``steps``, paired across candidates round by round); ``s_per_step``, its fastest step
+    of all; ``threads``, the count that step ran at — the count the thread tuner would keep."""
+    steps = {
+        name: [min(round_) for round_ in zip(*counts.values(), strict=True)]
+        for name, counts in by_threads.items()
+    }
+    threads = {
+        name: int(min(counts, key=lambda c: min(counts[c]))) for name, counts in by_threads.items()
+    }
     return {
-        "s_per_step": {n: min(t) for n, t in steps.items()},
+        "s_per_step": {name: min(t) for name, t in steps.items()},
+        "threads": threads,
         "steps": steps,
+        "steps_by_threads": by_threads,
         "warmup_steps_each": 1,
-        "how": "fastest step per candidate, on copies of the model and the first batch, before training",
+        "how": (
+            "fastest step per candidate over the thread counts the run may train at, on copies "
+            "of the model and the first batch, before training"
+        ),
     }
 
 
@@ -151,9 +195,11 @@ def choose(timing: dict[str, Any], lower: str, faster_by: float = FASTER_BY) -> 
     ``faster_by`` or more, else fp32."""
     fastest = timing["s_per_step"]
     ratio = fastest["fp32"] / fastest[lower] if fastest[lower] > 0 else float("inf")
+    rounds = len(timing.get("steps", {}).get("fp32", ())) or ROUNDS
     figures = (
-        f"{lower} {_ms(fastest[lower])} vs fp32 {_ms(fastest['fp32'])} per step "
-        f"(fastest of {ROUNDS}, timed on copies of this model before training)"
+        f"{lower} {_ms(fastest[lower])}{_at(timing, lower)} vs fp32 {_ms(fastest['fp32'])}"
+        f"{_at(timing, 'fp32')} per step (fastest of {rounds}, timed on copies of this model "
+        "before training)"
     )
     if ratio >= faster_by:
         return lower, f"measured: {figures}: {lower} {ratio:.2f}x faster"
@@ -163,6 +209,14 @@ def choose(timing: dict[str, Any], lower: str, faster_by: float = FASTER_BY) -> 
             "the more faithful at that speed"
         )
     return "fp32", f"measured: {figures}: fp32 {1 / ratio:.2f}x faster"
+
+
+def _at(timing: dict[str, Any], name: str) -> str:
+    """ " at N threads" when several counts were timed (the count each candidate was fastest at)."""
+    by_threads = timing.get("steps_by_threads", {}).get(name, {})
+    if len(by_threads) < 2:
+        return ""
+    return f" at {plural(timing['threads'][name], 'thread')}"
 
 
 def _ms(seconds: float) -> str:

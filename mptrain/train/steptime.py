@@ -30,15 +30,22 @@ from mptrain.train.components import Run
 
 
 def time_steps(
-    run: Run, autocasts: Sequence[torch.dtype | None], fp32_weights: bool = False
+    run: Run,
+    autocasts: Sequence[torch.dtype | None],
+    fp32_weights: bool = False,
+    threads: Sequence[int] | None = None,
 ) -> list[float]:
     """Seconds of one optimizer step (``grad_accum_steps`` forwards and backwards, the update,
     the gradients cleared) for each entry of ``autocasts`` in order — the autocast dtype of that
     step, None for none — on one copy of the model (see the module doc).
 
     ``fp32_weights``: the copy's parameters and float inputs in FP32 whatever the run's precision
-    (FP32's step for a run with low-precision weights).
+    (FP32's step for a run with low-precision weights). ``threads``: the intra-op thread count of
+    each step (as many entries as ``autocasts``); the count in effect is restored afterwards.
+    None: every step at the count in effect.
     """
+    if threads is not None and len(threads) != len(autocasts):
+        raise ValueError(f"{len(threads)} thread counts for {len(autocasts)} steps")
     if run.device.type != "cpu":
         raise ValueError(f"time_steps times CPU steps (no device sync); the run is on {run.device}")
     with torch.random.fork_rng(devices=[]):
@@ -51,7 +58,16 @@ def time_steps(
         inputs = to_model_input(inputs, run.policy, run.settings.channels_last)
         if fp32_weights and inputs.is_floating_point():
             inputs = inputs.float()
-        return [_step_seconds(run, model, optimizer, (inputs, targets), dt) for dt in autocasts]
+        in_effect = torch.get_num_threads()
+        counts = threads if threads is not None else [in_effect] * len(autocasts)
+        try:
+            seconds = []
+            for dtype, count in zip(autocasts, counts, strict=True):
+                torch.set_num_threads(count)
+                seconds.append(_step_seconds(run, model, optimizer, (inputs, targets), dtype))
+            return seconds
+        finally:
+            torch.set_num_threads(in_effect)
 
 
 def _step_seconds(

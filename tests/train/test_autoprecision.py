@@ -11,9 +11,16 @@ import torch
 from conftest import tiny_run, train
 
 from mptrain.platform import hardware
+from mptrain.platform.threads import ThreadChoice
 from mptrain.rundir.layout import step_checkpoint_name
 from mptrain.train import autoprecision
-from mptrain.train.autoprecision import MIN_STEPS, choose, decide_auto, time_candidates
+from mptrain.train.autoprecision import (
+    MIN_STEPS,
+    choose,
+    decide_auto,
+    summarised,
+    time_candidates,
+)
 from mptrain.train.build import prepare_run, with_policy
 
 
@@ -80,7 +87,9 @@ def test_not_timed_says_why_and_keeps_the_rule(native_bf16, overrides, why):
 
 def test_timed_choice_is_what_runs_and_is_recorded(native_bf16, tmp_path, monkeypatch):
     """A run long enough to time: the report's precision is the timed choice (here made the
-    slower one for BF16, so FP32 must run), with the figures it was chosen on."""
+    slower one for BF16, so FP32 must run), with the figures it was chosen on. The timing is
+    given: real steps on a busy machine can leave it undecided (then the rule, BF16, runs)."""
+    fake_timings(monkeypatch, ([0.02, 0.02, 0.02, 0.02], [0.01, 0.011, 0.012, 0.013]))
     monkeypatch.setattr(autoprecision, "choose", lambda t, lower: ("fp32", "measured: (test)"))
     monkeypatch.setattr(autoprecision, "MIN_STEPS", 12)  # a short run stands for a long one
     cfg = tiny_run("precision.measure=true", "max_steps=12")
@@ -133,8 +142,7 @@ def fake_timings(monkeypatch, *rounds: tuple[list[float], list[float]]):
 
     def timed(run, names):
         bf16, fp32 = next(batches)
-        steps = {"bf16": bf16, "fp32": fp32}
-        return {"s_per_step": {n: min(t) for n, t in steps.items()}, "steps": steps}
+        return autoprecision.summarised({"bf16": {"1": bf16}, "fp32": {"1": fp32}})
 
     monkeypatch.setattr(autoprecision, "time_candidates", timed)
 
@@ -181,3 +189,45 @@ def test_a_run_stopped_while_auto_times_reports_it(native_bf16, monkeypatch, tmp
     assert report["precision"]["reason"].endswith(
         "stopped while precision=auto timed its candidates"
     )
+
+
+def test_candidates_are_timed_at_every_count_threads_auto_may_keep(native_bf16):
+    """threads=auto starts at the budget (here 2) and its tuner may keep 1: each candidate is
+    timed at both, judged at its fastest, and the count in effect is restored."""
+    run = prepare_run(tiny_run(f"max_steps={MIN_STEPS}"))
+    run.threads = ThreadChoice("auto", 2, "auto", "a budget of 2 (test)")  # as the job builds it
+    before = torch.get_num_threads()
+    counts = autoprecision.thread_counts(run)
+    assert counts[0] == run.threads.threads and counts[-1] == 1
+    result = time_candidates(run, ("bf16", "fp32"))
+    assert torch.get_num_threads() == before
+    for name in ("bf16", "fp32"):
+        by_count = result["steps_by_threads"][name]
+        assert set(by_count) == {str(c) for c in counts}
+        assert all(len(steps) == autoprecision.ROUNDS for steps in by_count.values())
+        fastest = min(min(steps) for steps in by_count.values())
+        assert result["s_per_step"][name] == fastest
+        assert min(by_count[str(result["threads"][name])]) == fastest
+
+
+def test_a_pinned_count_is_the_only_one_timed(native_bf16):
+    run = prepare_run(tiny_run("threads=1", f"max_steps={MIN_STEPS}"))
+    assert autoprecision.thread_counts(run) == [1]
+    assert set(time_candidates(run, ("bf16", "fp32"))["steps_by_threads"]["bf16"]) == {"1"}
+
+
+def test_the_reason_names_the_count_each_candidate_was_timed_fastest_at():
+    """Two candidates judged at different counts: the reason says which (bf16 at 1 thread is
+    what the run would do after the tuner's switch, not bf16 at 2)."""
+    timing = summarised(
+        {
+            "bf16": {"2": [0.040, 0.041], "1": [0.010, 0.011]},
+            "fp32": {"2": [0.020, 0.021], "1": [0.030, 0.031]},
+        }
+    )
+    assert timing["threads"] == {"bf16": 1, "fp32": 2}
+    assert timing["steps"] == {"bf16": [0.010, 0.011], "fp32": [0.020, 0.021]}
+    name, reason = choose(timing, lower="bf16")
+    assert name == "bf16"
+    assert reason.startswith("measured: bf16 10 ms at 1 thread vs fp32 20 ms at 2 threads")
+    assert "(fastest of 2," in reason
