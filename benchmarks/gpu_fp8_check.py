@@ -59,6 +59,8 @@ from jsondoc import (
     write_json,
 )  # benchmarks/ is on sys.path when this script runs
 
+from mptrain.config.format_table import BLOCK_FORMATS as TABLE_BLOCK_FORMATS
+from mptrain.config.format_table import FORMAT_TABLE
 from mptrain.config.models import MLPConfig
 from mptrain.models.builtin import build_mlp
 from mptrain.platform.hardware import (
@@ -131,8 +133,10 @@ def gemm_agreement(device: torch.device, shapes: list[tuple[int, int, int]]) -> 
     return rows
 
 
-# The block-scaled formats the GPU check multiplies, with the SM their real GEMM needs (words).
-BLOCK_FORMATS = {"fp8_blockwise": "SM90", "mxfp8": "SM100", "nvfp4": "SM100"}
+# The block-scaled formats the GPU check multiplies, with the least SM their real GEMM needs.
+BLOCK_FORMATS = {
+    fmt: "SM{}{}".format(*FORMAT_TABLE[fmt].kernel.least) for fmt in TABLE_BLOCK_FORMATS
+}
 
 
 def block_skip(device: torch.device, fmt: str) -> str | None:

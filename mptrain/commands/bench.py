@@ -36,6 +36,7 @@ from mptrain.commands.spread import (
     repetition_spread,
 )
 from mptrain.config.base import ConfigError
+from mptrain.config.format_table import BLOCK_FORMATS, FORMAT_TABLE, FP8_BLOCKWISE
 from mptrain.config.precision import PrecisionConfig
 from mptrain.config.run import RunConfig
 from mptrain.models.build import config_has_convolutions
@@ -72,32 +73,30 @@ def bench_precisions(
         native_bf16 = hardware.cuda_has_native_bf16(device)
         rows.append(("bf16", None if native_bf16 else "no native BF16 on this GPU"))
         if fp8_blockwise:
-            skip = _block_skip(device, "fp8_blockwise", "blockwise FP8", blockwise_grads)
+            skip = _block_skip(device, FP8_BLOCKWISE, blockwise_grads)
             rows.append(("fp8", skip))
         else:
             rows.append(("fp8", None if fp8_gemm_available(device) else "no FP8 GEMMs (cc < 8.9)"))
-        return rows + [(name, _block_skip(device, name, name.upper())) for name in blocks]
+        return rows + [(name, _block_skip(device, name)) for name in blocks]
     native = hardware.cpu_has_native_bf16()
     rows.append(("bf16", None if native else "no native BF16 on this CPU (emulated: not a speed)"))
     rows.append(
         ("fp16", "FP16 convolutions take a very slow CPU path" if model_has_convs else None)
     )
     rows.append(("fp8", "no FP8 hardware: emulated FP8 is not a speed"))
-    return rows + [
-        (n, f"no {n.upper()} hardware: emulated {n.upper()} is not a speed") for n in blocks
-    ]
+    labels = {n: FORMAT_TABLE[n].label for n in blocks}
+    return rows + [(n, f"no {w} hardware: emulated {w} is not a speed") for n, w in labels.items()]
 
 
 # The block-scaled precisions bench lists (fp8 blockwise is the fp8 row, by fp8.granularity).
-BLOCK_ROWS = ("mxfp8", "nvfp4")
+BLOCK_ROWS = tuple(fmt for fmt in BLOCK_FORMATS if FORMAT_TABLE[fmt].precision == fmt)
 
 
-def _block_skip(
-    device: torch.device, fmt: str, words: str, grads: torch.dtype = E4M3
-) -> str | None:
+def _block_skip(device: torch.device, fmt: str, grads: torch.dtype = E4M3) -> str | None:
     """Why ``fmt`` is not timed on ``device`` (its GEMMs would be emulated), or None."""
     available, why_not = block_gemm_available(device, fmt, grads)
-    return None if available else f"{why_not}: emulated {words} is not a speed"
+    label = FORMAT_TABLE[fmt].label
+    return None if available else f"{why_not}: emulated {label} is not a speed"
 
 
 def precision_config(name: str, base: PrecisionConfig) -> PrecisionConfig:

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from mptrain.config.base import FP32_MAX, NOT_TRAINING, at_least, require
+from mptrain.config.format_table import FORMAT_TABLE, MXFP8, NVFP4
 
 # --------------------------------------------------------------------------------------- precision
 FP8_GRANULARITIES = ("tensorwise", "rowwise", "blockwise")
@@ -281,7 +282,7 @@ def _validate_block_layers(prefix: str, c: BlockLayersConfig) -> None:
 
 
 def validate_mx(c: MXConfig) -> None:
-    _validate_block_layers("mx", c)
+    _validate_block_layers(FORMAT_TABLE[MXFP8].config_group, c)
     require(
         c.scale_rounding in SCALE_ROUNDINGS,
         "mx.scale_rounding",
@@ -292,7 +293,7 @@ def validate_mx(c: MXConfig) -> None:
 
 
 def validate_nvfp4(c: NVFP4Config) -> None:
-    _validate_block_layers("nvfp4", c)
+    _validate_block_layers(FORMAT_TABLE[NVFP4].config_group, c)
     require(
         0 <= c.keep_last_fraction < 1,
         "nvfp4.keep_last_fraction",

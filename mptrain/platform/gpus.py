@@ -8,7 +8,7 @@ holds the dense figure where printed, else the half. FP32 is
 the non-tensor (CUDA-core) rate, which the datasheets print dense. FP16 equals BF16 everywhere
 here. Bandwidth is in GB/s (10⁹ bytes per second), memory in GB (10⁹ bytes), as printed.
 
-Block-scaled formats (:data:`BLOCK_FORMATS`) have no row of their own: a GPU whose tensor cores
+Block-scaled formats (:data:`mptrain.config.format_table.BLOCK_FORMATS`) have no row of their own: a GPU whose tensor cores
 (or kernels) take their block scales runs them at its element format's rate (MXFP8 at FP8's,
 NVFP4 at FP4's, blockwise FP8 at FP8's on Hopper only: torch has no blockwise kernel for
 Blackwell); on any other GPU they are emulated, and :meth:`GPU.peak_flops` says so rather than
@@ -27,36 +27,22 @@ from dataclasses import dataclass, field
 
 from mptrain.config.base import ConfigError
 from mptrain.config.commands import check_target
+from mptrain.config.format_table import (
+    BF16,
+    BLOCK_FORMATS,
+    FORMAT_TABLE,
+    FP4,
+    FP8,
+    FP16,
+    FP32,
+    TF32,
+)
 
-# The formats a GEMM can run in, as the predictor and MFU name them: the table's, then the
-# block-scaled ones (their rate is an element format's, where the GPU has the kernels).
-FORMATS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp4", "fp8_blockwise", "mxfp8", "nvfp4")
-# Block-scaled format -> (the element format whose dense rate it runs at, the least compute
-# capability with hardware kernels for it). Blackwell's (SM100) tensor cores apply E8M0 (MX) and
-# E4M3 (NVFP4) block scales inside the MMA, at the datasheets' "FP8/FP6" and "FP4" (GB200 NVL72:
-# "NVFP4") Tensor Core rates. Hopper (SM90) has no block-scaled MMA: blockwise FP8 kernels
-# (DeepSeek-V3's recipe, arXiv 2412.19437; torch's BlockWise1x128/128x128 scaled_mm) run the
-# FP8 tensor cores on 128-deep slices and apply the two FP32 scales to each partial sum on the
-# CUDA cores, overlapped with the next slice's MMA: the FP8 rate at best, the scales' traffic
-# counted by the roofline. Each entry: (element format, lowest compute capability, the first one
-# above that no longer has the kernel or None). torch runs blockwise FP8's scaled_mm on SM90 only
-# (its ScaledBlas.cpp refuses DeepSeek-style scales elsewhere, Blackwell included), so mptrain
-# emulates it on a B200 and the roofline does not predict it there. Kept equal to the runner's
-# own rule, mptrain.precision.blocks.gemm.CAPABLE (a test checks; this layer cannot import it).
-BLOCK_FORMATS: dict[str, tuple[str, tuple[int, int], tuple[int, int] | None]] = {
-    "fp8_blockwise": ("fp8", (9, 0), (10, 0)),
-    "mxfp8": ("fp8", (10, 0), None),
-    "nvfp4": ("fp4", (10, 0), None),
-}
-
-
-def block_kernel_range(fmt: str) -> str:
-    """The compute capabilities with ``fmt``'s block-scaled kernel, for people: "9.x", "10.0 or
-    later"."""
-    _, least, below = BLOCK_FORMATS[fmt]
-    if below == (least[0] + 1, 0):
-        return f"{least[0]}.x"
-    return f"{least[0]}.{least[1]} or later"
+# The formats a GEMM can run in, as the predictor and MFU name them: the rate columns of the
+# table below, then the block-scaled formats, which run at an element format's rate where the GPU
+# has their kernel (mptrain.config.format_table: each row's ``peak_row`` and ``kernel``).
+RATE_COLUMNS = (FP32, TF32, BF16, FP16, FP8, FP4)
+FORMATS = (*RATE_COLUMNS, *BLOCK_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -78,16 +64,16 @@ class GPU:
 
     def peak_flops(self, fmt: str) -> float:
         """FLOP/s of ``fmt`` at best (a block-scaled format: its element format's rate, see
-        :data:`BLOCK_FORMATS`); ValueError naming the GPU when it has no such format, or no
+        the format table's ``peak_row`` and ``kernel``); ValueError naming the GPU when it has no such format, or no
         hardware kernel for a block-scaled one (emulated there: no rate to predict)."""
         if fmt in BLOCK_FORMATS:
-            element, least, below = BLOCK_FORMATS[fmt]
-            within = least <= self.capability and (below is None or self.capability < below)
-            if not within or element not in self.tflops:
+            element, kernel = FORMAT_TABLE[fmt].peak_row, FORMAT_TABLE[fmt].kernel
+            if kernel is None or not kernel.runs_on(self.capability) or element not in self.tflops:
                 have = ".".join(map(str, self.capability))
+                needs = kernel.capabilities if kernel else "a kernel torch does not have"
                 raise ValueError(
                     f"{self.name} has no hardware kernel for {fmt} (compute capability {have}, "
-                    f"needs {block_kernel_range(fmt)}): emulated there, not a prediction"
+                    f"needs {needs}): emulated there, not a prediction"
                 )
             fmt = element
         if fmt not in self.tflops:

@@ -35,12 +35,12 @@ import torch
 from torch import nn
 
 from mptrain.config.base import ConfigError
+from mptrain.config.format_table import FP8, FP8_BLOCKWISE, MXFP8, NVFP4
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.platform.distributed import DistContext
 from mptrain.precision.blocks.convert import BlockLayers, apply_blocks
 from mptrain.precision.blocks.linear import BlockLinear
-from mptrain.precision.blocks.recipe import CONFIG_KEYS
 from mptrain.precision.fp8.convert import apply_fp8, fp8_layer_stats, skip_summary
 from mptrain.precision.fp8.dist import FP8Sync, build_fp8_sync
 from mptrain.precision.fp8.linear import Float8Linear
@@ -112,7 +112,7 @@ def _into_blocks(
     become BlockLinear, selected by the format's config group (mx.*, nvfp4.*, fp8.*); the
     layers' Hadamard signs and stochastic-rounding generators are seeded from the run's
     ``seed`` (the same at the build and at a switch, so a resume finds them alike)."""
-    key = CONFIG_KEYS[policy.blocks.format]
+    key = policy.blocks.config_key
     rules = getattr(cfg, key)
     _, section = apply_blocks(
         model,
@@ -135,10 +135,8 @@ _BLOCKS = LayerFormat((BlockLinear,), _into_blocks, _block_stats, "blocks")
 # The one registry: a layer format's name (format_of) -> how its Linear layers are made.
 # Precisions without an entry compute with plain nn.Linear layers (under their autocast dtype).
 LAYER_FORMATS: dict[str, LayerFormat] = {
-    "fp8": LayerFormat((Float8Linear,), _into_fp8, fp8_layer_stats, "fp8"),
-    "mxfp8": _BLOCKS,
-    "nvfp4": _BLOCKS,
-    "fp8_blockwise": _BLOCKS,
+    FP8: LayerFormat((Float8Linear,), _into_fp8, fp8_layer_stats, "fp8"),
+    **dict.fromkeys((MXFP8, NVFP4, FP8_BLOCKWISE), _BLOCKS),  # BlockLinear's formats
 }
 
 
@@ -155,7 +153,7 @@ def layer_format(precision: str, granularity: str | None = None) -> str | None:
     accounting): the key of :data:`LAYER_FORMATS` precision ``precision`` computes its Linear
     layers in, FP8 scaled per ``granularity`` (``blockwise``: fp8_blockwise); None for a
     precision of plain nn.Linear layers (tf32 included)."""
-    name = "fp8_blockwise" if precision == "fp8" and granularity == "blockwise" else precision
+    name = FP8_BLOCKWISE if precision == FP8 and granularity == "blockwise" else precision
     return name if name in LAYER_FORMATS else None
 
 

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from mptrain.config.base import ConfigError
+from mptrain.config.format_table import FORMAT_TABLE, FP8, FP8_BLOCKWISE, MXFP8, NVFP4
 from mptrain.config.options import AUTO
 from mptrain.config.precision import (
     FP8Config,
@@ -38,7 +39,6 @@ from mptrain.config.precision import (
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext, build_scaler_for
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.blocks.convert import FORMAT_NAMES
 from mptrain.precision.blocks.gemm import block_gemm_available
 from mptrain.precision.blocks.recipe import BlockRecipe
 from mptrain.precision.fp8.convert import fp8_gemm_available
@@ -64,10 +64,10 @@ PRECISIONS: dict[str, PrecisionSpec] = {
     ),
     "bf16": PrecisionSpec(BF16, F32, False, "bf16", "BF16 autocast, FP32 master weights"),
     "fp8": PrecisionSpec(BF16, F32, False, "bf16", "FP8 Linear layers, BF16 autocast elsewhere"),
-    "mxfp8": PrecisionSpec(
+    MXFP8: PrecisionSpec(
         BF16, F32, False, "bf16", "MXFP8 Linear layers (E4M3, blocks of 32), BF16 elsewhere"
     ),
-    "nvfp4": PrecisionSpec(
+    NVFP4: PrecisionSpec(
         BF16, F32, False, "bf16", "NVFP4 Linear layers (E2M1, blocks of 16), BF16 elsewhere"
     ),
     "fp16_noscale": PrecisionSpec(F16, F32, False, "fp16", "FP16 autocast without loss scaling"),
@@ -124,7 +124,7 @@ class PrecisionPolicy:
         dtype = dtype_name(self.autocast_dtype) or "none"
         if self.blocks is not None:
             gemm = "scaled_mm" if self.blocks.real_gemm else "emulated GEMMs"
-            layers = FORMAT_NAMES[self.blocks.format]
+            layers = self.blocks.row.label
             return f"{self.label} ({layers} Linear layers via {gemm}, autocast {dtype} elsewhere)"
         if self.fp8 is not None:
             gemm = "torch._scaled_mm" if self.fp8.real_gemm else "emulated GEMMs"
@@ -182,7 +182,7 @@ def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[
     Blockwise FP8 (``fp8.granularity=blockwise``): :func:`resolve_blocks`'s rules."""
     if cfg.granularity == "blockwise":
         blocks, notes = resolve_blocks(
-            "fp8_blockwise", cfg.emulate, device, "fp8", blockwise_grad_dtype(cfg)
+            FP8_BLOCKWISE, cfg.emulate, device, blockwise_grad_dtype(cfg)
         )
         return _fp8_recipe(cfg, blocks.real_gemm), notes
     available = fp8_gemm_available(device)
@@ -235,7 +235,6 @@ def resolve_blocks(
     fmt: str,
     emulate: bool | None,
     device: torch.device,
-    key: str,
     grad_dtype: torch.dtype = E4M3,
 ) -> tuple[BlockRecipe, tuple[str, ...]]:
     """Real or emulated GEMMs for the block-scaled format ``fmt`` on ``device`` (the settings
@@ -243,7 +242,10 @@ def resolve_blocks(
     FP8's real GEMM restricts to E4M3): real where the device has them unless ``<key>.emulate``
     is true, the choice recorded in the recipe (``real_gemm``: the report's ``gemm`` and
     ``emulated``, the label) and, when emulated, in a note with the reason;
-    ``<key>.emulate=false`` without them raises ConfigError with the reason."""
+    ``<key>.emulate=false`` without them raises ConfigError with the reason (``key``: the
+    format's config group)."""
+    row = FORMAT_TABLE[fmt]
+    key = row.config_group
     available, why_not = block_gemm_available(device, fmt, grad_dtype)
     if emulate is False and not available:
         raise ConfigError(
@@ -255,7 +257,7 @@ def resolve_blocks(
     if not real:
         why = f"{key}.emulate=true" if emulate else why_not
         notes = (
-            f"{FORMAT_NAMES[fmt]} (emulated): {why}; block-scaled numerics with FP32 matmuls, "
+            f"{row.label} (emulated): {why}; block-scaled numerics with FP32 matmuls, "
             "no speed-up, throughput not comparable",
         )
     return BlockRecipe(fmt, real_gemm=real), notes
@@ -266,11 +268,11 @@ def block_recipe(
 ) -> tuple[BlockRecipe | None, tuple[str, ...]]:
     """The block-scaled recipe of precision ``name`` (mxfp8, nvfp4, fp8 with
     ``fp8.granularity=blockwise``; None for the others) with the notes of its GEMM choice."""
-    if name == "mxfp8":
-        recipe, notes = resolve_blocks("mxfp8", mx.emulate, device, "mx")
+    if name == MXFP8:
+        recipe, notes = resolve_blocks(MXFP8, mx.emulate, device)
         settings = {"scale_rounding": mx.scale_rounding, "min_features": mx.min_features}
-    elif name == "nvfp4":
-        recipe, notes = resolve_blocks("nvfp4", nvfp4.emulate, device, "nvfp4")
+    elif name == NVFP4:
+        recipe, notes = resolve_blocks(NVFP4, nvfp4.emulate, device)
         settings = {
             "weight_tiles": nvfp4.weight_tiles,
             "hadamard": nvfp4.hadamard,
@@ -278,9 +280,9 @@ def block_recipe(
             "keep_last_fraction": nvfp4.keep_last_fraction,
             "min_features": nvfp4.min_features,
         }
-    elif name == "fp8" and fp8.granularity == "blockwise":
+    elif name == FP8 and fp8.granularity == "blockwise":
         grad_dtype = blockwise_grad_dtype(fp8)
-        recipe, notes = resolve_blocks("fp8_blockwise", fp8.emulate, device, "fp8", grad_dtype)
+        recipe, notes = resolve_blocks(FP8_BLOCKWISE, fp8.emulate, device, grad_dtype)
         settings = {
             "grad_dtype": grad_dtype,
             "min_features": fp8.min_features,

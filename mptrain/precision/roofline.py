@@ -42,27 +42,26 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mptrain.config.format_table import BLOCK_FORMATS, FORMAT_TABLE, FP8_BLOCKWISE, NVFP4
 from mptrain.platform.gpus import GPU, mixed_peak_flops
 from mptrain.precision import formats
 from mptrain.precision.gemms import ATTENTION, LINEAR, Accounting, Gemm
 from mptrain.precision.policy import PRECISIONS
 
-# Bytes per element of a GEMM operand, and of its result (FP8 and block-scaled GEMMs write BF16).
-FORMAT_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-FORMAT_BYTES.update(fp8_blockwise=1, mxfp8=1, nvfp4=0.5)  # NVFP4: two E2M1 codes a byte
-RESULT_BYTES = {**FORMAT_BYTES, "fp8": 2, "fp8_blockwise": 2, "mxfp8": 2, "nvfp4": 2}
+# Bytes per element of a GEMM operand, and of its result (FP8 and block-scaled GEMMs write BF16),
+# from the format table (NVFP4: two E2M1 codes a byte).
+FORMAT_BYTES = {name: row.element_bytes for name, row in FORMAT_TABLE.items()}
+RESULT_BYTES = {name: row.result_bytes for name, row in FORMAT_TABLE.items()}
 # The formats a precision converts Linears to (the rest of its GEMMs run in its GEMM format).
 LAYER_FORMATS = tuple(formats.LAYER_FORMATS)
 # Block scales, bytes per element: (a 1-D block along the reduction dimension, a 2-D weight
-# tile), and bytes per tensor. MXFP8: one E8M0 byte per 32; NVFP4: one E4M3 byte per 16 (16x16
-# weight tiles: per 256) and an FP32 scale per tensor; blockwise FP8: an FP32 scale per 1x128
-# tile of activations and gradients, per 128x128 block of weights.
-SCALE_BYTES = {
-    "mxfp8": (1 / 32, 1 / 32),
-    "nvfp4": (1 / 16, 1 / 256),
-    "fp8_blockwise": (4 / 128, 4 / 128**2),
+# tile), and bytes per tensor (the format table's rows: MXFP8 one E8M0 byte per 32; NVFP4 one
+# E4M3 byte per 16, 16x16 weight tiles per 256, and an FP32 scale per tensor; blockwise FP8 an
+# FP32 scale per 1x128 tile of activations and gradients, per 128x128 block of weights).
+SCALE_BYTES = {name: FORMAT_TABLE[name].scale_bytes for name in BLOCK_FORMATS}
+TENSOR_SCALE_BYTES = {
+    name: row.tensor_scale_bytes for name, row in FORMAT_TABLE.items() if row.tensor_scale_bytes
 }
-TENSOR_SCALE_BYTES = {"nvfp4": 4}
 _LOW_FORMAT = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 # Passes over every parameter per optimizer step: AdamW reads the parameter, its gradient and
 # both moments and writes the parameter and the moments; SGD with momentum reads the parameter,
@@ -98,8 +97,8 @@ class Recipe:
     @property
     def tiled_weight(self) -> bool:
         """One 2-D quantization of the weight serves the forward and the data-gradient GEMM."""
-        return self.layer_format == "fp8_blockwise" or (
-            self.layer_format == "nvfp4" and self.weight_tiles
+        return self.layer_format == FP8_BLOCKWISE or (
+            self.layer_format == NVFP4 and self.weight_tiles
         )
 
 
@@ -130,7 +129,7 @@ def recipe_for(
         layer_format=fmt or "fp8",
         rowwise=precision == "fp8" and granularity == "rowwise",
         loss_scaling=spec.loss_scaling,
-        weight_tiles=precision == "nvfp4" and weight_tiles,
+        weight_tiles=precision == NVFP4 and weight_tiles,
     )
 
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from mptrain.config.data import SyntheticConfig
+from mptrain.config.format_table import FORMAT_TABLE, FP8_BLOCKWISE, NVFP4
 from mptrain.config.models import lm_block_size
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import BatchLayout, DataBundle
@@ -27,7 +28,7 @@ from mptrain.data.build import build_data
 from mptrain.models.build import build_model
 from mptrain.platform.gpus import GPU, mixed_peak_flops
 from mptrain.precision.blocks.convert import layer_rules
-from mptrain.precision.blocks.recipe import CONFIG_KEYS, BlockRecipe
+from mptrain.precision.blocks.recipe import BlockRecipe
 from mptrain.precision.formats import layer_format
 from mptrain.precision.fp8.convert import choose_layers, skip_summary
 from mptrain.precision.gemms import SAMPLES, Accounting, account
@@ -118,8 +119,8 @@ def converted_layer_names(model: nn.Module, cfg: RunConfig, fmt: str) -> list[st
 
 def _block_choices(model: nn.Module, cfg: RunConfig, fmt: str) -> list[LayerChoice]:
     """The layer choice of a block-scaled format: the rules apply_blocks applies at run time."""
-    keys = getattr(cfg, CONFIG_KEYS[fmt])  # the config group whose keys choose its layers
-    tail = cfg.nvfp4.keep_last_fraction if fmt == "nvfp4" else 0.0
+    keys = getattr(cfg, FORMAT_TABLE[fmt].config_group)  # the keys that choose its layers
+    tail = cfg.nvfp4.keep_last_fraction if fmt == NVFP4 else 0.0
     recipe = BlockRecipe(fmt, keep_last_fraction=tail, min_features=keys.min_features)
     rules = layer_rules(recipe, list(keys.include), list(keys.exclude), keys.keep_first_last)
     return choose(model, rules)
@@ -204,7 +205,7 @@ def predict_config(
 def with_precision(cfg: RunConfig, name: str) -> RunConfig:
     """``cfg`` trained in ``name`` (``tf32``: FP32 with TF32 allowed; ``fp8_blockwise``: FP8
     with ``fp8.granularity=blockwise``), its other keys kept."""
-    if name == "fp8_blockwise":
+    if name == FP8_BLOCKWISE:
         blockwise = replace(cfg.fp8, granularity="blockwise", scaling="dynamic", backend="builtin")
         return replace(with_precision(cfg, "fp8"), fp8=blockwise)
     fp32 = name in ("fp32", "tf32")

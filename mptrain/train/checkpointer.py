@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mptrain.config.base import ConfigError
+from mptrain.config.format_table import PRECISION_OF_GROUP
 from mptrain.config.keys import flatten, is_non_training_key
 from mptrain.config.run import RunConfig
 from mptrain.platform.distributed import (
@@ -265,8 +266,8 @@ def _restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict[
 
 
 # The config groups one precision alone reads, and the precision that reads each (fp8.* serves
-# tensorwise, rowwise and blockwise FP8 alike).
-PRECISION_GROUPS = {"fp8": "fp8", "mx": "mxfp8", "nvfp4": "nvfp4"}
+# tensorwise, rowwise and blockwise FP8 alike): the format table's.
+PRECISION_GROUPS = PRECISION_OF_GROUP
 
 
 def run_signature(

@@ -14,8 +14,8 @@ from conftest import tiny_run
 from test_roofline import linear_gemm, meta, roofline_script
 from torch import nn
 
+from mptrain.config.format_table import BLOCK_FORMATS, FORMAT_TABLE
 from mptrain.platform import gpus
-from mptrain.precision.blocks.gemm import CAPABLE
 from mptrain.precision.gemms import account
 from mptrain.precision.roofline import Step, cast_bytes, gemm_passes, predict, recipe_for
 from mptrain.precision.speed import DataShape, flops_by_format, mfu_of_run, with_precision
@@ -41,13 +41,14 @@ def test_each_block_format_runs_at_its_element_formats_dense_peak_where_the_kern
         with pytest.raises(ValueError, match=rf"no hardware kernel for {fmt} .*needs {least}\): "
                                              "emulated there, not a prediction"):  # fmt: skip
             gpu.peak_flops(fmt)
-    # The table's kernels are the runner's: the capability that takes each format's real GEMM.
-    for fmt, (_, least, below) in gpus.BLOCK_FORMATS.items():
-        assert set(gpus.BLOCK_FORMATS) == set(CAPABLE)
+    # Each block format's kernel range: from its least capability up to (not including) below.
+    for fmt in BLOCK_FORMATS:
+        kernel = FORMAT_TABLE[fmt].kernel
+        least, below = kernel.least, kernel.below
         last = (below[0] - 1, 9) if below else (12, 9)
-        assert CAPABLE[fmt](least) and CAPABLE[fmt](last), fmt
-        assert not CAPABLE[fmt]((least[0] - 1, 9)), fmt
-        assert below is None or not CAPABLE[fmt](below), fmt
+        assert kernel.runs_on(least) and kernel.runs_on(last), fmt
+        assert not kernel.runs_on((least[0] - 1, 9)), fmt
+        assert below is None or not kernel.runs_on(below), fmt
     assert gpus.row_for_device_name("NVIDIA GB200").key == "gb200"
     assert gpus.row_for_device_name("NVIDIA B300 SXM6 AC").key == "b300"
 

@@ -33,9 +33,9 @@ import torch.nn.functional as F
 from conftest import NoFigure, compose_run, requires_cuda, tiny_run, train
 
 from mptrain.config.base import ConfigError
+from mptrain.config.format_table import FORMAT_TABLE
 from mptrain.config.precision import FP8Config, MXConfig, NVFP4Config, PrecisionConfig
 from mptrain.precision import policy as policy_module
-from mptrain.precision.blocks import gemm
 from mptrain.precision.blocks.blocked import BlockQuantized
 from mptrain.precision.blocks.gemm import (
     block_gemm,
@@ -391,7 +391,7 @@ def test_the_gpu_checks_block_rows_run_where_the_kernel_does(monkeypatch, capsys
     rows = script.block_gemms(CPU, [(48, 256, 128)], 1)
     assert [(r["format"], r["skipped"]) for r in rows] == [
         (fmt, f"skipped: needs {sm}, this is the CPU (no real {fmt} GEMM on the CPU: it needs "
-              f"{gemm.NEEDS[fmt].removeprefix('needs ')})")
+              f"{FORMAT_TABLE[fmt].kernel.needs.removeprefix('needs ')})")
         for fmt, sm in (("fp8_blockwise", "SM90"), ("mxfp8", "SM100"), ("nvfp4", "SM100"))
     ]  # fmt: skip
     assert "block GEMM mxfp8 48x256x128: skipped: needs SM100" in capsys.readouterr().out

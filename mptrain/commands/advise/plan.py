@@ -34,10 +34,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from mptrain.commands.advise import recipes
+from mptrain.config.format_table import GROUP_OF_PRECISION
 
 # The config group whose ``exclude`` keeps a layer out of each low-precision format, by the
 # precision the recipe trains with (recipes.runs); fp8-blockwise is precision=fp8: fp8.exclude.
-EXCLUDE_KEYS = {"fp8": "fp8", "mxfp8": "mx", "nvfp4": "nvfp4"}
+EXCLUDE_KEYS = GROUP_OF_PRECISION  # the format table's: fp8 -> fp8, mxfp8 -> mx, nvfp4 -> nvfp4
 
 
 def exclude_key(name: str) -> str:

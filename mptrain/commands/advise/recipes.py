@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mptrain.config.base import ConfigError
+from mptrain.config.format_table import MXFP8, NVFP4
 from mptrain.config.precision import FP8Config, PrecisionConfig, validate_fp8
 from mptrain.config.run import RunConfig
 
@@ -65,8 +66,8 @@ LOW_PRECISION = (
     Recipe("fp8-pow2", "fp8 pow2 scales", _fp8("tensorwise", pow2=True), needs="FP8 GEMMs"),
     # the block-scaled formats (mptrain.precision.blocks): blockwise FP8 (DeepSeek-V3), MXFP8, NVFP4
     Recipe("fp8-blockwise", "fp8 blockwise", _fp8("blockwise"), needs="block-scaled GEMMs"),
-    Recipe("mxfp8", "mxfp8", (("precision", "mxfp8"),), needs="block-scaled GEMMs"),
-    Recipe("nvfp4", "nvfp4", (("precision", "nvfp4"),), needs="block-scaled GEMMs"),
+    Recipe(MXFP8, MXFP8, (("precision", MXFP8),), needs="block-scaled GEMMs"),
+    Recipe(NVFP4, NVFP4, (("precision", NVFP4),), needs="block-scaled GEMMs"),
 )
 RECIPES = {r.name: r for r in (*BASE, *LOW_PRECISION)}
 # Ties go to the first: TF32 changes nothing in the loop, BF16 needs no loss scaler, FP16 needs

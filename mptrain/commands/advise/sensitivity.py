@@ -23,7 +23,6 @@ from mptrain.commands.advise.trials import format_layers
 from mptrain.config.run import RunConfig
 from mptrain.models.task import logits_of
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.blocks.convert import FORMAT_NAMES
 from mptrain.precision.formats import to_plain_linear
 from mptrain.precision.policy import PrecisionPolicy, resolve_precision, to_model_input
 from mptrain.train.build import prepare_run
@@ -192,7 +191,7 @@ def recipe_words(policy: PrecisionPolicy) -> str:
             for role, op in b["operands"].items()
         )
         gemm = "scaled_mm" if policy.blocks.real_gemm else "emulated GEMMs"
-        return f"{FORMAT_NAMES[policy.blocks.format]}: {ops}; {gemm}"
+        return f"{policy.blocks.row.label}: {ops}; {gemm}"
     r = policy.fp8
     gemm = "torch._scaled_mm" if r.real_gemm else "emulated GEMMs"
     return (

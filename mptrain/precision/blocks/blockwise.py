@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import torch
 
+from mptrain.config.format_table import FORMAT_TABLE, FP8_BLOCKWISE
 from mptrain.precision.blocks.blocked import (
     BlockQuantized,
     assemble,
@@ -37,7 +38,7 @@ from mptrain.precision.blocks.blocked import (
 )
 from mptrain.precision.fp8.quant import E4M3, E5M2, scale_from_amax
 
-BLOCKWISE_BLOCK = 128
+BLOCKWISE_BLOCK = FORMAT_TABLE[FP8_BLOCKWISE].block  # 128
 BLOCKWISE_ELEMENT_DTYPES = (E4M3, E5M2)
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from mptrain.precision.blocks.linear import BlockLinear
-from mptrain.precision.blocks.recipe import CONFIG_KEYS, BlockRecipe
+from mptrain.precision.blocks.recipe import BlockRecipe
 from mptrain.precision.selection import (
     LayerChoice,
     LayerRules,
@@ -30,21 +30,19 @@ from mptrain.precision.selection import (
     set_submodule,
 )
 
-FORMAT_NAMES = {"mxfp8": "MXFP8", "nvfp4": "NVFP4", "fp8_blockwise": "blockwise FP8"}
-
 
 def layer_rules(
     recipe: BlockRecipe, include: list[str], exclude: list[str], keep_first_last: bool
 ) -> LayerRules:
     """The selection rules of ``recipe``'s format, under its config keys."""
     return LayerRules(
-        key=CONFIG_KEYS[recipe.format],
+        key=recipe.config_key,
         include=tuple(include),
         exclude=tuple(exclude),
         keep_first_last=keep_first_last,
         min_features=recipe.min_features,
         alignment=recipe.block_size,
-        alignment_why=f"{FORMAT_NAMES[recipe.format]} blocks of {recipe.block_size}",
+        alignment_why=f"{recipe.row.label} blocks of {recipe.block_size}",
         keep_last_fraction=recipe.keep_last_fraction,
     )
 
@@ -203,7 +201,7 @@ def apply_blocks(
     share, rows = layer_rows(choices, flops)
     section = {
         **recipe.describe(),
-        "name": FORMAT_NAMES[recipe.format],
+        "name": recipe.row.label,
         "gemm": "scaled_mm" if recipe.real_gemm else "emulated (dequantized operands, FP32 matmul)",
         "emulated": not recipe.real_gemm,
         "min_features": recipe.min_features,

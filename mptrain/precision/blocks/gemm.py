@@ -3,7 +3,8 @@ block-scaled ``torch.nn.functional.scaled_mm`` where the GPU has it (``recipe.re
 emulation everywhere else. Both paths take the operands of the same quantization; only the
 matmul differs.
 
-Which (:func:`block_gemm_available`, from the device's compute capability and torch's build;
+Which (:func:`block_gemm_available`, from the device's compute capability and torch's build, as
+each format's row of :data:`mptrain.config.format_table.FORMAT_TABLE` states them;
 the precision policy decides and records it, ``<key>.emulate=false`` without it is refused):
 
 - blockwise FP8 (``fp8_blockwise``): Hopper, compute capability 9.x, E4M3 operands (torch's
@@ -37,6 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from mptrain.config.format_table import FORMAT_TABLE, FP8_BLOCKWISE, MXFP8, NVFP4
 from mptrain.platform import hardware
 from mptrain.precision.blocks import e2m1
 from mptrain.precision.blocks.blocked import BlockQuantized
@@ -45,20 +47,6 @@ from mptrain.precision.fp8.quant import E4M3
 
 Operand = torch.Tensor | BlockQuantized
 
-# What each format's real GEMM needs, in words (the reasons say it) and as a rule on the
-# compute capability (major, minor): torch's own checks (ScaledBlas.cpp: "DeepSeek style
-# scaling only supported in CUDA for SM90"; its tests' PLATFORM_SUPPORTS_MX_GEMM: SM100 or later).
-NEEDS = {
-    "fp8_blockwise": "needs an NVIDIA Hopper GPU (compute capability 9.x)",
-    "mxfp8": "needs an NVIDIA GPU of compute capability >= 10.0 (Blackwell)",
-    "nvfp4": "needs an NVIDIA GPU of compute capability >= 10.0 (Blackwell)",
-}
-CAPABLE = {
-    "fp8_blockwise": lambda capability: capability[0] == 9,
-    "mxfp8": lambda capability: capability >= (10, 0),
-    "nvfp4": lambda capability: capability >= (10, 0),
-}
-MIN_CUDA = {"fp8_blockwise": (12, 9), "mxfp8": (12, 8), "nvfp4": (12, 8)}  # cuBLAS's first
 # Rows of the left operand are padded to this for blockwise FP8: its FP32 scales are stored
 # M-major, and cuBLAS wants their columns 16-byte aligned (torch tests only multiples of 128).
 BLOCKWISE_ROW_ALIGNMENT = 16
@@ -74,23 +62,26 @@ def block_gemm_available(
     and torch's build. ``elements``: the gradients' element format (blockwise FP8 takes E4M3
     only). The reason starts "no real <fmt> GEMM" and says what is missing."""
     no = f"no real {fmt} GEMM"
+    kernel = FORMAT_TABLE[fmt].kernel  # a block format's row: compute capabilities, CUDA, needs
+    if kernel is None:
+        return False, f"{no}: torch has no kernel for it"
     if device.type != "cuda":
-        return False, f"{no} on the {device.type.upper()}: it {NEEDS[fmt]}"
+        return False, f"{no} on the {device.type.upper()}: it {kernel.needs}"
     if torch.version.cuda is None:
         return False, f"{no}: this torch ({torch.__version__}) is not a CUDA build"
     if not hasattr(F, "scaled_mm") or not hasattr(F, "ScalingType"):
         return False, f"{no}: torch {torch.__version__} has no torch.nn.functional.scaled_mm"
     cuda = tuple(int(part) for part in torch.version.cuda.split(".")[:2])
-    if cuda < MIN_CUDA[fmt]:
-        need = ".".join(map(str, MIN_CUDA[fmt]))
+    if kernel.min_cuda is not None and cuda < kernel.min_cuda:
+        need = ".".join(map(str, kernel.min_cuda))
         return False, f"{no}: torch is built with CUDA {torch.version.cuda}, it needs >= {need}"
     if not torch.cuda.is_available():
         return False, f"{no}: CUDA is not available here"
     capability = hardware.cuda_capability(device)
-    if not CAPABLE[fmt](capability):
+    if not kernel.runs_on(capability):
         major, minor = capability
-        return False, f"{no} on compute capability {major}.{minor}: it {NEEDS[fmt]}"
-    if fmt == "fp8_blockwise" and elements != E4M3:
+        return False, f"{no} on compute capability {major}.{minor}: it {kernel.needs}"
+    if fmt == FP8_BLOCKWISE and elements != E4M3:
         return False, (
             f"{no} for {str(elements).replace('torch.', '')} gradients: torch's blockwise FP8 "
             "GEMM takes E4M3 operands only (fp8.format=e4m3 runs it)"
@@ -178,11 +169,11 @@ def scaled_mm_call(
     b = _k_last(b, fmt)
     if a.data.shape[1] != b.data.shape[1]:
         raise ValueError(f"{fmt} GEMM: inner dimensions differ ({a.data.shape} and {b.data.shape})")
-    if fmt == "fp8_blockwise":
+    if fmt == FP8_BLOCKWISE:
         return _blockwise_call(a, b, out_dtype)
-    if fmt == "mxfp8":
+    if fmt == MXFP8:
         return _mx_call(a, b, out_dtype)
-    if fmt == "nvfp4":
+    if fmt == NVFP4:
         return _nvfp4_call(a, b)
     raise ValueError(f"{fmt!r} is not a block-scaled format with a real GEMM")
 

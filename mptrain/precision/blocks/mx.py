@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import torch
 
+from mptrain.config.format_table import FORMAT_TABLE, MXFP8
 from mptrain.precision.blocks.blocked import (
     BlockQuantized,
     Blocks,
@@ -55,7 +56,7 @@ from mptrain.precision.blocks.blocked import (
 from mptrain.precision.blocks.e2m1 import E2M1
 from mptrain.precision.fp8.quant import E4M3, E5M2, pow2_floor
 
-MX_BLOCK = 32
+MX_BLOCK = FORMAT_TABLE[MXFP8].block  # 32
 MX_ELEMENT_DTYPES = (E4M3, E5M2, E2M1)
 SCALE_ROUNDINGS = ("floor", "rceil")
 # The exponent of each element format's largest power of two: 448 = 1.75 x 2^8, 57344 = 1.75 x

@@ -42,11 +42,12 @@ from __future__ import annotations
 
 import torch
 
+from mptrain.config.format_table import FORMAT_TABLE, NVFP4
 from mptrain.precision.blocks.blocked import BlockQuantized, assemble, finish, split_input
 from mptrain.precision.blocks.e2m1 import E2M1, E2M1_MAX
 from mptrain.precision.fp8.quant import E4M3, FP8_MAX
 
-NVFP4_BLOCK = 16
+NVFP4_BLOCK = FORMAT_TABLE[NVFP4].block  # 16
 E4M3_SMALLEST_NORMAL = torch.finfo(E4M3).tiny  # 2^-6: torchao's floor for a block scale
 TENSOR_SCALE_DIVISOR = FP8_MAX[E4M3] * E2M1_MAX  # 2688
 # The smallest per-tensor scale: (1 / 2^-121) / 2^-6 = 2^127, the largest element multiplier,

@@ -32,19 +32,16 @@ from typing import Any
 
 import torch
 
+from mptrain.config.format_table import FORMAT_TABLE, FP8_BLOCKWISE, MXFP8, NVFP4, NumberFormat
 from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.blocks import fake
 from mptrain.precision.blocks.blocked import BlockQuantized
-from mptrain.precision.blocks.blockwise import BLOCKWISE_BLOCK, quantize_blockwise
-from mptrain.precision.blocks.mx import MX_BLOCK, quantize_mx
-from mptrain.precision.blocks.nvfp4 import NVFP4_BLOCK, quantize_nvfp4
+from mptrain.precision.blocks.blockwise import quantize_blockwise
+from mptrain.precision.blocks.mx import quantize_mx
+from mptrain.precision.blocks.nvfp4 import quantize_nvfp4
 from mptrain.precision.fp8.quant import E4M3
 
-BLOCK_FORMATS = ("mxfp8", "nvfp4", "fp8_blockwise")
-BLOCK_SIZES = {"mxfp8": MX_BLOCK, "nvfp4": NVFP4_BLOCK, "fp8_blockwise": BLOCKWISE_BLOCK}
 ROLES = ("input", "weight", "grad")
-# The config group whose keys set each format (layer selection reasons name them).
-CONFIG_KEYS = {"mxfp8": "mx", "nvfp4": "nvfp4", "fp8_blockwise": "fp8"}
 
 
 @dataclass(frozen=True)
@@ -52,7 +49,7 @@ class BlockRecipe:
     """How a :class:`~mptrain.precision.blocks.linear.BlockLinear` quantizes (see module doc).
     Built from the ``mx``/``nvfp4``/``fp8`` config by the precision policy."""
 
-    format: str  # one of BLOCK_FORMATS
+    format: str  # one of mptrain.config.format_table.BLOCK_FORMATS
     real_gemm: bool = False  # torch's block-scaled scaled_mm (True) or the emulation: .gemm
     scale_rounding: str = "rceil"  # mxfp8: rceil | floor
     weight_tiles: bool = False  # nvfp4: 16x16 weight tiles; fp8_blockwise: always 128x128
@@ -64,17 +61,27 @@ class BlockRecipe:
     seed: int = 0  # per-layer Hadamard signs and stochastic-rounding generators derive from it
 
     @property
+    def row(self) -> NumberFormat:
+        """The format's row of the table: label, block, scale dtype, config group, kernel."""
+        return FORMAT_TABLE[self.format]
+
+    @property
     def block_size(self) -> int:
-        return BLOCK_SIZES[self.format]
+        return self.row.block
+
+    @property
+    def config_key(self) -> str:
+        """The config group whose keys set the format (layer selection reasons name them)."""
+        return self.row.config_group
 
     @property
     def tiled_weight(self) -> bool:
         """One quantization of the weight (2-D tiles) serves the forward and the dx GEMM."""
-        return self.format == "fp8_blockwise" or (self.format == "nvfp4" and self.weight_tiles)
+        return self.format == FP8_BLOCKWISE or (self.format == NVFP4 and self.weight_tiles)
 
     def element_dtype(self, role: str) -> torch.dtype | str:
-        if self.format == "nvfp4":
-            return "float4_e2m1fn"
+        if self.format == NVFP4:
+            return self.row.elements  # no torch dtype holds one E2M1 code
         return self.grad_dtype if role == "grad" else E4M3
 
     def block_shape(self, role: str) -> str:
@@ -84,21 +91,20 @@ class BlockRecipe:
     def describe(self) -> dict[str, Any]:
         """The report's account of the recipe: element and scale formats and block shape per
         operand, and the format's settings."""
-        scale = {"mxfp8": "float8_e8m0fnu", "nvfp4": "float8_e4m3fn", "fp8_blockwise": "float32"}
         operands = {
             role: {
                 "element": dtype_name(element)
                 if isinstance(element := self.element_dtype(role), torch.dtype)
                 else element,
-                "scale": scale[self.format],
+                "scale": self.row.scale,
                 "block": self.block_shape(role),
             }
             for role in ROLES
         }
         settings: dict[str, Any] = {}
-        if self.format == "mxfp8":
+        if self.format == MXFP8:
             settings["scale_rounding"] = self.scale_rounding
-        if self.format == "nvfp4":
+        if self.format == NVFP4:
             settings.update(
                 tensor_scale="float32",
                 weight_tiles=self.weight_tiles,
@@ -122,10 +128,10 @@ def quantize_operand(
     the recipe says; ``generator`` rounds an NVFP4 gradient stochastically (when the recipe
     does); ``stats`` counts saturation, underflow, zero and non-finite blocks."""
     fmt = recipe.format
-    if fmt == "mxfp8":
+    if fmt == MXFP8:
         return quantize_mx(t, dim, elem_dtype=E4M3, rounding=recipe.scale_rounding, stats=stats)
     tiled = role == "weight" and recipe.tiled_weight
-    if fmt == "nvfp4":
+    if fmt == NVFP4:
         sr = generator if role == "grad" and recipe.stochastic_rounding else None
         return quantize_nvfp4(t, dim, tile_2d=tiled, generator=sr, stats=stats)
     elem = recipe.grad_dtype if role == "grad" else E4M3
@@ -148,10 +154,10 @@ def fake_quant_operand(
     ``keep_layout``: in ``t``'s layout, ``dim`` quantized where it lies (no transposition; not
     for a tiled weight)."""
     fmt = recipe.format
-    if fmt == "mxfp8":
+    if fmt == MXFP8:
         return fake.fake_mx(t, dim, E4M3, recipe.scale_rounding, out, keep_layout)
     tiled = role == "weight" and recipe.tiled_weight
-    if fmt == "nvfp4":
+    if fmt == NVFP4:
         sr = generator if role == "grad" and recipe.stochastic_rounding else None
         return fake.fake_nvfp4(t, dim, tiled, sr, out, keep_layout)
     elem = recipe.grad_dtype if role == "grad" else E4M3

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from mptrain.config.format_table import FORMAT_TABLE, FP8
+
 E4M3 = torch.float8_e4m3fn
 E5M2 = torch.float8_e5m2
 FP8_MAX = {E4M3: torch.finfo(E4M3).max, E5M2: torch.finfo(E5M2).max}  # 448, 57344
@@ -39,7 +41,7 @@ def saturation_boundary(dtype: torch.dtype) -> float:
 SATURATION_BOUNDARY = {dtype: saturation_boundary(dtype) for dtype in (E4M3, E5M2)}
 GEMM_ALIGNMENT = 16  # torch._scaled_mm: K and N multiples of 16
 AMAX_EPS = 1e-12
-MIN_FP8_CAPABILITY = (8, 9)
+MIN_FP8_CAPABILITY = FORMAT_TABLE[FP8].kernel.least  # (8, 9): Ada, Hopper and later
 
 
 @dataclass(frozen=True)
