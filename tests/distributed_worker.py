@@ -37,7 +37,7 @@ def precomputed_scales(model):
 
 def dumping_loop(run, hooks):
     state = real_loop(run, hooks)
-    scaler = run.scaler
+    scaler = run.precision.scaler
     rank = int(os.environ.get("RANK", "0"))
     full = model_state(run.model, run.dist)  # collective under FSDP
     torch.save(

@@ -136,7 +136,7 @@ def run_figures(run: Run) -> dict[str, Any]:
         "peak_memory_bytes": run.monitor.peak_memory_bytes,
         "data_wait_fraction": throughput.data_wait_fraction,
         "host_syncs_per_step": host_reads_per_step(run),  # see mptrain.train.loop
-        "label": run.policy.label,
+        "label": run.precision.policy.label,
     }
 
 

@@ -55,7 +55,7 @@ CANDIDATES = {"bf16": ("bf16", "fp32")}  # the rule's CPU choice -> what is time
 def why_not_measured(run: Run, steps: int) -> str | None:
     """Why ``precision=auto`` keeps its device rule for ``run`` of ``steps`` steps, or None
     when the candidates are to be timed (see the module doc)."""
-    cfg, policy = run.cfg, run.policy
+    cfg, policy = run.cfg, run.precision.policy
     if not cfg.precision.measure:
         return "precision.measure=false"
     if run.device.type != "cpu":
@@ -85,7 +85,7 @@ def decide_auto(
     it was not timed. Only the policy (and the monitor that names it) can change. ``say`` gets
     one line before the timing starts (it takes seconds to a minute).
     """
-    policy = run.policy
+    policy = run.precision.policy
     if policy.requested != AUTO:
         return run
     if trained_in is not None:  # the signature check refuses a precision the rule cannot give
@@ -231,4 +231,5 @@ def _policy_for(run: Run, name: str, reason: str, timing: dict[str, Any] | None)
 
 
 def _with_reason(run: Run, reason: str) -> Run:
-    return dataclasses.replace(run, policy=dataclasses.replace(run.policy, reason=reason))
+    policy = dataclasses.replace(run.precision.policy, reason=reason)
+    return dataclasses.replace(run, precision=dataclasses.replace(run.precision, policy=policy))

@@ -41,6 +41,7 @@ from mptrain.platform.threads import ThreadChoice, apply_threads, resolve_thread
 from mptrain.precision.blocks.convert import BlockLayers
 from mptrain.precision.formats import convert_layers, layer_sync, run_sections
 from mptrain.precision.fp8.dist import gathers_fp32
+from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import (
     PrecisionPolicy,
     apply_tf32,
@@ -135,29 +136,25 @@ def build_run(
     settings = plan_loop(cfg, data, dist)
     optimizer, scheduler = _optimization(cfg, model, settings, dist)
     model = torch.compile(model) if cfg.compile else model
+    update = build_weight_update(optimizer, cfg.precision.update, cfg.seed, device)
+    scaler = build_grad_scaler(policy, dist)  # (Precision's fields, in order)
+    precision = Precision(policy, scaler, tf32, fp8, fp32_modules, fp8_sync, blocks, update)
     run = Run(
         cfg=cfg,
         device=device,
-        policy=policy,
+        precision=precision,
         dist=dist,
-        tf32=tf32,
         data=data,
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
-        scaler=build_grad_scaler(policy, dist),
         loss_fn=functools.partial(cross_entropy, label_smoothing=cfg.label_smoothing),
         task=Task(cfg.task, tokens_per_sample=data.sequence_length),
         settings=settings,
         monitor=_build_monitor(cfg, data, model, policy, dist, device),
         num_parameters=num_parameters,
-        fp8=fp8,
-        fp32_modules=fp32_modules,
-        fp8_sync=fp8_sync,
-        blocks=blocks,
         threads=threads,
         schedule=plan_switch(cfg, policy, device, dist, settings.total_steps),
-        update=build_weight_update(optimizer, cfg.precision.update, cfg.seed, device),
     )
     run.monitor.loss_window = run.schedule.loss_window()  # the losses around a switch
     _install_faults(run)
@@ -179,7 +176,7 @@ def with_policy(run: Run, policy: PrecisionPolicy) -> Run:
     """``run`` with another precision of the same build (``precision=auto`` settled after the
     build: :mod:`mptrain.train.autoprecision`): the same parameter dtype, FP8 layers and loss
     scaling, so only the policy and the monitor that names it are new. Before training only."""
-    old = run.policy
+    old = run.precision.policy
     same_build = (old.param_dtype, old.fp8, old.blocks, old.loss_scaling, old.device_type) == (
         policy.param_dtype,
         policy.fp8,
@@ -190,7 +187,7 @@ def with_policy(run: Run, policy: PrecisionPolicy) -> Run:
     if not same_build:
         raise ValueError(f"{old.name} -> {policy.name}: not the same build; build the run again")
     monitor = _build_monitor(run.cfg, run.data, run.model, policy, run.dist, run.device)
-    return replace(run, policy=policy, monitor=monitor)
+    return replace(run, precision=replace(run.precision, policy=policy), monitor=monitor)
 
 
 def _checked_data(cfg: RunConfig, device: torch.device, dist: DistContext) -> DataBundle:
@@ -364,4 +361,4 @@ def _install_faults(run: Run) -> None:
         sharded=run.dist.enabled and run.dist.strategy == "fsdp",
         steps_done=lambda: run.state.step,
     )
-    injector.install(run.model, run.scaler)
+    injector.install(run.model, run.precision.scaler)

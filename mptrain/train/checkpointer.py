@@ -84,11 +84,10 @@ class Checkpointer:
             "model": model_state(model, self.dist),
             "optimizer": optimizer_state(model, run.optimizer, self.dist),
             "scheduler": run.scheduler.state_dict(),
-            "scaler": run.scaler.state_dict() if run.scaler.is_enabled() else None,
+            # the loss scaler, nvfp4's stochastic-rounding generators, precision.update's state
+            **run.precision.state_dict(),
             "loop": {**state.state_dict(), **run.monitor.state_dict()},
             "rng": rng_states(),
-            "blocks": run.blocks.state_dict(),  # stochastic-rounding generators (nvfp4)
-            "update": run.update.state_dict() if run.update is not None else None,
             "signature": self.signature,
             "world_size": self.dist.world_size,
             # threads=auto: the count in effect now, which a resume keeps (train/threads.py)
@@ -222,33 +221,10 @@ def restore(payload: dict[str, Any], run: Run, path: Path) -> list[str]:
             "(moments, momentum) starts fresh; weights, schedule position and scaler are resumed"
         )
     _restore_schedule(run.scheduler, payload["scheduler"])
-    if run.scaler.is_enabled():
-        if payload["scaler"] is None:
-            raise ConfigError(
-                f"resume: {path} holds no loss-scaler state (saved without loss scaling); an FP16 "
-                "run cannot start from an empty scaler. Resume with the checkpoint's precision"
-            )
-        run.scaler.load_state_dict(payload["scaler"])
     run.state.load_state_dict(payload["loop"])
     run.monitor.load_state_dict(payload["loop"])
     restore_rng_states(payload["rng"])
-    notes += run.blocks.load_state_dict(payload.get("blocks") or {})  # older: no such key
-    return notes + _restore_update(run, payload.get("update"))
-
-
-def _restore_update(run: Run, saved: dict[str, Any] | None) -> list[str]:
-    """precision.update's generator and Kahan buffers; a note where the checkpoint holds none of
-    this rule's (saved with another rule, allowed by resume_allow_changes): they start fresh."""
-    if run.update is None:
-        return []
-    if saved is None or saved.get("rule") != run.update.rule:
-        was = "nearest" if saved is None else saved.get("rule")
-        return [
-            f"precision.update changed ({was} -> {run.update.rule}): its random bits and Kahan "
-            "buffers start fresh"
-        ]
-    run.update.load_state_dict(saved)
-    return []
+    return notes + run.precision.load_state_dict(payload, path)
 
 
 def _restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict[str, Any]) -> None:

@@ -1,9 +1,9 @@
 """A run ready to train: what :func:`mptrain.train.build.build_run` makes and the loop consumes.
 
-:class:`Run` holds the built components (data, model, optimizer, schedule, scaler, the task's loss), the
-decisions made for them (device, precision policy, TF32 flags, FP8 and block-scaled layers, FP32
-islands), the
-loop's settings, the monitor, and the run's progress (``state``).
+:class:`Run` holds the built components (data, model, optimizer, lr schedule, the task's loss), the
+decisions made for them (the device; the precision, one :class:`~mptrain.precision.plugin.Precision`
+with its loss scaler, layers and flags; a precision schedule that may swap it), the loop's
+settings, the monitor, and the run's progress (``state``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,7 @@ from mptrain.data.batches import DataBundle
 from mptrain.models.task import Task
 from mptrain.platform.distributed import DistContext, unwrap
 from mptrain.platform.threads import ThreadChoice
-from mptrain.precision.blocks.convert import BlockLayers
-from mptrain.precision.fp8.dist import FP8Sync
-from mptrain.precision.policy import PrecisionPolicy
-from mptrain.precision.update import WeightUpdate
+from mptrain.precision.plugin import Precision
 from mptrain.train.monitor import LossWindow, Monitor
 from mptrain.train.state import LoopSettings, LoopState
 
@@ -60,28 +57,21 @@ class Run:
 
     cfg: RunConfig
     device: torch.device
-    policy: PrecisionPolicy
+    precision: Precision  # what runs and how: policy, loss scaler, FP8/block layers, FP32 islands
     dist: DistContext
-    tf32: dict[str, Any]  # the TF32 flags as set (report)
     data: DataBundle
     model: torch.nn.Module  # what the loop calls (wrapped, torch.compile'd when compile=true)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits, targets)
     settings: LoopSettings
     monitor: Monitor
     num_parameters: int
     task: Task = field(default_factory=Task)  # the loss's shape, metrics and ranking
-    fp8: dict[str, Any] | None = None  # the report's fp8 section (converted layers, FLOPs share)
-    fp32_modules: list[str] = field(default_factory=list)
-    fp8_sync: FP8Sync = field(default_factory=FP8Sync)  # FP8 state the ranks agree on (loop calls)
-    # Block-scaled layers (mxfp8, nvfp4, blockwise fp8): counting on log rows, their generators
-    blocks: BlockLayers = field(default_factory=BlockLayers)
     state: LoopState = field(default_factory=LoopState)
     threads: ThreadChoice | None = None  # the intra-op thread count set for the run (build_run)
-    schedule: PrecisionSchedule = field(default_factory=PrecisionSchedule)  # precision.switch
-    update: WeightUpdate | None = None  # precision.update's hooks on the optimizer; None: nearest
+    # precision.switch: swaps ``precision`` for phase 2's between two steps
+    schedule: PrecisionSchedule = field(default_factory=PrecisionSchedule)
 
     @property
     def checkpoint_model(self) -> torch.nn.Module:

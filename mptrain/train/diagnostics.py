@@ -24,7 +24,7 @@ from mptrain.rundir.layout import AUDIT_JSON, AUDIT_MD, PROBE_JSON, PROBE_MD
 def write_diagnostics(run: Run, output_dir: Path, console: Console) -> None:
     """audit=true / probe=true: trace one step, or probe FP16 ranges, into files of the run
     directory (audit.md/.json, probe.md/.json); the model is left untouched."""
-    cfg, policy = run.cfg, run.policy
+    cfg, policy = run.cfg, run.precision.policy
     if not (cfg.audit or cfg.probe):
         return
     batches = run.data.train.batches(0)

@@ -227,7 +227,7 @@ class Job:
         if cfg.precision.name == AUTO:  # the rule's choice, or timed on the model, or resumed
             trained_in = found[1]["signature"].get("precision") if found else None
             run = self.run = decide_auto(run, run.settings.total_steps, trained_in, self._deciding)
-            self.policy = run.policy
+            self.policy = run.precision.policy
         run.schedule.say = functools.partial(self.log.say, label="precision")  # at a switch
         run.threads = kept_from_checkpoint(run.threads, found)  # threads=auto, resumed
         if run.threads.measure:  # threads=auto on a CPU: measured on the first training steps

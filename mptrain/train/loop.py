@@ -2,10 +2,10 @@
 
 Per optimizer step (:func:`take_step`, ``grad_accum_steps`` micro-batches), in this order:
 
-1. for each micro-batch: forward and loss under ``policy.autocast()``; the loss divided by the
-   number of micro-batches; ``scaler.scale(loss).backward()`` outside autocast. One loss scale
-   covers the whole effective batch.
-2. ``scaler.unscale_(optimizer)``: gradients become true FP32 gradients (skipped without scaling).
+1. for each micro-batch: forward and loss under the precision's autocast; the loss divided by the
+   number of micro-batches; the scaled loss's backward outside autocast. One loss scale covers
+   the whole effective batch.
+2. unscale: gradients become true FP32 gradients (nothing to do without loss scaling).
 3. clip the FP32 gradient norm (when configured): clipping always sees unscaled gradients.
 4. the optimizer step, skipped when any gradient holds inf/NaN (parameters and optimizer state
    untouched), and the scale update: halved after a skip, grown after ``growth_interval`` clean
@@ -13,15 +13,15 @@ Per optimizer step (:func:`take_step`, ``grad_accum_steps`` micro-batches), in t
 5. a skipped step is recorded and does *not* advance the LR scheduler.
 6. gradients set to ``None`` (``optimizer.zero_grad(set_to_none=True)``, see :func:`clear_grads`).
 
-Before every step, ``run.schedule`` may switch the run to another precision (once, with
-``precision.switch``: policy, layers, loss scaler; :mod:`mptrain.train.switch`): every call
-above reads ``run.policy``, ``run.scaler`` and ``run.fp8_sync`` when it runs.
-
-Data-parallel FP8 runs agree on their FP8 state through ``run.fp8_sync`` after the backward and
-after the optimizer step (:mod:`mptrain.precision.fp8.dist`; nothing for other runs). Block-scaled
-layers (mxfp8, nvfp4, blockwise fp8) count their saturated, underflowed and zero blocks during the
-forward and backward of the steps that write a metrics row (``run.blocks``): the counts cost more
-than the quantization.
+The precision is one object, ``run.precision`` (:class:`~mptrain.precision.plugin.Precision`):
+the loop calls it at named points — ``begin``, ``count_quantizations``, ``model_input``,
+``forward_context``, ``backward``, ``after_backward``, ``unscale``, ``after_optimizer_step`` — and
+reads its loss scaler for the skip rule (step 4). Before every step, ``run.schedule`` may swap it
+for another precision's (once, with ``precision.switch``: :mod:`mptrain.train.switch`), so every
+call above reads ``run.precision`` when it runs. Data-parallel FP8 runs agree on their FP8 state
+after the backward and after the optimizer step (:mod:`mptrain.precision.fp8.dist`; nothing for
+other runs); block-scaled layers count their saturated, underflowed and zero blocks on the steps
+that write a metrics row (the counts cost more than the quantization).
 
 Around the step, :func:`train_loop` hands the outcome to the run's
 :class:`~mptrain.train.monitor.Monitor` (measurements, logging, health, divergence), then evaluates,
@@ -100,8 +100,8 @@ def train_loop(run: Run, hooks: LoopHooks = LoopHooks()) -> LoopState:
     params = [p for p in run.model.parameters() if p.requires_grad]
     samples_per_step = monitor.settings.samples_per_step
     eval_clock = TimeCadence(s.eval_every_minutes)
-    monitor.begin(run.scaler, run.optimizer, hooks.observers)
-    run.fp8_sync.begin()
+    monitor.begin(run.precision.scaler, run.optimizer, hooks.observers)
+    run.precision.begin()
     run.model.train()
     clear_grads(run.optimizer)
     for micro_batches in _step_batches(run.data.train, s, state):
@@ -175,7 +175,7 @@ def _step_batches(
 
 def _evaluate_into(run: Run, state: LoopState) -> None:
     s = run.settings
-    figures = evaluate(run.model, run.data.val, run.policy, s.channels_last, s.dist)
+    figures = evaluate(run.model, run.data.val, run.precision.policy, s.channels_last, s.dist)
     row = {"kind": "eval", "step": state.step, "epoch": state.epoch, **run.task.eval_row(*figures)}
     state.evals.append(row)
     run.monitor.record_eval(row)
@@ -195,11 +195,12 @@ def take_step(
     ``probe_now``: measure zero gradients and updates lost to rounding around the update;
     ``interruptible``: entered around the forward and backward only (see :class:`LoopHooks`).
     """
-    run.blocks.sample(norm_now)  # block-scaled layers count their quantizations on log rows
+    precision = run.precision
+    precision.count_quantizations(norm_now)  # block-scaled layers: on the metrics rows' steps
     with interruptible:
         loss, batch, data_wait_s = _forward_backward(run, micro_batches)
-    run.blocks.sample(False)
-    run.fp8_sync.after_backward()  # data parallel FP8: amaxes and counters over the ranks
+    precision.count_quantizations(False)
+    precision.after_backward()
     outcome = _optimizer_step(
         run,
         params,
@@ -209,7 +210,7 @@ def take_step(
             loss, skipped=False, scale=None, grad_norm=None, batch=batch, data_wait_s=data_wait_s
         ),
     )
-    run.fp8_sync.after_optimizer_step()  # torchao's FP8 all-gather: the weights' next scales
+    precision.after_optimizer_step()
     return outcome
 
 
@@ -221,21 +222,21 @@ def _forward_backward(
     DDP: the gradient all-reduce runs only with the last micro-batch's backward (``no_sync``
     before it). FSDP reduce-scatters every micro-batch's gradients: the same sums, more traffic.
     """
-    model, policy, scaler, loss_fn = run.model, run.policy, run.scaler, run.loss_fn
+    model, precision, loss_fn = run.model, run.precision, run.loss_fn
     accum, channels_last = run.settings.grad_accum_steps, run.settings.channels_last
     step_loss, data_wait_s = None, 0.0
     for micro in range(accum):
         wait_start = time.perf_counter()
         inputs, targets = next(micro_batches)
         data_wait_s += time.perf_counter() - wait_start
-        inputs = to_model_input(inputs, policy, channels_last)
+        inputs = precision.model_input(inputs, channels_last)
         with _NO_CONTEXT if micro == accum - 1 else no_sync(model):
-            with policy.autocast():
+            with precision.forward_context():
                 # the task's loss, in FP32 (mptrain.models.task)
                 loss = loss_fn(logits_of(model(inputs)), targets)
                 if accum > 1:
                     loss = loss / accum
-            scaler.scale(loss).backward()  # outside autocast
+            precision.backward(loss)  # scaled, outside autocast
         step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
     return step_loss, (inputs, targets), data_wait_s
 
@@ -244,16 +245,14 @@ def _optimizer_step(
     run: Run, params: list[torch.Tensor], norm_now: bool, probe_now: bool, outcome: StepOutcome
 ) -> StepOutcome:
     """unscale -> clip -> step -> update -> (scheduler unless skipped) -> clear grads."""
-    optimizer, scaler, clip = run.optimizer, run.scaler, run.settings.clip_grad_norm
-    scaled = scaler.is_enabled()
-    if scaled:
-        scaler.unscale_(optimizer)  # gradients are now true FP32 gradients
+    optimizer, precision, clip = run.optimizer, run.precision, run.settings.clip_grad_norm
+    precision.unscale(optimizer)  # gradients are now true FP32 gradients
     if clip is not None or norm_now:
         outcome.grad_norm = gradient_norm(params)
     if clip is not None:
         torch.nn.utils.clip_grads_with_norm_(params, clip, outcome.grad_norm)
-    probe = UpdateProbe(params, run.update) if probe_now else None
-    if scaled:
+    probe = UpdateProbe(params, precision.update) if probe_now else None
+    if precision.loss_scaling:
         _scaled_step(run, outcome)
     else:
         optimizer.step()
@@ -279,7 +278,7 @@ def _scaled_step(run: Run, outcome: StepOutcome) -> None:
     stepped before the read; any other is stepped after it, only when the flag is clear. Skips
     are the scaler's own flags (a ``backoff_factor`` near 1 can leave the scale unchanged).
     """
-    optimizer, scaler = run.optimizer, run.scaler
+    optimizer, scaler = run.optimizer, run.precision.scaler
     found_inf = torch.stack([f.reshape(()) for f in found_inf_flags(scaler, optimizer)]).sum()
     fused = getattr(optimizer, "_step_supports_amp_scaling", False)
     if fused:
@@ -426,7 +425,7 @@ def host_reads_per_step(run: Run) -> int:
     """Device-to-host reads per optimizer step between log rows: one with loss scaling (the inf
     flag, the new scale and the loss's finiteness together, see :func:`_scaled_step`), none
     without. Log rows, probes, evaluations and checkpoints read more, on their own schedule."""
-    return 1 if run.scaler.is_enabled() else 0
+    return 1 if run.precision.loss_scaling else 0
 
 
 def clear_grads(optimizer: torch.optim.Optimizer) -> None:

@@ -107,11 +107,11 @@ def _model_section(job: JobRecord) -> ModelSection:
 def _blocks_section(run: Run | None) -> dict[str, Any] | None:
     """The block-scaled layers' section with their counts (reads device values): at the end of
     the run, or, for layers a precision switch left, as they were at the switch; or None."""
-    if run is None or run.blocks.section is None:
+    if run is None or run.precision.blocks.section is None:
         return None
-    if "final_layer_stats" in run.blocks.section:
-        return run.blocks.section
-    return {**run.blocks.section, "final_layer_stats": run.blocks.layer_stats()}
+    if "final_layer_stats" in run.precision.blocks.section:
+        return run.precision.blocks.section
+    return {**run.precision.blocks.section, "final_layer_stats": run.precision.blocks.layer_stats()}
 
 
 def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunReport:
@@ -158,11 +158,11 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
 def _fp8_section(run: Run | None) -> dict[str, Any] | None:
     """The FP8 layers and their final figures: at the end of the run, or, for FP8 layers a
     precision switch left, as they were at the switch (mptrain.train.switch)."""
-    if run is None or not run.fp8:
+    if run is None or not run.precision.fp8:
         return None
-    if "final_layer_stats" in run.fp8:
-        return run.fp8
-    return {**run.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
+    if "final_layer_stats" in run.precision.fp8:
+        return run.precision.fp8
+    return {**run.precision.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
 
 
 def _precision_section(job: JobRecord, run_notes: list[str]) -> PrecisionSection:
@@ -236,7 +236,7 @@ def _numerics_section(run: Run | None) -> NumericsSection:
     return NumericsSection(
         **run.monitor.health.summary(),
         culprit=run.monitor.culprit,
-        fp32_modules=run.fp32_modules,
+        fp32_modules=run.precision.fp32_modules,
     )
 
 
@@ -298,7 +298,11 @@ def _mfu_fields(job: JobRecord) -> dict[str, Any]:
     if gpu is None:
         return {"mfu_note": f"n/a: no peak table for {torch.cuda.get_device_name(device)}"}
     name = "tf32" if policy.name == "fp32" and cfg.precision.allow_tf32 else policy.name
-    fp8 = [r["name"] for r in run.fp8["layers"] if r["converted"]] if run.fp8 else None
+    fp8 = (
+        [r["name"] for r in run.precision.fp8["layers"] if r["converted"]]
+        if run.precision.fp8
+        else None
+    )
     try:
         per_sample, peak = mfu_of_run(cfg, DataShape.of(run.data), name, fp8, gpu)
     except (ConfigError, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:

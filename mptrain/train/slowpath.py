@@ -27,7 +27,7 @@ FP16_CONV_ON_CPU = "FP16 convolutions are a slow path on this CPU"
 def known_slow_path(run: Run) -> str | None:
     """What makes the run's precision far slower than FP32 here, or None: FP16 (autocast or
     FP16 weights) on a CPU for a model with convolutions."""
-    p = run.policy
+    p = run.precision.policy
     fp16 = torch.float16 in (p.autocast_dtype, p.param_dtype)
     if run.device.type == "cpu" and fp16 and has_convolutions(run.model):
         return FP16_CONV_ON_CPU
@@ -43,7 +43,7 @@ def check_slow_path(run: Run) -> SlowPath | None:
     if what is None:
         return None
     faster = "precision=bf16 (or fp32)" if hardware.cpu_has_native_bf16() else "precision=fp32"
-    slow = SlowPath(what, run.policy.name, faster, fp32_step_s=None)
+    slow = SlowPath(what, run.precision.policy.name, faster, fp32_step_s=None)
     if run.cfg.compile:
         return dataclasses.replace(slow, not_timed="compile=true")
     if run.dist.enabled:

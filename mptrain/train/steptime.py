@@ -55,7 +55,7 @@ def time_steps(
         model.train()
         if fp32_weights:
             model.float()
-        inputs = to_model_input(inputs, run.policy, run.settings.channels_last)
+        inputs = to_model_input(inputs, run.precision.policy, run.settings.channels_last)
         if fp32_weights and inputs.is_floating_point():
             inputs = inputs.float()
         in_effect = torch.get_num_threads()

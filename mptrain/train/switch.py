@@ -21,10 +21,13 @@ before step k+1), in this order:
    operand at hand (no state). NVFP4's stochastic-rounding generators and Hadamard signs are
    the new layers', seeded from the run's ``seed`` as at a build; leaving NVFP4 drops them (a
    checkpoint after the switch holds none);
-3. the policy (autocast dtype) becomes phase 2's;
-4. the loss scaler becomes phase 2's, fresh: FP16 starts at ``precision.scaler.init_scale``,
-   a precision without loss scaling has a disabled scaler (the loss scale's history of an FP16
-   phase 1 stays in the report);
+3. the run's :class:`~mptrain.precision.plugin.Precision` becomes phase 2's (one swap of
+   ``run.precision``): its policy (autocast dtype), its layer state (FP8 sync, block formats) and
+   its loss scaler, fresh: FP16 starts at ``precision.scaler.init_scale``, a precision without
+   loss scaling has a disabled scaler (the loss scale's history of an FP16 phase 1 stays in the
+   report); the FP32-modules list, TF32 setting and BF16 update carry over;
+4. the health monitor's culprit finder (the module named when a loss goes non-finite) takes
+   phase 2's autocast dtype;
 5. the monitor names phase 2 (metrics rows' ``precision``) and reads its scale; the job says one
    line (:attr:`Switch.say`).
 
@@ -175,35 +178,43 @@ class Switch(PrecisionSchedule):
         self.say(self._line(run))
 
     def _apply(self, run: Run) -> None:
-        """Steps 1-5 of the module doc, on the run as it stands between two steps."""
+        """Steps 1-5 of the module doc, on the run as it stands between two steps: its precision
+        object is swapped for phase 2's (the TF32 flags, FP32 islands and update rule carry on)."""
         model = unwrap(run.model)
+        old = run.precision
         replaced = []
         left = format_of(self.first)
         if left is not None:
             layer_format = LAYER_FORMATS[left]
-            section = run.fp8 if layer_format.report == "fp8" else run.blocks.section
+            section = old.fp8 if layer_format.report == "fp8" else old.blocks.section
             stats = layer_format.final_stats(model)
             self.left = {**section, "final_layer_stats": stats, "steps": [1, self.switch_step]}
             replaced += to_plain_linear(model)
         # The FP32 master weights stay in place: a format converts the layers around them.
         section = convert_layers(model, self.to, run.cfg, run.data)
-        run.fp8_sync = FP8Sync()
+        fp8_sync = FP8Sync()
         if section is not None:
             section["steps"] = [self.switch_step + 1, self.total_steps]
             replaced += [layer["name"] for layer in section["layers"] if layer["converted"]]
             wrapped = getattr(run.model, "_orig_mod", run.model)  # DDP's, not torch.compile's
-            run.fp8_sync, self.entered = layer_sync(wrapped, run.dist, run.cfg, self.to, section)
+            fp8_sync, self.entered = layer_sync(wrapped, run.dist, run.cfg, self.to, section)
         # Block layers' generators (nvfp4) are the new layers' own, seeded: a checkpoint saved
         # after the switch restores them into these (mptrain.train.checkpointer.restore).
-        run.fp8, run.blocks = run_sections(model, (self.first, self.left), (self.to, self.entered))
+        fp8, blocks = run_sections(model, (self.first, self.left), (self.to, self.entered))
         patterns = run.cfg.numerics.fp32_modules
         again = [n for n in replaced if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
         keep_in_fp32(model, again, run.device.type)  # the new layers: outside autocast again
-        run.policy = self.to
-        run.scaler = build_grad_scaler(self.to, run.dist)
+        run.precision = replace(
+            old,
+            policy=self.to,
+            scaler=build_grad_scaler(self.to, run.dist),
+            fp8=fp8,
+            fp8_sync=fp8_sync,
+            blocks=blocks,
+        )
         finder = culprit_finder(run.model, self.to.autocast)
-        run.monitor.switch_precision(self.to.name, run.scaler, finder)
-        run.fp8_sync.begin()
+        run.monitor.switch_precision(self.to.name, run.precision.scaler, finder)
+        run.precision.begin()
 
     def _line(self, run: Run) -> str:
         before = self._window_means(run)["before"]
@@ -231,7 +242,8 @@ class Switch(PrecisionSchedule):
         self._apply(run)
         self.left = saved["left"]
         model = unwrap(run.model)
-        run.fp8, run.blocks = run_sections(model, (self.first, self.left), (self.to, self.entered))
+        sections = run_sections(model, (self.first, self.left), (self.to, self.entered))
+        run.precision.fp8, run.precision.blocks = sections
         return [
             f"saved after the precision switch ({self.first.name} -> {self.to.name} after "
             f"step {self.switched_after}): resumed in {self.to.name}"

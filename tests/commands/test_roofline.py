@@ -338,7 +338,7 @@ def job_on(device: str, precision: str = "fp32") -> types.SimpleNamespace:
     run = prepare_run(cfg)
     run.monitor.throughput.measured_samples, run.monitor.throughput.measured_time_s = 1000, 1.0
     return types.SimpleNamespace(
-        cfg=cfg, run=run, policy=run.policy, device=torch.device(device), dist=run.dist
+        cfg=cfg, run=run, policy=run.precision.policy, device=torch.device(device), dist=run.dist
     )
 
 

@@ -1313,7 +1313,7 @@ def test_the_loop_calls_the_fp8_sync_after_each_backward_and_each_optimizer_step
         def after_optimizer_step(self) -> None:  # the weight updated
             events.append(("step", weight.detach().clone()))
 
-    run.fp8_sync = Recorder()
+    run.precision.fp8_sync = Recorder()
     train_loop(run)
     assert events[0] == "begin" and [e[0] for e in events[1:]] == ["backward", "step"] * 2
     for backward, step in zip(events[1::2], events[2::2], strict=True):

@@ -79,10 +79,10 @@ def test_not_timed_says_why_and_keeps_the_rule(native_bf16, overrides, why):
     cfg = tiny_run("precision.measure=true", *overrides)
     run = prepare_run(cfg)
     settled = decide_auto(run, 20 if "max_steps=20" in overrides else 400)
-    assert settled.policy.name == "bf16"
-    assert settled.policy.reason.startswith("rule: the CPU executes BF16 natively")
-    assert settled.policy.reason.endswith(why)
-    assert settled.policy.auto_timing is None
+    assert settled.precision.policy.name == "bf16"
+    assert settled.precision.policy.reason.startswith("rule: the CPU executes BF16 natively")
+    assert settled.precision.policy.reason.endswith(why)
+    assert settled.precision.policy.auto_timing is None
 
 
 def test_timed_choice_is_what_runs_and_is_recorded(native_bf16, tmp_path, monkeypatch):
@@ -121,16 +121,19 @@ def test_a_resumed_run_keeps_the_precision_its_checkpoint_was_trained_in(native_
     checkpoint's precision is kept, and the reason says so."""
     run = prepare_run(tiny_run("precision.measure=true", f"max_steps={MIN_STEPS}"))
     settled = decide_auto(run, MIN_STEPS, trained_in="fp32")
-    assert settled.policy.name == "fp32" and settled.policy.requested == "auto"
-    assert settled.policy.reason == "kept from the checkpoint this run resumes (trained in fp32)"
-    assert settled.policy.auto_timing is None
+    assert settled.precision.policy.name == "fp32" and settled.precision.policy.requested == "auto"
+    assert (
+        settled.precision.policy.reason
+        == "kept from the checkpoint this run resumes (trained in fp32)"
+    )
+    assert settled.precision.policy.auto_timing is None
     assert settled.monitor is not run.monitor  # the monitor names the precision that runs
 
 
 def test_only_the_same_build_can_change_precision():
     """bf16 <-> fp32 share FP32 weights and no scaler; fp16 (a loss scaler) needs another build."""
     run = prepare_run(tiny_run("precision=bf16"))
-    fp16 = dataclasses.replace(run.policy, name="fp16", loss_scaling=True)
+    fp16 = dataclasses.replace(run.precision.policy, name="fp16", loss_scaling=True)
     with pytest.raises(ValueError, match="not the same build"):
         with_policy(run, fp16)
 
@@ -157,7 +160,7 @@ def test_rounds_that_disagree_are_timed_again_then_left_to_the_rule(native_bf16,
     run = prepare_run(tiny_run("precision.measure=true", f"max_steps={MIN_STEPS}"))
     settled = decide_auto(run, MIN_STEPS, say=said.append)
     assert said == ["auto: timing bf16 and fp32 on copies of this model before training"]
-    policy = settled.policy
+    policy = settled.precision.policy
     assert policy.name == "bf16" and len(policy.auto_timing["steps"]["fp32"]) == 12
     assert policy.reason.endswith(
         "timed but undecided on a busy machine (bf16 faster in 6 of 12 paired steps): the "
@@ -168,7 +171,9 @@ def test_rounds_that_disagree_are_timed_again_then_left_to_the_rule(native_bf16,
 def test_rounds_that_agree_decide_at_once(native_bf16, monkeypatch):
     fake_timings(monkeypatch, ([0.01, 0.011, 0.012, 0.05], [0.02, 0.02, 0.02, 0.02]))
     run = prepare_run(tiny_run("precision.measure=true", f"max_steps={MIN_STEPS}"))
-    policy = decide_auto(run, MIN_STEPS).policy  # bf16 wins 3 of 4: decided, no more rounds
+    policy = decide_auto(
+        run, MIN_STEPS
+    ).precision.policy  # bf16 wins 3 of 4: decided, no more rounds
     assert policy.name == "bf16" and len(policy.auto_timing["steps"]["bf16"]) == 4
     assert policy.reason.startswith("measured: bf16 10 ms vs fp32 20 ms")
 

@@ -214,7 +214,7 @@ def test_adamw_steps_match_torchaos_compiled_optimizer(monkeypatch):
 # ------------------------------------------------------------------------------ runs, resume
 def test_nearest_is_torchs_own_step():
     run = prepare_run(tiny_run("precision=bf16_pure", "max_steps=1"))
-    assert run.update is None
+    assert run.precision.update is None
     assert not run.optimizer._optimizer_step_pre_hooks
 
 

@@ -138,7 +138,7 @@ class FinalState:
             state = real_loop(run, hooks)
             self.model = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
             self.optimizer = copy.deepcopy(run.optimizer.state_dict())
-            self.scaler = run.scaler.state_dict()
+            self.scaler = run.precision.scaler.state_dict()
             return state
 
         monkeypatch.setattr(run_module, "train_loop", capturing_loop)

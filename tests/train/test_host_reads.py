@@ -117,9 +117,9 @@ def test_one_read_with_accumulation_clipping_and_a_skipped_step(monkeypatch, imp
     use_implementation(monkeypatch, implementation)
     cfg = tiny_run("precision=fp16", "grad_accum_steps=2", "clip_grad_norm=1.0", "max_steps=3")
     run = prepare_run(cfg)
-    scale = run.scaler.get_scale()
+    scale = run.precision.scaler.get_scale()
     assert step_reads(run, inject_at=1) == ([1, 1, 1], [False, True, False])
-    assert run.scaler.get_scale() == scale / 2
+    assert run.precision.scaler.get_scale() == scale / 2
 
 
 @pytest.mark.parametrize(("precision", "per_step"), [("fp16", 1), ("bf16", 0)])

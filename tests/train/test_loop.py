@@ -41,7 +41,9 @@ class StepRecorder:
                 if p in opt.state
             ],
             "lr": opt.param_groups[0]["lr"],
-            "scale": self.parts.scaler.get_scale() if self.parts.scaler.is_enabled() else None,
+            "scale": self.parts.precision.scaler.get_scale()
+            if self.parts.precision.loss_scaling
+            else None,
             "grads": [p.grad for p in self.parts.model.parameters()],
         }
 

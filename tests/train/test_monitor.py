@@ -91,7 +91,7 @@ def test_throughput_windows_are_whole_measured_log_intervals_without_evaluation(
 def test_non_finite_loss_without_scaler_diverges_with_the_precision_named():
     run = prepare_run(tiny_run("precision=bf16", "max_steps=3", "log_every=1"))
     monitor = run.monitor
-    monitor.begin(run.scaler, run.optimizer, ())
+    monitor.begin(run.precision.scaler, run.optimizer, ())
     run.state.step = 1
     images, labels = next(iter(run.data.train.batches(0)))
     outcome = StepOutcome(
@@ -125,4 +125,6 @@ def test_injection_counts_steps_from_a_resumed_state():
 
 def test_without_debug_options_the_scaler_is_not_wrapped():
     run = prepare_run(tiny_run("precision=fp16", "max_steps=1"))
-    assert "scale" not in vars(run.scaler) and "unscale_" not in vars(run.scaler)
+    assert "scale" not in vars(run.precision.scaler) and "unscale_" not in vars(
+        run.precision.scaler
+    )

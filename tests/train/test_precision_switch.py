@@ -71,7 +71,9 @@ def test_fp8_to_bf16_puts_plain_linears_back_on_the_same_parameters():
     run = prepare_run(switched("fp8", "bf16", "3", "max_steps=6"))
     params = [id(p) for p in run.model.parameters()]
     in_optimizer = [id(p) for group in run.optimizer.param_groups for p in group["params"]]
-    recorder = PerStep(run, lambda r: (layer_types(r)["3"], r.policy.name, r.fp8.get("steps")))
+    recorder = PerStep(
+        run, lambda r: (layer_types(r)["3"], r.precision.policy.name, r.precision.fp8.get("steps"))
+    )
     state = train_loop(run, LoopHooks(observers=(recorder,)))
     assert state.step == 6
     assert recorder.rows == [
@@ -82,16 +84,16 @@ def test_fp8_to_bf16_puts_plain_linears_back_on_the_same_parameters():
     assert [id(p) for p in run.model.parameters()] == params  # the same objects, same order
     assert sorted(params) == sorted(in_optimizer)
     # The FP8 layer's final figures were taken at the switch: 3 steps of casts.
-    (stats,) = run.fp8["final_layer_stats"]
+    (stats,) = run.precision.fp8["final_layer_stats"]
     assert stats["name"] == "3" and stats["input_scale"] > 0
-    assert run.fp8["steps"] == [1, 3]
-    assert run.policy.name == "bf16" and not run.scaler.is_enabled()
+    assert run.precision.fp8["steps"] == [1, 3]
+    assert run.precision.policy.name == "bf16" and not run.precision.scaler.is_enabled()
 
 
 def test_fp16_to_bf16_changes_the_autocast_dtype_and_drops_the_scaler():
     run = prepare_run(switched("fp16", "bf16", "0.5", "max_steps=8", "log_every=1"))
     dtypes = output_dtypes(run.model, "5")  # the head: a plain Linear in both phases
-    recorder = PerStep(run, lambda r: r.scaler.is_enabled())
+    recorder = PerStep(run, lambda r: r.precision.scaler.is_enabled())
     train_loop(run, LoopHooks(observers=(recorder,)))
     assert dtypes == [torch.float16] * 4 + [torch.bfloat16] * 4
     assert [enabled for _, enabled in recorder.rows] == [True] * 4 + [False] * 4
@@ -103,7 +105,9 @@ def test_bf16_to_fp16_starts_a_fresh_scaler_at_its_init_scale():
     run = prepare_run(
         switched("bf16", "fp16", "2", "max_steps=4", "precision.scaler.init_scale=1024")
     )
-    scales = PerStep(run, lambda r: r.scaler.get_scale() if r.scaler.is_enabled() else None)
+    scales = PerStep(
+        run, lambda r: r.precision.scaler.get_scale() if r.precision.scaler.is_enabled() else None
+    )
     train_loop(run, LoopHooks(observers=(scales,)))
     assert [s for _, s in scales.rows] == [None, None, 1024.0, 1024.0]
     assert run.monitor.scale_stats.initial == 1024.0
@@ -127,8 +131,8 @@ def test_bf16_to_fp8_converts_on_the_same_parameters_with_fresh_scales(scaling):
     history = fp8.input_scaler.amax_history
     if scaling == "delayed":  # the history restarted at the switch: two amaxes in it
         assert (history[:2] > 0).all() and (history[2:] == 0).all()
-    assert run.fp8["steps"] == [3, 4]
-    assert [row["name"] for row in run.fp8["layers"] if row["converted"]] == ["3"]
+    assert run.precision.fp8["steps"] == [3, 4]
+    assert [row["name"] for row in run.precision.fp8["layers"] if row["converted"]] == ["3"]
 
 
 def test_fp32_modules_stay_in_fp32_across_the_switch():
@@ -136,7 +140,7 @@ def test_fp32_modules_stay_in_fp32_across_the_switch():
         "bf16", "fp8", "1", "max_steps=2", "fp8.keep_first_last=false", "numerics.fp32_modules=[3]"
     )
     run = prepare_run(cfg)
-    assert run.fp32_modules == ["3"]
+    assert run.precision.fp32_modules == ["3"]
     train_loop(run, LoopHooks())
     new, other = run.model.get_submodule("3"), run.model.get_submodule("1")
     assert isinstance(new, Float8Linear) and isinstance(other, Float8Linear)
@@ -158,7 +162,10 @@ BLOCK_FORMATS = [
 def test_out_of_a_block_format_puts_plain_linears_back_and_keeps_its_figures(first, extra):
     run = prepare_run(switched(first, "bf16", "3", "max_steps=5", "log_every=1", *extra))
     params = [id(p) for p in run.model.parameters()]
-    recorder = PerStep(run, lambda r: (layer_types(r)["3"], r.policy.name, list(r.blocks.layers)))
+    recorder = PerStep(
+        run,
+        lambda r: (layer_types(r)["3"], r.precision.policy.name, list(r.precision.blocks.layers)),
+    )
     train_loop(run, LoopHooks(observers=(recorder,)))
     assert recorder.rows == [
         *((s, ("BlockLinear", first, ["3"])) for s in (1, 2, 3)),
@@ -166,31 +173,34 @@ def test_out_of_a_block_format_puts_plain_linears_back_and_keeps_its_figures(fir
     ]
     assert type(run.model.get_submodule("3")) is nn.Linear
     assert [id(p) for p in run.model.parameters()] == params
-    assert run.blocks.state_dict() == {}  # NVFP4's generators went with the layers
-    section = run.blocks.section
+    assert run.precision.blocks.state_dict() == {}  # NVFP4's generators went with the layers
+    section = run.precision.blocks.section
     assert section["format"] == run.schedule.first.blocks.format and section["steps"] == [1, 3]
     # the figures at the switch: the 3 counted steps of phase 1 (log_every=1), each quantizing
     # its input twice (forward, weight gradient)
     (stats,) = section["final_layer_stats"]
     assert stats["name"] == "3" and stats["input"]["samples"] == 2 * 3
-    assert run.fp8 is None and run.policy.name == "bf16"
+    assert run.precision.fp8 is None and run.precision.policy.name == "bf16"
 
 
 def test_into_a_block_format_converts_on_the_same_parameters_and_counts_from_the_switch():
     run = prepare_run(switched("bf16", "mxfp8", "2", "max_steps=4", "log_every=1"))
     params = [id(p) for p in run.model.parameters()]
-    assert run.blocks.section is None and run.blocks.layers == {}
+    assert run.precision.blocks.section is None and run.precision.blocks.layers == {}
     train_loop(run, LoopHooks())
     layer = run.model.get_submodule("3")
-    assert type(layer).__name__ == "BlockLinear" and list(run.blocks.layers) == ["3"]
-    assert run.blocks.layers["3"] is layer
+    assert type(layer).__name__ == "BlockLinear" and list(run.precision.blocks.layers) == ["3"]
+    assert run.precision.blocks.layers["3"] is layer
     assert [id(p) for p in run.model.parameters()] == params
     assert any(p is layer.weight for group in run.optimizer.param_groups for p in group["params"])
-    assert run.blocks.section["steps"] == [3, 4] and run.blocks.section["name"] == "MXFP8"
-    assert [r["name"] for r in run.blocks.section["layers"] if r["converted"]] == ["3"]
-    (stats,) = run.blocks.layer_stats()
+    assert (
+        run.precision.blocks.section["steps"] == [3, 4]
+        and run.precision.blocks.section["name"] == "MXFP8"
+    )
+    assert [r["name"] for r in run.precision.blocks.section["layers"] if r["converted"]] == ["3"]
+    (stats,) = run.precision.blocks.layer_stats()
     assert stats["input"]["samples"] == 2 * 2  # phase 2's two steps, nothing before them
-    assert run.fp8 is None and run.policy.blocks.format == "mxfp8"
+    assert run.precision.fp8 is None and run.precision.policy.blocks.format == "mxfp8"
 
 
 def test_into_nvfp4_seeds_the_layers_as_a_run_built_in_nvfp4():
@@ -201,18 +211,27 @@ def test_into_nvfp4_seeds_the_layers_as_a_run_built_in_nvfp4():
     rng = torch.get_rng_state()
     run.schedule.before_step(run, 2)
     assert torch.equal(torch.get_rng_state(), rng)  # the conversion draws no global number
-    assert [r.keys() for r in run.blocks.state_dict()["ranks"]] == [{"3"}]
-    assert [r.keys() for r in built.blocks.state_dict()["ranks"]] == [{"3"}]
-    assert_same(run.blocks.state_dict(), built.blocks.state_dict(), "generators")
-    assert torch.equal(run.blocks.layers["3"].rht_signs, built.blocks.layers["3"].rht_signs)
+    assert [r.keys() for r in run.precision.blocks.state_dict()["ranks"]] == [{"3"}]
+    assert [r.keys() for r in built.precision.blocks.state_dict()["ranks"]] == [{"3"}]
+    assert_same(
+        run.precision.blocks.state_dict(), built.precision.blocks.state_dict(), "generators"
+    )
+    assert torch.equal(
+        run.precision.blocks.layers["3"].rht_signs, built.precision.blocks.layers["3"].rht_signs
+    )
 
 
 def test_fp8_to_nvfp4_keeps_both_sections_with_their_steps():
     run = prepare_run(switched("fp8", "nvfp4", "2", "max_steps=3"))
     train_loop(run, LoopHooks())
-    assert run.fp8["steps"] == [1, 2] and run.fp8["final_layer_stats"][0]["name"] == "3"
-    assert run.blocks.section["steps"] == [3, 3] and list(run.blocks.layers) == ["3"]
-    assert run.fp8_sync.describe() == {}  # nothing for the ranks to agree on in NVFP4
+    assert (
+        run.precision.fp8["steps"] == [1, 2]
+        and run.precision.fp8["final_layer_stats"][0]["name"] == "3"
+    )
+    assert run.precision.blocks.section["steps"] == [3, 3] and list(
+        run.precision.blocks.layers
+    ) == ["3"]
+    assert run.precision.fp8_sync.describe() == {}  # nothing for the ranks to agree on in NVFP4
 
 
 @pytest.mark.parametrize(("first", "to"), [("nvfp4", "bf16"), ("bf16", "nvfp4")])
@@ -224,9 +243,13 @@ def test_a_checkpoint_after_the_switch_restores_the_sections_and_layers(first, t
     fresh = prepare_run(switched(first, to, "2", "max_steps=3"))
     assert fresh.schedule.load_state_dict(fresh, done.schedule.state_dict())
     assert layer_types(fresh) == layer_types(done)
-    assert list(fresh.blocks.layers) == list(done.blocks.layers) == ([] if to == "bf16" else ["3"])
-    assert fresh.blocks.section == done.blocks.section
-    assert ("final_layer_stats" in fresh.blocks.section) == (first == "nvfp4")
+    assert (
+        list(fresh.precision.blocks.layers)
+        == list(done.precision.blocks.layers)
+        == ([] if to == "bf16" else ["3"])
+    )
+    assert fresh.precision.blocks.section == done.precision.blocks.section
+    assert ("final_layer_stats" in fresh.precision.blocks.section) == (first == "nvfp4")
 
 
 @pytest.mark.parametrize(
@@ -249,7 +272,7 @@ def test_to_plain_linear_replaces_every_registered_format_and_draws_no_random_nu
     model = nn.Sequential(
         nn.Linear(32, 32), nn.ReLU(), nn.Sequential(nn.Linear(32, 16)), nn.Linear(16, 32)
     )
-    recipe = prepare_run(tiny_run("precision=fp8", "max_steps=1")).policy.fp8
+    recipe = prepare_run(tiny_run("precision=fp8", "max_steps=1")).precision.policy.fp8
     model[0] = Float8Linear.from_linear(model[0], recipe)
     model[2][0] = Float8Linear.from_linear(model[2][0], recipe)
     model[3] = BlockLinear.from_linear(model[3], BlockRecipe("nvfp4"), seed=1)
@@ -327,7 +350,7 @@ def test_a_run_stopped_before_the_switch_reports_it_not_reached(tmp_path):
     cfg = switched("bf16", "fp32", "9", "max_steps=10", "epochs=null")
     run = prepare_run(cfg)
     state = train_loop(run, LoopHooks(stop_requested=lambda: True))  # stops after step 1
-    assert state.step == 1 and run.policy.name == "bf16"
+    assert state.step == 1 and run.precision.policy.name == "bf16"
     described = run.schedule.describe(run, state)
     assert described["switched_after_step"] is None and described["train_loss_after"] is None
 
@@ -422,7 +445,7 @@ def test_a_switch_outside_the_run_is_refused(at, total, shown):
 
 def test_what_cannot_switch_is_refused_when_the_run_is_planned():
     cfg = switched("fp8", "bf16", "3", "max_steps=6")
-    policy = prepare_run(cfg).policy
+    policy = prepare_run(cfg).precision.policy
     fsdp = DistContext(strategy="fsdp", world_size=2)
     with pytest.raises(ConfigError, match=r"^precision.switch.to=bf16: not under distributed"):
         plan_switch(cfg, policy, torch.device("cpu"), fsdp, 6)

@@ -107,11 +107,14 @@ def test_a_finished_checkpoint_resumed_elsewhere_says_there_is_nothing_to_train(
     assert (tmp_path / "elsewhere" / METRICS_JSONL).read_text().count('"kind": "train"') == 0
 
 
-def test_the_summary_and_report_md_say_a_run_was_resumed_and_its_fp32_modules(finished):
-    """Issue 39, item 8: only report.json said so."""
+def test_the_summary_and_report_md_say_a_run_was_resumed_and_its_fp32_modules(tmp_path):
+    """Issue 39, item 8: only report.json said so. The first run pins fp32 (the default, auto,
+    is bf16 on a CPU with native BF16: the resume would change nothing)."""
     from mptrain.output.render import render_markdown
     from mptrain.output.report import load_report
 
+    finished = tmp_path / "run"
+    train(tiny_run(*RUN, "precision=fp32"), finished)
     step6 = finished / CHECKPOINT_DIR / "step_00000006.pt"
     overrides = ("max_steps=9", "resume=auto", "resume_allow_changes=true")
     train(tiny_run(*RUN[1:], *overrides, "precision=bf16", "numerics.fp32_modules=[4]"), finished)

@@ -251,7 +251,7 @@ def measure_numerics(
     run = prepare_run(dataclasses.replace(cfg, precision=fp32.cfg.precision))
     batches = run.data.train.batches(0)
     first = [next(batches) for _ in range(cfg.probe_batches)]
-    first = [(to_model_input(x, run.policy, cfg.channels_last), y) for x, y in first]
+    first = [(to_model_input(x, run.precision.policy, cfg.channels_last), y) for x, y in first]
     out["probe"] = range_probe(run.model, first, cfg.precision.scaler.init_scale)
     for c in cands:
         if c.name not in ("bf16", "fp16") or c.skipped or c.pilot is None:

@@ -86,7 +86,7 @@ class OneBatch:
     pass; nothing is updated."""
 
     def __init__(self, run: Run, reference: PrecisionPolicy, switch: LayerSwitch) -> None:
-        self.run, self.policy, self.switch = run, run.policy, switch
+        self.run, self.policy, self.switch = run, run.precision.policy, switch
         inputs, self.targets = next(iter(run.data.train.batches(0)))
         self.inputs = to_model_input(inputs, reference, run.cfg.channels_last)
         self.params = [p for p in run.model.parameters() if p.requires_grad]
@@ -223,8 +223,8 @@ def measure_sensitivity(
     if not names:  # the recipe's own build refused the model first; said for any other way here
         plan["skipped"]["all"] = f"no Linear layer of the model runs in {low_cfg.precision.name}"
         return
-    plan["autocast"] = dtype_name(run.policy.autocast_dtype)
-    plan["recipe"] = recipe_words(run.policy)
+    plan["autocast"] = dtype_name(run.precision.policy.autocast_dtype)
+    plan["recipe"] = recipe_words(run.precision.policy)
     one = OneBatch(run, resolve_precision(fp32_cfg.precision, run.device), switch)
     one.effect(names)  # a warm-up: delayed scaling takes its scales from earlier amaxes
     plan["none"] = one.effect(())

@@ -136,7 +136,7 @@ def short_run(
     state = train_loop(run, LoopHooks(observers=(losses,), stop_requested=stop))
     t = run.monitor.throughput
     return Trial(
-        label=run.policy.label,
+        label=run.precision.policy.label,
         steps=state.step,
         losses=losses.losses,
         skipped_steps=len(state.skipped_steps),
@@ -145,8 +145,8 @@ def short_run(
         wall_s=time.perf_counter() - started,
         cut_short=state.step < steps and run.monitor.diverged_reason is None,
         figures=bench.run_figures(run),
-        fp8=run.fp8,
-        blocks=run.blocks.section,
+        fp8=run.precision.fp8,
+        blocks=run.precision.blocks.section,
         converted=len(format_layers(run.model)),
     )
 

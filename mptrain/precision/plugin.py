@@ -1,0 +1,127 @@
+"""A run's precision as one object (issue 40): the policy that says what runs, and everything that
+carries it out — the loss scaler, the FP8 and block-scaled layers' report sections and their
+distributed sync, the weight-update rule of the pure precisions (``precision.update``), the
+modules kept in FP32 and the TF32 flags. Lightning's precision plugin is the model.
+
+The training loop touches the precision only through these calls, in this order per step:
+
+- :meth:`Precision.begin` once before the first step (FP8's distributed sync starts);
+- :meth:`Precision.count_quantizations` on/off around the forward and backward of a step that
+  writes a metrics row (block-scaled layers count saturated, underflowed and zero blocks);
+- per micro-batch, :meth:`Precision.model_input`, the forward under
+  :meth:`Precision.forward_context` (autocast), :meth:`Precision.backward` (scaled, outside
+  autocast);
+- :meth:`Precision.after_backward` (data-parallel FP8: amaxes and counters agree over ranks),
+  :meth:`Precision.unscale` before clipping, the optimizer step (the loop's, since it owns the
+  skip rule's one host read), :meth:`Precision.after_optimizer_step` (torchao's FP8 all-gather:
+  the weights' next scales).
+
+A checkpoint saves the precision's state with :meth:`Precision.state_dict` (the keys ``scaler``,
+``blocks`` and ``update`` of every checkpoint written so far) and a resume restores it with
+:meth:`Precision.load_state_dict`. A precision schedule (``precision.switch``,
+:mod:`mptrain.train.switch`) swaps the run's whole object at the switch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mptrain.config.base import ConfigError
+from mptrain.precision.blocks.convert import BlockLayers
+from mptrain.precision.fp8.dist import FP8Sync
+from mptrain.precision.policy import PrecisionPolicy, to_model_input
+from mptrain.precision.update import WeightUpdate
+
+
+@dataclass
+class Precision:
+    """One run's precision (see the module doc). ``fp8``: the report's fp8 section (converted
+    layers, FLOPs share), None without FP8 layers; ``blocks``: the block-scaled layers (their
+    report section, counting, generators); ``fp32_modules``: the modules kept in FP32 by
+    ``numerics.fp32_modules``; ``tf32``: the TF32 flags as set (report)."""
+
+    policy: PrecisionPolicy
+    scaler: torch.amp.GradScaler
+    tf32: dict[str, Any] = field(default_factory=dict)
+    fp8: dict[str, Any] | None = None
+    fp32_modules: list[str] = field(default_factory=list)
+    fp8_sync: FP8Sync = field(default_factory=FP8Sync)
+    blocks: BlockLayers = field(default_factory=BlockLayers)
+    update: WeightUpdate | None = None  # precision.update's hooks on the optimizer; None: nearest
+
+    # ---------------------------------------------------------------------------- the loop's calls
+    @property
+    def loss_scaling(self) -> bool:
+        """The loss is scaled (FP16): the optimizer step may be skipped on inf/NaN gradients."""
+        return self.scaler.is_enabled()
+
+    def begin(self) -> None:
+        self.fp8_sync.begin()
+
+    def count_quantizations(self, on: bool) -> None:
+        self.blocks.sample(on)
+
+    def model_input(self, inputs: torch.Tensor, channels_last: bool) -> torch.Tensor:
+        return to_model_input(inputs, self.policy, channels_last)
+
+    def forward_context(self) -> contextlib.AbstractContextManager[Any]:
+        return self.policy.autocast()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.scaler.scale(loss).backward()
+
+    def after_backward(self) -> None:
+        self.fp8_sync.after_backward()
+
+    def unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        """Gradients become true FP32 gradients (nothing to do without loss scaling)."""
+        if self.loss_scaling:
+            self.scaler.unscale_(optimizer)
+
+    def after_optimizer_step(self) -> None:
+        self.fp8_sync.after_optimizer_step()
+
+    # ---------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's precision entries: the loss scaler's state (None without scaling),
+        the block layers' stochastic-rounding generators (nvfp4), precision.update's state."""
+        return {
+            "scaler": self.scaler.state_dict() if self.loss_scaling else None,
+            "blocks": self.blocks.state_dict(),
+            "update": self.update.state_dict() if self.update is not None else None,
+        }
+
+    def load_state_dict(self, saved: dict[str, Any], path: Path) -> list[str]:
+        """Restore :meth:`state_dict`'s entries of the checkpoint at ``path`` (``saved``: its whole
+        payload). Notes for the report where a part starts fresh; ConfigError when an FP16 run
+        would start from a checkpoint without a loss-scaler state."""
+        if self.loss_scaling:
+            if saved.get("scaler") is None:
+                raise ConfigError(
+                    f"resume: {path} holds no loss-scaler state (saved without loss scaling); an "
+                    "FP16 run cannot start from an empty scaler. Resume with the checkpoint's "
+                    "precision"
+                )
+            self.scaler.load_state_dict(saved["scaler"])
+        notes = self.blocks.load_state_dict(saved.get("blocks") or {})  # older: no such key
+        return notes + self._load_update(saved.get("update"))
+
+    def _load_update(self, saved: dict[str, Any] | None) -> list[str]:
+        """precision.update's generator and Kahan buffers; a note where the checkpoint holds none
+        of this rule's (saved with another rule, allowed by resume_allow_changes): they start
+        fresh."""
+        if self.update is None:
+            return []
+        if saved is None or saved.get("rule") != self.update.rule:
+            was = "nearest" if saved is None else saved.get("rule")
+            return [
+                f"precision.update changed ({was} -> {self.update.rule}): its random bits and "
+                "Kahan buffers start fresh"
+            ]
+        self.update.load_state_dict(saved)
+        return []
