@@ -13,7 +13,7 @@ import torch
 
 from mptrain.config.run import NumericsConfig
 from mptrain.precision.diagnostics.culprit import describe_input, find_culprit
-from mptrain.precision.diagnostics.hooks import Autocast
+from mptrain.precision.diagnostics.hooks import Autocast, module_label
 
 # find(images, labels, loss_scale) -> the culprit description, or None when the batch re-ran finite
 CulpritFinder = Callable[[torch.Tensor, torch.Tensor, float], "dict[str, Any] | None"]
@@ -163,7 +163,7 @@ class ScaleHealth:
 
 def describe_culprit(culprit: dict[str, Any] | None) -> str:
     """One line for a :func:`find_culprit` result: a non-finite input batch if so, else the forward
-    culprit if any, else the backward."""
+    culprit if any, else the backward. The module is named with its class, ``0 (Linear)``."""
     if culprit is None:
         return "re-running the batch gave finite values (the failure did not reproduce)"
     if culprit.get("input"):  # NaN/inf that came with the data: no module is to blame
@@ -171,12 +171,12 @@ def describe_culprit(culprit: dict[str, Any] | None) -> str:
     fwd, bwd = culprit.get("forward"), culprit.get("backward")
     if fwd:
         return (
-            f"forward: first non-finite output at {fwd['module']} ({fwd['module_type']}, "
-            f"{fwd['dtype']}); largest finite value before it {fwd['largest_finite_before']:.4g}; "
+            f"forward: first non-finite output at {module_label(fwd['module'], fwd['module_type'])} "
+            f"in {fwd['dtype']}; largest finite value before it {fwd['largest_finite_before']:.4g}; "
             f"{fwd['kind']}"
         )
     return (
-        f"backward: first non-finite gradient at {bwd['module']} ({bwd['module_type']}, "
-        f"{bwd['dtype']}) with loss scale {culprit['loss_scale']:g}; largest finite incoming "
+        f"backward: first non-finite gradient at {module_label(bwd['module'], bwd['module_type'])} "
+        f"in {bwd['dtype']} with loss scale {culprit['loss_scale']:g}; largest finite incoming "
         f"gradient {bwd['largest_finite_grad_output']:.4g}"
     )

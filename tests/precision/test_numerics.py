@@ -563,7 +563,8 @@ def test_audit_of_an_attention_model_under_bf16():
     assert audit["optimizer_state_dtypes"].startswith("not created yet")
     assert audit["flagged_ops"] == [] and audit["state_flags"] == []
     md = render_audit(audit)
-    assert "Flags: 0" in md and "| addmm | head | forward | bfloat16,bfloat16,bfloat16 |" in md
+    assert "Flags: 0" in md
+    assert "| addmm | head (Linear) | forward | bfloat16,bfloat16,bfloat16 |" in md
 
 
 def test_audit_reports_the_dtype_softmax_really_ran_in():
@@ -591,7 +592,8 @@ def test_audit_flags_a_softmax_forced_to_fp16():
     assert softmax["output_dtypes"] == "float16"
     assert softmax["flag"] == "softmax ran in low precision"
     assert [(o["op"], o["module"]) for o in audit["flagged_ops"]] == [("_softmax", "(model)")]
-    assert "softmax ran in low precision: _softmax in (model)" in render_audit(audit)
+    md = render_audit(audit)
+    assert "softmax ran in low precision: _softmax in (model) (TinyAttention)" in md
     assert audit["state_flags"] == []
 
 
@@ -667,7 +669,7 @@ def test_run_with_fp32_module_and_audit(tmp_path):
         assert addmm["output_dtypes"] == "bfloat16", hidden
     assert audit["parameter_dtypes"] == {"float32": 6} and audit["state_flags"] == []
     md = (tmp_path / "audit.md").read_text()
-    assert "| addmm | 5 | forward | float32,float32,float32 | float32 |" in md
+    assert "| addmm | 5 (Linear) | forward | float32,float32,float32 | float32 |" in md
 
 
 def test_fp32_modules_with_a_pure_precision(tmp_path):

@@ -1,6 +1,7 @@
 """The autocast audit (:func:`audit_step`, :func:`render_audit`): traces one forward + backward
 and tables the dtype every ATen op really ran in, flagging low-precision ops and state that the
-mixed-precision recipe wants in FP32. The model is left as it was found.
+mixed-precision recipe wants in FP32. The model is left as it was found. audit.json names a module
+by its path (``module``) with its class apart (``module_type``); audit.md by both, ``0 (Linear)``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from mptrain.models.task import cross_entropy, logits_of
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.diagnostics.hooks import Autocast, installed, preserved_state, tensors_in
+from mptrain.precision.diagnostics.hooks import (
+    Autocast,
+    installed,
+    module_label,
+    preserved_state,
+    tensors_in,
+)
 
 # ------------------------------------------------------------------------------ autocast audit
 # Ops the mixed-precision literature wants in FP32 (flagged when they run in FP16/BF16).
@@ -47,9 +54,10 @@ def _dtype_names(tensors: list[torch.Tensor]) -> str:
 class _AuditMode(TorchDispatchMode):
     """Records every ATen op below autocast: what dtypes it actually ran with, in which module."""
 
-    def __init__(self, module_stack: list[str]) -> None:
+    def __init__(self, module_stack: list[str], module_types: dict[str, str]) -> None:
         super().__init__()
         self.module_stack = module_stack
+        self.module_types = module_types  # module name -> class name, for the op table
         self.phase = "forward"  # set to "backward" by the caller before loss.backward()
         self.calls: Counter[tuple[str, str, str, str, str]] = Counter()
         self.flags: dict[tuple[str, str, str, str, str], str] = {}
@@ -88,6 +96,7 @@ def _traced_step(
     """
     stack: list[str] = []  # names of the modules whose forward is running, innermost last
     names = {m: n or "(model)" for n, m in model.named_modules()}
+    types = {name: type(m).__name__ for m, name in names.items()}
 
     def push(module: nn.Module, *_: Any) -> None:
         stack.append(names[module])
@@ -100,7 +109,7 @@ def _traced_step(
         (m.register_forward_pre_hook(push) for m in model.modules()),
         (m.register_forward_hook(pop) for m in model.modules()),
     )
-    mode = _AuditMode(stack)
+    mode = _AuditMode(stack, types)
     with installed(registrations):
         model.zero_grad(set_to_none=True)
         with mode:
@@ -113,11 +122,16 @@ def _traced_step(
 
 
 def _op_table(mode: _AuditMode) -> list[dict[str, Any]]:
-    """One row per distinct (op, module, phase, input dtypes, output dtypes), with count and flag."""
+    """One row per distinct (op, module, phase, input dtypes, output dtypes), with count and flag.
+
+    ``module`` is the plain path (``"0"``, ``"(autograd)"``), ``module_type`` its class (None where
+    no module ran the op).
+    """
     return [
         {
             "op": k[0],
             "module": k[1],
+            "module_type": mode.module_types.get(k[1]),
             "phase": k[2],
             "input_dtypes": k[3],
             "output_dtypes": k[4],
@@ -150,8 +164,8 @@ def audit_step(
 ) -> dict[str, Any]:
     """Trace one forward + backward under the run's autocast policy (state restored afterwards).
 
-    Returns the op table (op, module, phase, input/output dtypes, count, flag) and the dtypes of
-    parameters, gradients and optimizer state, flagging non-FP32 ones in a mixed recipe.
+    Returns the op table (op, module, module_type, phase, input/output dtypes, count, flag) and the
+    dtypes of parameters, gradients and optimizer state, flagging non-FP32 ones in a mixed recipe.
     """
     with preserved_state(model):
         mode = _traced_step(model, images, labels, autocast)
@@ -175,6 +189,11 @@ def audit_step(
     }
 
 
+def _label(op: dict[str, Any]) -> str:
+    """An op row's module as audit.md prints it: ``0 (Linear)``, ``(autograd)``."""
+    return module_label(op["module"], op.get("module_type"))
+
+
 def _attention_lines(ops: list[dict[str, Any]]) -> list[str]:
     """What attention ran in: the forward rows of attention kernels, and how to read them."""
     rows = [o for o in ops if "attention" in o["op"] and o["phase"] == "forward"]
@@ -188,7 +207,7 @@ def _attention_lines(ops: list[dict[str, Any]]) -> list[str]:
         'low precision. numerics.fp32_modules=["blocks.*.attn"] runs attention wholly in FP32.',
     ]
     return lines + [
-        f"- {o['op']} in {o['module']}: inputs {o['input_dtypes']}, outputs {o['output_dtypes']}"
+        f"- {o['op']} in {_label(o)}: inputs {o['input_dtypes']}, outputs {o['output_dtypes']}"
         for o in rows
     ]
 
@@ -205,7 +224,7 @@ def render_audit(audit: dict[str, Any]) -> str:
     flags = audit["flagged_ops"] + [{"flag": f} for f in audit["state_flags"]]
     lines.append(f"Flags: {len(flags)}")
     lines += [
-        f"- {f['flag']}" + (f": {f['op']} in {f['module']}" if "op" in f else "") for f in flags
+        f"- {f['flag']}" + (f": {f['op']} in {_label(f)}" if "op" in f else "") for f in flags
     ]
     lines += _attention_lines(audit["ops"])
     lines += [
@@ -215,7 +234,7 @@ def render_audit(audit: dict[str, Any]) -> str:
     ]
     for o in sorted(audit["ops"], key=lambda o: (o["phase"] != "forward", o["module"], o["op"])):
         lines.append(
-            f"| {o['op']} | {o['module']} | {o['phase']} | {o['input_dtypes']} | "
+            f"| {o['op']} | {_label(o)} | {o['phase']} | {o['input_dtypes']} | "
             f"{o['output_dtypes']} | {o['count']} | {o['flag'] or ''} |"
         )
     return "\n".join(lines) + "\n"

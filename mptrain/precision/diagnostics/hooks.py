@@ -1,5 +1,6 @@
-"""The scaffolding the numerics diagnostics share: leaf modules, hooks installed for one block, the
-gradient of a module's output, finite maxima, and a model's state preserved across a diagnostic.
+"""The scaffolding the numerics diagnostics share: leaf modules and how their names are printed,
+hooks installed for one block, the gradient of a module's output, finite maxima, and a model's state
+preserved across a diagnostic.
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ def leaf_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     The root is excluded even when it has no children (its name is empty).
     """
     return [(n, m) for n, m in model.named_modules() if n and not list(m.children())]
+
+
+def module_label(name: str, module_type: str | None) -> str:
+    """A module as the human-readable outputs (audit.md, probe.md, the culprit's words) name it:
+    its path and its class, ``0 (Linear)``, ``features.3 (Conv2d)``; an ``nn.Sequential``'s bare
+    indices would read like step numbers. The JSON outputs keep the plain path as ``module`` (the
+    key, stable, what ``numerics.fp32_modules`` matches) and the class apart as ``module_type``.
+    Names of no module (``(autograd)``, ``(top level)``: ``module_type`` None) print as they are.
+    """
+    return f"{name} ({module_type})" if module_type else name
 
 
 @contextlib.contextmanager

@@ -1,6 +1,8 @@
 """The FP16 range probe (:func:`range_probe`, :func:`render_probe`): measures, in FP32, how far
 activations sit below FP16's maximum and how many gradient values FP16 would flush to zero. The
-model is left as it was found.
+model is left as it was found. probe.json names a layer by its path (``module``, and in
+``overflow_modules``) with its class apart (``module_type``); probe.md and the verdict by both,
+``0 (Linear)``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from mptrain.precision.diagnostics.hooks import (
     installed,
     leaf_modules,
     max_finite,
+    module_label,
     on_output_gradient,
     tensors_in,
 )
@@ -30,10 +33,12 @@ from mptrain.precision.diagnostics.hooks import (
 class _RangeStats:
     """Per leaf module, running over all probed batches: the largest activation and gradient
     magnitudes, how many non-zero gradient values were seen, and how many of them would flush to
-    zero in FP16 unscaled and at ``loss_scale``. Entries appear in first-forward order."""
+    zero in FP16 unscaled and at ``loss_scale``. Entries appear in first-forward order;
+    ``types`` holds each leaf's class name."""
 
-    def __init__(self, loss_scale: float) -> None:
+    def __init__(self, loss_scale: float, types: dict[str, str]) -> None:
         self.loss_scale = loss_scale
+        self.types = types
         self.stats: dict[str, dict[str, float]] = {}
 
     def entry(self, name: str) -> dict[str, float]:
@@ -63,16 +68,16 @@ class _RangeStats:
 
 def _measure_ranges(
     model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], loss_scale: float
-) -> dict[str, dict[str, float]]:
+) -> _RangeStats:
     """Forward + backward each batch through an FP32 copy of ``model``; return the per-leaf stats.
 
     The model itself is not touched; the torch RNG state is restored afterwards.
     """
-    ranges = _RangeStats(loss_scale)
     rng = torch.get_rng_state()
     # Probe an FP32 copy: the true magnitudes, whatever dtype the run keeps its weights in.
     probe_model = copy.deepcopy(model).float()
     leaves = leaf_modules(probe_model)
+    ranges = _RangeStats(loss_scale, {n: type(m).__name__ for n, m in leaves})
     registrations = itertools.chain(
         (m.register_forward_hook(functools.partial(ranges.activation, n)) for n, m in leaves),
         (
@@ -89,14 +94,15 @@ def _measure_ranges(
                 loss.backward()
     finally:
         torch.set_rng_state(rng)
-    return ranges.stats
+    return ranges
 
 
-def _layer_row(name: str, e: dict[str, float]) -> dict[str, Any]:
+def _layer_row(name: str, module_type: str | None, e: dict[str, float]) -> dict[str, Any]:
     """One ``layers`` row of the probe: maxima, headroom to 65504 and underflow fractions."""
     n = e["grad_values"]
     return {
         "module": name,
+        "module_type": module_type,
         "activation_max": e["act_max"],
         "headroom_to_fp16_max": FP16_MAX / e["act_max"] if e["act_max"] else math.inf,
         "gradient_max": e["grad_max"],
@@ -120,21 +126,27 @@ def _probe_verdict(overflow: list[str], unscaled: float, scaled: float, loss_sca
     return "FP16 safe: activations below 65504 and gradients above FP16's smallest subnormal"
 
 
-def _summarise_ranges(stats: dict[str, dict[str, float]], loss_scale: float) -> dict[str, Any]:
+def _label(layer: dict[str, Any]) -> str:
+    """A ``layers`` row's module as probe.md and the verdict print it: ``0 (Linear)``."""
+    return module_label(layer["module"], layer.get("module_type"))
+
+
+def _summarise_ranges(ranges: _RangeStats) -> dict[str, Any]:
     """Turn the per-leaf stats into the probe result: totals over all leaves and a verdict."""
-    layers = [_layer_row(name, e) for name, e in stats.items()]
+    stats, loss_scale = ranges.stats, ranges.loss_scale
+    layers = [_layer_row(name, ranges.types.get(name), e) for name, e in stats.items()]
     total = sum(e["grad_values"] for e in stats.values())
     under = sum(e["under_unscaled"] for e in stats.values())
     under_scaled = sum(e["under_scaled"] for e in stats.values())
-    overflow = [layer["module"] for layer in layers if layer["activation_max"] > FP16_MAX]
+    overflow = [layer for layer in layers if layer["activation_max"] > FP16_MAX]
     unscaled = under / total if total else 0.0
     scaled = under_scaled / total if total else 0.0
     return {
-        "verdict": _probe_verdict(overflow, unscaled, scaled, loss_scale),
+        "verdict": _probe_verdict([_label(x) for x in overflow], unscaled, scaled, loss_scale),
         "loss_scale": loss_scale,
         "underflow_unscaled_fraction": unscaled,
         "underflow_at_scale_fraction": scaled,
-        "overflow_modules": overflow,
+        "overflow_modules": [layer["module"] for layer in overflow],
         "layers": layers,
     }
 
@@ -150,9 +162,10 @@ def range_probe(
 
     Returns ``{"verdict", "loss_scale", "underflow_unscaled_fraction",
     "underflow_at_scale_fraction", "overflow_modules", "layers"}``; the fractions are over all
-    non-zero gradient values of all leaves.
+    non-zero gradient values of all leaves. Each ``layers`` row names its module by path
+    (``module``) and class (``module_type``); ``overflow_modules`` holds plain paths.
     """
-    return _summarise_ranges(_measure_ranges(model, batches, loss_scale), loss_scale)
+    return _summarise_ranges(_measure_ranges(model, batches, loss_scale))
 
 
 def render_probe(probe: dict[str, Any]) -> str:
@@ -168,7 +181,7 @@ def render_probe(probe: dict[str, Any]) -> str:
     ]
     for layer in probe["layers"]:
         lines.append(
-            f"| {layer['module']} | {layer['activation_max']:.4g} | "
+            f"| {_label(layer)} | {layer['activation_max']:.4g} | "
             f"{layer['headroom_to_fp16_max']:.4g} | {layer['gradient_max']:.4g} | "
             f"{layer['underflow_unscaled_fraction']:.2%} | {layer['underflow_at_scale_fraction']:.2%} |"
         )
