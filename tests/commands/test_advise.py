@@ -603,7 +603,11 @@ def test_an_interrupted_advise_writes_what_it_measured(tmp_path, monkeypatch, st
         "fidelity and speed": "interrupted by SIGHUP during pilot fp16"
     }
     assert rows["fp16"]["skipped"] == {"all": "interrupted by SIGHUP during pilot fp16"}
-    assert "- fp8: interrupted by SIGHUP during pilot fp16" in markdown
+    # the candidates the signal stopped share one line (concise.grouped_parts): fp8 among them
+    assert (
+        "- fp16, fp8, fp8-rowwise, fp8-delayed, fp8-pow2, fp8-blockwise, mxfp8, nvfp4 "
+        "(8 precisions): interrupted by SIGHUP during pilot fp16"
+    ) in markdown.splitlines()
     assert "Interrupted by SIGHUP after" in markdown
     assert "- nothing measured before SIGHUP interrupted advise" in markdown
     assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
@@ -645,7 +649,9 @@ def test_a_stop_signal_and_a_burst_after_it_keep_the_partial_advice(tmp_path, si
 def test_the_numerics_column_gives_each_recipe_its_own_layer_choice():
     """A block-scaled recipe's cell counts its own layers (mx.*, nvfp4.* keys), not FP8's."""
     fp8 = {"layers": [{"converted": True}] * 3, "converted_linear_flops_share": 1.0}
-    mx = prepare_run(tiny_run("precision=mxfp8", "mx.keep_first_last=true")).blocks.section
+    mx = prepare_run(
+        tiny_run("precision=mxfp8", "mx.keep_first_last=true")
+    ).precision.blocks.section
     numerics = {"fp16_probe": None, "audit": {}, "fp8": fp8, "blocks": {"mxfp8": mx}}
 
     def count(section: dict) -> str:

@@ -36,6 +36,7 @@ from mptrain.commands.advise.recipes import SIMPLICITY
 # of FP32's initial weights makes on its own (chaotic training forks whatever the precision).
 CHAOS_MARGIN = 2.0
 REFERENCE = "fp32"
+NOT_MEASURED = "not measured: "  # a runner-up's reason when it did not run (then: why)
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ def disqualified(m: Measured, ctx: Context) -> str | None:
     if m.fp16_overflow:  # the probe's finding rules FP16 out whatever else was measured
         return f"FP16 overflows in the forward at {', '.join(m.fp16_overflow)}"
     if m.not_run:
-        return f"not measured: {m.not_run}"
+        return f"{NOT_MEASURED}{m.not_run}"
     if m.emulated:  # whatever its numerics, emulation never buys speed
         return f"{m.precision} only emulated here (no hardware for it): numerics without a speed-up"
     if m.fidelity is None:

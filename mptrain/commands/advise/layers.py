@@ -76,6 +76,15 @@ def planned(cands: list[Candidate], choice: str = "auto") -> Candidate | None:
     return next((c for c in lows if c.name == name), None)
 
 
+def _why_not(c: Candidate) -> str:
+    """Why ``c`` cannot be planned for: why it did not run, or what of it was not measured."""
+    if "all" in c.skipped:
+        return c.skipped["all"]
+    if c.pilot is None:
+        return "no pilot"
+    return next((f"{part}: {why}" for part, why in c.skipped.items()), "no run")
+
+
 def _not_plannable(
     fp32: Candidate, low: Candidate | None, cands: list[Candidate], settings: AdviseConfig
 ) -> str | None:
@@ -85,8 +94,11 @@ def _not_plannable(
         return "advise.plan=false"
     if low is None:
         names = LOW_NAMES if choice == "auto" else (choice,)
-        whys = [f"{c.name}: {c.skipped.get('all', 'no pilot')}" for c in cands if c.name in names]
-        why = f" ({'; '.join(whys)})" if whys else ""
+        whys = [(c.name, _why_not(c)) for c in cands if c.name in names]
+        if len(whys) > 1:  # each one's reason is on its own line already: not said again here
+            why = f" ({', '.join(n for n, _ in whys)}: each one's reason is listed with it)"
+        else:
+            why = "".join(f" ({name}: {w})" for name, w in whys)
         if choice == "auto":
             return f"no low-precision recipe was measured{why}"
         return f"advise.plan={choice}: its all-layers short run did not run{why}"

@@ -33,7 +33,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from mptrain.commands.advise import recipes
+from mptrain.commands.advise import concise, recipes
 from mptrain.config.format_table import GROUP_OF_PRECISION
 
 # The config group whose ``exclude`` keeps a layer out of each low-precision format, by the
@@ -207,8 +207,21 @@ def _gap_words(run: dict[str, Any]) -> str:
     )
 
 
-def headline(plan: dict[str, Any]) -> str:
-    """The plan in one bold line: what to keep in high precision, or that no set was found."""
+def _names(names: Sequence[str], cap: int | None) -> str:
+    """``a, b, c``; with ``cap``, the first ``cap`` names and how many more."""
+    return ", ".join(names) if cap is None else concise.capped(names, cap)
+
+
+def _kept_words(kept: Sequence[str], cap: int | None) -> str:
+    """A verifying run's kept layers: ``a, b``, or once cut, ``8 layers (a, b, … and 3 more)``
+    (the count tells runs apart whose first names are the same)."""
+    names = _names(kept, cap)
+    return names if names == ", ".join(kept) else f"{len(kept)} layers ({names})"
+
+
+def headline(plan: dict[str, Any], cap: int | None = None) -> str:
+    """The plan in one bold line: what to keep in high precision, or that no set was found
+    (``cap``: name that many of the kept layers, then how many more)."""
     kept, n = plan.get("kept"), len(plan["ranking"])
     if kept is None:
         return "**No per-layer plan verified** (why: under Not measured)"
@@ -217,7 +230,7 @@ def headline(plan: dict[str, Any]) -> str:
             f"**Every eligible layer can stay in {plan['label']}** ({n} layer{'s' if n > 1 else ''}): "
             "nothing to keep in high precision"
         )
-    return f"**Keep {len(kept)} of {n} eligible layers in high precision: {', '.join(kept)}**"
+    return f"**Keep {len(kept)} of {n} eligible layers in high precision: {_names(kept, cap)}**"
 
 
 def _ms(step_s: float | None) -> str:
@@ -242,9 +255,9 @@ def speed_line(plan: dict[str, Any]) -> str | None:
     )
 
 
-def evidence_lines(plan: dict[str, Any]) -> list[str]:
+def evidence_lines(plan: dict[str, Any], cap: int | None = None) -> list[str]:
     """The runs behind the plan: all layers in the format, each verifying run, the predictions,
-    the speed of the kept set."""
+    the speed of the kept set (``cap``: as :func:`headline`'s)."""
     allowed = f"allowed {plan['allowed']:.1%}" if "allowed" in plan else "no allowance"
     lines = []
     if "all_layers" in plan:
@@ -261,7 +274,8 @@ def evidence_lines(plan: dict[str, Any]) -> list[str]:
         )
         verdict = "within" if run["within"] else "out of tolerance"
         lines.append(
-            f"- verifying run keeping {', '.join(run['kept'])}: {_gap_words(run)}{guess}: {verdict}"
+            f"- verifying run keeping {_kept_words(run['kept'], cap)}: {_gap_words(run)}{guess}: "
+            f"{verdict}"
         )
     return lines + ([line] if (line := speed_line(plan)) else [])
 
@@ -300,9 +314,10 @@ def table_rows(plan: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def summary_lines(plan: dict[str, Any]) -> list[str]:
-    """The plan's headline, the runs behind it and the command (Markdown)."""
-    lines = [headline(plan), "", *evidence_lines(plan)]
+def summary_lines(plan: dict[str, Any], cap: int | None = None) -> list[str]:
+    """The plan's headline, the runs behind it and the command (Markdown; ``cap``: name that
+    many layers of each list, then how many more — the command always whole)."""
+    lines = [headline(plan, cap), "", *evidence_lines(plan, cap)]
     if plan.get("command"):
         lines += ["", "Train with it:", "", "```bash", plan["command"], "```"]
     return lines
@@ -332,6 +347,37 @@ def section(plan: dict[str, Any] | None, figure: str) -> list[str]:
         "",
     ]
     return lines
+
+
+CONSOLE_FIRST = 3  # the console's ranked layers before "… and N more"
+
+
+def ranked_line(plan: dict[str, Any], report: str, first: int = CONSOLE_FIRST) -> str:
+    """The console's stand-in for the ranked table: how many layers, the first ``first`` with
+    their share of the gradient error, and where every layer's figures are (``report``)."""
+    rows = sorted(plan["layers"], key=lambda row: row["rank"])
+    shown = [f"{row['name']} {_pct(row['share'])}" for row in rows]
+    n = len(rows)
+    return (
+        f"Ranked by share of the all-layers gradient error ({n} layer{'s' if n != 1 else ''}): "
+        f"{concise.capped(shown, first)}; every layer's figures: {report} and advise.json"
+    )
+
+
+def console_section(plan: dict[str, Any] | None, report: str) -> list[str]:
+    """The per-layer plan on the console (Markdown, as advise.md's :func:`section`): its
+    headline, runs and command with each list of layers cut to its first few, and in place of
+    the table one line with the first ranked layers; nothing when no layer was ranked."""
+    if not plan or "ranking" not in plan:
+        return []
+    return [
+        f"## {plan['label']}: layers kept in high precision",
+        "",
+        *summary_lines(plan, cap=concise.FIRST),
+        "",
+        ranked_line(plan, report),
+        "",
+    ]
 
 
 def skipped_lines(plan: dict[str, Any] | None) -> list[str]:

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from mptrain.commands.advise import confidence, predict, recipes
+from mptrain.commands.advise import concise, confidence, predict, recipes
 from mptrain.commands.advise import plan as layer_plan
-from mptrain.commands.advise.decide import CHAOS_MARGIN, Advice
+from mptrain.commands.advise.decide import CHAOS_MARGIN, NOT_MEASURED, Advice
 from mptrain.commands.advise.trials import REPORT, START_UP, WARM_UP, Budget
 from mptrain.output.render import fmt_bytes
 from mptrain.platform import contention, hardware
@@ -252,8 +252,7 @@ def recommendation_lines(result: dict[str, Any]) -> list[str]:
     lead = confidence.lead_lines(result.get("confidence"), result["interrupted"])
     lines += [*lead, ""] if lead else []
     lines += [f"- {r}" for r in rec["reasons"]]
-    lines += ["", "Runners-up:"]
-    lines += [f"- {r['precision']}: {r['why']}{_command(r)}" for r in rec["runners_up"]]
+    lines += ["", "Runners-up:", *runner_up_lines(rec["runners_up"])]
     if rec["fixes"]:
         lines += ["", "Fixes worth trying:"]
         lines += [f"- `{f.split(': ', 1)[0]}`: {f.split(': ', 1)[1]}" for f in rec["fixes"]]
@@ -264,6 +263,22 @@ def recommendation_lines(result: dict[str, Any]) -> list[str]:
 
 def _command(runner_up: dict[str, Any]) -> str:
     return f" (`{runner_up['command']}`)" if runner_up.get("command") else ""
+
+
+def runner_up_lines(runners_up: list[dict[str, Any]]) -> list[str]:
+    """One line per runner-up with its command; runners-up sharing a reason on one line (the
+    same refusal for every low-precision recipe: said once). A group not measured points to
+    Not measured, which gives its reason (advise.json keeps each one's reason and command)."""
+    by_name = {r["precision"]: r for r in runners_up}
+    lines = []
+    for names, why in concise.grouped([(r["precision"], r["why"]) for r in runners_up]):
+        if len(names) == 1:
+            lines.append(f"- {names[0]}: {why}{_command(by_name[names[0]])}")
+        elif why.startswith(NOT_MEASURED):
+            lines.append(f"- {concise.names_words(names)}: not measured (why: under Not measured)")
+        else:
+            lines.append(f"- {concise.names_words(names)}: {why}")
+    return lines
 
 
 def interrupted_line(result: dict[str, Any]) -> str | None:
@@ -317,17 +332,28 @@ def skipped_lines(result: dict[str, Any]) -> list[str]:
     lines = [f"- {'numerics' if part == 'all' else part}: {why}" for part, why in numerics]
     if result["timings_s"].get("speed_reps_cut"):
         lines.append(f"- speed: {result['timings_s']['speed_reps_cut']}")
-    for row in result["precisions"]:
-        for part, why in row["skipped"].items():
-            what = row["precision"] if part == "all" else f"{row['precision']} {part}"
-            lines.append(f"- {what}: {why}")
+    items = [(r["precision"], *skip) for r in result["precisions"] for skip in r["skipped"].items()]
+    for names, part, why in concise.grouped_parts(items):  # one line for a shared reason
+        if len(names) == 1:
+            what = names[0] if part == "all" else f"{names[0]} {part}"
+        else:
+            what = concise.names_words(names)
+            what = what if part == "all" else f"{part} of {what}"
+        lines.append(f"- {what}: {why}")
     lines += layer_plan.skipped_lines(result["layer_plan"])
     return lines + confidence.skipped_lines(result.get("confidence"))
 
 
-def render(result: dict[str, Any]) -> str:
-    """advise.md: the recommendation first, then the evidence table, what was skipped, time."""
+def render(result: dict[str, Any], console: bool = False) -> str:
+    """advise.md: the recommendation first, then the evidence table, what was skipped, time.
+    ``console``: the console's version, whose per-layer plan is a summary (its headline, runs
+    and command, the first ranked layers; every layer's figures stay in advise.md)."""
     s = result["settings"]
+    plan = (
+        layer_plan.console_section(result["layer_plan"], ADVISE_MD)
+        if console
+        else layer_plan.section(result["layer_plan"], ADVISE_LAYERS_PNG)
+    )
     lines = [
         f"# mptrain advise: {result['model']} on {result['dataset']}, batch {result['batch_size']}",
         "",
@@ -337,7 +363,7 @@ def render(result: dict[str, Any]) -> str:
         *([busy, ""] if (busy := busy_line(result)) else []),
         *recommendation_lines(result),
         "",
-        *layer_plan.section(result["layer_plan"], ADVISE_LAYERS_PNG),
+        *plan,
         "## Evidence",
         "",
         "| " + " | ".join(headers(result)) + " |",
@@ -408,18 +434,23 @@ def write(result: dict[str, Any], output_dir: Path, budget: Budget) -> None:
 
 
 def show_plan(console: Console, plan: dict[str, Any]) -> None:
-    """The per-layer plan on a terminal: its headline, runs and command (the table: advise.md)."""
-    for line in layer_plan.summary_lines(plan) if "ranking" in plan else []:
+    """The per-layer plan on a terminal: its headline, runs and command, lists of layers cut to
+    their first few, and the first ranked layers (every layer's figures: advise.md)."""
+    if "ranking" not in plan:
+        return
+    for line in [*layer_plan.summary_lines(plan, cap=concise.FIRST), ""]:
         if line.startswith("**"):
             console.print(f"[bold]{plan['label']} per layer: {escape(line.strip('*'))}[/bold]")
         elif not line.startswith("```"):  # Markdown's fence: the command stands on its own line
             console.print(escape(line))
+    console.print(escape(layer_plan.ranked_line(plan, ADVISE_MD)))
 
 
 def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
-    """The recommendation and the table: rich on a terminal, advise.md's lines elsewhere."""
+    """The recommendation and the table: rich on a terminal, elsewhere advise.md's lines with
+    the per-layer plan summarised (:func:`render`'s ``console``)."""
     if not console.is_terminal:
-        lines = render(result).split("\n")  # the figures' links are for advise.md only
+        lines = render(result, console=True).split("\n")  # the figures' links: advise.md's
         print("\n".join(line for line in lines if not line.startswith("![")).rstrip())
         print(f"advise written to {output_dir / ADVISE_MD}")
         return
