@@ -2,9 +2,12 @@
 
 Each run directory holds ``report.json`` (and ``.hydra/overrides.yaml`` when Hydra made it). A run
 is compared with the FP32 run whose config is otherwise identical (the baseline; a run that switched
-from FP32 to another precision, ``precision.switch``, is none): accuracy delta
-(language models: validation loss delta, their primary metric, and perplexity), throughput ratio and peak-memory ratio. Emulated FP8 runs get no throughput ratio: their speed says
-nothing about FP8 hardware. Runs that failed, or never wrote a report, appear as rows with the reason.
+from FP32 to another precision, ``precision.switch``, is none): validation loss and accuracy deltas
+(the primary metric's first: a language model's loss, with perplexity, or a classifier's accuracy),
+throughput ratio and peak-memory ratio. Emulated FP8 runs get no throughput ratio: their speed says
+nothing about FP8 hardware. Runs that failed, or never wrote a report, appear as rows with the
+reason. Jobs that differ only in seed get a second table: the mean ± sample sd of their final
+metrics, one row per group (:mod:`mptrain.commands.seeds`).
 A run with a precision switch shows both precisions and the step (``fp8 (emulated) -> bf16 after
 step 17``: :meth:`~mptrain.output.report.PrecisionSection.what_ran`), never its first one alone.
 
@@ -14,7 +17,8 @@ wide, when there are too few windows, or when either job ran at the same time as
 comparison (their started_at–finished_at spans overlap: a joblib launcher, two terminals).
 
 After a Hydra multirun, :class:`SweepSummaryCallback` writes ``sweep.md``, ``sweep.json`` and
-``sweep_loss.png`` into the sweep directory and prints the table; ``mptrain-compare`` writes them
+``sweep_loss.png`` (training loss per step; a language model's sweep: validation loss, the metric
+its table ranks by) into the sweep directory and prints the table; ``mptrain-compare`` writes them
 into a directory of its own (``outputs/compare/<date>/<time>``, or ``--out DIR``).
 
 One bad run directory never stops a comparison: a report.json the comparison cannot read (a field
@@ -43,6 +47,7 @@ from mptrain.commands.runs import (
     find_runs,
     this_sweeps_runs,
 )
+from mptrain.commands.seeds import seed_groups, seed_notes, seed_table
 from mptrain.commands.spread import (
     MIN_SAMPLES,
     NOISY_SPREAD,
@@ -191,19 +196,16 @@ def _busy(r: RunReport, who: str) -> str | None:
     return None if busy is None else f"{who} ran on a busy machine ({busy})"
 
 
-def _lm(r: RunReport) -> bool:
-    return r.evaluation.task == "lm"
-
-
 def _figures(r: RunReport) -> dict[str, Any]:
     t, scale = r.training, r.training.loss_scale
     return {
         "status": r.status,
         "reason": r.reason,
         "precision": r.precision.what_ran(),
+        "task": r.evaluation.task,
         "final_val_accuracy": r.evaluation.final_val_accuracy,
-        # Language models are compared on their loss (the primary metric), with perplexity.
-        "final_val_loss": r.evaluation.final_val_loss if _lm(r) else None,
+        # Every task's loss: two classifiers of the same accuracy still differ in it.
+        "final_val_loss": r.evaluation.final_val_loss,
         "final_val_perplexity": r.evaluation.final_val_perplexity,
         "samples_per_s": r.throughput.samples_per_s,
         "peak_memory_bytes": r.memory.peak_bytes,
@@ -225,7 +227,7 @@ def _against_baseline(
     return {
         "baseline": base.output_dir,
         "accuracy_delta": None if acc is None or base_acc is None else acc - base_acc,
-        "loss_delta": None if not _lm(r) or None in (loss, base_loss) else loss - base_loss,
+        "loss_delta": None if None in (loss, base_loss) else loss - base_loss,
         "throughput_ratio": speed.median if speed else None,
         "throughput_ratio_range": [speed.low, speed.high] if speed else None,
         "throughput_noisy": speed.noisy if speed else None,
@@ -235,15 +237,14 @@ def _against_baseline(
 
 
 # ---------------------------------------------------------------------------------- rendering
-COLUMNS = (
-    ("run", "run"),
-    ("status", "status"),
-    ("precision", "precision"),
+_HEAD = (("run", "run"), ("status", "status"), ("precision", "precision"))
+_LOSS = (
     ("final_val_loss", "val loss"),
     ("loss_delta", "Δ loss vs fp32"),
     ("final_val_perplexity", "perplexity"),
-    ("final_val_accuracy", "val acc"),
-    ("accuracy_delta", "Δ acc vs fp32"),
+)
+_ACCURACY = (("final_val_accuracy", "val acc"), ("accuracy_delta", "Δ acc vs fp32"))
+_TAIL = (
     ("throughput_ratio", "speed vs fp32"),
     ("memory_ratio", "memory vs fp32"),
     ("skipped_steps", "skipped"),
@@ -251,10 +252,13 @@ COLUMNS = (
     ("zero_grad_fraction", "zero grads"),
     ("updates_lost_fraction", "updates lost"),
 )
+# The primary metric first: a language model's loss, a classifier's accuracy.
+COLUMNS = (*_HEAD, *_LOSS, *_ACCURACY, *_TAIL)
+CLASSIFY_COLUMNS = (*_HEAD, *_ACCURACY, *_LOSS, *_TAIL)
 
 
-# Columns only language-model runs fill (their primary metric, loss, and its perplexity).
-LM_ONLY_COLUMNS = frozenset({"final_val_loss", "loss_delta", "final_val_perplexity"})
+# The column only language-model runs fill.
+LM_ONLY_COLUMNS = frozenset({"final_val_perplexity"})
 
 
 def _cell(row: dict[str, Any], key: str) -> str:
@@ -275,7 +279,7 @@ def _text(row: dict[str, Any], key: str) -> str:
     if key == "final_val_loss":
         return f"{value:.4f}"
     if key == "loss_delta":
-        return f"{value:+.4f}"
+        return _loss_delta(value)
     if key == "final_val_perplexity":
         return f"{value:.2f}"
     if key == "accuracy_delta":
@@ -291,18 +295,48 @@ def _text(row: dict[str, Any], key: str) -> str:
     return str(value)
 
 
+def _loss_delta(value: float) -> str:
+    """``+0.0003``; a difference too small for four decimals in two significant digits
+    (``+7.2e-06``), so that ``+0.0000`` means none."""
+    text = f"{value:+.4f}"
+    return f"{value:+.1e}" if value and float(text) == 0 else text
+
+
+def _lm_rows(rows: list[dict[str, Any]]) -> bool:
+    return any(row.get("task") == "lm" for row in rows)
+
+
 def _columns(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
-    """The columns with at least one value (a sweep without FP16 has no loss-scale column)."""
-    return [(k, h) for k, h in COLUMNS if any(row.get(k) is not None for row in rows)]
+    """The columns with at least one value (a sweep without FP16 has no loss-scale column), the
+    primary metric's first (a language model's loss where a row is one, else accuracy)."""
+    order = COLUMNS if _lm_rows(rows) else CLASSIFY_COLUMNS
+    return [(k, h) for k, h in order if any(row.get(k) is not None for row in rows)]
 
 
-def render_markdown(rows: list[dict[str, Any]], title: str, figure: str | None) -> str:
+def _md_table(headers: list[str], cells: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    return lines + ["| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in cells]
+
+
+def figure_metric(rows: list[dict[str, Any]]) -> str:
+    """What sweep_loss.png plots: the validation loss a language model's table ranks by, else
+    the training loss."""
+    return "validation loss" if _lm_rows(rows) else "training loss"
+
+
+def render_markdown(
+    rows: list[dict[str, Any]],
+    title: str,
+    figure: str | None,
+    groups: list[dict[str, Any]] | None = None,
+) -> str:
+    """sweep.md: the comparison, its notes, the over-seeds table of ``groups``
+    (:func:`~mptrain.commands.seeds.seed_groups`) when there is one, the figure."""
     columns = _columns(rows)
     lines = [f"# {visible(title)}", ""]
-    lines.append("| " + " | ".join(h for _, h in columns) + " |")
-    lines.append("|" + "---|" * len(columns))
-    for row in rows:
-        lines.append("| " + " | ".join(_cell(row, k).replace("|", "/") for k, _ in columns) + " |")
+    lines += _md_table(
+        [h for _, h in columns], [[_cell(row, k) for k, _ in columns] for row in rows]
+    )
     lines += [
         "",
         "Δ loss, Δ acc, speed and memory compare each run with the completed FP32 run of "
@@ -312,8 +346,11 @@ def render_markdown(rows: list[dict[str, Any]], title: str, figure: str | None) 
         "",
         *(f"- {line}" for line in speed_notes(rows)),
     ]
+    if groups:
+        lines += ["", "## Over seeds", "", *_md_table(*seed_table(groups)), ""]
+        lines += [f"- {line}" for line in seed_notes(groups)]
     if figure:
-        lines += ["", f"![training loss]({figure})"]
+        lines += ["", f"![{figure_metric(rows)}]({figure})"]
     peak = [r for r in rows if r.get("peak_memory_bytes")]
     if peak:
         lines += [
@@ -346,9 +383,15 @@ def speed_notes(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def print_table(console: Console, rows: list[dict[str, Any]], title: str) -> None:
+def print_table(
+    console: Console,
+    rows: list[dict[str, Any]],
+    title: str,
+    groups: list[dict[str, Any]] | None = None,
+) -> None:
     """The comparison on ``console`` (:func:`~mptrain.output.joblog.print_table`: rich on a
-    terminal, plain text in a log file), then the speed notes."""
+    terminal, plain text in a log file), then the speed notes, then the over-seeds table of
+    ``groups`` and its notes when there is one."""
     columns = _columns(rows)
     cells = [[_cell(row, k) for k, _ in columns] for row in rows]
     # Labels and speeds (noisy marks) stay whole; the other figures' columns give way.
@@ -356,13 +399,18 @@ def print_table(console: Console, rows: list[dict[str, Any]], title: str) -> Non
     show_table(console, visible(title), [h for _, h in columns], cells, whole)
     for line in speed_notes(rows):
         console.print(escape(line))
+    if groups:
+        show_table(console, "over seeds (mean ± sd)", *seed_table(groups), frozenset({"group"}))
+        for line in seed_notes(groups):
+            console.print(escape(line))
 
 
 def write_comparison(
     runs: list[RunRecord], out_dir: Path, title: str, console: Console
 ) -> list[dict[str, Any]]:
-    """Write sweep.md, sweep.json and sweep_loss.png into ``out_dir``; print the table, then a
-    note per metrics.jsonl whose rows were not all read (:func:`curve_rows`). sweep.json keeps
+    """Write sweep.md, sweep.json and sweep_loss.png into ``out_dir``; print the table (and the
+    over-seeds table where jobs differ only in seed: :func:`seed_groups`), then a note per
+    metrics.jsonl whose rows were not all read (:func:`curve_rows`). sweep.json keeps
     the runs' text as it is (JSON escapes control characters) and non-finite numbers as
     report.json does ("nan")."""
     runs = [readable(run) for run in runs]
@@ -378,10 +426,11 @@ def write_comparison(
     if curves:
         plot_sweep(curves, visible(title), out_dir / SWEEP_PNG)
         figure = SWEEP_PNG
-    data = clean_json({"title": title, "runs": rows})
+    groups = seed_groups(runs, rows)
+    data = clean_json({"title": title, "runs": rows, "seed_groups": groups})
     atomic_write_text(out_dir / SWEEP_JSON, json.dumps(data, indent=2) + "\n")
-    atomic_write_text(out_dir / SWEEP_MD, render_markdown(rows, title, figure))
-    print_table(console, rows, title)
+    atomic_write_text(out_dir / SWEEP_MD, render_markdown(rows, title, figure, groups))
+    print_table(console, rows, title, groups)
     for note in notes:
         console.print(escape(f"note: {visible(note)}"))
     console.print(escape(visible(f"comparison written to {out_dir / SWEEP_MD}")))

@@ -1,5 +1,5 @@
 """PNG figures: per run (training loss, validation accuracy, the loss scale where there is one)
-and per sweep (loss curves).
+and per sweep (loss curves: training loss, a language model's validation loss).
 
 matplotlib runs headless (Agg backend); figures are written atomically next to the reports.
 
@@ -86,18 +86,23 @@ def _marker(steps: list[int]) -> str | None:
 
 def plot_sweep(curves: dict[str, list[dict[str, Any]]], title: str, path: Path) -> Path:
     """Training-loss curves of every job of a sweep (or comparison) on one axis; a job with one
-    logged point (a short run) is drawn as a dot."""
+    logged point (a short run) is drawn as a dot. A language model's sweep (evaluations with a
+    perplexity, as :func:`plot_run` tells them) draws the validation-loss curves instead, a dot at
+    each evaluation: what its table ranks by."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
+    validation = any(
+        r.get("kind") == "eval" and "val_perplexity" in r for rows in curves.values() for r in rows
+    )
+    kind, key = ("eval", "val_loss") if validation else ("train", "loss")
     positive = True
     for label, rows in curves.items():
-        steps, loss = _series(rows, "train", "loss")
+        steps, loss = _series(rows, kind, key)
         if steps:
-            ax.plot(steps, loss, label=label, marker=_marker(steps))
+            ax.plot(steps, loss, label=label, marker="o" if validation else _marker(steps))
             positive = positive and min(loss) > 0
-    ax.set(
-        title=title, xlabel="step", ylabel="training loss", yscale="log" if positive else "linear"
-    )
+    ylabel = "validation loss (nats/token)" if validation else "training loss"
+    ax.set(title=title, xlabel="step", ylabel=ylabel, yscale="log" if positive else "linear")
     ax.legend(fontsize=8)
     _save(fig, path)
     plt.close(fig)
@@ -222,8 +227,13 @@ def plot_layer_plan(layers: list[dict[str, Any]], title: str, path: Path, fmt: s
     share of the all-layers gradient error (%). Each row of ``layers`` holds
     ``label`` and those figures; a non-finite SQNR (exact, or no signal left) draws no bar."""
     plt = _pyplot()
-    height = 1.2 + 0.45 * len(layers)
-    fig, (sqnr_ax, share_ax) = plt.subplots(1, 2, figsize=(14, height), sharey=True)
+    # Constrained layout places the suptitle above the panels' titles and the legend below the
+    # panels, each with room of its own whatever the layer count (a fixed suptitle height
+    # overlapped the panel titles of a short figure); 2.2 in: titles, axis labels and legend.
+    height = 2.2 + 0.45 * len(layers)
+    fig, (sqnr_ax, share_ax) = plt.subplots(
+        1, 2, figsize=(14, height), sharey=True, layout="constrained"
+    )
     labels = [row["label"] for row in layers]
     places = list(range(len(layers)))
     series = (
@@ -237,14 +247,14 @@ def plot_layer_plan(layers: list[dict[str, Any]], title: str, path: Path, fmt: s
         values = [_finite_or_nan(row[key]) for row in layers]
         sqnr_ax.barh([p + (i - 1.5) * bar for p in places], values, height=bar, label=name)
     sqnr_ax.set(title="SQNR against FP32 (dB; lower: more error)", xlabel="dB")
-    # Below the axes (bbox_inches="tight" keeps it): inside, it would cover the top rows' bars.
-    sqnr_ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, -0.5 / height - 0.1), ncol=2)
+    # Below the panels: inside, it would cover the top rows' bars.
+    fig.legend(fontsize=8, loc="outside lower left", ncol=4)
     shares = [100 * _finite_or_nan(row["share"]) for row in layers]
     share_ax.barh(places, shares, color="tab:red")
     share_ax.set(title=f"share of the all-layers {fmt} gradient error (%)", xlabel="%")
     sqnr_ax.set_yticks(places, labels)
     sqnr_ax.invert_yaxis()  # rank 1 at the top
-    fig.suptitle(title, y=1.02)
+    fig.suptitle(title)
     _save(fig, path)
     plt.close(fig)
     return path
