@@ -1,9 +1,17 @@
 """Hydra's launcher and sweeper plugins by the option that selects them, and the package that
 installs each: ``hydra/launcher=joblib`` without hydra-joblib-launcher installed is answered with
-what to install, not with "choose one of basic" (Hydra lists only the plugins it finds)."""
+what to install, not with "choose one of basic" (Hydra lists only the plugins it finds).
+
+Optuna (``hydra/sweeper=optuna``) colours its log lines on stderr whatever stderr is: optuna 2's
+handler formats with a ``colorlog.ColoredFormatter`` that is not told its stream, so a pipe or a
+file gets ANSI escape codes. Importing this module (the command line does, before Hydra starts a
+sweeper) gives that formatter its handler's stream: colours on a terminal only (colorlog's
+``NO_COLOR`` and ``FORCE_COLOR`` still apply). Optuna itself is not imported for it.
+"""
 
 from __future__ import annotations
 
+import logging
 import re
 
 # (group, option) -> the PyPI package that provides it (the plugins of Hydra's own repository).
@@ -49,3 +57,44 @@ def _extra_installing(package: str) -> str | None:
         if name.lower() == package and extra and extra[1] not in _DEVELOPER_EXTRAS:
             return extra[1]
     return None
+
+
+# ---------------------------------------------------------------------- Optuna's colours in pipes
+OPTUNA_LOGGER = "optuna"  # optuna's library root logger: its one handler is added here
+
+
+def colour_on_terminals_only(handler: logging.Handler) -> None:
+    """A colorlog formatter of ``handler`` that does not know its stream is told it: colorlog
+    then writes no escape codes to a stream that is not a terminal. Other handlers: unchanged."""
+    formatter, stream = handler.formatter, getattr(handler, "stream", None)
+    is_colorlog = type(formatter).__module__.startswith("colorlog")
+    if stream is not None and is_colorlog and getattr(formatter, "stream", False) is None:
+        formatter.stream = stream  # type: ignore[union-attr]
+
+
+class _OptunaRootLogger(logging.Logger):
+    """Optuna's root logger: every handler added to it colours on a terminal only."""
+
+    def addHandler(self, hdlr: logging.Handler) -> None:
+        colour_on_terminals_only(hdlr)
+        super().addHandler(hdlr)
+
+
+def optuna_colour_on_terminals_only() -> None:
+    """Have Optuna's log handler colour on a terminal only (see the module docstring): its
+    logger is made an :class:`_OptunaRootLogger` before optuna makes it, or, when it already
+    exists (optuna imported first), its handlers are mended now."""
+    existing = logging.Logger.manager.loggerDict.get(OPTUNA_LOGGER)
+    if isinstance(existing, logging.Logger):
+        for handler in existing.handlers:
+            colour_on_terminals_only(handler)
+        return
+    previous = logging.getLoggerClass()
+    logging.setLoggerClass(_OptunaRootLogger)
+    try:
+        logging.getLogger(OPTUNA_LOGGER)
+    finally:
+        logging.setLoggerClass(previous)
+
+
+optuna_colour_on_terminals_only()

@@ -96,7 +96,19 @@ def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
         raise ConfigError(
             f"dataset.root={cfg.root!r}: {cfg.train_dir}/ and {cfg.val_dir}/ hold different classes"
         )
+    _check_several_classes(cfg, train_folder.classes)
     return FolderDataset(train_folder, val_set, train_transform)
+
+
+def _check_several_classes(cfg: ImageFolderConfig, classes: list[str]) -> None:
+    """ConfigError for a folder of one class: every prediction is that class, so the run would
+    report 100 % accuracy and a loss of 0 without learning anything (no documented use needs it)."""
+    if len(classes) < 2:
+        raise ConfigError(
+            f"dataset.root={cfg.root!r}: {cfg.train_dir}/ holds one class folder "
+            f"({classes[0]}/); classification needs at least 2 class folders "
+            f"(root/{cfg.train_dir}/<class>/<image>), one class is always 100% accurate"
+        )
 
 
 def folder_bundle(

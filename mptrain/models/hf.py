@@ -13,7 +13,10 @@ object whose ``.logits`` the task takes (:func:`mptrain.models.task.logits_of`).
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import logging
+from collections.abc import Iterator
 from types import ModuleType
 from typing import Any
 
@@ -26,6 +29,14 @@ from mptrain.config.targets import first_line
 from mptrain.models.external import ModelFacts, _recorded
 
 POSITIONS = "max_position_embeddings"  # transformers' common name (GPT-2 maps it to n_positions)
+# torch (2.14) logs this (a logging record of torch.utils._pytree, not warnings.warn) when torchao,
+# imported by transformers' quantizers the first time a model class loads, registers its Enums as
+# pytree constants: torchao's deprecation to fix, nothing the user did or can change.
+_PYTREE_LOGGER = "torch.utils._pytree"
+_ENUM_CONSTANT_NOTICE = (
+    "is an Enum subclass and is now natively supported by torch.compile",
+    "Calling register_constant() on Enum subclasses is deprecated",
+)
 
 
 def _transformers() -> ModuleType:
@@ -88,6 +99,28 @@ def hf_config(transformers: ModuleType, cfg: HFModelConfig, vocab_size: int) -> 
     return config, adaptations
 
 
+class _DropEnumConstantNotice(logging.Filter):
+    """Drops torch's notice that registering an Enum as a pytree constant is deprecated."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        return not all(part in message for part in _ENUM_CONSTANT_NOTICE)
+
+
+@contextlib.contextmanager
+def quiet_enum_constant_notice() -> Iterator[None]:
+    """Inside: torch's ``_pytree`` deprecation notice about Enums registered as constants (see
+    ``_ENUM_CONSTANT_NOTICE``) is dropped; every other record of that logger, and every warning,
+    still shows."""
+    logger = logging.getLogger(_PYTREE_LOGGER)
+    dropper = _DropEnumConstantNotice()
+    logger.addFilter(dropper)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropper)
+
+
 def conv1d_to_linear(model: nn.Module, conv1d: type) -> list[str]:
     """Replace every GPT-2 style ``Conv1D`` (``x @ W + b``, ``W`` of shape ``(in, out)``) by the
     ``nn.Linear`` computing the same (weight ``W.T``; same values). Returns what was done."""
@@ -111,9 +144,10 @@ def build_hf(cfg: HFModelConfig, in_channels: int, image_size: int, num_classes:
     transformers = _transformers()
     config, adaptations = hf_config(transformers, cfg, num_classes)
     try:
-        model = transformers.AutoModelForCausalLM.from_config(
-            config, dtype=torch.float32, trust_remote_code=False
-        )
+        with quiet_enum_constant_notice():  # transformers imports torchao here (see the notice)
+            model = transformers.AutoModelForCausalLM.from_config(
+                config, dtype=torch.float32, trust_remote_code=False
+            )
     except (ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
         raise ConfigError(
             f"model.config_class={cfg.config_class!r}: transformers cannot build a causal "

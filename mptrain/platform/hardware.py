@@ -9,6 +9,7 @@ them (the way torchtune tests hardware paths on CPU): :func:`cpu_has_native_bf16
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 import platform
 import subprocess
@@ -25,10 +26,36 @@ from mptrain.config.base import ConfigError
 MAX_DEVICE_RESIDENT_BYTES = 2 << 30
 
 
+# torch logs this once, importing torch.utils.cpp_extension (inductor does when compile=true builds
+# its C++ kernels for the CPU), on a machine with a CUDA toolkit (nvcc, CUDA_HOME) but no CUDA
+# runtime: nothing a CPU run uses.
+_CPP_EXTENSION_LOGGER = "torch.utils.cpp_extension"
+_NO_CUDA_RUNTIME = "No CUDA runtime is found, using CUDA_HOME="
+
+
+class _DropNoCudaRuntime(logging.Filter):
+    """Drops torch's ``No CUDA runtime is found, using CUDA_HOME=...`` notice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(_NO_CUDA_RUNTIME)
+
+
+def quiet_cuda_home_notice() -> None:
+    """Without a CUDA runtime, drop torch's ``No CUDA runtime is found, using CUDA_HOME`` notice
+    for the rest of the process (see ``_NO_CUDA_RUNTIME``); every other record of that logger
+    still shows. Nothing is done where CUDA is available (torch never logs it there)."""
+    if torch.cuda.is_available():
+        return
+    logger = logging.getLogger(_CPP_EXTENSION_LOGGER)
+    if not any(isinstance(f, _DropNoCudaRuntime) for f in logger.filters):
+        logger.addFilter(_DropNoCudaRuntime())
+
+
 def resolve_device(requested: str) -> torch.device:
-    """Turn ``device`` (auto | cpu | cuda | cuda:N) into a torch.device, or raise ConfigError."""
+    """Turn ``device`` (auto | cpu | cuda | cuda:N) into a torch.device, or raise ConfigError.
+    A CPU device quiets torch's CUDA_HOME notice (:func:`quiet_cuda_home_notice`)."""
     if requested == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ConfigError(
@@ -40,6 +67,7 @@ def resolve_device(requested: str) -> torch.device:
                 f"device={requested!r}: only {torch.cuda.device_count()} CUDA device(s) are visible"
             )
         return device
+    quiet_cuda_home_notice()
     return torch.device("cpu")
 
 
