@@ -259,7 +259,7 @@ def run_case(model: str, dataset: str, precision: str, steps: int, reps: int, wa
             parts.optimizer,
             parts.scheduler,
             batches,
-            parts.policy.autocast_dtype,
+            parts.precision.policy.autocast_dtype,
             steps,
             warmup,
         )

@@ -16,7 +16,7 @@ and ``fp8_blockwise`` (:class:`~mptrain.precision.blocks.linear.BlockLinear`; th
 by its settings, and no entry has to look at another's settings to decide what it builds.
 
 Each entry says which report section its layers fill (``report``: ``fp8`` or ``blocks``), kept on
-the :class:`~mptrain.train.components.Run` as ``run.fp8`` and ``run.blocks``
+the run's :class:`~mptrain.precision.plugin.Precision` as ``fp8`` and ``blocks``
 (:func:`run_sections` places them). A new format (a precision of
 :data:`mptrain.precision.policy.PRECISIONS` whose Linear layers are not nn.Linear) adds one
 :class:`LayerFormat` entry under its format's name: the layer types it makes, its ``convert``
