@@ -173,9 +173,8 @@ def run_eval(cfg: RunConfig, path: Path, payload: dict[str, Any]) -> dict[str, A
     data = _eval_data(cfg, layout, payload.get("data"))
     threads = choose_threads(cfg.threads, device, data, dist)  # not measured: no training steps
     notes = check_data_fits(payload.get("data"), data, cfg.dataset.name)
-    model, fp8, _, _ = build_model_for_run(
-        cfg, data, device, policy
-    )  # FP8 layers, FP32 islands, casts
+    model, precision = build_model_for_run(cfg, data, device, policy)  # layers, islands, casts
+    fp8 = precision.fp8
     fresh = load_weights(model, payload["model"], f"resume={str(path)!r}")
     if fresh and policy.fp8 is not None and policy.fp8.scaling == "delayed":
         raise ConfigError(

@@ -16,6 +16,11 @@ The training loop touches the precision only through these calls, in this order 
   skip rule's one host read), :meth:`Precision.after_optimizer_step` (torchao's FP8 all-gather:
   the weights' next scales).
 
+The build makes it in three steps, as Lightning's plugin is set up: the object from the policy
+and TF32 flags, :meth:`Precision.convert_module` on the freshly built model (its layer format,
+FP32 islands, a pure precision's cast), then, once the model is wrapped and its optimizer built,
+:meth:`Precision.setup` (FP8's distributed sync, the loss scaler, ``precision.update``).
+
 A checkpoint saves the precision's state with :meth:`Precision.state_dict` (the keys ``scaler``,
 ``blocks`` and ``update`` of every checkpoint written so far) and a resume restores it with
 :meth:`Precision.load_state_dict`. A precision schedule (``precision.switch``,
@@ -30,12 +35,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from mptrain.config.base import ConfigError
+from mptrain.config.run import RunConfig
+from mptrain.data.batches import DataBundle
+from mptrain.platform.distributed import DistContext
 from mptrain.precision.blocks.convert import BlockLayers
+from mptrain.precision.formats import convert_layers, layer_sync, run_sections
 from mptrain.precision.fp8.dist import FP8Sync
-from mptrain.precision.policy import PrecisionPolicy, to_model_input
-from mptrain.precision.update import WeightUpdate
+from mptrain.precision.policy import (
+    PrecisionPolicy,
+    build_grad_scaler,
+    keep_in_fp32,
+    to_model_input,
+)
+from mptrain.precision.update import WeightUpdate, build_weight_update
 
 
 @dataclass
@@ -46,13 +61,58 @@ class Precision:
     ``numerics.fp32_modules``; ``tf32``: the TF32 flags as set (report)."""
 
     policy: PrecisionPolicy
-    scaler: torch.amp.GradScaler
+    scaler: torch.amp.GradScaler = field(default_factory=lambda: torch.amp.GradScaler("cpu", False))
     tf32: dict[str, Any] = field(default_factory=dict)
     fp8: dict[str, Any] | None = None
     fp32_modules: list[str] = field(default_factory=list)
     fp8_sync: FP8Sync = field(default_factory=FP8Sync)
     blocks: BlockLayers = field(default_factory=BlockLayers)
     update: WeightUpdate | None = None  # precision.update's hooks on the optimizer; None: nearest
+
+    # ---------------------------------------------------------------------------- the build
+    def convert_module(
+        self,
+        model: nn.Module,
+        cfg: RunConfig,
+        data: DataBundle,
+        device: torch.device,
+        fsdp: bool = False,
+    ) -> nn.Module:
+        """This precision applied to a freshly built, unwrapped ``model``: its Linear layers into
+        the layer format's own (:data:`mptrain.precision.formats.LAYER_FORMATS`), the modules of
+        ``numerics.fp32_modules`` kept in FP32 (ConfigError when no module name matches), a pure
+        precision's parameters cast to its dtype. Sets ``fp8``, ``blocks`` and ``fp32_modules``;
+        returns the model. ``device``: the run's (FP32 islands'
+        autocast is turned off for its type). ``fsdp``: it will be sharded with FSDP2 (torchao's FP8 all-gather)."""
+        section = convert_layers(model, self.policy, cfg, data, fsdp)
+        self.fp8, self.blocks = run_sections(model, (self.policy, section))
+        patterns = list(cfg.numerics.fp32_modules)
+        self.fp32_modules = keep_in_fp32(model, patterns, device.type)
+        if patterns and not self.fp32_modules:
+            raise ConfigError(
+                f"numerics.fp32_modules={patterns}: no module name matches; names look like "
+                f"{', '.join(n for n, _ in list(model.named_modules())[1:6])}"
+            )
+        if not self.policy.master_weights:  # "pure" low precision: no FP32 copy of the weights
+            model = model.to(self.policy.param_dtype)
+        return model
+
+    def sync_layers(self, model: nn.Module, dist: DistContext, cfg: RunConfig) -> None:
+        """What the ranks agree on for the wrapped ``model``'s FP8 layers (recorded in the fp8
+        section); nothing for other formats or a single process."""
+        self.fp8_sync, self.fp8 = layer_sync(model, dist, cfg, self.policy, self.fp8)
+
+    def setup(
+        self,
+        optimizer: torch.optim.Optimizer,
+        cfg: RunConfig,
+        dist: DistContext,
+        device: torch.device,
+    ) -> None:
+        """Once the optimizer exists: ``precision.update``'s hooks on it (its random bits on
+        ``device``, the run's) and the loss scaler."""
+        self.update = build_weight_update(optimizer, cfg.precision.update, cfg.seed, device)
+        self.scaler = build_grad_scaler(self.policy, dist)
 
     # ---------------------------------------------------------------------------- the loop's calls
     @property

@@ -38,18 +38,13 @@ from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.threads import ThreadChoice, apply_threads, resolve_threads
-from mptrain.precision.blocks.convert import BlockLayers
-from mptrain.precision.formats import convert_layers, layer_sync, run_sections
 from mptrain.precision.fp8.dist import gathers_fp32
 from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import (
     PrecisionPolicy,
     apply_tf32,
-    build_grad_scaler,
-    keep_in_fp32,
     resolve_precision,
 )
-from mptrain.precision.update import build_weight_update
 from mptrain.train.components import Run
 from mptrain.train.faults import InfGradInjector
 from mptrain.train.health import culprit_finder
@@ -128,17 +123,16 @@ def build_run(
     data = _checked_data(cfg, device, dist)
     threads = choose_threads(cfg.threads, device, data, dist, jobs, measure_threads)
     fsdp = dist.enabled and dist.strategy == "fsdp"
-    model, fp8, fp32_modules, blocks = build_model_for_run(cfg, data, device, policy, fsdp)
+    model, precision = build_model_for_run(cfg, data, device, policy, fsdp)
+    precision.tf32 = tf32
     num_parameters = count_parameters(model)
     # FSDP computes in the recipe's dtype through its own policy (autocast stays on for the rest).
     model = wrap_model(model, dist, device, policy.autocast_dtype, gathers_fp32)
-    fp8_sync, fp8 = layer_sync(model, dist, cfg, policy, fp8)
+    precision.sync_layers(model, dist, cfg)
     settings = plan_loop(cfg, data, dist)
     optimizer, scheduler = _optimization(cfg, model, settings, dist)
     model = torch.compile(model) if cfg.compile else model
-    update = build_weight_update(optimizer, cfg.precision.update, cfg.seed, device)
-    scaler = build_grad_scaler(policy, dist)  # (Precision's fields, in order)
-    precision = Precision(policy, scaler, tf32, fp8, fp32_modules, fp8_sync, blocks, update)
+    precision.setup(optimizer, cfg, dist, device)
     run = Run(
         cfg=cfg,
         device=device,
@@ -246,30 +240,22 @@ def build_model_for_run(
     device: torch.device,
     policy: PrecisionPolicy,
     fsdp: bool = False,
-) -> tuple[torch.nn.Module, dict[str, Any] | None, list[str], BlockLayers]:
-    """The model with the precision recipe applied: (model, fp8 section, FP32 module names, the
-    block-scaled layers with the report's ``blocks`` section, empty for other precisions).
+) -> tuple[torch.nn.Module, Precision]:
+    """The model with ``policy`` applied (:meth:`Precision.convert_module`: its layer format,
+    FP32 islands, a pure precision's cast), in channels_last when asked, and the run's
+    precision object holding what the conversion made (the scaler and the rest come with
+    :meth:`Precision.setup`, once there is an optimizer).
 
     ``fsdp``: the model will be sharded with FSDP2 (torchao's FP8 layers then all-gather in FP8).
     """
     model = build_model(
         cfg.model, data.in_channels, data.image_size, data.num_classes, device, data.sequence_length
     )
-    # FP8 or block-scaled layers, or none: mptrain.precision.formats.LAYER_FORMATS
-    section = convert_layers(model, policy, cfg, data, fsdp)
-    fp8, blocks = run_sections(model, (policy, section))
-    patterns = list(cfg.numerics.fp32_modules)
-    fp32_modules = keep_in_fp32(model, patterns, device.type)
-    if patterns and not fp32_modules:
-        raise ConfigError(
-            f"numerics.fp32_modules={patterns}: no module name matches; names look like "
-            f"{', '.join(n for n, _ in list(model.named_modules())[1:6])}"
-        )
-    if not policy.master_weights:  # "pure" low precision: no FP32 copy of the weights
-        model = model.to(policy.param_dtype)
+    precision = Precision(policy)
+    model = precision.convert_module(model, cfg, data, device, fsdp)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    return model, fp8, fp32_modules, blocks
+    return model, precision
 
 
 def window_length(cfg: RunConfig) -> int | None:
