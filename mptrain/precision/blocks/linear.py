@@ -21,12 +21,13 @@ buffers (not in the state_dict: a checkpoint of one precision loads into any oth
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from mptrain.precision.blocks.blocked import BlockQuantized, BlockStats
+from mptrain.precision.blocks.blocked import BlockStats
 from mptrain.precision.blocks.fake import hadamard_, hadamard_rows, scratch
 from mptrain.precision.blocks.gemm import Operand, block_gemm, transposed
 from mptrain.precision.blocks.hadamard import rht_signs
@@ -36,7 +37,7 @@ from mptrain.precision.blocks.recipe import (
     fake_quant_operand,
     quantize_operand,
 )
-from mptrain.precision.fp8.linear import apply_linear_function
+from mptrain.precision.quantized_linear import Backward, GemmFormat, GemmPlan, QuantizedLinear
 
 COUNTS = ("saturated", "underflows", "zero_blocks", "nonfinite_blocks")
 SHAPES = ("elements", "blocks")
@@ -67,99 +68,127 @@ def _tokens_last(t: torch.Tensor, multiple: int, slot: str) -> torch.Tensor:
     return out
 
 
-def _weight_grad(layer: BlockLinear, g: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def _weight_grad(
+    layer: BlockLinear, recipe: BlockRecipe, g: torch.Tensor, rows: torch.Tensor
+) -> torch.Tensor:
     """dW = dyᵀ x, both along the tokens, padded to whole blocks (zeros add nothing to it, nor
     to any block's amax); in FP32: the Hadamard transform is not rounded to BF16 before it is
     quantized. Emulated: quantized where they lie (tokens x features: no transposed copy; the
     GEMM reads dyᵀ as a view, as an FP32 Linear's backward does). Real: transposed once so that
     the tokens are the contiguous dimension (K-major, what the kernel reads)."""
-    recipe = layer.recipe
     if not recipe.real_gemm:
         g_t = _whole_blocks(g, recipe.block_size, "dy_t")
         x_t = _whole_blocks(rows, recipe.block_size, "x_t")
         if recipe.hadamard:  # into scratch: random_hadamard_transform's bits
             g_t = hadamard_rows(g_t, layer.rht_signs, "dy_h")
             x_t = hadamard_rows(x_t, layer.rht_signs, "x_h")
-        g_q = layer.operand(g_t, 0, "grad", "a", True)
-        x_q = layer.operand(x_t, 0, "input", "b", True)
+        g_q = layer.operand(recipe, g_t, 0, "grad", "a", True)
+        x_q = layer.operand(recipe, x_t, 0, "input", "b", True)
         return block_gemm(g_q.t(), x_q, torch.float32, recipe)
     g_t = _tokens_last(g, recipe.block_size, "dy_t")
     x_t = _tokens_last(rows, recipe.block_size, "x_t")
     if recipe.hadamard:  # in place, in their scratch: random_hadamard_transform's bits
         hadamard_(g_t, layer.rht_signs)
         hadamard_(x_t, layer.rht_signs)
-    g_q = layer.operand(g_t, 1, "grad", "a")
-    x_q = layer.operand(x_t, 1, "input", "b")
+    g_q = layer.operand(recipe, g_t, 1, "grad", "a")
+    x_q = layer.operand(recipe, x_t, 1, "input", "b")
     return block_gemm(g_q, transposed(x_q), torch.float32, recipe)
 
 
-class _BlockLinearFunction(torch.autograd.Function):
-    @staticmethod
+@dataclass(frozen=True)
+class BlockGemm(GemmFormat):
+    """A block-scaled GEMM of ``recipe``'s format: each operand quantized once per GEMM along its
+    reduction dimension, the same way on both paths (see the module doc); a tiled weight's
+    forward quantization (the same along both dimensions) serves the input gradient's GEMM of
+    this format."""
+
+    recipe: BlockRecipe
+
+    @property
+    def label(self) -> str:  # type: ignore[override]  # a class attribute in the base
+        return self.recipe.format
+
+    def check_features(self, in_features: int, out_features: int) -> None:
+        for name, size in (("in_features", in_features), ("out_features", out_features)):
+            if size % self.recipe.block_size:
+                raise ValueError(
+                    f"BlockLinear ({self.recipe.format}): {name}={size} is not a multiple of "
+                    f"the block size {self.recipe.block_size}"
+                )
+
+    @property
+    def _tiles_key(self) -> str:
+        return f"{self.recipe.format}_w_tiles"
+
     def forward(
-        ctx: Any,
-        x: torch.Tensor,
+        self,
+        layer: nn.Module,
+        rows: torch.Tensor,
         weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        layer: BlockLinear,
         out_dtype: torch.dtype,
+        kept: dict[str, Any],
     ) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        tiled = layer.recipe.tiled_weight  # kept for the backward: not in scratch
-        x_q = layer.operand(rows, 1, "input", "a")
-        w_q = layer.operand(weight, 1, "weight", None if tiled else "b")
-        out = block_gemm(x_q, transposed(w_q), out_dtype, layer.recipe)
-        if bias is not None:
-            out = out + bias.to(out_dtype)
-        # The high-precision tensors: the backward quantizes them along its own dimensions. A
-        # tiled weight is the same along both, so its quantization is kept instead (the real
-        # GEMM's elements and scales are not one tensor: kept on ctx).
-        emulated_tiles = w_q if tiled and isinstance(w_q, torch.Tensor) else None
-        ctx.save_for_backward(rows, weight, emulated_tiles)
-        ctx.quantized_tiles = w_q if tiled and isinstance(w_q, BlockQuantized) else None
-        ctx.layer, ctx.x_shape, ctx.x_dtype = layer, x.shape, x.dtype
-        ctx.has_bias = bias is not None
+        recipe = self.recipe
+        tiled = recipe.tiled_weight  # kept for the backward: not in scratch
+        x_q = layer.operand(recipe, rows, 1, "input", "a")
+        w_q = layer.operand(recipe, weight, 1, "weight", None if tiled else "b")
+        out = block_gemm(x_q, transposed(w_q), out_dtype, recipe)
+        # A tiled weight is the same along both dimensions: its quantization is kept for dx
+        # (the emulation's FP32 tensor is saved; the real GEMM's elements and scales travel on
+        # the context). Other operands are quantized again from the high-precision tensors.
+        if tiled:
+            kept[self._tiles_key] = w_q
         return out
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        rows, weight, w_tiles = ctx.saved_tensors
-        w_tiles = w_tiles if ctx.quantized_tiles is None else ctx.quantized_tiles
-        layer: BlockLinear = ctx.layer
-        recipe = layer.recipe
-        g = grad_out.reshape(-1, grad_out.shape[-1])
+    def input_grad(self, b: Backward) -> torch.Tensor:
+        recipe, layer = self.recipe, b.layer
         # dx = dy W: both along out_features, the weight quantized where it lies (row-major,
         # as an FP32 Linear's backward reads it: no transposed copy).
-        g_q = layer.operand(g, 1, "grad", "a")
-        w_q = w_tiles if w_tiles is not None else layer.operand(weight, 0, "weight", "b", True)
-        grad_x = block_gemm(g_q, w_q, ctx.x_dtype, recipe)
-        grad_w = _weight_grad(layer, g, rows)
-        grad_b = g.float().sum(0) if ctx.has_bias else None
-        return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
+        g_q = layer.operand(recipe, b.g, 1, "grad", "a")
+        w_q = b.kept.get(self._tiles_key)
+        if w_q is None:
+            w_q = layer.operand(recipe, b.weight, 0, "weight", "b", True)
+        return block_gemm(g_q, w_q, b.x_dtype, recipe)
+
+    def weight_grad(self, b: Backward) -> torch.Tensor:
+        assert b.rows is not None  # re-quantized along the tokens: the forward saved them
+        return _weight_grad(b.layer, self.recipe, b.g, b.rows)
 
 
-class BlockLinear(nn.Linear):
-    """An nn.Linear whose GEMMs run in a block-scaled format (see module doc). Parameters stay
-    FP32 and are the wrapped layer's own (:meth:`from_linear`); ``in_features`` and
-    ``out_features`` must be multiples of the format's block size (ValueError otherwise).
+class BlockLinear(QuantizedLinear):
+    """A :class:`~mptrain.precision.quantized_linear.QuantizedLinear` whose GEMMs run in
+    block-scaled formats (``plan``: by default ``recipe``'s for all three; a GEMM of the plan
+    may be in another block format or in high precision). Parameters stay FP32 and are the
+    wrapped layer's own (:meth:`from_linear`); ``in_features`` and ``out_features`` must be
+    multiples of each format's block size (ValueError otherwise).
 
-    ``seed`` gives the layer its random Hadamard signs and its stochastic-rounding generator
-    (on the weight's device; its state is what a checkpoint saves to resume the draws).
+    It holds the block formats' state: ``seed`` gives the layer its random Hadamard signs and its
+    stochastic-rounding generator (on the weight's device; its state is what a checkpoint saves
+    to resume the draws), and the quantizations' counts (not in the state_dict).
     """
 
     def __init__(
-        self, in_features: int, out_features: int, bias: bool, recipe: BlockRecipe, seed: int = 0
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        recipe: BlockRecipe,
+        seed: int = 0,
+        plan: GemmPlan | None = None,
     ) -> None:
-        super().__init__(in_features, out_features, bias=bias)
-        for name, size in (("in_features", in_features), ("out_features", out_features)):
-            if size % recipe.block_size:
-                raise ValueError(
-                    f"BlockLinear ({recipe.format}): {name}={size} is not a multiple of the "
-                    f"block size {recipe.block_size}"
-                )
+        super().__init__(
+            in_features, out_features, bias, plan or GemmPlan.uniform(BlockGemm(recipe))
+        )
         self.recipe = recipe
         self.sampling = False  # count the next quantizations (BlockStats) while set
         self.sizes = {role: dict.fromkeys(("samples", *SHAPES), 0) for role in ROLES}
         self._seed(seed, self.weight.device)
+
+    @property
+    def _stochastic(self) -> bool:
+        """A format of the plan rounds gradients stochastically (NVFP4's recipe)."""
+        recipes = [f.recipe for f in self.plan.formats if isinstance(f, BlockGemm)]
+        return any(r.stochastic_rounding for r in recipes)
 
     def _seed(self, seed: int, device: torch.device) -> None:
         """The layer's Hadamard signs, generator and counters, on ``device``."""
@@ -170,30 +199,40 @@ class BlockLinear(nn.Linear):
         counts = torch.zeros(len(ROLES), len(COUNTS), dtype=torch.int64, device=device)
         self.register_buffer("counts", counts, persistent=False)
         self.generator: torch.Generator | None = None
-        if self.recipe.stochastic_rounding and device.type != "meta":
+        if self._stochastic and device.type != "meta":
             self.generator = torch.Generator(device).manual_seed(seed)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, recipe: BlockRecipe, seed: int = 0) -> BlockLinear:
+    def from_linear(
+        cls, linear: nn.Linear, recipe: BlockRecipe, seed: int = 0, plan: GemmPlan | None = None
+    ) -> BlockLinear:
         """Wrap an existing layer, sharing its Parameter objects (optimizers keep working)."""
         with torch.device("meta"):
-            new = cls(linear.in_features, linear.out_features, linear.bias is not None, recipe)
+            bias = linear.bias is not None
+            new = cls(linear.in_features, linear.out_features, bias, recipe, plan=plan)
         new.weight, new.bias = linear.weight, linear.bias
         new._seed(seed, linear.weight.device)
         return new
 
     def operand(
-        self, t: torch.Tensor, dim: int, role: str, slot: str | None, keep_layout: bool = False
+        self,
+        recipe: BlockRecipe,
+        t: torch.Tensor,
+        dim: int,
+        role: str,
+        slot: str | None,
+        keep_layout: bool = False,
     ) -> Operand:
-        """``t`` quantized along ``dim`` for one GEMM, counted while ``sampling``. For the real
-        GEMM the quantization itself (elements and scales); for the emulated one dequantized to
-        FP32: through the quantizer while counting (new memory), else the fast path (the same
-        bits) into the scratch ``slot`` when given (:func:`mptrain.precision.blocks.fake.scratch`:
-        the GEMM reads it at once), in ``t``'s layout with ``keep_layout``."""
-        real = self.recipe.real_gemm
+        """``t`` quantized along ``dim`` as ``recipe`` says, for one GEMM, counted while
+        ``sampling``. For the real GEMM the quantization itself (elements and scales); for the
+        emulated one dequantized to FP32: through the quantizer while counting (new memory), else
+        the fast path (the same bits) into the scratch ``slot`` when given
+        (:func:`mptrain.precision.blocks.fake.scratch`: the GEMM reads it at once), in ``t``'s
+        layout with ``keep_layout``."""
+        real = recipe.real_gemm
         if not self.sampling and not real:
             return fake_quant_operand(
-                self.recipe,
+                recipe,
                 t,
                 dim,
                 role,
@@ -202,7 +241,7 @@ class BlockLinear(nn.Linear):
                 keep_layout=keep_layout,
             )
         quantized = quantize_operand(
-            self.recipe, t, dim, role, generator=self.generator, stats=self.sampling
+            recipe, t, dim, role, generator=self.generator, stats=self.sampling
         )
         if self.sampling:
             self._count(role, quantized.stats)
@@ -224,9 +263,6 @@ class BlockLinear(nn.Linear):
             role: {**self.sizes[role], **dict(zip(COUNTS, counts[i], strict=True))}
             for i, role in enumerate(ROLES)
         }
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return apply_linear_function(_BlockLinearFunction, self, x)
 
     def extra_repr(self) -> str:
         gemm = "scaled_mm" if self.recipe.real_gemm else "emulated"

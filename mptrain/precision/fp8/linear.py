@@ -1,10 +1,12 @@
 """FP8 GEMMs and :class:`Float8Linear`: the layout and alignment rules ``torch._scaled_mm`` needs
-(checked on every device), the real and emulated GEMMs, and the tensorwise and rowwise autograd
-functions whose three GEMMs take FP8 operands and accumulate in FP32.
+(checked on every device), the real and emulated GEMMs, and the tensorwise and rowwise GEMM
+formats (:class:`FP8TensorwiseGemm`, :class:`FP8RowwiseGemm`) whose GEMMs take FP8 operands and
+accumulate in FP32, run by the one quantized Linear (:mod:`mptrain.precision.quantized_linear`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,6 +20,7 @@ from mptrain.precision.fp8.quant import (
     FP8Recipe,
     TensorScaler,
 )
+from mptrain.precision.quantized_linear import Backward, GemmFormat, GemmPlan, QuantizedLinear
 
 
 # ------------------------------------------------------------------------------------ GEMM
@@ -84,53 +87,88 @@ def _pad_rows(t: torch.Tensor, multiple: int) -> torch.Tensor:
     return F.pad(t, (0, 0, 0, extra)) if extra else t
 
 
-def _remember_call(ctx: Any, module: Float8Linear, x: torch.Tensor, bias: Any) -> None:
-    """What a backward needs besides its saved tensors: the layer, the input's shape and dtype
-    (the input gradient takes them) and whether there is a bias to give a gradient."""
-    ctx.module, ctx.x_shape, ctx.x_dtype, ctx.has_bias = module, x.shape, x.dtype, bias is not None
+def _padded_t(t: torch.Tensor) -> torch.Tensor:
+    """The FP8 ``t`` (M×N) transposed into a row-major (N×M') copy, M padded to the alignment:
+    dW's left operand."""
+    return _pad_rows(t.float(), GEMM_ALIGNMENT).to(t.dtype).t().contiguous()
 
 
-class _Float8LinearFunction(torch.autograd.Function):
-    @staticmethod
+def _padded_col(t: torch.Tensor) -> torch.Tensor:
+    """The FP8 ``t`` (M×K) padded to M' rows, column-major: dW's right operand."""
+    return _pad_rows(t.float(), GEMM_ALIGNMENT).to(t.dtype).t().contiguous().t()
+
+
+class _FP8Gemm(GemmFormat):
+    """What both FP8 granularities share: the recipe, and the alignment torch._scaled_mm needs."""
+
+    recipe: FP8Recipe
+
+    def check_features(self, in_features: int, out_features: int) -> None:
+        for name, size in (("in_features", in_features), ("out_features", out_features)):
+            if size % GEMM_ALIGNMENT:
+                raise ValueError(
+                    f"Float8Linear: {name}={size} is not a multiple of {GEMM_ALIGNMENT}"
+                )
+
+
+@dataclass(frozen=True)
+class FP8TensorwiseGemm(_FP8Gemm):
+    """One scale per tensor, from the layer's scaler of each role (dynamic or delayed). The
+    forward's casts of the input and weight serve the backward GEMMs of this format (a tensor
+    scale is the same along either axis; delayed scaling must not cast a tensor twice), and the
+    output gradient is cast once for both backward GEMMs."""
+
+    recipe: FP8Recipe
+    label = "fp8 tensorwise"
+
+    def reuses_forward(self, forward: GemmFormat) -> bool:
+        return forward == self
+
     def forward(
-        ctx: Any,
-        x: torch.Tensor,
+        self,
+        layer: nn.Module,
+        rows: torch.Tensor,
         weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        module: Float8Linear,
         out_dtype: torch.dtype,
+        kept: dict[str, Any],
     ) -> torch.Tensor:
         # Row-major operands whatever the caller's layout (a transposed input, a batch-of-one
-        # view): the GEMM rules below hold for every input nn.Linear accepts.
-        rows = x.reshape(-1, x.shape[-1]).contiguous()
-        update = module.training
-        x_fp8, x_scale = module.input_scaler.cast(rows, update)
-        w_fp8, w_scale = module.weight_scaler.cast(weight.contiguous(), update)
-        real = module.recipe.real_gemm
+        # view): the GEMM rules hold for every input nn.Linear accepts.
+        update = layer.training
+        x_fp8, x_scale = layer.input_scaler.cast(rows.contiguous(), update)
+        w_fp8, w_scale = layer.weight_scaler.cast(weight.contiguous(), update)
         # y = x Wᵀ: x row-major (M×K), Wᵀ column-major (K×N) is W stored row-major.
-        out = fp8_gemm(x_fp8, x_scale, w_fp8.t(), w_scale, out_dtype, real)
-        if bias is not None:
-            out = out + bias.to(out_dtype)
-        ctx.save_for_backward(x_fp8, x_scale, w_fp8, w_scale)
-        _remember_call(ctx, module, x, bias)
+        out = fp8_gemm(x_fp8, x_scale, w_fp8.t(), w_scale, out_dtype, self.recipe.real_gemm)
+        kept.update(fp8_x=x_fp8, fp8_x_scale=x_scale, fp8_w=w_fp8, fp8_w_scale=w_scale)
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        x_fp8, x_scale, w_fp8, w_scale = ctx.saved_tensors
-        module: Float8Linear = ctx.module
-        real = module.recipe.real_gemm
-        g = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()
-        g_fp8, g_scale = module.grad_scaler.cast(g)
+    def _cast(kept: dict[str, Any], key: str, scaler: nn.Module, t: torch.Tensor) -> Any:
+        """The forward's cast of ``t`` when the forward ran in this format, else one now."""
+        if key in kept:
+            return kept[key], kept[f"{key}_scale"]
+        return scaler.cast(t.contiguous())
+
+    @staticmethod
+    def _grad(b: Backward) -> Any:
+        """The output gradient's one cast, shared by both backward GEMMs of this format."""
+        if "fp8_g" not in b.cache:
+            b.cache["fp8_g"] = b.layer.grad_scaler.cast(b.g)
+        return b.cache["fp8_g"]
+
+    def input_grad(self, b: Backward) -> torch.Tensor:
+        g_fp8, g_scale = self._grad(b)
+        w_fp8, w_scale = self._cast(b.kept, "fp8_w", b.layer.weight_scaler, b.weight)
         # dx = dy W: dy row-major (M×N), W column-major (N×K).
         w_col = w_fp8.t().contiguous().t()
-        grad_x = fp8_gemm(g_fp8, g_scale, w_col, w_scale, ctx.x_dtype, real)
+        return fp8_gemm(g_fp8, g_scale, w_col, w_scale, b.x_dtype, self.recipe.real_gemm)
+
+    def weight_grad(self, b: Backward) -> torch.Tensor:
+        g_fp8, g_scale = self._grad(b)
+        x_fp8, x_scale = self._cast(b.kept, "fp8_x", b.layer.input_scaler, b.rows)
         # dW = dyᵀ x: dyᵀ row-major (N×M), x column-major (M×K); M padded to the alignment.
-        g_t = _pad_rows(g_fp8.float(), GEMM_ALIGNMENT).to(g_fp8.dtype).t().contiguous()
-        x_col = _pad_rows(x_fp8.float(), GEMM_ALIGNMENT).to(x_fp8.dtype).t().contiguous().t()
-        grad_w = fp8_gemm(g_t, g_scale, x_col, x_scale, torch.float32, real)
-        grad_b = g.float().sum(0) if ctx.has_bias else None
-        return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
+        g_t, x_col = _padded_t(g_fp8), _padded_col(x_fp8)
+        return fp8_gemm(g_t, g_scale, x_col, x_scale, torch.float32, self.recipe.real_gemm)
 
 
 # torch's rowwise-scaled FP8 GEMM kernels write BF16 only; the emulation rounds the same way.
@@ -149,105 +187,94 @@ def _rowwise_gemm(
     return fp8_gemm(a, a_scale, b, b_scale, ROWWISE_GEMM_OUT, real).to(out_dtype)
 
 
-class _RowwiseFloat8LinearFunction(torch.autograd.Function):
+@dataclass(frozen=True)
+class FP8RowwiseGemm(_FP8Gemm):
     """Rowwise scaling, as torchao's rowwise recipe: every GEMM operand gets one scale per row
     (left operand) or per column (right operand), the slices that do not meet in the sum, so
     ``_scaled_mm`` can apply them to the product. Each GEMM needs its operands scaled along its
     own outer dimension, so the input and the weight are quantized again in the backward (along
-    the other axis) from their high-precision values, which the forward saves."""
+    the other axis) from their high-precision values, which the forward saves. The counted
+    casts are the forward's (input, weight) and the input gradient's (grad); the weight
+    gradient's quantize the same tensors again and are not counted twice."""
 
-    @staticmethod
+    recipe: FP8Recipe
+    label = "fp8 rowwise"
+
     def forward(
-        ctx: Any,
-        x: torch.Tensor,
+        self,
+        layer: nn.Module,
+        rows: torch.Tensor,
         weight: torch.Tensor,
-        bias: torch.Tensor | None,
-        module: Float8Linear,
         out_dtype: torch.dtype,
+        kept: dict[str, Any],
     ) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1]).contiguous()
-        update = module.training
-        x_fp8, x_scale = module.input_scaler.cast_along(rows, -1, update)  # (M, 1)
-        w_fp8, w_scale = module.weight_scaler.cast_along(weight.contiguous(), -1, update)  # (N, 1)
+        update = layer.training
+        x_fp8, x_scale = layer.input_scaler.cast_along(rows.contiguous(), -1, update)  # (M, 1)
+        w_fp8, w_scale = layer.weight_scaler.cast_along(weight.contiguous(), -1, update)  # (N, 1)
         # y = x Wᵀ: one scale per row of x and per column of Wᵀ (= per row of W).
-        out = _rowwise_gemm(
-            x_fp8, x_scale, w_fp8.t(), w_scale.t(), out_dtype, module.recipe.real_gemm
-        )
-        if bias is not None:
-            out = out + bias.to(out_dtype)
-        ctx.save_for_backward(rows, weight)
-        _remember_call(ctx, module, x, bias)
-        return out
+        real = self.recipe.real_gemm
+        return _rowwise_gemm(x_fp8, x_scale, w_fp8.t(), w_scale.t(), out_dtype, real)
 
-    @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
-        rows, weight = ctx.saved_tensors
-        module: Float8Linear = ctx.module
-        real = module.recipe.real_gemm
-        g = grad_out.reshape(-1, grad_out.shape[-1]).contiguous()
-        # The counted casts are the forward's (input, weight) and this one (grad); the casts
-        # along the other axis below quantize the same tensors again and are not counted twice.
-        g_rows, g_row_scale = module.grad_scaler.cast_along(g, -1)  # (M, 1)
-        w_cols, w_col_scale = module.weight_scaler.cast_along(weight.contiguous(), 0, False)
+    def input_grad(self, b: Backward) -> torch.Tensor:
+        g_rows, g_row_scale = b.layer.grad_scaler.cast_along(b.g, -1)  # (M, 1)
+        w_cols, w_col_scale = b.layer.weight_scaler.cast_along(b.weight.contiguous(), 0, False)
         # dx = dy W: per row of dy, per column of W (N×K, column-major).
         w_col_major = w_cols.t().contiguous().t()
-        grad_x = _rowwise_gemm(g_rows, g_row_scale, w_col_major, w_col_scale, ctx.x_dtype, real)
+        real = self.recipe.real_gemm
+        return _rowwise_gemm(g_rows, g_row_scale, w_col_major, w_col_scale, b.x_dtype, real)
+
+    def weight_grad(self, b: Backward) -> torch.Tensor:
+        assert b.rows is not None  # rowwise re-quantizes: the forward saved them
         # dW = dyᵀ x: per column of dy (a row of dyᵀ) and per column of x; M padded to 16.
-        g_cols, g_col_scale = module.grad_scaler.cast_along(g, 0, False)  # (1, N)
-        x_cols, x_col_scale = module.input_scaler.cast_along(rows, 0, False)  # (1, K)
-        g_t = _pad_rows(g_cols.float(), GEMM_ALIGNMENT).to(g_cols.dtype).t().contiguous()
-        x_col = _pad_rows(x_cols.float(), GEMM_ALIGNMENT).to(x_cols.dtype).t().contiguous().t()
-        grad_w = _rowwise_gemm(g_t, g_col_scale.t(), x_col, x_col_scale, torch.float32, real)
-        grad_b = g.float().sum(0) if ctx.has_bias else None
-        return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
+        g_cols, g_col_scale = b.layer.grad_scaler.cast_along(b.g, 0, False)  # (1, N)
+        x_cols, x_col_scale = b.layer.input_scaler.cast_along(b.rows.contiguous(), 0, False)
+        g_t, x_col = _padded_t(g_cols), _padded_col(x_cols)
+        real = self.recipe.real_gemm
+        return _rowwise_gemm(g_t, g_col_scale.t(), x_col, x_col_scale, torch.float32, real)
 
 
-def apply_linear_function(
-    function: type[torch.autograd.Function], layer: nn.Linear, x: torch.Tensor
-) -> torch.Tensor:
-    """``function.apply(x, weight, bias, layer, out_dtype)`` for a Linear whose GEMMs run in a
-    format of their own (FP8 here, the block-scaled formats' BlockLinear): autocast off inside,
-    the output in the autocast dtype when autocast is on (the surrounding model computes in it),
-    else in ``x``'s; reshaped to ``x``'s leading dimensions outside the Function."""
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
-        out_dtype = torch.get_autocast_dtype(device_type)
-    else:
-        out_dtype = x.dtype
-    with torch.autocast(device_type, enabled=False):
-        out = function.apply(x, layer.weight, layer.bias, layer, out_dtype)
-    # Reshape outside the Function: a view returned by it could not be modified in place.
-    # A 2-D input needs none: FSDP2 warns of a view output, whose in-place change (the next
-    # ReLU(inplace=True)) would drop its pre-backward hook.
-    if x.dim() == 2:
-        return out
-    return out.reshape(*x.shape[:-1], layer.out_features)
+def fp8_gemm_format(recipe: FP8Recipe) -> _FP8Gemm:
+    """The GEMM format of ``recipe``'s granularity (tensorwise or rowwise)."""
+    if recipe.granularity == "rowwise":
+        return FP8RowwiseGemm(recipe)
+    return FP8TensorwiseGemm(recipe)
 
 
-class Float8Linear(nn.Linear):
-    """An nn.Linear whose GEMMs run in FP8 (see module doc). Parameters stay FP32.
+class Float8Linear(QuantizedLinear):
+    """A :class:`~mptrain.precision.quantized_linear.QuantizedLinear` whose GEMMs run in FP8
+    (``plan``: by default ``recipe``'s granularity for all three; a GEMM of the plan may be in
+    high precision instead). Parameters stay FP32. It holds the FP8 formats' state: a
+    :class:`TensorScaler` per role (input, weight, grad), in its state_dict.
 
     Subclasses nn.Linear so state_dict keys, ``in_features``/``out_features`` and code that checks
-    ``isinstance(m, nn.Linear)`` keep working; it adds the scalers' buffers.
+    ``isinstance(m, nn.Linear)`` keep working.
     """
 
-    def __init__(self, in_features: int, out_features: int, bias: bool, recipe: FP8Recipe) -> None:
-        super().__init__(in_features, out_features, bias=bias)
-        for name, size in (("in_features", in_features), ("out_features", out_features)):
-            if size % GEMM_ALIGNMENT:
-                raise ValueError(
-                    f"Float8Linear: {name}={size} is not a multiple of {GEMM_ALIGNMENT}"
-                )
+    contiguous_grad = True
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool,
+        recipe: FP8Recipe,
+        plan: GemmPlan | None = None,
+    ) -> None:
+        plan = plan or GemmPlan.uniform(fp8_gemm_format(recipe))
+        super().__init__(in_features, out_features, bias, plan)
         self.recipe = recipe
         self.input_scaler = TensorScaler(recipe.forward_dtype, recipe)
         self.weight_scaler = TensorScaler(recipe.forward_dtype, recipe)
         self.grad_scaler = TensorScaler(recipe.backward_dtype, recipe)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear, recipe: FP8Recipe) -> Float8Linear:
+    def from_linear(
+        cls, linear: nn.Linear, recipe: FP8Recipe, plan: GemmPlan | None = None
+    ) -> Float8Linear:
         """Wrap an existing layer, sharing its Parameter objects (optimizers keep working)."""
         with torch.device("meta"):
-            new = cls(linear.in_features, linear.out_features, linear.bias is not None, recipe)
+            bias = linear.bias is not None
+            new = cls(linear.in_features, linear.out_features, bias, recipe, plan)
         new.weight = linear.weight
         new.bias = linear.bias
         device = linear.weight.device
@@ -255,14 +282,6 @@ class Float8Linear(nn.Linear):
             scaler.to_empty(device=device)
             scaler.reset()
         return new
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        function = (
-            _RowwiseFloat8LinearFunction
-            if self.recipe.granularity == "rowwise"
-            else _Float8LinearFunction
-        )
-        return apply_linear_function(function, self, x)
 
     def extra_repr(self) -> str:
         fmt = f"{dtype_name(self.recipe.forward_dtype)}/{dtype_name(self.recipe.backward_dtype)}"
