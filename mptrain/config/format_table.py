@@ -163,6 +163,9 @@ PRECISION_OF_GROUP = {
 }
 # The other way: the config group of each precision that computes Linear layers in a format.
 GROUP_OF_PRECISION = {precision: group for group, precision in PRECISION_OF_GROUP.items()}
+# What one GEMM of a quantized Linear may run in (precision.gemms.*): a high-precision dtype, or a
+# quantized format of the table (fp8: as fp8.* sets it).
+GEMM_FORMATS = (FP32, BF16, FP8, *BLOCK_FORMATS)
 
 
 def row(name: str) -> NumberFormat:

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass, field
 
 from mptrain.config.base import FP32_MAX, NOT_TRAINING, at_least, require
-from mptrain.config.format_table import FORMAT_TABLE, MXFP8, NVFP4
+from mptrain.config.format_table import FORMAT_TABLE, GEMM_FORMATS, MXFP8, NVFP4
 
 # --------------------------------------------------------------------------------------- precision
 FP8_GRANULARITIES = ("tensorwise", "rowwise", "blockwise")
@@ -48,6 +48,18 @@ class SwitchConfig:
 
 
 @dataclass
+class GemmsConfig:
+    """The format of each GEMM of the converted Linear layers (mptrain.precision.quantized_linear):
+    null keeps the precision's own; ``bf16``/``fp32`` run that GEMM unquantized; another format of
+    the table, of the precision's family (``fp8`` with FP8; ``mxfp8``, ``nvfp4``, ``fp8_blockwise``
+    with a block-scaled precision), runs it in that format."""
+
+    forward: str | None = None  # y = x Wᵀ
+    input_grad: str | None = None  # dx = dy W
+    weight_grad: str | None = None  # dW = dyᵀ x
+
+
+@dataclass
 class PrecisionConfig:
     """A precision by name (what each runs: mptrain.precision.policy.PRECISIONS) and its tunables."""
 
@@ -60,6 +72,7 @@ class PrecisionConfig:
     # false: the device rule alone. Not a training setting: what ran is recorded as the precision.
     measure: bool = field(default=True, metadata=NOT_TRAINING)
     update: str = "nearest"  # pure precisions: nearest | stochastic (bf16_pure) | kahan
+    gemms: GemmsConfig = field(default_factory=GemmsConfig)  # a format per GEMM (fp8, mxfp8, nvfp4)
     # The other tool's name the precision was chosen by (precision=16-mixed: "16-mixed", set by
     # conf/precision/16-mixed.yaml), recorded in the report as requested; None when chosen by name.
     alias: str | None = field(default=None, metadata=NOT_TRAINING)
@@ -111,6 +124,13 @@ def validate_precision(p: PrecisionConfig) -> None:
     )
     at_least("precision.scaler.growth_interval", s.growth_interval, 1)
     _check_update(p)
+    for gemm, value in vars(p.gemms).items():
+        require(
+            value is None or value in GEMM_FORMATS,
+            f"precision.gemms.{gemm}",
+            value,
+            f"null (the precision's own) or one of {', '.join(GEMM_FORMATS)}",
+        )
 
 
 def _check_update(p: PrecisionConfig) -> None:

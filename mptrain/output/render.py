@@ -102,6 +102,13 @@ def _precision_text(p: PrecisionSection) -> str:
     return f"{ran}; autocast {p.autocast_dtype or 'none'}; loss scaling {scaling}{update}"
 
 
+def _gemm_rows(gemms: dict[str, str] | None) -> list[tuple[str, str]]:
+    """precision.gemms: the format each GEMM of the converted layers ran in."""
+    if not gemms:
+        return []
+    return [("GEMMs", ", ".join(f"{gemm} {fmt}" for gemm, fmt in gemms.items()))]
+
+
 # precision.update of a pure precision, for people (report.precision.update)
 _UPDATE_WORDS = {
     "nearest": "rounded to nearest",
@@ -196,6 +203,7 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         ("status", report.status + (f": {report.reason}" if report.reason else "")),
         ("precision", _precision_text(p)),
         ("precision choice", p.reason),
+        *_gemm_rows(p.gemms),
         *switch_rows(p.switch),
         ("device", report.hardware["device"]),
         *_threads_rows(report.threads),

@@ -49,14 +49,24 @@ class PrecisionSection:
     # How a pure precision's update was written into its weights (precision.update): nearest |
     # stochastic | kahan; None with FP32 master weights (and in reports written before it existed).
     update: str | None = None
+    # precision.gemms (mptrain.precision.gemm_plans): the format of each GEMM of the converted
+    # Linear layers (forward, input_grad, weight_grad); None for the precision's own recipe.
+    gemms: dict[str, str] | None = None
 
     def what_ran(self) -> str | None:
         """The precision as a comparison of runs names it: ``label`` (``effective`` without one;
         None when it was never resolved); with a precision switch, also the precision it switched
         to and after which step, as the report words it: ``fp8 (emulated) -> bf16 after step
-        17``, or ``... (not reached)`` when the run ended first. So a switched run never passes
+        17``; with per-GEMM formats, the GEMMs that ran in another format than the forward
+        (``fp8 (emulated), weight_grad bf16``), or ``... (not reached)`` when the run ended first. So a switched run never passes
         for a run of its first precision alone."""
         first, switch = self.label or self.effective, self.switch
+        if first is not None and self.gemms:  # the GEMMs that ran in another format than forward's
+            first += "".join(
+                f", {gemm} {fmt}"
+                for gemm, fmt in self.gemms.items()
+                if fmt != self.gemms["forward"]
+            )
         if first is None or switch is None:
             return first
         after = switch["switched_after_step"]

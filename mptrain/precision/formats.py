@@ -40,10 +40,11 @@ from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.platform.distributed import DistContext
 from mptrain.precision.blocks.convert import BlockLayers, apply_blocks
-from mptrain.precision.blocks.linear import BlockLinear
-from mptrain.precision.fp8.convert import apply_fp8, fp8_layer_stats, skip_summary
+from mptrain.precision.blocks.linear import BlockGemm, BlockLinear
+from mptrain.precision.fp8.convert import apply_fp8, fp8_layer_stats, set_gemm_plan, skip_summary
 from mptrain.precision.fp8.dist import FP8Sync, build_fp8_sync
-from mptrain.precision.fp8.linear import Float8Linear
+from mptrain.precision.fp8.linear import Float8Linear, fp8_gemm_format
+from mptrain.precision.gemm_plans import gemm_plan
 from mptrain.precision.policy import PrecisionPolicy
 
 # (model, policy, cfg, data, fsdp) -> the report's section of the format
@@ -91,15 +92,20 @@ def _into_fp8(
 ) -> dict[str, Any]:
     """precision=fp8 (tensorwise, rowwise): the eligible Linear layers become Float8Linear
     (fp8.* settings)."""
+    recipe = replace(policy.fp8, fsdp_float8_all_gather=fsdp)
     fp8 = apply_fp8(
         model,
-        replace(policy.fp8, fsdp_float8_all_gather=fsdp),
+        recipe,
         _sample(data),
         include=list(cfg.fp8.include),
         exclude=list(cfg.fp8.exclude),
         keep_first_last=cfg.fp8.keep_first_last,
         backend=cfg.fp8.backend,
     )
+    plan = gemm_plan(cfg, policy, fp8_gemm_format(recipe), _device(model))
+    if plan is not None:
+        set_gemm_plan(model, plan, fp8["layers"])
+        fp8["gemms"] = plan.describe()
     fp8["compile"] = cfg.compile  # the report's model section counts the graphs and breaks
     _require_converted(cfg, "fp8", "FP8", fp8["layers"], "fp8")
     return fp8
@@ -114,16 +120,26 @@ def _into_blocks(
     ``seed`` (the same at the build and at a switch, so a resume finds them alike)."""
     key = policy.blocks.config_key
     rules = getattr(cfg, key)
+    recipe = replace(policy.blocks, seed=cfg.seed)
+    plan = gemm_plan(cfg, policy, BlockGemm(recipe), _device(model))
     _, section = apply_blocks(
         model,
-        replace(policy.blocks, seed=cfg.seed),
+        recipe,
         _sample(data),
         include=list(rules.include),
         exclude=list(rules.exclude),
         keep_first_last=rules.keep_first_last,
+        plan=plan,
     )
+    if plan is not None:
+        section["gemms"] = plan.describe()
     _require_converted(cfg, policy.name, section["name"], section["layers"], key)
     return section
+
+
+def _device(model: nn.Module) -> torch.device:
+    """Where the model's parameters are (the per-GEMM formats' real-or-emulated choice)."""
+    return next(model.parameters()).device
 
 
 def _block_stats(model: nn.Module) -> list[dict[str, Any]]:

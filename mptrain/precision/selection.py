@@ -23,10 +23,13 @@ import fnmatch
 import math
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from mptrain.precision.quantized_linear import GemmPlan
 
 
 @dataclass
@@ -207,9 +210,10 @@ def linear_flops(model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
 
 
 def layer_rows(
-    choices: list[LayerChoice], flops: dict[str, int]
+    choices: list[LayerChoice], flops: dict[str, int], plan: GemmPlan | None = None
 ) -> tuple[float, list[dict[str, Any]]]:
-    """(the converted layers' share of the Linear FLOPs, the report's row per Linear)."""
+    """(the converted layers' share of the Linear FLOPs, the report's row per Linear); with a
+    per-GEMM ``plan``, a converted layer's row names the format of each of its GEMMs."""
     total = sum(flops.values())
     converted = sum(flops.get(c.name, 0) for c in choices if c.converted)
     rows = [
@@ -219,6 +223,7 @@ def layer_rows(
             "converted": c.converted,
             "reason": c.reason,
             "flops_share": flops.get(c.name, 0) / total if total else 0.0,
+            **({"gemms": plan.describe()} if plan is not None and c.converted else {}),
         }
         for c in choices
     ]

@@ -284,6 +284,9 @@ ADDED_SETTINGS: dict[str, Any] = {
     "fp8.min_features": 0,
     "fp8.granularity": "tensorwise",
     "precision.update": "nearest",
+    "precision.gemms.forward": None,
+    "precision.gemms.input_grad": None,
+    "precision.gemms.weight_grad": None,
 }
 # Added to dataset=text (only its signatures hold them); dataset.tokenizer's null needs no entry.
 ADDED_TEXT_SETTINGS: dict[str, Any] = {"dataset.text_field": "text"}

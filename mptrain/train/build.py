@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from mptrain.config.base import ConfigError
+from mptrain.config.format_table import GROUP_OF_PRECISION
 from mptrain.config.models import lm_block_size
 from mptrain.config.recipes import check_recipe_source
 from mptrain.config.run import MAX_STEPS, RunConfig
@@ -39,6 +40,7 @@ from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.threads import ThreadChoice, apply_threads, resolve_threads
 from mptrain.precision.fp8.dist import gathers_fp32
+from mptrain.precision.gemm_plans import check_gemms
 from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import (
     PrecisionPolicy,
@@ -94,6 +96,8 @@ def check_run(cfg: RunConfig, policy: PrecisionPolicy, dist: DistContext) -> Non
         )
     if dist.enabled and (cfg.audit or cfg.probe):
         raise ConfigError("audit/probe: run them in a single process, not under torchrun")
+    phases = (policy.name, cfg.precision.switch.to)
+    check_gemms(cfg, converting=any(name in GROUP_OF_PRECISION for name in phases))
     if cfg.precision.update != "nearest" and dist.enabled and dist.strategy == "fsdp":
         raise ConfigError(
             f"precision.update={cfg.precision.update}: not under distributed.strategy=fsdp "

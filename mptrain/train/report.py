@@ -186,7 +186,16 @@ def _precision_section(job: JobRecord, run_notes: list[str]) -> PrecisionSection
         auto_timing=p.auto_timing,
         switch=run.schedule.describe(run, job.state) if run else None,
         update=None if p.master_weights else cfg.precision.update,
+        gemms=_gemms(run),
     )
+
+
+def _gemms(run: Run | None) -> dict[str, str] | None:
+    """The per-GEMM formats of the run's converted layers (precision.gemms), if it set any."""
+    if run is None:
+        return None
+    section = run.precision.fp8 or run.precision.blocks.section or {}
+    return section.get("gemms")
 
 
 def _data_section(cfg: RunConfig, run: Run | None, dist: DistContext) -> DataSection:

@@ -19,8 +19,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from mptrain.config.base import ConfigError
 from mptrain.precision.blocks.linear import BlockLinear
 from mptrain.precision.blocks.recipe import BlockRecipe
+from mptrain.precision.quantized_linear import GemmPlan
 from mptrain.precision.selection import (
     LayerChoice,
     LayerRules,
@@ -165,6 +167,7 @@ def convert_to_blocks(
     choices: list[LayerChoice],
     recipe: BlockRecipe,
     place: tuple[int, int] | None = None,
+    plan: GemmPlan | None = None,
 ) -> BlockLayers:
     """Replace the chosen nn.Linear layers of ``model`` in place by :class:`BlockLinear`
     (sharing their parameters), each seeded by :func:`layer_seed`, its generator by
@@ -175,7 +178,10 @@ def convert_to_blocks(
     for index, choice in enumerate(c for c in choices if c.converted):
         linear = model.get_submodule(choice.name)
         seed = layer_seed(recipe.seed, index)
-        layer = BlockLinear.from_linear(linear, recipe, seed)
+        try:
+            layer = BlockLinear.from_linear(linear, recipe, seed, plan)
+        except ValueError as exc:  # a GEMM's format has larger blocks than the layer's selection
+            raise ConfigError(f"precision.gemms: {choice.name}: {exc}") from None
         if layer.generator is not None:
             layer.generator.manual_seed(generator_seed(seed, rank))
         set_submodule(model, choice.name, layer)
@@ -191,14 +197,15 @@ def apply_blocks(
     include: list[str],
     exclude: list[str],
     keep_first_last: bool,
+    plan: GemmPlan | None = None,
 ) -> tuple[BlockLayers, dict[str, Any]]:
     """Convert the model's eligible Linear layers in place: (the converted layers, the report's
     ``blocks`` section: the recipe, the GEMM, the share of Linear FLOPs per format, and per
     Linear whether it converted and, if not, why). ``sample`` (one input batch) counts FLOPs."""
     choices = choose(model, layer_rules(recipe, include, exclude, keep_first_last))
     flops = linear_flops(model, sample)
-    layers = convert_to_blocks(model, choices, recipe)
-    share, rows = layer_rows(choices, flops)
+    layers = convert_to_blocks(model, choices, recipe, plan=plan)
+    share, rows = layer_rows(choices, flops, plan)
     section = {
         **recipe.describe(),
         "name": recipe.row.label,

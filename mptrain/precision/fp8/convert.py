@@ -21,6 +21,7 @@ from mptrain.precision.fp8.quant import (
     FP8Recipe,
     TensorScaler,
 )
+from mptrain.precision.quantized_linear import GemmPlan
 from mptrain.precision.selection import (
     LayerChoice,
     LayerRules,
@@ -56,6 +57,19 @@ def convert_to_fp8(model: nn.Module, choices: list[LayerChoice], recipe: FP8Reci
             layer = model.get_submodule(choice.name)
             set_submodule(model, choice.name, Float8Linear.from_linear(layer, recipe))
     return model
+
+
+def set_gemm_plan(model: nn.Module, plan: GemmPlan, rows: list[dict[str, Any]]) -> None:
+    """Give every Float8Linear of ``model`` the per-GEMM ``plan`` (precision.gemms: its formats
+    are FP8's family, whose layers hold the same scalers) and name its GEMMs' formats in the
+    report's ``rows``."""
+    for layer in model.modules():
+        if isinstance(layer, Float8Linear):
+            plan.check_features(layer.in_features, layer.out_features)
+            layer.plan = plan
+    for row in rows:
+        if row["converted"]:
+            row["gemms"] = plan.describe()
 
 
 def fp8_layer_stats(model: nn.Module) -> list[dict[str, Any]]:

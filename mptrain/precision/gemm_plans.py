@@ -1,0 +1,109 @@
+"""Per-GEMM recipes (``precision.gemms.forward``, ``.input_grad``, ``.weight_grad``): the
+:class:`~mptrain.precision.quantized_linear.GemmPlan` of a run's converted Linear layers.
+
+Each key is null (the precision's own format: its recipe unchanged, bit for bit), ``bf16`` or
+``fp32`` (that GEMM unquantized: :class:`~mptrain.precision.quantized_linear.HighPrecisionGemm`),
+or a format of the precision's family: ``fp8`` with ``precision=fp8`` (tensorwise or rowwise, as
+``fp8.*`` sets it), a block-scaled format (``mxfp8``, ``nvfp4``, ``fp8_blockwise``, each with its
+own settings group: ``mx.*``, ``nvfp4.*``, ``fp8.*``) with a block-scaled precision. A layer holds
+one family's quantizer state (FP8 scalers, or block generators and counts), hence the family rule.
+Examples: FP8 forward and input gradient with the weight gradient in BF16 (torchao's
+``rowwise_with_gw_hp``: ``precision=fp8 fp8.granularity=rowwise precision.gemms.weight_grad=bf16``);
+NVFP4 forward and input gradient with an MXFP8 weight gradient
+(``precision=nvfp4 precision.gemms.weight_grad=mxfp8``).
+
+Refused (ConfigError, one line naming the key): a key set for a precision without quantized Linear
+layers, a format of the other family, delayed FP8 scaling with a mixed plan (its amax history is
+one per tensor across the three GEMMs), and the torchao backend (its own Linear).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from mptrain.config.base import ConfigError
+from mptrain.config.format_table import BF16, BLOCK_FORMATS, FP8, FP8_BLOCKWISE, FP32
+from mptrain.config.run import RunConfig
+from mptrain.precision.blocks.linear import BlockGemm
+from mptrain.precision.policy import PrecisionPolicy, block_recipe
+from mptrain.precision.quantized_linear import GEMMS, GemmFormat, GemmPlan, HighPrecisionGemm
+
+HIGH_PRECISION = {FP32: torch.float32, BF16: torch.bfloat16}
+
+
+def requested(cfg: RunConfig) -> dict[str, str]:
+    """The GEMMs ``precision.gemms`` sets, by GEMM name (empty: the precision's own recipe)."""
+    gemms = cfg.precision.gemms
+    return {g: getattr(gemms, g) for g in GEMMS if getattr(gemms, g) is not None}
+
+
+def check_gemms(cfg: RunConfig, converting: bool) -> None:
+    """ConfigError when ``precision.gemms`` is set but no phase of the run converts its Linear
+    layers (``converting``: the precision, or a schedule's other one, has a layer format)."""
+    chosen = requested(cfg)
+    if chosen and not converting:
+        gemm, value = next(iter(chosen.items()))
+        raise ConfigError(
+            f"precision.gemms.{gemm}={value}: precision={cfg.precision.name} computes no Linear "
+            f"layers in a format of its own; per-GEMM formats need precision=fp8, "
+            f"{', '.join(BLOCK_FORMATS[1:])} or fp8 with fp8.granularity=blockwise"
+        )
+
+
+def gemm_plan(
+    cfg: RunConfig, policy: PrecisionPolicy, own: GemmFormat, device: torch.device
+) -> GemmPlan | None:
+    """The plan of ``policy``'s converted layers, whose own GEMM format is ``own``; None when
+    ``precision.gemms`` sets nothing (the layers then take their format's uniform plan)."""
+    chosen = requested(cfg)
+    if not chosen:
+        return None
+    if cfg.fp8.backend == "torchao" and policy.fp8 is not None:
+        raise ConfigError(
+            "precision.gemms: not with fp8.backend=torchao (its Float8Linear has one recipe for "
+            "all three GEMMs); use fp8.backend=builtin"
+        )
+    formats = {
+        gemm: _format(cfg, gemm, chosen.get(gemm), own, device) if gemm in chosen else own
+        for gemm in GEMMS
+    }
+    plan = GemmPlan(**formats)
+    if policy.fp8 is not None and policy.fp8.scaling == "delayed" and len(plan.formats) > 1:
+        gemm, value = next(iter(chosen.items()))
+        raise ConfigError(
+            f"precision.gemms.{gemm}={value}: fp8.scaling=delayed keeps one amax history per "
+            "tensor across the three GEMMs; use fp8.scaling=dynamic with per-GEMM formats"
+        )
+    return plan
+
+
+def _own_name(own: GemmFormat) -> str:
+    """The table's name of the precision's own GEMM format."""
+    return own.recipe.format if isinstance(own, BlockGemm) else FP8
+
+
+def _format(
+    cfg: RunConfig, gemm: str, value: str, own: GemmFormat, device: torch.device
+) -> GemmFormat:
+    """The GEMM format ``value`` names for ``gemm`` (see the module doc)."""
+    if value in HIGH_PRECISION:
+        return HighPrecisionGemm(HIGH_PRECISION[value])
+    if value == FP8 and cfg.fp8.granularity == "blockwise":
+        value = FP8_BLOCKWISE  # fp8 as fp8.* sets it
+    if value == _own_name(own):
+        return own
+    block_family = isinstance(own, BlockGemm)
+    if not (block_family and value in BLOCK_FORMATS):
+        family = ", ".join(BLOCK_FORMATS) if block_family else FP8
+        raise ConfigError(
+            f"precision.gemms.{gemm}={value}: precision={cfg.precision.name} converts its layers "
+            f"into {_own_name(own)}; a GEMM may run in {family}, {BF16} or {FP32} (a layer holds "
+            "one family's quantizer state)"
+        )
+    fp8 = replace(cfg.fp8, granularity="blockwise")  # fp8_blockwise's own settings group
+    name = FP8 if value == FP8_BLOCKWISE else value
+    recipe, _ = block_recipe(name, device, fp8, cfg.mx, cfg.nvfp4)
+    assert recipe is not None  # every block format has a recipe
+    return BlockGemm(replace(recipe, seed=cfg.seed))
