@@ -57,6 +57,8 @@ class GemmsConfig:
     forward: str | None = None  # y = x Wᵀ
     input_grad: str | None = None  # dx = dy W
     weight_grad: str | None = None  # dW = dyᵀ x
+    # the converted layers the formats above apply to (fnmatch patterns); the rest keep their own
+    layers: list[str] = field(default_factory=lambda: ["*"])
 
 
 @dataclass
@@ -125,6 +127,9 @@ def validate_precision(p: PrecisionConfig) -> None:
     at_least("precision.scaler.growth_interval", s.growth_interval, 1)
     _check_update(p)
     for gemm, value in vars(p.gemms).items():
+        if gemm == "layers":
+            require(bool(value), "precision.gemms.layers", value, "at least one pattern ([*]: all)")
+            continue
         require(
             value is None or value in GEMM_FORMATS,
             f"precision.gemms.{gemm}",

@@ -106,7 +106,9 @@ def _gemm_rows(gemms: dict[str, str] | None) -> list[tuple[str, str]]:
     """precision.gemms: the format each GEMM of the converted layers ran in."""
     if not gemms:
         return []
-    return [("GEMMs", ", ".join(f"{gemm} {fmt}" for gemm, fmt in gemms.items()))]
+    formats = ", ".join(f"{gemm} {fmt}" for gemm, fmt in gemms.items() if gemm != "layers")
+    layers = gemms.get("layers", "*")
+    return [("GEMMs", formats + ("" if layers == "*" else f" (layers {layers})"))]
 
 
 # precision.update of a pure precision, for people (report.precision.update)

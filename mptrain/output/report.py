@@ -50,7 +50,8 @@ class PrecisionSection:
     # stochastic | kahan; None with FP32 master weights (and in reports written before it existed).
     update: str | None = None
     # precision.gemms (mptrain.precision.gemm_plans): the format of each GEMM of the converted
-    # Linear layers (forward, input_grad, weight_grad); None for the precision's own recipe.
+    # Linear layers (forward, input_grad, weight_grad) and the layer patterns it applies to
+    # (layers: "*" for all); None for the precision's own recipe.
     gemms: dict[str, str] | None = None
 
     def what_ran(self) -> str | None:
@@ -62,11 +63,12 @@ class PrecisionSection:
         for a run of its first precision alone."""
         first, switch = self.label or self.effective, self.switch
         if first is not None and self.gemms:  # the GEMMs that ran in another format than forward's
+            formats = {k: v for k, v in self.gemms.items() if k != "layers"}
             first += "".join(
-                f", {gemm} {fmt}"
-                for gemm, fmt in self.gemms.items()
-                if fmt != self.gemms["forward"]
+                f", {gemm} {fmt}" for gemm, fmt in formats.items() if fmt != formats["forward"]
             )
+            if self.gemms.get("layers", "*") != "*":
+                first += f" ({self.gemms['layers']})"
         if first is None or switch is None:
             return first
         after = switch["switched_after_step"]

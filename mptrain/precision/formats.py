@@ -41,10 +41,10 @@ from mptrain.data.batches import DataBundle
 from mptrain.platform.distributed import DistContext
 from mptrain.precision.blocks.convert import BlockLayers, apply_blocks
 from mptrain.precision.blocks.linear import BlockGemm, BlockLinear
-from mptrain.precision.fp8.convert import apply_fp8, fp8_layer_stats, set_gemm_plan, skip_summary
+from mptrain.precision.fp8.convert import apply_fp8, fp8_layer_stats, set_gemm_plans, skip_summary
 from mptrain.precision.fp8.dist import FP8Sync, build_fp8_sync
 from mptrain.precision.fp8.linear import Float8Linear, fp8_gemm_format
-from mptrain.precision.gemm_plans import gemm_plan
+from mptrain.precision.gemm_plans import check_matched, gemm_plans
 from mptrain.precision.policy import PrecisionPolicy
 
 # (model, policy, cfg, data, fsdp) -> the report's section of the format
@@ -102,10 +102,10 @@ def _into_fp8(
         keep_first_last=cfg.fp8.keep_first_last,
         backend=cfg.fp8.backend,
     )
-    plan = gemm_plan(cfg, policy, fp8_gemm_format(recipe), _device(model))
-    if plan is not None:
-        set_gemm_plan(model, plan, fp8["layers"])
-        fp8["gemms"] = plan.describe()
+    plans = gemm_plans(cfg, policy, fp8_gemm_format(recipe), _device(model))
+    if plans is not None:
+        set_gemm_plans(model, plans, fp8["layers"])
+        fp8.update(check_matched(plans, fp8["layers"]))
     fp8["compile"] = cfg.compile  # the report's model section counts the graphs and breaks
     _require_converted(cfg, "fp8", "FP8", fp8["layers"], "fp8")
     return fp8
@@ -121,7 +121,7 @@ def _into_blocks(
     key = policy.blocks.config_key
     rules = getattr(cfg, key)
     recipe = replace(policy.blocks, seed=cfg.seed)
-    plan = gemm_plan(cfg, policy, BlockGemm(recipe), _device(model))
+    plans = gemm_plans(cfg, policy, BlockGemm(recipe), _device(model))
     _, section = apply_blocks(
         model,
         recipe,
@@ -129,10 +129,10 @@ def _into_blocks(
         include=list(rules.include),
         exclude=list(rules.exclude),
         keep_first_last=rules.keep_first_last,
-        plan=plan,
+        plans=plans,
     )
-    if plan is not None:
-        section["gemms"] = plan.describe()
+    if plans is not None:
+        section.update(check_matched(plans, section["layers"]))
     _require_converted(cfg, policy.name, section["name"], section["layers"], key)
     return section
 

@@ -10,7 +10,9 @@ one family's quantizer state (FP8 scalers, or block generators and counts), henc
 Examples: FP8 forward and input gradient with the weight gradient in BF16 (torchao's
 ``rowwise_with_gw_hp``: ``precision=fp8 fp8.granularity=rowwise precision.gemms.weight_grad=bf16``);
 NVFP4 forward and input gradient with an MXFP8 weight gradient
-(``precision=nvfp4 precision.gemms.weight_grad=mxfp8``).
+(``precision=nvfp4 precision.gemms.weight_grad=mxfp8``). ``precision.gemms.layers`` (fnmatch
+patterns, ``[*]`` by default) limits the plan to the converted layers it names; the others keep
+the precision's own recipe (``'precision.gemms.layers=[blocks.1.mlp.fc2]'``).
 
 Refused (ConfigError, one line naming the key): a key set for a precision without quantized Linear
 layers, a format of the other family, delayed FP8 scaling with a mixed plan (its amax history is
@@ -20,6 +22,7 @@ one per tensor across the three GEMMs), and the torchao backend (its own Linear)
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -28,7 +31,13 @@ from mptrain.config.format_table import BF16, BLOCK_FORMATS, FP8, FP8_BLOCKWISE,
 from mptrain.config.run import RunConfig
 from mptrain.precision.blocks.linear import BlockGemm
 from mptrain.precision.policy import PrecisionPolicy, block_recipe
-from mptrain.precision.quantized_linear import GEMMS, GemmFormat, GemmPlan, HighPrecisionGemm
+from mptrain.precision.quantized_linear import (
+    GEMMS,
+    GemmFormat,
+    GemmPlan,
+    HighPrecisionGemm,
+    LayerPlans,
+)
 
 HIGH_PRECISION = {FP32: torch.float32, BF16: torch.bfloat16}
 
@@ -52,11 +61,12 @@ def check_gemms(cfg: RunConfig, converting: bool) -> None:
         )
 
 
-def gemm_plan(
+def gemm_plans(
     cfg: RunConfig, policy: PrecisionPolicy, own: GemmFormat, device: torch.device
-) -> GemmPlan | None:
-    """The plan of ``policy``'s converted layers, whose own GEMM format is ``own``; None when
-    ``precision.gemms`` sets nothing (the layers then take their format's uniform plan)."""
+) -> LayerPlans | None:
+    """The plan of ``policy``'s converted layers matching ``precision.gemms.layers``, whose own
+    GEMM format is ``own``; None when ``precision.gemms`` sets no GEMM (every layer then takes
+    its format's uniform plan)."""
     chosen = requested(cfg)
     if not chosen:
         return None
@@ -76,7 +86,20 @@ def gemm_plan(
             f"precision.gemms.{gemm}={value}: fp8.scaling=delayed keeps one amax history per "
             "tensor across the three GEMMs; use fp8.scaling=dynamic with per-GEMM formats"
         )
-    return plan
+    return LayerPlans(plan, tuple(cfg.precision.gemms.layers))
+
+
+def check_matched(plans: LayerPlans, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The format section's ``gemms`` and ``gemm_layers`` entries, once the layers converted
+    (``rows``: the section's per-Linear rows); ConfigError when no converted layer matches
+    ``precision.gemms.layers``."""
+    converted = [row["name"] for row in rows if row["converted"]]
+    if not any(plans.for_layer(name) for name in converted):
+        raise ConfigError(
+            f"precision.gemms.layers={list(plans.patterns)}: no converted layer matches; the "
+            f"converted layers are {', '.join(converted)}"
+        )
+    return {"gemms": plans.plan.describe(), "gemm_layers": list(plans.patterns)}
 
 
 def _own_name(own: GemmFormat) -> str:

@@ -27,6 +27,7 @@ the output gradient once for both).
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,6 +154,25 @@ class GemmPlan:
     def describe(self) -> dict[str, str]:
         """The format of each GEMM, as the report's per-layer table shows it."""
         return {gemm: getattr(self, gemm).label for gemm in GEMMS}
+
+
+@dataclass(frozen=True)
+class LayerPlans:
+    """A per-GEMM ``plan`` for the converted layers whose names match one of ``patterns``
+    (fnmatch, ``*`` for all); the others keep their format's uniform plan."""
+
+    plan: GemmPlan
+    patterns: tuple[str, ...] = ("*",)
+
+    def for_layer(self, name: str) -> GemmPlan | None:
+        """The plan of layer ``name``; None: its format's own."""
+        matched = any(fnmatch.fnmatchcase(name, p) for p in self.patterns)
+        return self.plan if matched else None
+
+    def describe(self, name: str) -> dict[str, str]:
+        """The report row's ``gemms`` entry of layer ``name`` (empty: the format's own)."""
+        plan = self.for_layer(name)
+        return {} if plan is None else {"gemms": plan.describe()}
 
 
 class _QuantizedLinearFunction(torch.autograd.Function):

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from mptrain.precision.quantized_linear import GemmPlan
+    from mptrain.precision.quantized_linear import LayerPlans
 
 
 @dataclass
@@ -210,10 +210,10 @@ def linear_flops(model: nn.Module, sample: torch.Tensor) -> dict[str, int]:
 
 
 def layer_rows(
-    choices: list[LayerChoice], flops: dict[str, int], plan: GemmPlan | None = None
+    choices: list[LayerChoice], flops: dict[str, int], plans: LayerPlans | None = None
 ) -> tuple[float, list[dict[str, Any]]]:
-    """(the converted layers' share of the Linear FLOPs, the report's row per Linear); with a
-    per-GEMM ``plan``, a converted layer's row names the format of each of its GEMMs."""
+    """(the converted layers' share of the Linear FLOPs, the report's row per Linear); with
+    per-GEMM ``plans``, a converted layer's row names the format of each of its GEMMs."""
     total = sum(flops.values())
     converted = sum(flops.get(c.name, 0) for c in choices if c.converted)
     rows = [
@@ -223,7 +223,7 @@ def layer_rows(
             "converted": c.converted,
             "reason": c.reason,
             "flops_share": flops.get(c.name, 0) / total if total else 0.0,
-            **({"gemms": plan.describe()} if plan is not None and c.converted else {}),
+            **(plans.describe(c.name) if plans is not None and c.converted else {}),
         }
         for c in choices
     ]

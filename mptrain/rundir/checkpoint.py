@@ -287,6 +287,7 @@ ADDED_SETTINGS: dict[str, Any] = {
     "precision.gemms.forward": None,
     "precision.gemms.input_grad": None,
     "precision.gemms.weight_grad": None,
+    "precision.gemms.layers": ["*"],
 }
 # Added to dataset=text (only its signatures hold them); dataset.tokenizer's null needs no entry.
 ADDED_TEXT_SETTINGS: dict[str, Any] = {"dataset.text_field": "text"}

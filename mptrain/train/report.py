@@ -195,7 +195,9 @@ def _gemms(run: Run | None) -> dict[str, str] | None:
     if run is None:
         return None
     section = run.precision.fp8 or run.precision.blocks.section or {}
-    return section.get("gemms")
+    if "gemms" not in section:
+        return None
+    return {**section["gemms"], "layers": ", ".join(section["gemm_layers"])}
 
 
 def _data_section(cfg: RunConfig, run: Run | None, dist: DistContext) -> DataSection:

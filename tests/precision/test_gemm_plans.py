@@ -124,7 +124,9 @@ def test_a_per_gemm_recipe_trains_reports_and_resumes_bit_for_bit(tmp_path, over
     assert gemms["forward"] == gemms["input_grad"] != gemms["weight_grad"]
     section = reference["fp8"] or reference["blocks"]
     converted = [layer for layer in section["layers"] if layer["converted"]]
-    assert converted and all(layer["gemms"] == gemms for layer in converted)
+    assert gemms["layers"] == "*"  # every converted layer
+    formats = {gemm: gemms[gemm] for gemm in ("forward", "input_grad", "weight_grad")}
+    assert converted and all(layer["gemms"] == formats for layer in converted)
     # a recipe of its own: not the precision's uniform one
     uniform = train(tiny_run(*overrides[:-1], "max_steps=8"), tmp_path / "uniform")
     assert uniform["precision"]["gemms"] is None
@@ -146,7 +148,24 @@ def test_the_gpt_trains_with_nvfp4_and_an_mxfp8_weight_gradient(tmp_path):
         "forward": "nvfp4",
         "input_grad": "nvfp4",
         "weight_grad": "mxfp8",
+        "layers": "*",
     }
+
+
+def test_a_plan_for_some_layers_leaves_the_others_in_the_precisions_own_recipe(tmp_path):
+    cfg = compose_run(
+        *LM,
+        "model.layers=2",
+        "precision=nvfp4",
+        "precision.gemms.weight_grad=bf16",
+        "precision.gemms.layers=[blocks.0.mlp.*]",
+        "max_steps=2",
+    )
+    report = train(cfg, tmp_path)
+    assert report["precision"]["gemms"]["layers"] == "blocks.0.mlp.*"
+    rows = {row["name"]: row for row in report["blocks"]["layers"] if row["converted"]}
+    planned = {name for name, row in rows.items() if "gemms" in row}
+    assert planned == {"blocks.0.mlp.fc", "blocks.0.mlp.proj"} and len(rows) > len(planned)
 
 
 @pytest.mark.parametrize(
@@ -159,6 +178,10 @@ def test_the_gpt_trains_with_nvfp4_and_an_mxfp8_weight_gradient(tmp_path):
             "fp8.scaling=delayed keeps one amax history",
         ),
         (("precision=fp8", "precision.gemms.input_grad=fp4"), "null (the precision's own)"),
+        (
+            ("precision=fp8", "precision.gemms.weight_grad=bf16", "precision.gemms.layers=[x]"),
+            "no converted layer matches; the converted layers are 3",
+        ),
     ],
 )
 def test_a_per_gemm_recipe_that_cannot_run_is_refused_in_one_line(tmp_path, overrides, message):

@@ -22,7 +22,7 @@ from torch import nn
 from mptrain.config.base import ConfigError
 from mptrain.precision.blocks.linear import BlockLinear
 from mptrain.precision.blocks.recipe import BlockRecipe
-from mptrain.precision.quantized_linear import GemmPlan
+from mptrain.precision.quantized_linear import LayerPlans
 from mptrain.precision.selection import (
     LayerChoice,
     LayerRules,
@@ -167,7 +167,7 @@ def convert_to_blocks(
     choices: list[LayerChoice],
     recipe: BlockRecipe,
     place: tuple[int, int] | None = None,
-    plan: GemmPlan | None = None,
+    plans: LayerPlans | None = None,
 ) -> BlockLayers:
     """Replace the chosen nn.Linear layers of ``model`` in place by :class:`BlockLinear`
     (sharing their parameters), each seeded by :func:`layer_seed`, its generator by
@@ -179,6 +179,7 @@ def convert_to_blocks(
         linear = model.get_submodule(choice.name)
         seed = layer_seed(recipe.seed, index)
         try:
+            plan = plans.for_layer(choice.name) if plans is not None else None
             layer = BlockLinear.from_linear(linear, recipe, seed, plan)
         except ValueError as exc:  # a GEMM's format has larger blocks than the layer's selection
             raise ConfigError(f"precision.gemms: {choice.name}: {exc}") from None
@@ -197,15 +198,15 @@ def apply_blocks(
     include: list[str],
     exclude: list[str],
     keep_first_last: bool,
-    plan: GemmPlan | None = None,
+    plans: LayerPlans | None = None,
 ) -> tuple[BlockLayers, dict[str, Any]]:
     """Convert the model's eligible Linear layers in place: (the converted layers, the report's
     ``blocks`` section: the recipe, the GEMM, the share of Linear FLOPs per format, and per
     Linear whether it converted and, if not, why). ``sample`` (one input batch) counts FLOPs."""
     choices = choose(model, layer_rules(recipe, include, exclude, keep_first_last))
     flops = linear_flops(model, sample)
-    layers = convert_to_blocks(model, choices, recipe, plan=plan)
-    share, rows = layer_rows(choices, flops, plan)
+    layers = convert_to_blocks(model, choices, recipe, plans=plans)
+    share, rows = layer_rows(choices, flops, plans)
     section = {
         **recipe.describe(),
         "name": recipe.row.label,

@@ -21,7 +21,7 @@ from mptrain.precision.fp8.quant import (
     FP8Recipe,
     TensorScaler,
 )
-from mptrain.precision.quantized_linear import GemmPlan
+from mptrain.precision.quantized_linear import LayerPlans
 from mptrain.precision.selection import (
     LayerChoice,
     LayerRules,
@@ -59,17 +59,18 @@ def convert_to_fp8(model: nn.Module, choices: list[LayerChoice], recipe: FP8Reci
     return model
 
 
-def set_gemm_plan(model: nn.Module, plan: GemmPlan, rows: list[dict[str, Any]]) -> None:
-    """Give every Float8Linear of ``model`` the per-GEMM ``plan`` (precision.gemms: its formats
-    are FP8's family, whose layers hold the same scalers) and name its GEMMs' formats in the
-    report's ``rows``."""
-    for layer in model.modules():
-        if isinstance(layer, Float8Linear):
+def set_gemm_plans(model: nn.Module, plans: LayerPlans, rows: list[dict[str, Any]]) -> None:
+    """Give the Float8Linear layers of ``model`` their per-GEMM plan of ``plans`` (precision.gemms:
+    its formats are FP8's family, whose layers hold the same scalers) and name their GEMMs'
+    formats in the report's ``rows``."""
+    for name, layer in model.named_modules():
+        plan = plans.for_layer(name)
+        if isinstance(layer, Float8Linear) and plan is not None:
             plan.check_features(layer.in_features, layer.out_features)
             layer.plan = plan
     for row in rows:
         if row["converted"]:
-            row["gemms"] = plan.describe()
+            row.update(plans.describe(row["name"]))
 
 
 def fp8_layer_stats(model: nn.Module) -> list[dict[str, Any]]:
