@@ -612,6 +612,22 @@ def test_advise_keeps_the_fragile_layer_in_high_precision(
     assert found["precision"] == recipe and found["command"].endswith(f"'{exclude}'")
     assert found["speed"] == {"emulated": True}  # no FP8 or block-scaled GEMMs on a CPU
     markdown = (out / "advise.md").read_text()
+    # Issue 40, item 5: the GEMMs that carry the fragile layer's error, and the per-GEMM plan
+    # that keeps only those in BF16, verified. The spike is in its input: the forward and the
+    # weight gradient read it, the input gradient (dy W) does not.
+    fragile = next(r for r in found["layers"] if r["name"] == "fragile")["gemms"]
+    assert fragile["carrier"] in ("forward", "weight_grad")
+    assert "- fragile: its " in markdown
+    per_gemm = found["gemm_plan"]
+    if len(fragile["lift"]) == 3:  # the GPT: its input gradient matters too (one batch says)
+        assert per_gemm == {"skipped": "each kept layer needs all three GEMMs in high precision"}
+        return
+    assert "input_grad" not in fragile["lift"]
+    assert per_gemm["layers"] == ["fragile"] and per_gemm["gemms"] == fragile["lift"]
+    assert per_gemm["within"] and per_gemm["run"]["diverged"] is None
+    assert f"precision.gemms.{fragile['lift'][0]}=bf16" in per_gemm["command"]
+    assert per_gemm["command"].endswith("'precision.gemms.layers=[fragile]'")
+    assert "**Or keep only the " in markdown
     assert "**Keep 1 of 3 eligible layers in high precision: fragile**" in markdown
     label = recipes.recipe(recipe).label
     assert markdown.index(f"## {label}: layers kept") < markdown.index("## Evidence")

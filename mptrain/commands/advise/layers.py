@@ -33,11 +33,11 @@ from collections.abc import Callable
 from typing import Any
 
 from mptrain.commands.advise import decide as advice
+from mptrain.commands.advise import gemms, recipes
 from mptrain.commands.advise import plan as planning
-from mptrain.commands.advise import recipes
 from mptrain.commands.advise.measure import Candidate, latest_cost, speed_need
 from mptrain.commands.advise.seeds import speed_budget
-from mptrain.commands.advise.sensitivity import measure_sensitivity
+from mptrain.commands.advise.sensitivity import measure_gemm_sensitivity, measure_sensitivity
 from mptrain.commands.advise.trials import PILOT_WARMUP, Budget, short_run, timed_part
 from mptrain.config.commands import AdviseConfig, plan_choice
 from mptrain.config.run import RunConfig
@@ -228,12 +228,48 @@ def verify(
         keep = planning.next_keep(verified, n)
     if any(verified.values()):
         plan["kept"] = plan["ranking"][: min(k for k, ok in verified.items() if ok)]
+        verify_gemms(plan, fp32, low, left_s, budget, timings)
     elif "verifying run" not in plan["skipped"]:
         short_of = "the only eligible layer" if n == 1 else f"all {n} eligible layers"
         plan["skipped"]["kept set"] = (
             f"no set short of {short_of} brings {low.name}'s loss within {plan['allowed']:.1%} "
             f"of FP32's: {low.name} does not fit this model"
         )
+
+
+def verify_gemms(
+    plan: dict[str, Any],
+    fp32: Candidate,
+    low: Candidate,
+    left_s: Callable[[], float],
+    budget: Budget,
+    timings: dict[str, Any],
+) -> None:
+    """Step 2 of :mod:`.gemms`: ``plan["gemm_plan"]``, the kept layers with only their lifted
+    GEMMs in BF16 run short against FP32's, or why it was not run."""
+    kept = plan["kept"][: gemms.GEMM_LAYERS]
+    passes = 3 + 4 * len(kept)  # reference, warm-up, all; per layer 4
+    need = latest_cost(fp32).overhead_s + passes * latest_cost(low).step_s
+    why = gemms.refusal(low.cfg) if "layers" in plan else "no one-batch figures"
+    if why is None and need > left_s():
+        why = (
+            f"estimated {need:.0f} s ({passes} passes of one batch), {max(left_s(), 0):.0f} s left"
+        )
+    if why is None:
+        with timed_part(timings, f"{SENSITIVITY}, per GEMM"):
+            measure_gemm_sensitivity(fp32.cfg, low.cfg, plan, budget.deadline())
+        lift = gemms.lift_of(plan)
+        why = lift if isinstance(lift, str) else None
+    if why is not None:
+        plan["gemm_plan"] = {"skipped": why}
+        return
+    cfg = gemms.with_lift(low.cfg, plan["kept"], lift)
+    run = verifying_run(plan["kept"], fp32, low, left_s, budget, timings, cfg)
+    if isinstance(run, str):
+        plan["gemm_plan"] = {"skipped": run}
+        return
+    within = planning.within(run, plan["allowed"])
+    plan["gemm_plan"] = {"layers": plan["kept"], "gemms": lift, "run": run, "within": within}
 
 
 def verifying_run(
@@ -243,9 +279,11 @@ def verifying_run(
     left_s: Callable[[], float],
     budget: Budget,
     timings: dict[str, Any],
+    cfg: RunConfig | None = None,
 ) -> dict[str, Any] | str:
-    """The recipe's short run with ``kept`` in high precision (its exclude key) against FP32's:
-    its fidelity figures, losses and step time; or why it did not run or finish."""
+    """The recipe's short run with ``kept`` in high precision (its exclude key; ``cfg``: the run
+    to make instead, a per-GEMM plan of them) against FP32's: its fidelity figures, losses and
+    step time; or why it did not run or finish."""
     steps = low.cfg.advise.fidelity_steps
     need = latest_cost(low).of(steps)
     if need > left_s():
@@ -253,8 +291,9 @@ def verifying_run(
             f"keeping {len(kept)} layer{'s' if len(kept) > 1 else ''}: estimated {need:.0f} s, "
             f"{max(left_s(), 0):.0f} s of advise.budget_s left"
         )
-    cfg = with_kept(low.cfg, kept, planning.exclude_key(low.name))
-    with timed_part(timings, f"{VERIFY}, {len(kept)} kept"):
+    part = f"{VERIFY}, {len(kept)} kept" + (", per GEMM" if cfg is not None else "")
+    cfg = cfg or with_kept(low.cfg, kept, planning.exclude_key(low.name))
+    with timed_part(timings, part):
         trial = short_run(cfg, steps, PILOT_WARMUP, budget.deadline())
     if trial.cut_short:
         return f"the budget ran out after {trial.steps} of {steps} steps"

@@ -33,7 +33,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from mptrain.commands.advise import concise, recipes
+from mptrain.commands.advise import concise, gemms, recipes
 from mptrain.config.format_table import GROUP_OF_PRECISION
 
 # The config group whose ``exclude`` keeps a layer out of each low-precision format, by the
@@ -178,11 +178,15 @@ def exclude_override(patterns: Sequence[str], key: str = "fp8") -> str:
     """``fp8.exclude=[head,blocks.0.mlp.fc]`` (``key``: fp8, mx or nvfp4): the override that
     keeps ``patterns`` (module-name patterns, as the exclude keys match them) in high precision;
     a name Hydra would read as a number or split is single-quoted (``'0'``)."""
-    items = [
-        p if _PLAIN.fullmatch(p) and p.lower() not in _WORDS else "'" + p.replace("'", "\\'") + "'"
-        for p in patterns
-    ]
-    return f"{key}.exclude=[{','.join(items)}]"
+    return f"{key}.exclude=[{','.join(list_item(p) for p in patterns)}]"
+
+
+def list_item(name: str) -> str:
+    """A module name as an item of a Hydra list override: itself, or single-quoted where Hydra
+    would read it as a number, a bool or null or split it (``'0'``)."""
+    if _PLAIN.fullmatch(name) and name.lower() not in _WORDS:
+        return name
+    return "'" + name.replace("'", "\\'") + "'"
 
 
 # ------------------------------------------------------------------------------ the words
@@ -320,7 +324,11 @@ def summary_lines(plan: dict[str, Any], cap: int | None = None) -> list[str]:
     lines = [headline(plan, cap), "", *evidence_lines(plan, cap)]
     if plan.get("command"):
         lines += ["", "Train with it:", "", "```bash", plan["command"], "```"]
-    return lines
+    carriers = gemms.carrier_lines(plan)
+    if carriers:
+        lines += ["", "Which GEMM carries the error (one batch):", "", *carriers]
+    per_gemm = gemms.plan_lines(plan, _gap_words, lambda names: _kept_words(names, cap))
+    return lines + (["", *per_gemm] if per_gemm else [])
 
 
 def section(plan: dict[str, Any] | None, figure: str) -> list[str]:

@@ -202,15 +202,16 @@ def write_advice(
 ) -> dict[str, Any]:
     """Predict the speed on ``advise.target`` (:mod:`.predict`), decide on ``found``, write
     advise.png/.json/.md into ``output_dir``, print; the result."""
-    from mptrain.commands.advise import predict
+    from mptrain.commands.advise import gemms, predict
     from mptrain.commands.advise import report as advise_report
-    from mptrain.commands.advise.plan import add_command
+    from mptrain.commands.advise.plan import add_command, list_item
     from mptrain.commands.advise.trials import timed_part
 
     with timed_part(found["timings"], "prediction"):
         found["prediction"] = predict.predict(cfg, device, found["candidates"])
     decision = decide(cfg, found, device)
     add_command(found["plan"], overrides)
+    gemms.add_command(found["plan"], overrides, list_item)
     result = advise_report.assemble(
         cfg, device, found, decision, command_for(overrides, decision.precision)
     )

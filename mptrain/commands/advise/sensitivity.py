@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mptrain.commands.advise import gemms
 from mptrain.commands.advise import plan as planning
 from mptrain.commands.advise.trials import format_layers
 from mptrain.config.run import RunConfig
@@ -217,15 +218,14 @@ def measure_sensitivity(
     (its own errors, ``alone``, ``all_but``, its ``share`` and ``rank``), ``ranking``, and
     ``prefixes`` (k = 0..n: the ranking's first k kept in high precision). Stops between layers
     at ``deadline`` (``skipped`` says after how many). ``low_cfg``: the recipe's run config."""
-    run = prepare_run(sensitivity_config(low_cfg))
-    switch = LayerSwitch(run.model)
+    run, one = one_batch(fp32_cfg, low_cfg)
+    switch = one.switch
     names = switch.names
     if not names:  # the recipe's own build refused the model first; said for any other way here
         plan["skipped"]["all"] = f"no Linear layer of the model runs in {low_cfg.precision.name}"
         return
     plan["autocast"] = dtype_name(run.precision.policy.autocast_dtype)
     plan["recipe"] = recipe_words(run.precision.policy)
-    one = OneBatch(run, resolve_precision(fp32_cfg.precision, run.device), switch)
     one.effect(names)  # a warm-up: delayed scaling takes its scales from earlier amaxes
     plan["none"] = one.effect(())
     plan["all"], local = all_low(one)
@@ -255,6 +255,28 @@ def measure_sensitivity(
         *middle,
         plan["none"],
     ]
+
+
+def one_batch(fp32_cfg: RunConfig, low_cfg: RunConfig) -> tuple[Run, OneBatch]:
+    """The recipe's run built for the one-batch passes, and its passes against FP32's."""
+    run = prepare_run(sensitivity_config(low_cfg))
+    switch = LayerSwitch(run.model)
+    return run, OneBatch(run, resolve_precision(fp32_cfg.precision, run.device), switch)
+
+
+def measure_gemm_sensitivity(
+    fp32_cfg: RunConfig, low_cfg: RunConfig, plan: dict[str, Any], deadline: float
+) -> None:
+    """:func:`.gemms.measure_gemms` for the first of ``plan``'s kept layers, on the same one
+    batch as :func:`measure_sensitivity` (built again: the same seeded weights and draws)."""
+    _, one = one_batch(fp32_cfg, low_cfg)
+    names = one.switch.names
+    one.effect(names)  # the warm-up, as measure_sensitivity's
+    kept = plan["kept"][: gemms.GEMM_LAYERS]
+    low = one.switch.low
+    gemms.measure_gemms(
+        lambda: one.effect(names), low, plan, kept, lambda: time.perf_counter() > deadline
+    )
 
 
 def rank_layers(plan: dict[str, Any]) -> None:

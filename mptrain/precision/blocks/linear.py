@@ -146,7 +146,9 @@ class BlockGemm(GemmFormat):
         # as an FP32 Linear's backward reads it: no transposed copy).
         g_q = layer.operand(recipe, b.g, 1, "grad", "a")
         w_q = b.kept.get(self._tiles_key)
-        if w_q is None:
+        if w_q is None and recipe.tiled_weight:  # the forward ran in another format: tile now
+            w_q = layer.operand(recipe, b.weight, 1, "weight", None)
+        elif w_q is None:
             w_q = layer.operand(recipe, b.weight, 0, "weight", "b", True)
         return block_gemm(g_q, w_q, b.x_dtype, recipe)
 
