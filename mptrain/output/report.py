@@ -56,17 +56,16 @@ class PrecisionSection:
 
     def what_ran(self) -> str | None:
         """The precision as a comparison of runs names it: ``label`` (``effective`` without one;
-        None when it was never resolved); with a precision switch, also the precision it switched
-        to and after which step, as the report words it: ``fp8 (emulated) -> bf16 after step
-        17``; with per-GEMM formats, the GEMMs that ran in another format than the forward
-        (``fp8 (emulated), weight_grad bf16``), or ``... (not reached)`` when the run ended first. So a switched run never passes
-        for a run of its first precision alone."""
+        None when it was never resolved); with per-GEMM formats, each GEMM's (forward / input
+        gradient / weight gradient: ``fp8 (emulated), GEMMs fp8 tensorwise / fp8 tensorwise /
+        bf16``); with a precision switch, also the precision it switched to and after which step,
+        as the report words it: ``fp8 (emulated) -> bf16 after step 17``, or ``... (not
+        reached)`` when the run ended first. So a switched run never passes for a run of its
+        first precision alone, nor a per-GEMM plan for the precision's own recipe."""
         first, switch = self.label or self.effective, self.switch
-        if first is not None and self.gemms:  # the GEMMs that ran in another format than forward's
-            formats = {k: v for k, v in self.gemms.items() if k != "layers"}
-            first += "".join(
-                f", {gemm} {fmt}" for gemm, fmt in formats.items() if fmt != formats["forward"]
-            )
+        if first is not None and self.gemms:  # per-GEMM formats: all three, in GEMM order
+            formats = [fmt for gemm, fmt in self.gemms.items() if gemm != "layers"]
+            first += f", GEMMs {' / '.join(formats)}"
             if self.gemms.get("layers", "*") != "*":
                 first += f" ({self.gemms['layers']})"
         if first is None or switch is None:

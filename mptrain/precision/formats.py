@@ -102,12 +102,12 @@ def _into_fp8(
         keep_first_last=cfg.fp8.keep_first_last,
         backend=cfg.fp8.backend,
     )
+    fp8["compile"] = cfg.compile  # the report's model section counts the graphs and breaks
+    _require_converted(cfg, "fp8", "FP8", fp8["layers"], "fp8")
     plans = gemm_plans(cfg, policy, fp8_gemm_format(recipe), _device(model))
     if plans is not None:
         set_gemm_plans(model, plans, fp8["layers"])
         fp8.update(check_matched(plans, fp8["layers"]))
-    fp8["compile"] = cfg.compile  # the report's model section counts the graphs and breaks
-    _require_converted(cfg, "fp8", "FP8", fp8["layers"], "fp8")
     return fp8
 
 
@@ -131,9 +131,9 @@ def _into_blocks(
         keep_first_last=rules.keep_first_last,
         plans=plans,
     )
+    _require_converted(cfg, policy.name, section["name"], section["layers"], key)
     if plans is not None:
         section.update(check_matched(plans, section["layers"]))
-    _require_converted(cfg, policy.name, section["name"], section["layers"], key)
     return section
 
 

@@ -30,6 +30,7 @@ from mptrain.config.base import ConfigError
 from mptrain.config.format_table import BF16, BLOCK_FORMATS, FP8, FP8_BLOCKWISE, FP32
 from mptrain.config.run import RunConfig
 from mptrain.precision.blocks.linear import BlockGemm
+from mptrain.precision.fp8.linear import fp8_gemm_format
 from mptrain.precision.policy import PrecisionPolicy, block_recipe
 from mptrain.precision.quantized_linear import (
     GEMMS,
@@ -100,6 +101,36 @@ def check_matched(plans: LayerPlans, rows: list[dict[str, Any]]) -> dict[str, An
             f"converted layers are {', '.join(converted)}"
         )
     return {"gemms": plans.plan.describe(), "gemm_layers": list(plans.patterns)}
+
+
+def own_format(policy: PrecisionPolicy) -> GemmFormat | None:
+    """The GEMM format ``policy``'s converted layers run in (None: it converts none)."""
+    if policy.blocks is not None:
+        return BlockGemm(policy.blocks)
+    if policy.fp8 is not None:
+        return fp8_gemm_format(policy.fp8)
+    return None
+
+
+def check_switched_gemms(
+    cfg: RunConfig, first: PrecisionPolicy, to: PrecisionPolicy, device: torch.device
+) -> None:
+    """Before training, for a precision schedule: ``precision.gemms`` applies to the one phase
+    that converts layers (refused when both do: one plan cannot serve two formats), and that
+    phase's plan is checked now, not at the switch (its layer patterns still are: the layers
+    are known once they convert)."""
+    if not requested(cfg):
+        return
+    own = own_format(to)
+    if own_format(first) is not None and own is not None:
+        gemm, value = next(iter(requested(cfg).items()))
+        raise ConfigError(
+            f"precision.gemms.{gemm}={value}: precision={first.name} and "
+            f"precision.switch.to={to.name} both convert Linear layers; per-GEMM formats apply "
+            "to one of them: switch between a converting precision and fp32, bf16 or fp16"
+        )
+    if own is not None:
+        gemm_plans(cfg, to, own, device)
 
 
 def _own_name(own: GemmFormat) -> str:

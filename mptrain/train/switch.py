@@ -66,6 +66,7 @@ from mptrain.precision.formats import (
     to_plain_linear,
 )
 from mptrain.precision.fp8.dist import FP8Sync
+from mptrain.precision.gemm_plans import check_switched_gemms
 from mptrain.precision.policy import (
     PrecisionPolicy,
     build_grad_scaler,
@@ -136,6 +137,7 @@ def plan_switch(
             "format (one blocks section in its report); switch between a block format (mxfp8, "
             "nvfp4, fp8.granularity=blockwise) and fp32, bf16, fp16 or fp8 (tensorwise, rowwise)"
         )
+    check_switched_gemms(cfg, first, policy, device)
     reason = f"precision.switch: after step {step} of {total_steps} in {first.label}"
     return Switch(step, at, total_steps, first, replace(policy, reason=reason))
 

@@ -152,6 +152,32 @@ def test_the_gpt_trains_with_nvfp4_and_an_mxfp8_weight_gradient(tmp_path):
     }
 
 
+@pytest.mark.parametrize(
+    "precision",
+    [("precision=nvfp4",), ("precision=fp8", "fp8.granularity=blockwise", "model.width=128")],
+)
+def test_a_tiled_weight_with_its_forward_in_bf16_trains(tmp_path, precision):
+    """NVFP4's 16x16 and blockwise FP8's 128x128 weight tiles serve the input gradient from the
+    forward's quantization; with the forward in BF16 the input gradient tiles the weight itself."""
+    cfg = compose_run(*LM, *precision, "precision.gemms.forward=bf16", "max_steps=2")
+    report = train(cfg, tmp_path)
+    assert report["status"] == "completed"
+    assert report["precision"]["gemms"]["forward"] == "bf16"
+
+
+def test_a_schedule_of_two_converting_precisions_is_refused_before_training(tmp_path):
+    overrides = (
+        "precision=nvfp4",
+        "precision.switch.to=fp8",
+        "precision.switch.at=2",
+        "precision.gemms.weight_grad=mxfp8",
+        "max_steps=4",
+    )
+    with pytest.raises(ConfigError, match="both convert Linear layers"):
+        train(tiny_run(*overrides), tmp_path)
+    assert not (tmp_path / "checkpoints").exists()
+
+
 def test_a_plan_for_some_layers_leaves_the_others_in_the_precisions_own_recipe(tmp_path):
     cfg = compose_run(
         *LM,

@@ -2,8 +2,8 @@
 error, and the plan that keeps only those in BF16.
 
 1. **Which GEMM, on the one batch** of :mod:`.sensitivity`, once whole layers are verified as
-   the kept set (:mod:`.layers`): with every converted layer in the format, each of the first
-   :data:`GEMM_LAYERS` kept layers has each of its GEMMs (forward,
+   the kept set (:mod:`.layers`) of at most :data:`GEMM_LAYERS` layers: with every converted
+   layer in the format, each kept layer has each of its GEMMs (forward,
    input gradient, weight gradient) alone lifted to BF16 (:class:`HighPrecisionGemm` in its
    plan), then its two best together; each pass gives the model gradient's SQNR against FP32.
    The GEMM whose lift recovers most carries the layer's error; the layer's *lift* is the fewest
@@ -33,7 +33,7 @@ from mptrain.commands.advise import recipes
 from mptrain.config.run import RunConfig
 from mptrain.precision.quantized_linear import GEMMS, HighPrecisionGemm
 
-GEMM_LAYERS = 3  # the kept layers whose GEMMs are measured one by one (4 passes each)
+GEMM_LAYERS = 3  # the most kept layers whose GEMMs are measured one by one (4 passes each)
 LIFT_DB = 1.0  # a lift within this of the whole layer's gradient SQNR recovers the layer
 LIFTED_TO = "bf16"  # the lifted GEMMs' format (precision.gemms' name for HighPrecisionGemm)
 WORDS = {"forward": "forward", "input_grad": "input gradient", "weight_grad": "weight gradient"}

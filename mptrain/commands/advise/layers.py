@@ -247,10 +247,13 @@ def verify_gemms(
 ) -> None:
     """Step 2 of :mod:`.gemms`: ``plan["gemm_plan"]``, the kept layers with only their lifted
     GEMMs in BF16 run short against FP32's, or why it was not run."""
-    kept = plan["kept"][: gemms.GEMM_LAYERS]
-    passes = 3 + 4 * len(kept)  # reference, warm-up, all; per layer 4
+    passes = 3 + 4 * len(plan["kept"])  # reference, warm-up, all; per layer 4
     need = latest_cost(fp32).overhead_s + passes * latest_cost(low).step_s
     why = gemms.refusal(low.cfg) if "layers" in plan else "no one-batch figures"
+    if why is None and len(plan["kept"]) > gemms.GEMM_LAYERS:
+        why = (
+            f"{len(plan['kept'])} layers kept: the GEMMs are measured for up to {gemms.GEMM_LAYERS}"
+        )
     if why is None and need > left_s():
         why = (
             f"estimated {need:.0f} s ({passes} passes of one batch), {max(left_s(), 0):.0f} s left"

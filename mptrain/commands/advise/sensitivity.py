@@ -267,12 +267,12 @@ def one_batch(fp32_cfg: RunConfig, low_cfg: RunConfig) -> tuple[Run, OneBatch]:
 def measure_gemm_sensitivity(
     fp32_cfg: RunConfig, low_cfg: RunConfig, plan: dict[str, Any], deadline: float
 ) -> None:
-    """:func:`.gemms.measure_gemms` for the first of ``plan``'s kept layers, on the same one
+    """:func:`.gemms.measure_gemms` for ``plan``'s kept layers, on the same one
     batch as :func:`measure_sensitivity` (built again: the same seeded weights and draws)."""
     _, one = one_batch(fp32_cfg, low_cfg)
     names = one.switch.names
     one.effect(names)  # the warm-up, as measure_sensitivity's
-    kept = plan["kept"][: gemms.GEMM_LAYERS]
+    kept = plan["kept"]
     low = one.switch.low
     gemms.measure_gemms(
         lambda: one.effect(names), low, plan, kept, lambda: time.perf_counter() > deadline
