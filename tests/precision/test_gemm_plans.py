@@ -5,6 +5,8 @@ is reported per GEMM, and is refused in one line where it cannot run."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import LM, compose_run, tiny_run, train
@@ -96,6 +98,22 @@ def test_a_uniform_plan_is_the_formats_own_layer_bit_for_bit():
         same = _run(Float8Linear.from_linear(linear, recipe, named), x, dy)
         for a, b in zip(own, same, strict=True):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("lifted", [None, "forward", "input_grad"])
+def test_rowwise_counts_each_roles_cast_once_whatever_gemm_runs_in_bf16(lifted):
+    """The rowwise scalers' report figures: the input, weight and grad casts of a step, each
+    counted once, also when the GEMM that counts a role runs in BF16 (a later one counts it)."""
+    recipe = FP8Recipe(granularity="rowwise")
+    own = FP8RowwiseGemm(recipe)
+    plan = GemmPlan(own, own, own)
+    if lifted is not None:
+        plan = dataclasses.replace(plan, **{lifted: HighPrecisionGemm()})
+    linear, x, dy = _inputs(8, 32, 16)
+    layer = Float8Linear.from_linear(linear, recipe, plan)
+    _run(layer, x, dy)
+    seen = [float(s.seen) for s in (layer.input_scaler, layer.weight_scaler, layer.grad_scaler)]
+    assert seen == [8 * 32, 16 * 32, 8 * 16]
 
 
 def test_a_format_whose_blocks_do_not_divide_the_layer_is_refused():

@@ -187,6 +187,9 @@ def _rowwise_gemm(
     return fp8_gemm(a, a_scale, b, b_scale, ROWWISE_GEMM_OUT, real).to(out_dtype)
 
 
+_COUNTED = "fp8_rowwise_counted"  # kept / cache: this step's casts of a role were counted
+
+
 @dataclass(frozen=True)
 class FP8RowwiseGemm(_FP8Gemm):
     """Rowwise scaling, as torchao's rowwise recipe: every GEMM operand gets one scale per row
@@ -194,8 +197,9 @@ class FP8RowwiseGemm(_FP8Gemm):
     ``_scaled_mm`` can apply them to the product. Each GEMM needs its operands scaled along its
     own outer dimension, so the input and the weight are quantized again in the backward (along
     the other axis) from their high-precision values, which the forward saves. The counted
-    casts are the forward's (input, weight) and the input gradient's (grad); the weight
-    gradient's quantize the same tensors again and are not counted twice."""
+    casts are the forward's (input, weight) and the input gradient's (grad); the later GEMMs
+    quantize the same tensors again and are not counted twice — unless, in a per-GEMM plan, the
+    GEMM that counts a role ran in another format: then the next rowwise GEMM counts it."""
 
     recipe: FP8Recipe
     label = "fp8 rowwise"
@@ -211,13 +215,18 @@ class FP8RowwiseGemm(_FP8Gemm):
         update = layer.training
         x_fp8, x_scale = layer.input_scaler.cast_along(rows.contiguous(), -1, update)  # (M, 1)
         w_fp8, w_scale = layer.weight_scaler.cast_along(weight.contiguous(), -1, update)  # (N, 1)
+        kept[_COUNTED] = True  # the input and weight casts of this step are counted
         # y = x Wᵀ: one scale per row of x and per column of Wᵀ (= per row of W).
         real = self.recipe.real_gemm
         return _rowwise_gemm(x_fp8, x_scale, w_fp8.t(), w_scale.t(), out_dtype, real)
 
     def input_grad(self, b: Backward) -> torch.Tensor:
         g_rows, g_row_scale = b.layer.grad_scaler.cast_along(b.g, -1)  # (M, 1)
-        w_cols, w_col_scale = b.layer.weight_scaler.cast_along(b.weight.contiguous(), 0, False)
+        b.cache[_COUNTED] = True  # the grad cast of this step is counted
+        counted = b.kept.get(_COUNTED, False)  # the forward ran in another format: count it here
+        w_cols, w_col_scale = b.layer.weight_scaler.cast_along(
+            b.weight.contiguous(), 0, not counted
+        )
         # dx = dy W: per row of dy, per column of W (N×K, column-major).
         w_col_major = w_cols.t().contiguous().t()
         real = self.recipe.real_gemm
@@ -226,8 +235,14 @@ class FP8RowwiseGemm(_FP8Gemm):
     def weight_grad(self, b: Backward) -> torch.Tensor:
         assert b.rows is not None  # rowwise re-quantizes: the forward saved them
         # dW = dyᵀ x: per column of dy (a row of dyᵀ) and per column of x; M padded to 16.
-        g_cols, g_col_scale = b.layer.grad_scaler.cast_along(b.g, 0, False)  # (1, N)
-        x_cols, x_col_scale = b.layer.input_scaler.cast_along(b.rows.contiguous(), 0, False)
+        # (1, N) and (1, K); counted only where the forward's and input gradient's casts were not
+        # (a per-GEMM plan that runs those in another format)
+        g_cols, g_col_scale = b.layer.grad_scaler.cast_along(
+            b.g, 0, not b.cache.get(_COUNTED, False)
+        )
+        x_cols, x_col_scale = b.layer.input_scaler.cast_along(
+            b.rows.contiguous(), 0, not b.kept.get(_COUNTED, False)
+        )
         g_t, x_col = _padded_t(g_cols), _padded_col(x_cols)
         real = self.recipe.real_gemm
         return _rowwise_gemm(g_t, g_col_scale.t(), x_col, x_col_scale, torch.float32, real)
