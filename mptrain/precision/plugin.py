@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from mptrain.config.base import ConfigError
+from mptrain.config.format_table import PRECISION_OF_GROUP
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.platform.distributed import DistContext
@@ -147,6 +148,20 @@ class Precision:
         self.fp8_sync.after_optimizer_step()
 
     # ---------------------------------------------------------------------------- checkpoints
+    def signs(self, key: str, switch_to: str | None) -> bool:
+        """Whether the flattened training setting ``key`` is part of what a checkpoint of this
+        precision signs for resume (:func:`mptrain.train.checkpointer.run_signature`): a
+        precision's own settings group (``fp8.*``, ``mx.*``, ``nvfp4.*``) only where that
+        precision runs in either phase of the schedule (``switch_to``: its second precision),
+        ``precision.switch.*`` only with a schedule, ``precision.name`` never (the signature's
+        ``precision`` is the one that ran, not the request); any other key, yes."""
+        group = key.partition(".")[0]
+        if group in PRECISION_OF_GROUP:
+            return PRECISION_OF_GROUP[group] in {self.policy.name, switch_to}
+        if key.startswith("precision.switch."):
+            return switch_to is not None  # a run without a switch signs as before schedules
+        return key != "precision.name"
+
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's precision entries: the loss scaler's state (None without scaling),
         the block layers' stochastic-rounding generators (nvfp4), precision.update's state."""

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from mptrain.config.base import ConfigError
-from mptrain.config.format_table import PRECISION_OF_GROUP
 from mptrain.config.keys import flatten, is_non_training_key
 from mptrain.config.run import RunConfig
 from mptrain.platform.distributed import (
@@ -41,7 +40,7 @@ from mptrain.train.cadence import TimeCadence
 from mptrain.train.state import LoopState
 
 if TYPE_CHECKING:
-    from mptrain.precision.policy import PrecisionPolicy
+    from mptrain.precision.plugin import Precision
     from mptrain.train.components import Run
 
 
@@ -241,13 +240,8 @@ def _restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict[
     scheduler._last_lr = [group["lr"] for group in groups]
 
 
-# The config groups one precision alone reads, and the precision that reads each (fp8.* serves
-# tensorwise, rowwise and blockwise FP8 alike): the format table's.
-PRECISION_GROUPS = PRECISION_OF_GROUP
-
-
 def run_signature(
-    cfg: RunConfig, policy: PrecisionPolicy, data_identity: str | None = None
+    cfg: RunConfig, precision: Precision, data_identity: str | None = None
 ) -> dict[str, Any]:
     """What a checkpoint must agree on to be resumed: every training setting, flattened
     (``optimizer.lr``, ``scheduler.name``, ``batch_size``, ...), with the precision that ran and
@@ -255,25 +249,19 @@ def run_signature(
     a path alone does not say the text behind it is the same).
 
     Settings that do not change what a run computes (:data:`mptrain.config.keys.NON_TRAINING_KEYS`)
-    are left out, and so are a precision's own settings (``fp8.*``, ``mx.*``, ``nvfp4.*``) unless
-    the run uses them in either phase of its precision schedule, ``precision.switch.*`` unless it
-    has one, and the distributed ones.
+    are left out, and so are the distributed ones; of the precision's, the run's precision object
+    says which it signs (:meth:`~mptrain.precision.plugin.Precision.signs`).
     """
     settings = flatten(dataclasses.asdict(cfg))
     # The seed too: it orders the data and draws dropout (sweeps pair runs across seeds, so
     # the comparison policy leaves it out).
-    signature: dict[str, Any] = {"precision": policy.name, "seed": cfg.seed}
+    signature: dict[str, Any] = {"precision": precision.policy.name, "seed": cfg.seed}
     switch_to = cfg.precision.switch.to
-    ran = {policy.name, switch_to}  # the precisions of both phases of a schedule
     for key, value in settings.items():
-        group = key.partition(".")[0]
-        unused = group in PRECISION_GROUPS and PRECISION_GROUPS[group] not in ran
-        # a run without a switch signs what a run signed before schedules existed
-        no_switch = key.startswith("precision.switch.") and switch_to is None
         # distributed.*: how the work is spread; a change of world size or strategy is resumed
         # by design (full state dicts) and noted separately.
-        where = key.startswith(("precision.name", "distributed."))
-        if where or unused or no_switch or is_non_training_key(key):
+        skipped = key.startswith("distributed.") or is_non_training_key(key)
+        if skipped or not precision.signs(key, switch_to):
             continue
         signature[key] = value
     if data_identity is not None:

@@ -240,7 +240,7 @@ class Job:
             self.resumed = self._resume(found)
             self._own()
         if cfg.checkpoint.enabled:
-            signature = run_signature(cfg, self.policy, run.data.identity)
+            signature = run_signature(cfg, run.precision, run.data.identity)
             self.checkpointer = Checkpointer(self.output_dir / CHECKPOINT_DIR, run, signature)
 
     def _deciding(self, line: str) -> None:
@@ -294,7 +294,7 @@ class Job:
         path, payload, notes = found
         allowed = check_compatible(
             payload,
-            run_signature(cfg, self.policy, run.data.identity),
+            run_signature(cfg, run.precision, run.data.identity),
             path,
             cfg.resume_allow_changes,
             data_key=data_key(cfg),

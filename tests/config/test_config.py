@@ -596,11 +596,12 @@ def test_every_command_setting_is_left_out_of_resume_and_comparisons():
 
     from mptrain.config.keys import flatten as flat
     from mptrain.config.keys import is_non_training_key
+    from mptrain.precision.plugin import Precision
     from mptrain.train.checkpointer import run_signature
 
     cfg = compose_run("model=mlp", "device=cpu")
     for key in flat(dataclasses.asdict(cfg)):
         if key.split(".")[0] in ("bench", "advise", "eval", "sample", "logger", "mlflow"):
             assert is_non_training_key(key), key
-    signature = run_signature(cfg, SimpleNamespace(name="fp32", fp8=None))
+    signature = run_signature(cfg, Precision(SimpleNamespace(name="fp32", fp8=None)))
     assert not [k for k in signature if k.startswith(("advise.", "bench.", "sample.", "eval."))]

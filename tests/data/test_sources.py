@@ -22,6 +22,7 @@ from mptrain.data.batches import BatchLayout
 from mptrain.data.build import build_data
 from mptrain.models.build import build_model, config_has_convolutions, model_facts
 from mptrain.output.report import load_report
+from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import resolve_precision
 from mptrain.train.checkpointer import run_signature
 
@@ -192,7 +193,7 @@ def test_extra_keys_reach_the_typed_config_and_the_run_signature(launch_dir):
         cfg = compose_run(*CUSTOM_MODEL, f"+model.width={width}", *CUSTOM_DATA)
         assert cfg.model.kwargs == {"width": width}
         policy = resolve_precision(cfg.precision, torch.device("cpu"), cfg.fp8)
-        return run_signature(cfg, policy)
+        return run_signature(cfg, Precision(policy))
 
     narrow, wide = signature(8), signature(64)
     assert narrow["model.kwargs.width"] == 8

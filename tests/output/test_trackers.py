@@ -26,6 +26,7 @@ from conftest import (
 
 from mptrain.config.base import ConfigError
 from mptrain.config.keys import is_non_training_key
+from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import resolve_precision
 from mptrain.train.checkpointer import run_signature
 
@@ -262,7 +263,7 @@ def test_tracker_settings_are_not_training_settings():
         "eval.checkpoint=best",
     )
     policy = resolve_precision(plain.precision, torch.device("cpu"), plain.fp8)
-    assert run_signature(plain, policy) == run_signature(tracked, policy)
+    assert run_signature(plain, Precision(policy)) == run_signature(tracked, Precision(policy))
 
 
 @pytest.mark.slow

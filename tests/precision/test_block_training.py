@@ -41,6 +41,7 @@ from mptrain.precision.blocks.recipe import BlockRecipe, fake_quant_operand, qua
 from mptrain.precision.formats import to_plain_linear
 from mptrain.precision.fp8.dist import gathers_fp32
 from mptrain.precision.fp8.quant import E4M3, E5M2, FP8_MAX
+from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import resolve_precision
 from mptrain.precision.selection import choose
 from mptrain.rundir.checkpoint import load_checkpoint
@@ -493,16 +494,18 @@ def test_blockwise_fp8_refuses_what_it_does_not_do(overrides, message):
 def test_only_the_runs_format_keys_are_in_its_resume_signature():
     for name, own, other in (("mxfp8", "mx.", "nvfp4."), ("nvfp4", "nvfp4.", "mx.")):
         cfg = tiny_run(f"precision={name}")
-        keys = run_signature(cfg, resolve_precision(cfg.precision, CPU, cfg.fp8, cfg.mx, cfg.nvfp4))
+        keys = run_signature(
+            cfg, Precision(resolve_precision(cfg.precision, CPU, cfg.fp8, cfg.mx, cfg.nvfp4))
+        )
         assert any(k.startswith(own) for k in keys)
         assert not any(k.startswith((other, "fp8.")) for k in keys)
     cfg = tiny_run("precision=bf16")
-    keys = run_signature(cfg, resolve_precision(cfg.precision, CPU))
+    keys = run_signature(cfg, Precision(resolve_precision(cfg.precision, CPU)))
     assert not any(k.startswith(("mx.", "nvfp4.", "fp8.")) for k in keys)
     # a schedule into a block format signs that format's keys too: its second phase reads them
     for to, own in (("nvfp4", "nvfp4."), ("mxfp8", "mx.")):
         cfg = tiny_run("precision=bf16", f"precision.switch.to={to}", "precision.switch.at=0.5")
-        keys = run_signature(cfg, resolve_precision(cfg.precision, CPU))
+        keys = run_signature(cfg, Precision(resolve_precision(cfg.precision, CPU)))
         assert any(k.startswith(own) for k in keys), to
 
 
