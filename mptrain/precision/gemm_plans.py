@@ -77,7 +77,7 @@ def gemm_plans(
             "all three GEMMs); use fp8.backend=builtin"
         )
     formats = {
-        gemm: _format(cfg, gemm, chosen.get(gemm), own, device) if gemm in chosen else own
+        gemm: _format(cfg, gemm, chosen[gemm], own, device) if gemm in chosen else own
         for gemm in GEMMS
     }
     plan = GemmPlan(**formats)
@@ -119,11 +119,12 @@ def check_switched_gemms(
     that converts layers (refused when both do: one plan cannot serve two formats), and that
     phase's plan is checked now, not at the switch (its layer patterns still are: the layers
     are known once they convert)."""
-    if not requested(cfg):
+    chosen = requested(cfg)
+    if not chosen:
         return
     own = own_format(to)
     if own_format(first) is not None and own is not None:
-        gemm, value = next(iter(requested(cfg).items()))
+        gemm, value = next(iter(chosen.items()))
         raise ConfigError(
             f"precision.gemms.{gemm}={value}: precision={first.name} and "
             f"precision.switch.to={to.name} both convert Linear layers; per-GEMM formats apply "

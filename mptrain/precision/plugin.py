@@ -16,10 +16,11 @@ The training loop touches the precision only through these calls, in this order 
   skip rule's one host read), :meth:`Precision.after_optimizer_step` (torchao's FP8 all-gather:
   the weights' next scales).
 
-The build makes it in three steps, as Lightning's plugin is set up: the object from the policy
-and TF32 flags, :meth:`Precision.convert_module` on the freshly built model (its layer format,
-FP32 islands, a pure precision's cast), then, once the model is wrapped and its optimizer built,
-:meth:`Precision.setup` (FP8's distributed sync, the loss scaler, ``precision.update``).
+The build makes it in steps, as Lightning's plugin is set up: the object from the policy,
+:meth:`Precision.convert_module` on the freshly built model (its layer format, FP32 islands, a pure
+precision's cast), :meth:`Precision.sync_layers` once the model is wrapped (FP8's distributed
+sync), and :meth:`Precision.setup` once its optimizer is built (the loss scaler,
+``precision.update``).
 
 A checkpoint saves the precision's state with :meth:`Precision.state_dict` (the keys ``scaler``,
 ``blocks`` and ``update`` of every checkpoint written so far) and a resume restores it with
@@ -83,8 +84,8 @@ class Precision:
         the layer format's own (:data:`mptrain.precision.formats.LAYER_FORMATS`), the modules of
         ``numerics.fp32_modules`` kept in FP32 (ConfigError when no module name matches), a pure
         precision's parameters cast to its dtype. Sets ``fp8``, ``blocks`` and ``fp32_modules``;
-        returns the model. ``device``: the run's (FP32 islands'
-        autocast is turned off for its type). ``fsdp``: it will be sharded with FSDP2 (torchao's FP8 all-gather)."""
+        returns the model. ``device``: the run's (FP32 islands' autocast is turned off for its
+        type). ``fsdp``: it will be sharded with FSDP2 (torchao's FP8 all-gather)."""
         section = convert_layers(model, self.policy, cfg, data, fsdp)
         self.fp8, self.blocks = run_sections(model, (self.policy, section))
         patterns = list(cfg.numerics.fp32_modules)

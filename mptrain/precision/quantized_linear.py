@@ -215,28 +215,6 @@ class _QuantizedLinearFunction(torch.autograd.Function):
         return grad_x.reshape(ctx.x_shape), grad_w, grad_b, None, None
 
 
-def apply_linear_function(
-    function: type[torch.autograd.Function], layer: nn.Linear, x: torch.Tensor
-) -> torch.Tensor:
-    """``function.apply(x, weight, bias, layer, out_dtype)`` for a Linear whose GEMMs run in
-    formats of their own: autocast off inside, the output in the autocast dtype when autocast is
-    on (the surrounding model computes in it), else in ``x``'s; reshaped to ``x``'s leading
-    dimensions outside the Function."""
-    device_type = x.device.type
-    if torch.is_autocast_enabled(device_type):
-        out_dtype = torch.get_autocast_dtype(device_type)
-    else:
-        out_dtype = x.dtype
-    with torch.autocast(device_type, enabled=False):
-        out = function.apply(x, layer.weight, layer.bias, layer, out_dtype)
-    # Reshape outside the Function: a view returned by it could not be modified in place.
-    # A 2-D input needs none: FSDP2 warns of a view output, whose in-place change (the next
-    # ReLU(inplace=True)) would drop its pre-backward hook.
-    if x.dim() == 2:
-        return out
-    return out.reshape(*x.shape[:-1], layer.out_features)
-
-
 class QuantizedLinear(nn.Linear):
     """An nn.Linear whose three GEMMs run in the formats of ``plan`` (see the module doc).
     Parameters stay FP32 and, through ``from_linear`` of a subclass, are the wrapped layer's own
@@ -256,4 +234,19 @@ class QuantizedLinear(nn.Linear):
         self.plan = plan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return apply_linear_function(_QuantizedLinearFunction, self, x)
+        """The three GEMMs' function with autocast off inside, its output in the autocast dtype
+        when autocast is on (the surrounding model computes in it), else in ``x``'s; reshaped to
+        ``x``'s leading dimensions outside the function."""
+        device_type = x.device.type
+        if torch.is_autocast_enabled(device_type):
+            out_dtype = torch.get_autocast_dtype(device_type)
+        else:
+            out_dtype = x.dtype
+        with torch.autocast(device_type, enabled=False):
+            out = _QuantizedLinearFunction.apply(x, self.weight, self.bias, self, out_dtype)
+        # Reshape outside the function: a view returned by it could not be modified in place.
+        # A 2-D input needs none: FSDP2 warns of a view output, whose in-place change (the next
+        # ReLU(inplace=True)) would drop its pre-backward hook.
+        if x.dim() == 2:
+            return out
+        return out.reshape(*x.shape[:-1], self.out_features)
