@@ -38,8 +38,8 @@ from jsondoc import write_json  # benchmarks/ is on sys.path when this script ru
 from torch import nn
 
 from mptrain.platform.hardware import hardware_info, software_versions
-from mptrain.precision.blocks.linear import BlockLinear
-from mptrain.precision.blocks.recipe import BlockRecipe, fake_quant_operand
+from mptrain.precision.quant.block_linear import BlockLinear
+from mptrain.precision.quant.block_recipe import BlockRecipe, fake_quant_operand
 
 RECIPES = {
     "mxfp8": BlockRecipe("mxfp8"),

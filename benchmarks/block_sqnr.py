@@ -52,12 +52,12 @@ from jsondoc import write_json
 from torch import nn
 
 from mptrain.platform.hardware import software_versions
-from mptrain.precision.blocks.blockwise import fake_quant_blockwise
-from mptrain.precision.blocks.hadamard import random_hadamard_transform, rht_signs
-from mptrain.precision.blocks.mx import fake_quant_mx
-from mptrain.precision.blocks.nvfp4 import fake_quant_nvfp4
-from mptrain.precision.fp8.linear import Float8Linear
-from mptrain.precision.fp8.quant import FP8Recipe
+from mptrain.precision.quant.blockwise import fake_quant_blockwise
+from mptrain.precision.quant.fp8 import FP8Recipe
+from mptrain.precision.quant.fp8_linear import Float8Linear
+from mptrain.precision.quant.hadamard import random_hadamard_transform, rht_signs
+from mptrain.precision.quant.mx import fake_quant_mx
+from mptrain.precision.quant.nvfp4 import fake_quant_nvfp4
 
 # quant(tensor, dim, role, gemm): the tensor fake-quantized along dim; role is "x", "w" or "dy",
 # gemm "out", "dx" or "dW".

@@ -29,8 +29,8 @@ from jsondoc import write_json  # benchmarks/ is on sys.path when this script ru
 from torch import nn
 
 from mptrain.platform.hardware import software_versions
-from mptrain.precision.fp8.linear import Float8Linear
-from mptrain.precision.fp8.quant import FP8Recipe
+from mptrain.precision.quant.fp8 import FP8Recipe
+from mptrain.precision.quant.fp8_linear import Float8Linear
 
 ROWS, FEATURES, EVERY = 512, 1024, 16
 

@@ -12,7 +12,7 @@ For one NVIDIA GPU of compute capability >= 8.9 (H100/H200/L4/RTX 40xx); runs in
    Block-scaled GEMMs (``block_gemms``, part of the verdict; seconds): per ``--block-shapes``
    shape, blockwise FP8 (1x128 activations x 128x128 weights; needs SM90) and MXFP8 and NVFP4
    (need SM100 or later) quantized by mptrain's recipes and multiplied by torch's block-scaled
-   ``scaled_mm`` (mptrain.precision.blocks.gemm) and by the emulation (dequantized operands, FP32
+   ``scaled_mm`` (mptrain.precision.quant.kernels) and by the emulation (dequantized operands, FP32
    matmul): their SQNR, and the seconds per call of both and of a BF16 matmul. A format the GPU
    lacks is a row ``skipped: needs SM100, this is SM90`` (printed), not a failure.
 2. Forward GEMM speed (``forward_gemm``): per ``--speed-shapes`` shape and scaling, BF16 matmul vs
@@ -70,11 +70,16 @@ from mptrain.platform.hardware import (
     software_versions,
     synchronize,
 )
-from mptrain.precision.blocks.gemm import block_gemm, block_gemm_available, transposed
-from mptrain.precision.blocks.recipe import BlockRecipe, quantize_operand
-from mptrain.precision.fp8.convert import apply_fp8, fp8_gemm_available
-from mptrain.precision.fp8.linear import fp8_gemm
-from mptrain.precision.fp8.quant import E4M3, E5M2, FP8Recipe, quantize, scale_from_amax
+from mptrain.precision.quant.block_recipe import BlockRecipe, quantize_operand
+from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Recipe, quantize, scale_from_amax
+from mptrain.precision.quant.fp8_convert import apply_fp8
+from mptrain.precision.quant.kernels import (
+    block_gemm,
+    block_gemm_available,
+    fp8_gemm,
+    fp8_gemm_available,
+    transposed,
+)
 
 
 def sqnr_db(reference: torch.Tensor, other: torch.Tensor) -> float:

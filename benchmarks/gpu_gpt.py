@@ -27,17 +27,17 @@ where N counts the parameters except the position embedding (the tied token embe
 head once: its matmul is the head's), and the second term is the attention scores and values,
 counted whole (not halved for the causal mask). MFU = FLOPs per token x tokens/s / peak FLOP/s,
 against the FLOP-weighted peak of the formats the row's GEMMs ran in (``mfu``:
-:func:`mptrain.platform.gpus.mixed_peak_flops`; FP8 converts the attention projections and MLP
+:func:`mptrain.perf.gpus.mixed_peak_flops`; FP8 converts the attention projections and MLP
 Linears but the first, while SDPA and the head stay BF16, so FP8's peak mixes the FP8 and BF16
 peaks by their FLOPs; FP32 is the non-tensor rate, TF32 and BF16/FP16 tensor) and against the
 BF16 peak (``mfu_vs_bf16_peak``: one yardstick for all rows). The dense (no sparsity) peaks come
-from mptrain's table by GPU name (:mod:`mptrain.platform.gpus`; ``--peak-tflops
+from mptrain's table by GPU name (:mod:`mptrain.perf.gpus`; ``--peak-tflops
 fp32=67,bf16=989,...`` overrides or adds); an unknown GPU (or a CPU) gets MFU null with the
 reason. Emulated FP8 (no FP8 GEMMs: compute capability < 8.9, or a CPU) is measured and
 labelled, but gets no MFU: it is not a speed.
 
 On a GPU of the table each row also has the roofline's *predicted* tokens/s for that GPU
-(:mod:`mptrain.precision.roofline`: an upper bound of the speed) and the prediction's error,
+(:mod:`mptrain.perf.roofline`: an upper bound of the speed) and the prediction's error,
 (predicted − measured) / measured (``predicted_tokens_per_s``, ``prediction_error``).
 
 The JSON document is rewritten into ``--out`` atomically after every row; a precision that raises
@@ -63,10 +63,10 @@ from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
 from mptrain.commands.bench import measure, precision_config
 from mptrain.compose.registry import register_configs, to_run_config
 from mptrain.models.gpt import GPT, GPTShape
-from mptrain.platform import gpus
+from mptrain.perf import gpus
+from mptrain.perf.speed import DataShape, flops_by_format, predict_config
 from mptrain.platform.hardware import hardware_info, software_versions
-from mptrain.precision.fp8.convert import fp8_gemm_available
-from mptrain.precision.speed import DataShape, flops_by_format, predict_config
+from mptrain.precision.quant.kernels import fp8_gemm_available
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 VOCAB = 256  # dataset.vocabulary=bytes
@@ -100,7 +100,7 @@ def flops_per_token(shape: GPTShape) -> int:
 
 def table_peaks(gpu_name: str | None) -> tuple[str | None, dict[str, float]]:
     """(the table's row, its dense TFLOP/s by format) for ``gpu_name``; (None, {}) when the
-    table (:mod:`mptrain.platform.gpus`) does not know it."""
+    table (:mod:`mptrain.perf.gpus`) does not know it."""
     gpu = gpus.row_for_device_name(gpu_name) if gpu_name else None
     return (gpu.key, dict(gpu.tflops)) if gpu else (None, {})
 
@@ -122,7 +122,7 @@ def peak_table(gpu_name: str | None, override: dict[str, float]) -> dict[str, An
     """The peaks MFU is taken against, where they came from, and why there are none."""
     entry, peaks = table_peaks(gpu_name)
     peaks.update(override)
-    sources = [f"mptrain.platform.gpus: {entry} (dense)"] if entry else []
+    sources = [f"mptrain.perf.gpus: {entry} (dense)"] if entry else []
     sources += ["--peak-tflops"] if override else []
     reason = None
     if not peaks:

@@ -66,7 +66,7 @@ from mptrain.models.build import compile_counts
 from mptrain.models.gpt import GPTShape
 from mptrain.platform import contention
 from mptrain.platform.hardware import hardware_info, software_versions
-from mptrain.precision.fp8.convert import fp8_gemm_available
+from mptrain.precision.quant.kernels import fp8_gemm_available
 from mptrain.train.build import prepare_run
 from mptrain.train.loop import LoopHooks, train_loop
 

@@ -9,7 +9,7 @@
 
 Any mptrain overrides; ``--preset`` starts from the settings of a GPU script (overrides after it
 still apply). Runs on a CPU in seconds: the model is built on the meta device and counted, not
-run (:mod:`mptrain.precision.speed`, :mod:`mptrain.precision.roofline`). Every figure is a
+run (:mod:`mptrain.perf.speed`, :mod:`mptrain.perf.roofline`). Every figure is a
 *prediction*: a lower bound of the step's time on that GPU (no efficiency factor), so a
 measured speed is below it; ``errors`` gives (predicted − measured) / measured for measured
 figures. ``--out`` writes the JSON document; the table goes to stdout.
@@ -34,10 +34,10 @@ from torch import nn
 from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
 from mptrain.compose.registry import register_configs, to_run_config
 from mptrain.models import gpt as gpt_model
-from mptrain.platform import gpus
-from mptrain.precision.gemms import SAMPLES, account
-from mptrain.precision.roofline import Step, optimizer_passes, predict, recipe_for
-from mptrain.precision.speed import data_shape, predict_config
+from mptrain.perf import gpus
+from mptrain.perf.gemms import SAMPLES, account
+from mptrain.perf.roofline import Step, optimizer_passes, predict, recipe_for
+from mptrain.perf.speed import data_shape, predict_config
 
 BF16 = torch.bfloat16
 
@@ -83,7 +83,7 @@ def predict_for(
     cfg_overrides: list[str], target: str, precisions: tuple[str, ...] = PRECISIONS
 ) -> dict[str, Any]:
     """The predicted step of the run ``cfg_overrides`` configures, per precision, on ``target``
-    (a name of mptrain.platform.gpus, or auto): the document this script writes."""
+    (a name of mptrain.perf.gpus, or auto): the document this script writes."""
     gpu = target_row(target)
     cfg = run_config(cfg_overrides)
     found = predict_config(cfg, data_shape(cfg), gpu, precisions)

@@ -29,6 +29,7 @@ LAYERS = [
     ("rundir",),
     ("output",),
     ("precision",),
+    ("perf",),
     ("train",),
     ("compose",),
     ("commands",),
@@ -157,7 +158,7 @@ def test_the_layer_test_sees_an_upward_import():
     tree = ast.parse("from mptrain.train.loop import train_loop\nimport mptrain.cli")
     assert imported_modules(tree) == {"train.loop", "cli"}
     assert (
-        layer_of("train.loop") > layer_of("precision.fp8.linear")
+        layer_of("train.loop") > layer_of("precision.quant.linear")
         and layer_of("cli") == len(LAYERS) - 1
     )
 

@@ -43,10 +43,9 @@ from mptrain.models.build import config_has_convolutions
 from mptrain.output.joblog import print_table
 from mptrain.output.render import fmt_bytes, fmt_pct, plural
 from mptrain.platform import contention, hardware
-from mptrain.precision.blocks.gemm import block_gemm_available
-from mptrain.precision.fp8.convert import fp8_gemm_available
-from mptrain.precision.fp8.quant import E4M3
 from mptrain.precision.policy import blockwise_grad_dtype
+from mptrain.precision.quant.fp8 import E4M3
+from mptrain.precision.quant.kernels import block_gemm_available, fp8_gemm_available
 from mptrain.rundir.fileio import atomic_write_text
 from mptrain.train.build import prepare_run, window_length
 from mptrain.train.components import Run

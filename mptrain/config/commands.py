@@ -27,7 +27,7 @@ ADVISE_PLAN_RECIPES = (
 )  # fmt: skip
 
 
-# The names advise.target takes: the rows of mptrain.platform.gpus' table, their aliases, auto and
+# The names advise.target takes: the rows of mptrain.perf.gpus' table, their aliases, auto and
 # none (tests/commands/test_roofline.py keeps the two in step).
 GPU_TARGETS = (
     "h100-sxm", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "b200", "b300", "gb200", "gb300",
@@ -55,7 +55,7 @@ class AdviseConfig:
     # loss: auto (as many as the budget affords, 3 to 10) | N (1: the single run only).
     seeds: str = "auto"
     alpha: float = 0.05  # the equivalence test's significance level (its p-value must be below)
-    # The GPU whose speed is predicted beside the measurements (mptrain.platform.gpus: h100, h200,
+    # The GPU whose speed is predicted beside the measurements (mptrain.perf.gpus: h100, h200,
     # b200, a100, l4, ...): auto: the GPU advise runs on (none on a CPU) | none: no prediction.
     target: str = "auto"
 

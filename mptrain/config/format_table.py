@@ -5,7 +5,7 @@ this module (and in the option list, :mod:`mptrain.config.options`) only — els
 the constants below.
 
 A row holds what every reader needs: the label people read, the bytes of an element and of the
-GEMM's result, the GPU peak-rate column it runs at (:mod:`mptrain.platform.gpus`), and for the
+GEMM's result, the GPU peak-rate column it runs at (:mod:`mptrain.perf.gpus`), and for the
 scaled formats the precision and config group that select them, the element and scale dtypes
 (torch's names: this layer imports no torch), the block length, the scale bytes per element and
 per tensor, and the hardware kernel (compute capabilities and CUDA with a real GEMM, and what it

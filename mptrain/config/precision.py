@@ -49,7 +49,7 @@ class SwitchConfig:
 
 @dataclass
 class GemmsConfig:
-    """The format of each GEMM of the converted Linear layers (mptrain.precision.quantized_linear):
+    """The format of each GEMM of the converted Linear layers (mptrain.precision.quant.linear):
     null keeps the precision's own; ``bf16``/``fp32`` run that GEMM unquantized; another format of
     the table, of the precision's family (``fp8`` with FP8; ``mxfp8``, ``nvfp4``, ``fp8_blockwise``
     with a block-scaled precision), runs it in that format."""
@@ -245,7 +245,7 @@ def validate_fp8(f: FP8Config) -> None:
 
 
 def _validate_blockwise(f: FP8Config) -> None:
-    """What blockwise FP8 (mptrain.precision.blocks) does not do: torchao's float8 backend and
+    """What blockwise FP8 (mptrain.precision.quant) does not do: torchao's float8 backend and
     power-of-two scales (its FP32 block scales are amax quotients, as DeepSeek-V3's)."""
     if f.granularity != "blockwise":
         return

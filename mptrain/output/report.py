@@ -183,7 +183,7 @@ class ThroughputSection:
     # steps, the spread behind sweep speed ratios. None in reports written before these existed.
     window_samples_per_s: list[float] | None = None
     window_steps: list[int] | None = None
-    # Model FLOPs utilisation on a GPU of mptrain.platform.gpus' table: model FLOP/s over the
+    # Model FLOPs utilisation on a GPU of mptrain.perf.gpus' table: model FLOP/s over the
     # FLOP-weighted peak of the formats the GEMMs ran in (FP8 and BF16 mixed: still defined);
     # None with mfu_note saying why (a CPU: n/a). None in reports written before it existed.
     mfu: float | None = None

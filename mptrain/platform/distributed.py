@@ -10,7 +10,7 @@ joins the process group (NCCL on GPUs, Gloo on CPUs) and wraps the model:
   parameters computed in BF16/FP16, gradients reduced in ``distributed.reduce_dtype`` (FP32 by
   default), sharded FP32 master weights. mptrain's Float8Linear layers all-gather FP32 weights.
 
-FP8 state (scales, amax histories, counters) is agreed on by :mod:`mptrain.precision.fp8.dist`.
+FP8 state (scales, amax histories, counters) is agreed on by :mod:`mptrain.precision.quant.dist`.
 
 Every rank reads its own shard of each epoch's permutation (no overlap), seeds dropout with
 ``seed + rank``, and evaluates its shard of the validation set; sums are all-reduced. Only rank 0

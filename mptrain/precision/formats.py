@@ -10,8 +10,8 @@ was (what a precision schedule does when it leaves the format: :mod:`mptrain.tra
 
 :data:`LAYER_FORMATS` is keyed by the *layer format* a policy computes its Linear layers in
 (:func:`format_of`), not by the precision's name: ``fp8`` (tensorwise or rowwise scales:
-:class:`~mptrain.precision.fp8.linear.Float8Linear`), and the block-scaled ``mxfp8``, ``nvfp4``
-and ``fp8_blockwise`` (:class:`~mptrain.precision.blocks.linear.BlockLinear`; the last is
+:class:`~mptrain.precision.quant.fp8_linear.Float8Linear`), and the block-scaled ``mxfp8``, ``nvfp4``
+and ``fp8_blockwise`` (:class:`~mptrain.precision.quant.block_linear.BlockLinear`; the last is
 ``precision=fp8 fp8.granularity=blockwise``). One precision name (fp8) thus reaches two entries
 by its settings, and no entry has to look at another's settings to decide what it builds.
 
@@ -39,13 +39,18 @@ from mptrain.config.format_table import FP8, FP8_BLOCKWISE, MXFP8, NVFP4
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.platform.distributed import DistContext
-from mptrain.precision.blocks.convert import BlockLayers, apply_blocks
-from mptrain.precision.blocks.linear import BlockGemm, BlockLinear
-from mptrain.precision.fp8.convert import apply_fp8, fp8_layer_stats, set_gemm_plans, skip_summary
-from mptrain.precision.fp8.dist import FP8Sync, build_fp8_sync
-from mptrain.precision.fp8.linear import Float8Linear, fp8_gemm_format
 from mptrain.precision.gemm_plans import check_matched, gemm_plans
 from mptrain.precision.policy import PrecisionPolicy
+from mptrain.precision.quant.block_convert import BlockLayers, apply_blocks
+from mptrain.precision.quant.block_linear import BlockGemm, BlockLinear
+from mptrain.precision.quant.dist import FP8Sync, build_fp8_sync
+from mptrain.precision.quant.fp8_convert import (
+    apply_fp8,
+    fp8_layer_stats,
+    set_gemm_plans,
+    skip_summary,
+)
+from mptrain.precision.quant.fp8_linear import Float8Linear, fp8_gemm_format
 
 # (model, policy, cfg, data, fsdp) -> the report's section of the format
 Convert = Callable[[nn.Module, PrecisionPolicy, RunConfig, DataBundle, bool], dict[str, Any]]

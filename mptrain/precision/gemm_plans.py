@@ -1,8 +1,8 @@
 """Per-GEMM recipes (``precision.gemms.forward``, ``.input_grad``, ``.weight_grad``): the
-:class:`~mptrain.precision.quantized_linear.GemmPlan` of a run's converted Linear layers.
+:class:`~mptrain.precision.quant.linear.GemmPlan` of a run's converted Linear layers.
 
 Each key is null (the precision's own format: its recipe unchanged, bit for bit), ``bf16`` or
-``fp32`` (that GEMM unquantized: :class:`~mptrain.precision.quantized_linear.HighPrecisionGemm`),
+``fp32`` (that GEMM unquantized: :class:`~mptrain.precision.quant.linear.HighPrecisionGemm`),
 or a format of the precision's family: ``fp8`` with ``precision=fp8`` (tensorwise or rowwise, as
 ``fp8.*`` sets it), a block-scaled format (``mxfp8``, ``nvfp4``, ``fp8_blockwise``, each with its
 own settings group: ``mx.*``, ``nvfp4.*``, ``fp8.*``) with a block-scaled precision. A layer holds
@@ -29,10 +29,10 @@ import torch
 from mptrain.config.base import ConfigError
 from mptrain.config.format_table import BF16, BLOCK_FORMATS, FP8, FP8_BLOCKWISE, FP32
 from mptrain.config.run import RunConfig
-from mptrain.precision.blocks.linear import BlockGemm
-from mptrain.precision.fp8.linear import fp8_gemm_format
 from mptrain.precision.policy import PrecisionPolicy, block_recipe
-from mptrain.precision.quantized_linear import (
+from mptrain.precision.quant.block_linear import BlockGemm
+from mptrain.precision.quant.fp8_linear import fp8_gemm_format
+from mptrain.precision.quant.linear import (
     GEMMS,
     GemmFormat,
     GemmPlan,

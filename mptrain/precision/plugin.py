@@ -43,15 +43,15 @@ from mptrain.config.format_table import PRECISION_OF_GROUP
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.platform.distributed import DistContext
-from mptrain.precision.blocks.convert import BlockLayers
 from mptrain.precision.formats import convert_layers, layer_sync, run_sections
-from mptrain.precision.fp8.dist import FP8Sync
 from mptrain.precision.policy import (
     PrecisionPolicy,
     build_grad_scaler,
     keep_in_fp32,
     to_model_input,
 )
+from mptrain.precision.quant.block_convert import BlockLayers
+from mptrain.precision.quant.dist import FP8Sync
 from mptrain.precision.update import WeightUpdate, build_weight_update
 
 

@@ -39,10 +39,9 @@ from mptrain.config.precision import (
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext, build_scaler_for
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.blocks.gemm import block_gemm_available
-from mptrain.precision.blocks.recipe import BlockRecipe
-from mptrain.precision.fp8.convert import fp8_gemm_available
-from mptrain.precision.fp8.quant import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Recipe
+from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.fp8 import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Recipe
+from mptrain.precision.quant.kernels import block_gemm_available, fp8_gemm_available
 
 
 @dataclass(frozen=True)
@@ -90,7 +89,7 @@ class PrecisionPolicy:
     reason: str  # why this precision: the user's choice, or how auto decided
     notes: tuple[str, ...] = ()
     fp8: FP8Recipe | None = None  # set for precision=fp8
-    # set for precision=mxfp8, nvfp4 and fp8 with fp8.granularity=blockwise (mptrain.precision.blocks)
+    # set for precision=mxfp8, nvfp4 and fp8 with fp8.granularity=blockwise (mptrain.precision.quant)
     blocks: BlockRecipe | None = None
     param_dtype: torch.dtype = torch.float32  # float32 = master weights; else "pure" training
     # precision=auto timed on the model (mptrain.train.autoprecision): s/step per candidate, ...

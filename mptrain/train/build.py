@@ -39,7 +39,6 @@ from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.threads import ThreadChoice, apply_threads, resolve_threads
-from mptrain.precision.fp8.dist import gathers_fp32
 from mptrain.precision.gemm_plans import check_gemms
 from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import (
@@ -47,6 +46,7 @@ from mptrain.precision.policy import (
     apply_tf32,
     resolve_precision,
 )
+from mptrain.precision.quant.dist import gathers_fp32
 from mptrain.train.components import Run
 from mptrain.train.faults import InfGradInjector
 from mptrain.train.health import culprit_finder

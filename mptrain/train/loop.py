@@ -19,7 +19,7 @@ the loop calls it at named points — ``begin``, ``count_quantizations``, ``mode
 reads its loss scaler for the skip rule (step 4). Before every step, ``run.schedule`` may swap it
 for another precision's (once, with ``precision.switch``: :mod:`mptrain.train.switch`), so every
 call above reads ``run.precision`` when it runs. Data-parallel FP8 runs agree on their FP8 state
-after the backward and after the optimizer step (:mod:`mptrain.precision.fp8.dist`; nothing for
+after the backward and after the optimizer step (:mod:`mptrain.precision.quant.dist`; nothing for
 other runs); block-scaled layers count their saturated, underflowed and zero blocks on the steps
 that write a metrics row (the counts cost more than the quantization).
 

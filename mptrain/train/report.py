@@ -33,12 +33,13 @@ from mptrain.output.report import (
     TimeSection,
     TrainingSection,
 )
-from mptrain.platform import contention, gpus, hardware
+from mptrain.perf import gpus
+from mptrain.perf.speed import DataShape, mfu_of_run
+from mptrain.platform import contention, hardware
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.fp8.convert import fp8_layer_stats
 from mptrain.precision.policy import PrecisionPolicy
-from mptrain.precision.speed import DataShape, mfu_of_run
+from mptrain.precision.quant.fp8_convert import fp8_layer_stats
 from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.components import Run
 from mptrain.train.optim import optimizer_implementation
@@ -293,7 +294,7 @@ def _throughput_section(job: JobRecord) -> ThroughputSection:
 
 def _mfu_fields(job: JobRecord) -> dict[str, Any]:
     """The throughput section's MFU: model FLOP/s over the FLOP-weighted peak of the formats the
-    run's GEMMs ran in (:func:`mptrain.precision.speed.mfu_of_run`), on a GPU the table knows;
+    run's GEMMs ran in (:func:`mptrain.perf.speed.mfu_of_run`), on a GPU the table knows;
     otherwise None and why (on a CPU: n/a)."""
     cfg, run, policy, device = job.cfg, job.run, job.policy, job.device
     if device.type != "cuda":

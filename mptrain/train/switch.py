@@ -65,7 +65,6 @@ from mptrain.precision.formats import (
     run_sections,
     to_plain_linear,
 )
-from mptrain.precision.fp8.dist import FP8Sync
 from mptrain.precision.gemm_plans import check_switched_gemms
 from mptrain.precision.policy import (
     PrecisionPolicy,
@@ -73,6 +72,7 @@ from mptrain.precision.policy import (
     keep_in_fp32,
     resolve_precision,
 )
+from mptrain.precision.quant.dist import FP8Sync
 from mptrain.train.components import PrecisionSchedule, Run
 from mptrain.train.health import culprit_finder
 from mptrain.train.monitor import LossWindow

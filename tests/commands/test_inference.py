@@ -29,7 +29,7 @@ from torch import nn
 import mptrain
 from mptrain.commands import evaluate as evaluation
 from mptrain.config.base import ConfigError
-from mptrain.precision.fp8.linear import Float8Linear
+from mptrain.precision.quant.fp8_linear import Float8Linear
 from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.train import job as run_module
 

@@ -21,10 +21,9 @@ from mptrain.commands.advise import predict as advise_predict
 from mptrain.config.base import ConfigError
 from mptrain.config.commands import GPU_TARGETS
 from mptrain.models.gpt import GPT, GPTShape
-from mptrain.platform import gpus, hardware
-from mptrain.precision.fp8.convert import choose_layers
-from mptrain.precision.gemms import Gemm, account
-from mptrain.precision.roofline import (
+from mptrain.perf import gpus
+from mptrain.perf.gemms import Gemm, account
+from mptrain.perf.roofline import (
     Step,
     cast_bytes,
     gemm_passes,
@@ -33,6 +32,8 @@ from mptrain.precision.roofline import (
     predict,
     recipe_for,
 )
+from mptrain.platform import hardware
+from mptrain.precision.quant.fp8_convert import choose_layers
 from mptrain.train import report as train_report
 from mptrain.train.build import prepare_run
 

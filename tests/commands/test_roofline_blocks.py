@@ -15,10 +15,10 @@ from test_roofline import linear_gemm, meta, roofline_script
 from torch import nn
 
 from mptrain.config.format_table import BLOCK_FORMATS, FORMAT_TABLE
-from mptrain.platform import gpus
-from mptrain.precision.gemms import account
-from mptrain.precision.roofline import Step, cast_bytes, gemm_passes, predict, recipe_for
-from mptrain.precision.speed import DataShape, flops_by_format, mfu_of_run, with_precision
+from mptrain.perf import gpus
+from mptrain.perf.gemms import account
+from mptrain.perf.roofline import Step, cast_bytes, gemm_passes, predict, recipe_for
+from mptrain.perf.speed import DataShape, flops_by_format, mfu_of_run, with_precision
 
 B200, H100 = gpus.row("b200"), gpus.row("h100")
 X, W, DY = 1024 * 4096, 4096 * 4096, 1024 * 4096  # a 1024-row BF16 input, a 4096x4096 weight

@@ -22,13 +22,13 @@ from mptrain.config.format_table import (
     row,
 )
 from mptrain.config.run import RunConfig
-from mptrain.platform import gpus
-from mptrain.precision import formats, roofline
-from mptrain.precision.blocks.blockwise import BLOCKWISE_BLOCK
-from mptrain.precision.blocks.mx import MX_BLOCK
-from mptrain.precision.blocks.nvfp4 import NVFP4_BLOCK
-from mptrain.precision.blocks.recipe import BlockRecipe
+from mptrain.perf import gpus, roofline
+from mptrain.precision import formats
 from mptrain.precision.policy import PRECISIONS
+from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.blockwise import BLOCKWISE_BLOCK
+from mptrain.precision.quant.mx import MX_BLOCK
+from mptrain.precision.quant.nvfp4 import NVFP4_BLOCK
 
 PACKAGE = Path(mptrain.__file__).parent
 # The names no module may spell but the table and the config's option lists (the options a user

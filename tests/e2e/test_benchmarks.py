@@ -180,7 +180,7 @@ def test_gpt_flops_count_and_mfu_against_the_peak_table():
     assert gpt.parameters_counted(shape) == n
     assert gpt.flops_per_token(shape) == 6 * n + 12 * layers * 1024 * w
 
-    # The peaks are mptrain.platform.gpus' (dense: datasheets' with-sparsity figures halved).
+    # The peaks are mptrain.perf.gpus' (dense: datasheets' with-sparsity figures halved).
     assert gpt.table_peaks("NVIDIA H200")[1]["fp8"] == 1979
     assert gpt.table_peaks("NVIDIA H100 80GB HBM3")[1]["bf16"] == 989.5
     assert gpt.table_peaks("NVIDIA H100 PCIe") == ("h100-pcie", gpt.gpus.GPUS["h100-pcie"].tflops)

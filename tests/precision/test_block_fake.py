@@ -1,4 +1,4 @@
-"""The fast fake quantization's shortcuts (mptrain/precision/blocks/fake.py), each equal bit for
+"""The fast fake quantization's shortcuts (mptrain/precision/quant/fake.py), each equal bit for
 bit to what it replaces:
 
 - MX's multiplier and scale from FP32 bits (``mx.scale_factors``) against ``mx.scale_codes``'s
@@ -15,12 +15,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mptrain.precision.blocks import fake
-from mptrain.precision.blocks.e2m1 import E2M1
-from mptrain.precision.blocks.hadamard import random_hadamard_transform, rht_signs
-from mptrain.precision.blocks.mx import scale_codes, scale_factors
-from mptrain.precision.blocks.recipe import BlockRecipe, fake_quant_operand
-from mptrain.precision.fp8.quant import E4M3, E5M2
+from mptrain.precision.quant import fake
+from mptrain.precision.quant.block_recipe import BlockRecipe, fake_quant_operand
+from mptrain.precision.quant.e2m1 import E2M1
+from mptrain.precision.quant.fp8 import E4M3, E5M2
+from mptrain.precision.quant.hadamard import random_hadamard_transform, rht_signs
+from mptrain.precision.quant.mx import scale_codes, scale_factors
 
 RECIPES = {
     "mxfp8-rceil": BlockRecipe("mxfp8"),

@@ -1,4 +1,4 @@
-"""The real block-scaled GEMMs (mptrain.precision.blocks.gemm): where they run, how their operands
+"""The real block-scaled GEMMs (mptrain.precision.quant.kernels): where they run, how their operands
 are laid out, and that both paths of :class:`BlockLinear` share the quantization.
 
 On the CPU (no block-scaled kernel runs here):
@@ -36,18 +36,18 @@ from mptrain.config.base import ConfigError
 from mptrain.config.format_table import FORMAT_TABLE
 from mptrain.config.precision import FP8Config, MXConfig, NVFP4Config, PrecisionConfig
 from mptrain.precision import policy as policy_module
-from mptrain.precision.blocks.blocked import BlockQuantized
-from mptrain.precision.blocks.gemm import (
+from mptrain.precision.policy import resolve_precision
+from mptrain.precision.quant.block_linear import BlockLinear
+from mptrain.precision.quant.block_recipe import BlockRecipe, quantize_operand
+from mptrain.precision.quant.blocked import BlockQuantized
+from mptrain.precision.quant.fp8 import E4M3, E5M2
+from mptrain.precision.quant.kernels import (
     block_gemm,
     block_gemm_available,
     scaled_mm_call,
     to_blocked,
     transposed,
 )
-from mptrain.precision.blocks.linear import BlockLinear
-from mptrain.precision.blocks.recipe import BlockRecipe, quantize_operand
-from mptrain.precision.fp8.quant import E4M3, E5M2
-from mptrain.precision.policy import resolve_precision
 from mptrain.train import job as run_module
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")

@@ -19,14 +19,14 @@ from torchvision.models import VisionTransformer, resnet18
 from mptrain.config.models import MLPConfig
 from mptrain.models.builtin import build_mlp
 from mptrain.models.gpt import GPT, GPTShape
-from mptrain.precision.blocks.convert import (
+from mptrain.precision.quant.block_convert import (
     BlockLayers,
     convert_to_blocks,
     generator_seed,
     layer_rules,
     layer_seed,
 )
-from mptrain.precision.blocks.recipe import BlockRecipe
+from mptrain.precision.quant.block_recipe import BlockRecipe
 from mptrain.precision.selection import LayerRules, block_list, choose
 from mptrain.rundir.checkpoint import load_checkpoint
 

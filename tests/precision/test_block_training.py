@@ -26,23 +26,23 @@ from torch import nn
 
 from mptrain.config.base import ConfigError
 from mptrain.config.precision import FP8Config, MXConfig, NVFP4Config, PrecisionConfig
-from mptrain.precision.blocks import e2m1, fake
-from mptrain.precision.blocks.blockwise import quantize_blockwise
-from mptrain.precision.blocks.convert import (
+from mptrain.precision.formats import to_plain_linear
+from mptrain.precision.plugin import Precision
+from mptrain.precision.policy import resolve_precision
+from mptrain.precision.quant import e2m1, fake
+from mptrain.precision.quant.block_convert import (
     BlockLayers,
     apply_blocks,
     convert_to_blocks,
     layer_rules,
 )
-from mptrain.precision.blocks.hadamard import random_hadamard_transform, rht_signs
-from mptrain.precision.blocks.linear import BlockLinear
-from mptrain.precision.blocks.nvfp4 import quantize_nvfp4
-from mptrain.precision.blocks.recipe import BlockRecipe, fake_quant_operand, quantize_operand
-from mptrain.precision.formats import to_plain_linear
-from mptrain.precision.fp8.dist import gathers_fp32
-from mptrain.precision.fp8.quant import E4M3, E5M2, FP8_MAX
-from mptrain.precision.plugin import Precision
-from mptrain.precision.policy import resolve_precision
+from mptrain.precision.quant.block_linear import BlockLinear
+from mptrain.precision.quant.block_recipe import BlockRecipe, fake_quant_operand, quantize_operand
+from mptrain.precision.quant.blockwise import quantize_blockwise
+from mptrain.precision.quant.dist import gathers_fp32
+from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8_MAX
+from mptrain.precision.quant.hadamard import random_hadamard_transform, rht_signs
+from mptrain.precision.quant.nvfp4 import quantize_nvfp4
 from mptrain.precision.selection import choose
 from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.train import job as run_module

@@ -13,17 +13,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mptrain.precision.blocks import e2m1
-from mptrain.precision.blocks.blockwise import fake_quant_blockwise, quantize_blockwise
-from mptrain.precision.blocks.e2m1 import E2M1
-from mptrain.precision.blocks.hadamard import (
+from mptrain.precision.quant import e2m1
+from mptrain.precision.quant.blockwise import fake_quant_blockwise, quantize_blockwise
+from mptrain.precision.quant.e2m1 import E2M1
+from mptrain.precision.quant.fp8 import E4M3, E5M2
+from mptrain.precision.quant.hadamard import (
     hadamard_matrix,
     random_hadamard_transform,
     rht_signs,
 )
-from mptrain.precision.blocks.mx import fake_quant_mx, quantize_mx
-from mptrain.precision.blocks.nvfp4 import fake_quant_nvfp4, quantize_nvfp4
-from mptrain.precision.fp8.quant import E4M3, E5M2
+from mptrain.precision.quant.mx import fake_quant_mx, quantize_mx
+from mptrain.precision.quant.nvfp4 import fake_quant_nvfp4, quantize_nvfp4
 
 
 def sqnr_db(reference: torch.Tensor, other: torch.Tensor) -> float:

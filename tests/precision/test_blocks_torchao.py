@@ -28,14 +28,14 @@ import pytest
 import torch
 from torch import nn
 
-from mptrain.precision.blocks.blockwise import quantize_blockwise
-from mptrain.precision.blocks.e2m1 import E2M1
-from mptrain.precision.blocks.hadamard import random_hadamard_transform, rht_signs
-from mptrain.precision.blocks.linear import BlockLinear
-from mptrain.precision.blocks.mx import fake_quant_mx, quantize_mx
-from mptrain.precision.blocks.nvfp4 import nvfp4_tensor_scale, quantize_nvfp4
-from mptrain.precision.blocks.recipe import BlockRecipe
-from mptrain.precision.fp8.quant import AMAX_EPS, E4M3, E5M2, quantize, scale_from_amax
+from mptrain.precision.quant.block_linear import BlockLinear
+from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.blockwise import quantize_blockwise
+from mptrain.precision.quant.e2m1 import E2M1
+from mptrain.precision.quant.fp8 import AMAX_EPS, E4M3, E5M2, quantize, scale_from_amax
+from mptrain.precision.quant.hadamard import random_hadamard_transform, rht_signs
+from mptrain.precision.quant.mx import fake_quant_mx, quantize_mx
+from mptrain.precision.quant.nvfp4 import nvfp4_tensor_scale, quantize_nvfp4
 
 mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor", reason="no torchao")
 from torchao.prototype.blockwise_fp8_training import kernels as blockwise_ref  # noqa: E402

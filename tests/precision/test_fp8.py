@@ -24,17 +24,9 @@ from mptrain.config.models import ViTConfig
 from mptrain.config.precision import FP8Config, PrecisionConfig, validate_fp8
 from mptrain.models.builtin import build_vit
 from mptrain.platform.distributed import DistContext
-from mptrain.precision.fp8.convert import (
-    apply_fp8,
-    choose_layers,
-    convert_to_fp8,
-    fp8_gemm_available,
-    fp8_layer_stats,
-    skip_summary,
-)
-from mptrain.precision.fp8.dist import FP8Sync, build_fp8_sync
-from mptrain.precision.fp8.linear import Float8Linear, check_gemm_operands, fp8_gemm
-from mptrain.precision.fp8.quant import (
+from mptrain.precision.policy import resolve_precision
+from mptrain.precision.quant.dist import FP8Sync, build_fp8_sync
+from mptrain.precision.quant.fp8 import (
     E4M3,
     E5M2,
     FP8_MAX,
@@ -44,7 +36,15 @@ from mptrain.precision.fp8.quant import (
     quantize,
     scale_from_amax,
 )
-from mptrain.precision.policy import resolve_precision
+from mptrain.precision.quant.fp8_convert import (
+    apply_fp8,
+    choose_layers,
+    convert_to_fp8,
+    fp8_layer_stats,
+    skip_summary,
+)
+from mptrain.precision.quant.fp8_linear import Float8Linear
+from mptrain.precision.quant.kernels import check_gemm_operands, fp8_gemm, fp8_gemm_available
 from mptrain.train import job as run_module
 from mptrain.train.build import prepare_run
 from mptrain.train.loop import train_loop
@@ -1224,7 +1224,7 @@ def test_parameters_and_optimizer_state_stay_fp32_after_fp8_training(tmp_path, m
 # ------------------------------------------------------------------------ 11. data parallel
 def test_a_deferred_delayed_scale_waits_for_update_scale_then_matches_the_undeferred_one():
     """Under data parallelism the delayed scale is computed once the ranks' amaxes are in the
-    history (mptrain.precision.fp8.dist): casts then use the scale of the last update."""
+    history (mptrain.precision.quant.dist): casts then use the scale of the last update."""
     eager, deferred = delayed_scaler(), delayed_scaler()
     deferred.defer_scale_update = True
     used = [deferred.cast(with_amax(amax))[1].item() for amax in AMAXES[:3]]
@@ -1395,8 +1395,8 @@ def test_fp8_policy_uses_real_gemms_on_this_gpu():
 
 def test_evaluation_leaves_fp8_scaling_state_alone():
     """Delayed scaling: eval forwards must not push validation amaxes into the history."""
-    from mptrain.precision.fp8.linear import Float8Linear
-    from mptrain.precision.fp8.quant import E4M3, E5M2, FP8Recipe
+    from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Recipe
+    from mptrain.precision.quant.fp8_linear import Float8Linear
 
     recipe = FP8Recipe(
         forward_dtype=E4M3, backward_dtype=E5M2, scaling="delayed", amax_history_len=4

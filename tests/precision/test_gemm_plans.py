@@ -13,13 +13,13 @@ from conftest import LM, compose_run, tiny_run, train
 from torch import nn
 
 from mptrain.config.base import ConfigError
-from mptrain.precision.blocks.linear import BlockGemm, BlockLinear
-from mptrain.precision.blocks.mx import quantize_mx
-from mptrain.precision.blocks.nvfp4 import quantize_nvfp4
-from mptrain.precision.blocks.recipe import BlockRecipe
-from mptrain.precision.fp8.linear import Float8Linear, FP8RowwiseGemm, FP8TensorwiseGemm
-from mptrain.precision.fp8.quant import E4M3, E5M2, FP8Recipe, quantize, scale_from_amax
-from mptrain.precision.quantized_linear import GemmPlan, HighPrecisionGemm
+from mptrain.precision.quant.block_linear import BlockGemm, BlockLinear
+from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Recipe, quantize, scale_from_amax
+from mptrain.precision.quant.fp8_linear import Float8Linear, FP8RowwiseGemm, FP8TensorwiseGemm
+from mptrain.precision.quant.linear import GemmPlan, HighPrecisionGemm
+from mptrain.precision.quant.mx import quantize_mx
+from mptrain.precision.quant.nvfp4 import quantize_nvfp4
 from mptrain.rundir.checkpoint import load_checkpoint
 
 

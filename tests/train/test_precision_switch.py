@@ -26,11 +26,11 @@ from torch import nn
 from mptrain.config.base import ConfigError
 from mptrain.output.metrics import read_metrics
 from mptrain.platform.distributed import DistContext
-from mptrain.precision.blocks.linear import BlockLinear
-from mptrain.precision.blocks.recipe import BlockRecipe
 from mptrain.precision.formats import LAYER_FORMATS, to_plain_linear
-from mptrain.precision.fp8.linear import Float8Linear
 from mptrain.precision.policy import PRECISIONS
+from mptrain.precision.quant.block_linear import BlockLinear
+from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.fp8_linear import Float8Linear
 from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.train import job as job_module
 from mptrain.train.build import prepare_run

@@ -31,7 +31,7 @@ import torch
 
 from mptrain.commands.advise import recipes
 from mptrain.config.run import RunConfig
-from mptrain.precision.quantized_linear import GEMMS, HighPrecisionGemm
+from mptrain.precision.quant.linear import GEMMS, HighPrecisionGemm
 
 GEMM_LAYERS = 3  # the most kept layers whose GEMMs are measured one by one (4 passes each)
 LIFT_DB = 1.0  # a lift within this of the whole layer's gradient SQNR recovers the layer

@@ -1,8 +1,8 @@
 """advise's predicted speed on a named GPU (``advise.target``), beside what it measured.
 
-``advise.target=h100`` (any name of :mod:`mptrain.platform.gpus`) predicts each candidate's
+``advise.target=h100`` (any name of :mod:`mptrain.perf.gpus`) predicts each candidate's
 step (each precision and FP8 recipe, the block-scaled formats, and TF32) on that GPU from the
-model's GEMM shapes and memory traffic (:mod:`mptrain.precision.roofline`: a lower bound of the
+model's GEMM shapes and memory traffic (:mod:`mptrain.perf.roofline`: a lower bound of the
 step's time, so an upper bound of its speed); a format the GPU has no kernel for (MXFP8 and
 NVFP4 before Blackwell, blockwise FP8 before Hopper) gets no prediction: it would be emulated
 there. ``auto`` (the default) predicts for the GPU advise runs on, and for nothing on a CPU;
@@ -18,7 +18,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from mptrain.config.base import ConfigError
-from mptrain.platform import gpus
+from mptrain.perf import gpus
 
 if TYPE_CHECKING:
     import torch
@@ -59,7 +59,7 @@ def predict(cfg: RunConfig, device: torch.device, candidates: list[Candidate]) -
     out["same_device"] = here is not None and gpus.row_for_device_name(here) == gpu
     out["basis"] = BASIS
     from mptrain.commands.advise import recipes
-    from mptrain.precision.speed import data_shape, predict_configs
+    from mptrain.perf.speed import data_shape, predict_configs
 
     configs = {c.name: c.cfg for c in candidates}
     configs.setdefault("tf32", recipes.apply(cfg, recipes.recipe("tf32")))
@@ -86,7 +86,7 @@ def predict_samples_per_s(cfg: RunConfig) -> float:
     reason when there is none (a CPU, a GPU the table lacks, a format it lacks)."""
     import torch
 
-    from mptrain.precision.speed import data_shape, predict_configs
+    from mptrain.perf.speed import data_shape, predict_configs
 
     here = torch.cuda.get_device_name() if torch.cuda.is_available() else None
     gpu, why = gpus.resolve_target(gpus.AUTO, here)

@@ -64,7 +64,7 @@ LOW_PRECISION = (
     Recipe("fp8-rowwise", "fp8 rowwise", _fp8("rowwise"), needs="FP8 GEMMs"),
     Recipe("fp8-delayed", "fp8 delayed", _fp8("tensorwise", "delayed"), needs="FP8 GEMMs"),
     Recipe("fp8-pow2", "fp8 pow2 scales", _fp8("tensorwise", pow2=True), needs="FP8 GEMMs"),
-    # the block-scaled formats (mptrain.precision.blocks): blockwise FP8 (DeepSeek-V3), MXFP8, NVFP4
+    # the block-scaled formats (mptrain.precision.quant): blockwise FP8 (DeepSeek-V3), MXFP8, NVFP4
     Recipe("fp8-blockwise", "fp8 blockwise", _fp8("blockwise"), needs="block-scaled GEMMs"),
     Recipe(MXFP8, MXFP8, (("precision", MXFP8),), needs="block-scaled GEMMs"),
     Recipe(NVFP4, NVFP4, (("precision", NVFP4),), needs="block-scaled GEMMs"),

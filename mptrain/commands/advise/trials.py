@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 from mptrain.commands import bench
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
-from mptrain.precision.blocks.linear import BlockLinear
 from mptrain.precision.formats import LAYER_FORMATS
+from mptrain.precision.quant.block_linear import BlockLinear
 from mptrain.train.build import prepare_run
 from mptrain.train.loop import LoopHooks, train_loop
 

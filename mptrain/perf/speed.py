@@ -1,10 +1,10 @@
 """A configured run's predicted speed on a named GPU, and its model FLOPs by format (MFU's
 FLOP-weighted peak): the glue from a :class:`~mptrain.config.run.RunConfig` to
-:mod:`mptrain.precision.roofline`.
+:mod:`mptrain.perf.roofline`.
 
 The model is built on the meta device (no memory, no weights initialised) from the same config
 and data shape a run would use; the converted layers are the ones the precision would convert:
-FP8's (:func:`mptrain.precision.fp8.convert.choose_layers` with the run's ``fp8.*``), the
+FP8's (:func:`mptrain.precision.quant.fp8_convert.choose_layers` with the run's ``fp8.*``), the
 block-scaled formats' (:mod:`mptrain.precision.selection` under ``mx.*``, ``nvfp4.*`` or, for
 ``fp8.granularity=blockwise``, ``fp8.*``, with the format's block alignment and NVFP4's BF16
 tail), unless the caller names those that did. ``advise``, the run report and
@@ -26,13 +26,9 @@ from mptrain.config.run import RunConfig
 from mptrain.data.batches import BatchLayout, DataBundle
 from mptrain.data.build import build_data
 from mptrain.models.build import build_model
-from mptrain.platform.gpus import GPU, mixed_peak_flops
-from mptrain.precision.blocks.convert import layer_rules
-from mptrain.precision.blocks.recipe import BlockRecipe
-from mptrain.precision.formats import layer_format
-from mptrain.precision.fp8.convert import choose_layers, skip_summary
-from mptrain.precision.gemms import SAMPLES, Accounting, account
-from mptrain.precision.roofline import (
+from mptrain.perf.gemms import SAMPLES, Accounting, account
+from mptrain.perf.gpus import GPU, mixed_peak_flops
+from mptrain.perf.roofline import (
     Prediction,
     Recipe,
     Step,
@@ -41,6 +37,10 @@ from mptrain.precision.roofline import (
     predict,
     recipe_for,
 )
+from mptrain.precision.formats import layer_format
+from mptrain.precision.quant.block_convert import layer_rules
+from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.fp8_convert import choose_layers, skip_summary
 from mptrain.precision.selection import LayerChoice, choose
 
 
@@ -92,7 +92,7 @@ def meta_model(cfg: RunConfig, shape: DataShape, dtype: torch.dtype = torch.floa
 
 
 def meta_sample(shape: DataShape) -> torch.Tensor:
-    """A meta batch of :data:`~mptrain.precision.gemms.SAMPLES` inputs: token ids or images."""
+    """A meta batch of :data:`~mptrain.perf.gemms.SAMPLES` inputs: token ids or images."""
     if shape.sequence_length is not None:
         return torch.zeros(SAMPLES, shape.sequence_length, dtype=torch.long, device="meta")
     size = (SAMPLES, shape.in_channels, shape.image_size, shape.image_size)
@@ -230,7 +230,7 @@ def mfu_of_run(
 ) -> tuple[float, float]:
     """(model FLOPs per sample, FLOP-weighted peak FLOP/s) of a run of ``cfg`` in ``precision``
     on ``gpu`` (see :func:`flops_by_format`; a block-scaled format's GEMMs weighted by its peak,
-    :meth:`~mptrain.platform.gpus.GPU.peak_flops`). MFU = FLOPs per sample x samples/s / (GPUs x
+    :meth:`~mptrain.perf.gpus.GPU.peak_flops`). MFU = FLOPs per sample x samples/s / (GPUs x
     peak)."""
     by_format = flops_by_format(cfg, shape, precision, layers)
     return sum(by_format.values()), mixed_peak_flops(by_format, gpu)

@@ -13,9 +13,9 @@ accumulates in FP32, without its speed. torchao's emulated ``MXFP8Linear`` multi
 layer's dtype instead: equal bit for bit in FP32, not in BF16 (BF16 operands, a BF16 matmul:
 docs/precisions.md, *Checked against torchao*).
 
-Counts (:class:`~mptrain.precision.blocks.blocked.BlockStats`) cost more than the quantization,
+Counts (:class:`~mptrain.precision.quant.blocked.BlockStats`) cost more than the quantization,
 so a layer counts only while ``sampling`` is set (the loop sets it for its log rows: see
-:class:`~mptrain.precision.blocks.convert.BlockLayers`); they add up per role in non-persistent
+:class:`~mptrain.precision.quant.block_convert.BlockLayers`); they add up per role in non-persistent
 buffers (not in the state_dict: a checkpoint of one precision loads into any other).
 """
 
@@ -27,17 +27,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from mptrain.precision.blocks.blocked import BlockStats
-from mptrain.precision.blocks.fake import hadamard_, hadamard_rows, scratch
-from mptrain.precision.blocks.gemm import Operand, block_gemm, transposed
-from mptrain.precision.blocks.hadamard import rht_signs
-from mptrain.precision.blocks.recipe import (
+from mptrain.precision.quant.block_recipe import (
     ROLES,
     BlockRecipe,
     fake_quant_operand,
     quantize_operand,
 )
-from mptrain.precision.quantized_linear import Backward, GemmFormat, GemmPlan, QuantizedLinear
+from mptrain.precision.quant.blocked import BlockStats
+from mptrain.precision.quant.fake import hadamard_, hadamard_rows, scratch
+from mptrain.precision.quant.hadamard import rht_signs
+from mptrain.precision.quant.kernels import Operand, block_gemm, transposed
+from mptrain.precision.quant.linear import Backward, GemmFormat, GemmPlan, QuantizedLinear
 
 COUNTS = ("saturated", "underflows", "zero_blocks", "nonfinite_blocks")
 SHAPES = ("elements", "blocks")
@@ -158,7 +158,7 @@ class BlockGemm(GemmFormat):
 
 
 class BlockLinear(QuantizedLinear):
-    """A :class:`~mptrain.precision.quantized_linear.QuantizedLinear` whose GEMMs run in
+    """A :class:`~mptrain.precision.quant.linear.QuantizedLinear` whose GEMMs run in
     block-scaled formats (``plan``: by default ``recipe``'s for all three; a GEMM of the plan
     may be in another block format or in high precision). Parameters stay FP32 and are the
     wrapped layer's own (:meth:`from_linear`); ``in_features`` and ``out_features`` must be
@@ -229,7 +229,7 @@ class BlockLinear(QuantizedLinear):
         ``sampling``. For the real GEMM the quantization itself (elements and scales); for the
         emulated one dequantized to FP32: through the quantizer while counting (new memory), else
         the fast path (the same bits) into the scratch ``slot`` when given
-        (:func:`mptrain.precision.blocks.fake.scratch`: the GEMM reads it at once), in ``t``'s
+        (:func:`mptrain.precision.quant.fake.scratch`: the GEMM reads it at once), in ``t``'s
         layout with ``keep_layout``."""
         real = recipe.real_gemm
         if not self.sampling and not real:

@@ -18,7 +18,7 @@
   dtype, the GEMMs take their floating inputs in it, and the functions autocast runs in FP32
   (norms, softmax, losses, exp/log/pow, sums) take FP32 inputs, as CUDA autocast's lists say;
   the rest runs in the dtypes it is given. The casts autocast makes into the GEMMs are not in
-  the elementwise bytes: :mod:`mptrain.precision.roofline` counts them per precision.
+  the elementwise bytes: :mod:`mptrain.perf.roofline` counts them per precision.
 
 The loss is cross-entropy over the logits, as the tasks train. Nothing here scales by batch:
 :class:`Accounting` holds per-sample figures and the weights once.

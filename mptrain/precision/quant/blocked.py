@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mptrain.precision.blocks import e2m1
-from mptrain.precision.fp8.quant import FP8_MAX, SATURATION_BOUNDARY, quantize
+from mptrain.precision.quant import e2m1
+from mptrain.precision.quant.fp8 import FP8_MAX, SATURATION_BOUNDARY, quantize
 
 INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 

@@ -43,9 +43,9 @@ from __future__ import annotations
 import torch
 
 from mptrain.config.format_table import FORMAT_TABLE, NVFP4
-from mptrain.precision.blocks.blocked import BlockQuantized, assemble, finish, split_input
-from mptrain.precision.blocks.e2m1 import E2M1, E2M1_MAX
-from mptrain.precision.fp8.quant import E4M3, FP8_MAX
+from mptrain.precision.quant.blocked import BlockQuantized, assemble, finish, split_input
+from mptrain.precision.quant.e2m1 import E2M1, E2M1_MAX
+from mptrain.precision.quant.fp8 import E4M3, FP8_MAX
 
 NVFP4_BLOCK = FORMAT_TABLE[NVFP4].block  # 16
 E4M3_SMALLEST_NORMAL = torch.finfo(E4M3).tiny  # 2^-6: torchao's floor for a block scale

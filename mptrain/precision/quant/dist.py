@@ -5,7 +5,7 @@ Built by :func:`build_fp8_sync`; the loop calls ``begin()`` once before its firs
 (each may run a collective). A single process, or a run without FP8, gets :class:`FP8Sync`,
 whose calls do nothing.
 
-Builtin backend (:mod:`mptrain.precision.fp8`), under DDP or FSDP:
+Builtin backend (:mod:`mptrain.precision.quant.fp8_linear`), under DDP or FSDP:
 
 - delayed scaling: each rank's casts put that rank's amaxes into its histories. After the
   backward, the histories of every TensorScaler (input, weight and grad of every Float8Linear)
@@ -40,9 +40,8 @@ from torch import nn
 
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.blocks.linear import BlockLinear
-from mptrain.precision.fp8.linear import Float8Linear
-from mptrain.precision.fp8.quant import (
+from mptrain.precision.quant.block_linear import BlockLinear
+from mptrain.precision.quant.fp8 import (
     AMAX_EVENT_COUNTERS,
     E4M3,
     FP8Recipe,
@@ -50,6 +49,7 @@ from mptrain.precision.fp8.quant import (
     history_amax,
     scale_or_current,
 )
+from mptrain.precision.quant.fp8_linear import Float8Linear
 
 COUNTERS = ("saturated", "seen", *AMAX_EVENT_COUNTERS)
 

@@ -1,7 +1,14 @@
-"""The GEMM of two block-scaled operands, what :class:`~.linear.BlockLinear` multiplies: torch's
-block-scaled ``torch.nn.functional.scaled_mm`` where the GPU has it (``recipe.real_gemm``), the
-emulation everywhere else. Both paths take the operands of the same quantization; only the
-matmul differs.
+"""The GEMM kernels both families of quantized Linear call, real where the GPU has them and
+emulated everywhere else, with the rules of each kernel checked on every device (code that passes
+on the CPU cannot fail on the GPU for a rule the CPU skipped):
+
+- FP8 with one scale per tensor or per row (:func:`fp8_gemm`): ``torch._scaled_mm`` on NVIDIA GPUs
+  of compute capability >= 8.9 (:func:`fp8_gemm_available`); its layout and alignment contract
+  (:func:`check_gemm_operands`). Emulated: the FP8 values (exact in FP32) multiplied in FP32, the
+  product rescaled once;
+- block-scaled (:func:`block_gemm`): torch's block-scaled ``torch.nn.functional.scaled_mm`` where
+  the GPU has it (``recipe.real_gemm``). Both paths take the operands of the same quantization;
+  only the matmul differs.
 
 Which (:func:`block_gemm_available`, from the device's compute capability and torch's build, as
 each format's row of :data:`mptrain.config.format_table.FORMAT_TABLE` states them;
@@ -19,7 +26,7 @@ Emulated (``a`` and ``b`` the dequantized FP32 operands): an FP32 matmul with au
 to the output dtype, as a hardware GEMM accumulating in FP32 writes its output. autocast is off
 because torch.compile traces the backward under the forward's autocast (torch 2.14's default
 ``backward_pass_autocast="same_as_forward"``), which would run the mm in BF16 (the reason of
-:func:`mptrain.precision.fp8.linear.fp8_gemm` too).
+:func:`mptrain.precision.quant.fp8_linear.fp8_gemm` too).
 
 Real (``a`` and ``b`` :class:`~.blocked.BlockQuantized`, elements and scales as quantized):
 :func:`scaled_mm_call` lays them out as the kernel requires (``a`` row-major, ``b``
@@ -40,10 +47,10 @@ import torch.nn.functional as F
 
 from mptrain.config.format_table import FORMAT_TABLE, FP8_BLOCKWISE, MXFP8, NVFP4
 from mptrain.platform import hardware
-from mptrain.precision.blocks import e2m1
-from mptrain.precision.blocks.blocked import BlockQuantized
-from mptrain.precision.blocks.recipe import BlockRecipe
-from mptrain.precision.fp8.quant import E4M3
+from mptrain.precision.quant import e2m1
+from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.blocked import BlockQuantized
+from mptrain.precision.quant.fp8 import E4M3, E5M2, GEMM_ALIGNMENT, MIN_FP8_CAPABILITY
 
 Operand = torch.Tensor | BlockQuantized
 
@@ -54,6 +61,72 @@ BLOCKWISE_ROW_ALIGNMENT = 16
 TILE_ROWS, TILE_COLS = 128, 4
 
 
+# ------------------------------------------------------------------------------ FP8, per tensor or row
+def _is_row_major(t: torch.Tensor) -> bool:
+    return t.stride(1) == 1 and t.stride(0) == t.shape[1]
+
+
+def _is_column_major(t: torch.Tensor) -> bool:
+    return t.stride(0) == 1 and t.stride(1) == t.shape[0]
+
+
+def check_gemm_operands(
+    a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor
+) -> None:
+    """The torch._scaled_mm contract, enforced on every device.
+
+    ``a`` (M×K) row-major, ``b`` (K×N) column-major, K and N multiples of 16, not both E5M2;
+    scales either both per tensor (shape ()) or both rowwise: (M, 1) for ``a``, (1, N) for ``b``.
+    """
+    (m, k), (k_b, n) = a.shape, b.shape
+    tensorwise = a_scale.shape == b_scale.shape == ()
+    rowwise = a_scale.shape == (m, 1) and b_scale.shape == (1, n)
+    if not (tensorwise or rowwise):
+        raise ValueError(
+            f"FP8 GEMM: scales {tuple(a_scale.shape)} and {tuple(b_scale.shape)} are neither "
+            f"both per tensor nor rowwise ({m}, 1) and (1, {n})"
+        )
+    if k != k_b:
+        raise ValueError(f"FP8 GEMM: inner dimensions differ ({k} vs {k_b})")
+    if k % GEMM_ALIGNMENT or n % GEMM_ALIGNMENT:
+        raise ValueError(f"FP8 GEMM: K={k} and N={n} must be multiples of {GEMM_ALIGNMENT}")
+    if not _is_row_major(a):
+        raise ValueError("FP8 GEMM: the first operand must be row-major")
+    if not _is_column_major(b):
+        raise ValueError("FP8 GEMM: the second operand must be column-major")
+    if a.dtype == E5M2 and b.dtype == E5M2:
+        raise ValueError("FP8 GEMM: E5M2 x E5M2 is not supported; one operand must be E4M3")
+
+
+def fp8_gemm(
+    a: torch.Tensor,
+    a_scale: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    real: bool,
+) -> torch.Tensor:
+    """``dequantize(a) @ dequantize(b)`` with FP32 accumulation, as ``torch._scaled_mm`` computes it
+    (scales per tensor or rowwise: see :func:`check_gemm_operands`)."""
+    check_gemm_operands(a, a_scale, b, b_scale)
+    a_inv, b_inv = a_scale.reciprocal(), b_scale.reciprocal()
+    if real:
+        return torch._scaled_mm(a, b, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype)
+    # FP8 values are exact in FP32: multiply them exactly-rounded in FP32, rescale once.
+    # autocast off: torch.compile traces the backward under the forward's autocast (torch 2.14
+    # default backward_pass_autocast="same_as_forward"), which would run this mm in BF16.
+    with torch.autocast(a.device.type, enabled=False):
+        return (torch.mm(a.float(), b.float()) * (a_inv * b_inv)).to(out_dtype)
+
+
+def fp8_gemm_available(device: torch.device) -> bool:
+    """True on NVIDIA GPUs of compute capability >= 8.9 with torch._scaled_mm."""
+    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
+        return False
+    return torch.cuda.get_device_capability(device) >= MIN_FP8_CAPABILITY
+
+
+# ------------------------------------------------------------------------------ block-scaled
 def block_gemm_available(
     device: torch.device, fmt: str, elements: torch.dtype = E4M3
 ) -> tuple[bool, str]:

@@ -124,7 +124,7 @@ def scale_or_current(
 ) -> torch.Tensor:
     """Elementwise, the scale for each ``amax`` (rounded down to a power of two with
     ``recipe.pow2_scales``), or ``current`` where amax is zero or not finite: one TensorScaler's,
-    or those of many scalers of ``dtype`` and ``recipe`` at once (mptrain.precision.fp8.dist)."""
+    or those of many scalers of ``dtype`` and ``recipe`` at once (mptrain.precision.quant.dist)."""
     usable = torch.isfinite(amax) & (amax > 0)
     scale = scale_from_amax(amax, dtype, recipe.margin)
     if recipe.pow2_scales:
@@ -165,7 +165,7 @@ class TensorScaler(nn.Module):
         for name in AMAX_EVENT_COUNTERS:
             self.register_buffer(name, torch.zeros((), dtype=torch.float64))
         # Delayed scaling under data parallelism: the scale is computed once the amaxes of every
-        # rank are in the history (update_scale, called by mptrain.precision.fp8.dist), not after each cast.
+        # rank are in the history (update_scale, called by mptrain.precision.quant.dist), not after each cast.
         self.defer_scale_update = False
 
     @torch.no_grad()

@@ -10,9 +10,9 @@ FP32: for a magnitude ``m`` in the binade ``[2^e, 2^(e+1))`` (``e`` at least the
 normal exponent, where the subnormal spacing continues), ``(m + c) - c`` with ``c = 2^(e + 23 -
 mantissa bits)`` is ``m`` rounded to nearest even at the format's spacing ``2^(e - mantissa
 bits)``: the FP32 addition itself rounds (``c``'s ulp is that spacing, and the sum stays in
-``c``'s binade). Saturation is a clamp first, as :func:`mptrain.precision.fp8.quant.quantize`
+``c``'s binade). Saturation is a clamp first, as :func:`mptrain.precision.quant.fp8.quantize`
 does. Stochastic rounding (NVFP4 gradients) draws the same ``torch.rand`` numbers, in the same
-order, as :func:`mptrain.precision.blocks.e2m1.encode` and compares them with the same exact
+order, as :func:`mptrain.precision.quant.e2m1.encode` and compares them with the same exact
 fraction.
 
 The time is in the passes over the operand (each elementwise torch operation is one; on the CPU
@@ -20,7 +20,7 @@ they are bound by memory traffic), so they are few: ``|x|`` is written once, int
 result is returned in, and everything after it happens there in place (the blocks' amax, the
 multiplier, saturation, the rounding, the sign, the scale: ten passes for MX, against eleven
 and the casts before); a block's multiplier and scale come from a few integer passes over the
-amaxes (MX: :func:`mptrain.precision.blocks.mx.scale_factors`, no E8M0 codes, cast or boolean
+amaxes (MX: :func:`mptrain.precision.quant.mx.scale_factors`, no E8M0 codes, cast or boolean
 mask: a mask costs ten times an integer pass there). An operand whose quantized dimension is not
 its last can be quantized where it lies (``keep_layout``: blocks split along a middle dimension,
 the amax reduced across rows), so that no transposed copy is made: what the backward's dx and
@@ -43,13 +43,13 @@ from dataclasses import replace
 
 import torch
 
-from mptrain.precision.blocks.blocked import INPUT_DTYPES, Blocks, element_max, split_input
-from mptrain.precision.blocks.blockwise import BLOCKWISE_BLOCK
-from mptrain.precision.blocks.e2m1 import E2M1, E2M1_MAX
-from mptrain.precision.blocks.hadamard import RHT_SIZE
-from mptrain.precision.blocks.mx import MX_BLOCK, scale_factors
-from mptrain.precision.blocks.nvfp4 import NVFP4_BLOCK, _to_e4m3, nvfp4_tensor_scale
-from mptrain.precision.fp8.quant import E4M3, E5M2, scale_from_amax
+from mptrain.precision.quant.blocked import INPUT_DTYPES, Blocks, element_max, split_input
+from mptrain.precision.quant.blockwise import BLOCKWISE_BLOCK
+from mptrain.precision.quant.e2m1 import E2M1, E2M1_MAX
+from mptrain.precision.quant.fp8 import E4M3, E5M2, scale_from_amax
+from mptrain.precision.quant.hadamard import RHT_SIZE
+from mptrain.precision.quant.mx import MX_BLOCK, scale_factors
+from mptrain.precision.quant.nvfp4 import NVFP4_BLOCK, _to_e4m3, nvfp4_tensor_scale
 
 _RHT_NORM = RHT_SIZE**-0.5  # 1/4, exact: hadamard.py's normalisation
 _MANTISSA_BITS = 23
@@ -120,7 +120,7 @@ def stochastic_round_e2m1_(a: torch.Tensor, draw: torch.Tensor) -> torch.Tensor:
     """The magnitudes ``a`` (FP32, contiguous, in [0, 6] or NaN) rounded to an E2M1 neighbour
     at random, in place: up with probability (a - lower) / (upper - lower), against ``draw``
     (one ``torch.rand`` number per element, :func:`_draws`), as
-    :func:`mptrain.precision.blocks.e2m1.encode` compares. The spacing is 0.5 below 2, 1 below
+    :func:`mptrain.precision.quant.e2m1.encode` compares. The spacing is 0.5 below 2, 1 below
     4, 2 up to 6 (at 6 the fraction is 0: it stays). Returns ``a``."""
     exponent = torch.bitwise_right_shift(
         a.view(torch.int32), _MANTISSA_BITS, out=scratch("magic", a.shape, torch.int32, a.device)
@@ -152,7 +152,7 @@ def _draws(blocks: Blocks, generator: torch.Generator, moved: torch.Size) -> tor
 
 
 def hadamard_(t: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
-    """:func:`mptrain.precision.blocks.hadamard.random_hadamard_transform` of the FP32,
+    """:func:`mptrain.precision.quant.hadamard.random_hadamard_transform` of the FP32,
     contiguous ``t`` along its last dimension (a multiple of 16), in place: the same additions
     (the same bits), written into ``t`` and one scratch buffer in turn instead of new tensors
     at every butterfly stage. Returns ``t``."""
@@ -162,7 +162,7 @@ def hadamard_(t: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
 
 
 def hadamard_rows(t: torch.Tensor, signs: torch.Tensor, out: str) -> torch.Tensor:
-    """:func:`mptrain.precision.blocks.hadamard.random_hadamard_transform` of the 2-D ``t``
+    """:func:`mptrain.precision.quant.hadamard.random_hadamard_transform` of the 2-D ``t``
     (FP32, BF16 or FP16) along its first dimension (a multiple of 16), in FP32 into the scratch
     slot ``out`` (``t`` is left alone): :func:`hadamard_`'s additions on blocks of 16 rows, the
     same bits as the transform of ``t``'s transpose."""

@@ -1,7 +1,7 @@
 """One quantized Linear (issue 40): :class:`QuantizedLinear`, an ``nn.Linear`` whose three GEMMs
 each run in a format of the layer's :class:`GemmPlan`, and the one autograd function that computes
-them. FP8 (:class:`~mptrain.precision.fp8.linear.Float8Linear`) and the block-scaled formats
-(:class:`~mptrain.precision.blocks.linear.BlockLinear`) are this layer with the state their
+them. FP8 (:class:`~mptrain.precision.quant.fp8_linear.Float8Linear`) and the block-scaled formats
+(:class:`~mptrain.precision.quant.block_linear.BlockLinear`) are this layer with the state their
 quantizers keep; their GEMMs are formats of a plan, not functions of their own.
 
 A Linear computes three GEMMs, each reducing over its own dimension:
@@ -219,8 +219,8 @@ class QuantizedLinear(nn.Linear):
     """An nn.Linear whose three GEMMs run in the formats of ``plan`` (see the module doc).
     Parameters stay FP32 and, through ``from_linear`` of a subclass, are the wrapped layer's own
     (optimizers keep working). Subclasses hold what their formats' quantizers keep: FP8's
-    per-role scalers (:class:`~mptrain.precision.fp8.linear.Float8Linear`), the block formats'
-    generator, Hadamard signs and counts (:class:`~mptrain.precision.blocks.linear.BlockLinear`).
+    per-role scalers (:class:`~mptrain.precision.quant.fp8_linear.Float8Linear`), the block formats'
+    generator, Hadamard signs and counts (:class:`~mptrain.precision.quant.block_linear.BlockLinear`).
 
     ``contiguous_grad``: the output gradient is made contiguous before the backward GEMMs (the
     FP8 formats' operand layouts need it; the block formats read it where it lies).

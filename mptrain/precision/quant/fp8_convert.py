@@ -13,15 +13,14 @@ import torch
 from torch import nn
 
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.fp8.linear import Float8Linear
-from mptrain.precision.fp8.quant import (
+from mptrain.precision.quant.fp8 import (
     AMAX_EVENT_COUNTERS,
     GEMM_ALIGNMENT,
-    MIN_FP8_CAPABILITY,
     FP8Recipe,
     TensorScaler,
 )
-from mptrain.precision.quantized_linear import LayerPlans
+from mptrain.precision.quant.fp8_linear import Float8Linear
+from mptrain.precision.quant.linear import LayerPlans
 from mptrain.precision.selection import (
     LayerChoice,
     LayerRules,
@@ -93,14 +92,6 @@ def fp8_layer_stats(model: nn.Module) -> list[dict[str, Any]]:
     return stats
 
 
-# ------------------------------------------------------------------------------ hardware
-def fp8_gemm_available(device: torch.device) -> bool:
-    """True on NVIDIA GPUs of compute capability >= 8.9 with torch._scaled_mm."""
-    if device.type != "cuda" or not hasattr(torch, "_scaled_mm"):
-        return False
-    return torch.cuda.get_device_capability(device) >= MIN_FP8_CAPABILITY
-
-
 # ------------------------------------------------------------------------------ run glue
 def torchao_config(recipe: FP8Recipe) -> Any:
     """torchao's ``Float8LinearConfig`` doing what ``recipe`` says (dynamic scaling only): its
@@ -108,7 +99,7 @@ def torchao_config(recipe: FP8Recipe) -> Any:
     torchao's rowwise recipe alone would use E4M3), power-of-two scales and GEMM (emulated when
     ``recipe.real_gemm`` is false); with ``recipe.fsdp_float8_all_gather`` and tensorwise scales
     (torchao has no rowwise FP8 all-gather), FSDP2 all-gathers the weights in FP8, their scales
-    precomputed by mptrain.precision.fp8.dist."""
+    precomputed by mptrain.precision.quant.dist."""
     from torchao.float8 import Float8LinearConfig
     from torchao.float8.config import CastConfig, ScalingGranularity
 

@@ -8,7 +8,7 @@ each tile's amax). Transformer Engine's ``Float8BlockScaling`` and torchao's
 ``blockwise_fp8_training`` follow it; Hopper runs it with ``torch._scaled_mm``'s BlockWise1x128 /
 BlockWise128x128 scaling.
 
-Numerics, mptrain's FP8 quantization (:mod:`mptrain.precision.fp8.quant`) per block: the scale
+Numerics, mptrain's FP8 quantization (:mod:`mptrain.precision.quant.fp8`) per block: the scale
 is 448 / amax (``scale_from_amax``: a correctly rounded FP32 quotient, amax at least 1e-12),
 elements x x scale saturated to ±448 and rounded to E4M3; the stored ``scale`` is its reciprocal
 (the dequantization multiplier, what torchao and the GEMM read). Equal bit for bit to torchao
@@ -29,14 +29,14 @@ from __future__ import annotations
 import torch
 
 from mptrain.config.format_table import FORMAT_TABLE, FP8_BLOCKWISE
-from mptrain.precision.blocks.blocked import (
+from mptrain.precision.quant.blocked import (
     BlockQuantized,
     assemble,
     check_choice,
     finish,
     split_input,
 )
-from mptrain.precision.fp8.quant import E4M3, E5M2, scale_from_amax
+from mptrain.precision.quant.fp8 import E4M3, E5M2, scale_from_amax
 
 BLOCKWISE_BLOCK = FORMAT_TABLE[FP8_BLOCKWISE].block  # 128
 BLOCKWISE_ELEMENT_DTYPES = (E4M3, E5M2)

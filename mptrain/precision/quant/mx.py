@@ -44,7 +44,7 @@ from __future__ import annotations
 import torch
 
 from mptrain.config.format_table import FORMAT_TABLE, MXFP8
-from mptrain.precision.blocks.blocked import (
+from mptrain.precision.quant.blocked import (
     BlockQuantized,
     Blocks,
     assemble,
@@ -53,8 +53,8 @@ from mptrain.precision.blocks.blocked import (
     finish,
     split_input,
 )
-from mptrain.precision.blocks.e2m1 import E2M1
-from mptrain.precision.fp8.quant import E4M3, E5M2, pow2_floor
+from mptrain.precision.quant.e2m1 import E2M1
+from mptrain.precision.quant.fp8 import E4M3, E5M2, pow2_floor
 
 MX_BLOCK = FORMAT_TABLE[MXFP8].block  # 32
 MX_ELEMENT_DTYPES = (E4M3, E5M2, E2M1)

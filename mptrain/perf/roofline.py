@@ -1,6 +1,6 @@
 """A roofline estimate of one training step's time per precision on a named GPU: the least time
 the step can take, from its GEMM shapes and the bytes it must move (:mod:`.gemms`) and the GPU's
-dense peaks and bandwidth (:mod:`mptrain.platform.gpus`). Always a *prediction*, and a lower
+dense peaks and bandwidth (:mod:`mptrain.perf.gpus`). Always a *prediction*, and a lower
 bound: no efficiency factor is applied (a measured step is slower; its ratio to this one is the
 figure worth recording).
 
@@ -32,7 +32,7 @@ The step's time is the sum of
 
 Model FLOPs (what MFU counts) are three times the forward GEMM FLOPs, attention whole (PaLM,
 appendix B); MFU's peak is the FLOP-weighted one of the formats the GEMMs ran in
-(:func:`mptrain.platform.gpus.mixed_peak_flops`).
+(:func:`mptrain.perf.gpus.mixed_peak_flops`).
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 import torch
 
 from mptrain.config.format_table import BLOCK_FORMATS, FORMAT_TABLE, FP8_BLOCKWISE, NVFP4
-from mptrain.platform.gpus import GPU, mixed_peak_flops
+from mptrain.perf.gemms import ATTENTION, LINEAR, Accounting, Gemm
+from mptrain.perf.gpus import GPU, mixed_peak_flops
 from mptrain.precision import formats
-from mptrain.precision.gemms import ATTENTION, LINEAR, Accounting, Gemm
 from mptrain.precision.policy import PRECISIONS
 
 # Bytes per element of a GEMM operand, and of its result (FP8 and block-scaled GEMMs write BF16),

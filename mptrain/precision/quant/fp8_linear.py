@@ -1,7 +1,7 @@
 """FP8 GEMMs and :class:`Float8Linear`: the layout and alignment rules ``torch._scaled_mm`` needs
 (checked on every device), the real and emulated GEMMs, and the tensorwise and rowwise GEMM
 formats (:class:`FP8TensorwiseGemm`, :class:`FP8RowwiseGemm`) whose GEMMs take FP8 operands and
-accumulate in FP32, run by the one quantized Linear (:mod:`mptrain.precision.quantized_linear`).
+accumulate in FP32, run by the one quantized Linear (:mod:`mptrain.precision.quant.linear`).
 """
 
 from __future__ import annotations
@@ -14,71 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.fp8.quant import (
-    E5M2,
+from mptrain.precision.quant.fp8 import (
     GEMM_ALIGNMENT,
     FP8Recipe,
     TensorScaler,
 )
-from mptrain.precision.quantized_linear import Backward, GemmFormat, GemmPlan, QuantizedLinear
-
-
-# ------------------------------------------------------------------------------------ GEMM
-def _is_row_major(t: torch.Tensor) -> bool:
-    return t.stride(1) == 1 and t.stride(0) == t.shape[1]
-
-
-def _is_column_major(t: torch.Tensor) -> bool:
-    return t.stride(0) == 1 and t.stride(1) == t.shape[0]
-
-
-def check_gemm_operands(
-    a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor
-) -> None:
-    """The torch._scaled_mm contract, enforced on every device.
-
-    ``a`` (M×K) row-major, ``b`` (K×N) column-major, K and N multiples of 16, not both E5M2;
-    scales either both per tensor (shape ()) or both rowwise: (M, 1) for ``a``, (1, N) for ``b``.
-    """
-    (m, k), (k_b, n) = a.shape, b.shape
-    tensorwise = a_scale.shape == b_scale.shape == ()
-    rowwise = a_scale.shape == (m, 1) and b_scale.shape == (1, n)
-    if not (tensorwise or rowwise):
-        raise ValueError(
-            f"FP8 GEMM: scales {tuple(a_scale.shape)} and {tuple(b_scale.shape)} are neither "
-            f"both per tensor nor rowwise ({m}, 1) and (1, {n})"
-        )
-    if k != k_b:
-        raise ValueError(f"FP8 GEMM: inner dimensions differ ({k} vs {k_b})")
-    if k % GEMM_ALIGNMENT or n % GEMM_ALIGNMENT:
-        raise ValueError(f"FP8 GEMM: K={k} and N={n} must be multiples of {GEMM_ALIGNMENT}")
-    if not _is_row_major(a):
-        raise ValueError("FP8 GEMM: the first operand must be row-major")
-    if not _is_column_major(b):
-        raise ValueError("FP8 GEMM: the second operand must be column-major")
-    if a.dtype == E5M2 and b.dtype == E5M2:
-        raise ValueError("FP8 GEMM: E5M2 x E5M2 is not supported; one operand must be E4M3")
-
-
-def fp8_gemm(
-    a: torch.Tensor,
-    a_scale: torch.Tensor,
-    b: torch.Tensor,
-    b_scale: torch.Tensor,
-    out_dtype: torch.dtype,
-    real: bool,
-) -> torch.Tensor:
-    """``dequantize(a) @ dequantize(b)`` with FP32 accumulation, as ``torch._scaled_mm`` computes it
-    (scales per tensor or rowwise: see :func:`check_gemm_operands`)."""
-    check_gemm_operands(a, a_scale, b, b_scale)
-    a_inv, b_inv = a_scale.reciprocal(), b_scale.reciprocal()
-    if real:
-        return torch._scaled_mm(a, b, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype)
-    # FP8 values are exact in FP32: multiply them exactly-rounded in FP32, rescale once.
-    # autocast off: torch.compile traces the backward under the forward's autocast (torch 2.14
-    # default backward_pass_autocast="same_as_forward"), which would run this mm in BF16.
-    with torch.autocast(a.device.type, enabled=False):
-        return (torch.mm(a.float(), b.float()) * (a_inv * b_inv)).to(out_dtype)
+from mptrain.precision.quant.kernels import fp8_gemm
+from mptrain.precision.quant.linear import Backward, GemmFormat, GemmPlan, QuantizedLinear
 
 
 def _pad_rows(t: torch.Tensor, multiple: int) -> torch.Tensor:
@@ -256,7 +198,7 @@ def fp8_gemm_format(recipe: FP8Recipe) -> _FP8Gemm:
 
 
 class Float8Linear(QuantizedLinear):
-    """A :class:`~mptrain.precision.quantized_linear.QuantizedLinear` whose GEMMs run in FP8
+    """A :class:`~mptrain.precision.quant.linear.QuantizedLinear` whose GEMMs run in FP8
     (``plan``: by default ``recipe``'s granularity for all three; a GEMM of the plan may be in
     high precision instead). Parameters stay FP32. It holds the FP8 formats' state: a
     :class:`TensorScaler` per role (input, weight, grad), in its state_dict.

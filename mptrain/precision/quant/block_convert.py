@@ -20,9 +20,9 @@ import torch.distributed as dist
 from torch import nn
 
 from mptrain.config.base import ConfigError
-from mptrain.precision.blocks.linear import BlockLinear
-from mptrain.precision.blocks.recipe import BlockRecipe
-from mptrain.precision.quantized_linear import LayerPlans
+from mptrain.precision.quant.block_linear import BlockLinear
+from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.linear import LayerPlans
 from mptrain.precision.selection import (
     LayerChoice,
     LayerRules,

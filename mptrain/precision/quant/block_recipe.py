@@ -34,19 +34,19 @@ import torch
 
 from mptrain.config.format_table import FORMAT_TABLE, FP8_BLOCKWISE, MXFP8, NVFP4, NumberFormat
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.blocks import fake
-from mptrain.precision.blocks.blocked import BlockQuantized
-from mptrain.precision.blocks.blockwise import quantize_blockwise
-from mptrain.precision.blocks.mx import quantize_mx
-from mptrain.precision.blocks.nvfp4 import quantize_nvfp4
-from mptrain.precision.fp8.quant import E4M3
+from mptrain.precision.quant import fake
+from mptrain.precision.quant.blocked import BlockQuantized
+from mptrain.precision.quant.blockwise import quantize_blockwise
+from mptrain.precision.quant.fp8 import E4M3
+from mptrain.precision.quant.mx import quantize_mx
+from mptrain.precision.quant.nvfp4 import quantize_nvfp4
 
 ROLES = ("input", "weight", "grad")
 
 
 @dataclass(frozen=True)
 class BlockRecipe:
-    """How a :class:`~mptrain.precision.blocks.linear.BlockLinear` quantizes (see module doc).
+    """How a :class:`~mptrain.precision.quant.block_linear.BlockLinear` quantizes (see module doc).
     Built from the ``mx``/``nvfp4``/``fp8`` config by the precision policy."""
 
     format: str  # one of mptrain.config.format_table.BLOCK_FORMATS
