@@ -71,8 +71,8 @@ from mptrain.platform.hardware import (
     synchronize,
 )
 from mptrain.precision.quant.block_recipe import BlockRecipe, quantize_operand
+from mptrain.precision.quant.convert import apply_quantized, layer_rules
 from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Recipe, quantize, scale_from_amax
-from mptrain.precision.quant.fp8_convert import apply_fp8
 from mptrain.precision.quant.kernels import (
     block_gemm,
     block_gemm_available,
@@ -296,13 +296,12 @@ def build_variant(name: str, device: torch.device, width: int, backend: str) -> 
     model = build_mlp(MLPConfig(hidden_sizes=[width] * 4), 1, 32, 16).to(device)
     section = None
     if granularity is not None:
-        section = apply_fp8(
+        fp8_recipe = FP8Recipe(granularity=granularity, real_gemm=True)
+        section = apply_quantized(
             model,
-            FP8Recipe(granularity=granularity, real_gemm=True),
+            fp8_recipe,
             torch.randn(2, 1, 32, 32, device=device),
-            include=[],
-            exclude=[],
-            keep_first_last=True,
+            layer_rules(fp8_recipe, [], [], True),
         )
     parameters = list(model.parameters())
     if compiled:

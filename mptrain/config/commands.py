@@ -28,7 +28,7 @@ ADVISE_PLAN_RECIPES = (
 
 
 # The names advise.target takes: the rows of mptrain.perf.gpus' table, their aliases, auto and
-# none (tests/commands/test_roofline.py keeps the two in step).
+# none (tests/perf/test_roofline.py keeps the two in step).
 GPU_TARGETS = (
     "h100-sxm", "h100-pcie", "h100-nvl", "h200", "h200-nvl", "b200", "b300", "gb200", "gb300",
     "a100", "a100-40gb", "a100-pcie", "l4", "l40s", "rtx4090", "h100", "h200-sxm", "a100-sxm",

@@ -1,8 +1,8 @@
 """The report's ``blocks`` section in words: the summary row of a block-scaled run (MXFP8, NVFP4,
 blockwise FP8) and report.md's table of its layers' counts.
 
-The section (:func:`mptrain.precision.quant.block_convert.apply_blocks`, with the counts of
-:meth:`~mptrain.precision.quant.block_convert.BlockLayers.layer_stats` as ``final_layer_stats``) says
+The section (:func:`mptrain.precision.quant.convert.apply_quantized`, with the counts of
+:meth:`~mptrain.precision.quant.convert.BlockLayers.layer_stats` as ``final_layer_stats``) says
 per operand role (input, weight, grad) the element and scale formats and the block shape; the
 format's settings; the share of the Linear layers' FLOPs in each format; per Linear whether it
 converted and why not; and per converted layer and role the quantizations counted on the metrics

@@ -4,7 +4,7 @@ FLOP-weighted peak): the glue from a :class:`~mptrain.config.run.RunConfig` to
 
 The model is built on the meta device (no memory, no weights initialised) from the same config
 and data shape a run would use; the converted layers are the ones the precision would convert:
-FP8's (:func:`mptrain.precision.quant.fp8_convert.choose_layers` with the run's ``fp8.*``), the
+FP8's (:func:`mptrain.precision.quant.convert.choose_layers` with the run's ``fp8.*``), the
 block-scaled formats' (:mod:`mptrain.precision.selection` under ``mx.*``, ``nvfp4.*`` or, for
 ``fp8.granularity=blockwise``, ``fp8.*``, with the format's block alignment and NVFP4's BF16
 tail), unless the caller names those that did. ``advise``, the run report and
@@ -38,10 +38,9 @@ from mptrain.perf.roofline import (
     recipe_for,
 )
 from mptrain.precision.formats import layer_format
-from mptrain.precision.quant.block_convert import layer_rules
+from mptrain.precision.quant.convert import choose_layers, layer_rules
 from mptrain.precision.quant.block_recipe import BlockRecipe
-from mptrain.precision.quant.fp8_convert import choose_layers, skip_summary
-from mptrain.precision.selection import LayerChoice, choose
+from mptrain.precision.selection import LayerChoice, choose, skip_summary
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,7 @@ def converted_layer_names(model: nn.Module, cfg: RunConfig, fmt: str) -> list[st
 
 
 def _block_choices(model: nn.Module, cfg: RunConfig, fmt: str) -> list[LayerChoice]:
-    """The layer choice of a block-scaled format: the rules apply_blocks applies at run time."""
+    """The layer choice of a block-scaled format: the rules apply_quantized applies at run time."""
     keys = getattr(cfg, FORMAT_TABLE[fmt].config_group)  # the keys that choose its layers
     tail = cfg.nvfp4.keep_last_fraction if fmt == NVFP4 else 0.0
     recipe = BlockRecipe(fmt, keep_last_fraction=tail, min_features=keys.min_features)

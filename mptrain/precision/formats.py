@@ -1,5 +1,6 @@
-"""The precisions that compute Linear layers in a format of their own, and the one place each
-registers how a model's layers convert into it: :data:`LAYER_FORMATS`.
+"""The precisions that compute Linear layers in a format of their own: how a model converts
+into them (:func:`convert_layers`, one path for every format) and back (:func:`to_plain_linear`),
+and :data:`LAYER_FORMATS`, what each format's layers are.
 
 A layer format is a subclass of ``nn.Linear`` that shares the converted layer's Parameter objects
 (``weight``, ``bias``), so an optimizer built on the model, its FP32 state and a data-parallel
@@ -10,19 +11,13 @@ was (what a precision schedule does when it leaves the format: :mod:`mptrain.tra
 
 :data:`LAYER_FORMATS` is keyed by the *layer format* a policy computes its Linear layers in
 (:func:`format_of`), not by the precision's name: ``fp8`` (tensorwise or rowwise scales:
-:class:`~mptrain.precision.quant.fp8_linear.Float8Linear`), and the block-scaled ``mxfp8``, ``nvfp4``
-and ``fp8_blockwise`` (:class:`~mptrain.precision.quant.block_linear.BlockLinear`; the last is
-``precision=fp8 fp8.granularity=blockwise``). One precision name (fp8) thus reaches two entries
-by its settings, and no entry has to look at another's settings to decide what it builds.
-
-Each entry says which report section its layers fill (``report``: ``fp8`` or ``blocks``), kept on
-the run's :class:`~mptrain.precision.plugin.Precision` as ``fp8`` and ``blocks``
-(:func:`run_sections` places them). A new format (a precision of
-:data:`mptrain.precision.policy.PRECISIONS` whose Linear layers are not nn.Linear) adds one
-:class:`LayerFormat` entry under its format's name: the layer types it makes, its ``convert``
-function, its final per-layer figures and its report section. The build
-(:func:`mptrain.train.build.build_model_for_run`) and a precision schedule's switch then call
-it; nothing else needs to know the format.
+:class:`~mptrain.precision.quant.fp8_linear.Float8Linear`), and the block formats of the format
+table (:class:`~mptrain.precision.quant.block_linear.BlockLinear`; blockwise FP8 is
+``precision=fp8 fp8.granularity=blockwise``). Each entry says which report section its layers
+fill (``report``: ``fp8`` or ``blocks``), kept on the run's
+:class:`~mptrain.precision.plugin.Precision` as ``fp8`` and ``blocks`` (:func:`run_sections`
+places them), and its final per-layer figures. The conversion itself is
+:func:`mptrain.precision.quant.convert.apply_quantized`, the same for every format.
 """
 
 from __future__ import annotations
@@ -35,42 +30,35 @@ import torch
 from torch import nn
 
 from mptrain.config.base import ConfigError
-from mptrain.config.format_table import FP8, FP8_BLOCKWISE, MXFP8, NVFP4
+from mptrain.config.format_table import BLOCK_FORMATS, FORMAT_TABLE, FP8, FP8_BLOCKWISE
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.platform.distributed import DistContext
 from mptrain.precision.gemm_plans import check_matched, gemm_plans
 from mptrain.precision.policy import PrecisionPolicy
-from mptrain.precision.quant.block_convert import BlockLayers, apply_blocks
 from mptrain.precision.quant.block_linear import BlockGemm, BlockLinear
-from mptrain.precision.quant.dist import FP8Sync, build_fp8_sync
-from mptrain.precision.quant.fp8_convert import (
-    apply_fp8,
+from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.convert import (
+    BlockLayers,
+    Recipe,
+    apply_quantized,
     fp8_layer_stats,
-    set_gemm_plans,
-    skip_summary,
+    layer_rules,
 )
+from mptrain.precision.quant.dist import FP8Sync, build_fp8_sync
 from mptrain.precision.quant.fp8_linear import Float8Linear, fp8_gemm_format
-
-# (model, policy, cfg, data, fsdp) -> the report's section of the format
-Convert = Callable[[nn.Module, PrecisionPolicy, RunConfig, DataBundle, bool], dict[str, Any]]
+from mptrain.precision.selection import skip_summary
 
 
 @dataclass(frozen=True)
 class LayerFormat:
-    """How a format's Linear layers are made: ``convert(model, policy, cfg, data, fsdp)``
-    replaces the eligible ``nn.Linear`` layers of ``model`` in place by ``layer_types`` (sharing
-    their Parameters; drawing no global random number) and returns the report's section of the
-    format, with a row per Linear (``name``, ``converted``) under ``layers``; it raises
-    :class:`~mptrain.config.base.ConfigError` when no layer can convert. ``data``: the run's
-    (e.g. a validation batch to count FLOPs on; drawing one uses no global random state);
-    ``fsdp``: the model will be sharded with FSDP2. ``final_stats(model)``: the per-layer
-    figures the report shows at the end of the format's use (the section's
-    ``final_layer_stats``; reads device values). ``report``: the report section the format's
-    section is (``fp8`` or ``blocks``; :func:`run_sections`)."""
+    """What a format's Linear layers are: ``layer_types`` (subclasses of ``nn.Linear`` sharing the
+    converted layers' Parameters), ``final_stats(model)``: the per-layer figures the report shows
+    at the end of the format's use (the section's ``final_layer_stats``; reads device values), and
+    ``report``: the report section the format's section is (``fp8`` or ``blocks``;
+    :func:`run_sections`). All convert through :func:`convert_layers`."""
 
     layer_types: tuple[type[nn.Linear], ...]
-    convert: Convert
     final_stats: Callable[[nn.Module], list[dict[str, Any]]]
     report: str
 
@@ -92,51 +80,40 @@ def _require_converted(
         )
 
 
-def _into_fp8(
+def _recipe(policy: PrecisionPolicy, cfg: RunConfig, fsdp: bool) -> Recipe:
+    """``policy``'s quantization recipe as the build applies it: FP8's with torchao's FP8
+    all-gather under FSDP2, a block format's seeded from the run's ``seed`` (its layers' Hadamard
+    signs and stochastic-rounding generators: the same at the build and at a switch, so a resume
+    finds them alike)."""
+    if policy.blocks is not None:
+        return replace(policy.blocks, seed=cfg.seed)
+    assert policy.fp8 is not None  # format_of: a precision with a layer format has a recipe
+    return replace(policy.fp8, fsdp_float8_all_gather=fsdp)
+
+
+def _convert(
     model: nn.Module, policy: PrecisionPolicy, cfg: RunConfig, data: DataBundle, fsdp: bool
 ) -> dict[str, Any]:
-    """precision=fp8 (tensorwise, rowwise): the eligible Linear layers become Float8Linear
-    (fp8.* settings)."""
-    recipe = replace(policy.fp8, fsdp_float8_all_gather=fsdp)
-    fp8 = apply_fp8(
+    """The one conversion of every layer format: the eligible Linear layers, selected by the
+    format's config group (fp8.*, mx.*, nvfp4.*), become its layers, with the plan of
+    ``precision.gemms``."""
+    recipe = _recipe(policy, cfg, fsdp)
+    key = FORMAT_TABLE[format_of(policy)].config_group
+    rules = getattr(cfg, key)  # the format's settings group: its layer selection
+    own = BlockGemm(recipe) if isinstance(recipe, BlockRecipe) else fp8_gemm_format(recipe)
+    plans = gemm_plans(cfg, policy, own, _device(model))
+    section = apply_quantized(
         model,
         recipe,
         _sample(data),
-        include=list(cfg.fp8.include),
-        exclude=list(cfg.fp8.exclude),
-        keep_first_last=cfg.fp8.keep_first_last,
-        backend=cfg.fp8.backend,
-    )
-    fp8["compile"] = cfg.compile  # the report's model section counts the graphs and breaks
-    _require_converted(cfg, "fp8", "FP8", fp8["layers"], "fp8")
-    plans = gemm_plans(cfg, policy, fp8_gemm_format(recipe), _device(model))
-    if plans is not None:
-        set_gemm_plans(model, plans, fp8["layers"])
-        fp8.update(check_matched(plans, fp8["layers"]))
-    return fp8
-
-
-def _into_blocks(
-    model: nn.Module, policy: PrecisionPolicy, cfg: RunConfig, data: DataBundle, fsdp: bool
-) -> dict[str, Any]:
-    """precision=mxfp8, nvfp4, fp8 with fp8.granularity=blockwise: the eligible Linear layers
-    become BlockLinear, selected by the format's config group (mx.*, nvfp4.*, fp8.*); the
-    layers' Hadamard signs and stochastic-rounding generators are seeded from the run's
-    ``seed`` (the same at the build and at a switch, so a resume finds them alike)."""
-    key = policy.blocks.config_key
-    rules = getattr(cfg, key)
-    recipe = replace(policy.blocks, seed=cfg.seed)
-    plans = gemm_plans(cfg, policy, BlockGemm(recipe), _device(model))
-    _, section = apply_blocks(
-        model,
-        recipe,
-        _sample(data),
-        include=list(rules.include),
-        exclude=list(rules.exclude),
-        keep_first_last=rules.keep_first_last,
+        layer_rules(recipe, list(rules.include), list(rules.exclude), rules.keep_first_last),
         plans=plans,
+        backend=cfg.fp8.backend if policy.fp8 is not None else "builtin",
     )
-    _require_converted(cfg, policy.name, section["name"], section["layers"], key)
+    if policy.fp8 is not None:
+        section["compile"] = cfg.compile  # the report's model section counts graphs and breaks
+    label = section.get("name", FORMAT_TABLE[FP8].label)
+    _require_converted(cfg, policy.name, label, section["layers"], key)
     if plans is not None:
         section.update(check_matched(plans, section["layers"]))
     return section
@@ -151,13 +128,11 @@ def _block_stats(model: nn.Module) -> list[dict[str, Any]]:
     return BlockLayers.of(model).layer_stats()
 
 
-_BLOCKS = LayerFormat((BlockLinear,), _into_blocks, _block_stats, "blocks")
-
-# The one registry: a layer format's name (format_of) -> how its Linear layers are made.
+# The one registry: a layer format's name (format_of) -> its layers and report section.
 # Precisions without an entry compute with plain nn.Linear layers (under their autocast dtype).
 LAYER_FORMATS: dict[str, LayerFormat] = {
-    FP8: LayerFormat((Float8Linear,), _into_fp8, fp8_layer_stats, "fp8"),
-    **dict.fromkeys((MXFP8, NVFP4, FP8_BLOCKWISE), _BLOCKS),  # BlockLinear's formats
+    FP8: LayerFormat((Float8Linear,), fp8_layer_stats, "fp8"),
+    **dict.fromkeys(BLOCK_FORMATS, LayerFormat((BlockLinear,), _block_stats, "blocks")),
 }
 
 
@@ -190,7 +165,7 @@ def convert_layers(
     name = format_of(policy)
     if name is None:
         return None
-    return LAYER_FORMATS[name].convert(model, policy, cfg, data, fsdp)
+    return _convert(model, policy, cfg, data, fsdp)
 
 
 def run_sections(

@@ -51,7 +51,8 @@ def requested(cfg: RunConfig) -> dict[str, str]:
 
 def check_gemms(cfg: RunConfig, converting: bool) -> None:
     """ConfigError when ``precision.gemms`` is set but no phase of the run converts its Linear
-    layers (``converting``: the precision, or a schedule's other one, has a layer format)."""
+    layers (``converting``: the precision, or a schedule's other one, has a layer format:
+    :func:`own_format` of its policy)."""
     chosen = requested(cfg)
     if chosen and not converting:
         gemm, value = next(iter(chosen.items()))
@@ -123,6 +124,7 @@ def check_switched_gemms(
     if not chosen:
         return
     own = own_format(to)
+    check_gemms(cfg, converting=own_format(first) is not None or own is not None)
     if own_format(first) is not None and own is not None:
         gemm, value = next(iter(chosen.items()))
         raise ConfigError(

@@ -50,7 +50,7 @@ from mptrain.precision.policy import (
     keep_in_fp32,
     to_model_input,
 )
-from mptrain.precision.quant.block_convert import BlockLayers
+from mptrain.precision.quant.convert import BlockLayers
 from mptrain.precision.quant.dist import FP8Sync
 from mptrain.precision.update import WeightUpdate, build_weight_update
 

@@ -1,6 +1,6 @@
 """Which nn.Linear layers a low-precision format converts, and why the others stay in high
-precision: one rule set for FP8 (:mod:`mptrain.precision.quant.fp8_convert`) and the block-scaled
-formats (:mod:`mptrain.precision.quant.block_convert`), each under its own config keys (``fp8.*``,
+precision: one rule set for FP8 and the block-scaled
+formats (:mod:`mptrain.precision.quant.convert`), each under its own config keys (``fp8.*``,
 ``mx.*``, ``nvfp4.*``); the per-layer GEMM FLOPs and the report's layer rows; swapping a module.
 
 Every Linear, in registration order, either converts or is kept with the first reason that holds

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 
 from mptrain.config.base import ConfigError
-from mptrain.config.format_table import GROUP_OF_PRECISION
 from mptrain.config.models import lm_block_size
 from mptrain.config.recipes import check_recipe_source
 from mptrain.config.run import MAX_STEPS, RunConfig
@@ -39,7 +38,7 @@ from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.threads import ThreadChoice, apply_threads, resolve_threads
-from mptrain.precision.gemm_plans import check_gemms
+from mptrain.precision.gemm_plans import check_gemms, own_format
 from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import (
     PrecisionPolicy,
@@ -96,8 +95,8 @@ def check_run(cfg: RunConfig, policy: PrecisionPolicy, dist: DistContext) -> Non
         )
     if dist.enabled and (cfg.audit or cfg.probe):
         raise ConfigError("audit/probe: run them in a single process, not under torchrun")
-    phases = (policy.name, cfg.precision.switch.to)
-    check_gemms(cfg, converting=any(name in GROUP_OF_PRECISION for name in phases))
+    if cfg.precision.switch.to is None:  # a schedule's: plan_switch, with both policies
+        check_gemms(cfg, converting=own_format(policy) is not None)
     if cfg.precision.update != "nearest" and dist.enabled and dist.strategy == "fsdp":
         raise ConfigError(
             f"precision.update={cfg.precision.update}: not under distributed.strategy=fsdp "

@@ -39,7 +39,7 @@ from mptrain.platform import contention, hardware
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.policy import PrecisionPolicy
-from mptrain.precision.quant.fp8_convert import fp8_layer_stats
+from mptrain.precision.quant.convert import fp8_layer_stats
 from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.components import Run
 from mptrain.train.optim import optimizer_implementation

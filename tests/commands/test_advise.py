@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LM, describe, run_cli, run_mptrain, tiny_run
+from support.processes import describe, run_mptrain
+from support.runs import LM, run_cli, tiny_run
 
 from mptrain.commands import bench
 from mptrain.commands.advise import measure, recipes, run, trials

@@ -13,8 +13,9 @@ import sys
 import textwrap
 
 import pytest
-from conftest import compose_run, describe, run_cli, run_mptrain, tiny_run
 from rich.console import Console
+from support.processes import describe, run_mptrain
+from support.runs import compose_run, run_cli, tiny_run
 
 from mptrain.commands.advise import concise, layers, measure, plan, recipes, report, run, trials
 from mptrain.commands.advise.sensitivity import measure_sensitivity

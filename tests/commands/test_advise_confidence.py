@@ -11,8 +11,9 @@ import math
 import random
 
 import pytest
-from conftest import describe, run_mptrain, tiny_run
 from scipy import stats
+from support.processes import describe, run_mptrain
+from support.runs import tiny_run
 
 from mptrain.commands.advise import recipes, seeds, trials
 from mptrain.commands.advise.confidence import (

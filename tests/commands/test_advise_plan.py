@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 import torch
-from conftest import LM, compose_run, run_cli, tiny_run
+from support.runs import LM, compose_run, run_cli, tiny_run
 
 from mptrain.commands.advise import layers, measure, plan, recipes, sensitivity, trials
 from mptrain.commands.advise.measure import Candidate

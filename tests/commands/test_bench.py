@@ -11,8 +11,9 @@ import statistics
 
 import pytest
 import torch
-from conftest import compose_run, describe, run_cli, run_mptrain, tiny_run
 from rich.console import Console
+from support.processes import describe, run_mptrain
+from support.runs import compose_run, run_cli, tiny_run
 
 from mptrain.commands import bench
 from mptrain.config.base import ConfigError

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, tiny_run, train
+from support.runs import run_cli, tiny_run, train
 
 import mptrain
 from mptrain.config.base import ConfigError

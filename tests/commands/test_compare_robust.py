@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import tiny_run, train
 from omegaconf import OmegaConf
 from rich.console import Console
+from support.runs import tiny_run, train
 
 from mptrain.commands import compare, sweep
 from mptrain.rundir.layout import METRICS_JSONL, REPORT_JSON

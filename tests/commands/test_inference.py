@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NoFigure, describe, run_command, run_mptrain, tiny_run, train
+from support.processes import describe, run_command, run_mptrain
+from support.runs import NoFigure, tiny_run, train
 from torch import nn
 
 import mptrain
@@ -364,8 +365,8 @@ def test_written_files_honour_the_umask(tmp_path, umask, mode):
 
 # ------------------------------------------------------------------------ each dataset's facts
 def test_image_folder_facts_reproduce_the_validation_inputs_from_the_files(tmp_path):
-    from datafiles import build, collect, write_image_folder
     from PIL import Image
+    from support.datafiles import build, collect, write_image_folder
 
     from mptrain.config.data import ImageFolderConfig
 
@@ -381,7 +382,7 @@ def test_image_folder_facts_reproduce_the_validation_inputs_from_the_files(tmp_p
 
 
 def test_torchvision_datasets_name_their_classes(tmp_path):
-    from datafiles import build, tv_config, write_cifar10, write_cifar100, write_mnist
+    from support.datafiles import build, tv_config, write_cifar10, write_cifar100, write_mnist
 
     write_cifar10(tmp_path)
     write_cifar100(tmp_path)
@@ -402,8 +403,8 @@ def test_torchvision_datasets_name_their_classes(tmp_path):
 def test_image_folder_run_loads_predicts_from_files_and_notes_renamed_classes(
     tmp_path, no_run_figure
 ):
-    from datafiles import write_image_folder
     from PIL import Image
+    from support.datafiles import write_image_folder
 
     first, second = tmp_path / "a", tmp_path / "b"
     write_image_folder(first, {"train": {"cat": 4, "dog": 4}, "val": {"cat": 2, "dog": 2}})

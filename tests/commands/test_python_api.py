@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LM, compose_run, tiny_lm, tiny_run, train
+from support.runs import LM, compose_run, tiny_lm, tiny_run, train
 
 import mptrain
 from mptrain.commands.sample import sample_main

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, tiny_lm
+from support.runs import run_cli, tiny_lm
 
 from mptrain.commands.sample import encode_prompt, sample_main, sample_settings
 from mptrain.config.base import ConfigError

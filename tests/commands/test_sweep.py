@@ -21,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import NoFigure, describe, run_cli, run_command, tiny_run, train
 from omegaconf import OmegaConf
 from rich.console import Console
-from sweeps import job_dirs, read_report, run_sweep
+from support.processes import describe, run_command
+from support.runs import NoFigure, run_cli, tiny_run, train
+from support.sweeps import job_dirs, read_report, run_sweep
 
 from mptrain.commands import compare, sweep
 from mptrain.output.render import write_failure

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import LM, compose_run, describe, tiny_run, train
-from sweeps import read_report, run_sweep
+from support.processes import describe
+from support.runs import LM, compose_run, tiny_run, train
+from support.sweeps import read_report, run_sweep
 
 from mptrain.commands import compare, sweep
 from mptrain.output import plots

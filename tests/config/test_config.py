@@ -14,8 +14,8 @@ import re
 
 import pytest
 import yaml
-from conftest import scalar_key_lines, yaml_leaf_paths
 from hydra import compose, initialize_config_module
+from support.yamlkeys import scalar_key_lines, yaml_leaf_paths
 
 from mptrain import cli
 from mptrain.compose.preflight import check_command_line, describe_compose_error

@@ -6,7 +6,7 @@ without naming ``seed``; epochs whose steps pass a C int failed mid-run."""
 from __future__ import annotations
 
 import pytest
-from conftest import run_cli, tiny_run
+from support.runs import run_cli, tiny_run
 
 from mptrain.compose.preflight import refuse_huge_numbers
 from mptrain.config.base import ConfigError

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from conftest import LM, compose_run, run_cli, scalar_key_lines, train, yaml_leaf_paths
 from hydra import compose, initialize_config_module
+from support.runs import LM, compose_run, run_cli, train
+from support.yamlkeys import scalar_key_lines, yaml_leaf_paths
 
 from mptrain.commands.sweep import compare, find_runs
 from mptrain.config.base import ConfigError

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import compose_run, tiny_run, train
+from support.runs import compose_run, tiny_run, train
 
 from mptrain.compose.plugins import PLUGIN_PACKAGES, missing_plugin_hint
 from mptrain.compose.preflight import check_command_line

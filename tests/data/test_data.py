@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from datafiles import (
+from support.datafiles import (
     CPU,
     PUBLISHED_STATS,
     build,

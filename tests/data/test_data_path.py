@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import describe, requires_cuda, run_command, tiny_run, train
+from support.processes import describe, run_command
+from support.runs import requires_cuda, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.config.data import ImageFolderConfig

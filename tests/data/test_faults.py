@@ -14,8 +14,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import run_cli
-from datafiles import (
+from support.datafiles import (
     CPU,
     build,
     collect,
@@ -25,6 +24,7 @@ from datafiles import (
     write_cifar10,
     write_cifar100,
 )
+from support.runs import run_cli
 
 from mptrain.config.base import ConfigError
 from mptrain.config.data import CustomDatasetConfig, TextDatasetConfig

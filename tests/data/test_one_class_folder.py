@@ -5,8 +5,8 @@ would report 100 % accuracy and a loss of 0 having learnt nothing."""
 from __future__ import annotations
 
 import pytest
-from conftest import run_cli
-from datafiles import write_image_folder
+from support.datafiles import write_image_folder
+from support.runs import run_cli
 
 from mptrain.config.base import ConfigError
 from mptrain.config.data import ImageFolderConfig

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_run, describe, run_command, run_mptrain, tiny_run, train
+from support.processes import describe, run_command, run_mptrain
+from support.runs import compose_run, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.config.data import CustomDatasetConfig

@@ -8,7 +8,7 @@ import hashlib
 import json
 
 import pytest
-from datafiles import CPU
+from support.datafiles import CPU
 
 from mptrain.config.base import ConfigError
 from mptrain.config.data import TextDatasetConfig

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import describe, run_command
+from support.processes import describe, run_command
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 TIMEOUT_S = 300

@@ -13,8 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import describe, run_cli, run_command, run_mptrain
-from sweeps import job_dirs, read_report, run_sweep
+from support.processes import describe, run_command, run_mptrain
+from support.runs import run_cli
+from support.sweeps import job_dirs, read_report, run_sweep
 
 
 # ----------------------------------------------------------------------------------------- helpers

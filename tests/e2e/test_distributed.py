@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_run, train
+from support.runs import tiny_run, train
 
 from mptrain.rundir.checkpoint import load_checkpoint
 
-WORKER = Path(__file__).resolve().parents[1] / "distributed_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "support" / "distributed_worker.py"
 
 
 def torchrun(out: Path, *overrides: str, nproc: int = 2) -> list[dict]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from support.runs import run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -11,7 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import describe, run_cli, run_command
+from support.processes import describe, run_command
+from support.runs import run_cli
 
 from mptrain import __version__, cli
 from mptrain.compose.preflight import parse_command_line

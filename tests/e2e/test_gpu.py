@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import compose_run, requires_cuda, restored_tf32, train
+from support.runs import compose_run, requires_cuda, restored_tf32, train
 
 from mptrain.config.precision import PrecisionConfig
 from mptrain.precision.policy import build_grad_scaler, resolve_precision

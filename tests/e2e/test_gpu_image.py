@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import describe
+from support.processes import describe
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_IMAGE = REPO / "benchmarks" / "gpu_image"

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import describe, run_cli, run_mptrain
+from support.processes import describe, run_mptrain
+from support.runs import run_cli
 
 from mptrain.compose.preflight import check_command_line
 from mptrain.config.base import ConfigError

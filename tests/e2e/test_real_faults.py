@@ -41,7 +41,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import compose_run, describe, run_command, signals_on_call, tiny_run, train
+from support.processes import describe, run_command, signals_on_call
+from support.runs import compose_run, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.rundir.checkpoint import load_checkpoint

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import describe, run_command, run_mptrain, tiny_run, train
+from support.processes import describe, run_command, run_mptrain
+from support.runs import tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.platform.signals import Terminated, terminate_like_interrupt

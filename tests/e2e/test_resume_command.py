@@ -10,7 +10,7 @@ import signal
 
 import pytest
 import torch
-from conftest import run_cli
+from support.runs import run_cli
 
 from mptrain.train import loop as loop_module
 

@@ -9,8 +9,8 @@ import shlex
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from support.runs import run_cli
 
 from mptrain.rundir.command import continue_command, hydra_quoted
 

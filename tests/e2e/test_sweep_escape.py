@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import describe, run_mptrain
+from support.processes import describe, run_mptrain
 
 from mptrain.compose.preflight import check_command_line
 from mptrain.config.base import ConfigError

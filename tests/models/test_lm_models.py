@@ -14,7 +14,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import LM, compose_run, describe, run_mptrain, train
+from support.processes import describe, run_mptrain
+from support.runs import LM, compose_run, train
 from torch import nn
 
 from mptrain.commands.evaluate import load_model

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from conftest import run_cli
+from support.runs import run_cli
 
 from mptrain.output.joblog import MAX_PLAIN_CELL, plain_table
 

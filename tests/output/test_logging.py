@@ -9,8 +9,9 @@ import re
 import sys
 
 import pytest
-from conftest import FP16_STORY, describe, run_mptrain, tiny_run
 from rich.console import Console
+from support.processes import describe, run_mptrain
+from support.runs import FP16_STORY, tiny_run
 
 from mptrain.output.joblog import LOGGER, JobLog
 from mptrain.train.job import train

@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import describe, run_mptrain
+from support.processes import describe, run_mptrain
 
 from mptrain.compose.plugins import colour_on_terminals_only
 

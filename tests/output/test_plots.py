@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from conftest import SUBPROCESS_TIMEOUT_S
+from support.processes import SUBPROCESS_TIMEOUT_S
 
 from mptrain.output import plots
 from mptrain.output.plots import FigureWorker, plot_run, plot_sweep

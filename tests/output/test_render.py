@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from conftest import NoFigure, tiny_run
+from support.runs import NoFigure, tiny_run
 
 from mptrain.output.render import render_markdown, summary_rows
 from mptrain.platform import hardware

@@ -13,16 +13,8 @@ import time
 
 import pytest
 import torch
-from conftest import (
-    FP16_STORY,
-    NoFigure,
-    compose_run,
-    describe,
-    run_cli,
-    run_mptrain,
-    tiny_run,
-    train,
-)
+from support.processes import describe, run_mptrain
+from support.runs import FP16_STORY, NoFigure, compose_run, run_cli, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.config.keys import is_non_training_key

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import NoFigure, compose_run, requires_cuda, tiny_run, train
+from support.runs import NoFigure, compose_run, requires_cuda, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.config.format_table import FORMAT_TABLE

@@ -19,14 +19,14 @@ from torchvision.models import VisionTransformer, resnet18
 from mptrain.config.models import MLPConfig
 from mptrain.models.builtin import build_mlp
 from mptrain.models.gpt import GPT, GPTShape
-from mptrain.precision.quant.block_convert import (
+from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.convert import (
     BlockLayers,
-    convert_to_blocks,
+    convert_linears,
     generator_seed,
     layer_rules,
     layer_seed,
 )
-from mptrain.precision.quant.block_recipe import BlockRecipe
 from mptrain.precision.selection import LayerRules, block_list, choose
 from mptrain.rundir.checkpoint import load_checkpoint
 
@@ -145,7 +145,8 @@ def test_the_block_formats_rules_carry_the_fraction():
 def converted(place: tuple[int, int]) -> BlockLayers:
     model = gpt(2)
     choices = choose(model, layer_rules(NVFP4, [], ["head"], False))
-    return convert_to_blocks(model, choices, NVFP4, place)
+    convert_linears(model, choices, NVFP4, place=place)
+    return BlockLayers.of(model, place=place)
 
 
 def test_ranks_draw_apart_with_the_same_hadamard_signs_and_rank_0_as_before():

@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from conftest import LM, NoFigure, compose_run, tiny_run, train
+from support.runs import LM, NoFigure, compose_run, tiny_run, train
 from torch import nn
 
 from mptrain.config.base import ConfigError
@@ -30,15 +30,15 @@ from mptrain.precision.formats import to_plain_linear
 from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import resolve_precision
 from mptrain.precision.quant import e2m1, fake
-from mptrain.precision.quant.block_convert import (
-    BlockLayers,
-    apply_blocks,
-    convert_to_blocks,
-    layer_rules,
-)
 from mptrain.precision.quant.block_linear import BlockLinear
 from mptrain.precision.quant.block_recipe import BlockRecipe, fake_quant_operand, quantize_operand
 from mptrain.precision.quant.blockwise import quantize_blockwise
+from mptrain.precision.quant.convert import (
+    BlockLayers,
+    apply_quantized,
+    convert_linears,
+    layer_rules,
+)
 from mptrain.precision.quant.dist import gathers_fp32
 from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8_MAX
 from mptrain.precision.quant.hadamard import random_hadamard_transform, rht_signs
@@ -332,7 +332,8 @@ def test_include_exclude_and_min_features_name_the_formats_keys():
 def test_conversion_shares_parameters_and_undoes():
     model = named_model()
     params = list(model.parameters())
-    layers = convert_to_blocks(model, choose(model, layer_rules(NVFP4, [], [], True)), NVFP4)
+    convert_linears(model, choose(model, layer_rules(NVFP4, [], [], True)), NVFP4)
+    layers = BlockLayers.of(model)
     assert list(layers.layers) == ["qkv", "odd", "fc", "proj"]
     assert all(isinstance(model.get_submodule(n), BlockLinear) for n in layers.layers)
     assert list(model.parameters()) == params and set(model.state_dict()) == {
@@ -347,16 +348,15 @@ def test_conversion_shares_parameters_and_undoes():
     assert list(model.parameters()) == params
 
 
-def test_apply_blocks_reports_formats_flops_and_layers():
+def test_block_conversion_reports_formats_flops_and_layers():
     model = nn.Sequential(
         OrderedDict(
             embed=nn.Linear(32, 64), up=nn.Linear(64, 128), down=nn.Linear(128, 64),
             head=nn.Linear(64, 16),
         )
     )  # fmt: skip
-    layers, section = apply_blocks(
-        model, MXFP8, randn(2, 32), include=[], exclude=[], keep_first_last=True
-    )
+    section = apply_quantized(model, MXFP8, randn(2, 32), layer_rules(MXFP8, [], [], True))
+    layers = BlockLayers.of(model)
     assert section["name"] == "MXFP8" and section["emulated"] is True
     assert section["operands"]["grad"] == {
         "element": "float8_e4m3fn",
@@ -399,7 +399,8 @@ def test_fsdp_gathers_block_layers_weights_in_fp32():
 
 def test_generator_states_round_trip_and_a_mismatch_is_noted():
     model = named_model()
-    layers = convert_to_blocks(model, choose(model, layer_rules(NVFP4, [], [], True)), NVFP4)
+    convert_linears(model, choose(model, layer_rules(NVFP4, [], [], True)), NVFP4)
+    layers = BlockLayers.of(model)
     saved = layers.state_dict()
     assert set(saved["ranks"][0]) == set(layers.layers) and len(saved["ranks"]) == 1
     for layer in layers.layers.values():

@@ -15,7 +15,7 @@ from collections import OrderedDict
 
 import pytest
 import torch
-from conftest import NoFigure, compose_run, requires_cuda, tiny_run, train
+from support.runs import NoFigure, compose_run, requires_cuda, tiny_run, train
 from torch import nn
 
 from mptrain.compose.preflight import check_command_line
@@ -25,6 +25,13 @@ from mptrain.config.precision import FP8Config, PrecisionConfig, validate_fp8
 from mptrain.models.builtin import build_vit
 from mptrain.platform.distributed import DistContext
 from mptrain.precision.policy import resolve_precision
+from mptrain.precision.quant.convert import (
+    apply_quantized,
+    choose_layers,
+    convert_linears,
+    fp8_layer_stats,
+    layer_rules,
+)
 from mptrain.precision.quant.dist import FP8Sync, build_fp8_sync
 from mptrain.precision.quant.fp8 import (
     E4M3,
@@ -36,15 +43,9 @@ from mptrain.precision.quant.fp8 import (
     quantize,
     scale_from_amax,
 )
-from mptrain.precision.quant.fp8_convert import (
-    apply_fp8,
-    choose_layers,
-    convert_to_fp8,
-    fp8_layer_stats,
-    skip_summary,
-)
 from mptrain.precision.quant.fp8_linear import Float8Linear
 from mptrain.precision.quant.kernels import check_gemm_operands, fp8_gemm, fp8_gemm_available
+from mptrain.precision.selection import skip_summary
 from mptrain.train import job as run_module
 from mptrain.train.build import prepare_run
 from mptrain.train.loop import train_loop
@@ -89,7 +90,8 @@ def fp8_mlp(fp8_recipe: FP8Recipe, seed: int = 0) -> nn.Sequential:
         nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 16)
     )
     choices = choose_layers(model, include=[], exclude=[], keep_first_last=False)
-    return convert_to_fp8(model, choices, fp8_recipe)
+    convert_linears(model, choices, fp8_recipe)
+    return model
 
 
 def scalers(model: nn.Module) -> dict[str, TensorScaler]:
@@ -318,7 +320,7 @@ def test_vit_with_fp8_patch_embedding_runs_a_single_image():
     model = build_vit(ViTConfig(patch_size=4), 1, 8, 10)
     choices = choose_layers(model, include=[], exclude=[], keep_first_last=False)
     assert "patch_embed" in converted(choices)
-    convert_to_fp8(model, choices, recipe())
+    convert_linears(model, choices, recipe())
     assert model(torch.randn(2, 1, 8, 8)).shape == (2, 10)  # a batch of two works
     assert model(torch.randn(1, 1, 8, 8)).shape == (1, 10)
 
@@ -847,17 +849,13 @@ def test_min_features_keeps_the_small_layers_with_the_reason_and_converts_the_la
         assert c.converted == (c.reason == "converted"), c
 
 
-def test_apply_fp8_with_min_features_reports_each_kept_layer_and_why():
+def test_fp8_conversion_with_min_features_reports_each_kept_layer_and_why():
     torch.manual_seed(0)
     sizes = [(32, 64), (64, 256), (256, 256), (256, 24)]  # names 0, 2, 4, 6 (ReLUs between)
     model = nn.Sequential(*[m for i, o in sizes for m in (nn.Linear(i, o), nn.ReLU())][:-1])
-    section = apply_fp8(
-        model,
-        recipe(min_features=128),
-        torch.randn(2, 32),
-        include=[],
-        exclude=["4"],
-        keep_first_last=False,
+    fp8_recipe = recipe(min_features=128)
+    section = apply_quantized(
+        model, fp8_recipe, torch.randn(2, 32), layer_rules(fp8_recipe, [], ["4"], False)
     )
     assert section["min_features"] == 128 and section["pow2_scales"] is False
     layers = {row["name"]: row for row in section["layers"]}
@@ -877,23 +875,20 @@ def test_apply_fp8_with_min_features_reports_each_kept_layer_and_why():
     )
 
     # Without the exclusion, the one layer large enough converts.
-    section = apply_fp8(
-        model,
-        recipe(min_features=128),
-        torch.randn(2, 32),
-        include=[],
-        exclude=[],
-        keep_first_last=False,
+    fp8_recipe = recipe(min_features=128)
+    section = apply_quantized(
+        model, fp8_recipe, torch.randn(2, 32), layer_rules(fp8_recipe, [], [], False)
     )
     assert [row["name"] for row in section["layers"] if row["converted"]] == ["4"]
     assert isinstance(model[4], Float8Linear) and type(model[2]) is nn.Linear
 
 
-def test_apply_fp8_on_the_vit_converts_the_blocks_and_keeps_embedding_and_head():
+def test_fp8_conversion_of_the_vit_converts_the_blocks_and_keeps_embedding_and_head():
     torch.manual_seed(0)
     model = build_vit(ViTConfig(), 1, 8, 10)
-    section = apply_fp8(
-        model, recipe(), torch.randn(2, 1, 8, 8), include=[], exclude=[], keep_first_last=True
+    fp8_recipe = recipe()
+    section = apply_quantized(
+        model, fp8_recipe, torch.randn(2, 1, 8, 8), layer_rules(fp8_recipe, [], [], True)
     )
     layers = {row["name"]: row for row in section["layers"]}
     block_layers = [n for n in layers if n.startswith("blocks.")]
@@ -919,7 +914,8 @@ def test_conversion_keeps_the_parameter_objects_an_optimizer_holds():
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 16))
     before = list(model.parameters())
     optimizer = torch.optim.SGD(before, lr=0.1)
-    apply_fp8(model, recipe(), torch.randn(2, 16), include=[], exclude=[], keep_first_last=True)
+    fp8_recipe = recipe()
+    apply_quantized(model, fp8_recipe, torch.randn(2, 16), layer_rules(fp8_recipe, [], [], True))
     assert isinstance(model[2], Float8Linear)
     after = list(model.parameters())
     assert len(after) == len(before) and all(a is b for a, b in zip(after, before, strict=True))
@@ -1327,10 +1323,8 @@ def test_torchao_conversion_enables_its_fp8_all_gather_only_for_fsdp(fsdp):
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
-    section = apply_fp8(
-        model, FP8Recipe(fsdp_float8_all_gather=fsdp), torch.randn(2, 32),
-        include=[], exclude=[], keep_first_last=False, backend="torchao",
-    )  # fmt: skip
+    fp8_recipe = FP8Recipe(fsdp_float8_all_gather=fsdp)
+    section = apply_quantized(model, fp8_recipe, torch.randn(2, 32), layer_rules(fp8_recipe, [], [], False), backend="torchao")  # fmt: skip
     assert [layer["converted"] for layer in section["layers"]] == [True, True]
     for layer in (model[0], model[2]):
         assert isinstance(layer, TorchaoFloat8Linear)

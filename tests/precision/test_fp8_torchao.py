@@ -1,6 +1,6 @@
 """mptrain's Float8Linear against torchao's float8 training, an implementation nobody here wrote.
 
-Same weights, same inputs, same recipe (:func:`mptrain.precision.quant.fp8_convert.torchao_config` turns an FP8Recipe
+Same weights, same inputs, same recipe (:func:`mptrain.precision.quant.torchao_bridge.torchao_config` turns an FP8Recipe
 into torchao's config). On the real ``torch._scaled_mm`` path (its CPU kernel) the two must agree
 bit for bit; the emulations differ by design (mptrain multiplies the FP8 values and rescales the
 product once, torchao multiplies the dequantized values), so there the test compares their
@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Recipe
-from mptrain.precision.quant.fp8_convert import torchao_config
 from mptrain.precision.quant.fp8_linear import Float8Linear
+from mptrain.precision.quant.torchao_bridge import torchao_config
 
 float8 = pytest.importorskip("torchao.float8", reason="torchao is not installed (test extra)")
 

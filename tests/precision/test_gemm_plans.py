@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import LM, compose_run, tiny_run, train
+from support.runs import LM, compose_run, tiny_run, train
 from torch import nn
 
 from mptrain.config.base import ConfigError

@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_run, train
+from support.runs import tiny_run, train
 from torch import nn
 
 from mptrain.precision.diagnostics.audit import audit_step, render_audit

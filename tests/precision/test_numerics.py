@@ -21,7 +21,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_run, train
+from support.runs import tiny_run, train
 from torch import nn
 
 from mptrain.config.base import ConfigError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import restored_tf32
+from support.runs import restored_tf32
 
 from mptrain.config.base import ConfigError
 from mptrain.config.precision import PrecisionConfig

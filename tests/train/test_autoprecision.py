@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import tiny_run, train
+from support.runs import tiny_run, train
 
 from mptrain.platform import hardware
 from mptrain.platform.threads import ThreadChoice

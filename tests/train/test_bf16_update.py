@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NoFigure, compose_run, describe, run_command, tiny_run, train
+from support.processes import describe, run_command
+from support.runs import NoFigure, compose_run, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.config.precision import PrecisionConfig, validate_precision

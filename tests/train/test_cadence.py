@@ -4,7 +4,7 @@ time went (the report's ``time`` section)."""
 from __future__ import annotations
 
 import pytest
-from conftest import tiny_run, train
+from support.runs import tiny_run, train
 
 import mptrain.train.cadence
 from mptrain.platform.distributed import DistContext

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NoFigure, tiny_run, train
+from support.runs import NoFigure, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.output.metrics import MetricsLog, read_metrics

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_run
+from support.runs import tiny_run
 from torch.overrides import TorchFunctionMode
 
 import mptrain.train.optim

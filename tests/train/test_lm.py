@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import LM, compose_run, describe, run_mptrain, train
+from support.processes import describe, run_mptrain
+from support.runs import LM, compose_run, train
 
 from mptrain.commands.evaluate import eval_main, load_model
 from mptrain.commands.sample import encode_prompt, generate

@@ -8,7 +8,8 @@ import json
 import re
 
 import pytest
-from conftest import LM, compose_run, describe, run_mptrain, train
+from support.processes import describe, run_mptrain
+from support.runs import LM, compose_run, train
 
 from mptrain.commands.evaluate import load_model
 from mptrain.commands.sample import encode_prompt, generate

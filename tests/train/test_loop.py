@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import tiny_run
+from support.runs import tiny_run
 
 import mptrain.train.loop
 import mptrain.train.optim

@@ -7,8 +7,8 @@ import math
 import time
 
 import torch
-from conftest import tiny_run
-from observers import PerStep
+from support.observers import PerStep
+from support.runs import tiny_run
 
 from mptrain.train import loop
 from mptrain.train.build import prepare_run

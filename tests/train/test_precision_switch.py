@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import NoFigure, tiny_run, train
-from observers import PerStep
+from support.observers import PerStep
+from support.runs import NoFigure, tiny_run, train
 from torch import nn
 
 from mptrain.config.base import ConfigError
@@ -541,7 +541,7 @@ def test_resume_before_at_and_after_the_switch_is_bit_identical(tmp_path, first,
 
 
 # ------------------------------------------------------------------------------------- DDP
-WORKER = Path(__file__).resolve().parents[1] / "distributed_worker.py"
+WORKER = Path(__file__).resolve().parents[1] / "support" / "distributed_worker.py"
 
 
 def run_two_ranks(tmp_path: Path, *overrides: str) -> tuple[list[dict], dict]:

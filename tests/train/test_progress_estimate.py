@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 import torch
-from conftest import NoFigure, run_cli, tiny_run
 from rich.console import Console
+from support.runs import NoFigure, run_cli, tiny_run
 
 import mptrain.output.progress
 import mptrain.train.cadence

@@ -13,7 +13,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, tiny_run, train
+from support.runs import run_cli, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, REPORT_JSON

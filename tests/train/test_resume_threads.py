@@ -6,7 +6,7 @@ SIGTERM then resume=auto ended at a validation loss of 0.10696109135945638 again
 from __future__ import annotations
 
 import torch
-from conftest import tiny_run, train
+from support.runs import tiny_run, train
 
 from mptrain.platform.threads import ThreadChoice
 from mptrain.rundir.checkpoint import load_checkpoint

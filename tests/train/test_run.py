@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import compose_run, tiny_run, train
+from support.runs import compose_run, tiny_run, train
 
 from mptrain.output.metrics import read_metrics
 from mptrain.train import job as run_module

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import compose_run, tiny_run, train
+from support.runs import compose_run, tiny_run, train
 
 from mptrain.train.build import ending_limit, prepare_run
 

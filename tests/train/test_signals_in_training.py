@@ -8,7 +8,8 @@ import json
 import signal
 
 import pytest
-from conftest import signals_on_call, tiny_run, train
+from support.processes import signals_on_call
+from support.runs import tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.rundir.layout import CHECKPOINT_DIR, REPORT_JSON

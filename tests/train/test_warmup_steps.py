@@ -4,7 +4,7 @@ step-based task=lm runs; Hugging Face's warmup_steps is the same setting."""
 from __future__ import annotations
 
 import pytest
-from conftest import compose_run, tiny_run
+from support.runs import compose_run, tiny_run
 
 from mptrain.config.base import ConfigError
 from mptrain.config.optim import SchedulerConfig

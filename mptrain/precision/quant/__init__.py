@@ -30,7 +30,7 @@ The quantizers:
   gradient), :mod:`.e2m1` (FP4 codes), :mod:`.blocked` (the layout and counts they share) and
   :mod:`.fake` (the fast fake quantization an emulated GEMM reads: the same bits, measured faster).
 
-The run's side: :mod:`.fp8_convert` and :mod:`.block_convert` (which layers convert and the
-report's sections; the torchao bridge), :mod:`.dist` (what data-parallel ranks agree on for FP8).
+The run's side: :mod:`.convert` (which layers convert, one path for every format, and the
+report's sections), :mod:`.torchao_bridge` (``fp8.backend=torchao``), :mod:`.dist` (what data-parallel ranks agree on for FP8).
 tests/precision/test_*_torchao.py compare each format with torchao bit for bit.
 """

@@ -15,7 +15,7 @@ docs/precisions.md, *Checked against torchao*).
 
 Counts (:class:`~mptrain.precision.quant.blocked.BlockStats`) cost more than the quantization,
 so a layer counts only while ``sampling`` is set (the loop sets it for its log rows: see
-:class:`~mptrain.precision.quant.block_convert.BlockLayers`); they add up per role in non-persistent
+:class:`~mptrain.precision.quant.convert.BlockLayers`); they add up per role in non-persistent
 buffers (not in the state_dict: a checkpoint of one precision loads into any other).
 """
 

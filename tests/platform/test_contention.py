@@ -5,7 +5,7 @@ code's."""
 from __future__ import annotations
 
 import torch
-from conftest import tiny_run, train
+from support.runs import tiny_run, train
 
 from mptrain.output.render import summary_rows
 from mptrain.output.report import load_report

@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import tiny_run
+from support.runs import tiny_run
 from test_roofline import linear_gemm, meta, roofline_script
 from torch import nn
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-from conftest import compose_run, tiny_run, train
+from support.runs import compose_run, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.output.render import render_markdown

@@ -1,6 +1,5 @@
 """Hydra multiruns (``python -m mptrain -m ...``) run as a user runs them, and what they leave:
-the job directories and their reports. Imported as ``from sweeps import ...`` (tests/ is on
-sys.path, as for conftest); used by tests/commands/test_sweep.py and tests/e2e/test_cli.py."""
+the job directories and their reports. Used by tests/commands/test_sweep.py and tests/e2e/test_cli.py."""
 
 from __future__ import annotations
 
@@ -8,9 +7,8 @@ import json
 import subprocess
 from pathlib import Path
 
-from conftest import SUBPROCESS_TIMEOUT_S, run_mptrain
-
 from mptrain.rundir.layout import REPORT_JSON
+from support.processes import SUBPROCESS_TIMEOUT_S, run_mptrain
 
 
 def run_sweep(

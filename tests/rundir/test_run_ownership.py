@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import LM, compose_run, describe, run_mptrain, tiny_run, train
+from support.processes import describe, run_mptrain
+from support.runs import LM, compose_run, tiny_run, train
 
 from mptrain.config.base import ConfigError
 from mptrain.data.batches import files_identity, tensors_identity
@@ -229,7 +230,7 @@ def test_a_run_directory_made_unwritable_mid_run_is_one_line_and_exit_1(tmp_path
     import pathlib
     import tempfile
 
-    from conftest import run_cli
+    from support.runs import run_cli
 
     from mptrain.train import checkpointer as checkpointer_module
 

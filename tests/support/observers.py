@@ -1,6 +1,5 @@
 """Loop observers for tests (mptrain.train.monitor.LoopObserver): what a run looked like after
-every optimizer step. Imported as ``from observers import ...`` (tests/ is on sys.path, as for
-conftest)."""
+every optimizer step. Imported as ``from support.observers import ...``."""
 
 from __future__ import annotations
 

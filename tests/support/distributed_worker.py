@@ -1,6 +1,6 @@
 """Run by tests/e2e/test_distributed.py under torchrun: one mptrain job, then each rank dumps its state.
 
-    python -m torch.distributed.run --nproc_per_node=2 tests/distributed_worker.py OUT override...
+    python -m torch.distributed.run --nproc_per_node=2 tests/support/distributed_worker.py OUT override...
 
 Wraps mptrain.train.job.train_loop to save, per rank, the final parameters, this rank's buffers, the
 loss scale and the skipped steps into OUT/rank<N>.pt, so the test can check that ranks agree.
@@ -14,12 +14,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from conftest import compose_run
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the support package
 
 from mptrain.platform.distributed import model_state, unwrap
 from mptrain.train import job as run_module
+from support.runs import compose_run
 
 real_loop = run_module.train_loop
 

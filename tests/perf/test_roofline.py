@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, tiny_run
+from support.runs import run_cli, tiny_run
 from torch import nn
 
 from mptrain.commands.advise import measure
@@ -33,7 +33,7 @@ from mptrain.perf.roofline import (
     recipe_for,
 )
 from mptrain.platform import hardware
-from mptrain.precision.quant.fp8_convert import choose_layers
+from mptrain.precision.quant.convert import choose_layers
 from mptrain.train import report as train_report
 from mptrain.train.build import prepare_run
 
