@@ -30,6 +30,17 @@ The step's time is the sum of
 - **the optimizer step**: passes over every parameter at the parameters' size
   (:data:`OPTIMIZER_PASSES`; gradient clipping and loss-scale unscaling add theirs).
 
+A per-GEMM plan (``precision.gemms``: :attr:`Recipe.plan` for the converted Linears it names,
+:attr:`Recipe.planned`) prices each of those Linears' three GEMMs in its own format
+(:func:`planned_passes`: a BF16 weight gradient at the BF16 peak, an MXFP8 one of an NVFP4 layer at
+MXFP8's) and their casts GEMM by GEMM (:func:`planned_cast_bytes`): an operand is quantized for
+the GEMMs of each quantized format that read it (FP8 tensorwise: once, transposed where two FP8
+GEMMs read it; rowwise: once per FP8 GEMM; a block format: once per GEMM, a 2-D tiled weight once
+for both), a BF16 or FP32 GEMM quantizes nothing but casts each operand that arrived in another
+dtype (its weight from FP32 each time: no autocast cache), and each gradient is cast from its
+GEMM's result to its operand's dtype. A Linear whose three GEMMs are its format's own is priced
+as above, unchanged.
+
 Model FLOPs (what MFU counts) are three times the forward GEMM FLOPs, attention whole (PaLM,
 appendix B); MFU's peak is the FLOP-weighted one of the formats the GEMMs ran in
 (:func:`mptrain.perf.gpus.mixed_peak_flops`).
@@ -37,12 +48,13 @@ appendix B); MFU's peak is the FLOP-weighted one of the formats the GEMMs ran in
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
 
-from mptrain.config.format_table import BLOCK_FORMATS, FORMAT_TABLE, FP8_BLOCKWISE, NVFP4
+from mptrain.config.format_table import BLOCK_FORMATS, FORMAT_TABLE, FP8, FP8_BLOCKWISE, NVFP4
 from mptrain.perf.gemms import ATTENTION, LINEAR, Accounting, Gemm
 from mptrain.perf.gpus import GPU, mixed_peak_flops
 from mptrain.precision import formats
@@ -89,17 +101,24 @@ class Recipe:
     rowwise: bool = False  # FP8 scales per row: every operand quantized twice
     loss_scaling: bool = False
     weight_tiles: bool = False  # NVFP4's 16x16 weight tiles (blockwise FP8's 128x128: always)
+    # precision.gemms: the formats of the forward, input- and weight-gradient GEMMs of the
+    # converted Linears in ``planned``; None: all three in layer_format
+    plan: tuple[str, str, str] | None = None
+    planned: frozenset[str] = frozenset()
 
     @property
     def param_bytes(self) -> int:
         return torch.tensor([], dtype=self.param_dtype).element_size()
 
+    def tiled(self, fmt: str) -> bool:
+        """A weight quantized to ``fmt`` is in 2-D tiles (blockwise FP8's 128x128; NVFP4's 16x16
+        with ``weight_tiles``): one quantization serves the forward and data-gradient GEMMs."""
+        return fmt == FP8_BLOCKWISE or (fmt == NVFP4 and self.weight_tiles)
+
     @property
     def tiled_weight(self) -> bool:
         """One 2-D quantization of the weight serves the forward and the data-gradient GEMM."""
-        return self.layer_format == FP8_BLOCKWISE or (
-            self.layer_format == NVFP4 and self.weight_tiles
-        )
+        return self.tiled(self.layer_format)
 
 
 def recipe_for(
@@ -107,12 +126,16 @@ def recipe_for(
     layers: Iterable[str] = (),
     granularity: str = "tensorwise",
     weight_tiles: bool = True,
+    plan: tuple[str, str, str] | None = None,
+    planned: Iterable[str] = (),
 ) -> Recipe:
     """The :class:`Recipe` of ``precision`` (a name of :data:`~mptrain.precision.policy.PRECISIONS`
     or ``tf32``: FP32 with TF32 GEMMs), read from the precision table; ``layers``: the Linears
     precision=fp8, mxfp8 or nvfp4 converts (its layer choice), ignored by the others;
     ``granularity``: FP8's scaling (``blockwise``: the blockwise FP8 format); ``weight_tiles``:
-    NVFP4's 16x16 weight tiles."""
+    NVFP4's 16x16 weight tiles; ``plan``: the formats of the forward, data- and weight-gradient
+    GEMMs of the converted Linears in ``planned`` (``precision.gemms``), ignored without a layer
+    format."""
     if precision == "tf32":
         return Recipe("tf32", "tf32", None, torch.float32)
     spec = PRECISIONS.get(precision)
@@ -120,6 +143,8 @@ def recipe_for(
         raise ValueError(f"precision {precision!r}: one of tf32, {', '.join(PRECISIONS)}")
     low = spec.autocast_dtype or (None if spec.param_dtype == torch.float32 else spec.param_dtype)
     fmt = formats.layer_format(precision, granularity)
+    if fmt is None:
+        plan = None
     return Recipe(
         precision=precision,
         gemm_format=_LOW_FORMAT[low],
@@ -129,7 +154,9 @@ def recipe_for(
         layer_format=fmt or "fp8",
         rowwise=precision == "fp8" and granularity == "rowwise",
         loss_scaling=spec.loss_scaling,
-        weight_tiles=precision == NVFP4 and weight_tiles,
+        weight_tiles=(precision == NVFP4 or NVFP4 in (plan or ())) and weight_tiles,
+        plan=plan,
+        planned=frozenset(planned) if plan is not None else frozenset(),
     )
 
 
@@ -139,6 +166,16 @@ def gemm_format(g: Gemm, recipe: Recipe) -> str:
     return (
         recipe.layer_format if g.kind == LINEAR and g.name in recipe.layers else recipe.gemm_format
     )
+
+
+def gemm_formats(g: Gemm, recipe: Recipe) -> tuple[str, str, str]:
+    """The formats of ``g``'s forward, data-gradient and weight-gradient GEMMs: the recipe's
+    plan for a converted Linear it names, else :func:`gemm_format` for all three."""
+    converted = g.kind == LINEAR and g.name in recipe.layers
+    if recipe.plan is not None and converted and g.name in recipe.planned:
+        return recipe.plan
+    fmt = gemm_format(g, recipe)
+    return fmt, fmt, fmt
 
 
 # ------------------------------------------------------------------------------ per GEMM
@@ -244,6 +281,67 @@ def block_cast_bytes(g: Gemm, recipe: Recipe, x: float, w: float, dy: float) -> 
     return total + _gradient_casts(g, x, w)
 
 
+# ------------------------------------------------------------------------------ per-GEMM plans
+def _present(g: Gemm) -> list[int]:
+    """The GEMMs of Linear ``g`` that run, by index into (forward, data gradient, weight
+    gradient): the forward, the data gradient where its input needs one, the weight gradient
+    where its weight does."""
+    return [0, *([1] if g.a_grad else []), *([2] if g.b_grad else [])]
+
+
+def planned_passes(
+    g: Gemm, fmts: tuple[str, str, str], recipe: Recipe, batch: int
+) -> list[tuple[str, float, float]]:
+    """(format, FLOPs, bytes) of each pass of Linear ``g`` whose forward, data-gradient and
+    weight-gradient GEMMs run in ``fmts``: each priced as :func:`gemm_passes` prices it in its
+    own format."""
+    present = _present(g)
+    return [
+        (fmts[i], *gemm_passes(g, fmts[i], batch, recipe.tiled(fmts[i]))[k])
+        for k, i in enumerate(present)
+    ]
+
+
+def planned_cast_bytes(g: Gemm, fmts: tuple[str, str, str], recipe: Recipe, batch: int) -> float:
+    """Bytes the casts around Linear ``g`` move over ``batch`` samples when its forward,
+    data-gradient and weight-gradient GEMMs run in ``fmts``, GEMM by GEMM (see the module doc):
+    each of x, W and dy quantized for the quantized GEMMs that read it and cast for the
+    high-precision ones, each gradient cast from its GEMM's result to its operand's dtype."""
+    x, w, dy = g.a_elems * batch, g.b_elems, g.out_elems * batch
+    operands = {  # each tensor: elements, bytes as it arrives, the GEMMs (indices) reading it
+        "x": (x, g.a_bytes, (0, 2)),
+        "w": (w, g.b_bytes, (0, 1)),
+        "dy": (dy, RESULT_BYTES[recipe.layer_format], (1, 2)),  # in the output's dtype
+    }
+    present, total = _present(g), 0.0
+    for name, (elems, high, gemms) in operands.items():
+        readers = [fmts[i] for i in gemms if i in present]
+        for fmt, n in Counter(readers).items():
+            total += _operand_casts(fmt, n, elems, high, recipe, name == "w")
+    for i, elems, arrived in ((1, x, g.a_bytes), (2, w, g.b_bytes)):  # the gradients, cast back
+        result = RESULT_BYTES[fmts[i]]
+        if i in present and arrived != result:
+            total += elems * (result + arrived)
+    return total
+
+
+def _operand_casts(
+    fmt: str, n: int, elems: float, high: float, recipe: Recipe, weight: bool
+) -> float:
+    """Bytes moved making an operand of ``elems`` elements, arrived in ``high`` bytes each, ready
+    for the ``n`` GEMMs of format ``fmt`` that read it (``weight``: it is the weight)."""
+    if fmt == FP8:  # amax read, read and one-byte write; tensorwise: a transposed copy for two
+        once = elems * (2 * high + 1)
+        return n * once if recipe.rowwise else once + (2 * elems if n == 2 else 0)
+    if fmt in SCALE_BYTES:  # per GEMM along its reduction dimension; a 2-D weight tile once
+        tile = weight and recipe.tiled(fmt)
+        amax = 1 if fmt in TENSOR_SCALE_BYTES else 0
+        times = 1 if tile else n
+        return times * (elems * high * (1 + amax) + operand_bytes(fmt, elems, tile))
+    low = FORMAT_BYTES[fmt]  # BF16 or FP32: a cast per GEMM where the dtype differs
+    return n * elems * (high + low) if high != low else 0.0
+
+
 # ------------------------------------------------------------------------------ one step
 @dataclass(frozen=True)
 class Step:
@@ -306,8 +404,8 @@ def model_flops_by_format(accounting: Accounting, recipe: Recipe) -> dict[str, f
     """Model FLOPs per sample (3 x forward, attention whole) by the format each GEMM runs in."""
     out: dict[str, float] = {}
     for g in accounting.gemms:
-        fmt = gemm_format(g, recipe)
-        out[fmt] = out.get(fmt, 0.0) + 3 * g.flops
+        for fmt, n in Counter(gemm_formats(g, recipe)).items():
+            out[fmt] = out.get(fmt, 0.0) + n * g.flops
     return out
 
 
@@ -316,13 +414,18 @@ def _micro_batch(acc: Accounting, recipe: Recipe, gpu: GPU, batch: int) -> dict[
     compute-bound), casts, other operations."""
     gemm = bound = casts = 0.0
     for g in acc.gemms:
-        fmt = gemm_format(g, recipe)
-        for flops, nbytes in gemm_passes(g, fmt, batch, recipe.tiled_weight):
+        own, fmts = gemm_format(g, recipe), gemm_formats(g, recipe)
+        if fmts == (own, own, own):
+            passes = [(own, *p) for p in gemm_passes(g, own, batch, recipe.tiled_weight)]
+            casts += cast_bytes(g, own, recipe, batch)
+        else:  # a per-GEMM plan's Linear
+            passes = planned_passes(g, fmts, recipe, batch)
+            casts += planned_cast_bytes(g, fmts, recipe, batch)
+        for fmt, flops, nbytes in passes:
             seconds = pass_seconds(flops, nbytes, fmt, gpu)
             gemm += seconds
             if flops / gpu.peak_flops(fmt) >= nbytes / gpu.bandwidth_bytes_s:
                 bound += seconds
-        casts += cast_bytes(g, fmt, recipe, batch)
     bandwidth = gpu.bandwidth_bytes_s
     return {
         "gemm": gemm,

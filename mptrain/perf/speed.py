@@ -7,12 +7,15 @@ and data shape a run would use; the converted layers are the ones the precision 
 FP8's (:func:`mptrain.precision.quant.convert.choose_layers` with the run's ``fp8.*``), the
 block-scaled formats' (:mod:`mptrain.precision.selection` under ``mx.*``, ``nvfp4.*`` or, for
 ``fp8.granularity=blockwise``, ``fp8.*``, with the format's block alignment and NVFP4's BF16
-tail), unless the caller names those that did. ``advise``, the run report and
-``benchmarks/roofline.py`` call this.
+tail), unless the caller names those that did. A per-GEMM plan (``precision.gemms.*``) gives
+the GEMMs of the converted layers ``precision.gemms.layers`` matches the formats a run would
+(:func:`gemm_plan`; :mod:`mptrain.precision.gemm_plans`), and the roofline prices each in its own.
+``advise``, the run report and ``benchmarks/roofline.py`` call this.
 """
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -20,7 +23,15 @@ import torch
 from torch import nn
 
 from mptrain.config.data import SyntheticConfig
-from mptrain.config.format_table import FORMAT_TABLE, FP8_BLOCKWISE, NVFP4
+from mptrain.config.format_table import (
+    BF16,
+    BLOCK_FORMATS,
+    FORMAT_TABLE,
+    FP8,
+    FP8_BLOCKWISE,
+    FP32,
+    NVFP4,
+)
 from mptrain.config.models import lm_block_size
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import BatchLayout, DataBundle
@@ -38,8 +49,10 @@ from mptrain.perf.roofline import (
     recipe_for,
 )
 from mptrain.precision.formats import layer_format
-from mptrain.precision.quant.convert import choose_layers, layer_rules
+from mptrain.precision.gemm_plans import requested
 from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.convert import choose_layers, layer_rules
+from mptrain.precision.quant.linear import GEMMS
 from mptrain.precision.selection import LayerChoice, choose, skip_summary
 
 
@@ -140,30 +153,92 @@ def run_precision(cfg: RunConfig) -> str:
     return "tf32" if p.name == "fp32" and p.allow_tf32 else p.name
 
 
+def gemm_plan(cfg: RunConfig, fmt: str) -> tuple[str, str, str] | None:
+    """The formats ``precision.gemms`` gives the forward, input- and weight-gradient GEMMs of a
+    Linear converted to ``fmt``, as a run resolves them (:mod:`mptrain.precision.gemm_plans`:
+    null is ``fmt``; ``fp8`` under ``fp8.granularity=blockwise`` is blockwise FP8); None when it
+    sets none. ValueError, in the run's words, for a format of the other family."""
+    chosen = requested(cfg)
+    if not chosen:
+        return None
+    first, second, third = (_plan_format(cfg, g, chosen.get(g), fmt) for g in GEMMS)
+    return first, second, third
+
+
+def _plan_format(cfg: RunConfig, gemm: str, value: str | None, own: str) -> str:
+    """The format ``precision.gemms.<gemm>=value`` names for a layer converted to ``own``."""
+    if value is None:
+        return own
+    if value == FP8 and cfg.fp8.granularity == "blockwise":
+        value = FP8_BLOCKWISE
+    if value in (BF16, FP32) or value == own or (own in BLOCK_FORMATS and value in BLOCK_FORMATS):
+        return value
+    family = ", ".join(BLOCK_FORMATS) if own in BLOCK_FORMATS else FP8
+    raise ValueError(
+        f"precision.gemms.{gemm}={value}: precision={cfg.precision.name} converts its layers into "
+        f"{own}; a GEMM may run in {family}, {BF16} or {FP32}"
+    )
+
+
+def planned_layers(cfg: RunConfig, layers: Iterable[str]) -> list[str]:
+    """The converted ``layers`` that ``precision.gemms.layers`` matches (fnmatch, as
+    :class:`~mptrain.precision.quant.linear.LayerPlans` does); ValueError, as the run's
+    ConfigError says, when none does."""
+    patterns = list(cfg.precision.gemms.layers)
+    names = list(layers)
+    matched = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    if not matched:
+        raise ValueError(
+            f"precision.gemms.layers={patterns}: no converted layer matches; the converted "
+            f"layers are {', '.join(names)}"
+        )
+    return matched
+
+
+def _choice_key(cfg: RunConfig, fmt: str) -> tuple:
+    """What chooses the Linears converted to ``fmt``: its config group's layer keys."""
+    keys = getattr(cfg, FORMAT_TABLE[fmt].config_group)
+    tail = cfg.nvfp4.keep_last_fraction if fmt == NVFP4 else 0.0
+    include, exclude = tuple(keys.include), tuple(keys.exclude)
+    return fmt, include, exclude, keys.keep_first_last, keys.min_features, tail
+
+
 class Accountant:
     """The accounting of ``cfg``'s model under each (autocast, parameter dtype) pair asked for,
-    each made once; each layer format's converted Linears chosen once, from the fp32 build with
-    ``cfg``'s layer keys, unless ``layers`` names those a run converted (for its precision)."""
+    each made once; each layer format's converted Linears chosen once per set of layer keys, from
+    the fp32 build, unless ``layers`` names those a run converted (for its precision)."""
 
     def __init__(self, cfg: RunConfig, shape: DataShape, layers: Iterable[str] | None = None):
         self.cfg, self.shape = cfg, shape
         self._done: dict[tuple[torch.dtype | None, torch.dtype], Accounting] = {}
-        self._layers: dict[str, list[str]] = {}
+        self._layers: dict[tuple, list[str]] = {}
         self.given = None if layers is None else list(layers)
 
-    def recipe(self, precision: str, granularity: str | None = None) -> Recipe:
-        """``precision``'s recipe; FP8 scaled per ``granularity`` (default: the config's)."""
-        scales = granularity or self.cfg.fp8.granularity
+    def recipe(
+        self, precision: str, granularity: str | None = None, cfg: RunConfig | None = None
+    ) -> Recipe:
+        """``precision``'s recipe under ``cfg`` (default: the accountant's; the same model): FP8
+        scaled per ``granularity`` (default: the config's), the Linears its layer keys convert,
+        their GEMMs in the formats its ``precision.gemms`` plan gives them."""
+        cfg = cfg or self.cfg
+        scales = granularity or cfg.fp8.granularity
         fmt = layer_format(precision, scales)
         if fmt is None:
             return recipe_for(precision, (), scales)
-        if fmt not in self._layers:
-            self._layers[fmt] = (
-                self.given
-                if self.given is not None
-                else converted_layer_names(meta_model(self.cfg, self.shape), self.cfg, fmt)
-            )
-        return recipe_for(precision, self._layers[fmt], scales, self.cfg.nvfp4.weight_tiles)
+        layers = self.layers(cfg, fmt)
+        plan = gemm_plan(cfg, fmt)
+        planned = planned_layers(cfg, layers) if plan is not None else ()
+        return recipe_for(precision, layers, scales, cfg.nvfp4.weight_tiles, plan, planned)
+
+    def layers(self, cfg: RunConfig, fmt: str) -> list[str]:
+        """The Linears converted to ``fmt`` under ``cfg``'s layer keys (or those given)."""
+        if self.given is not None:
+            return self.given
+        key = _choice_key(cfg, fmt)
+        if key not in self._layers:
+            model = meta_model(self.cfg, self.shape)
+            self._layers[key] = converted_layer_names(model, cfg, fmt)
+        return self._layers[key]
 
     def accounting(self, recipe: Recipe) -> Accounting:
         key = (recipe.autocast, recipe.param_dtype)
@@ -177,7 +252,8 @@ def predict_configs(
     configs: Mapping[str, RunConfig], shape: DataShape, gpu: GPU
 ) -> dict[str, Prediction | str]:
     """Each named config's predicted step on ``gpu`` (one model and data: the configs differ
-    in their precision and FP8 scaling, as advise's candidates do), or why there is none (the
+    in their precision, FP8 scaling, layer keys and per-GEMM plan, as advise's candidates and
+    plans do), or why there is none (the
     GPU lacks the format: FP8 on an A100, MXFP8 on an H100, "no hardware kernel: emulated";
     the model has no Linear the format would convert). Delayed scaling and power-of-two scales
     move the same bytes as dynamic tensorwise scaling."""
@@ -186,7 +262,7 @@ def predict_configs(
     out: dict[str, Prediction | str] = {}
     for name, cfg in configs.items():
         try:
-            recipe = accountant.recipe(run_precision(cfg), cfg.fp8.granularity)
+            recipe = accountant.recipe(run_precision(cfg), cfg.fp8.granularity, cfg)
             out[name] = predict(accountant.accounting(recipe), recipe, gpu, step)
         except ValueError as exc:  # no FP8 layer, or a format the GPU lacks: said, not guessed
             out[name] = str(exc)

@@ -14,8 +14,9 @@ error, and the plan that keeps only those in BF16.
    tolerance, it is the plan to train with, cheaper than keeping whole layers, and its command is
    given beside the whole-layer one.
 
-The roofline's predicted speed of a per-GEMM plan is not given yet (the whole-layer plan's
-measured step times are).
+With ``advise.target``, the plan's predicted step on that GPU stands under its verdict
+(:func:`.predict.per_gemm_line`: the roofline prices each GEMM in its own format), beside every
+eligible layer in the format and the kept layers whole.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 import torch
 
-from mptrain.commands.advise import recipes
+from mptrain.commands.advise import predict, recipes
 from mptrain.config.run import RunConfig
 from mptrain.precision.quant.linear import GEMMS, HighPrecisionGemm
 
@@ -182,6 +183,8 @@ def plan_lines(
         f"**Or keep only the {gemms} of {names(found['layers'])} in BF16**, the rest in "
         f"{plan['label']}: {verdict}, {gap_words(found['run'])}"
     ]
+    if predicted := predict.per_gemm_line(plan):
+        lines += ["", predicted]
     if found.get("command"):
         lines += ["", "Train with it:", "", "```bash", found["command"], "```"]
     return lines

@@ -154,6 +154,22 @@ def with_kept(cfg: RunConfig, kept: list[str], key: str) -> RunConfig:
     )
 
 
+def plan_configs(plan: dict[str, Any], candidates: list[Candidate]) -> dict[str, RunConfig]:
+    """The per-layer plan's configs, once a set of layers is kept, for :func:`.predict.predict`:
+    its recipe with them whole in high precision (``kept_layers``: its exclude key) and, where the
+    per-GEMM plan ran, with only their lifted GEMMs in BF16 (``per_gemm``: ``precision.gemms``);
+    none before."""
+    low = next((c for c in candidates if c.name == plan.get("precision")), None)
+    kept = plan.get("kept")
+    if low is None or not kept:
+        return {}
+    out = {"kept_layers": with_kept(low.cfg, kept, planning.exclude_key(low.name))}
+    per_gemm = plan.get("gemm_plan") or {}
+    if "gemms" in per_gemm:
+        out["per_gemm"] = gemms.with_lift(low.cfg, per_gemm["layers"], per_gemm["gemms"])
+    return out
+
+
 def record_speed(plan: dict[str, Any], low: Candidate, bf16: Candidate | None) -> None:
     """``plan["speed"]`` once a set is verified: the step time of the run that verified it
     (the all-layers run when nothing is kept) beside the all-layers run's and BF16's short run;

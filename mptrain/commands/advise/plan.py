@@ -33,7 +33,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from mptrain.commands.advise import concise, gemms, recipes
+from mptrain.commands.advise import concise, gemms, predict, recipes
 from mptrain.config.format_table import GROUP_OF_PRECISION
 
 # The config group whose ``exclude`` keeps a layer out of each low-precision format, by the
@@ -261,7 +261,8 @@ def speed_line(plan: dict[str, Any]) -> str | None:
 
 def evidence_lines(plan: dict[str, Any], cap: int | None = None) -> list[str]:
     """The runs behind the plan: all layers in the format, each verifying run, the predictions,
-    the speed of the kept set (``cap``: as :func:`headline`'s)."""
+    the speed of the kept set, measured and predicted on advise.target's GPU (``cap``: as
+    :func:`headline`'s)."""
     allowed = f"allowed {plan['allowed']:.1%}" if "allowed" in plan else "no allowance"
     lines = []
     if "all_layers" in plan:
@@ -281,7 +282,8 @@ def evidence_lines(plan: dict[str, Any], cap: int | None = None) -> list[str]:
             f"- verifying run keeping {_kept_words(run['kept'], cap)}: {_gap_words(run)}{guess}: "
             f"{verdict}"
         )
-    return lines + ([line] if (line := speed_line(plan)) else [])
+    lines += [line] if (line := speed_line(plan)) else []
+    return lines + ([line] if (line := predict.kept_line(plan)) else [])
 
 
 TABLE_HEADERS = (

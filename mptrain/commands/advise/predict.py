@@ -10,11 +10,20 @@ there. ``auto`` (the default) predicts for the GPU advise runs on, and for nothi
 runs on the target GPU, each measured row gets the prediction's error ((predicted − measured) /
 measured) and its model FLOPs utilisation against the FLOP-weighted peak of the formats its
 GEMMs ran in (defined for FP8, block-scaled and BF16 GEMMs mixed).
+
+With ``advise.plan``, the per-layer plan's configs are predicted too
+(:func:`.layers.plan_configs`): its recipe with the kept layers whole in high precision (the
+exclude key), and with only their lifted GEMMs in BF16 (the per-GEMM plan, ``precision.gemms``:
+each GEMM priced in its own format). Their
+figures go into the plan (``predicted_speed``) beside the recipe's all-layers one, and the plan's
+evidence says them (:func:`kept_line`, :func:`per_gemm_line`): what keeping a layer, or only a GEMM
+of it, costs on the target GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from mptrain.config.base import ConfigError
@@ -25,6 +34,7 @@ if TYPE_CHECKING:
 
     from mptrain.commands.advise.measure import Candidate
     from mptrain.config.run import RunConfig
+    from mptrain.perf.roofline import Prediction
 
 BASIS = (
     "roofline at best: each GEMM pass max(FLOPs / the format's dense peak, bytes / bandwidth), "
@@ -46,10 +56,21 @@ def target_gpu(cfg: RunConfig, device: torch.device) -> tuple[gpus.GPU | None, s
     return gpus.resolve_target(cfg.advise.target, device_name(device))
 
 
-def predict(cfg: RunConfig, device: torch.device, candidates: list[Candidate]) -> dict[str, Any]:
+PLAN = "plan: "  # the plan's configs among the candidates' in one prediction
+
+
+def predict(
+    cfg: RunConfig,
+    device: torch.device,
+    candidates: list[Candidate],
+    plan: dict[str, Any] | None = None,
+    planned: Mapping[str, RunConfig] | None = None,
+) -> dict[str, Any]:
     """advise.json's ``prediction``: the target, the GPU's row and its source, and per candidate
     (and TF32, which a GPU would add) the predicted step or why there is none. A model the
-    predictor cannot account is said, not hidden (``error``)."""
+    predictor cannot account is said, not hidden (``error``). The per-layer ``plan``'s configs
+    (``planned``: :func:`.layers.plan_configs`), predicted, go into
+    ``plan["predicted_speed"]`` (:func:`plan_speed`)."""
     gpu, note = target_gpu(cfg, device)
     out: dict[str, Any] = {"target": cfg.advise.target, "note": note, "gpu": None, "rows": {}}
     if gpu is None:
@@ -61,23 +82,57 @@ def predict(cfg: RunConfig, device: torch.device, candidates: list[Candidate]) -
     from mptrain.commands.advise import recipes
     from mptrain.perf.speed import data_shape, predict_configs
 
-    configs = {c.name: c.cfg for c in candidates}
+    # a candidate skipped here (BF16 on a CPU without native BF16) keeps the user's config: its
+    # recipe applied, it is predicted for the GPU all the same
+    configs = {c.name: recipes.apply(c.cfg, c.recipe) if c.recipe else c.cfg for c in candidates}
     configs.setdefault("tf32", recipes.apply(cfg, recipes.recipe("tf32")))
+    planned = planned if plan is not None and planned else {}
     try:
-        found = predict_configs(configs, data_shape(cfg), gpu)
+        found = predict_configs(
+            {**configs, **{PLAN + k: v for k, v in planned.items()}}, data_shape(cfg), gpu
+        )
     except (ConfigError, RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
         out["error"] = f"the model could not be accounted on the meta device: {exc}"
         return out
-    out["rows"] = {
-        name: (
-            {"none": p}
-            if isinstance(p, str)
-            else {**dataclasses.asdict(p), "launch_bound": p.launch_bound}
-        )
-        for name, p in found.items()
-    }
+    out["rows"] = {name: _row(p) for name, p in found.items() if name in configs}
     _add_ratios(out["rows"])
+    if planned:
+        rows = {k: _row(found[PLAN + k]) for k in planned}
+        plan["predicted_speed"] = plan_speed(gpu, out["rows"], plan["precision"], rows)
     return out
+
+
+def _row(p: Prediction | str) -> dict[str, Any]:
+    """A prediction as advise.json holds it, or why there is none."""
+    if isinstance(p, str):
+        return {"none": p}
+    return {**dataclasses.asdict(p), "launch_bound": p.launch_bound}
+
+
+def plan_speed(
+    gpu: gpus.GPU, rows: dict[str, dict[str, Any]], precision: str, plans: dict[str, Any]
+) -> dict[str, Any]:
+    """The plan's ``predicted_speed``: on ``gpu``, the recipe's all-layers row (``precision``'s of
+    the candidates' ``rows``) and the plan's configs' (``plans``), each step's time, speed-up on
+    BF16's predicted step and step time relative to the all-layers one (or why none)."""
+    every = rows.get(precision, {"none": "not predicted"})
+    bf16 = rows.get("bf16", {}).get("step_time_s")
+    out: dict[str, Any] = {}
+    for key, row in {"all_layers": every, **plans}.items():
+        if "step_time_s" not in row:
+            out[key] = {"none": row["none"]}
+            continue
+        step = row["step_time_s"]
+        out[key] = {
+            "step_time_s": step,
+            "samples_per_s": row["samples_per_s"],
+            "tokens_per_s": row["tokens_per_s"],
+            "vs_bf16": bf16 / step if bf16 else None,
+            "vs_all_layers": step / every["step_time_s"] if "step_time_s" in every else None,
+            "launch_bound": row["launch_bound"],
+            "flops_by_format": row["flops_by_format"],
+        }
+    return {"gpu": gpu.key, "basis": "roofline, at best", "rows": out}
 
 
 def predict_samples_per_s(cfg: RunConfig) -> float:
@@ -187,3 +242,59 @@ def lines(prediction: dict[str, Any] | None) -> list[str]:
             "FLOP/s over the FLOP-weighted peak of the formats the GEMMs ran in."
         )
     return said
+
+
+# ------------------------------------------------------------------------------ the plan's words
+def _plan_figure(row: dict[str, Any], against: str | None) -> str:
+    """``1.25 ms/step (+1.6% step time on <against>, 1.58× bf16's speed)`` (``against``: the
+    all-layers step's words, "" where the line said them; None: not compared with it)."""
+    parts = []
+    if against is not None and row.get("vs_all_layers") is not None:
+        on = f" on {against}" if against else ""
+        parts.append(f"{row['vs_all_layers'] - 1:+.1%} step time{on}")
+    if row.get("vs_bf16"):
+        parts.append(f"{row['vs_bf16']:.2f}× bf16's speed")
+    said = f" ({', '.join(parts)})" if parts else ""
+    return f"{_duration(row['step_time_s'])}/step{said}"
+
+
+def _plan_head(speed: dict[str, Any]) -> str:
+    return f"- predicted on {speed['gpu']} ({speed['basis']}; not measured)"
+
+
+def kept_line(plan: dict[str, Any]) -> str | None:
+    """The plan's evidence line of its predicted speed on advise.target's GPU: every eligible
+    layer in the recipe's format, and the kept layers whole in high precision; None when there
+    was no prediction."""
+    speed = plan.get("predicted_speed")
+    if not speed:
+        return None
+    rows, head = speed["rows"], _plan_head(speed)
+    every, kept = rows["all_layers"], rows.get("kept_layers")
+    if "none" in every:
+        return f"{head}: none ({every['none']})"
+    text = f"{head}: every eligible layer in {plan['label']} {_plan_figure(every, None)}"
+    if kept is not None:
+        figure = f"none ({kept['none']})" if "none" in kept else _plan_figure(kept, "")
+        text += f"; with the kept layers {figure}"
+    if every["launch_bound"]:
+        text += "; launch-bound: on a GPU, kernel launches would set steps this short"
+    return text
+
+
+def per_gemm_line(plan: dict[str, Any]) -> str | None:
+    """The per-GEMM plan's predicted speed on advise.target's GPU, beside every eligible layer in
+    the recipe's format and the kept layers whole; None when it was not predicted."""
+    speed = plan.get("predicted_speed")
+    row = speed["rows"].get("per_gemm") if speed else None
+    if row is None:
+        return None
+    head = _plan_head(speed)
+    if "none" in row:
+        return f"{head}: none ({row['none']})"
+    every = "every eligible layer in " + plan["label"]
+    text = f"{head}: {_plan_figure(row, every)}"
+    kept = speed["rows"].get("kept_layers", {})
+    if "step_time_s" in kept:
+        text += f"; the kept layers whole {_plan_figure(kept, '')}"
+    return text

@@ -200,15 +200,19 @@ def write_advice(
     found: dict[str, Any],
     device: torch.device,
 ) -> dict[str, Any]:
-    """Predict the speed on ``advise.target`` (:mod:`.predict`), decide on ``found``, write
-    advise.png/.json/.md into ``output_dir``, print; the result."""
+    """Predict the speed on ``advise.target`` (:mod:`.predict`: the candidates' and the per-layer
+    plan's), decide on ``found``, write advise.png/.json/.md into ``output_dir``, print; the
+    result."""
     from mptrain.commands.advise import gemms, predict
     from mptrain.commands.advise import report as advise_report
+    from mptrain.commands.advise.layers import plan_configs
     from mptrain.commands.advise.plan import add_command, list_item
     from mptrain.commands.advise.trials import timed_part
 
     with timed_part(found["timings"], "prediction"):
-        found["prediction"] = predict.predict(cfg, device, found["candidates"])
+        cands, plan = found["candidates"], found["plan"]
+        configs = plan_configs(plan, cands)
+        found["prediction"] = predict.predict(cfg, device, cands, plan, configs)
     decision = decide(cfg, found, device)
     add_command(found["plan"], overrides)
     gemms.add_command(found["plan"], overrides, list_item)
