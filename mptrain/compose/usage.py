@@ -1,9 +1,9 @@
 """``mptrain --help`` and ``mptrain COMMAND --help``: short usage texts, read from the shipped
 files without composing a config (Hydra's own help composed and printed the whole config: seconds,
 150 lines). The groups and options are the files of ``conf/`` (and of ``-cd DIR``) and the
-recipes; a subcommand's keys and their comments are its block of ``conf/config.yaml``, so the
-help says what the config file says. The full composed config stays one command away:
-``mptrain --cfg job``.
+recipes; a subcommand's keys, their defaults and help are its section of the schema
+(:mod:`mptrain.config.help`, where docs/configuration.md's key table comes from too). The full
+composed config stays one command away: ``mptrain --cfg job``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from mptrain.compose.arguments import COMMANDS
+from mptrain.config.help import section_help, section_keys
 from mptrain.config.options import PRECISION_ALIASES, SCHEMAS
 from mptrain.config.recipes import recipe_files
 
@@ -26,15 +27,14 @@ COMMAND_DOCS = {
     "sample": ("docs/language-models.md", "mptrain sample resume=outputs/RUN_DIR prompt='def '"),
 }
 _DEFAULT_LINE = re.compile(r"^\s+-\s+(\w+):\s*(\S+)")
-_KEY_LINE = re.compile(r"^  (?P<key>\w+):\s*(?P<value>(\"[^\"]*\"|[^#])*?)\s*#\s*(?P<comment>.*)$")
-_TOP_COMMENT = re.compile(r"^(?P<name>\w+):\s*#\s*`(?P<usage>[^`]+)`:\s*(?P<what>.*)$")
+_USAGE = re.compile(r"^`(?P<usage>[^`]+)`:\s*(?P<what>.*)$")
 
 
 def usage_text(config_dir: str | None = None) -> str:
     """What ``mptrain --help`` prints: how to run, the commands, the groups and their options
     (with ``-cd DIR``, that directory's too), and where the rest is."""
     config = _config_text()
-    commands = [f"  {name:<9} {_command_summary(config, name)[1]}" for name in COMMANDS]
+    commands = [f"  {name:<9} {_command_summary(name)[1]}" for name in COMMANDS]
     return "\n".join(
         [
             "usage: mptrain [group=option | key=value ...]       train one run",
@@ -53,7 +53,7 @@ def usage_text(config_dir: str | None = None) -> str:
             "config groups (group=option; * the default):",
             *_group_lines(config, config_dir),
             "",
-            "every key: mptrain --cfg job (the composed config); conf/config.yaml comments each one",
+            "every key: docs/configuration.md (its default and what it does); mptrain --cfg job",
             "flags: -m/--multirun, -cd/--config-dir DIR, -cn/--config-name NAME, --cfg job|hydra|all,",
             "       --resolve, -p/--package KEY, --info [defaults|searchpath|...], --hydra-help, --version",
             "docs: docs/README.md (configuration.md: keys, errors, your own config directory)",
@@ -63,13 +63,10 @@ def usage_text(config_dir: str | None = None) -> str:
 
 def command_help(command: str) -> str:
     """What ``mptrain COMMAND --help`` prints: its usage, what it does, its keys with their
-    defaults and comments (its block of conf/config.yaml), an example and its docs page."""
-    config = _config_text()
-    usage, what = _command_summary(config, command)
+    defaults and help (its section of the schema), an example and its docs page."""
+    usage, what = _command_summary(command)
     page, example = COMMAND_DOCS[command]
-    settings = [
-        (f"{command}.{key}={value}", comment) for key, value, comment in _block(config, command)
-    ]
+    settings = [(f"{command}.{k.path}={k.default}", k.help) for k in section_keys(command)]
     width = max(len(setting) for setting, _ in settings)
     keys = [f"  {setting:<{width}}  {comment}" for setting, comment in settings]
     # sample prints its text; the others write a directory of results.
@@ -99,28 +96,13 @@ def _config_text() -> str:
     return files(CONFIG_PACKAGE).joinpath("config.yaml").read_text(encoding="utf-8")
 
 
-def _command_summary(config: str, command: str) -> tuple[str, str]:
-    """(usage, what it does) from the comment on the command's block in conf/config.yaml
-    (``bench:  # `mptrain bench [overrides]`: time every precision ...``)."""
-    for line in config.splitlines():
-        match = _TOP_COMMENT.match(line)
-        if match and match["name"] == command:
-            return match["usage"], match["what"]
-    raise KeyError(f"conf/config.yaml has no commented block for {command}")
-
-
-def _block(config: str, name: str) -> list[tuple[str, str, str]]:
-    """(key, value, comment) of each key directly inside the top-level block ``name``."""
-    lines = config.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(f"{name}:"))
-    found = []
-    for line in lines[start + 1 :]:
-        if line and not line.startswith(" "):
-            break
-        match = _KEY_LINE.match(line)
-        if match:
-            found.append((match["key"], match["value"], match["comment"]))
-    return found
+def _command_summary(command: str) -> tuple[str, str]:
+    """(usage, what it does) from the help of the command's section of the schema
+    (``advise``: "`mptrain advise [overrides]`: measure every precision here ...")."""
+    match = _USAGE.match(section_help(command))
+    if match is None:
+        raise KeyError(f"RunConfig.{command} has no help of the form `usage`: what it does")
+    return match["usage"], match["what"]
 
 
 def _group_lines(config: str, config_dir: str | None) -> list[str]:

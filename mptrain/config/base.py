@@ -1,4 +1,5 @@
-"""What every schema uses: :class:`ConfigError` (one line naming the key), the range-rule helpers
+"""What every schema uses: :func:`setting` (a field with its default and help text, the one place
+both live), :class:`ConfigError` (one line naming the key), the range-rule helpers
 (``require``, ``positive``, ``at_least``, path and ``_target_`` checks), the ``PATH`` field
 metadata with the launch directory relative paths are taken from, and :class:`Option`, the row
 type of the builder tables.
@@ -13,7 +14,8 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import MISSING as NO_DEFAULT
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,25 @@ PATH = {"path": True}
 # beside training. Resume signatures, sweep pairing and recipe verdicts leave such keys out
 # (mptrain.config.keys derives the list from the schema).
 NOT_TRAINING = {"training": False}
+
+
+def setting(
+    default: Any = NO_DEFAULT,
+    help: str = "",
+    *,
+    factory: Callable[[], Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> Any:
+    """A dataclass field that is a user's setting: its ``default`` (or ``factory`` for a mutable
+    one) and its ``help``, one line for people, in the field's metadata beside ``metadata``
+    (:data:`PATH`, :data:`NOT_TRAINING`). The help is what ``mptrain COMMAND --help`` prints and
+    docs/configuration.md's key table lists (:mod:`mptrain.config.help`); conf/config.yaml holds
+    no default of its own."""
+    facts = {"help": help, **(metadata or {})}
+    if factory is not None:
+        return field(default_factory=factory, metadata=facts)
+    return field(default=default, metadata=facts)
+
 
 _launch_dir: Path | None = None
 

@@ -8,16 +8,24 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mptrain.config.base import at_least, positive, require
+from mptrain.config.base import at_least, positive, require, setting
 
 
 @dataclass
 class BenchConfig:
     """``mptrain bench``: how long and how often each precision is timed."""
 
-    warmup_steps: int = 5
-    steps: int = 30
-    reps: int = 3  # repetitions in rotating order; fewer than 3 cannot judge the spread
+    warmup_steps: int = setting(5, "optimizer steps run before timing starts")
+    steps: int = setting(
+        30, "optimizer steps timed per precision and repetition (evaluation excluded)"
+    )
+    reps: int = setting(
+        3,
+        (
+            "repetitions, precisions in rotating order: each ratio is the median (min–max) of "
+            "per-repetition ratios; fewer than 3 are marked noisy (cannot judge the spread)"
+        ),
+    )
 
 
 # The recipes advise.plan may name: mptrain.commands.advise.recipes.LOW_PRECISION's names
@@ -40,24 +48,69 @@ GPU_TARGETS = (
 class AdviseConfig:
     """``mptrain advise``: how long the advice may take and what counts as faithful to FP32."""
 
-    budget_s: float = 120.0  # the whole advice; parts that would not fit are skipped and listed
-    tolerance: float = 0.05  # largest relative loss difference to FP32 a recommendation may show
-    max_skipped_fraction: float = 0.1  # skipped optimizer steps (lost updates) a winner may have
-    fidelity_steps: int = 40  # optimizer steps of each precision's short run beside FP32's
-    warmup_steps: int = 3  # speed: optimizer steps run before timing starts
-    speed_steps: int = 20  # speed: optimizer steps timed per precision and repetition
-    reps: int = 3  # speed: repetitions in rotating order (fewer than 3 cannot judge the spread)
+    budget_s: float = setting(
+        120.0, "seconds for the whole advice; parts that would not fit are skipped and listed"
+    )
+    tolerance: float = setting(
+        0.05,
+        (
+            "largest relative difference of the loss trajectory to FP32's a recommended precision"
+            " may show"
+        ),
+    )
+    max_skipped_fraction: float = setting(
+        0.1, "share of skipped optimizer steps (lost updates) a recommended precision may have"
+    )
+    fidelity_steps: int = setting(
+        40,
+        "optimizer steps of each precision's short run from FP32's initial weights and batches",
+    )
+    warmup_steps: int = setting(3, "speed: optimizer steps run before timing starts")
+    speed_steps: int = setting(
+        20,
+        (
+            "speed: optimizer steps timed per precision and repetition at least (more to fill "
+            "half the budget left; evaluation excluded)"
+        ),
+    )
+    reps: int = setting(
+        3, "speed: repetitions, precisions in rotating order; fewer than 3 are marked noisy"
+    )
     # The per-layer plan: rank the eligible layers by their sensitivity to a low-precision recipe,
     # keep the fewest in high precision that bring the loss within tolerance, verify with a short
     # run. auto (true): for the recipe advise would use | a recipe (ADVISE_PLAN_RECIPES) | false
-    plan: str = "auto"
+    plan: str = setting(
+        "auto",
+        (
+            "per-layer plan: rank the layers by their sensitivity to a low-precision recipe, keep"
+            " the fewest in high precision that bring the loss within tolerance (fp8.exclude, "
+            "mx.exclude, nvfp4.exclude), verified by a short run. auto (true): the recipe advise "
+            "would use | a recipe: fp8, fp8-rowwise, fp8-delayed, fp8-pow2, fp8-blockwise, mxfp8,"
+            " nvfp4 | false"
+        ),
+    )
     # Each finalist's fidelity run over this many seeds, for an equivalence verdict on the final
     # loss: auto (as many as the budget affords, 3 to 10) | N (1: the single run only).
-    seeds: str = "auto"
-    alpha: float = 0.05  # the equivalence test's significance level (its p-value must be below)
+    seeds: str = setting(
+        "auto",
+        (
+            "finalists' fidelity runs over N seeds, for an equivalence verdict (TOST) on the "
+            "final loss: auto (as many as the budget affords, 3 to 10) | N (1: the single run "
+            "only)"
+        ),
+    )
+    alpha: float = setting(
+        0.05, "significance level of the equivalence test: equivalent when its p-value is below"
+    )
     # The GPU whose speed is predicted beside the measurements (mptrain.perf.gpus: h100, h200,
     # b200, a100, l4, ...): auto: the GPU advise runs on (none on a CPU) | none: no prediction.
-    target: str = "auto"
+    target: str = setting(
+        "auto",
+        (
+            "the GPU whose speed is predicted (roofline, labelled predicted): h100, h200, b200, "
+            "a100, l4, ... | auto: the GPU advise runs on (none on a CPU) | none"
+        ),
+    )
 
 
 @dataclass
@@ -65,7 +118,13 @@ class EvalConfig:
     """``mptrain eval resume=PATH``: which checkpoint of a run directory is evaluated."""
 
     # latest: the newest that loads | best: best.pt (mptrain sample, unless given: best where kept)
-    checkpoint: str = "latest"
+    checkpoint: str = setting(
+        "latest",
+        (
+            "in a run directory: latest (its newest checkpoint that loads) | best (best.pt); "
+            "mptrain sample, unless given: best where the run kept best.pt"
+        ),
+    )
 
 
 @dataclass
@@ -73,10 +132,18 @@ class SampleConfig:
     """``mptrain sample resume=PATH``: what to generate from a trained language model (which
     checkpoint: ``eval.checkpoint``; the generator's seed and device: ``seed``, ``device``)."""
 
-    prompt: str = "\n"  # the text to continue (taken verbatim: spaces and punctuation kept)
-    max_new_tokens: int = 200
-    temperature: float = 0.8  # 0: always the most likely token
-    top_k: int | None = 40  # None (null): sample from the whole vocabulary
+    prompt: str = setting(
+        "\n",
+        (
+            "the text to continue; prompt=TEXT (short form) is taken verbatim, spaces and "
+            "punctuation kept"
+        ),
+    )
+    max_new_tokens: int = setting(200, "tokens generated after the prompt")
+    temperature: float = setting(0.8, "softmax temperature; 0 = always the most likely token")
+    top_k: int | None = setting(
+        40, "sample among the k most likely tokens; null = the whole vocabulary"
+    )
 
 
 def validate_sample(s: SampleConfig) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mptrain.config.base import FP32_MAX, NOT_TRAINING, at_least, require
+from mptrain.config.base import FP32_MAX, NOT_TRAINING, at_least, require, setting
 from mptrain.config.format_table import FORMAT_TABLE, GEMM_FORMATS, MXFP8, NVFP4
 
 # --------------------------------------------------------------------------------------- precision
@@ -84,21 +84,56 @@ class PrecisionConfig:
 class FP8Config:
     """FP8 Linear layers (precision=fp8). Ignored by every other precision."""
 
-    format: str = "hybrid"  # hybrid: E4M3 forward, E5M2 gradients | e4m3: E4M3 everywhere
-    scaling: str = "dynamic"  # dynamic (current amax) | delayed (amax history)
+    format: str = setting(
+        "hybrid", "hybrid: E4M3 activations/weights + E5M2 gradients | e4m3: E4M3 everywhere"
+    )
+    scaling: str = setting(
+        "dynamic",
+        "dynamic: scale from the tensor's amax at the cast | delayed: from the amax history",
+    )
     # tensorwise: a scale per tensor | rowwise: per row | blockwise: 1x128 tiles, 128x128 weight
     # blocks (rowwise and blockwise: dynamic scaling)
-    granularity: str = "tensorwise"
-    amax_history_len: int = 16
-    amax_compute_algo: str = "max"  # max | most_recent (delayed scaling)
-    margin: int = 0  # scale divided by 2**margin: headroom against growing amax
-    pow2_scales: bool = False  # scales rounded down to a power of two: scaling adds no rounding
-    emulate: bool | None = None  # None: real where the GPU has FP8, emulated elsewhere
-    backend: str = "builtin"  # builtin | torchao
-    keep_first_last: bool = True
-    include: list[str] = field(default_factory=list)
-    exclude: list[str] = field(default_factory=list)
-    min_features: int = 0  # a Linear with fewer in or out features stays in BF16; 0: off
+    granularity: str = setting(
+        "tensorwise",
+        (
+            "tensorwise: one scale per tensor | rowwise: one per row of activations/gradients and"
+            " per output (input, in the backward) feature of weights | blockwise: one per 1x128 "
+            "tile of activations/gradients and per 128x128 block of weights (DeepSeek-V3); "
+            "rowwise and blockwise: dynamic scaling only"
+        ),
+    )
+    amax_history_len: int = setting(16, "delayed scaling: how many past amax values are kept")
+    amax_compute_algo: str = setting("max", "delayed scaling: max | most_recent of the history")
+    margin: int = setting(0, "the scale is divided by 2**margin (headroom for growing values)")
+    pow2_scales: bool = setting(
+        False, "round every scale down to a power of two: scaling itself adds no rounding error"
+    )
+    emulate: bool | None = setting(
+        None,
+        (
+            "null: real FP8 GEMMs where the GPU has them (cc >= 8.9), emulated elsewhere; true: "
+            "always emulate; false: require real FP8"
+        ),
+    )
+    backend: str = setting(
+        "builtin", "builtin (no extra dependency) | torchao (needs torchao and an FP8 GPU)"
+    )
+    keep_first_last: bool = setting(True, "keep the first and last Linear layers in BF16")
+    include: list[str] = setting(
+        help=(
+            "module-name patterns (fnmatch) to convert, exactly (first/last too); empty = every "
+            "aligned Linear"
+        ),
+        factory=list,
+    )
+    exclude: list[str] = setting(help="module-name patterns never converted", factory=list)
+    min_features: int = setting(
+        0,
+        (
+            "Linear layers with in_features or out_features below this stay in BF16 (too small to"
+            " gain); 0: off"
+        ),
+    )
 
 
 # Field metadata of the keys that hold a file-system path: relative ones are taken from the
@@ -271,11 +306,25 @@ class BlockLayersConfig:
     """Which nn.Linear layers a block-scaled format converts: the rules of ``fp8.*``
     (mptrain.precision.selection), under the format's own keys (``mx.include``, ...)."""
 
-    keep_first_last: bool = True
-    include: list[str] = field(default_factory=list)
-    exclude: list[str] = field(default_factory=list)
-    min_features: int = 0  # a Linear with fewer in or out features stays in BF16; 0: off
-    emulate: bool | None = None  # None: real where the GPU has the kernels, emulated elsewhere
+    keep_first_last: bool = setting(True, "keep the first and last Linear layers in BF16")
+    include: list[str] = setting(
+        help=(
+            "module-name patterns (fnmatch) to convert, exactly (first/last too); empty = every "
+            "Linear whose sizes are multiples of the format's block (MXFP8: 32, NVFP4: 16)"
+        ),
+        factory=list,
+    )
+    exclude: list[str] = setting(help="module-name patterns never converted", factory=list)
+    min_features: int = setting(
+        0, "Linear layers with in_features or out_features below this stay in BF16; 0: off"
+    )
+    emulate: bool | None = setting(
+        None,
+        (
+            "null: real GEMMs of the format where the GPU has them, emulated elsewhere; true: "
+            "always emulate; false: require real ones"
+        ),
+    )
 
 
 @dataclass
@@ -283,7 +332,14 @@ class MXConfig(BlockLayersConfig):
     """MXFP8 Linear layers (precision=mxfp8): E4M3 elements in blocks of 32, E8M0 scales.
     Ignored by every other precision."""
 
-    scale_rounding: str = "rceil"  # rceil: amax / 448 rounded up (NVIDIA) | floor: the OCP spec
+    scale_rounding: str = setting(
+        "rceil",
+        (
+            "rceil: each block's scale is amax/448 rounded up to a power of two, nothing "
+            "saturates (NVIDIA's cuBLAS/TE recipe, torchao's default) | floor: the OCP MX spec's "
+            "floor(log2(amax)) - 8 (the largest elements of some blocks saturate)"
+        ),
+    )
 
 
 @dataclass
@@ -291,10 +347,35 @@ class NVFP4Config(BlockLayersConfig):
     """NVFP4 Linear layers (precision=nvfp4), NVIDIA's training recipe (arXiv 2509.25149).
     Ignored by every other precision."""
 
-    weight_tiles: bool = True  # 16x16 weight blocks: the same quantized weight in both GEMMs
-    hadamard: bool = True  # random Hadamard transform on the weight-gradient GEMM's inputs
-    stochastic_rounding: bool = True  # of the output gradients (seeded, resumed exactly)
-    keep_last_fraction: float = 0.15  # the last share of transformer blocks kept in BF16
+    weight_tiles: bool = setting(
+        True,
+        (
+            "weights in 16x16 blocks: one quantized weight for the forward and the backward GEMM;"
+            " false: 1x16 along each GEMM's reduction dimension"
+        ),
+    )
+    hadamard: bool = setting(
+        True,
+        (
+            "a random Hadamard transform (16x16, seeded signs) of both inputs of the "
+            "weight-gradient GEMM, along the tokens"
+        ),
+    )
+    stochastic_rounding: bool = setting(
+        True,
+        (
+            "round the output gradients stochastically (seeded from `seed`, draws differing per "
+            "DDP rank; every rank's generator states are checkpointed, so a resume is exact)"
+        ),
+    )
+    keep_last_fraction: float = setting(
+        0.15,
+        (
+            "this share of the transformer blocks, counted from the last and rounded up, stays in"
+            " BF16 with every Linear after them (NVIDIA keeps the last ~15%); a model without a "
+            "block list counts Linear layers, and says so"
+        ),
+    )
 
 
 def _validate_block_layers(prefix: str, c: BlockLayersConfig) -> None:

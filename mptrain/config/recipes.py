@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from mptrain.config.base import ConfigError
-from mptrain.config.run import RecipeData, RunConfig
+from mptrain.config.run import RunConfig
+from mptrain.config.sections import RecipeData
 
 
 def recipe_files() -> dict[str, Any]:

@@ -1,6 +1,7 @@
-"""The whole job's schema, :class:`RunConfig`, with the groups it holds (numerics, checkpoint,
-distributed, debug, trackers, recipe), the task/model/dataset agreement and :func:`validate`, the
-range rules of a whole run.
+"""The whole job's schema, :class:`RunConfig` (its sections beside the config groups are in
+:mod:`mptrain.config.sections`), the task/model/dataset agreement and :func:`validate`, the range
+rules of a whole run. Every field carries its default and help (:func:`~mptrain.config.base.setting`):
+conf/config.yaml only selects each group's option.
 
 Hydra composes YAML from ``conf/`` on top of these schemas (registered in the ConfigStore by
 :func:`mptrain.compose.registry.register_configs`), so an unknown key or a value of the wrong type
@@ -24,6 +25,7 @@ from mptrain.config.base import (
     check_path,
     positive,
     require,
+    setting,
 )
 from mptrain.config.commands import (
     AdviseConfig,
@@ -50,117 +52,18 @@ from mptrain.config.precision import (
     validate_precision,
     validate_switch,
 )
-
-
-# ----------------------------------------------------------------------------------------- recipe
-@dataclass
-class ExpectedResult:
-    """The result a recipe's source reports, and where it was obtained."""
-
-    metric: str = "final_val_accuracy"  # a key of the report's evaluation section
-    value: float | None = None
-    tolerance: float = (
-        0.0  # met at least value - tolerance (loss/perplexity metrics: at most value + tolerance)
-    )
-    hardware: str = ""
-    data: str = ""
-
-
-@dataclass
-class RecipeData:
-    """The data a recipe reproduces: what a run must train on for its verdict to mean anything.
-    Checked before training (:func:`mptrain.config.recipes.check_recipe_source`: the dataset
-    option and a stat of ``dataset.path``) and once read (:func:`mptrain.train.recipe.check_recipe_data`:
-    the text's size and sha256, the sample counts). An empty field checks nothing."""
-
-    dataset: str = ""  # the dataset option it trains on (dataset.name); "": any
-    file: str = ""  # dataset=text: the file's name as its source publishes it (named in messages)
-    bytes: int | None = None  # dataset=text: the file's size
-    sha256: str = (
-        ""  # dataset=text: the sha256 of its bytes; "": unknown, the size alone is checked
-    )
-    train_samples: int | None = None  # the training split's samples (windows for text: not checked)
-    val_samples: int | None = None  # the validation split's samples
-
-
-@dataclass
-class RecipeConfig:
-    """Set by ``recipe=NAME`` (recipes/NAME.yaml); empty when no recipe is applied."""
-
-    name: str | None = None
-    source: str = ""
-    command: str = ""
-    expected: ExpectedResult = field(default_factory=ExpectedResult)
-    note: str = ""
-    data: RecipeData = field(default_factory=RecipeData)
-    # true: data other than ``data`` names is refused before training (exit 2); false: the run
-    # goes ahead and its verdict says "not comparable" with what differed.
-    strict: bool = True
-
-
-# -------------------------------------------------------------------------------------------- run
-@dataclass
-class NumericsConfig:
-    """Loss-scale health limits, culprit search and per-layer FP32 overrides."""
-
-    min_loss_scale: float = 1.0
-    warn_consecutive_backoffs: int = field(default=5, metadata=NOT_TRAINING)
-    warn_skip_rate: float = field(default=0.25, metadata=NOT_TRAINING)
-    warn_window: int = field(default=200, metadata=NOT_TRAINING)
-    max_consecutive_nonfinite_loss: int = 5
-    find_culprit: bool = field(default=True, metadata=NOT_TRAINING)
-    fp32_modules: list[str] = field(default_factory=list)
-
-
-@dataclass
-class CheckpointConfig:
-    enabled: bool = True
-    every_minutes: float | None = 10.0
-    every_steps: int | None = None
-    every_epoch: bool = False
-    keep_last: int = 2
-    keep_best: bool = True
-    # The signal that asks for a checkpoint (SLURM's --signal=USR1@T warns before pre-emption),
-    # and what follows it: save (checkpoint after this step, go on) | stop (checkpoint and stop).
-    signal: str | None = "SIGUSR1"
-    on_signal: str = "save"
-
-
-@dataclass
-class DistributedConfig:
-    """Used when launched by torchrun (WORLD_SIZE > 1)."""
-
-    strategy: str = "ddp"  # ddp | fsdp
-    reduce_dtype: str = "float32"  # FSDP gradient reduction dtype
-
-
-@dataclass
-class DebugConfig:
-    # Steps (1-based optimizer steps) whose gradients get an inf after backward: exercises the
-    # loss scaler's skip path on purpose (tests, checking a setup). Empty in every real run.
-    inject_inf_grad_steps: list[int] = field(default_factory=list)
-    inject_inf_grad_rank: int | None = None  # distributed: inject on this rank only
-
-
-@dataclass
-class TensorBoardConfig:
-    """logger=[tensorboard]: scalars and the config as hparams (``pip install "mptrain[tensorboard]"``)."""
-
-    log_dir: str | None = field(default=None, metadata=PATH)  # None: <run dir>/tensorboard
-
-
-@dataclass
-class MLflowConfig:
-    """logger=[mlflow]: params, metrics and the report as artifacts (``pip install "mptrain[mlflow]"``)."""
-
-    tracking_uri: str | None = None  # None: $MLFLOW_TRACKING_URI, else the file store ./mlruns
-    experiment_name: str = "mptrain"
-    run_name: str | None = None  # None: the run directory's name
-
-
-# logger=[...]: each experiment tracker a config may name -> the package it needs (and the extra
-# that installs it, mptrain[<name>]).
-LOGGERS = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+from mptrain.config.sections import (
+    LOGGERS,
+    CheckpointConfig,
+    DebugConfig,
+    DistributedConfig,
+    MLflowConfig,
+    NumericsConfig,
+    RecipeConfig,
+    TensorBoardConfig,
+    validate_checkpoint_signal,
+    validate_numerics,
+)
 
 
 @dataclass
@@ -170,57 +73,238 @@ class RunConfig:
     dataset: DatasetConfig = MISSING
     optimizer: OptimizerConfig = MISSING
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-    fp8: FP8Config = field(default_factory=FP8Config)
-    mx: MXConfig = field(default_factory=MXConfig)
-    nvfp4: NVFP4Config = field(default_factory=NVFP4Config)
-    recipe: RecipeConfig = field(default_factory=RecipeConfig, metadata=NOT_TRAINING)
-    task: str = "classify"  # classify | lm (set by task=NAME, conf/task/)
+    fp8: FP8Config = setting(help="FP8 settings, used only by precision=fp8", factory=FP8Config)
+    mx: MXConfig = setting(
+        help=(
+            "MXFP8 settings, used only by precision=mxfp8 (E4M3 elements in blocks of 32, one "
+            "E8M0 power-of-two scale per block)"
+        ),
+        factory=MXConfig,
+    )
+    nvfp4: NVFP4Config = setting(
+        help=(
+            "NVFP4 settings, used only by precision=nvfp4 (E2M1 elements in blocks of 16, E4M3 "
+            "block scales, an FP32 scale per tensor; NVIDIA's recipe, arXiv 2509.25149)"
+        ),
+        factory=NVFP4Config,
+    )
+    recipe: RecipeConfig = setting(
+        help="filled in by recipe=NAME: what the recipe expects (recorded in the report)",
+        factory=RecipeConfig,
+        metadata=NOT_TRAINING,
+    )
+    task: str = setting(
+        "classify",
+        "classify | lm: set by the task group (task=lm also selects model=gpt, dataset=text)",
+    )
     # The run's length. epochs=null (the default) means DEFAULT_EPOCHS unless max_steps is given,
     # which then is the length (as in Hugging Face's Trainer and Lightning); both given, the
     # first reached ends the run. Resolved when the config is built (__post_init__).
-    epochs: int | None = None
-    max_steps: int | None = None
-    batch_size: int = 64
-    eval_batch_size: int = 512
-    grad_accum_steps: int = 1
-    clip_grad_norm: float | None = None
-    label_smoothing: float = 0.0
+    epochs: int | None = setting(
+        None,
+        (
+            "passes over the training set; null: 15, unless max_steps is given (then max_steps "
+            "alone sets the length)"
+        ),
+    )
+    max_steps: int | None = setting(
+        None,
+        (
+            "optimizer steps: the run's length when epochs is not given; with epochs, whichever "
+            "comes first ends the run"
+        ),
+    )
+    batch_size: int = setting(64, "samples per micro-batch")
+    eval_batch_size: int = setting(512, "samples per batch during evaluation")
+    grad_accum_steps: int = setting(
+        1, "micro-batches per optimizer step (effective batch = batch_size x this)"
+    )
+    clip_grad_norm: float | None = setting(
+        None, "max L2 norm of the unscaled FP32 gradients; null = no clipping"
+    )
+    label_smoothing: float = setting(0.0, "cross-entropy label smoothing in [0, 1)")
     # Not compared: sweeps pair runs across seeds (a resume signature adds it back).
-    seed: int = field(default=0, metadata=NOT_TRAINING)
-    device: str = field(default="auto", metadata=NOT_TRAINING)
-    eval_every: int | None = field(default=None, metadata=NOT_TRAINING)
-    eval_every_minutes: float | None = field(default=None, metadata=NOT_TRAINING)
-    log_every: int = field(default=50, metadata=NOT_TRAINING)
-    probe_every: int | None = field(default=100, metadata=NOT_TRAINING)
-    throughput_warmup_steps: int = field(default=5, metadata=NOT_TRAINING)
-    channels_last: bool = False
-    compile: bool = field(default=False, metadata=NOT_TRAINING)
-    num_workers: int = field(default=2, metadata=NOT_TRAINING)
+    seed: int = setting(
+        0, "seeds python, numpy and torch (weights, data order, dropout)", metadata=NOT_TRAINING
+    )
+    device: str = setting(
+        "auto",
+        "auto (cuda when available, else cpu) | cpu | cuda | cuda:N",
+        metadata=NOT_TRAINING,
+    )
+    eval_every: int | None = setting(
+        None,
+        (
+            "evaluate every N optimizer steps; null (and eval_every_minutes null) = at the end of"
+            " every epoch"
+        ),
+        metadata=NOT_TRAINING,
+    )
+    eval_every_minutes: float | None = setting(
+        None,
+        (
+            "evaluate every M minutes of wall time (with eval_every: whichever is due); which "
+            "steps get evaluated then varies run to run"
+        ),
+        metadata=NOT_TRAINING,
+    )
+    log_every: int = setting(
+        50,
+        (
+            "write a metrics row (loss, gradient norm: one device read) every N optimizer steps "
+            "(~0.2 ms each on a CPU)"
+        ),
+        metadata=NOT_TRAINING,
+    )
+    probe_every: int | None = setting(
+        100,
+        (
+            "measure zero gradients and updates lost to rounding every N steps (a parameter copy,"
+            " ~0.4 ms for 85k parameters on a CPU); null = never"
+        ),
+        metadata=NOT_TRAINING,
+    )
+    throughput_warmup_steps: int = setting(
+        5, "optimizer steps excluded from the throughput figure (warm-up)", metadata=NOT_TRAINING
+    )
+    channels_last: bool = setting(
+        False, "NHWC memory format for conv nets (fast path for tensor cores under autocast)"
+    )
+    compile: bool = setting(False, "wrap the model in torch.compile", metadata=NOT_TRAINING)
+    num_workers: int = setting(
+        2, "DataLoader workers for file-backed datasets (imagefolder)", metadata=NOT_TRAINING
+    )
     # Intra-op CPU threads: auto (from affinity, cgroup quota, workers; measured on training steps
     # on a CPU) or a count that pins it. On CUDA it sets the host's threads only.
-    threads: str = field(default="auto", metadata=NOT_TRAINING)
-    progress: bool = field(default=True, metadata=NOT_TRAINING)
-    audit: bool = field(default=False, metadata=NOT_TRAINING)
-    probe: bool = field(default=False, metadata=NOT_TRAINING)
-    probe_batches: int = field(default=4, metadata=NOT_TRAINING)
-    numerics: NumericsConfig = field(default_factory=NumericsConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=NOT_TRAINING)
-    resume: str | None = field(default=None, metadata=PATH | NOT_TRAINING)  # or "auto"
-    resume_allow_changes: bool = field(default=False, metadata=NOT_TRAINING)
-    overwrite: bool = field(default=False, metadata=NOT_TRAINING)
+    threads: str = setting(
+        "auto",
+        (
+            "intra-op CPU threads: auto (affinity/cgroup quota less workers, per concurrent sweep"
+            " job; on a CPU measured against fewer on the first training steps and re-checked "
+            "when throughput halves) | N (pinned); on CUDA it sets the host threads only"
+        ),
+        metadata=NOT_TRAINING,
+    )
+    progress: bool = setting(
+        True,
+        (
+            "progress on stdout: a live bar on a terminal, else a plain line every log_every "
+            "steps and per evaluation (the job's .log file records the lines either way)"
+        ),
+        metadata=NOT_TRAINING,
+    )
+    audit: bool = setting(
+        False,
+        "trace one training step: every op's dtypes under autocast -> audit.md / audit.json",
+        metadata=NOT_TRAINING,
+    )
+    probe: bool = setting(
+        False,
+        (
+            "FP16 range probe before training: magnitudes, underflow, headroom -> probe.md / "
+            "probe.json"
+        ),
+        metadata=NOT_TRAINING,
+    )
+    probe_batches: int = setting(4, "batches the probe measures", metadata=NOT_TRAINING)
+    numerics: NumericsConfig = setting(
+        help="loss-scale health and diagnostics", factory=NumericsConfig
+    )
+    checkpoint: CheckpointConfig = setting(
+        help=(
+            "checkpoints in <run dir>/checkpoints/ (atomic writes): on these cadences, and always"
+            " at the end and on SIGINT/SIGTERM/SIGHUP"
+        ),
+        factory=CheckpointConfig,
+        metadata=NOT_TRAINING,
+    )
+    resume: str | None = setting(
+        None,
+        (
+            "continue a run: a checkpoint file, a run directory, or auto (this run's newest valid"
+            " checkpoint)"
+        ),
+        metadata=PATH | NOT_TRAINING,
+    )
+    resume_allow_changes: bool = setting(
+        False,
+        "true: resume although precision, model or data settings differ from the checkpoint's",
+        metadata=NOT_TRAINING,
+    )
+    overwrite: bool = setting(
+        False,
+        (
+            "true: start fresh in a run directory that holds another run's checkpoints (deleting "
+            "them)"
+        ),
+        metadata=NOT_TRAINING,
+    )
     # mptrain eval / sample: rebuild a model or dataset whose _target_ the checkpoint names (its
     # code runs: only for checkpoints you trust); see mptrain.config.targets.
-    trust_checkpoint_code: bool = field(default=False, metadata=NOT_TRAINING)
-    bench: BenchConfig = field(default_factory=BenchConfig, metadata=NOT_TRAINING)
-    advise: AdviseConfig = field(default_factory=AdviseConfig, metadata=NOT_TRAINING)
-    eval: EvalConfig = field(default_factory=EvalConfig, metadata=NOT_TRAINING)
-    sample: SampleConfig = field(default_factory=SampleConfig, metadata=NOT_TRAINING)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    debug: DebugConfig = field(default_factory=DebugConfig, metadata=NOT_TRAINING)
+    trust_checkpoint_code: bool = setting(
+        False,
+        (
+            "mptrain eval / sample: true runs the model or dataset _target_ a checkpoint names "
+            "(its code: only for checkpoints you trust; else give the _target_ on the command "
+            "line)"
+        ),
+        metadata=NOT_TRAINING,
+    )
+    bench: BenchConfig = setting(
+        help="`mptrain bench [overrides]`: time every precision this device runs natively",
+        factory=BenchConfig,
+        metadata=NOT_TRAINING,
+    )
+    advise: AdviseConfig = setting(
+        help="`mptrain advise [overrides]`: measure every precision here and recommend one",
+        factory=AdviseConfig,
+        metadata=NOT_TRAINING,
+    )
+    eval: EvalConfig = setting(
+        help="`mptrain eval resume=PATH [overrides]`: evaluate a trained model, no training",
+        factory=EvalConfig,
+        metadata=NOT_TRAINING,
+    )
+    sample: SampleConfig = setting(
+        help=(
+            "`mptrain sample resume=PATH [overrides]`: text from a trained task=lm model "
+            "(checkpoint: eval.checkpoint)"
+        ),
+        factory=SampleConfig,
+        metadata=NOT_TRAINING,
+    )
+    distributed: DistributedConfig = setting(
+        help="used only under torchrun (WORLD_SIZE > 1); NCCL on GPUs, Gloo on CPUs",
+        factory=DistributedConfig,
+    )
+    debug: DebugConfig = setting(
+        help="test hooks: make a run fail on purpose", factory=DebugConfig, metadata=NOT_TRAINING
+    )
     # Experiment trackers (names of LOGGERS): where the run is reported, not what it computes.
-    logger: list[str] = field(default_factory=list, metadata=NOT_TRAINING)
-    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig, metadata=NOT_TRAINING)
-    mlflow: MLflowConfig = field(default_factory=MLflowConfig, metadata=NOT_TRAINING)
+    logger: list[str] = setting(
+        help=(
+            "experiment trackers: [tensorboard], [mlflow] or [tensorboard,mlflow] (each an extra:"
+            ' pip install "mptrain[tensorboard]")'
+        ),
+        factory=list,
+        metadata=NOT_TRAINING,
+    )
+    tensorboard: TensorBoardConfig = setting(
+        help=(
+            "logger=[tensorboard]: scalars every log_every steps and per evaluation, the config "
+            "as hparams"
+        ),
+        factory=TensorBoardConfig,
+        metadata=NOT_TRAINING,
+    )
+    mlflow: MLflowConfig = setting(
+        help=(
+            "logger=[mlflow]: the flattened config as params, metrics, "
+            "report.json/report.md/curves.png as artifacts"
+        ),
+        factory=MLflowConfig,
+        metadata=NOT_TRAINING,
+    )
 
     def __post_init__(self) -> None:
         # The default length applies when neither limit is given (see ``epochs``); resolved
@@ -233,36 +317,6 @@ class RunConfig:
 DEFAULT_EPOCHS = 15
 # The most optimizer steps a run may take: step counts are passed to C ints (2**31 - 1).
 MAX_STEPS = 2**31 - 1
-
-# Signals a scheduler may send before pre-empting a job (SLURM --signal, LSF, PBS), which a run
-# can take as "checkpoint now": not the stop signals, not ones Python or torch use themselves.
-CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGXCPU")
-
-
-def _validate_checkpoint_signal(c: CheckpointConfig) -> None:
-    require(
-        c.on_signal in ("save", "stop"),
-        "checkpoint.on_signal",
-        c.on_signal,
-        "save (checkpoint and go on) or stop (checkpoint and stop)",
-    )
-    require(
-        c.signal is None or c.signal in CHECKPOINT_SIGNALS,
-        "checkpoint.signal",
-        c.signal,
-        f"null or one of {', '.join(CHECKPOINT_SIGNALS)} (SIGINT, SIGTERM and SIGHUP stop a run)",
-    )
-
-
-def _validate_numerics(n: NumericsConfig) -> None:
-    positive("numerics.min_loss_scale", n.min_loss_scale)
-    at_least("numerics.warn_consecutive_backoffs", n.warn_consecutive_backoffs, 1)
-    require(
-        0 < n.warn_skip_rate <= 1, "numerics.warn_skip_rate", n.warn_skip_rate, "must be in (0, 1]"
-    )
-    at_least("numerics.warn_window", n.warn_window, 1)
-    at_least("numerics.max_consecutive_nonfinite_loss", n.max_consecutive_nonfinite_loss, 1)
-
 
 # The tasks (each an overlay conf/task/<name>.yaml), and the models and datasets of the
 # language-model task; every other one classifies. model=custom serves both tasks.
@@ -339,7 +393,7 @@ def validate(run: RunConfig) -> None:
         run.threads,
         "auto or a thread count of at least 1",
     )
-    _validate_numerics(run.numerics)
+    validate_numerics(run.numerics)
     at_least("probe_batches", run.probe_batches, 1)
     _validate_mechanics(run)
     validate_loggers(run.logger)
@@ -350,7 +404,7 @@ def _validate_mechanics(run: RunConfig) -> None:
     at_least("checkpoint.every_steps", run.checkpoint.every_steps, 1, allow_none=True)
     positive("checkpoint.every_minutes", run.checkpoint.every_minutes, allow_none=True)
     at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)
-    _validate_checkpoint_signal(run.checkpoint)
+    validate_checkpoint_signal(run.checkpoint)
     at_least("bench.warmup_steps", run.bench.warmup_steps, 1)
     at_least("bench.steps", run.bench.steps, 1)
     at_least("bench.reps", run.bench.reps, 1)

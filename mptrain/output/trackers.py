@@ -41,7 +41,8 @@ from typing import Any, Protocol
 
 from mptrain.config.base import ConfigError, launch_dir
 from mptrain.config.keys import flatten
-from mptrain.config.run import MLflowConfig, RunConfig
+from mptrain.config.run import RunConfig
+from mptrain.config.sections import MLflowConfig
 from mptrain.rundir.fileio import atomic_write_text
 from mptrain.rundir.layout import MLFLOW_RUN_JSON, TENSORBOARD_DIR
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from mptrain.config.run import NumericsConfig
+from mptrain.config.sections import NumericsConfig
 from mptrain.precision.diagnostics.culprit import describe_input, find_culprit
 from mptrain.precision.diagnostics.hooks import Autocast, module_label
 

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
-from mptrain.config.run import NumericsConfig
+from mptrain.config.sections import NumericsConfig
 from mptrain.platform import hardware
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from support.runs import tiny_run, train
 from torch import nn
 
 from mptrain.config.base import ConfigError
-from mptrain.config.run import NumericsConfig
+from mptrain.config.sections import NumericsConfig
 from mptrain.data.build import DATASETS
 from mptrain.output.metrics import read_metrics
 from mptrain.precision.diagnostics.audit import audit_step, render_audit

@@ -1,0 +1,242 @@
+"""The sections of a run that are not a config group, with their range rules: the loss-scale
+health limits (``numerics``), checkpoints (``checkpoint``), the distributed strategy
+(``distributed``), test hooks (``debug``), the trackers (``tensorboard``, ``mlflow``) and what a
+reference recipe expects (``recipe``, filled by ``recipe=NAME``). Each field carries its default
+and help (:func:`~mptrain.config.base.setting`); :class:`~mptrain.config.run.RunConfig` holds one
+of each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mptrain.config.base import (
+    NOT_TRAINING,
+    PATH,
+    at_least,
+    positive,
+    require,
+    setting,
+)
+
+
+# ----------------------------------------------------------------------------------------- recipe
+@dataclass
+class ExpectedResult:
+    """The result a recipe's source reports, and where it was obtained."""
+
+    metric: str = setting("final_val_accuracy", "a key of the report's evaluation section")
+    value: float | None = setting(None, "the expected value of the metric")
+    tolerance: float = setting(
+        0.0,
+        (
+            "met when the run reaches at least value - tolerance (a loss or perplexity metric: at"
+            " most value + tolerance)"
+        ),
+    )
+    hardware: str = setting("", "the hardware the expected result was obtained on")
+    data: str = setting("", "the data it was obtained on")
+
+
+@dataclass
+class RecipeData:
+    """The data a recipe reproduces: what a run must train on for its verdict to mean anything.
+    Checked before training (:func:`mptrain.config.recipes.check_recipe_source`: the dataset
+    option and a stat of ``dataset.path``) and once read (:func:`mptrain.train.recipe.check_recipe_data`:
+    the text's size and sha256, the sample counts). An empty field checks nothing."""
+
+    dataset: str = setting("", "the dataset option it trains on")
+    file: str = setting("", "dataset=text: the file's name, as its source publishes it")
+    bytes: int | None = setting(None, "dataset=text: the file's size (a stat, before reading)")
+    sha256: str = setting("", "dataset=text: the sha256 of its bytes (once read)")
+    train_samples: int | None = setting(None, "the training split's samples")
+    val_samples: int | None = setting(None, "the validation split's samples")
+
+
+@dataclass
+class RecipeConfig:
+    """Set by ``recipe=NAME`` (recipes/NAME.yaml); empty when no recipe is applied."""
+
+    name: str | None = setting(None, "the recipe's name; null when no recipe is applied")
+    source: str = setting("", "where the recipe and its expected result come from")
+    command: str = setting("", "the exact command that runs it")
+    expected: ExpectedResult = setting(help="the result the source reports", factory=ExpectedResult)
+    note: str = setting("", "how a run here relates to the source's result")
+    data: RecipeData = setting(
+        help="the data the recipe reproduces; an empty key checks nothing", factory=RecipeData
+    )
+    # true: data other than ``data`` names is refused before training (exit 2); false: the run
+    # goes ahead and its verdict says "not comparable" with what differed.
+    strict: bool = setting(
+        True,
+        (
+            "true: other data than recipe.data is refused before training (exit 2); false: it "
+            "runs, and the verdict says not comparable"
+        ),
+    )
+
+
+# -------------------------------------------------------------------------------------------- run
+@dataclass
+class NumericsConfig:
+    """Loss-scale health limits, culprit search and per-layer FP32 overrides."""
+
+    min_loss_scale: float = setting(
+        1.0, "the run stops as diverged when the dynamic scale falls to this"
+    )
+    warn_consecutive_backoffs: int = setting(
+        5, "warn (once) after this many backoffs in a row without growth", metadata=NOT_TRAINING
+    )
+    warn_skip_rate: float = setting(
+        0.25,
+        "warn (once) when more than this share of recent steps was skipped",
+        metadata=NOT_TRAINING,
+    )
+    warn_window: int = setting(200, "steps the skip rate is measured over", metadata=NOT_TRAINING)
+    max_consecutive_nonfinite_loss: int = setting(
+        5, "stop as diverged after this many non-finite losses in a row"
+    )
+    find_culprit: bool = setting(
+        True,
+        "on divergence, re-run the batch with hooks and name the first non-finite module",
+        metadata=NOT_TRAINING,
+    )
+    fp32_modules: list[str] = setting(
+        help=('module-name patterns (fnmatch) run outside autocast in FP32, e.g. ["head"]'),
+        factory=list,
+    )
+
+
+@dataclass
+class CheckpointConfig:
+    enabled: bool = setting(
+        True, "false: no checkpoints (a SIGINT/SIGTERM then loses the run's progress)"
+    )
+    every_minutes: float | None = setting(
+        10.0,
+        (
+            "save when this many minutes passed since the last save (a kill -9 loses at most "
+            "that); null = never by time"
+        ),
+    )
+    every_steps: int | None = setting(
+        None, "also save every N optimizer steps; null = not by steps"
+    )
+    every_epoch: bool = setting(
+        False, "also save at the end of every epoch (tiny epochs: mostly fsync time)"
+    )
+    keep_last: int = setting(
+        2, "periodic checkpoints kept (older ones are deleted after a new one is safe)"
+    )
+    keep_best: bool = setting(
+        True, "also keep best.pt: the state with the best validation accuracy"
+    )
+    # The signal that asks for a checkpoint (SLURM's --signal=USR1@T warns before pre-emption),
+    # and what follows it: save (checkpoint after this step, go on) | stop (checkpoint and stop).
+    signal: str | None = setting(
+        "SIGUSR1",
+        (
+            "this signal asks for a checkpoint (SLURM: --signal=USR1@120); any SIG* name but the "
+            "stop signals; null = none"
+        ),
+    )
+    on_signal: str = setting(
+        "save",
+        (
+            "save: checkpoint after the current step and go on | stop: checkpoint and stop (exit "
+            "128 + the signal)"
+        ),
+    )
+
+
+@dataclass
+class DistributedConfig:
+    """Used when launched by torchrun (WORLD_SIZE > 1)."""
+
+    strategy: str = setting(
+        "ddp",
+        (
+            "ddp: DistributedDataParallel | fsdp: FSDP2 fully_shard with the recipe's "
+            "mixed-precision policy"
+        ),
+    )
+    reduce_dtype: str = setting(
+        "float32",
+        "fsdp: dtype gradients are reduced in (bfloat16 reductions are known to hurt at scale)",
+    )
+
+
+@dataclass
+class DebugConfig:
+    # Steps (1-based optimizer steps) whose gradients get an inf after backward: exercises the
+    # loss scaler's skip path on purpose (tests, checking a setup). Empty in every real run.
+    inject_inf_grad_steps: list[int] = setting(
+        help="test hook: optimizer steps whose gradients get an inf (exercises skipping)",
+        factory=list,
+    )
+    inject_inf_grad_rank: int | None = setting(
+        None, "distributed test hook: inject only on this rank (null = every rank)"
+    )
+
+
+@dataclass
+class TensorBoardConfig:
+    """logger=[tensorboard]: scalars and the config as hparams (``pip install "mptrain[tensorboard]"``)."""
+
+    log_dir: str | None = setting(
+        None,
+        "null = <run dir>/tensorboard; view with `tensorboard --logdir outputs`",
+        metadata=PATH,
+    )
+
+
+@dataclass
+class MLflowConfig:
+    """logger=[mlflow]: params, metrics and the report as artifacts (``pip install "mptrain[mlflow]"``)."""
+
+    tracking_uri: str | None = setting(
+        None,
+        (
+            "null = $MLFLOW_TRACKING_URI when set, else the local file store ./mlruns (in the "
+            "launch directory)"
+        ),
+    )
+    experiment_name: str = setting(
+        "mptrain", "the MLflow experiment the run is logged under (created when missing)"
+    )
+    run_name: str | None = setting(None, "null = the run directory's name")
+
+
+# logger=[...]: each experiment tracker a config may name -> the package it needs (and the extra
+# that installs it, mptrain[<name>]).
+LOGGERS = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
+
+
+# Signals a scheduler may send before pre-empting a job (SLURM --signal, LSF, PBS), which a run
+# can take as "checkpoint now": not the stop signals, not ones Python or torch use themselves.
+CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGXCPU")
+
+
+def validate_checkpoint_signal(c: CheckpointConfig) -> None:
+    require(
+        c.on_signal in ("save", "stop"),
+        "checkpoint.on_signal",
+        c.on_signal,
+        "save (checkpoint and go on) or stop (checkpoint and stop)",
+    )
+    require(
+        c.signal is None or c.signal in CHECKPOINT_SIGNALS,
+        "checkpoint.signal",
+        c.signal,
+        f"null or one of {', '.join(CHECKPOINT_SIGNALS)} (SIGINT, SIGTERM and SIGHUP stop a run)",
+    )
+
+
+def validate_numerics(n: NumericsConfig) -> None:
+    positive("numerics.min_loss_scale", n.min_loss_scale)
+    at_least("numerics.warn_consecutive_backoffs", n.warn_consecutive_backoffs, 1)
+    require(
+        0 < n.warn_skip_rate <= 1, "numerics.warn_skip_rate", n.warn_skip_rate, "must be in (0, 1]"
+    )
+    at_least("numerics.warn_window", n.warn_window, 1)
+    at_least("numerics.max_consecutive_nonfinite_loss", n.max_consecutive_nonfinite_loss, 1)
