@@ -4,7 +4,7 @@ its ``validate()``; the loaders are :data:`mptrain.data.build.DATASETS`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from omegaconf import MISSING
@@ -17,6 +17,7 @@ from mptrain.config.base import (
     check_target,
     each_at_least,
     require,
+    setting,
 )
 
 
@@ -34,8 +35,10 @@ class DatasetConfig:
 @dataclass
 class DigitsConfig(DatasetConfig):
     name: str = "digits"
-    val_size: int = 360
-    split_seed: int = 0
+    val_size: int = setting(360, "images held out for validation (stratified, fixed by split_seed)")
+    split_seed: int = setting(
+        0, "seed of the fixed train/validation split (independent of the run seed)"
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -45,13 +48,15 @@ class DigitsConfig(DatasetConfig):
 @dataclass
 class SyntheticConfig(DatasetConfig):
     name: str = "synthetic"
-    num_train: int = 2048
-    num_val: int = 512
-    num_classes: int = 10
-    channels: int = 3
-    image_size: int = 32
-    noise: float = 1.0
-    data_seed: int = 0
+    num_train: int = setting(2048, "training samples")
+    num_val: int = setting(512, "validation samples")
+    num_classes: int = setting(10, "number of classes (prototypes)")
+    channels: int = setting(3, "image channels")
+    image_size: int = setting(32, "image side in pixels")
+    noise: float = setting(
+        1.0, "std of the Gaussian noise added to the prototype (prototypes have std 1)"
+    )
+    data_seed: int = setting(0, "seed of prototypes and noise (independent of the run seed)")
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -63,9 +68,19 @@ class SyntheticConfig(DatasetConfig):
 @dataclass
 class TorchvisionDatasetConfig(DatasetConfig):
     name: str = "cifar10"
-    root: str = field(default="data", metadata=PATH | NOT_TRAINING)
-    download: bool = field(default=False, metadata=NOT_TRAINING)
-    augment: bool = True
+    root: str = setting(
+        "data",
+        "directory holding the dataset files (relative to the launch directory)",
+        metadata=PATH | NOT_TRAINING,
+    )
+    download: bool = setting(
+        False,
+        "true fetches the files with torchvision (needs internet); false never downloads",
+        metadata=NOT_TRAINING,
+    )
+    augment: bool = setting(
+        True, "training augmentation on batches: random crop (pad 4) + horizontal flip"
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -75,15 +90,40 @@ class TorchvisionDatasetConfig(DatasetConfig):
 @dataclass
 class ImageFolderConfig(DatasetConfig):
     name: str = "imagefolder"
-    root: str = field(default=MISSING, metadata=PATH | NOT_TRAINING)
-    train_dir: str = "train"
-    val_dir: str = "val"
-    image_size: int = 224
-    resize_size: int = 256
-    augment: bool = True
-    skip_bad_files: bool = False  # true: skip images that do not decode (counted in the report)
-    decode_device: str = "cpu"  # cpu: PIL in the workers | cuda: bytes from the workers, GPU decode
-    decode_draft: bool = True  # cpu: JPEGs decoded at 1/2..1/8 size when the crop allows it
+    root: str = setting(
+        MISSING,
+        "required: the directory that holds train_dir and val_dir",
+        metadata=PATH | NOT_TRAINING,
+    )
+    train_dir: str = setting("train", "training split, one sub-directory per class")
+    val_dir: str = setting("val", "validation split, same class sub-directories")
+    image_size: int = setting(224, "side of the crop the model sees")
+    resize_size: int = setting(256, "validation images are resized to this, then center-cropped")
+    augment: bool = setting(
+        True, "RandomResizedCrop + horizontal flip for training (false: the validation transform)"
+    )
+    skip_bad_files: bool = setting(
+        False,
+        (
+            "true: skip images that do not decode and count them in the report; false: stop "
+            "naming the file"
+        ),
+    )
+    decode_device: str = setting(
+        "cpu",
+        (
+            "cpu: DataLoader workers decode with PIL; cuda: workers only read the files, the "
+            "training GPU decodes JPEGs (torchvision.io.decode_jpeg), crops and normalises them "
+            "(needs device=cuda/auto on a GPU; other formats are decoded by the workers)"
+        ),
+    )
+    decode_draft: bool = setting(
+        True,
+        (
+            "cpu: decode a JPEG at 1/2, 1/4 or 1/8 size when the crop drawn for it still spans "
+            "the output size there (false: always full size)"
+        ),
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -105,10 +145,27 @@ class CustomDatasetConfig(DatasetConfig):
 
     accepts_extra_keys: ClassVar[bool] = True
     name: str = "custom"
-    _target_: str = MISSING
-    num_classes: int | None = None  # None: len(train.classes)
-    in_memory: bool | None = None  # None: tensor feed for TensorDatasets, DataLoader otherwise
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    _target_: str = setting(
+        MISSING, "required: the import path of the callable returning (train, val)"
+    )
+    num_classes: int | None = setting(
+        None,
+        (
+            "number of classes; null: len(train.classes); also passed to _target_ when it takes "
+            "num_classes"
+        ),
+    )
+    in_memory: bool | None = setting(
+        None,
+        (
+            "true: read every sample once into tensors (tensor-indexed feed); false: DataLoader "
+            "workers (num_workers); null: tensors for TensorDatasets, workers otherwise"
+        ),
+    )
+    kwargs: dict[str, Any] = setting(
+        help="the function's keyword arguments (any key the schema does not declare lands here)",
+        factory=dict,
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -123,14 +180,55 @@ class TextDatasetConfig(DatasetConfig):
     ship with the interpreter (no download)."""
 
     name: str = "text"
-    path: str = field(default="", metadata=PATH)  # "": the embedded standard-library corpus
-    suffix: str | None = None  # files a directory contributes; None: .py (stdlib) / .txt (path)
-    max_bytes: int = 2_000_000  # whole files (or records) in sorted order until this many bytes
-    vocabulary: str = "bytes"  # bytes (256 ids) | chars (built from the training text)
-    tokenizer: str | None = field(default=None, metadata=PATH)  # a tokenizer.json: its tokens
-    text_field: str = "text"  # the field (JSONL) or column (Parquet) that holds each document
-    val_fraction: float = 0.1  # the last share of the tokens validates
-    val_windows: int = 64  # fixed validation windows (model.block_size tokens each)
+    path: str = setting(
+        "",
+        (
+            'a text file, a .jsonl or .parquet file, or a directory of them; "" = the embedded '
+            "standard-library corpus"
+        ),
+        metadata=PATH,
+    )
+    suffix: str | None = setting(
+        None,
+        (
+            "files a directory contributes (.txt, .jsonl, .parquet, ...); null = .py for the "
+            "stdlib, .txt for a path"
+        ),
+    )
+    max_bytes: int = setting(
+        2_000_000,
+        (
+            "read whole files (or records) in order until this many bytes (a single file, or the "
+            "first record, is cut here)"
+        ),
+    )
+    vocabulary: str = setting(
+        "bytes",
+        (
+            "bytes: 256 byte values, no tokenizer | chars: the characters of the training text (+"
+            " one id for unknown)"
+        ),
+    )
+    tokenizer: str | None = setting(
+        None,
+        (
+            "a local tokenizer.json (Hugging Face tokenizers library) whose tokens replace the "
+            "vocabulary"
+        ),
+        metadata=PATH,
+    )
+    text_field: str = setting(
+        "text",
+        ".jsonl: the field of each line's object that holds the document; .parquet: the column",
+    )
+    val_fraction: float = setting(0.1, "the last 10% of the tokens validates")
+    val_windows: int = setting(
+        64,
+        (
+            "fixed, non-overlapping validation windows evaluated each time (model.block_size "
+            "tokens each)"
+        ),
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""

@@ -5,8 +5,9 @@ section's keys from here, and docs/configuration.md's key table is :func:`key_ta
 ``python -m mptrain.config.help docs/configuration.md``).
 
 The config groups (``precision``, ``model``, ``dataset``, ``optimizer``, ``scheduler``) are
-chosen by option (``model=cnn``): their keys are each option's schema and YAML file, listed by
-``mptrain --help`` and docs/configuration.md's group table, not here. No torch.
+chosen by option (``model=cnn``): each option's keys are its schema's (:func:`group_table`; an
+option's YAML file holds only where it differs from the schema, e.g. ``dataset=mnist``'s
+``augment: false``). No torch.
 """
 
 from __future__ import annotations
@@ -92,13 +93,31 @@ def key_table() -> str:
     return "\n".join(rows)
 
 
+def group_table() -> str:
+    """docs/configuration.md's table of each config group's keys, per schema: the options that
+    share one are listed together (``*``: every option of the group; an option's own value, where its YAML sets one, is in its
+    file under conf/)."""
+    rows = ["| options | key | default | what |", "|---|---|---|---|"]
+    for group, options in SCHEMAS.items():
+        for schema in dict.fromkeys(options.values()):
+            shared = [o for o, s in options.items() if s is schema]
+            names = "*" if len(shared) == len(options) > 1 else ", ".join(shared)
+            for key in all_keys(schema):
+                if key.path == "name":  # the option's name, preset by it
+                    continue
+                what = key.help.replace("|", "\\|")
+                rows.append(f"| `{group}={names}` | `{key.path}` | `{key.default}` | {what} |")
+    return "\n".join(rows)
+
+
 def with_key_table(page: str) -> str:
     """``page`` with the text between :data:`BEGIN` and :data:`END` replaced by the key table."""
     head, begin, rest = page.partition(BEGIN)
     _, end, tail = rest.partition(END)
     if not (begin and end):
         raise ValueError(f"the page has no {BEGIN} ... {END} section")
-    return f"{head}{BEGIN}\n{key_table()}\n{END}{tail}"
+    tables = f"{key_table()}\n\nThe config groups' keys, per option:\n\n{group_table()}"
+    return f"{head}{BEGIN}\n{tables}\n{END}{tail}"
 
 
 def main(argv: list[str]) -> int:

@@ -6,7 +6,7 @@ builders are :data:`mptrain.models.build.MODELS`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from omegaconf import MISSING
@@ -18,6 +18,7 @@ from mptrain.config.base import (
     each_at_least,
     positive,
     require,
+    setting,
 )
 
 
@@ -35,8 +36,10 @@ class ModelConfig:
 @dataclass
 class MLPConfig(ModelConfig):
     name: str = "mlp"
-    hidden_sizes: list[int] = field(default_factory=lambda: [256, 256])
-    dropout: float = 0.0
+    hidden_sizes: list[int] = setting(
+        help="width of each hidden Linear layer", factory=lambda: [256, 256]
+    )
+    dropout: float = setting(0.0, "dropout after each hidden layer")
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -48,8 +51,10 @@ class MLPConfig(ModelConfig):
 @dataclass
 class CNNConfig(ModelConfig):
     name: str = "cnn"
-    widths: list[int] = field(default_factory=lambda: [32, 64, 128])
-    dropout: float = 0.0
+    widths: list[int] = setting(
+        help="output channels of each conv block", factory=lambda: [32, 64, 128]
+    )
+    dropout: float = setting(0.0, "dropout before the classifier")
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -65,18 +70,26 @@ class CNNConfig(ModelConfig):
 @dataclass
 class ResNetConfig(ModelConfig):
     name: str = "resnet18"
-    small_stem: bool | None = None  # None: small stem when the input is at most 32 px
+    small_stem: bool | None = setting(
+        None,
+        (
+            "true: 3x3 stride-1 stem without max-pool (8-32 px images); false: ImageNet 7x7/2 + "
+            "pool; null: small when input <= 32 px"
+        ),
+    )
 
 
 @dataclass
 class ViTConfig(ModelConfig):
     name: str = "vit"
-    patch_size: int = 2
-    dim: int = 64
-    depth: int = 4
-    heads: int = 4
-    mlp_ratio: float = 4.0
-    dropout: float = 0.0
+    patch_size: int = setting(
+        2, "square patch side in pixels; the image side must be a multiple of it"
+    )
+    dim: int = setting(64, "embedding width (a multiple of 16 keeps every Linear FP8-GEMM aligned)")
+    depth: int = setting(4, "transformer blocks")
+    heads: int = setting(4, "attention heads (dim must be divisible by heads)")
+    mlp_ratio: float = setting(4.0, "MLP hidden width = dim x mlp_ratio")
+    dropout: float = setting(0.0, "dropout on attention output and MLP")
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -96,7 +109,13 @@ class TorchvisionModelConfig(ModelConfig):
     """Any torchvision classification model by its registry name (torchvision.models.get_model)."""
 
     name: str = "torchvision"
-    arch: str = "resnet18"
+    arch: str = setting(
+        "resnet18",
+        (
+            "the model's name in torchvision's registry: resnet34, efficientnet_b0, "
+            "convnext_tiny, vit_b_16, ..."
+        ),
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -108,7 +127,13 @@ class TimmModelConfig(ModelConfig):
     """Any timm model by name (timm.create_model, pretrained=False); needs mptrain[timm]."""
 
     name: str = "timm"
-    arch: str = "resnet18"
+    arch: str = setting(
+        "resnet18",
+        (
+            "the model's name in timm's registry: resnet18, efficientnet_b0, "
+            "vit_tiny_patch16_224, ..."
+        ),
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -122,14 +147,20 @@ class GPTConfig(ModelConfig):
     """A decoder-only transformer language model (mptrain.models.gpt); the vocabulary is the data's."""
 
     name: str = "gpt"
-    layers: int = 4
-    heads: int = 4
-    width: int = 128
-    block_size: int = 128  # context length: the training windows are this long
-    dropout: float = 0.0
+    layers: int = setting(4, "transformer blocks")
+    heads: int = setting(4, "attention heads (width must be divisible by heads)")
+    width: int = setting(
+        128, "embedding width (a multiple of 16 keeps every Linear FP8-GEMM aligned)"
+    )
+    block_size: int = setting(
+        128, "context length in tokens: the training and validation windows are this long"
+    )
+    dropout: float = setting(0.0, "dropout on embeddings, attention and MLP outputs")
     # Biases in the Linear and LayerNorm layers. True as nanoGPT's model.py GPTConfig
     # (``bias: bool = True``); its train.py, and so its recipes, set ``bias = False``.
-    bias: bool = True
+    bias: bool = setting(
+        True, "biases in the Linear and LayerNorm layers (false: none, as nanoGPT's train.py)"
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -153,11 +184,17 @@ class CustomModelConfig(ModelConfig):
 
     accepts_extra_keys: ClassVar[bool] = True
     name: str = "custom"
-    _target_: str = MISSING
-    kwargs: dict[str, Any] = field(default_factory=dict)
-    # task=lm only: the window length in tokens, passed as block_size to a constructor that
-    # names it; None: LM_BLOCK_SIZE (mptrain.config.run refuses it for a classifier).
-    block_size: int | None = None
+    _target_: str = setting(
+        MISSING, "required: the import path of the nn.Module class (or a function returning one)"
+    )
+    kwargs: dict[str, Any] = setting(
+        help="the constructor's keyword arguments (any key the schema does not declare lands here)",
+        factory=dict,
+    )
+    # None: LM_BLOCK_SIZE (mptrain.config.run refuses it for a classifier).
+    block_size: int | None = setting(
+        None, "task=lm only: the window length in tokens, passed to a constructor that names it"
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -182,9 +219,14 @@ class HFModelConfig(ModelConfig):
     (``AutoModelForCausalLM.from_config``: fresh weights, nothing downloaded); mptrain[hf]."""
 
     name: str = "hf"
-    config_class: str = "GPT2Config"  # a configuration class of transformers, by name
-    config: dict[str, Any] = field(default_factory=dict)  # its keyword arguments
-    block_size: int = 128  # the window length in tokens; the position table is this long
+    config_class: str = setting(
+        "GPT2Config",
+        "a configuration class of transformers by name: GPT2Config, LlamaConfig, ...",
+    )
+    config: dict[str, Any] = setting(help="the model config's keyword arguments", factory=dict)
+    block_size: int = setting(
+        128, "context length in tokens: the windows and the position table are this long"
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""

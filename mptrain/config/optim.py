@@ -5,11 +5,11 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from omegaconf import MISSING
 
-from mptrain.config.base import positive, require
+from mptrain.config.base import positive, require, setting
 
 
 # -------------------------------------------------------------------------------------- optimizers
@@ -36,11 +36,13 @@ class OptimizerConfig:
 @dataclass
 class SGDConfig(OptimizerConfig):
     name: str = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 5e-4
-    decay_norm_and_bias: bool = False
+    lr: float = setting(0.1, "peak learning rate (after warm-up)")
+    momentum: float = setting(0.9, "momentum factor")
+    nesterov: bool = setting(False, "Nesterov momentum")
+    weight_decay: float = setting(5e-4, "L2 weight decay")
+    decay_norm_and_bias: bool = setting(
+        False, "false: no weight decay on biases and normalisation parameters"
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -62,11 +64,13 @@ class SGDConfig(OptimizerConfig):
 @dataclass
 class AdamWConfig(OptimizerConfig):
     name: str = "adamw"
-    lr: float = 3e-3
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    decay_norm_and_bias: bool = False
+    lr: float = setting(3e-3, "peak learning rate (after warm-up)")
+    betas: list[float] = setting(help="moment decay rates", factory=lambda: [0.9, 0.999])
+    eps: float = setting(1e-8, "denominator epsilon")
+    weight_decay: float = setting(0.01, "decoupled weight decay")
+    decay_norm_and_bias: bool = setting(
+        False, "false: no weight decay on biases and normalisation parameters"
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -85,12 +89,16 @@ class SchedulerConfig:
     """The LR schedule by name (mptrain.train.optim.SCHEDULES), with linear warm-up for all."""
 
     name: str = "cosine"
-    warmup_epochs: float = 0.0
-    warmup_steps: int | None = None  # the warm-up in optimizer steps instead (step-based runs)
-    warmup_start_factor: float = 0.1
-    min_lr_factor: float = 0.0
-    milestones: list[float] = field(default_factory=list)
-    gamma: float = 0.1
+    warmup_epochs: float = setting(0.0, "linear warm-up length in epochs (fractions allowed)")
+    warmup_steps: int | None = setting(
+        None, "or in optimizer steps (step-based runs, task=lm); with warmup_epochs=0"
+    )
+    warmup_start_factor: float = setting(0.1, "lr at the first step = this x peak lr")
+    min_lr_factor: float = setting(0.0, "cosine only: final lr = this x peak lr")
+    milestones: list[float] = setting(
+        help="multistep only: epochs at which lr is multiplied by gamma", factory=list
+    )
+    gamma: float = setting(0.1, "multistep only: decay factor per milestone")
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""

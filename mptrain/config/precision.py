@@ -6,7 +6,7 @@ range rules; what each precision runs is :data:`mptrain.precision.policy.PRECISI
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mptrain.config.base import FP32_MAX, NOT_TRAINING, at_least, require, setting
 from mptrain.config.format_table import FORMAT_TABLE, GEMM_FORMATS, MXFP8, NVFP4
@@ -25,10 +25,12 @@ PURE_UPDATE_RULES = {"bf16_pure": UPDATE_RULES, "fp16_pure": ("nearest", "kahan"
 class ScalerConfig:
     """Dynamic loss scaling (torch.amp.GradScaler), for the precisions that scale (fp16)."""
 
-    init_scale: float = 65536.0
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    growth_interval: int = 2000
+    init_scale: float = setting(65536.0, "initial loss scale S (2^16)")
+    growth_factor: float = setting(2.0, "S is multiplied by this after growth_interval clean steps")
+    backoff_factor: float = setting(
+        0.5, "S is multiplied by this when a step's gradients hold inf/NaN (step skipped)"
+    )
+    growth_interval: int = setting(2000, "consecutive clean steps before S grows")
 
 
 # The precisions without FP32 master weights (mptrain.precision.policy.PRECISIONS: param_dtype):
@@ -43,8 +45,12 @@ class SwitchConfig:
     nearest step (0.85 of 200: after step 170); 1 or more: the step number itself (a whole
     number). None (both): no switch."""
 
-    to: str | None = None
-    at: float | None = None
+    to: str | None = setting(
+        None, "the precision the run switches to (fp32, fp16, bf16, fp8, ...); null: no switch"
+    )
+    at: float | None = setting(
+        None, "below 1: a share of the run's optimizer steps; 1 or more: the step it switches after"
+    )
 
 
 @dataclass
@@ -54,11 +60,20 @@ class GemmsConfig:
     the table, of the precision's family (``fp8`` with FP8; ``mxfp8``, ``nvfp4``, ``fp8_blockwise``
     with a block-scaled precision), runs it in that format."""
 
-    forward: str | None = None  # y = x Wᵀ
-    input_grad: str | None = None  # dx = dy W
-    weight_grad: str | None = None  # dW = dyᵀ x
-    # the converted layers the formats above apply to (fnmatch patterns); the rest keep their own
-    layers: list[str] = field(default_factory=lambda: ["*"])
+    forward: str | None = setting(
+        None, "the forward GEMM's format (y = x Wᵀ); null: the precision's own"
+    )
+    input_grad: str | None = setting(
+        None, "the input gradient's format (dx = dy W): null, bf16, fp32 or a format of the family"
+    )
+    weight_grad: str | None = setting(
+        None,
+        "the weight gradient's format (dW = dyᵀ x): null, bf16, fp32 or a format of the family",
+    )
+    layers: list[str] = setting(
+        help="the converted layers the formats above apply to (fnmatch); the rest keep their own",
+        factory=lambda: ["*"],
+    )
 
 
 @dataclass
@@ -66,18 +81,41 @@ class PrecisionConfig:
     """A precision by name (what each runs: mptrain.precision.policy.PRECISIONS) and its tunables."""
 
     name: str = "auto"
-    scaler: ScalerConfig = field(default_factory=ScalerConfig)
-    allow_tf32: bool = False
-    switch: SwitchConfig = field(default_factory=SwitchConfig)
+    scaler: ScalerConfig = setting(
+        help="the dynamic loss scaler: used where the loss is scaled (fp16; auto when it picks fp16)",
+        factory=ScalerConfig,
+    )
+    allow_tf32: bool = setting(
+        False, "TF32 for FP32 matmuls/convs on NVIDIA GPUs (ops outside autocast)"
+    )
+    switch: SwitchConfig = setting(
+        help="a precision schedule: train in this precision, then in switch.to",
+        factory=SwitchConfig,
+    )
     # precision=auto only: time the candidates (BF16 and FP32 on a CPU with native BF16) on a few
     # steps of copies of the model before training and keep the faster (mptrain.train.autoprecision);
     # false: the device rule alone. Not a training setting: what ran is recorded as the precision.
-    measure: bool = field(default=True, metadata=NOT_TRAINING)
-    update: str = "nearest"  # pure precisions: nearest | stochastic (bf16_pure) | kahan
-    gemms: GemmsConfig = field(default_factory=GemmsConfig)  # a format per GEMM (fp8, mxfp8, nvfp4)
+    measure: bool = setting(
+        True,
+        "time the candidates on this model before training (false: the device rule)",
+        metadata=NOT_TRAINING,
+    )
+    update: str = setting(
+        "nearest",
+        "pure precisions: how an update reaches the low-precision weights: nearest | stochastic "
+        "(bf16_pure) | kahan",
+    )
+    gemms: GemmsConfig = setting(
+        help="a format per GEMM of the converted Linear layers (fp8, mxfp8, nvfp4)",
+        factory=GemmsConfig,
+    )
     # The other tool's name the precision was chosen by (precision=16-mixed: "16-mixed", set by
     # conf/precision/16-mixed.yaml), recorded in the report as requested; None when chosen by name.
-    alias: str | None = field(default=None, metadata=NOT_TRAINING)
+    alias: str | None = setting(
+        None,
+        "set by a Lightning name's option (16-mixed): the name requested",
+        metadata=NOT_TRAINING,
+    )
 
 
 @dataclass

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from mptrain.compose.usage import command_help
 from mptrain.config import help as settings
 from mptrain.config.base import setting
+from mptrain.config.options import SCHEMAS
 from mptrain.config.run import RunConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -42,8 +43,38 @@ def test_the_composed_defaults_are_the_schemas():
 
 
 def test_every_setting_has_one_line_of_help():
-    missing = [k.path for k in settings.all_keys() if not k.help.strip() or "\n" in k.help]
+    schemas = [RunConfig, *(s for options in SCHEMAS.values() for s in options.values())]
+    every = [(s.__name__, k) for s in dict.fromkeys(schemas) for k in settings.all_keys(s)]
+    missing = [
+        f"{schema}.{k.path}"
+        for schema, k in every
+        if k.path != "name" and (not k.help.strip() or "\n" in k.help)
+    ]
     assert missing == []
+
+
+def _leaves(node: dict, prefix: str = "") -> dict[str, object]:
+    found = {}
+    for key, value in node.items():
+        if isinstance(value, dict):
+            found.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            found[prefix + key] = value
+    return found
+
+
+@pytest.mark.parametrize(
+    ("group", "option"), [(g, o) for g, options in SCHEMAS.items() for o in options]
+)
+def test_an_options_yaml_holds_only_where_it_differs_from_its_schema(group, option):
+    path = REPO / "conf" / group / f"{option}.yaml"
+    if not path.exists():  # an option a Lightning name or a recipe reaches: nothing of its own
+        pytest.skip(f"conf/{group}/{option}.yaml does not exist")
+    values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    values.pop("defaults", None)
+    defaults = {k.path: k.default for k in settings.all_keys(SCHEMAS[group][option])}
+    same = [k for k, v in _leaves(values).items() if settings.yaml_value(v) == defaults.get(k)]
+    assert same == [], f"conf/{group}/{option}.yaml repeats its schema's defaults: {same}"
 
 
 def test_the_docs_key_table_is_the_schemas():
