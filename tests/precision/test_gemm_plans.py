@@ -232,3 +232,46 @@ def test_a_per_gemm_recipe_that_cannot_run_is_refused_in_one_line(tmp_path, over
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")) as exc:
         train(tiny_run(*overrides, "max_steps=2"), tmp_path)
     assert "\n" not in str(exc.value)
+
+
+def _saved(layer: nn.Module, x: torch.Tensor) -> list[tuple[torch.dtype, tuple[int, ...]]]:
+    """(dtype, shape) of each tensor the layer's forward saves for its backward."""
+    saved = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.append((t.dtype, tuple(t.shape)))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(x.clone().requires_grad_(True))
+    return saved
+
+
+def test_a_forward_keeps_only_what_a_backward_gemm_of_its_format_reads():
+    """FP8 tensorwise with a BF16 weight gradient saves the input rows for it, not also the
+    input's FP8 cast; with a BF16 input gradient, not the weight's cast; a tiled NVFP4 weight's
+    forward quantization is kept only for an NVFP4 input gradient."""
+    linear, x, _ = _inputs(24, 32, 48)
+    recipe, bf16 = FP8Recipe(), HighPrecisionGemm(torch.bfloat16)
+    fp8 = FP8TensorwiseGemm(recipe)
+    e4m3_x, e4m3_w = (E4M3, (24, 32)), (E4M3, (48, 32))
+
+    def fp8_saved(plan: GemmPlan) -> list:
+        return _saved(Float8Linear.from_linear(linear, recipe, plan), x)
+
+    uniform = fp8_saved(GemmPlan.uniform(fp8))
+    assert e4m3_x in uniform and e4m3_w in uniform and (torch.float32, (24, 32)) not in uniform
+    bf16_dw = fp8_saved(GemmPlan(fp8, fp8, bf16))
+    assert e4m3_x not in bf16_dw and e4m3_w in bf16_dw and (torch.float32, (24, 32)) in bf16_dw
+    bf16_dx = fp8_saved(GemmPlan(fp8, bf16, fp8))
+    assert e4m3_x in bf16_dx and e4m3_w not in bf16_dx
+
+    nvfp4 = BlockGemm(BlockRecipe("nvfp4", weight_tiles=True))
+    linear, x, _ = _inputs(32, 64, 64)
+
+    def tiles_saved(plan: GemmPlan) -> int:
+        layer = BlockLinear.from_linear(linear, nvfp4.recipe, plan=plan)
+        return sum(shape == (64, 64) for _, shape in _saved(layer, x))  # the weight: 1, tiles: +1
+
+    assert tiles_saved(GemmPlan.uniform(nvfp4)) == 2
+    assert tiles_saved(GemmPlan(nvfp4, bf16, nvfp4)) == 1

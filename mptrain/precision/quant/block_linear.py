@@ -136,7 +136,7 @@ class BlockGemm(GemmFormat):
         # A tiled weight is the same along both dimensions: its quantization is kept for dx
         # (the emulation's FP32 tensor is saved; the real GEMM's elements and scales travel on
         # the context). Other operands are quantized again from the high-precision tensors.
-        if tiled:
+        if tiled and layer.plan.input_grad == self:  # nothing else reads them
             kept[self._tiles_key] = w_q
         return out
 
