@@ -14,9 +14,12 @@ An in-process run draws no curves.png unless its test is marked ``figure`` (see
 from __future__ import annotations
 
 import os
+import sys
+import textwrap
 
 import pytest
 import torch
+from support.fragile import FRAGILE
 from support.runs import NoFigure
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -49,3 +52,12 @@ def figures_only_where_marked(request: pytest.FixtureRequest, monkeypatch) -> No
         from mptrain.train import job
 
         monkeypatch.setattr(job, "FigureWorker", NoFigure)
+
+
+@pytest.fixture
+def fragile_module(tmp_path, monkeypatch):
+    """:mod:`support.fragile`'s models written to ``tmp_path`` as ``fragile_net``, importable."""
+    (tmp_path / "fragile_net.py").write_text(textwrap.dedent(FRAGILE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield tmp_path
+    sys.modules.pop("fragile_net", None)

@@ -7,13 +7,10 @@ predicting what no plan does, and advise's predicted speed of its per-layer and 
 from __future__ import annotations
 
 import json
-import sys
-import textwrap
 
 import pytest
 import torch
 from support.runs import run_cli, tiny_run
-from test_advise_plan import FRAGILE
 from test_roofline import BANDWIDTH, BF16_PEAK, FP8_PEAK, linear_gemm, meta
 from torch import nn
 
@@ -332,15 +329,6 @@ def test_advise_predicts_no_plan_without_a_kept_layer_or_a_target(bf16_cpu):
     line = advise_predict.kept_line(mx)
     assert line.startswith("- predicted on h100-sxm (roofline, at best; not measured): none (")
     assert "no hardware kernel for mxfp8" in line
-
-
-@pytest.fixture
-def fragile_module(tmp_path, monkeypatch):
-    """The fragile models of tests/commands/test_advise_plan.py, importable as fragile_net."""
-    (tmp_path / "fragile_net.py").write_text(textwrap.dedent(FRAGILE))
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield tmp_path
-    sys.modules.pop("fragile_net", None)
 
 
 @pytest.mark.slow
