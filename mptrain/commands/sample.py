@@ -3,7 +3,7 @@
     mptrain sample resume=RUN_DIR prompt="def " sample.max_new_tokens=200 sample.temperature=0.8
 
 Settings compose like every command's (``sample.*``, ``seed``, ``device``, ``eval.checkpoint``;
-conf/config.yaml), with the short forms ``prompt=``, ``max_new_tokens=``, ``temperature=``,
+docs/configuration.md lists their defaults), with the short forms ``prompt=``, ``max_new_tokens=``, ``temperature=``,
 ``top_k=`` and ``checkpoint=``. ``resume`` is a checkpoint file or a run directory: its best.pt
 where the run kept one (as nanoGPT samples its best model), else its newest checkpoint, unless
 ``eval.checkpoint=latest`` or ``best`` says which; stderr names the one used. The model is rebuilt as :func:`mptrain.commands.evaluate.load_model`

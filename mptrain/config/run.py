@@ -278,7 +278,9 @@ class RunConfig:
         factory=DistributedConfig,
     )
     debug: DebugConfig = setting(
-        help="test hooks: make a run fail on purpose", factory=DebugConfig, metadata=NOT_TRAINING
+        help="test hooks: inf gradients injected at chosen steps (exercise step skipping)",
+        factory=DebugConfig,
+        metadata=NOT_TRAINING,
     )
     # Experiment trackers (names of LOGGERS): where the run is reported, not what it computes.
     logger: list[str] = setting(

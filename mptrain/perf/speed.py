@@ -24,12 +24,8 @@ from torch import nn
 
 from mptrain.config.data import SyntheticConfig
 from mptrain.config.format_table import (
-    BF16,
-    BLOCK_FORMATS,
     FORMAT_TABLE,
-    FP8,
     FP8_BLOCKWISE,
-    FP32,
     NVFP4,
 )
 from mptrain.config.models import lm_block_size
@@ -49,7 +45,7 @@ from mptrain.perf.roofline import (
     recipe_for,
 )
 from mptrain.precision.formats import layer_format
-from mptrain.precision.gemm_plans import requested
+from mptrain.precision.gemm_plans import format_name, requested
 from mptrain.precision.quant.block_recipe import BlockRecipe
 from mptrain.precision.quant.convert import choose_layers, layer_rules
 from mptrain.precision.quant.linear import GEMMS
@@ -131,11 +127,9 @@ def converted_layer_names(model: nn.Module, cfg: RunConfig, fmt: str) -> list[st
 
 def _block_choices(model: nn.Module, cfg: RunConfig, fmt: str) -> list[LayerChoice]:
     """The layer choice of a block-scaled format: the rules apply_quantized applies at run time."""
-    keys = getattr(cfg, FORMAT_TABLE[fmt].config_group)  # the keys that choose its layers
-    tail = cfg.nvfp4.keep_last_fraction if fmt == NVFP4 else 0.0
-    recipe = BlockRecipe(fmt, keep_last_fraction=tail, min_features=keys.min_features)
-    rules = layer_rules(recipe, list(keys.include), list(keys.exclude), keys.keep_first_last)
-    return choose(model, rules)
+    _, include, exclude, keep_first_last, min_features, tail = _choice_key(cfg, fmt)
+    recipe = BlockRecipe(fmt, keep_last_fraction=tail, min_features=min_features)
+    return choose(model, layer_rules(recipe, list(include), list(exclude), keep_first_last))
 
 
 def run_step(cfg: RunConfig, shape: DataShape) -> Step:
@@ -166,18 +160,10 @@ def gemm_plan(cfg: RunConfig, fmt: str) -> tuple[str, str, str] | None:
 
 
 def _plan_format(cfg: RunConfig, gemm: str, value: str | None, own: str) -> str:
-    """The format ``precision.gemms.<gemm>=value`` names for a layer converted to ``own``."""
-    if value is None:
-        return own
-    if value == FP8 and cfg.fp8.granularity == "blockwise":
-        value = FP8_BLOCKWISE
-    if value in (BF16, FP32) or value == own or (own in BLOCK_FORMATS and value in BLOCK_FORMATS):
-        return value
-    family = ", ".join(BLOCK_FORMATS) if own in BLOCK_FORMATS else FP8
-    raise ValueError(
-        f"precision.gemms.{gemm}={value}: precision={cfg.precision.name} converts its layers into "
-        f"{own}; a GEMM may run in {family}, {BF16} or {FP32}"
-    )
+    """The format ``precision.gemms.<gemm>=value`` names for a layer converted to ``own``, as the
+    run names it (:func:`~mptrain.precision.gemm_plans.format_name`: its ConfigError is a
+    ValueError)."""
+    return own if value is None else format_name(cfg, gemm, value, own)
 
 
 def planned_layers(cfg: RunConfig, layers: Iterable[str]) -> list[str]:

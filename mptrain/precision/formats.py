@@ -40,7 +40,7 @@ from mptrain.precision.quant.block_linear import BlockGemm, BlockLinear
 from mptrain.precision.quant.block_recipe import BlockRecipe
 from mptrain.precision.quant.convert import (
     BlockLayers,
-    Recipe,
+    Quantization,
     apply_quantized,
     fp8_layer_stats,
     layer_rules,
@@ -80,7 +80,7 @@ def _require_converted(
         )
 
 
-def _recipe(policy: PrecisionPolicy, cfg: RunConfig, fsdp: bool) -> Recipe:
+def _recipe(policy: PrecisionPolicy, cfg: RunConfig, fsdp: bool) -> Quantization:
     """``policy``'s quantization recipe as the build applies it: FP8's with torchao's FP8
     all-gather under FSDP2, a block format's seeded from the run's ``seed`` (its layers' Hadamard
     signs and stochastic-rounding generators: the same at the build and at a switch, so a resume
@@ -100,7 +100,8 @@ def _convert(
     recipe = _recipe(policy, cfg, fsdp)
     key = FORMAT_TABLE[format_of(policy)].config_group
     rules = getattr(cfg, key)  # the format's settings group: its layer selection
-    own = BlockGemm(recipe) if isinstance(recipe, BlockRecipe) else fp8_gemm_format(recipe)
+    blocks = isinstance(recipe, BlockRecipe)  # else FP8 per tensor or row (Float8Linear)
+    own = BlockGemm(recipe) if blocks else fp8_gemm_format(recipe)
     plans = gemm_plans(cfg, policy, own, _device(model))
     section = apply_quantized(
         model,
@@ -108,11 +109,11 @@ def _convert(
         _sample(data),
         layer_rules(recipe, list(rules.include), list(rules.exclude), rules.keep_first_last),
         plans=plans,
-        backend=cfg.fp8.backend if policy.fp8 is not None else "builtin",
+        backend="builtin" if blocks else cfg.fp8.backend,
     )
-    if policy.fp8 is not None:
+    if not blocks:
         section["compile"] = cfg.compile  # the report's model section counts graphs and breaks
-    label = section.get("name", FORMAT_TABLE[FP8].label)
+    label = recipe.row.label if blocks else FORMAT_TABLE[FP8].label
     _require_converted(cfg, policy.name, label, section["layers"], key)
     if plans is not None:
         section.update(check_matched(plans, section["layers"]))

@@ -124,7 +124,6 @@ def check_switched_gemms(
     if not chosen:
         return
     own = own_format(to)
-    check_gemms(cfg, converting=own_format(first) is not None or own is not None)
     if own_format(first) is not None and own is not None:
         gemm, value = next(iter(chosen.items()))
         raise ConfigError(
@@ -141,24 +140,33 @@ def _own_name(own: GemmFormat) -> str:
     return own.recipe.format if isinstance(own, BlockGemm) else FP8
 
 
+def format_name(cfg: RunConfig, gemm: str, value: str, own: str) -> str:
+    """The table's name of the format ``precision.gemms.<gemm>=value`` gives a GEMM of a layer
+    converted to ``own`` (a format's name): bf16, fp32, ``own``, or a format of ``own``'s family
+    (``fp8`` as ``fp8.*`` sets it: blockwise FP8 under ``fp8.granularity=blockwise``);
+    ConfigError for a format of the other family. The run's plan and the roofline's read it."""
+    if value == FP8 and cfg.fp8.granularity == "blockwise":
+        value = FP8_BLOCKWISE
+    block_family = own in BLOCK_FORMATS
+    if value in HIGH_PRECISION or value == own or (block_family and value in BLOCK_FORMATS):
+        return value
+    family = ", ".join(BLOCK_FORMATS) if block_family else FP8
+    raise ConfigError(
+        f"precision.gemms.{gemm}={value}: precision={cfg.precision.name} converts its layers "
+        f"into {own}; a GEMM may run in {family}, {BF16} or {FP32} (a layer holds one family's "
+        "quantizer state)"
+    )
+
+
 def _format(
     cfg: RunConfig, gemm: str, value: str, own: GemmFormat, device: torch.device
 ) -> GemmFormat:
     """The GEMM format ``value`` names for ``gemm`` (see the module doc)."""
+    value = format_name(cfg, gemm, value, _own_name(own))
     if value in HIGH_PRECISION:
         return HighPrecisionGemm(HIGH_PRECISION[value])
-    if value == FP8 and cfg.fp8.granularity == "blockwise":
-        value = FP8_BLOCKWISE  # fp8 as fp8.* sets it
     if value == _own_name(own):
         return own
-    block_family = isinstance(own, BlockGemm)
-    if not (block_family and value in BLOCK_FORMATS):
-        family = ", ".join(BLOCK_FORMATS) if block_family else FP8
-        raise ConfigError(
-            f"precision.gemms.{gemm}={value}: precision={cfg.precision.name} converts its layers "
-            f"into {_own_name(own)}; a GEMM may run in {family}, {BF16} or {FP32} (a layer holds "
-            "one family's quantizer state)"
-        )
     fp8 = replace(cfg.fp8, granularity="blockwise")  # fp8_blockwise's own settings group
     name = FP8 if value == FP8_BLOCKWISE else value
     recipe, _ = block_recipe(name, device, fp8, cfg.mx, cfg.nvfp4)

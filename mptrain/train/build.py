@@ -38,6 +38,7 @@ from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
 from mptrain.platform.threads import ThreadChoice, apply_threads, resolve_threads
+from mptrain.precision.formats import layer_format
 from mptrain.precision.gemm_plans import check_gemms, own_format
 from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import (
@@ -95,8 +96,10 @@ def check_run(cfg: RunConfig, policy: PrecisionPolicy, dist: DistContext) -> Non
         )
     if dist.enabled and (cfg.audit or cfg.probe):
         raise ConfigError("audit/probe: run them in a single process, not under torchrun")
-    if cfg.precision.switch.to is None:  # a schedule's: plan_switch, with both policies
-        check_gemms(cfg, converting=own_format(policy) is not None)
+    # phase 2's policy is resolved later (plan_switch); its layer format, by name, is known now
+    to = cfg.precision.switch.to
+    later = to is not None and layer_format(to, cfg.fp8.granularity) is not None
+    check_gemms(cfg, converting=own_format(policy) is not None or later)
     if cfg.precision.update != "nearest" and dist.enabled and dist.strategy == "fsdp":
         raise ConfigError(
             f"precision.update={cfg.precision.update}: not under distributed.strategy=fsdp "

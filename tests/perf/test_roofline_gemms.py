@@ -211,8 +211,8 @@ def test_precision_gemms_plans_the_layers_it_names_and_refuses_what_a_run_refuse
     )
     assert found["other"] == (
         "precision.gemms.input_grad=mxfp8: precision=fp8 converts its layers into fp8; a GEMM "
-        "may run in fp8, bf16 or fp32"
-    )
+        "may run in fp8, bf16 or fp32 (a layer holds one family's quantizer state)"
+    )  # the run's own refusal (gemm_plans.format_name), word for word
     assert found["bf16"].flops_by_format.keys() == {BF16}  # no layer format: no plan
 
 

@@ -13,6 +13,8 @@ from support.runs import LM, compose_run, tiny_run, train
 from torch import nn
 
 from mptrain.config.base import ConfigError
+from mptrain.platform.distributed import DistContext
+from mptrain.precision.policy import resolve_precision
 from mptrain.precision.quant.block_linear import BlockGemm, BlockLinear
 from mptrain.precision.quant.block_recipe import BlockRecipe
 from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Recipe, quantize, scale_from_amax
@@ -21,6 +23,7 @@ from mptrain.precision.quant.linear import GemmPlan, HighPrecisionGemm
 from mptrain.precision.quant.mx import quantize_mx
 from mptrain.precision.quant.nvfp4 import quantize_nvfp4
 from mptrain.rundir.checkpoint import load_checkpoint
+from mptrain.train.build import check_run
 
 
 def _inputs(tokens: int, fan_in: int, fan_out: int, seed: int = 0):
@@ -194,6 +197,26 @@ def test_a_schedule_of_two_converting_precisions_is_refused_before_training(tmp_
     with pytest.raises(ConfigError, match="both convert Linear layers"):
         train(tiny_run(*overrides), tmp_path)
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("first", "to", "refused"), [("bf16", "fp32", True), ("bf16", "nvfp4", False)]
+)
+def test_a_schedule_is_checked_for_a_converting_phase_before_anything_is_built(first, to, refused):
+    """check_run, before the data or the model exist: precision.gemms needs a phase that
+    converts layers (phase 2's by its name: its policy is resolved later, by plan_switch)."""
+    cfg = tiny_run(
+        f"precision={first}",
+        f"precision.switch.to={to}",
+        "precision.switch.at=2",
+        "precision.gemms.weight_grad=bf16",
+    )
+    policy = resolve_precision(cfg.precision, torch.device("cpu"), cfg.fp8, cfg.mx, cfg.nvfp4)
+    if refused:
+        with pytest.raises(ConfigError, match="computes no Linear layers in a format of its own"):
+            check_run(cfg, policy, DistContext())
+    else:
+        check_run(cfg, policy, DistContext())
 
 
 def test_a_plan_for_some_layers_leaves_the_others_in_the_precisions_own_recipe(tmp_path):

@@ -1,10 +1,10 @@
 """:class:`BlockLinear`: an nn.Linear whose three GEMMs take block-scaled operands (MXFP8, NVFP4,
-blockwise FP8: :mod:`.recipe`), each quantized along its own GEMM's reduction dimension, the
+blockwise FP8: :mod:`.block_recipe`), each quantized along its own GEMM's reduction dimension, the
 backward re-quantizing the saved high-precision input and weight (torchao's ``mx_mm``, TE).
 
 Each operand is quantized once per GEMM, the same way on both paths; only the matmul
-(:func:`~.gemm.block_gemm`) differs. With ``recipe.real_gemm`` (the policy sets it where the GPU
-has the kernel: :mod:`.gemm`) the quantized elements and scales go to torch's block-scaled
+(:func:`~.kernels.block_gemm`) differs. With ``recipe.real_gemm`` (the policy sets it where the GPU
+has the kernel: :mod:`.kernels`) the quantized elements and scales go to torch's block-scaled
 ``scaled_mm``; otherwise they are dequantized in FP32 (exact for MXFP8, E4M3 values times powers
 of two down to 2^-136; blockwise FP8's element x FP32 scale and NVFP4's element x (tensor scale
 x block scale) are rounded once to FP32) and multiplied by an FP32 matmul with autocast off,

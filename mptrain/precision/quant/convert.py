@@ -42,28 +42,23 @@ from mptrain.precision.selection import (
     set_submodule,
 )
 
-Recipe = FP8Recipe | BlockRecipe
+Quantization = FP8Recipe | BlockRecipe  # what a converted layer's formats quantize by
 
 
 # ------------------------------------------------------------------------------ selection
 def layer_rules(
-    recipe: Recipe, include: list[str], exclude: list[str], keep_first_last: bool
+    recipe: Quantization, include: list[str], exclude: list[str], keep_first_last: bool
 ) -> LayerRules:
     """The selection rules of ``recipe``'s format, under its config keys."""
-    if isinstance(recipe, FP8Recipe):
-        key, alignment, why = FORMAT_TABLE[FP8].config_group, GEMM_ALIGNMENT, None
-    else:
-        key, alignment = recipe.config_key, recipe.block_size
-        why = f"{recipe.row.label} blocks of {recipe.block_size}"
+    chosen = (tuple(include), tuple(exclude), keep_first_last, recipe.min_features)
+    if isinstance(recipe, FP8Recipe):  # torch._scaled_mm's alignment, its reason by default
+        return LayerRules(FORMAT_TABLE[FP8].config_group, *chosen, alignment=GEMM_ALIGNMENT)
     return LayerRules(
-        key=key,
-        include=tuple(include),
-        exclude=tuple(exclude),
-        keep_first_last=keep_first_last,
-        min_features=recipe.min_features,
-        alignment=alignment,
-        keep_last_fraction=getattr(recipe, "keep_last_fraction", 0.0),
-        **({"alignment_why": why} if why else {}),
+        recipe.config_key,
+        *chosen,
+        alignment=recipe.block_size,
+        alignment_why=f"{recipe.row.label} blocks of {recipe.block_size}",
+        keep_last_fraction=recipe.keep_last_fraction,
     )
 
 
@@ -113,7 +108,12 @@ def process_place() -> tuple[int, int]:
 
 # ------------------------------------------------------------------------------ conversion
 def _quantized(
-    linear: nn.Linear, recipe: Recipe, index: int, rank: int, plans: LayerPlans | None, name: str
+    linear: nn.Linear,
+    recipe: Quantization,
+    index: int,
+    rank: int,
+    plans: LayerPlans | None,
+    name: str,
 ) -> QuantizedLinear:
     """The ``index``-th converted layer, ``name``, made from ``linear`` (sharing its Parameters)."""
     plan = plans.for_layer(name) if plans is not None else None
@@ -122,7 +122,9 @@ def _quantized(
             return Float8Linear.from_linear(linear, recipe, plan)
         seed = layer_seed(recipe.seed, index)
         layer = BlockLinear.from_linear(linear, recipe, seed, plan)
-    except ValueError as exc:  # a GEMM's format needs sizes the layer's selection did not
+    except ValueError as exc:  # a plan's GEMM format needs sizes the layer's selection did not
+        if plan is None:
+            raise
         raise ConfigError(f"precision.gemms: {name}: {exc}") from None
     if layer.generator is not None:
         layer.generator.manual_seed(generator_seed(seed, rank))
@@ -132,7 +134,7 @@ def _quantized(
 def convert_linears(
     model: nn.Module,
     choices: list[LayerChoice],
-    recipe: Recipe,
+    recipe: Quantization,
     plans: LayerPlans | None = None,
     place: tuple[int, int] | None = None,
 ) -> dict[str, QuantizedLinear]:
@@ -149,7 +151,7 @@ def convert_linears(
     return layers
 
 
-def _recipe_section(recipe: Recipe, backend: str) -> dict[str, Any]:
+def _recipe_section(recipe: Quantization, backend: str) -> dict[str, Any]:
     """The report section's account of ``recipe``: its GEMM (real or emulated) and settings."""
     if isinstance(recipe, FP8Recipe):
         return {
@@ -175,7 +177,7 @@ def _recipe_section(recipe: Recipe, backend: str) -> dict[str, Any]:
 
 def apply_quantized(
     model: nn.Module,
-    recipe: Recipe,
+    recipe: Quantization,
     sample: torch.Tensor,
     rules: LayerRules,
     plans: LayerPlans | None = None,
@@ -190,6 +192,9 @@ def apply_quantized(
     flops = linear_flops(model, sample)
     if backend == "torchao":
         from mptrain.precision.quant.torchao_bridge import torchao_convert
+
+        if not isinstance(recipe, FP8Recipe):
+            raise ValueError("fp8.backend=torchao: FP8 with tensorwise or rowwise scales only")
 
         torchao_convert(model, {c.name for c in choices if c.converted}, recipe)
     else:

@@ -58,10 +58,11 @@ class FP8Recipe:
     margin: int = 0
     real_gemm: bool = False  # torch._scaled_mm (True) or emulation (False)
     pow2_scales: bool = False  # every computed scale rounded down to a power of two
-    # Layer selection, read by apply_quantized (not by the layers): a Linear with in_features or
-    # out_features below it stays in high precision. 0: off.
+    # Layer selection, read by quant.convert.layer_rules (not by the layers): a Linear with
+    # in_features or out_features below it stays in high precision. 0: off.
     min_features: int = 0
-    # torchao backend, read by apply_quantized: the model will be FSDP2-sharded; weights all-gather in FP8.
+    # torchao backend, read by quant.torchao_bridge.torchao_config: the model will be FSDP2-sharded;
+    # weights all-gather in FP8.
     fsdp_float8_all_gather: bool = False
 
 

@@ -81,9 +81,10 @@ class FP8TensorwiseGemm(_FP8Gemm):
         w_fp8, w_scale = layer.weight_scaler.cast(weight.contiguous(), update)
         # y = x Wᵀ: x row-major (M×K), Wᵀ column-major (K×N) is W stored row-major.
         out = fp8_gemm(x_fp8, x_scale, w_fp8.t(), w_scale, out_dtype, self.recipe.real_gemm)
-        # Kept only for a backward GEMM of this format: a plan whose weight gradient runs in BF16
-        # (torchao's rowwise_with_gw_hp) saves the high-precision input rows instead.
-        if layer.plan.weight_grad == self:
+        # Kept only for a backward GEMM of this format (the input's cast: exactly when the plan
+        # saves no input rows, GemmPlan.saves_input); a weight gradient in BF16 (torchao's
+        # rowwise_with_gw_hp) reads the high-precision rows instead.
+        if layer.plan.weight_grad.reuses_forward(self):
             kept.update(fp8_x=x_fp8, fp8_x_scale=x_scale)
         if layer.plan.input_grad == self:
             kept.update(fp8_w=w_fp8, fp8_w_scale=w_scale)

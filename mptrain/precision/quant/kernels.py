@@ -26,7 +26,7 @@ Emulated (``a`` and ``b`` the dequantized FP32 operands): an FP32 matmul with au
 to the output dtype, as a hardware GEMM accumulating in FP32 writes its output. autocast is off
 because torch.compile traces the backward under the forward's autocast (torch 2.14's default
 ``backward_pass_autocast="same_as_forward"``), which would run the mm in BF16 (the reason of
-:func:`mptrain.precision.quant.fp8_linear.fp8_gemm` too).
+:func:`fp8_gemm` too).
 
 Real (``a`` and ``b`` :class:`~.blocked.BlockQuantized`, elements and scales as quantized):
 :func:`scaled_mm_call` lays them out as the kernel requires (``a`` row-major, ``b``

@@ -41,11 +41,10 @@ def torchao_config(recipe: FP8Recipe) -> Any:
     )
 
 
-def torchao_convert(model: nn.Module, converted: set[str], recipe: Any) -> None:
+def torchao_convert(model: nn.Module, converted: set[str], recipe: FP8Recipe) -> None:
     """Convert the layers named in ``converted`` with torchao's float8 training
-    (:func:`torchao_config`); ValueError for a recipe it cannot run (delayed scaling, or not
-    FP8 per tensor or row)."""
-    if not isinstance(recipe, FP8Recipe) or recipe.scaling != "dynamic":
+    (:func:`torchao_config`); ValueError for delayed scaling, which it cannot run."""
+    if recipe.scaling != "dynamic":
         raise ValueError("fp8.backend=torchao supports fp8.scaling=dynamic only")
     from torchao.float8 import convert_to_float8_training
 
