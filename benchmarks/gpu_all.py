@@ -204,7 +204,7 @@ def run_command(argv: list[str], log: Path, timeout_s: float) -> tuple[int | Non
         try:
             proc = subprocess.Popen(
                 argv, cwd=REPO, env=child_env(), stdin=subprocess.DEVNULL, stdout=sink,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=default_interrupt,
             )  # fmt: skip
         except OSError as exc:
             sink.write(f"cannot start: {exc}\n")
@@ -223,6 +223,14 @@ def run_command(argv: list[str], log: Path, timeout_s: float) -> tuple[int | Non
         finally:
             signal_group(proc, signal.SIGKILL)  # what the step left running (workers)
     return code, status, time.perf_counter() - start
+
+
+def default_interrupt() -> None:
+    """In a step's process, before it runs its command: SIGINT back to its default. A driver
+    started in the background by a non-interactive shell (``cmd &``, nohup) inherits SIGINT
+    ignored, and so would every step: Python would then never raise KeyboardInterrupt, and a
+    step stopped at its limit would be killed before writing its JSON or JUnit XML."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def signal_group(proc: subprocess.Popen, sig: int) -> bool:
