@@ -39,12 +39,12 @@ from torch import nn
 
 from mptrain.platform.hardware import hardware_info, software_versions
 from mptrain.precision.quant.block_linear import BlockLinear
-from mptrain.precision.quant.block_recipe import BlockRecipe, fake_quant_operand
+from mptrain.precision.quant.block_quant import BlockQuantization, fake_quant_operand
 
 RECIPES = {
-    "mxfp8": BlockRecipe("mxfp8"),
-    "nvfp4": BlockRecipe("nvfp4", weight_tiles=True, hadamard=True, stochastic_rounding=True),
-    "fp8_blockwise": BlockRecipe("fp8_blockwise"),
+    "mxfp8": BlockQuantization("mxfp8"),
+    "nvfp4": BlockQuantization("nvfp4", weight_tiles=True, hadamard=True, stochastic_rounding=True),
+    "fp8_blockwise": BlockQuantization("fp8_blockwise"),
 }
 
 
@@ -58,7 +58,7 @@ def layer_step(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> Callable[
     return run
 
 
-def quantizations(recipe: BlockRecipe, x, w, dy) -> Callable[[], None]:
+def quantizations(recipe: BlockQuantization, x, w, dy) -> Callable[[], None]:
     """BlockLinear's six fake quantizations (linear.py's dims, slots and layouts; NVFP4's
     gradients stochastically rounded where the recipe says so; its Hadamard transform not
     included: the step's figure has it)."""

@@ -53,7 +53,7 @@ from torch import nn
 
 from mptrain.platform.hardware import software_versions
 from mptrain.precision.quant.blockwise import fake_quant_blockwise
-from mptrain.precision.quant.fp8 import FP8Recipe
+from mptrain.precision.quant.fp8 import FP8Quantization
 from mptrain.precision.quant.fp8_linear import Float8Linear
 from mptrain.precision.quant.hadamard import random_hadamard_transform, rht_signs
 from mptrain.precision.quant.mx import fake_quant_mx
@@ -106,7 +106,9 @@ def block_quantizers() -> dict[str, Quantizer]:
 
 def float8_gemms(reference: nn.Linear, granularity: str, x: torch.Tensor, dy: torch.Tensor) -> dict:
     """out, dx and dW of mptrain's Float8Linear (emulated) with the reference's weights."""
-    layer = Float8Linear.from_linear(copy.deepcopy(reference), FP8Recipe(granularity=granularity))
+    layer = Float8Linear.from_linear(
+        copy.deepcopy(reference), FP8Quantization(granularity=granularity)
+    )
     return linear_gemms(layer, x, dy)
 
 

@@ -29,7 +29,7 @@ from jsondoc import write_json  # benchmarks/ is on sys.path when this script ru
 from torch import nn
 
 from mptrain.platform.hardware import software_versions
-from mptrain.precision.quant.fp8 import FP8Recipe
+from mptrain.precision.quant.fp8 import FP8Quantization
 from mptrain.precision.quant.fp8_linear import Float8Linear
 
 ROWS, FEATURES, EVERY = 512, 1024, 16
@@ -62,7 +62,9 @@ def measure(outlier: float, granularity: str) -> dict[str, float]:
     """SQNRs of one FP8 layer against the FP32 layer, for one outlier size."""
     torch.manual_seed(0)
     reference = nn.Linear(FEATURES, FEATURES)
-    layer = Float8Linear.from_linear(copy.deepcopy(reference), FP8Recipe(granularity=granularity))
+    layer = Float8Linear.from_linear(
+        copy.deepcopy(reference), FP8Quantization(granularity=granularity)
+    )
     x = torch.randn(ROWS, FEATURES)
     x[::EVERY] *= outlier
     grad_out = torch.randn(ROWS, FEATURES)

@@ -70,9 +70,9 @@ from mptrain.platform.hardware import (
     software_versions,
     synchronize,
 )
-from mptrain.precision.quant.block_recipe import BlockRecipe, quantize_operand
+from mptrain.precision.quant.block_quant import BlockQuantization, quantize_operand
 from mptrain.precision.quant.convert import apply_quantized, layer_rules
-from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Recipe, quantize, scale_from_amax
+from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Quantization, quantize, scale_from_amax
 from mptrain.precision.quant.kernels import (
     block_gemm,
     block_gemm_available,
@@ -166,10 +166,10 @@ def block_gemm_row(device: torch.device, fmt: str, shape: tuple, repeats: int) -
     m, k, n = shape
     a = torch.randn(m, k, device=device) * torch.logspace(-2, 2, m, device=device)[:, None]
     b = torch.randn(n, k, device=device) * 0.02
-    recipe = BlockRecipe(fmt, weight_tiles=True)  # NVFP4: its recipe's 16x16 weight tiles
+    recipe = BlockQuantization(fmt, weight_tiles=True)  # NVFP4: its recipe's 16x16 weight tiles
     a_q, b_q = quantize_operand(recipe, a, 1, "input"), quantize_operand(recipe, b, 1, "weight")
     a_e, b_e = a_q.dequantize(torch.float32), b_q.dequantize(torch.float32).t()
-    real_recipe = BlockRecipe(fmt, real_gemm=True)
+    real_recipe = BlockQuantization(fmt, real_gemm=True)
 
     def real() -> torch.Tensor:
         return block_gemm(a_q, transposed(b_q), torch.bfloat16, real_recipe)
@@ -296,7 +296,7 @@ def build_variant(name: str, device: torch.device, width: int, backend: str) -> 
     model = build_mlp(MLPConfig(hidden_sizes=[width] * 4), 1, 32, 16).to(device)
     section = None
     if granularity is not None:
-        fp8_recipe = FP8Recipe(granularity=granularity, real_gemm=True)
+        fp8_recipe = FP8Quantization(granularity=granularity, real_gemm=True)
         section = apply_quantized(
             model,
             fp8_recipe,

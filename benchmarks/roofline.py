@@ -36,7 +36,7 @@ from mptrain.compose.registry import register_configs, to_run_config
 from mptrain.models import gpt as gpt_model
 from mptrain.perf import gpus
 from mptrain.perf.gemms import SAMPLES, account
-from mptrain.perf.roofline import Step, optimizer_passes, predict, recipe_for
+from mptrain.perf.roofline import Step, arithmetic_for, optimizer_passes, predict
 from mptrain.perf.speed import data_shape, predict_config
 
 BF16 = torch.bfloat16
@@ -166,14 +166,14 @@ class Llama3(nn.Module):
         return self.output(self.norm(x))
 
 
-def per_gpu(model: nn.Module, length: int, step: Step, gpu: gpus.GPU, recipes: dict) -> dict:
-    """Each named recipe's predicted step of the language model ``model`` (token windows of
+def per_gpu(model: nn.Module, length: int, step: Step, gpu: gpus.GPU, arithmetics: dict) -> dict:
+    """Each named arithmetic's predicted step of the language model ``model`` (token windows of
     ``length``) on ``gpu``, or why there is none (a format the GPU has no kernel for)."""
     acc = account(model, torch.zeros(SAMPLES, length, dtype=torch.long, device="meta"), BF16)
     rows: dict[str, Any] = {}
-    for name, recipe in recipes.items():
+    for name, arithmetic in arithmetics.items():
         try:
-            rows[name] = predict(acc, recipe, gpu, step)
+            rows[name] = predict(acc, arithmetic, gpu, step)
         except ValueError as exc:  # e.g. MXFP8 on an H100: emulated, not a prediction
             rows[name] = str(exc)
     return rows
@@ -189,9 +189,9 @@ def llama3_8b(target: str, length: int = 8192, gpus_sharded: int = 8) -> dict[st
     step = Step(1, optimizer_passes("adamw") / gpus_sharded, 1, length)
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n != "output"]
     rows = per_gpu(model, length, step, gpu, {
-        "bf16": recipe_for("bf16"),
-        "fp8 tensorwise": recipe_for("fp8", linears),
-        "fp8 rowwise": recipe_for("fp8", linears, "rowwise"),
+        "bf16": arithmetic_for("bf16"),
+        "fp8 tensorwise": arithmetic_for("fp8", linears),
+        "fp8 rowwise": arithmetic_for("fp8", linears, "rowwise"),
     })  # fmt: skip
     return {
         "model": f"Llama 3 8B shape, sequence {length}, batch 1, AdamW, FSDP over "
@@ -219,11 +219,11 @@ def gpt2_124m(target: str, batch: int = 64, gpus_sharded: int = 8) -> dict[str, 
     step = Step(batch, optimizer_passes("adamw", clip=True) / gpus_sharded, 1, GPT2_124M.block_size)
     linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)][1:-1]
     rows = per_gpu(model, GPT2_124M.block_size, step, gpu, {
-        "bf16": recipe_for("bf16"),
-        "fp8 tensorwise": recipe_for("fp8", linears),
-        "fp8 blockwise": recipe_for("fp8", linears, "blockwise"),
-        "mxfp8": recipe_for("mxfp8", linears),
-        "nvfp4": recipe_for("nvfp4", linears),
+        "bf16": arithmetic_for("bf16"),
+        "fp8 tensorwise": arithmetic_for("fp8", linears),
+        "fp8 blockwise": arithmetic_for("fp8", linears, "blockwise"),
+        "mxfp8": arithmetic_for("mxfp8", linears),
+        "nvfp4": arithmetic_for("nvfp4", linears),
     })  # fmt: skip
     return {
         "model": f"GPT-2 124M shape, sequence 1024, {batch} windows per GPU, AdamW sharded over "

@@ -30,8 +30,8 @@ The step's time is the sum of
 - **the optimizer step**: passes over every parameter at the parameters' size
   (:data:`OPTIMIZER_PASSES`; gradient clipping and loss-scale unscaling add theirs).
 
-A per-GEMM plan (``precision.gemms``: :attr:`Recipe.plan` for the converted Linears it names,
-:attr:`Recipe.planned`) prices each of those Linears' three GEMMs in its own format
+A per-GEMM plan (``precision.gemms``: :attr:`Arithmetic.plan` for the converted Linears it names,
+:attr:`Arithmetic.planned`) prices each of those Linears' three GEMMs in its own format
 (:func:`planned_passes`: a BF16 weight gradient at the BF16 peak, an MXFP8 one of an NVFP4 layer at
 MXFP8's) and their casts GEMM by GEMM (:func:`planned_cast_bytes`): an operand is quantized for
 the GEMMs of each quantized format that read it (FP8 tensorwise: once, transposed where two FP8
@@ -87,7 +87,7 @@ KERNEL_FLOOR_S = 5e-6
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Arithmetic:
     """What the roofline needs of a precision: the GEMMs' format, the autocast the meta pass
     emulates, the bytes of a parameter (and of its gradient and optimizer state), which Linears
     run in a low-precision format (``layer_format``) and how they are scaled."""
@@ -121,15 +121,15 @@ class Recipe:
         return self.tiled(self.layer_format)
 
 
-def recipe_for(
+def arithmetic_for(
     precision: str,
     layers: Iterable[str] = (),
     granularity: str = "tensorwise",
     weight_tiles: bool = True,
     plan: tuple[str, str, str] | None = None,
     planned: Iterable[str] = (),
-) -> Recipe:
-    """The :class:`Recipe` of ``precision`` (a name of :data:`~mptrain.precision.policy.PRECISIONS`
+) -> Arithmetic:
+    """The :class:`Arithmetic` of ``precision`` (a name of :data:`~mptrain.precision.policy.PRECISIONS`
     or ``tf32``: FP32 with TF32 GEMMs), read from the precision table; ``layers``: the Linears
     precision=fp8, mxfp8 or nvfp4 converts (its layer choice), ignored by the others;
     ``granularity``: FP8's scaling (``blockwise``: the blockwise FP8 format); ``weight_tiles``:
@@ -137,7 +137,7 @@ def recipe_for(
     GEMMs of the converted Linears in ``planned`` (``precision.gemms``), ignored without a layer
     format."""
     if precision == "tf32":
-        return Recipe("tf32", "tf32", None, torch.float32)
+        return Arithmetic("tf32", "tf32", None, torch.float32)
     spec = PRECISIONS.get(precision)
     if spec is None:
         raise ValueError(f"precision {precision!r}: one of tf32, {', '.join(PRECISIONS)}")
@@ -145,7 +145,7 @@ def recipe_for(
     fmt = formats.layer_format(precision, granularity)
     if fmt is None:
         plan = None
-    return Recipe(
+    return Arithmetic(
         precision=precision,
         gemm_format=_LOW_FORMAT[low],
         autocast=spec.autocast_dtype,
@@ -160,21 +160,23 @@ def recipe_for(
     )
 
 
-def gemm_format(g: Gemm, recipe: Recipe) -> str:
-    """The format ``g`` runs in: the recipe's layer format for the Linears its layer choice
+def gemm_format(g: Gemm, arithmetic: Arithmetic) -> str:
+    """The format ``g`` runs in: the arithmetic's layer format for the Linears its layer choice
     converted, else the precision's GEMM format."""
     return (
-        recipe.layer_format if g.kind == LINEAR and g.name in recipe.layers else recipe.gemm_format
+        arithmetic.layer_format
+        if g.kind == LINEAR and g.name in arithmetic.layers
+        else arithmetic.gemm_format
     )
 
 
-def gemm_formats(g: Gemm, recipe: Recipe) -> tuple[str, str, str]:
-    """The formats of ``g``'s forward, data-gradient and weight-gradient GEMMs: the recipe's
+def gemm_formats(g: Gemm, arithmetic: Arithmetic) -> tuple[str, str, str]:
+    """The formats of ``g``'s forward, data-gradient and weight-gradient GEMMs: the arithmetic's
     plan for a converted Linear it names, else :func:`gemm_format` for all three."""
-    converted = g.kind == LINEAR and g.name in recipe.layers
-    if recipe.plan is not None and converted and g.name in recipe.planned:
-        return recipe.plan
-    fmt = gemm_format(g, recipe)
+    converted = g.kind == LINEAR and g.name in arithmetic.layers
+    if arithmetic.plan is not None and converted and g.name in arithmetic.planned:
+        return arithmetic.plan
+    fmt = gemm_format(g, arithmetic)
     return fmt, fmt, fmt
 
 
@@ -217,14 +219,14 @@ def pass_seconds(flops: float, nbytes: float, fmt: str, gpu: GPU) -> float:
     return max(flops / gpu.peak_flops(fmt), nbytes / gpu.bandwidth_bytes_s)
 
 
-def cast_bytes(g: Gemm, fmt: str, recipe: Recipe, batch: int) -> float:
+def cast_bytes(g: Gemm, fmt: str, arithmetic: Arithmetic, batch: int) -> float:
     """Bytes the casts around ``g`` move over ``batch`` samples (see the module doc)."""
     a = g.a_elems * batch
     b = g.b_elems if g.b_is_weight else g.b_elems * batch
     if fmt == "fp8":
-        return _fp8_cast_bytes(g, recipe, a, b, g.out_elems * batch)
+        return _fp8_cast_bytes(g, arithmetic, a, b, g.out_elems * batch)
     if fmt in SCALE_BYTES:
-        return block_cast_bytes(g, recipe, a, b, g.out_elems * batch)
+        return block_cast_bytes(g, arithmetic, a, b, g.out_elems * batch)
     low = FORMAT_BYTES[fmt]
     total = 0.0
     for elems, arrived, grad in ((a, g.a_bytes, g.a_grad), (b, g.b_bytes, g.b_grad)):
@@ -233,7 +235,7 @@ def cast_bytes(g: Gemm, fmt: str, recipe: Recipe, batch: int) -> float:
     return total
 
 
-def _fp8_cast_bytes(g: Gemm, recipe: Recipe, x: float, w: float, dy: float) -> float:
+def _fp8_cast_bytes(g: Gemm, arithmetic: Arithmetic, x: float, w: float, dy: float) -> float:
     """Quantization of an FP8 Linear's input ``x``, weight ``w`` and output gradient ``dy``
     (element counts): amax read, then read and a one-byte write, once per scale axis."""
 
@@ -241,9 +243,9 @@ def _fp8_cast_bytes(g: Gemm, recipe: Recipe, x: float, w: float, dy: float) -> f
         return elems * (2 * high + 1)
 
     dy_bytes = RESULT_BYTES["fp8"]  # the output gradient arrives in the output's BF16
-    times = 2 if recipe.rowwise else 1
+    times = 2 if arithmetic.rowwise else 1
     total = times * (quantize(x, g.a_bytes) + quantize(w, g.b_bytes) + quantize(dy, dy_bytes))
-    if not recipe.rowwise:
+    if not arithmetic.rowwise:
         total += 2 * (x + w + dy)  # the FP8 copies transposed for the backward GEMMs
     return total + _gradient_casts(g, x, w)
 
@@ -259,23 +261,23 @@ def _gradient_casts(g: Gemm, x: float, w: float) -> float:
     return total
 
 
-def block_cast_bytes(g: Gemm, recipe: Recipe, x: float, w: float, dy: float) -> float:
+def block_cast_bytes(g: Gemm, arithmetic: Arithmetic, x: float, w: float, dy: float) -> float:
     """Quantization of a block-scaled Linear's input ``x``, weight ``w`` and output gradient
     ``dy`` (element counts), once per GEMM that reads each along its reduction dimension: the
     forward reads x and W, the data gradient dy and W (if the input needs one), the weight
     gradient dy and x (if the weight needs one); W once where 2-D tiles serve both its GEMMs.
     Each quantization reads the high-precision operand and writes its elements and scales
     (:func:`operand_bytes`); NVFP4 first reads it for the per-tensor amax."""
-    fmt = recipe.layer_format
+    fmt = arithmetic.layer_format
     amax = 1 if fmt in TENSOR_SCALE_BYTES else 0  # the per-tensor scale's amax pass: a read
     dy_bytes = RESULT_BYTES[fmt]  # the output gradient arrives in the output's BF16
 
     def quantize(elems: float, high: float, times: int, tile: bool = False) -> float:
         return times * (elems * high * (1 + amax) + operand_bytes(fmt, elems, tile))
 
-    w_times = 1 if recipe.tiled_weight or not g.a_grad else 2
+    w_times = 1 if arithmetic.tiled_weight or not g.a_grad else 2
     total = quantize(x, g.a_bytes, 1 + g.b_grad) + quantize(
-        w, g.b_bytes, w_times, recipe.tiled_weight
+        w, g.b_bytes, w_times, arithmetic.tiled_weight
     )
     total += quantize(dy, dy_bytes, g.a_grad + g.b_grad)
     return total + _gradient_casts(g, x, w)
@@ -290,19 +292,21 @@ def _present(g: Gemm) -> list[int]:
 
 
 def planned_passes(
-    g: Gemm, fmts: tuple[str, str, str], recipe: Recipe, batch: int
+    g: Gemm, fmts: tuple[str, str, str], arithmetic: Arithmetic, batch: int
 ) -> list[tuple[str, float, float]]:
     """(format, FLOPs, bytes) of each pass of Linear ``g`` whose forward, data-gradient and
     weight-gradient GEMMs run in ``fmts``: each priced as :func:`gemm_passes` prices it in its
     own format."""
     present = _present(g)
     return [
-        (fmts[i], *gemm_passes(g, fmts[i], batch, recipe.tiled(fmts[i]))[k])
+        (fmts[i], *gemm_passes(g, fmts[i], batch, arithmetic.tiled(fmts[i]))[k])
         for k, i in enumerate(present)
     ]
 
 
-def planned_cast_bytes(g: Gemm, fmts: tuple[str, str, str], recipe: Recipe, batch: int) -> float:
+def planned_cast_bytes(
+    g: Gemm, fmts: tuple[str, str, str], arithmetic: Arithmetic, batch: int
+) -> float:
     """Bytes the casts around Linear ``g`` move over ``batch`` samples when its forward,
     data-gradient and weight-gradient GEMMs run in ``fmts``, GEMM by GEMM (see the module doc):
     each of x, W and dy quantized for the quantized GEMMs that read it and cast for the
@@ -311,13 +315,13 @@ def planned_cast_bytes(g: Gemm, fmts: tuple[str, str, str], recipe: Recipe, batc
     operands = {  # each tensor: elements, bytes as it arrives, the GEMMs (indices) reading it
         "x": (x, g.a_bytes, (0, 2)),
         "w": (w, g.b_bytes, (0, 1)),
-        "dy": (dy, RESULT_BYTES[recipe.layer_format], (1, 2)),  # in the output's dtype
+        "dy": (dy, RESULT_BYTES[arithmetic.layer_format], (1, 2)),  # in the output's dtype
     }
     present, total = _present(g), 0.0
     for name, (elems, high, gemms) in operands.items():
         readers = [fmts[i] for i in gemms if i in present]
         for fmt, n in Counter(readers).items():
-            total += _operand_casts(fmt, n, elems, high, recipe, name == "w")
+            total += _operand_casts(fmt, n, elems, high, arithmetic, name == "w")
     for i, elems, arrived in ((1, x, g.a_bytes), (2, w, g.b_bytes)):  # the gradients, cast back
         result = RESULT_BYTES[fmts[i]]
         if i in present and arrived != result:
@@ -326,15 +330,15 @@ def planned_cast_bytes(g: Gemm, fmts: tuple[str, str, str], recipe: Recipe, batc
 
 
 def _operand_casts(
-    fmt: str, n: int, elems: float, high: float, recipe: Recipe, weight: bool
+    fmt: str, n: int, elems: float, high: float, arithmetic: Arithmetic, weight: bool
 ) -> float:
     """Bytes moved making an operand of ``elems`` elements, arrived in ``high`` bytes each, ready
     for the ``n`` GEMMs of format ``fmt`` that read it (``weight``: it is the weight)."""
     if fmt == FP8:  # amax read, read and one-byte write; tensorwise: a transposed copy for two
         once = elems * (2 * high + 1)
-        return n * once if recipe.rowwise else once + (2 * elems if n == 2 else 0)
+        return n * once if arithmetic.rowwise else once + (2 * elems if n == 2 else 0)
     if fmt in SCALE_BYTES:  # per GEMM along its reduction dimension; a 2-D weight tile once
-        tile = weight and recipe.tiled(fmt)
+        tile = weight and arithmetic.tiled(fmt)
         amax = 1 if fmt in TENSOR_SCALE_BYTES else 0
         times = 1 if tile else n
         return times * (elems * high * (1 + amax) + operand_bytes(fmt, elems, tile))
@@ -400,27 +404,27 @@ class Prediction:
         return low / self.model_flops if self.model_flops else 0.0
 
 
-def model_flops_by_format(accounting: Accounting, recipe: Recipe) -> dict[str, float]:
+def model_flops_by_format(accounting: Accounting, arithmetic: Arithmetic) -> dict[str, float]:
     """Model FLOPs per sample (3 x forward, attention whole) by the format each GEMM runs in."""
     out: dict[str, float] = {}
     for g in accounting.gemms:
-        for fmt, n in Counter(gemm_formats(g, recipe)).items():
+        for fmt, n in Counter(gemm_formats(g, arithmetic)).items():
             out[fmt] = out.get(fmt, 0.0) + n * g.flops
     return out
 
 
-def _micro_batch(acc: Accounting, recipe: Recipe, gpu: GPU, batch: int) -> dict[str, float]:
+def _micro_batch(acc: Accounting, arithmetic: Arithmetic, gpu: GPU, batch: int) -> dict[str, float]:
     """Seconds of one micro-batch's forward and backward: GEMMs (and how much of that is
     compute-bound), casts, other operations."""
     gemm = bound = casts = 0.0
     for g in acc.gemms:
-        own, fmts = gemm_format(g, recipe), gemm_formats(g, recipe)
+        own, fmts = gemm_format(g, arithmetic), gemm_formats(g, arithmetic)
         if fmts == (own, own, own):
-            passes = [(own, *p) for p in gemm_passes(g, own, batch, recipe.tiled_weight)]
-            casts += cast_bytes(g, own, recipe, batch)
+            passes = [(own, *p) for p in gemm_passes(g, own, batch, arithmetic.tiled_weight)]
+            casts += cast_bytes(g, own, arithmetic, batch)
         else:  # a per-GEMM plan's Linear
-            passes = planned_passes(g, fmts, recipe, batch)
-            casts += planned_cast_bytes(g, fmts, recipe, batch)
+            passes = planned_passes(g, fmts, arithmetic, batch)
+            casts += planned_cast_bytes(g, fmts, arithmetic, batch)
         for fmt, flops, nbytes in passes:
             seconds = pass_seconds(flops, nbytes, fmt, gpu)
             gemm += seconds
@@ -435,19 +439,19 @@ def _micro_batch(acc: Accounting, recipe: Recipe, gpu: GPU, batch: int) -> dict[
     }
 
 
-def predict(acc: Accounting, recipe: Recipe, gpu: GPU, step: Step) -> Prediction:
+def predict(acc: Accounting, arithmetic: Arithmetic, gpu: GPU, step: Step) -> Prediction:
     """The roofline of one optimizer step (see module doc) of ``acc`` (accounted under
-    ``recipe.autocast``) in ``recipe`` on ``gpu``. ValueError when the GPU lacks a format."""
-    micro = _micro_batch(acc, recipe, gpu, step.batch)
-    passes = step.optimizer_passes + (UNSCALE_PASSES if recipe.loss_scaling else 0)
-    optimizer_s = acc.parameters * recipe.param_bytes * passes / gpu.bandwidth_bytes_s
+    ``arithmetic.autocast``) in ``arithmetic`` on ``gpu``. ValueError when the GPU lacks a format."""
+    micro = _micro_batch(acc, arithmetic, gpu, step.batch)
+    passes = step.optimizer_passes + (UNSCALE_PASSES if arithmetic.loss_scaling else 0)
+    optimizer_s = acc.parameters * arithmetic.param_bytes * passes / gpu.bandwidth_bytes_s
     k = step.micro_batches
     step_s = k * (micro["gemm"] + micro["casts"] + micro["elementwise"]) + optimizer_s
     samples = step.batch * k
-    by_format = {f: v * samples for f, v in model_flops_by_format(acc, recipe).items()}
+    by_format = {f: v * samples for f, v in model_flops_by_format(acc, arithmetic).items()}
     model_flops = sum(by_format.values())
     return Prediction(
-        precision=recipe.precision,
+        precision=arithmetic.precision,
         gpu=gpu.key,
         batch=samples,
         step_time_s=step_s,

@@ -36,17 +36,17 @@ from mptrain.models.build import build_model
 from mptrain.perf.gemms import SAMPLES, Accounting, account
 from mptrain.perf.gpus import GPU, mixed_peak_flops
 from mptrain.perf.roofline import (
+    Arithmetic,
     Prediction,
-    Recipe,
     Step,
+    arithmetic_for,
     model_flops_by_format,
     optimizer_passes,
     predict,
-    recipe_for,
 )
 from mptrain.precision.formats import layer_format
 from mptrain.precision.gemm_plans import format_name, requested
-from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.block_quant import BlockQuantization
 from mptrain.precision.quant.convert import choose_layers, layer_rules
 from mptrain.precision.quant.linear import GEMMS
 from mptrain.precision.selection import LayerChoice, choose, skip_summary
@@ -128,8 +128,8 @@ def converted_layer_names(model: nn.Module, cfg: RunConfig, fmt: str) -> list[st
 def _block_choices(model: nn.Module, cfg: RunConfig, fmt: str) -> list[LayerChoice]:
     """The layer choice of a block-scaled format: the rules apply_quantized applies at run time."""
     _, include, exclude, keep_first_last, min_features, tail = _choice_key(cfg, fmt)
-    recipe = BlockRecipe(fmt, keep_last_fraction=tail, min_features=min_features)
-    return choose(model, layer_rules(recipe, list(include), list(exclude), keep_first_last))
+    arithmetic = BlockQuantization(fmt, keep_last_fraction=tail, min_features=min_features)
+    return choose(model, layer_rules(arithmetic, list(include), list(exclude), keep_first_last))
 
 
 def run_step(cfg: RunConfig, shape: DataShape) -> Step:
@@ -200,21 +200,21 @@ class Accountant:
         self._layers: dict[tuple, list[str]] = {}
         self.given = None if layers is None else list(layers)
 
-    def recipe(
+    def arithmetic(
         self, precision: str, granularity: str | None = None, cfg: RunConfig | None = None
-    ) -> Recipe:
-        """``precision``'s recipe under ``cfg`` (default: the accountant's; the same model): FP8
+    ) -> Arithmetic:
+        """``precision``'s arithmetic under ``cfg`` (default: the accountant's; the same model): FP8
         scaled per ``granularity`` (default: the config's), the Linears its layer keys convert,
         their GEMMs in the formats its ``precision.gemms`` plan gives them."""
         cfg = cfg or self.cfg
         scales = granularity or cfg.fp8.granularity
         fmt = layer_format(precision, scales)
         if fmt is None:
-            return recipe_for(precision, (), scales)
+            return arithmetic_for(precision, (), scales)
         layers = self.layers(cfg, fmt)
         plan = gemm_plan(cfg, fmt)
         planned = planned_layers(cfg, layers) if plan is not None else ()
-        return recipe_for(precision, layers, scales, cfg.nvfp4.weight_tiles, plan, planned)
+        return arithmetic_for(precision, layers, scales, cfg.nvfp4.weight_tiles, plan, planned)
 
     def layers(self, cfg: RunConfig, fmt: str) -> list[str]:
         """The Linears converted to ``fmt`` under ``cfg``'s layer keys (or those given)."""
@@ -226,11 +226,11 @@ class Accountant:
             self._layers[key] = converted_layer_names(model, cfg, fmt)
         return self._layers[key]
 
-    def accounting(self, recipe: Recipe) -> Accounting:
-        key = (recipe.autocast, recipe.param_dtype)
+    def accounting(self, arithmetic: Arithmetic) -> Accounting:
+        key = (arithmetic.autocast, arithmetic.param_dtype)
         if key not in self._done:
-            model = meta_model(self.cfg, self.shape, recipe.param_dtype)
-            self._done[key] = account(model, meta_sample(self.shape), recipe.autocast)
+            model = meta_model(self.cfg, self.shape, arithmetic.param_dtype)
+            self._done[key] = account(model, meta_sample(self.shape), arithmetic.autocast)
         return self._done[key]
 
 
@@ -248,8 +248,8 @@ def predict_configs(
     out: dict[str, Prediction | str] = {}
     for name, cfg in configs.items():
         try:
-            recipe = accountant.recipe(run_precision(cfg), cfg.fp8.granularity, cfg)
-            out[name] = predict(accountant.accounting(recipe), recipe, gpu, step)
+            arithmetic = accountant.arithmetic(run_precision(cfg), cfg.fp8.granularity, cfg)
+            out[name] = predict(accountant.accounting(arithmetic), arithmetic, gpu, step)
         except ValueError as exc:  # no FP8 layer, or a format the GPU lacks: said, not guessed
             out[name] = str(exc)
     return out
@@ -282,8 +282,8 @@ def flops_by_format(
     MXFP8 and NVFP4 Linears under their own names); ``layers``: the Linears that ran in the
     precision's low format (a run's fp8 section), else those the precision would convert."""
     accountant = Accountant(cfg, shape, layers)
-    recipe = accountant.recipe(precision)
-    return model_flops_by_format(accountant.accounting(recipe), recipe)
+    arithmetic = accountant.arithmetic(precision)
+    return model_flops_by_format(accountant.accounting(arithmetic), arithmetic)
 
 
 def mfu_of_run(

@@ -37,7 +37,7 @@ from mptrain.platform.distributed import DistContext
 from mptrain.precision.gemm_plans import check_matched, gemm_plans
 from mptrain.precision.policy import PrecisionPolicy
 from mptrain.precision.quant.block_linear import BlockGemm, BlockLinear
-from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.block_quant import BlockQuantization
 from mptrain.precision.quant.convert import (
     BlockLayers,
     Quantization,
@@ -80,14 +80,14 @@ def _require_converted(
         )
 
 
-def _recipe(policy: PrecisionPolicy, cfg: RunConfig, fsdp: bool) -> Quantization:
-    """``policy``'s quantization recipe as the build applies it: FP8's with torchao's FP8
+def _quantization(policy: PrecisionPolicy, cfg: RunConfig, fsdp: bool) -> Quantization:
+    """``policy``'s quantization as the build applies it: FP8's with torchao's FP8
     all-gather under FSDP2, a block format's seeded from the run's ``seed`` (its layers' Hadamard
     signs and stochastic-rounding generators: the same at the build and at a switch, so a resume
     finds them alike)."""
     if policy.blocks is not None:
         return replace(policy.blocks, seed=cfg.seed)
-    assert policy.fp8 is not None  # format_of: a precision with a layer format has a recipe
+    assert policy.fp8 is not None  # format_of: a precision with a layer format has a quantization
     return replace(policy.fp8, fsdp_float8_all_gather=fsdp)
 
 
@@ -97,23 +97,25 @@ def _convert(
     """The one conversion of every layer format: the eligible Linear layers, selected by the
     format's config group (fp8.*, mx.*, nvfp4.*), become its layers, with the plan of
     ``precision.gemms``."""
-    recipe = _recipe(policy, cfg, fsdp)
+    quantization = _quantization(policy, cfg, fsdp)
     key = FORMAT_TABLE[format_of(policy)].config_group
     rules = getattr(cfg, key)  # the format's settings group: its layer selection
-    blocks = isinstance(recipe, BlockRecipe)  # else FP8 per tensor or row (Float8Linear)
-    own = BlockGemm(recipe) if blocks else fp8_gemm_format(recipe)
+    blocks = isinstance(
+        quantization, BlockQuantization
+    )  # else FP8 per tensor or row (Float8Linear)
+    own = BlockGemm(quantization) if blocks else fp8_gemm_format(quantization)
     plans = gemm_plans(cfg, policy, own, _device(model))
     section = apply_quantized(
         model,
-        recipe,
+        quantization,
         _sample(data),
-        layer_rules(recipe, list(rules.include), list(rules.exclude), rules.keep_first_last),
+        layer_rules(quantization, list(rules.include), list(rules.exclude), rules.keep_first_last),
         plans=plans,
         backend="builtin" if blocks else cfg.fp8.backend,
     )
     if not blocks:
         section["compile"] = cfg.compile  # the report's model section counts graphs and breaks
-    label = recipe.row.label if blocks else FORMAT_TABLE[FP8].label
+    label = quantization.row.label if blocks else FORMAT_TABLE[FP8].label
     _require_converted(cfg, policy.name, label, section["layers"], key)
     if plans is not None:
         section.update(check_matched(plans, section["layers"]))
@@ -139,7 +141,7 @@ LAYER_FORMATS: dict[str, LayerFormat] = {
 
 def format_of(policy: PrecisionPolicy) -> str | None:
     """The key of :data:`LAYER_FORMATS` that ``policy``'s Linear layers compute in: the block
-    recipe's format (mxfp8, nvfp4, fp8_blockwise) for a block-scaled precision, else the
+    quantization's format (mxfp8, nvfp4, fp8_blockwise) for a block-scaled precision, else the
     precision's name; None for a precision of plain nn.Linear layers."""
     name = policy.blocks.format if policy.blocks is not None else policy.name
     return name if name in LAYER_FORMATS else None

@@ -1,7 +1,7 @@
-"""Per-GEMM recipes (``precision.gemms.forward``, ``.input_grad``, ``.weight_grad``): the
+"""Per-GEMM quantizations (``precision.gemms.forward``, ``.input_grad``, ``.weight_grad``): the
 :class:`~mptrain.precision.quant.linear.GemmPlan` of a run's converted Linear layers.
 
-Each key is null (the precision's own format: its recipe unchanged, bit for bit), ``bf16`` or
+Each key is null (the precision's own format: its quantization unchanged, bit for bit), ``bf16`` or
 ``fp32`` (that GEMM unquantized: :class:`~mptrain.precision.quant.linear.HighPrecisionGemm`),
 or a format of the precision's family: ``fp8`` with ``precision=fp8`` (tensorwise or rowwise, as
 ``fp8.*`` sets it), a block-scaled format (``mxfp8``, ``nvfp4``, ``fp8_blockwise``, each with its
@@ -12,7 +12,7 @@ Examples: FP8 forward and input gradient with the weight gradient in BF16 (torch
 NVFP4 forward and input gradient with an MXFP8 weight gradient
 (``precision=nvfp4 precision.gemms.weight_grad=mxfp8``). ``precision.gemms.layers`` (fnmatch
 patterns, ``[*]`` by default) limits the plan to the converted layers it names; the others keep
-the precision's own recipe (``'precision.gemms.layers=[blocks.1.mlp.fc2]'``).
+the precision's own quantization (``'precision.gemms.layers=[blocks.1.mlp.fc2]'``).
 
 Refused (ConfigError, one line naming the key): a key set for a precision without quantized Linear
 layers, a format of the other family, delayed FP8 scaling with a mixed plan (its amax history is
@@ -29,7 +29,7 @@ import torch
 from mptrain.config.base import ConfigError
 from mptrain.config.format_table import BF16, BLOCK_FORMATS, FP8, FP8_BLOCKWISE, FP32
 from mptrain.config.run import RunConfig
-from mptrain.precision.policy import PrecisionPolicy, block_recipe
+from mptrain.precision.policy import PrecisionPolicy, block_quantization
 from mptrain.precision.quant.block_linear import BlockGemm
 from mptrain.precision.quant.fp8_linear import fp8_gemm_format
 from mptrain.precision.quant.linear import (
@@ -44,7 +44,7 @@ HIGH_PRECISION = {FP32: torch.float32, BF16: torch.bfloat16}
 
 
 def requested(cfg: RunConfig) -> dict[str, str]:
-    """The GEMMs ``precision.gemms`` sets, by GEMM name (empty: the precision's own recipe)."""
+    """The GEMMs ``precision.gemms`` sets, by GEMM name (empty: the precision's own quantization)."""
     gemms = cfg.precision.gemms
     return {g: getattr(gemms, g) for g in GEMMS if getattr(gemms, g) is not None}
 
@@ -74,7 +74,7 @@ def gemm_plans(
         return None
     if cfg.fp8.backend == "torchao" and policy.fp8 is not None:
         raise ConfigError(
-            "precision.gemms: not with fp8.backend=torchao (its Float8Linear has one recipe for "
+            "precision.gemms: not with fp8.backend=torchao (its Float8Linear has one quantization for "
             "all three GEMMs); use fp8.backend=builtin"
         )
     formats = {
@@ -137,7 +137,7 @@ def check_switched_gemms(
 
 def _own_name(own: GemmFormat) -> str:
     """The table's name of the precision's own GEMM format."""
-    return own.recipe.format if isinstance(own, BlockGemm) else FP8
+    return own.quantization.format if isinstance(own, BlockGemm) else FP8
 
 
 def format_name(cfg: RunConfig, gemm: str, value: str, own: str) -> str:
@@ -169,6 +169,6 @@ def _format(
         return own
     fp8 = replace(cfg.fp8, granularity="blockwise")  # fp8_blockwise's own settings group
     name = FP8 if value == FP8_BLOCKWISE else value
-    recipe, _ = block_recipe(name, device, fp8, cfg.mx, cfg.nvfp4)
-    assert recipe is not None  # every block format has a recipe
-    return BlockGemm(replace(recipe, seed=cfg.seed))
+    quantization, _ = block_quantization(name, device, fp8, cfg.mx, cfg.nvfp4)
+    assert quantization is not None  # every block format has a quantization
+    return BlockGemm(replace(quantization, seed=cfg.seed))

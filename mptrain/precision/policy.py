@@ -39,8 +39,8 @@ from mptrain.config.precision import (
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext, build_scaler_for
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.quant.block_recipe import BlockRecipe
-from mptrain.precision.quant.fp8 import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Recipe
+from mptrain.precision.quant.block_quant import BlockQuantization
+from mptrain.precision.quant.fp8 import E4M3, E5M2, MIN_FP8_CAPABILITY, FP8Quantization
 from mptrain.precision.quant.kernels import block_gemm_available, fp8_gemm_available
 
 
@@ -88,9 +88,9 @@ class PrecisionPolicy:
     device_type: str
     reason: str  # why this precision: the user's choice, or how auto decided
     notes: tuple[str, ...] = ()
-    fp8: FP8Recipe | None = None  # set for precision=fp8
+    fp8: FP8Quantization | None = None  # set for precision=fp8
     # set for precision=mxfp8, nvfp4 and fp8 with fp8.granularity=blockwise (mptrain.precision.quant)
-    blocks: BlockRecipe | None = None
+    blocks: BlockQuantization | None = None
     param_dtype: torch.dtype = torch.float32  # float32 = master weights; else "pure" training
     # precision=auto timed on the model (mptrain.train.autoprecision): s/step per candidate, ...
     auto_timing: dict[str, Any] | None = field(default=None, compare=False)
@@ -103,8 +103,8 @@ class PrecisionPolicy:
     def emulated(self) -> bool:
         """True when FP8 or block-scaled numerics run without their hardware GEMMs (no speed-up
         to compare)."""
-        recipe = self.blocks or self.fp8
-        return recipe is not None and not recipe.real_gemm
+        quantization = self.blocks or self.fp8
+        return quantization is not None and not quantization.real_gemm
 
     @property
     def label(self) -> str:
@@ -176,14 +176,14 @@ def _device_words(device: torch.device) -> str:
     return f"GPU compute capability {major}.{minor}"
 
 
-def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[str, ...]]:
-    """The FP8 recipe for ``device``: real GEMMs where possible, emulation only where allowed.
+def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Quantization, tuple[str, ...]]:
+    """The FP8 quantization for ``device``: real GEMMs where possible, emulation only where allowed.
     Blockwise FP8 (``fp8.granularity=blockwise``): :func:`resolve_blocks`'s rules."""
     if cfg.granularity == "blockwise":
         blocks, notes = resolve_blocks(
             FP8_BLOCKWISE, cfg.emulate, device, blockwise_grad_dtype(cfg)
         )
-        return _fp8_recipe(cfg, blocks.real_gemm), notes
+        return _fp8_quantization(cfg, blocks.real_gemm), notes
     available = fp8_gemm_available(device)
     required = ".".join(map(str, MIN_FP8_CAPABILITY))
     if cfg.emulate is False and not available:
@@ -199,7 +199,7 @@ def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[
             )
         _check_torchao(available, device, required)
     real = available and cfg.emulate is not True
-    recipe = _fp8_recipe(cfg, real)
+    quantization = _fp8_quantization(cfg, real)
     notes = ()
     if not real:
         why = "fp8.emulate=true" if cfg.emulate else f"no FP8 GEMMs on {_device_words(device)}"
@@ -207,11 +207,11 @@ def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Recipe, tuple[
             f"fp8 (emulated): {why}; FP8 numerics with FP32 matmuls, no speed-up, "
             "throughput not comparable",
         )
-    return recipe, notes
+    return quantization, notes
 
 
-def _fp8_recipe(cfg: FP8Config, real: bool) -> FP8Recipe:
-    return FP8Recipe(
+def _fp8_quantization(cfg: FP8Config, real: bool) -> FP8Quantization:
+    return FP8Quantization(
         forward_dtype=E4M3,
         backward_dtype=E5M2 if cfg.format == "hybrid" else E4M3,
         scaling=cfg.scaling,
@@ -235,11 +235,11 @@ def resolve_blocks(
     emulate: bool | None,
     device: torch.device,
     grad_dtype: torch.dtype = E4M3,
-) -> tuple[BlockRecipe, tuple[str, ...]]:
+) -> tuple[BlockQuantization, tuple[str, ...]]:
     """Real or emulated GEMMs for the block-scaled format ``fmt`` on ``device`` (the settings
-    come with :func:`block_recipe`; ``grad_dtype``: the gradients' elements, which blockwise
+    come with :func:`block_quantization`; ``grad_dtype``: the gradients' elements, which blockwise
     FP8's real GEMM restricts to E4M3): real where the device has them unless ``<key>.emulate``
-    is true, the choice recorded in the recipe (``real_gemm``: the report's ``gemm`` and
+    is true, the choice recorded in the quantization (``real_gemm``: the report's ``gemm`` and
     ``emulated``, the label) and, when emulated, in a note with the reason;
     ``<key>.emulate=false`` without them raises ConfigError with the reason (``key``: the
     format's config group)."""
@@ -259,19 +259,19 @@ def resolve_blocks(
             f"{row.label} (emulated): {why}; block-scaled numerics with FP32 matmuls, "
             "no speed-up, throughput not comparable",
         )
-    return BlockRecipe(fmt, real_gemm=real), notes
+    return BlockQuantization(fmt, real_gemm=real), notes
 
 
-def block_recipe(
+def block_quantization(
     name: str, device: torch.device, fp8: FP8Config, mx: MXConfig, nvfp4: NVFP4Config
-) -> tuple[BlockRecipe | None, tuple[str, ...]]:
-    """The block-scaled recipe of precision ``name`` (mxfp8, nvfp4, fp8 with
+) -> tuple[BlockQuantization | None, tuple[str, ...]]:
+    """The block-scaled quantization of precision ``name`` (mxfp8, nvfp4, fp8 with
     ``fp8.granularity=blockwise``; None for the others) with the notes of its GEMM choice."""
     if name == MXFP8:
-        recipe, notes = resolve_blocks(MXFP8, mx.emulate, device)
+        quantization, notes = resolve_blocks(MXFP8, mx.emulate, device)
         settings = {"scale_rounding": mx.scale_rounding, "min_features": mx.min_features}
     elif name == NVFP4:
-        recipe, notes = resolve_blocks(NVFP4, nvfp4.emulate, device)
+        quantization, notes = resolve_blocks(NVFP4, nvfp4.emulate, device)
         settings = {
             "weight_tiles": nvfp4.weight_tiles,
             "hadamard": nvfp4.hadamard,
@@ -281,14 +281,14 @@ def block_recipe(
         }
     elif name == FP8 and fp8.granularity == "blockwise":
         grad_dtype = blockwise_grad_dtype(fp8)
-        recipe, notes = resolve_blocks(FP8_BLOCKWISE, fp8.emulate, device, grad_dtype)
+        quantization, notes = resolve_blocks(FP8_BLOCKWISE, fp8.emulate, device, grad_dtype)
         settings = {
             "grad_dtype": grad_dtype,
             "min_features": fp8.min_features,
         }
     else:
         return None, ()
-    return replace(recipe, **settings), notes
+    return replace(quantization, **settings), notes
 
 
 def _check_torchao(available: bool, device: torch.device, required: str) -> None:
@@ -319,12 +319,14 @@ def resolve_precision(
         name, reason = cfg.name, "requested"
     spec = PRECISIONS[name]
     notes = _check_family(spec.family, name, device)
-    recipe = None
+    quantization = None
     fp8 = fp8 or FP8Config()
     if name == "fp8":
-        recipe, fp8_notes = resolve_fp8(fp8, device)
+        quantization, fp8_notes = resolve_fp8(fp8, device)
         notes += fp8_notes
-    blocks, block_notes = block_recipe(name, device, fp8, mx or MXConfig(), nvfp4 or NVFP4Config())
+    blocks, block_notes = block_quantization(
+        name, device, fp8, mx or MXConfig(), nvfp4 or NVFP4Config()
+    )
     if blocks is not None:
         notes = notes if name == "fp8" else notes + block_notes
     if spec.autocast_dtype == torch.float16 and not spec.loss_scaling:
@@ -344,7 +346,7 @@ def resolve_precision(
         device_type=device.type,
         reason=reason,
         notes=notes,
-        fp8=recipe,
+        fp8=quantization,
         blocks=blocks,
         param_dtype=spec.param_dtype,
     )

@@ -98,7 +98,7 @@ def tail_reasons(
     """The Linear layers (by name) that ``rules.keep_last_fraction`` keeps, with the reason;
     empty when the fraction is 0 or ``include`` names layers.
 
-    NVIDIA's NVFP4 recipe keeps the last ~15 % of the network's blocks in BF16 (arXiv
+    NVIDIA's NVFP4 quantization keeps the last ~15 % of the network's blocks in BF16 (arXiv
     2509.25149): the fraction counts the blocks of :func:`block_list`, rounded up
     (:func:`tail_start`: a fraction > 0 keeps at least one block), and every Linear inside
     them or registered after the last block (the output head) is kept. Without a block list the

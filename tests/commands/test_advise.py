@@ -19,7 +19,7 @@ from support.processes import describe, run_mptrain
 from support.runs import LM, run_cli, tiny_run
 
 from mptrain.commands import bench
-from mptrain.commands.advise import measure, recipes, run, trials
+from mptrain.commands.advise import choices, measure, run, trials
 from mptrain.commands.advise import report as advise_report
 from mptrain.commands.advise.decide import (
     Context,
@@ -283,10 +283,10 @@ def test_a_recipe_the_users_keys_rule_out_is_skipped_in_their_words():
 
 
 def test_every_recipe_names_hardware_advise_can_check():
-    for r in recipes.LOW_PRECISION:
+    for r in choices.LOW_PRECISION:
         assert r.needs in measure.HARDWARE, r
-    assert set(recipes.SIMPLICITY) == set(recipes.RECIPES)
-    names = [b for b in recipes.BASE] + list(recipes.LOW_PRECISION)
+    assert set(choices.SIMPLICITY) == set(choices.CHOICES)
+    names = [b for b in choices.BASE] + list(choices.LOW_PRECISION)
     assert len({r.name for r in names}) == len(names)
 
 

@@ -17,12 +17,12 @@ from rich.console import Console
 from support.processes import describe, run_mptrain
 from support.runs import compose_run, run_cli, tiny_run
 
-from mptrain.commands.advise import concise, layers, measure, plan, recipes, report, run, trials
+from mptrain.commands.advise import choices, concise, layers, measure, plan, report, run, trials
 from mptrain.commands.advise.sensitivity import measure_sensitivity
 from mptrain.platform import hardware
 
 REFUSED = "no Linear layer of model=cnn can run in"
-LOW = [r.name for r in recipes.LOW_PRECISION]  # fp8 … nvfp4: seven recipes
+LOW = [r.name for r in choices.LOW_PRECISION]  # fp8 … nvfp4: seven recipes
 
 
 def advice_of(cfg, found_plan=None):
@@ -173,9 +173,9 @@ def test_the_console_summarises_a_long_per_layer_plan(many_module, capsys):
     """The one-batch sensitivity of 14 layers, measured; kept: the first 8 ranked, as a verified
     plan would keep them."""
     cfg = tiny_run(*MODEL, "precision=fp32")
-    fp8 = recipes.recipe("fp8")
+    fp8 = choices.choice("fp8")
     found = {**layers.new_plan(), "precision": "fp8", "label": fp8.label}
-    fp8_cfg = recipes.apply(cfg, fp8)
+    fp8_cfg = choices.apply(cfg, fp8)
     measure_sensitivity(cfg, fp8_cfg, found, deadline=float("inf"))
     ranking = found["ranking"]
     assert len(ranking) == 14
@@ -235,7 +235,7 @@ def test_advise_prints_a_plan_of_many_layers_in_brief_and_writes_it_whole(many_m
     """In this process, without the speed part and with fp8 tensorwise alone among the
     low-precision recipes (as test_advise_plan's fragile runs): the budget goes to the plan."""
     monkeypatch.setattr(measure, "run_speed", lambda *args: None)
-    monkeypatch.setattr(recipes, "LOW_PRECISION", (recipes.recipe("fp8"),))
+    monkeypatch.setattr(choices, "LOW_PRECISION", (choices.choice("fp8"),))
     steps = ("advise.fidelity_steps=12", "optimizer.lr=0.005", "advise.budget_s=60")
     args = ["advise", *MODEL, "device=cpu", *steps, "advise.seeds=1", "hydra.run.dir=out"]
     printed = []  # what advise prints: run_cli's own stdout is not the test's to read

@@ -15,7 +15,7 @@ from scipy import stats
 from support.processes import describe, run_mptrain
 from support.runs import tiny_run
 
-from mptrain.commands.advise import recipes, seeds, trials
+from mptrain.commands.advise import choices, seeds, trials
 from mptrain.commands.advise.confidence import (
     EQUIVALENT,
     NOT_EQUIVALENT,
@@ -209,7 +209,7 @@ base_cfg = functools.cache(tiny_run)  # composing takes a few tenths of a second
 def candidate(name: str, step_s: float = 0.01, loss: float = 1.0) -> Candidate:
     """``name``, its pilot and fidelity run (seed 0) measured: 10 steps of ``step_s``."""
     trial = trials.Trial(name, 10, [loss] * 10, 0, None, step_time_s=step_s, wall_s=10 * step_s)
-    c = Candidate(name, recipes.apply(base_cfg(), recipes.recipe(name)), timed=True)
+    c = Candidate(name, choices.apply(base_cfg(), choices.choice(name)), timed=True)
     c.pilot = c.fidelity = trial
     return c
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from support.runs import LM, compose_run, run_cli, tiny_run
 
-from mptrain.commands.advise import layers, measure, plan, recipes, sensitivity, trials
+from mptrain.commands.advise import choices, layers, measure, plan, sensitivity, trials
 from mptrain.commands.advise.measure import Candidate
 from mptrain.config.base import ConfigError
 from mptrain.config.commands import ADVISE_PLAN_RECIPES, AdviseConfig, plan_choice, validate_advise
@@ -121,14 +121,14 @@ def test_every_low_precision_recipe_has_the_exclude_key_its_build_reads():
     from mptrain.precision.selection import LayerRules, choose  # the selection every format uses
 
     model = torch.nn.Sequential(*(torch.nn.Linear(128, 128) for _ in range(3)))
-    for r in recipes.LOW_PRECISION:
+    for r in choices.LOW_PRECISION:
         key = plan.exclude_key(r.name)
-        cfg = layers.with_kept(recipes.apply(tiny_run(), r), ["1"], key)
+        cfg = layers.with_kept(choices.apply(tiny_run(), r), ["1"], key)
         rules = LayerRules(key=key, exclude=tuple(getattr(cfg, key).exclude))
         assert [c.reason for c in choose(model, rules)][
             1
         ] == f"excluded by {key}.exclude pattern '1'"
-    assert {plan.exclude_key(r.name) for r in recipes.LOW_PRECISION} == {"fp8", "mx", "nvfp4"}
+    assert {plan.exclude_key(r.name) for r in choices.LOW_PRECISION} == {"fp8", "mx", "nvfp4"}
 
 
 @pytest.mark.parametrize(
@@ -163,7 +163,7 @@ def test_the_ready_command_replaces_the_users_exclude_with_the_whole_list(precis
     assert found["command"] == command
     nothing = {"precision": precision, "kept": [], "exclude_base": ["head"]}
     plan.add_command(nothing, overrides)
-    assert nothing["command"] == recipes.command_for(overrides, precision)
+    assert nothing["command"] == choices.command_for(overrides, precision)
     unverified = {"precision": precision, "kept": None}
     plan.add_command(unverified, overrides)
     assert "command" not in unverified
@@ -192,7 +192,7 @@ def option(name: str, fidelity: bool = True, timed: bool = False, step_s: float 
     ids=["none", "emulated", "hardware", "fastest", "verifiable", "unverifiable"],
 )
 def test_the_plan_is_for_the_recipe_advise_is_likeliest_to_recommend(options, chosen):
-    assert plan.planned_recipe(options) == chosen
+    assert plan.planned_choice(options) == chosen
 
 
 def test_sqnr():
@@ -213,8 +213,8 @@ def candidates(fp8_losses: list[float], name: str = "fp8") -> tuple[Candidate, C
     cfg = tiny_run("advise.fidelity_steps=4")
     fp32 = Candidate("fp32", cfg, timed=False)
     fp32.pilot = fp32.fidelity = trial([2.0, 1.5, 1.0, 0.8])
-    r = recipes.recipe(name)
-    fp8 = Candidate(name, recipes.apply(cfg, r), timed=False, emulated=True, recipe=r)
+    r = choices.choice(name)
+    fp8 = Candidate(name, choices.apply(cfg, r), timed=False, emulated=True, choice=r)
     fp8.pilot = fp8.fidelity = trial(fp8_losses)
     return fp32, fp8
 
@@ -225,7 +225,7 @@ def ranked(order: list[str], prefix_nsr: list[float], name: str = "fp8") -> dict
     return {
         **layers.new_plan(),
         "precision": name,
-        "label": recipes.recipe(name).label,
+        "label": choices.choice(name).label,
         "ranking": order,
         "prefixes": [{"grad_sqnr_db": db(x), "loss_rel": 0.0} for x in prefix_nsr],
     }
@@ -360,7 +360,7 @@ def test_advise_plan_refuses_an_unknown_recipe_naming_the_accepted():
 
 
 def test_the_recipes_advise_plan_names_are_advise_s_low_precision_recipes():
-    assert tuple(r.name for r in recipes.LOW_PRECISION) == ADVISE_PLAN_RECIPES
+    assert tuple(r.name for r in choices.LOW_PRECISION) == ADVISE_PLAN_RECIPES
 
 
 def test_a_block_format_keeps_its_layers_by_its_own_key_and_states_their_speed(monkeypatch):
@@ -481,7 +481,7 @@ def test_one_batch_ranks_the_fragile_layer_first(fragile_module, name):
     """In each format's own layers (Float8Linear, BlockLinear): MXFP8's and NVFP4's blocks hold
     the spike too, and every other channel of its block flushes to zero."""
     cfg = tiny_run("model=custom", "model._target_=fragile_net.FragileNet", "precision=fp32")
-    fp8_cfg = recipes.apply(cfg, recipes.recipe(name))
+    fp8_cfg = choices.apply(cfg, choices.choice(name))
     found = layers.new_plan()
 
     sensitivity.measure_sensitivity(cfg, fp8_cfg, found, deadline=math.inf)
@@ -534,7 +534,7 @@ def test_advise_keeps_the_fragile_layer_in_high_precision(
     monkeypatch.setattr(measure, "run_speed", lambda *args: None)
     # the plan's recipe alone (on a CPU every low-precision recipe is emulated: the plan takes the
     # first measured): the others' runs and the seeds would only spend the budget the plan follows
-    monkeypatch.setattr(recipes, "LOW_PRECISION", (recipes.recipe(recipe),))
+    monkeypatch.setattr(choices, "LOW_PRECISION", (choices.choice(recipe),))
     steps = ("advise.fidelity_steps=30", "optimizer.lr=0.005")  # FP32 learns: FP8 all-layers not
     args = ["advise", "model=custom", *model, *steps, "advise.seeds=1", "hydra.run.dir=out"]
     outcome = run_cli(args, fragile_module, monkeypatch, jobs=True)
@@ -566,6 +566,6 @@ def test_advise_keeps_the_fragile_layer_in_high_precision(
     assert per_gemm["command"].endswith("'precision.gemms.layers=[fragile]'")
     assert "**Or keep only the " in markdown
     assert "**Keep 1 of 3 eligible layers in high precision: fragile**" in markdown
-    label = recipes.recipe(recipe).label
+    label = choices.choice(recipe).label
     assert markdown.index(f"## {label}: layers kept") < markdown.index("## Evidence")
     assert (out / "advise_layers.png").stat().st_size > 10_000

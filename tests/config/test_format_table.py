@@ -25,7 +25,7 @@ from mptrain.config.run import RunConfig
 from mptrain.perf import gpus, roofline
 from mptrain.precision import formats
 from mptrain.precision.policy import PRECISIONS
-from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.block_quant import BlockQuantization
 from mptrain.precision.quant.blockwise import BLOCKWISE_BLOCK
 from mptrain.precision.quant.mx import MX_BLOCK
 from mptrain.precision.quant.nvfp4 import NVFP4_BLOCK
@@ -82,7 +82,7 @@ def test_the_readers_take_the_tables_facts():
     assert (BLOCKWISE_BLOCK, MX_BLOCK, NVFP4_BLOCK) == (128, 32, 16)
     assert [FORMAT_TABLE[f].block for f in BLOCK_FORMATS] == [128, 32, 16]
     for fmt in BLOCK_FORMATS:
-        described = BlockRecipe(fmt).describe()
+        described = BlockQuantization(fmt).describe()
         assert {op["scale"] for op in described["operands"].values()} == {FORMAT_TABLE[fmt].scale}
         assert fmt in formats.LAYER_FORMATS
         assert roofline.SCALE_BYTES[fmt] == FORMAT_TABLE[fmt].scale_bytes

@@ -25,12 +25,12 @@ from mptrain.perf import gpus
 from mptrain.perf.gemms import Gemm, account
 from mptrain.perf.roofline import (
     Step,
+    arithmetic_for,
     cast_bytes,
     gemm_passes,
     model_flops_by_format,
     pass_seconds,
     predict,
-    recipe_for,
 )
 from mptrain.platform import hardware
 from mptrain.precision.quant.convert import choose_layers
@@ -180,13 +180,13 @@ def test_fp8_quantization_traffic_by_hand():
     g = linear_gemm(1024, 4096, 4096, a_grad=True, a_bytes=2)  # a BF16 input, an FP32 weight
     casts = x * (2 * 2 + 1) + w * (2 * 4 + 1) + dy * (2 * 2 + 1)  # amax read, read, 1-byte write
     grad_to_fp32 = w * (2 + 4)  # dW written in BF16, added into the FP32 gradient
-    tensorwise = recipe_for("fp8", ["fc"])
+    tensorwise = arithmetic_for("fp8", ["fc"])
     assert cast_bytes(g, "fp8", tensorwise, 1) == casts + 2 * (x + w + dy) + grad_to_fp32
-    rowwise = recipe_for("fp8", ["fc"], "rowwise")
+    rowwise = arithmetic_for("fp8", ["fc"], "rowwise")
     assert cast_bytes(g, "fp8", rowwise, 1) == 2 * casts + grad_to_fp32
     # BF16 autocast: the FP32 weight cast down and its gradient cast back up; the input is BF16.
-    assert cast_bytes(g, "bf16", recipe_for("bf16"), 1) == 2 * w * (4 + 2)
-    assert cast_bytes(g, "fp32", recipe_for("fp32"), 1) == 0
+    assert cast_bytes(g, "bf16", arithmetic_for("bf16"), 1) == 2 * w * (4 + 2)
+    assert cast_bytes(g, "fp32", arithmetic_for("fp32"), 1) == 0
 
 
 def test_one_linears_step_time_by_hand():
@@ -194,7 +194,7 @@ def test_one_linears_step_time_by_hand():
     times, three passes over the weights."""
     rows, k, n, batch = 512, 1024, 1024, 4
     acc = account(nn.Linear(k, n, bias=False).to("meta"), meta(2, rows, k))
-    step = predict(acc, recipe_for("fp32"), H100, Step(batch, optimizer_passes=3))
+    step = predict(acc, arithmetic_for("fp32"), H100, Step(batch, optimizer_passes=3))
     flops = 2 * batch * rows * k * n
     a, w, c = batch * rows * k, k * n, batch * rows * n
     forward = max(flops / FP32_PEAK, 4 * (a + w + c) / BANDWIDTH)
@@ -226,7 +226,7 @@ def test_fp8_layer_choice_sets_the_mix():
     chosen = [c.name for c in choose_layers(model, [], [], keep_first_last=True) if c.converted]
     assert chosen == ["1"]
     acc = account(model, meta(2, 64), torch.bfloat16)
-    by_format = model_flops_by_format(acc, recipe_for("fp8", chosen))
+    by_format = model_flops_by_format(acc, arithmetic_for("fp8", chosen))
     each = 3 * 2 * 64 * 64
     assert by_format == {"bf16": 2 * each, "fp8": each}
     assert gpus.mixed_peak_flops(by_format, H100) == pytest.approx(
@@ -235,18 +235,24 @@ def test_fp8_layer_choice_sets_the_mix():
 
 
 def test_recipes_come_from_the_precision_table():
-    assert recipe_for("tf32").gemm_format == "tf32"
-    assert (recipe_for("bf16").gemm_format, recipe_for("bf16").param_bytes) == ("bf16", 4)
-    assert (recipe_for("bf16_pure").gemm_format, recipe_for("bf16_pure").param_bytes) == ("bf16", 2)
-    assert recipe_for("fp16").loss_scaling and not recipe_for("fp16_noscale").loss_scaling
-    assert recipe_for("bf16", ["fc"]).layers == frozenset()  # only fp8, mxfp8, nvfp4 convert
-    blockwise = recipe_for("fp8", ["fc"], "blockwise")
+    assert arithmetic_for("tf32").gemm_format == "tf32"
+    assert (arithmetic_for("bf16").gemm_format, arithmetic_for("bf16").param_bytes) == ("bf16", 4)
+    assert (arithmetic_for("bf16_pure").gemm_format, arithmetic_for("bf16_pure").param_bytes) == (
+        "bf16",
+        2,
+    )
+    assert arithmetic_for("fp16").loss_scaling and not arithmetic_for("fp16_noscale").loss_scaling
+    assert arithmetic_for("bf16", ["fc"]).layers == frozenset()  # only fp8, mxfp8, nvfp4 convert
+    blockwise = arithmetic_for("fp8", ["fc"], "blockwise")
     assert (blockwise.layer_format, blockwise.tiled_weight, blockwise.rowwise) == (
         "fp8_blockwise", True, False)  # fmt: skip
-    assert recipe_for("nvfp4", ["fc"]).tiled_weight and not recipe_for("mxfp8", ["fc"]).tiled_weight
-    assert not recipe_for("nvfp4", ["fc"], weight_tiles=False).tiled_weight
+    assert (
+        arithmetic_for("nvfp4", ["fc"]).tiled_weight
+        and not arithmetic_for("mxfp8", ["fc"]).tiled_weight
+    )
+    assert not arithmetic_for("nvfp4", ["fc"], weight_tiles=False).tiled_weight
     with pytest.raises(ValueError, match="precision 'int8': one of tf32, fp32"):
-        recipe_for("int8")
+        arithmetic_for("int8")
 
 
 # ------------------------------------------------------------------------------ advise
@@ -268,9 +274,9 @@ def test_advise_predicts_each_candidate_labelled_and_says_why_not():
     prediction = advice_for("advise.target=h100")
     assert prediction["gpu"]["key"] == "h100-sxm" and prediction["same_device"] is False
     rows = prediction["rows"]
-    recipes = ["fp8", "fp8-rowwise", "fp8-delayed", "fp8-pow2"]
+    arithmetics = ["fp8", "fp8-rowwise", "fp8-delayed", "fp8-pow2"]
     blocks = ["fp8-blockwise", "mxfp8", "nvfp4"]
-    assert list(rows) == ["fp32", "bf16", "fp16", *recipes, *blocks, "tf32"]  # CPU's, then TF32
+    assert list(rows) == ["fp32", "bf16", "fp16", *arithmetics, *blocks, "tf32"]  # CPU's, then TF32
     # Blockwise FP8 runs on Hopper; MX and NVFP4 need Blackwell's tensor cores: said, not guessed.
     assert rows["fp8-blockwise"]["flops_by_format"]["fp8_blockwise"] > 0
     for name in ("mxfp8", "nvfp4"):

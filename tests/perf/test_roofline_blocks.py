@@ -17,7 +17,7 @@ from torch import nn
 from mptrain.config.format_table import BLOCK_FORMATS, FORMAT_TABLE
 from mptrain.perf import gpus
 from mptrain.perf.gemms import account
-from mptrain.perf.roofline import Step, cast_bytes, gemm_passes, predict, recipe_for
+from mptrain.perf.roofline import Step, arithmetic_for, cast_bytes, gemm_passes, predict
 from mptrain.perf.speed import DataShape, flops_by_format, mfu_of_run, with_precision
 
 B200, H100 = gpus.row("b200"), gpus.row("h100")
@@ -74,13 +74,13 @@ def test_mxfp8_quantization_traffic_by_hand():
     g = linear_gemm(1024, 4096, 4096, a_grad=True, a_bytes=2)  # a BF16 input, an FP32 weight
     each = 2 * (X * (2 + 1 + 1 / 32) + W * (4 + 1 + 1 / 32) + DY * (2 + 1 + 1 / 32))
     grad_to_fp32 = W * (2 + 4)  # dW written in BF16, added into the FP32 gradient
-    assert cast_bytes(g, "mxfp8", recipe_for("mxfp8", ["fc"]), 1) == pytest.approx(
+    assert cast_bytes(g, "mxfp8", arithmetic_for("mxfp8", ["fc"]), 1) == pytest.approx(
         each + grad_to_fp32
     )
     # A Linear whose input needs no gradient: no data-gradient GEMM, W and dy quantized once.
     first = linear_gemm(1024, 4096, 4096, a_grad=False)
     once = 2 * X * (2 + 1 + 1 / 32) + W * (4 + 1 + 1 / 32) + DY * (2 + 1 + 1 / 32)
-    assert cast_bytes(first, "mxfp8", recipe_for("mxfp8", ["fc"]), 1) == pytest.approx(
+    assert cast_bytes(first, "mxfp8", arithmetic_for("mxfp8", ["fc"]), 1) == pytest.approx(
         once + grad_to_fp32
     )
 
@@ -95,9 +95,9 @@ def test_nvfp4_quantization_traffic_by_hand():
 
     act = 2 * quantize(X, 2, 1 / 16) + 2 * quantize(DY, 2, 1 / 16)
     tiled = act + quantize(W, 4, 1 / 256) + W * 6
-    assert cast_bytes(g, "nvfp4", recipe_for("nvfp4", ["fc"]), 1) == pytest.approx(tiled)
+    assert cast_bytes(g, "nvfp4", arithmetic_for("nvfp4", ["fc"]), 1) == pytest.approx(tiled)
     rows = act + 2 * quantize(W, 4, 1 / 16) + W * 6
-    untiled = recipe_for("nvfp4", ["fc"], weight_tiles=False)
+    untiled = arithmetic_for("nvfp4", ["fc"], weight_tiles=False)
     assert cast_bytes(g, "nvfp4", untiled, 1) == pytest.approx(rows)
 
 
@@ -107,8 +107,8 @@ def test_blockwise_fp8_quantization_traffic_by_hand():
     g = linear_gemm(1024, 4096, 4096, a_grad=True, a_bytes=2)
     tiles = 2 * X * (2 + 1 + 4 / 128) + 2 * DY * (2 + 1 + 4 / 128)
     blocks = W * (4 + 1 + 4 / 128**2)
-    recipe = recipe_for("fp8", ["fc"], "blockwise")
-    assert cast_bytes(g, "fp8_blockwise", recipe, 1) == pytest.approx(tiles + blocks + W * 6)
+    arithmetic = arithmetic_for("fp8", ["fc"], "blockwise")
+    assert cast_bytes(g, "fp8_blockwise", arithmetic, 1) == pytest.approx(tiles + blocks + W * 6)
 
 
 def test_the_flop_weighted_peak_takes_the_block_formats_peaks():
@@ -128,7 +128,7 @@ def test_one_nvfp4_linears_step_by_hand_is_compute_bound_at_the_fp4_rate():
     with torch.device("meta"):
         linear = nn.Linear(4096, 4096, bias=False)
     acc = account(linear, meta(2, 8192, 4096), torch.bfloat16)
-    step = predict(acc, recipe_for("nvfp4", ["(model)"]), B200, Step(1, optimizer_passes=0))
+    step = predict(acc, arithmetic_for("nvfp4", ["(model)"]), B200, Step(1, optimizer_passes=0))
     flops = 2 * 8192 * 4096 * 4096
     assert step.gemm_s == pytest.approx(2 * flops / 9000e12) and step.compute_bound_share == 1
     assert step.flops_by_format == {"nvfp4": 3 * flops}

@@ -14,9 +14,9 @@ from support.runs import run_cli, tiny_run
 from test_roofline import BANDWIDTH, BF16_PEAK, FP8_PEAK, linear_gemm, meta
 from torch import nn
 
+from mptrain.commands.advise import choices, measure
 from mptrain.commands.advise import gemms as advise_gemms
 from mptrain.commands.advise import layers as advise_layers
-from mptrain.commands.advise import measure, recipes
 from mptrain.commands.advise import plan as advise_plan
 from mptrain.commands.advise import predict as advise_predict
 from mptrain.config.format_table import BF16, FP8, FP8_BLOCKWISE, FP32, MXFP8, NVFP4
@@ -24,6 +24,7 @@ from mptrain.perf import gpus
 from mptrain.perf.gemms import account
 from mptrain.perf.roofline import (
     Step,
+    arithmetic_for,
     cast_bytes,
     gemm_formats,
     gemm_passes,
@@ -32,7 +33,6 @@ from mptrain.perf.roofline import (
     planned_cast_bytes,
     planned_passes,
     predict,
-    recipe_for,
 )
 from mptrain.perf.speed import Accountant, DataShape, predict_configs
 from mptrain.platform import hardware
@@ -54,13 +54,13 @@ def mlp(layers: int = 3) -> nn.Module:
 
 def fp8_mlp(**plan):
     """The MLP's accounting under BF16 autocast, its middle layers ("2"; the first and last kept
-    in BF16, as FP8's layer choice does) in FP8 tensorwise, with ``plan``'s recipe keys."""
+    in BF16, as FP8's layer choice does) in FP8 tensorwise, with ``plan``'s arithmetic keys."""
     acc = account(mlp(), meta(2, WIDTH), torch.bfloat16)
-    return acc, recipe_for(FP8, ["2"], **plan)
+    return acc, arithmetic_for(FP8, ["2"], **plan)
 
 
-def step_of(acc, recipe, gpu=H100):
-    return predict(acc, recipe, gpu, Step(ROWS, optimizer_passes=3))
+def step_of(acc, arithmetic, gpu=H100):
+    return predict(acc, arithmetic, gpu, Step(ROWS, optimizer_passes=3))
 
 
 # ------------------------------------------------------------------------------ the roofline
@@ -79,12 +79,14 @@ def test_per_gemm_pricing_of_a_layers_own_format_is_the_layers_pricing(fmt, gran
     """The per-GEMM pricing decomposes the whole-layer one: a plan of the layer's own format in
     all three GEMMs moves what the layer moves, pass by pass and cast by cast."""
     precision = FP8 if fmt == FP8_BLOCKWISE else fmt
-    recipe = recipe_for(precision, ["fc"], granularity, tiles)
+    arithmetic = arithmetic_for(precision, ["fc"], granularity, tiles)
     g = linear_gemm(1024, 4096, 2048, a_grad=True, a_bytes=4)  # an FP32 input (after a norm)
-    own = (recipe.layer_format,) * 3
-    assert planned_cast_bytes(g, own, recipe, 3) == cast_bytes(g, recipe.layer_format, recipe, 3)
-    whole = gemm_passes(g, recipe.layer_format, 3, recipe.tiled_weight)
-    assert planned_passes(g, own, recipe, 3) == [(recipe.layer_format, *p) for p in whole]
+    own = (arithmetic.layer_format,) * 3
+    assert planned_cast_bytes(g, own, arithmetic, 3) == cast_bytes(
+        g, arithmetic.layer_format, arithmetic, 3
+    )
+    whole = gemm_passes(g, arithmetic.layer_format, 3, arithmetic.tiled_weight)
+    assert planned_passes(g, own, arithmetic, 3) == [(arithmetic.layer_format, *p) for p in whole]
 
 
 def test_a_bf16_weight_gradient_is_priced_at_the_bf16_peak_and_drops_its_fp8_casts():
@@ -120,11 +122,11 @@ def test_a_bf16_gemm_quantizes_nothing_it_casts_the_fp32_weight_each_time():
     """All three GEMMs in BF16 through the plan: no quantization; the FP32 weight cast down for
     the forward and again for the input gradient (no autocast cache inside the layer), the
     weight gradient cast back up; an FP32 input cast down for the two GEMMs that read it."""
-    _, recipe = fp8_mlp(plan=(BF16, BF16, BF16), planned=["2"])
+    _, arithmetic = fp8_mlp(plan=(BF16, BF16, BF16), planned=["2"])
     g = linear_gemm(1024, 4096, 2048, a_grad=True, a_bytes=4)
     x, w = 1024 * 4096, 4096 * 2048
     input_casts = 2 * x * (4 + 2) + x * (2 + 4)  # down for forward and dW; dx back up to FP32
-    assert planned_cast_bytes(g, (BF16,) * 3, recipe, 1) == 3 * w * (4 + 2) + input_casts
+    assert planned_cast_bytes(g, (BF16,) * 3, arithmetic, 1) == 3 * w * (4 + 2) + input_casts
     fp32_dw = (FP8, FP8, FP32)  # an FP32 weight gradient: dy cast up, dW written in FP32
     expected = (
         x * (2 * 4 + 1) + w * (2 * 4 + 1) + x / 2 * (2 * 2 + 1)  # FP8: x, W, dy quantized once
@@ -132,18 +134,18 @@ def test_a_bf16_gemm_quantizes_nothing_it_casts_the_fp32_weight_each_time():
         + x / 2 * (2 + 4)  # dy (BF16) cast up for the FP32 weight gradient
         + x * (2 + 4)  # dx: BF16 result to the FP32 input
     )  # fmt: skip
-    assert planned_cast_bytes(g, fp32_dw, recipe, 1) == expected
+    assert planned_cast_bytes(g, fp32_dw, arithmetic, 1) == expected
 
 
 def test_an_nvfp4_layers_mxfp8_weight_gradient_runs_at_mxfp8s_peak_with_its_own_scales():
     g = linear_gemm(8192, 4096, 4096, a_grad=True, a_bytes=2)
-    recipe = recipe_for(NVFP4, ["fc"], plan=(NVFP4, NVFP4, MXFP8), planned=["fc"])
-    (f0, *_), _, (fmt, flops, nbytes) = planned_passes(g, recipe.plan, recipe, 1)
+    arithmetic = arithmetic_for(NVFP4, ["fc"], plan=(NVFP4, NVFP4, MXFP8), planned=["fc"])
+    (f0, *_), _, (fmt, flops, nbytes) = planned_passes(g, arithmetic.plan, arithmetic, 1)
     x, w, dy = 8192 * 4096, 4096 * 4096, 8192 * 4096
     assert (f0, fmt) == (NVFP4, MXFP8) and flops == 2 * 8192 * 4096 * 4096
     assert nbytes == (dy + x) * (1 + 1 / 32) + w * 2  # MXFP8 operands with E8M0 scales, BF16 dW
     assert pass_seconds(flops, nbytes, fmt, B200) == flops / MXFP8_PEAK
-    nv_fwd = planned_passes(g, recipe.plan, recipe, 1)[0]
+    nv_fwd = planned_passes(g, arithmetic.plan, arithmetic, 1)[0]
     assert pass_seconds(*nv_fwd[1:], NVFP4, B200) == flops / NVFP4_PEAK
 
     def nvfp4(elems, high, tile=False):  # amax read, read, 4-bit codes + E4M3 scales + FP32
@@ -158,17 +160,19 @@ def test_an_nvfp4_layers_mxfp8_weight_gradient_runs_at_mxfp8s_peak_with_its_own_
         + nvfp4(dy, 2) + mxfp8(dy, 2)  # dy: for the NVFP4 dx and the MXFP8 dW
         + w * (2 + 4)  # dW written in BF16, added into the FP32 gradient
     )  # fmt: skip
-    assert planned_cast_bytes(g, recipe.plan, recipe, 1) == pytest.approx(expected, rel=1e-12)
-    assert recipe_for(MXFP8, ["fc"], plan=(NVFP4, MXFP8, MXFP8), planned=["fc"]).tiled(NVFP4)
+    assert planned_cast_bytes(g, arithmetic.plan, arithmetic, 1) == pytest.approx(
+        expected, rel=1e-12
+    )
+    assert arithmetic_for(MXFP8, ["fc"], plan=(NVFP4, MXFP8, MXFP8), planned=["fc"]).tiled(NVFP4)
 
 
 def test_a_plan_for_some_layers_changes_only_those():
     """Four equal Linears, the middle two in FP8: the plan on layer "4" alone changes the step
     by what it changes layer "4" by, half what the plan on both changes."""
     acc = account(mlp(4), meta(2, WIDTH), torch.bfloat16)
-    fp8 = recipe_for(FP8, ["2", "4"])
-    both = recipe_for(FP8, ["2", "4"], plan=LIFT_WG, planned=["2", "4"])
-    one = recipe_for(FP8, ["2", "4"], plan=LIFT_WG, planned=["4"])
+    fp8 = arithmetic_for(FP8, ["2", "4"])
+    both = arithmetic_for(FP8, ["2", "4"], plan=LIFT_WG, planned=["2", "4"])
+    one = arithmetic_for(FP8, ["2", "4"], plan=LIFT_WG, planned=["4"])
     by_layer = {g.name: gemm_formats(g, one) for g in acc.gemms}
     assert by_layer == {"0": (BF16,) * 3, "2": (FP8,) * 3, "4": LIFT_WG, "6": (BF16,) * 3}
     base, all_two, only = step_of(acc, fp8), step_of(acc, both), step_of(acc, one)
@@ -176,7 +180,7 @@ def test_a_plan_for_some_layers_changes_only_those():
         whole = getattr(all_two, part) - getattr(base, part)
         assert getattr(only, part) - getattr(base, part) == pytest.approx(whole / 2, rel=1e-9)
         assert whole != 0
-    assert recipe_for(BF16, ["2"], plan=LIFT_WG, planned=["2"]).plan is None  # converts none
+    assert arithmetic_for(BF16, ["2"], plan=LIFT_WG, planned=["2"]).plan is None  # converts none
 
 
 # ------------------------------------------------------------------------------ from a config
@@ -195,10 +199,10 @@ def test_precision_gemms_plans_the_layers_it_names_and_refuses_what_a_run_refuse
         (wg, layers), (wg,), ("precision.gemms.forward=fp8", "fp8.granularity=blockwise")
     )
     accountant = Accountant(planned, BIG)
-    one = accountant.recipe(FP8, cfg=planned)
+    one = accountant.arithmetic(FP8, cfg=planned)
     assert (one.plan, one.planned, one.layers) == (LIFT_WG, {"5", "7"}, {"3", "5", "7"})
-    assert accountant.recipe(FP8, cfg=every).planned == {"3", "5", "7"}
-    blocks = accountant.recipe(FP8, cfg=blockwise)  # fp8 as fp8.* sets it: blockwise
+    assert accountant.arithmetic(FP8, cfg=every).planned == {"3", "5", "7"}
+    blocks = accountant.arithmetic(FP8, cfg=blockwise)  # fp8 as fp8.* sets it: blockwise
     assert blocks.plan == (FP8_BLOCKWISE,) * 3 and blocks.layer_format == FP8_BLOCKWISE
     none, other = configs(
         (wg, "precision.gemms.layers=[head]"), ("precision.gemms.input_grad=mxfp8",)
@@ -226,7 +230,7 @@ def test_an_all_null_plan_predicts_what_no_plan_does(precision, extra, gpu):
     plain, null = configs(extra, (*extra, *nulls), precision=precision)
     found = predict_configs({"plain": plain, "null": null}, BIG, gpu)
     assert found["null"] == found["plain"] and not isinstance(found["plain"], str)
-    assert Accountant(null, BIG).recipe(precision, cfg=null).plan is None
+    assert Accountant(null, BIG).arithmetic(precision, cfg=null).plan is None
 
 
 def test_a_plan_lifting_gemms_to_bf16_sits_between_all_fp8_and_all_bf16():
@@ -337,7 +341,7 @@ def test_advise_prints_the_per_gemm_plans_predicted_speed(fragile_module, monkey
     kept layer's lifted GEMMs in BF16, verified, and their predicted step on an H100 beside the
     all-layers FP8 one and the kept layer whole, in advise.md and advise.json."""
     monkeypatch.setattr(measure, "run_speed", lambda *args: None)
-    monkeypatch.setattr(recipes, "LOW_PRECISION", (recipes.recipe(FP8),))
+    monkeypatch.setattr(choices, "LOW_PRECISION", (choices.choice(FP8),))
     args = ["advise", "model=custom", "model._target_=fragile_net.FragileNet", "device=cpu",
             "advise.fidelity_steps=30", "optimizer.lr=0.005", "advise.seeds=1",
             "advise.target=h100", "hydra.run.dir=out"]  # fmt: skip
@@ -366,7 +370,7 @@ def test_advise_prints_the_per_gemm_plans_predicted_speed(fragile_module, monkey
 
 def test_a_candidate_skipped_on_this_cpu_is_predicted_in_its_own_precision(monkeypatch):
     """BF16 on a CPU without native BF16 is not measured, but an H100 runs it: its config is
-    the recipe's (it was the user's, precision=auto: "precision 'auto': one of tf32, ...")."""
+    the arithmetic's (it was the user's, precision=auto: "precision 'auto': one of tf32, ...")."""
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
     cfg = tiny_run("advise.target=h100")
     cands = measure.candidates(cfg, torch.device("cpu"))

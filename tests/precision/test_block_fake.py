@@ -16,18 +16,18 @@ import pytest
 import torch
 
 from mptrain.precision.quant import fake
-from mptrain.precision.quant.block_recipe import BlockRecipe, fake_quant_operand
+from mptrain.precision.quant.block_quant import BlockQuantization, fake_quant_operand
 from mptrain.precision.quant.e2m1 import E2M1
 from mptrain.precision.quant.fp8 import E4M3, E5M2
 from mptrain.precision.quant.hadamard import random_hadamard_transform, rht_signs
 from mptrain.precision.quant.mx import scale_codes, scale_factors
 
 RECIPES = {
-    "mxfp8-rceil": BlockRecipe("mxfp8"),
-    "mxfp8-floor": BlockRecipe("mxfp8", scale_rounding="floor"),
-    "nvfp4-1x16": BlockRecipe("nvfp4"),
-    "nvfp4-recipe": BlockRecipe("nvfp4", hadamard=True, stochastic_rounding=True),
-    "blockwise-hybrid": BlockRecipe("fp8_blockwise", grad_dtype=E5M2),
+    "mxfp8-rceil": BlockQuantization("mxfp8"),
+    "mxfp8-floor": BlockQuantization("mxfp8", scale_rounding="floor"),
+    "nvfp4-1x16": BlockQuantization("nvfp4"),
+    "nvfp4-recipe": BlockQuantization("nvfp4", hadamard=True, stochastic_rounding=True),
+    "blockwise-hybrid": BlockQuantization("fp8_blockwise", grad_dtype=E5M2),
 }
 
 

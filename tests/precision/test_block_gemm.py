@@ -38,7 +38,7 @@ from mptrain.config.precision import FP8Config, MXConfig, NVFP4Config, Precision
 from mptrain.precision import policy as policy_module
 from mptrain.precision.policy import resolve_precision
 from mptrain.precision.quant.block_linear import BlockLinear
-from mptrain.precision.quant.block_recipe import BlockRecipe, quantize_operand
+from mptrain.precision.quant.block_quant import BlockQuantization, quantize_operand
 from mptrain.precision.quant.blocked import BlockQuantized
 from mptrain.precision.quant.fp8 import E4M3, E5M2
 from mptrain.precision.quant.kernels import (
@@ -52,10 +52,10 @@ from mptrain.train import job as run_module
 
 CPU, GPU = torch.device("cpu"), torch.device("cuda")
 RECIPES = {
-    "mxfp8": BlockRecipe("mxfp8"),
-    "nvfp4": BlockRecipe("nvfp4", weight_tiles=True, hadamard=True, stochastic_rounding=True),
-    "nvfp4-1d": BlockRecipe("nvfp4"),
-    "fp8_blockwise": BlockRecipe("fp8_blockwise"),
+    "mxfp8": BlockQuantization("mxfp8"),
+    "nvfp4": BlockQuantization("nvfp4", weight_tiles=True, hadamard=True, stochastic_rounding=True),
+    "nvfp4-1d": BlockQuantization("nvfp4"),
+    "fp8_blockwise": BlockQuantization("fp8_blockwise"),
 }
 ST = F.ScalingType
 
@@ -240,7 +240,7 @@ def test_the_policy_runs_real_gemms_where_available_and_records_it(fake_gpu):
 
 
 # ------------------------------------------------------------ 3. the kernel's arguments
-def gemm_operands(recipe: BlockRecipe, tokens: int, n_in: int, n_out: int, which: str):
+def gemm_operands(recipe: BlockQuantization, tokens: int, n_in: int, n_out: int, which: str):
     """(quantized a, quantized b, emulated a, emulated b) of one of a Linear's GEMMs, quantized
     as BlockLinear quantizes them: ``out`` (x Wᵀ), ``dx`` (dy W), ``dW`` (dyᵀ x)."""
     x, w, dy = randn(tokens, n_in, seed=1), randn(n_out, n_in, seed=2), randn(tokens, n_out, seed=3)
@@ -308,13 +308,13 @@ def test_operands_the_kernel_cannot_take_are_refused():
         scaled_mm_call(a, b, torch.bfloat16, "mxfp8")  # b not transposed: blocks along N
     with pytest.raises(ValueError, match="left operand must be 2-D, in 1-D blocks along dim 1"):
         scaled_mm_call(transposed(a), transposed(b), torch.bfloat16, "mxfp8")
-    e5m2 = BlockRecipe("fp8_blockwise", grad_dtype=E5M2)
+    e5m2 = BlockQuantization("fp8_blockwise", grad_dtype=E5M2)
     g = quantize_operand(e5m2, x, 1, "grad")
     w_q = quantize_operand(e5m2, w, 1, "weight")
     with pytest.raises(ValueError, match="E4M3 operands only"):
         scaled_mm_call(g, transposed(w_q), torch.float32, "fp8_blockwise")
     with pytest.raises(TypeError, match="real GEMM takes quantized operands"):
-        block_gemm(x, w.t(), torch.float32, BlockRecipe("mxfp8", real_gemm=True))
+        block_gemm(x, w.t(), torch.float32, BlockQuantization("mxfp8", real_gemm=True))
 
 
 # ------------------------------------------ 4. BlockLinear's real path, the kernel a reference
@@ -430,8 +430,10 @@ def test_real_block_gemm_matches_the_emulated_one(name, which, out_dtype):
     tokens, n_in, n_out = (256, 512, 384) if recipe.format == "fp8_blockwise" else (200, 256, 96)
     tokens += -tokens % recipe.block_size if which == "dW" else 0
     a, b, ea, eb = gemm_operands(recipe, tokens, n_in, n_out, which)
-    real = block_gemm(on_gpu(a), on_gpu(b), out_dtype, BlockRecipe(recipe.format, real_gemm=True))
-    emulated = block_gemm(ea.to(GPU), eb.to(GPU), out_dtype, BlockRecipe(recipe.format))
+    real = block_gemm(
+        on_gpu(a), on_gpu(b), out_dtype, BlockQuantization(recipe.format, real_gemm=True)
+    )
+    emulated = block_gemm(ea.to(GPU), eb.to(GPU), out_dtype, BlockQuantization(recipe.format))
     assert real.dtype == emulated.dtype == out_dtype and real.shape == emulated.shape
     atol = 1e-3 * emulated.float().abs().max().item()
     rtol = 2**-7 if out_dtype == torch.bfloat16 else 1e-4

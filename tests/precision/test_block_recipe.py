@@ -19,7 +19,7 @@ from torchvision.models import VisionTransformer, resnet18
 from mptrain.config.models import MLPConfig
 from mptrain.models.builtin import build_mlp
 from mptrain.models.gpt import GPT, GPTShape
-from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.block_quant import BlockQuantization
 from mptrain.precision.quant.convert import (
     BlockLayers,
     convert_linears,
@@ -30,7 +30,7 @@ from mptrain.precision.quant.convert import (
 from mptrain.precision.selection import LayerRules, block_list, choose
 from mptrain.rundir.checkpoint import load_checkpoint
 
-NVFP4 = BlockRecipe("nvfp4", weight_tiles=True, hadamard=True, stochastic_rounding=True)
+NVFP4 = BlockQuantization("nvfp4", weight_tiles=True, hadamard=True, stochastic_rounding=True)
 
 
 def gpt(layers: int) -> GPT:
@@ -134,7 +134,7 @@ def test_no_tail_without_a_fraction_or_with_include():
 
 
 def test_the_block_formats_rules_carry_the_fraction():
-    recipe = BlockRecipe("nvfp4", keep_last_fraction=0.25)
+    recipe = BlockQuantization("nvfp4", keep_last_fraction=0.25)
     reasons = {c.name: c.reason for c in choose(gpt(4), layer_rules(recipe, [], ["head"], False))}
     assert [n for n, r in reasons.items() if r != "converted"] == [
         "blocks.3.attn.qkv", "blocks.3.attn.proj", "blocks.3.mlp.fc", "blocks.3.mlp.proj", "head"

@@ -31,7 +31,11 @@ from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import resolve_precision
 from mptrain.precision.quant import e2m1, fake
 from mptrain.precision.quant.block_linear import BlockLinear
-from mptrain.precision.quant.block_recipe import BlockRecipe, fake_quant_operand, quantize_operand
+from mptrain.precision.quant.block_quant import (
+    BlockQuantization,
+    fake_quant_operand,
+    quantize_operand,
+)
 from mptrain.precision.quant.blockwise import quantize_blockwise
 from mptrain.precision.quant.convert import (
     BlockLayers,
@@ -49,9 +53,9 @@ from mptrain.train import job as run_module
 from mptrain.train.checkpointer import run_signature
 
 CPU = torch.device("cpu")
-MXFP8 = BlockRecipe("mxfp8")
-NVFP4 = BlockRecipe("nvfp4", weight_tiles=True, hadamard=True, stochastic_rounding=True)
-BLOCKWISE = BlockRecipe("fp8_blockwise", grad_dtype=E5M2)
+MXFP8 = BlockQuantization("mxfp8")
+NVFP4 = BlockQuantization("nvfp4", weight_tiles=True, hadamard=True, stochastic_rounding=True)
+BLOCKWISE = BlockQuantization("fp8_blockwise", grad_dtype=E5M2)
 
 
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -101,7 +105,7 @@ def test_block_linear_equals_torchaos_emulated_mxfp8_linear(rounding, dtype):
         scale_calculation_mode=ScaleCalculationMode(rounding),
     ).to(dtype)
     theirs.load_state_dict(linear.state_dict())
-    ours = BlockLinear.from_linear(linear, BlockRecipe("mxfp8", scale_rounding=rounding))
+    ours = BlockLinear.from_linear(linear, BlockQuantization("mxfp8", scale_rounding=rounding))
     x, dy = randn(4, 16, 128, seed=1).to(dtype), randn(4, 16, 96, seed=2).to(dtype)
     for mine, reference in zip(run_layer(ours, x, dy), run_layer(theirs, x, dy), strict=True):
         assert bits_equal(mine, reference)
@@ -226,11 +230,11 @@ CASES = (
     "randn", "zeros", "zero_block", "denormal", "tiny_blocks", "outlier", "inf", "nan", "wide_range",
 )  # fmt: skip
 RECIPES = {
-    "mxfp8-floor": BlockRecipe("mxfp8", scale_rounding="floor"),
+    "mxfp8-floor": BlockQuantization("mxfp8", scale_rounding="floor"),
     "mxfp8-rceil": MXFP8,
-    "nvfp4-1x16": BlockRecipe("nvfp4"),
+    "nvfp4-1x16": BlockQuantization("nvfp4"),
     "nvfp4-recipe": NVFP4,
-    "blockwise-e4m3": BlockRecipe("fp8_blockwise"),
+    "blockwise-e4m3": BlockQuantization("fp8_blockwise"),
     "blockwise-hybrid": BLOCKWISE,
 }
 
@@ -296,7 +300,7 @@ def named_model() -> nn.Sequential:
     )
 
 
-def reasons(recipe: BlockRecipe, **rules) -> dict[str, str]:
+def reasons(recipe: BlockQuantization, **rules) -> dict[str, str]:
     settings = {"include": [], "exclude": [], "keep_first_last": True, **rules}
     return {c.name: c.reason for c in choose(named_model(), layer_rules(recipe, **settings))}
 
@@ -306,7 +310,7 @@ def test_block_formats_select_layers_by_fp8s_rules_with_their_block_size():
     assert mx["embed"] == mx["head"] == "first/last layer kept in BF16"
     assert mx["qkv"] == mx["fc"] == mx["proj"] == "converted"
     assert mx["odd"] == "in/out features not multiples of 32 (MXFP8 blocks of 32)"
-    nv = reasons(BlockRecipe("nvfp4", keep_last_fraction=0.3))
+    nv = reasons(BlockQuantization("nvfp4", keep_last_fraction=0.3))
     assert nv["odd"] == "converted"  # 48 is a multiple of 16
     tail = (
         "in the last 0.3 of Linear layers (nvfp4.keep_last_fraction; the model has no block "
@@ -322,10 +326,10 @@ def test_block_formats_select_layers_by_fp8s_rules_with_their_block_size():
 def test_include_exclude_and_min_features_name_the_formats_keys():
     assert reasons(MXFP8, include=["fc"])["qkv"] == "not matched by mx.include"
     assert reasons(NVFP4, exclude=["q*"])["qkv"] == "excluded by nvfp4.exclude pattern 'q*'"
-    small = reasons(BlockRecipe("mxfp8", min_features=128))
+    small = reasons(BlockQuantization("mxfp8", min_features=128))
     assert small["qkv"] == "smaller than mx.min_features=128" and small["proj"] == "converted"
     # include names layers exactly: neither first/last nor the BF16 tail keeps them then
-    tail = reasons(BlockRecipe("nvfp4", keep_last_fraction=0.5), include=["head", "proj"])
+    tail = reasons(BlockQuantization("nvfp4", keep_last_fraction=0.5), include=["head", "proj"])
     assert tail["head"] == tail["proj"] == "converted"
 
 

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from mptrain.precision.quant.block_linear import BlockLinear
-from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.block_quant import BlockQuantization
 from mptrain.precision.quant.blockwise import quantize_blockwise
 from mptrain.precision.quant.e2m1 import E2M1
 from mptrain.precision.quant.fp8 import AMAX_EPS, E4M3, E5M2, quantize, scale_from_amax
@@ -227,7 +227,9 @@ def mxfp8_linears(weight: torch.Tensor, rounding: str) -> tuple[nn.Module, nn.Mo
     theirs.weight.data.copy_(weight)
     plain = nn.Linear(in_features, out_features, bias=False, device="meta")
     plain.weight = nn.Parameter(weight.clone())
-    return BlockLinear.from_linear(plain, BlockRecipe("mxfp8", scale_rounding=rounding)), theirs
+    return BlockLinear.from_linear(
+        plain, BlockQuantization("mxfp8", scale_rounding=rounding)
+    ), theirs
 
 
 def forward_backward(layer: nn.Module, x: torch.Tensor, dy: torch.Tensor) -> list[torch.Tensor]:

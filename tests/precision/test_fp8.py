@@ -37,7 +37,7 @@ from mptrain.precision.quant.fp8 import (
     E4M3,
     E5M2,
     FP8_MAX,
-    FP8Recipe,
+    FP8Quantization,
     TensorScaler,
     dequantize,
     quantize,
@@ -68,9 +68,9 @@ def sqnr_db(reference: torch.Tensor, output: torch.Tensor) -> float:
     return 10 * math.log10(ref.pow(2).sum().item() / (ref - out).pow(2).sum().item())
 
 
-def recipe(fmt: str = "hybrid", **kwargs) -> FP8Recipe:
+def recipe(fmt: str = "hybrid", **kwargs) -> FP8Quantization:
     forward, backward = FORMATS[fmt]
-    return FP8Recipe(forward_dtype=forward, backward_dtype=backward, **kwargs)
+    return FP8Quantization(forward_dtype=forward, backward_dtype=backward, **kwargs)
 
 
 def with_amax(amax: float) -> torch.Tensor:
@@ -83,7 +83,7 @@ def cast_sequence(scaler: TensorScaler, amaxes: list[float]) -> list[float]:
     return [scaler.cast(with_amax(a))[1].item() for a in amaxes]
 
 
-def fp8_mlp(fp8_recipe: FP8Recipe, seed: int = 0) -> nn.Sequential:
+def fp8_mlp(fp8_recipe: FP8Quantization, seed: int = 0) -> nn.Sequential:
     """32 -> 64 -> 64 -> 16, every Linear converted to Float8Linear."""
     torch.manual_seed(seed)
     model = nn.Sequential(
@@ -192,7 +192,7 @@ def test_scale_is_the_correctly_rounded_fp32_quotient(dtype, margin):
         f"{wrong} of {amaxes.numel()} scales differ from the correctly rounded quotient"
     )
     # The scale a cast uses is that quotient too (dynamic: from the tensor's own amax).
-    scaler = TensorScaler(dtype, FP8Recipe(scaling="dynamic", margin=margin))
+    scaler = TensorScaler(dtype, FP8Quantization(scaling="dynamic", margin=margin))
     few = amaxes[:300].tolist()
     assert [scaler.cast(with_amax(a))[1].item() for a in few] == expected[:300].tolist()
 
@@ -235,7 +235,7 @@ def test_float8_linear_forward_and_gradients_match_fp32_linear(fmt, autocast):
 def test_float8_linear_computes_exact_products_of_its_quantized_operands():
     """Forward and dW are dequant(x) dequant(W)ᵀ and dequant(dy)ᵀ dequant(x), padding included."""
     torch.manual_seed(1)
-    layer = Float8Linear(32, 48, bias=True, recipe=recipe("hybrid"))
+    layer = Float8Linear(32, 48, bias=True, quantization=recipe("hybrid"))
     x = torch.randn(5, 32)  # 5 rows: the dW GEMM pads K from 5 to 16
     grad_out = torch.randn(5, 48)
     y = layer(x)
@@ -295,7 +295,7 @@ def test_gemm_rejects_what_scaled_mm_rejects(a, b, message):
 )
 def test_float8_linear_rejects_features_not_multiples_of_16(in_features, out_features, message):
     with pytest.raises(ValueError, match=message):
-        Float8Linear(in_features, out_features, bias=True, recipe=recipe())
+        Float8Linear(in_features, out_features, bias=True, quantization=recipe())
 
 
 def test_float8_linear_accepts_a_transposed_input_like_nn_linear():
@@ -308,7 +308,7 @@ def test_float8_linear_accepts_a_transposed_input_like_nn_linear():
 
 def test_float8_linear_accepts_a_transposed_output_gradient():
     torch.manual_seed(0)
-    layer = Float8Linear(32, 16, bias=True, recipe=recipe())
+    layer = Float8Linear(32, 16, bias=True, quantization=recipe())
     x = torch.randn(24, 32, requires_grad=True)
     weights = torch.randn(16, 24)
     (layer(x).t().contiguous() * weights).sum().backward()  # dy arrives as weights.t()
@@ -331,7 +331,7 @@ AMAXES = [1.0, 2.0, 8.0, 0.5, 0.5, 0.5, 0.5]
 
 def delayed_scaler(dtype: torch.dtype = E4M3, **kwargs) -> TensorScaler:
     options = {"amax_history_len": 4, "amax_compute_algo": "max", "margin": 0, **kwargs}
-    return TensorScaler(dtype, FP8Recipe(scaling="delayed", **options))
+    return TensorScaler(dtype, FP8Quantization(scaling="delayed", **options))
 
 
 def test_delayed_scale_comes_from_the_history_before_each_cast():
@@ -380,7 +380,7 @@ def test_delayed_scaling_counts_values_beyond_the_stale_scale_as_saturated():
 
 
 def test_dynamic_scaling_never_counts_saturation():
-    scaler = TensorScaler(E4M3, FP8Recipe(scaling="dynamic", amax_history_len=4))
+    scaler = TensorScaler(E4M3, FP8Quantization(scaling="dynamic", amax_history_len=4))
     used = [scaler.cast(torch.tensor([a, -a / 2, a / 4]))[1].item() for a in (1.0, 100.0)]
     assert used == pytest.approx([448.0, 4.48])
     assert scaler.saturated.item() == 0 and scaler.seen.item() == 6
@@ -437,7 +437,7 @@ def test_an_all_zero_tensor_keeps_the_delayed_scale(dtype, algo, history_len):
 
 
 def test_dynamic_scaling_keeps_the_previous_scale_for_an_all_zero_tensor():
-    scaler = TensorScaler(E4M3, FP8Recipe(scaling="dynamic", amax_history_len=4))
+    scaler = TensorScaler(E4M3, FP8Quantization(scaling="dynamic", amax_history_len=4))
     assert scaler.cast(torch.zeros(3))[1].item() == 1.0  # nothing seen yet: the initial scale
     scaler.cast(with_amax(2.0))
     q, scale = scaler.cast(torch.zeros(3))
@@ -464,7 +464,7 @@ def test_a_non_finite_amax_keeps_the_delayed_scale(bad, algo, later_scales):
 
 @pytest.mark.parametrize("bad", [math.inf, math.nan], ids=["inf", "nan"])
 def test_dynamic_scaling_keeps_the_previous_scale_for_a_non_finite_amax(bad):
-    scaler = TensorScaler(E4M3, FP8Recipe(scaling="dynamic", amax_history_len=4))
+    scaler = TensorScaler(E4M3, FP8Quantization(scaling="dynamic", amax_history_len=4))
     scaler.cast(with_amax(2.0))
     q, scale = scaler.cast(torch.tensor([bad, 1.0, -2.0]))
     assert scale.item() == 224.0 and scaler.scale.item() == 224.0
@@ -476,8 +476,8 @@ def test_dynamic_scaling_keeps_the_previous_scale_for_a_non_finite_amax(bad):
 def test_float8_linear_stays_finite_after_one_non_finite_input(bad):
     """The issue's case: delayed scaling, a history of 16, one input holding an inf or a NaN."""
     torch.manual_seed(0)
-    layer = Float8Linear(32, 16, bias=True, recipe=recipe(scaling="delayed"))
-    assert layer.recipe.amax_history_len == 16
+    layer = Float8Linear(32, 16, bias=True, quantization=recipe(scaling="delayed"))
+    assert layer.quantization.amax_history_len == 16
     batches = [torch.randn(8, 32) for _ in range(24)]
     for x in batches[:4]:
         layer(x)
@@ -493,7 +493,7 @@ def test_float8_linear_stays_finite_after_one_non_finite_input(bad):
 
 def test_zero_and_non_finite_amaxes_are_counted_per_scaler_and_reported():
     torch.manual_seed(0)
-    model = nn.Sequential(Float8Linear(32, 16, bias=True, recipe=recipe(scaling="delayed")))
+    model = nn.Sequential(Float8Linear(32, 16, bias=True, quantization=recipe(scaling="delayed")))
     spike, nan_grad = torch.randn(8, 32), torch.randn(8, 16)
     spike[3, 3], nan_grad[2, 2] = math.inf, math.nan
     steps = [  # (input, output gradient)
@@ -543,7 +543,7 @@ def amaxes_to_round(dtype: torch.dtype, margin: int) -> list[float]:
 @pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
 def test_pow2_scales_are_the_power_of_two_at_or_below_the_exact_scale(dtype, scaling):
     # A history of one: the delayed scale after each cast comes from that cast's amax.
-    fp8_recipe = FP8Recipe(scaling=scaling, amax_history_len=1, margin=1, pow2_scales=True)
+    fp8_recipe = FP8Quantization(scaling=scaling, amax_history_len=1, margin=1, pow2_scales=True)
     scaler = TensorScaler(dtype, fp8_recipe)
     for amax in amaxes_to_round(dtype, margin=1):
         used = scaler.cast(with_amax(amax))[1].item()
@@ -560,7 +560,7 @@ def test_pow2_scales_are_the_power_of_two_at_or_below_the_exact_scale(dtype, sca
 
 @pytest.mark.parametrize("scaling", ["dynamic", "delayed"])
 def test_pow2_scales_keep_the_previous_scale_for_zero_and_non_finite_amaxes(scaling):
-    fp8_recipe = FP8Recipe(scaling=scaling, amax_history_len=1, pow2_scales=True)
+    fp8_recipe = FP8Quantization(scaling=scaling, amax_history_len=1, pow2_scales=True)
     scaler = TensorScaler(E4M3, fp8_recipe)
     scaler.cast(with_amax(3.0))
     kept = scaler.scale.item()
@@ -578,7 +578,7 @@ def test_fp8_values_times_a_power_of_two_round_trip_exactly_with_pow2_scales(dty
     values = every[every.isfinite() & (every.abs() >= 2.0**-4) & (every.abs() <= largest)]
     x = values * 2.0**-7
     for scaling in ("dynamic", "delayed"):
-        scaler = TensorScaler(dtype, FP8Recipe(scaling=scaling, pow2_scales=True))
+        scaler = TensorScaler(dtype, FP8Quantization(scaling=scaling, pow2_scales=True))
         if scaling == "delayed":
             scaler.cast(x)  # the history learns x's amax; the next cast uses its scale
         x_fp8, scale = scaler.cast(x)
@@ -586,7 +586,7 @@ def test_fp8_values_times_a_power_of_two_round_trip_exactly_with_pow2_scales(dty
         assert torch.equal(x_fp8.float(), x * scale), "x * scale was rounded before the cast"
         assert torch.equal(dequantize(x_fp8, scale), x), scaling
     # The unrounded scale (no pow2_scales) loses them: the test can tell the two apart.
-    x_fp8, scale = TensorScaler(dtype, FP8Recipe()).cast(x)
+    x_fp8, scale = TensorScaler(dtype, FP8Quantization()).cast(x)
     assert not torch.equal(dequantize(x_fp8, scale), x)
 
 
@@ -619,7 +619,7 @@ def test_rowwise_float8_linear_computes_the_products_of_its_rowwise_quantized_op
     tensorwise quantization would miss these references by FP8 steps, not BF16 rounding."""
     forward, backward = FORMATS[fmt]
     torch.manual_seed(2)
-    layer = Float8Linear(32, 48, bias=True, recipe=recipe(fmt, granularity="rowwise"))
+    layer = Float8Linear(32, 48, bias=True, quantization=recipe(fmt, granularity="rowwise"))
     x = torch.randn(5, 32) * torch.tensor([1e-3, 1.0, 50.0, 1e3, 0.1])[:, None]
     x.requires_grad_()
     grad_out = torch.randn(5, 48) * torch.tensor([1e2, 1e-2, 1.0, 3.0, 1e-4])[:, None]
@@ -672,7 +672,7 @@ def test_rowwise_scaled_mm_on_the_cpu_agrees_with_the_emulation():
     for real in (False, True):
         torch.manual_seed(4)
         layer = Float8Linear(
-            64, 48, bias=False, recipe=recipe(granularity="rowwise", real_gemm=real)
+            64, 48, bias=False, quantization=recipe(granularity="rowwise", real_gemm=real)
         )
         inputs = x.clone().requires_grad_()
         out = layer(inputs)
@@ -1246,8 +1246,8 @@ def one_rank_group():
 def test_the_builtin_sync_holds_the_scale_for_a_nan_amax_and_counts_what_was_added(
     one_rank_group,
 ):
-    layer = Float8Linear(16, 16, bias=False, recipe=FP8Recipe(scaling="delayed"))
-    sync = build_fp8_sync(layer, one_rank_group, "builtin", layer.recipe)
+    layer = Float8Linear(16, 16, bias=False, quantization=FP8Quantization(scaling="delayed"))
+    sync = build_fp8_sync(layer, one_rank_group, "builtin", layer.quantization)
     assert layer.input_scaler.defer_scale_update and layer.grad_scaler.defer_scale_update
     layer.input_scaler.seen.fill_(1000.0)  # as loaded from a checkpoint: the job's total so far
     sync.begin()
@@ -1267,10 +1267,10 @@ def test_the_builtin_sync_computes_each_scale_as_the_scaler_itself_would(one_ran
     """The sync computes the scales of many scalers at once (per format and recipe): the same
     as each TensorScaler.update_scale, for both formats, margins and power-of-two scales."""
     recipes = [
-        FP8Recipe(scaling="delayed", amax_compute_algo=algo, margin=1, pow2_scales=True),
-        FP8Recipe(scaling="delayed", amax_compute_algo=algo, amax_history_len=3),
+        FP8Quantization(scaling="delayed", amax_compute_algo=algo, margin=1, pow2_scales=True),
+        FP8Quantization(scaling="delayed", amax_compute_algo=algo, amax_history_len=3),
     ]
-    model = nn.Sequential(*(Float8Linear(16, 16, bias=False, recipe=r) for r in recipes))
+    model = nn.Sequential(*(Float8Linear(16, 16, bias=False, quantization=r) for r in recipes))
     sync = build_fp8_sync(model, one_rank_group, "builtin", recipes[0])
     torch.manual_seed(0)
     for _ in range(2):
@@ -1288,8 +1288,8 @@ def test_the_builtin_sync_computes_each_scale_as_the_scaler_itself_would(one_ran
 
 
 def test_a_single_process_has_nothing_to_agree_on():
-    layer = Float8Linear(16, 16, bias=False, recipe=FP8Recipe(scaling="delayed"))
-    sync = build_fp8_sync(layer, DistContext(), "builtin", layer.recipe)
+    layer = Float8Linear(16, 16, bias=False, quantization=FP8Quantization(scaling="delayed"))
+    sync = build_fp8_sync(layer, DistContext(), "builtin", layer.quantization)
     assert type(sync) is FP8Sync and sync.describe() == {}
     assert not layer.input_scaler.defer_scale_update
 
@@ -1323,7 +1323,7 @@ def test_torchao_conversion_enables_its_fp8_all_gather_only_for_fsdp(fsdp):
     from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32))
-    fp8_recipe = FP8Recipe(fsdp_float8_all_gather=fsdp)
+    fp8_recipe = FP8Quantization(fsdp_float8_all_gather=fsdp)
     section = apply_quantized(model, fp8_recipe, torch.randn(2, 32), layer_rules(fp8_recipe, [], [], False), backend="torchao")  # fmt: skip
     assert [layer["converted"] for layer in section["layers"]] == [True, True]
     for layer in (model[0], model[2]):
@@ -1389,13 +1389,13 @@ def test_fp8_policy_uses_real_gemms_on_this_gpu():
 
 def test_evaluation_leaves_fp8_scaling_state_alone():
     """Delayed scaling: eval forwards must not push validation amaxes into the history."""
-    from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Recipe
+    from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Quantization
     from mptrain.precision.quant.fp8_linear import Float8Linear
 
-    recipe = FP8Recipe(
+    recipe = FP8Quantization(
         forward_dtype=E4M3, backward_dtype=E5M2, scaling="delayed", amax_history_len=4
     )
-    layer = Float8Linear(32, 32, bias=True, recipe=recipe)
+    layer = Float8Linear(32, 32, bias=True, quantization=recipe)
     layer(torch.randn(8, 32)).sum().backward()
     before = {k: v.clone() for k, v in layer.state_dict().items() if "scaler" in k}
     layer.eval()
@@ -1430,7 +1430,7 @@ def test_fp8_layers_compile_without_graph_breaks_and_train_like_eager(
     if real_gemm and not hasattr(torch, "_scaled_mm"):
         pytest.skip("no torch._scaled_mm")
     torch._dynamo.reset()  # each case compiles afresh: no recompile limit shared between cases
-    recipe = FP8Recipe(
+    recipe = FP8Quantization(
         scaling=scaling,
         granularity=granularity,
         amax_compute_algo="most_recent",

@@ -1,6 +1,6 @@
 """mptrain's Float8Linear against torchao's float8 training, an implementation nobody here wrote.
 
-Same weights, same inputs, same recipe (:func:`mptrain.precision.quant.torchao_bridge.torchao_config` turns an FP8Recipe
+Same weights, same inputs, same recipe (:func:`mptrain.precision.quant.torchao_bridge.torchao_config` turns an FP8Quantization
 into torchao's config). On the real ``torch._scaled_mm`` path (its CPU kernel) the two must agree
 bit for bit; the emulations differ by design (mptrain multiplies the FP8 values and rescales the
 product once, torchao multiplies the dequantized values), so there the test compares their
@@ -17,7 +17,7 @@ import pytest
 import torch
 from torch import nn
 
-from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Recipe
+from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Quantization
 from mptrain.precision.quant.fp8_linear import Float8Linear
 from mptrain.precision.quant.torchao_bridge import torchao_config
 
@@ -32,7 +32,7 @@ def sqnr_db(reference: torch.Tensor, output: torch.Tensor) -> float:
     return 10 * math.log10(ref.pow(2).sum().item() / (ref - out).pow(2).sum().item())
 
 
-def twins(fp8: FP8Recipe, dtype: torch.dtype, bias: bool) -> tuple[nn.Module, ...]:
+def twins(fp8: FP8Quantization, dtype: torch.dtype, bias: bool) -> tuple[nn.Module, ...]:
     """(plain Linear, mptrain's Float8Linear, torchao's Float8Linear), all with the same weights."""
     torch.manual_seed(0)
     plain = nn.Sequential(nn.Linear(64, 48, bias=bias)).to(dtype)
@@ -66,7 +66,7 @@ def inputs(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("fmt", ["hybrid", "e4m3"])
 @pytest.mark.parametrize("granularity", ["tensorwise", "rowwise"])
 def test_real_scaled_mm_path_is_bitwise_torchaos(granularity, fmt, pow2):
-    recipe = FP8Recipe(
+    recipe = FP8Quantization(
         backward_dtype=FORMATS[fmt], granularity=granularity, pow2_scales=pow2, real_gemm=True
     )
     _, ours, theirs = twins(recipe, torch.bfloat16, bias=False)
@@ -92,7 +92,7 @@ def test_real_scaled_mm_path_is_bitwise_torchaos(granularity, fmt, pow2):
 @pytest.mark.parametrize("fmt", ["hybrid", "e4m3"])
 @pytest.mark.parametrize("granularity", ["tensorwise", "rowwise"])
 def test_emulation_is_as_accurate_as_torchaos(granularity, fmt):
-    recipe = FP8Recipe(backward_dtype=FORMATS[fmt], granularity=granularity, real_gemm=False)
+    recipe = FP8Quantization(backward_dtype=FORMATS[fmt], granularity=granularity, real_gemm=False)
     plain, ours, theirs = twins(recipe, torch.float32, bias=True)
     x, grad_out = inputs(torch.float32)
     reference = step(plain, x, grad_out)

@@ -16,8 +16,8 @@ from mptrain.config.base import ConfigError
 from mptrain.platform.distributed import DistContext
 from mptrain.precision.policy import resolve_precision
 from mptrain.precision.quant.block_linear import BlockGemm, BlockLinear
-from mptrain.precision.quant.block_recipe import BlockRecipe
-from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Recipe, quantize, scale_from_amax
+from mptrain.precision.quant.block_quant import BlockQuantization
+from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Quantization, quantize, scale_from_amax
 from mptrain.precision.quant.fp8_linear import Float8Linear, FP8RowwiseGemm, FP8TensorwiseGemm
 from mptrain.precision.quant.linear import GemmPlan, HighPrecisionGemm
 from mptrain.precision.quant.mx import quantize_mx
@@ -55,7 +55,7 @@ def _fp8_product(a, a_dtype, b, b_dtype):
 
 def test_fp8_forward_and_input_grad_with_a_bf16_weight_grad_equal_hand_written_gemms():
     linear, x, dy = _inputs(24, 32, 48)
-    recipe = FP8Recipe()
+    recipe = FP8Quantization()
     fp8 = FP8TensorwiseGemm(recipe)
     plan = GemmPlan(fp8, fp8, HighPrecisionGemm(torch.bfloat16))
     layer = Float8Linear.from_linear(linear, recipe, plan)
@@ -73,7 +73,7 @@ def test_fp8_forward_and_input_grad_with_a_bf16_weight_grad_equal_hand_written_g
 
 def test_nvfp4_with_an_mxfp8_weight_grad_equals_hand_written_gemms():
     linear, x, dy = _inputs(64, 64, 32, seed=1)
-    nvfp4, mxfp8 = BlockRecipe("nvfp4"), BlockRecipe("mxfp8")
+    nvfp4, mxfp8 = BlockQuantization("nvfp4"), BlockQuantization("mxfp8")
     plan = GemmPlan(BlockGemm(nvfp4), BlockGemm(nvfp4), BlockGemm(mxfp8))
     layer = BlockLinear.from_linear(linear, nvfp4, plan=plan)
     y, dx, dw, db = _run(layer, x, dy)
@@ -93,7 +93,7 @@ def test_nvfp4_with_an_mxfp8_weight_grad_equals_hand_written_gemms():
 
 def test_a_uniform_plan_is_the_formats_own_layer_bit_for_bit():
     """precision.gemms unset builds the uniform plan: the same figures as naming each GEMM."""
-    for recipe, fmt in ((FP8Recipe(granularity="rowwise"), FP8RowwiseGemm),):
+    for recipe, fmt in ((FP8Quantization(granularity="rowwise"), FP8RowwiseGemm),):
         linear, x, dy = _inputs(16, 32, 16)
         own = _run(Float8Linear.from_linear(linear, recipe), x, dy)
         linear.weight.grad = linear.bias.grad = None
@@ -107,7 +107,7 @@ def test_a_uniform_plan_is_the_formats_own_layer_bit_for_bit():
 def test_rowwise_counts_each_roles_cast_once_whatever_gemm_runs_in_bf16(lifted):
     """The rowwise scalers' report figures: the input, weight and grad casts of a step, each
     counted once, also when the GEMM that counts a role runs in BF16 (a later one counts it)."""
-    recipe = FP8Recipe(granularity="rowwise")
+    recipe = FP8Quantization(granularity="rowwise")
     own = FP8RowwiseGemm(recipe)
     plan = GemmPlan(own, own, own)
     if lifted is not None:
@@ -121,8 +121,10 @@ def test_rowwise_counts_each_roles_cast_once_whatever_gemm_runs_in_bf16(lifted):
 
 def test_a_format_whose_blocks_do_not_divide_the_layer_is_refused():
     with pytest.raises(ValueError, match="block size 32"):
-        plan = GemmPlan(BlockGemm(BlockRecipe("nvfp4")), *[BlockGemm(BlockRecipe("mxfp8"))] * 2)
-        BlockLinear(48, 16, True, BlockRecipe("nvfp4"), plan=plan)
+        plan = GemmPlan(
+            BlockGemm(BlockQuantization("nvfp4")), *[BlockGemm(BlockQuantization("mxfp8"))] * 2
+        )
+        BlockLinear(48, 16, True, BlockQuantization("nvfp4"), plan=plan)
 
 
 def _final_state(run_dir, step):
@@ -275,7 +277,7 @@ def test_a_forward_keeps_only_what_a_backward_gemm_of_its_format_reads():
     input's FP8 cast; with a BF16 input gradient, not the weight's cast; a tiled NVFP4 weight's
     forward quantization is kept only for an NVFP4 input gradient."""
     linear, x, _ = _inputs(24, 32, 48)
-    recipe, bf16 = FP8Recipe(), HighPrecisionGemm(torch.bfloat16)
+    recipe, bf16 = FP8Quantization(), HighPrecisionGemm(torch.bfloat16)
     fp8 = FP8TensorwiseGemm(recipe)
     e4m3_x, e4m3_w = (E4M3, (24, 32)), (E4M3, (48, 32))
 
@@ -289,11 +291,11 @@ def test_a_forward_keeps_only_what_a_backward_gemm_of_its_format_reads():
     bf16_dx = fp8_saved(GemmPlan(fp8, bf16, fp8))
     assert e4m3_x in bf16_dx and e4m3_w not in bf16_dx
 
-    nvfp4 = BlockGemm(BlockRecipe("nvfp4", weight_tiles=True))
+    nvfp4 = BlockGemm(BlockQuantization("nvfp4", weight_tiles=True))
     linear, x, _ = _inputs(32, 64, 64)
 
     def tiles_saved(plan: GemmPlan) -> int:
-        layer = BlockLinear.from_linear(linear, nvfp4.recipe, plan=plan)
+        layer = BlockLinear.from_linear(linear, nvfp4.quantization, plan=plan)
         return sum(shape == (64, 64) for _, shape in _saved(layer, x))  # the weight: 1, tiles: +1
 
     assert tiles_saved(GemmPlan.uniform(nvfp4)) == 2

@@ -29,7 +29,7 @@ from mptrain.platform.distributed import DistContext
 from mptrain.precision.formats import LAYER_FORMATS, to_plain_linear
 from mptrain.precision.policy import PRECISIONS
 from mptrain.precision.quant.block_linear import BlockLinear
-from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.block_quant import BlockQuantization
 from mptrain.precision.quant.fp8_linear import Float8Linear
 from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.train import job as job_module
@@ -275,7 +275,7 @@ def test_to_plain_linear_replaces_every_registered_format_and_draws_no_random_nu
     recipe = prepare_run(tiny_run("precision=fp8", "max_steps=1")).precision.policy.fp8
     model[0] = Float8Linear.from_linear(model[0], recipe)
     model[2][0] = Float8Linear.from_linear(model[2][0], recipe)
-    model[3] = BlockLinear.from_linear(model[3], BlockRecipe("nvfp4"), seed=1)
+    model[3] = BlockLinear.from_linear(model[3], BlockQuantization("nvfp4"), seed=1)
     weights = [model[0].weight, model[2][0].weight, model[3].weight]
     rng = torch.get_rng_state()
     assert to_plain_linear(model) == ["0", "2.0", "3"]

@@ -1,7 +1,7 @@
 """``mptrain advise [overrides]``: which precision to train this model with on this machine.
 
 For every precision :func:`mptrain.commands.bench.bench_precisions` lists for the device (FP32, BF16 where
-native, FP16, TF32 on GPUs) and every low-precision recipe (:data:`.recipes.LOW_PRECISION`: FP8
+native, FP16, TF32 on GPUs) and every low-precision recipe (:data:`.choices.LOW_PRECISION`: FP8
 tensorwise, rowwise, delayed, power-of-two scales, blockwise; MXFP8, NVFP4; emulated and labelled where the device lacks the
 hardware) it measures, on the configured model and data, in this order:
 
@@ -32,7 +32,7 @@ decides; :mod:`mptrain.commands.advise.report` writes advise.md, advise.json and
 ``outputs/advise/<date>/<time>_<model>_<dataset>`` (or ``hydra.run.dir=DIR``) and prints the
 recommendation and the table.
 
-Modules: :mod:`.recipes` (the candidates as data, their commands), :mod:`.trials` (one short run,
+Modules: :mod:`.choices` (the candidates as data, their commands), :mod:`.trials` (one short run,
 the budget), :mod:`.measure` (every precision within the budget), :mod:`.seeds` (the finalists'
 seeds), :mod:`.confidence` (the equivalence test, pure), :mod:`.decide` (the decision as a pure
 function), :mod:`.layers`, :mod:`.sensitivity` and :mod:`.plan` (the per-layer plan: run, measured, decided),

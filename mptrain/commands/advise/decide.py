@@ -29,8 +29,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from mptrain.commands.advise.choices import SIMPLICITY
 from mptrain.commands.advise.confidence import EQUIVALENT, NOT_EQUIVALENT, Verdict, verdict_words
-from mptrain.commands.advise.recipes import SIMPLICITY
 
 # A precision's loss may differ from FP32's by up to this many times the difference a one-ulp nudge
 # of FP32's initial weights makes on its own (chaotic training forks whatever the precision).
@@ -63,7 +63,7 @@ class Speed:
 class Measured:
     """What was measured for one precision; ``None`` fields were not measured (``*_note`` says why)."""
 
-    precision: str  # fp32 | tf32 | bf16 | fp16 | fp8 | fp8-rowwise ... (recipes.RECIPES)
+    precision: str  # fp32 | tf32 | bf16 | fp16 | fp8 | fp8-rowwise ... (choices.CHOICES)
     not_run: str | None = None  # nothing measured: refused to build, or no budget for its pilot
     speed: Speed | None = None
     speed_note: str | None = None

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from mptrain.commands.advise import predict, recipes
+from mptrain.commands.advise import choices, predict
 from mptrain.config.run import RunConfig
 from mptrain.precision.quant.linear import GEMMS, HighPrecisionGemm
 
@@ -134,7 +134,7 @@ def add_command(plan: dict[str, Any], overrides: list[str], quote: Callable[[str
     found = plan.get("gemm_plan") or {}
     if not found.get("within"):
         return
-    own = recipes.command_for(overrides, plan["precision"])
+    own = choices.command_for(overrides, plan["precision"])
     found["command"] = f"{own} {overrides_of(found['layers'], found['gemms'], quote)}"
 
 

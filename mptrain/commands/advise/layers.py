@@ -1,5 +1,5 @@
 """The per-layer plan's measurements (``advise.plan``), within ``advise.budget_s``, for the
-low-precision recipe :func:`.plan.planned_recipe` picks among those measured (FP8 tensorwise,
+low-precision recipe :func:`.plan.planned_choice` picks among those measured (FP8 tensorwise,
 rowwise, delayed, pow2 scales; blockwise FP8, MXFP8, NVFP4).
 
 1. **Sensitivity, on one batch** (no training): the recipe's own run is built again (the same
@@ -32,8 +32,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from mptrain.commands.advise import choices, gemms
 from mptrain.commands.advise import decide as advice
-from mptrain.commands.advise import gemms, recipes
 from mptrain.commands.advise import plan as planning
 from mptrain.commands.advise.measure import Candidate, latest_cost, speed_need
 from mptrain.commands.advise.seeds import speed_budget
@@ -53,12 +53,12 @@ def new_plan() -> dict[str, Any]:
     return {"skipped": {}, "runs": []}
 
 
-LOW_NAMES = tuple(r.name for r in recipes.LOW_PRECISION)
+LOW_NAMES = tuple(r.name for r in choices.LOW_PRECISION)
 
 
 def planned(cands: list[Candidate], choice: str = "auto") -> Candidate | None:
     """The low-precision candidate the plan is for among those whose pilot ran: the one named by
-    ``choice`` (``advise.plan``, normalised), or for "auto" :func:`.plan.planned_recipe`'s pick;
+    ``choice`` (``advise.plan``, normalised), or for "auto" :func:`.plan.planned_choice`'s pick;
     None when there is none."""
     lows = [c for c in cands if c.name in LOW_NAMES and c.pilot is not None and not c.skipped]
     if choice != "auto":
@@ -72,7 +72,7 @@ def planned(cands: list[Candidate], choice: str = "auto") -> Candidate | None:
         }
         for c in lows
     ]
-    name = planning.planned_recipe(options)
+    name = planning.planned_choice(options)
     return next((c for c in lows if c.name == name), None)
 
 
@@ -129,7 +129,7 @@ def run_plan(
     if why is not None:
         plan["skipped"]["all"] = why
         return
-    plan.update(precision=low.name, label=low.recipe.label)
+    plan.update(precision=low.name, label=low.choice.label)
     passes = 3 * low.pilot.converted + 4  # reference, warm-up, none, all; per layer 3
     need = latest_cost(fp32).overhead_s + passes * latest_cost(low).step_s
     if need > _left_s(cands, settings, budget):

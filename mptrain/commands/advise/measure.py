@@ -19,8 +19,8 @@ if TYPE_CHECKING:
     pass
 
 from mptrain.commands import bench
+from mptrain.commands.advise import choices
 from mptrain.commands.advise import decide as advice
-from mptrain.commands.advise import recipes
 from mptrain.commands.advise.trials import (
     MIN_TIMED_S,
     NOT_COMPARED,
@@ -45,7 +45,7 @@ from mptrain.config.run import RunConfig
 from mptrain.models.build import config_has_convolutions
 from mptrain.precision.diagnostics.audit import audit_step
 from mptrain.precision.diagnostics.probe import range_probe
-from mptrain.precision.policy import PRECISIONS, block_recipe, to_model_input
+from mptrain.precision.policy import PRECISIONS, block_quantization, to_model_input
 from mptrain.train.build import prepare_run
 
 
@@ -71,12 +71,12 @@ class Candidate:
     # FP32 only: the nudged run's largest relative loss difference from FP32's (advice.Context)
     nudge_spread: float | None = None
     speed: dict[str, Any] | None = None  # a bench row (median, min–max, ratios)
-    recipe: recipes.Recipe | None = None  # what it sets (its label, its command)
+    choice: choices.Choice | None = None  # what it sets (its label, its command)
 
     @property
     def label(self) -> str:
         """``fp8 rowwise (emulated)``: the recipe's label, and whether it was emulated."""
-        label = self.recipe.label if self.recipe else self.name
+        label = self.choice.label if self.choice else self.name
         return f"{label} (emulated)" if self.emulated else label
 
     def fidelity_against(self, reference: Trial | None) -> advice.Fidelity | None:
@@ -89,7 +89,7 @@ class Candidate:
 
 
 # Whether a recipe's config runs on the device's hardware for what it ``needs``
-# (recipes.Recipe.needs) rather than emulated: then its speed is worth timing.
+# (choices.Choice.needs) rather than emulated: then its speed is worth timing.
 HARDWARE: dict[str, Callable[[RunConfig, torch.device], bool]] = {
     "FP8 GEMMs": lambda cfg, device: (
         cfg.fp8.emulate is not True and bench.fp8_gemm_available(device)
@@ -103,7 +103,7 @@ def _real_block_gemms(cfg: RunConfig, device: torch.device) -> bool:
     ``device``: the precision policy's own choice (``emulate=false`` without the kernel is
     refused there: not timed here)."""
     try:
-        recipe, _ = block_recipe(cfg.precision.name, device, cfg.fp8, cfg.mx, cfg.nvfp4)
+        recipe, _ = block_quantization(cfg.precision.name, device, cfg.fp8, cfg.mx, cfg.nvfp4)
     except ConfigError:
         return False
     return recipe is not None and recipe.real_gemm
@@ -111,7 +111,7 @@ def _real_block_gemms(cfg: RunConfig, device: torch.device) -> bool:
 
 def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
     """FP32 first, then every precision the device runs natively, then every low-precision
-    recipe (:data:`recipes.LOW_PRECISION`; emulated, and not timed, where the device lacks the
+    recipe (:data:`choices.LOW_PRECISION`; emulated, and not timed, where the device lacks the
     hardware it needs). FP16 is kept on CPUs even for convolutions: the pilot measures how slow
     it is. A recipe the user's other keys rule out is skipped with the config's own words."""
     out = []
@@ -120,16 +120,16 @@ def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
     ):
         if name == "fp8":  # bench's one FP8 line: here each of LOW_PRECISION's recipes, below
             continue
-        r = recipes.recipe(name)
+        r = choices.choice(name)
         if skip and name != "fp16":
-            out.append(Candidate(name, cfg, False, skipped={"all": skip}, recipe=r))
+            out.append(Candidate(name, cfg, False, skipped={"all": skip}, choice=r))
             continue
-        out.append(Candidate(name, recipes.apply(cfg, r), True, recipe=r))
-    for r in recipes.LOW_PRECISION:
-        recipe_cfg = recipes.apply(cfg, r)
+        out.append(Candidate(name, choices.apply(cfg, r), True, choice=r))
+    for r in choices.LOW_PRECISION:
+        recipe_cfg = choices.apply(cfg, r)
         emulated = not HARDWARE[r.needs](recipe_cfg, device)
-        c = Candidate(r.name, recipe_cfg, not emulated, emulated, recipe=r)
-        refused = recipes.refusal(recipe_cfg)
+        c = Candidate(r.name, recipe_cfg, not emulated, emulated, choice=r)
+        refused = choices.refusal(recipe_cfg)
         if refused:
             c.skipped["all"] = refused
         out.append(c)

@@ -2,10 +2,10 @@
 for, which eligible Linear layers are most sensitive to that recipe's format, and the smallest set
 of them to keep in high precision.
 
-The recipe (:func:`planned_recipe`): among the low-precision recipes measured, the one advise is
+The recipe (:func:`planned_choice`): among the low-precision recipes measured, the one advise is
 likeliest to recommend once its loss is within: one whose all-layers short run ran, on the
 device's own hardware (an emulated recipe is never recommended) and then the fastest step of its
-runs, else the first in :data:`.recipes.LOW_PRECISION`'s order (the simplest). Its layers are kept
+runs, else the first in :data:`.choices.LOW_PRECISION`'s order (the simplest). Its layers are kept
 by its own config key (:data:`EXCLUDE_KEYS`: ``fp8.exclude``, ``mx.exclude``, ``nvfp4.exclude``).
 
 What :mod:`.layers` measured on one batch from FP32's initial weights (every figure against the
@@ -33,22 +33,22 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from mptrain.commands.advise import concise, gemms, predict, recipes
+from mptrain.commands.advise import choices, concise, gemms, predict
 from mptrain.config.format_table import GROUP_OF_PRECISION
 
 # The config group whose ``exclude`` keeps a layer out of each low-precision format, by the
-# precision the recipe trains with (recipes.runs); fp8-blockwise is precision=fp8: fp8.exclude.
+# precision the recipe trains with (choices.runs); fp8-blockwise is precision=fp8: fp8.exclude.
 EXCLUDE_KEYS = GROUP_OF_PRECISION  # the format table's: fp8 -> fp8, mxfp8 -> mx, nvfp4 -> nvfp4
 
 
 def exclude_key(name: str) -> str:
     """``fp8``, ``mx`` or ``nvfp4``: the group whose ``exclude`` keeps layers of recipe ``name``
-    (a :data:`.recipes.LOW_PRECISION` name) in high precision."""
-    return EXCLUDE_KEYS[recipes.runs(name)]
+    (a :data:`.choices.LOW_PRECISION` name) in high precision."""
+    return EXCLUDE_KEYS[choices.runs(name)]
 
 
-def planned_recipe(options: Sequence[dict[str, Any]]) -> str | None:
-    """The recipe the plan is for (module doc), from ``options`` in :data:`.recipes.LOW_PRECISION`
+def planned_choice(options: Sequence[dict[str, Any]]) -> str | None:
+    """The recipe the plan is for (module doc), from ``options`` in :data:`.choices.LOW_PRECISION`
     order, each ``{"name", "fidelity": its all-layers short run ran, "timed": on the device's
     hardware, "step_s": its latest measured step}``; None when there is none. Ties: the earlier."""
 
@@ -166,12 +166,12 @@ def add_command(plan: dict[str, Any], overrides: list[str]) -> None:
         return
     name = plan["precision"]
     if not kept:
-        plan["command"] = recipes.command_for(overrides, name)
+        plan["command"] = choices.command_for(overrides, name)
         return
     key = exclude_key(name)
     others = [o for o in overrides if not o.lstrip("+~").startswith(f"{key}.exclude")]
     override = exclude_override([*plan["exclude_base"], *kept], key)
-    plan["command"] = f"{recipes.command_for(others, name)} {shlex.quote(override)}"
+    plan["command"] = f"{choices.command_for(others, name)} {shlex.quote(override)}"
 
 
 def exclude_override(patterns: Sequence[str], key: str = "fp8") -> str:

@@ -79,13 +79,13 @@ def predict(
     out["gpu"] = {"key": gpu.key, "name": gpu.name, "source": gpu.source}
     out["same_device"] = here is not None and gpus.row_for_device_name(here) == gpu
     out["basis"] = BASIS
-    from mptrain.commands.advise import recipes
+    from mptrain.commands.advise import choices
     from mptrain.perf.speed import data_shape, predict_configs
 
     # a candidate skipped here (BF16 on a CPU without native BF16) keeps the user's config: its
     # recipe applied, it is predicted for the GPU all the same
-    configs = {c.name: recipes.apply(c.cfg, c.recipe) if c.recipe else c.cfg for c in candidates}
-    configs.setdefault("tf32", recipes.apply(cfg, recipes.recipe("tf32")))
+    configs = {c.name: choices.apply(c.cfg, c.choice) if c.choice else c.cfg for c in candidates}
+    configs.setdefault("tf32", choices.apply(cfg, choices.choice("tf32")))
     planned = planned if plan is not None and planned else {}
     try:
         found = predict_configs(

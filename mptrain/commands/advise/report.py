@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from mptrain.commands.advise import concise, confidence, predict, recipes
+from mptrain.commands.advise import choices, concise, confidence, predict
 from mptrain.commands.advise import plan as layer_plan
 from mptrain.commands.advise.decide import CHAOS_MARGIN, NOT_MEASURED, Advice
 from mptrain.commands.advise.trials import REPORT, START_UP, WARM_UP, Budget
@@ -47,7 +47,7 @@ def _row(c: Any, reference: Any) -> dict[str, Any]:
     return {
         "precision": c.name,
         "label": c.label,
-        "overrides": recipes.command_overrides(c.recipe) if c.recipe else [],
+        "overrides": choices.command_overrides(c.choice) if c.choice else [],
         "emulated": c.emulated,
         "skipped": dict(c.skipped),
         "pilot": _trial(c.pilot),
@@ -206,7 +206,7 @@ def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
         parts.append(f"audit: {ops}" + (f" ({', '.join(where)})" if flagged else ""))
     # the layer choice: a block-scaled recipe's own; else the same for every FP8 recipe
     section = numerics.get("blocks", {}).get(name)
-    if section is None and recipes.runs(name) == "fp8" and name != "fp8-blockwise":
+    if section is None and choices.runs(name) == "fp8" and name != "fp8-blockwise":
         section = numerics["fp8"]
     if section and "layers" in section:
         converted = sum(layer["converted"] for layer in section["layers"])

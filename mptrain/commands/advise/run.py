@@ -15,7 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from mptrain.commands.advise import decide as advice
-from mptrain.commands.advise.recipes import add_commands, command_for
+from mptrain.commands.advise.choices import add_commands, command_for
 from mptrain.platform import contention, hardware
 from mptrain.platform.signals import SignalsHeld, Terminated
 

@@ -1,7 +1,7 @@
 """One-off numerics diagnostics: each runs once, on request, and reports; none trains.
 
 - :mod:`.culprit`: the first module whose output or gradient went non-finite;
-- :mod:`.audit`: the dtype every ATen op of one step really ran in, and what the recipe wants in FP32;
+- :mod:`.audit`: the dtype every ATen op of one step really ran in, and what the quantization wants in FP32;
 - :mod:`.probe`: how far activations sit below FP16's maximum, how many gradients FP16 would flush;
 - :mod:`.hooks`: what the three share.
 

@@ -1,6 +1,6 @@
 """The autocast audit (:func:`audit_step`, :func:`render_audit`): traces one forward + backward
 and tables the dtype every ATen op really ran in, flagging low-precision ops and state that the
-mixed-precision recipe wants in FP32. The model is left as it was found. audit.json names a module
+mixed-precision quantization wants in FP32. The model is left as it was found. audit.json names a module
 by its path (``module``) with its class apart (``module_type``); audit.md by both, ``0 (Linear)``.
 """
 
@@ -165,7 +165,7 @@ def audit_step(
     """Trace one forward + backward under the run's autocast policy (state restored afterwards).
 
     Returns the op table (op, module, module_type, phase, input/output dtypes, count, flag) and the
-    dtypes of parameters, gradients and optimizer state, flagging non-FP32 ones in a mixed recipe.
+    dtypes of parameters, gradients and optimizer state, flagging non-FP32 ones in a mixed precision.
     """
     with preserved_state(model):
         mode = _traced_step(model, images, labels, autocast)

@@ -20,10 +20,10 @@ The layer and its GEMMs:
 
 The quantizers:
 
-- :mod:`.fp8`: FP8 scaling (:class:`~.fp8.FP8Recipe`; dynamic scaling from the tensor's amax,
+- :mod:`.fp8`: FP8 scaling (:class:`~.fp8.FP8Quantization`; dynamic scaling from the tensor's amax,
   delayed scaling from an amax history; power-of-two scales) and the stateful per-role
   :class:`~.fp8.TensorScaler`;
-- :mod:`.block_recipe`: how each operand of each GEMM is quantized in a block format;
+- :mod:`.block_quant`: how each operand of each GEMM is quantized in a block format;
   :mod:`.mx` (MXFP8, MXFP4: blocks of 32, E8M0 scales), :mod:`.nvfp4` (E2M1 in blocks of 16,
   E4M3 block scales and an FP32 tensor scale, stochastic rounding), :mod:`.blockwise` (DeepSeek-V3's
   1x128 and 128x128 FP8 blocks), :mod:`.hadamard` (the random Hadamard transform of NVFP4's weight

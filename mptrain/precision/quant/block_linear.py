@@ -1,9 +1,9 @@
 """:class:`BlockLinear`: an nn.Linear whose three GEMMs take block-scaled operands (MXFP8, NVFP4,
-blockwise FP8: :mod:`.block_recipe`), each quantized along its own GEMM's reduction dimension, the
+blockwise FP8: :mod:`.block_quant`), each quantized along its own GEMM's reduction dimension, the
 backward re-quantizing the saved high-precision input and weight (torchao's ``mx_mm``, TE).
 
 Each operand is quantized once per GEMM, the same way on both paths; only the matmul
-(:func:`~.kernels.block_gemm`) differs. With ``recipe.real_gemm`` (the policy sets it where the GPU
+(:func:`~.kernels.block_gemm`) differs. With ``quantization.real_gemm`` (the policy sets it where the GPU
 has the kernel: :mod:`.kernels`) the quantized elements and scales go to torch's block-scaled
 ``scaled_mm``; otherwise they are dequantized in FP32 (exact for MXFP8, E4M3 values times powers
 of two down to 2^-136; blockwise FP8's element x FP32 scale and NVFP4's element x (tensor scale
@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from mptrain.precision.quant.block_recipe import (
+from mptrain.precision.quant.block_quant import (
     ROLES,
-    BlockRecipe,
+    BlockQuantization,
     fake_quant_operand,
     quantize_operand,
 )
@@ -69,56 +69,56 @@ def _tokens_last(t: torch.Tensor, multiple: int, slot: str) -> torch.Tensor:
 
 
 def _weight_grad(
-    layer: BlockLinear, recipe: BlockRecipe, g: torch.Tensor, rows: torch.Tensor
+    layer: BlockLinear, quantization: BlockQuantization, g: torch.Tensor, rows: torch.Tensor
 ) -> torch.Tensor:
     """dW = dyᵀ x, both along the tokens, padded to whole blocks (zeros add nothing to it, nor
     to any block's amax); in FP32: the Hadamard transform is not rounded to BF16 before it is
     quantized. Emulated: quantized where they lie (tokens x features: no transposed copy; the
     GEMM reads dyᵀ as a view, as an FP32 Linear's backward does). Real: transposed once so that
     the tokens are the contiguous dimension (K-major, what the kernel reads)."""
-    if not recipe.real_gemm:
-        g_t = _whole_blocks(g, recipe.block_size, "dy_t")
-        x_t = _whole_blocks(rows, recipe.block_size, "x_t")
-        if recipe.hadamard:  # into scratch: random_hadamard_transform's bits
+    if not quantization.real_gemm:
+        g_t = _whole_blocks(g, quantization.block_size, "dy_t")
+        x_t = _whole_blocks(rows, quantization.block_size, "x_t")
+        if quantization.hadamard:  # into scratch: random_hadamard_transform's bits
             g_t = hadamard_rows(g_t, layer.rht_signs, "dy_h")
             x_t = hadamard_rows(x_t, layer.rht_signs, "x_h")
-        g_q = layer.operand(recipe, g_t, 0, "grad", "a", True)
-        x_q = layer.operand(recipe, x_t, 0, "input", "b", True)
-        return block_gemm(g_q.t(), x_q, torch.float32, recipe)
-    g_t = _tokens_last(g, recipe.block_size, "dy_t")
-    x_t = _tokens_last(rows, recipe.block_size, "x_t")
-    if recipe.hadamard:  # in place, in their scratch: random_hadamard_transform's bits
+        g_q = layer.operand(quantization, g_t, 0, "grad", "a", True)
+        x_q = layer.operand(quantization, x_t, 0, "input", "b", True)
+        return block_gemm(g_q.t(), x_q, torch.float32, quantization)
+    g_t = _tokens_last(g, quantization.block_size, "dy_t")
+    x_t = _tokens_last(rows, quantization.block_size, "x_t")
+    if quantization.hadamard:  # in place, in their scratch: random_hadamard_transform's bits
         hadamard_(g_t, layer.rht_signs)
         hadamard_(x_t, layer.rht_signs)
-    g_q = layer.operand(recipe, g_t, 1, "grad", "a")
-    x_q = layer.operand(recipe, x_t, 1, "input", "b")
-    return block_gemm(g_q, transposed(x_q), torch.float32, recipe)
+    g_q = layer.operand(quantization, g_t, 1, "grad", "a")
+    x_q = layer.operand(quantization, x_t, 1, "input", "b")
+    return block_gemm(g_q, transposed(x_q), torch.float32, quantization)
 
 
 @dataclass(frozen=True)
 class BlockGemm(GemmFormat):
-    """A block-scaled GEMM of ``recipe``'s format: each operand quantized once per GEMM along its
+    """A block-scaled GEMM of ``quantization``'s format: each operand quantized once per GEMM along its
     reduction dimension, the same way on both paths (see the module doc); a tiled weight's
     forward quantization (the same along both dimensions) serves the input gradient's GEMM of
     this format."""
 
-    recipe: BlockRecipe
+    quantization: BlockQuantization
 
     @property
     def label(self) -> str:  # type: ignore[override]  # a class attribute in the base
-        return self.recipe.format
+        return self.quantization.format
 
     def check_features(self, in_features: int, out_features: int) -> None:
         for name, size in (("in_features", in_features), ("out_features", out_features)):
-            if size % self.recipe.block_size:
+            if size % self.quantization.block_size:
                 raise ValueError(
-                    f"BlockLinear ({self.recipe.format}): {name}={size} is not a multiple of "
-                    f"the block size {self.recipe.block_size}"
+                    f"BlockLinear ({self.quantization.format}): {name}={size} is not a multiple of "
+                    f"the block size {self.quantization.block_size}"
                 )
 
     @property
     def _tiles_key(self) -> str:
-        return f"{self.recipe.format}_w_tiles"
+        return f"{self.quantization.format}_w_tiles"
 
     def forward(
         self,
@@ -128,11 +128,11 @@ class BlockGemm(GemmFormat):
         out_dtype: torch.dtype,
         kept: dict[str, Any],
     ) -> torch.Tensor:
-        recipe = self.recipe
-        tiled = recipe.tiled_weight  # kept for the backward: not in scratch
-        x_q = layer.operand(recipe, rows, 1, "input", "a")
-        w_q = layer.operand(recipe, weight, 1, "weight", None if tiled else "b")
-        out = block_gemm(x_q, transposed(w_q), out_dtype, recipe)
+        quantization = self.quantization
+        tiled = quantization.tiled_weight  # kept for the backward: not in scratch
+        x_q = layer.operand(quantization, rows, 1, "input", "a")
+        w_q = layer.operand(quantization, weight, 1, "weight", None if tiled else "b")
+        out = block_gemm(x_q, transposed(w_q), out_dtype, quantization)
         # A tiled weight is the same along both dimensions: its quantization is kept for dx
         # (the emulation's FP32 tensor is saved; the real GEMM's elements and scales travel on
         # the context). Other operands are quantized again from the high-precision tensors.
@@ -141,25 +141,25 @@ class BlockGemm(GemmFormat):
         return out
 
     def input_grad(self, b: Backward) -> torch.Tensor:
-        recipe, layer = self.recipe, b.layer
+        quantization, layer = self.quantization, b.layer
         # dx = dy W: both along out_features, the weight quantized where it lies (row-major,
         # as an FP32 Linear's backward reads it: no transposed copy).
-        g_q = layer.operand(recipe, b.g, 1, "grad", "a")
+        g_q = layer.operand(quantization, b.g, 1, "grad", "a")
         w_q = b.kept.get(self._tiles_key)
-        if w_q is None and recipe.tiled_weight:  # the forward ran in another format: tile now
-            w_q = layer.operand(recipe, b.weight, 1, "weight", None)
+        if w_q is None and quantization.tiled_weight:  # the forward ran in another format: tile now
+            w_q = layer.operand(quantization, b.weight, 1, "weight", None)
         elif w_q is None:
-            w_q = layer.operand(recipe, b.weight, 0, "weight", "b", True)
-        return block_gemm(g_q, w_q, b.x_dtype, recipe)
+            w_q = layer.operand(quantization, b.weight, 0, "weight", "b", True)
+        return block_gemm(g_q, w_q, b.x_dtype, quantization)
 
     def weight_grad(self, b: Backward) -> torch.Tensor:
         assert b.rows is not None  # re-quantized along the tokens: the forward saved them
-        return _weight_grad(b.layer, self.recipe, b.g, b.rows)
+        return _weight_grad(b.layer, self.quantization, b.g, b.rows)
 
 
 class BlockLinear(QuantizedLinear):
     """A :class:`~mptrain.precision.quant.linear.QuantizedLinear` whose GEMMs run in
-    block-scaled formats (``plan``: by default ``recipe``'s for all three; a GEMM of the plan
+    block-scaled formats (``plan``: by default ``quantization``'s for all three; a GEMM of the plan
     may be in another block format or in high precision). Parameters stay FP32 and are the
     wrapped layer's own (:meth:`from_linear`); ``in_features`` and ``out_features`` must be
     multiples of each format's block size (ValueError otherwise).
@@ -174,23 +174,23 @@ class BlockLinear(QuantizedLinear):
         in_features: int,
         out_features: int,
         bias: bool,
-        recipe: BlockRecipe,
+        quantization: BlockQuantization,
         seed: int = 0,
         plan: GemmPlan | None = None,
     ) -> None:
         super().__init__(
-            in_features, out_features, bias, plan or GemmPlan.uniform(BlockGemm(recipe))
+            in_features, out_features, bias, plan or GemmPlan.uniform(BlockGemm(quantization))
         )
-        self.recipe = recipe
+        self.quantization = quantization
         self.sampling = False  # count the next quantizations (BlockStats) while set
         self.sizes = {role: dict.fromkeys(("samples", *SHAPES), 0) for role in ROLES}
         self._seed(seed, self.weight.device)
 
     @property
     def _stochastic(self) -> bool:
-        """A format of the plan rounds gradients stochastically (NVFP4's recipe)."""
-        recipes = [f.recipe for f in self.plan.formats if isinstance(f, BlockGemm)]
-        return any(r.stochastic_rounding for r in recipes)
+        """A format of the plan rounds gradients stochastically (NVFP4's quantization)."""
+        quantizations = [f.quantization for f in self.plan.formats if isinstance(f, BlockGemm)]
+        return any(r.stochastic_rounding for r in quantizations)
 
     def _seed(self, seed: int, device: torch.device) -> None:
         """The layer's Hadamard signs, generator and counters, on ``device``."""
@@ -206,35 +206,39 @@ class BlockLinear(QuantizedLinear):
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, recipe: BlockRecipe, seed: int = 0, plan: GemmPlan | None = None
+        cls,
+        linear: nn.Linear,
+        quantization: BlockQuantization,
+        seed: int = 0,
+        plan: GemmPlan | None = None,
     ) -> BlockLinear:
         """Wrap an existing layer, sharing its Parameter objects (optimizers keep working)."""
         with torch.device("meta"):
             bias = linear.bias is not None
-            new = cls(linear.in_features, linear.out_features, bias, recipe, plan=plan)
+            new = cls(linear.in_features, linear.out_features, bias, quantization, plan=plan)
         new.weight, new.bias = linear.weight, linear.bias
         new._seed(seed, linear.weight.device)
         return new
 
     def operand(
         self,
-        recipe: BlockRecipe,
+        quantization: BlockQuantization,
         t: torch.Tensor,
         dim: int,
         role: str,
         slot: str | None,
         keep_layout: bool = False,
     ) -> Operand:
-        """``t`` quantized along ``dim`` as ``recipe`` says, for one GEMM, counted while
+        """``t`` quantized along ``dim`` as ``quantization`` says, for one GEMM, counted while
         ``sampling``. For the real GEMM the quantization itself (elements and scales); for the
         emulated one dequantized to FP32: through the quantizer while counting (new memory), else
         the fast path (the same bits) into the scratch ``slot`` when given
         (:func:`mptrain.precision.quant.fake.scratch`: the GEMM reads it at once), in ``t``'s
         layout with ``keep_layout``."""
-        real = recipe.real_gemm
+        real = quantization.real_gemm
         if not self.sampling and not real:
             return fake_quant_operand(
-                recipe,
+                quantization,
                 t,
                 dim,
                 role,
@@ -243,7 +247,7 @@ class BlockLinear(QuantizedLinear):
                 keep_layout=keep_layout,
             )
         quantized = quantize_operand(
-            recipe, t, dim, role, generator=self.generator, stats=self.sampling
+            quantization, t, dim, role, generator=self.generator, stats=self.sampling
         )
         if self.sampling:
             self._count(role, quantized.stats)
@@ -267,5 +271,5 @@ class BlockLinear(QuantizedLinear):
         }
 
     def extra_repr(self) -> str:
-        gemm = "scaled_mm" if self.recipe.real_gemm else "emulated"
-        return f"{super().extra_repr()}, format={self.recipe.format}, gemm={gemm}"
+        gemm = "scaled_mm" if self.quantization.real_gemm else "emulated"
+        return f"{super().extra_repr()}, format={self.quantization.format}, gemm={gemm}"

@@ -29,8 +29,8 @@ from mptrain.config.base import ConfigError
 from mptrain.config.format_table import FORMAT_TABLE, FP8
 from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.quant.block_linear import BlockLinear
-from mptrain.precision.quant.block_recipe import BlockRecipe
-from mptrain.precision.quant.fp8 import AMAX_EVENT_COUNTERS, GEMM_ALIGNMENT, FP8Recipe
+from mptrain.precision.quant.block_quant import BlockQuantization
+from mptrain.precision.quant.fp8 import AMAX_EVENT_COUNTERS, GEMM_ALIGNMENT, FP8Quantization
 from mptrain.precision.quant.fp8_linear import Float8Linear
 from mptrain.precision.quant.linear import LayerPlans, QuantizedLinear
 from mptrain.precision.selection import (
@@ -42,23 +42,25 @@ from mptrain.precision.selection import (
     set_submodule,
 )
 
-Quantization = FP8Recipe | BlockRecipe  # what a converted layer's formats quantize by
+Quantization = FP8Quantization | BlockQuantization  # what a converted layer's formats quantize by
 
 
 # ------------------------------------------------------------------------------ selection
 def layer_rules(
-    recipe: Quantization, include: list[str], exclude: list[str], keep_first_last: bool
+    quantization: Quantization, include: list[str], exclude: list[str], keep_first_last: bool
 ) -> LayerRules:
-    """The selection rules of ``recipe``'s format, under its config keys."""
-    chosen = (tuple(include), tuple(exclude), keep_first_last, recipe.min_features)
-    if isinstance(recipe, FP8Recipe):  # torch._scaled_mm's alignment, its reason by default
+    """The selection rules of ``quantization``'s format, under its config keys."""
+    chosen = (tuple(include), tuple(exclude), keep_first_last, quantization.min_features)
+    if isinstance(
+        quantization, FP8Quantization
+    ):  # torch._scaled_mm's alignment, its reason by default
         return LayerRules(FORMAT_TABLE[FP8].config_group, *chosen, alignment=GEMM_ALIGNMENT)
     return LayerRules(
-        recipe.config_key,
+        quantization.config_key,
         *chosen,
-        alignment=recipe.block_size,
-        alignment_why=f"{recipe.row.label} blocks of {recipe.block_size}",
-        keep_last_fraction=recipe.keep_last_fraction,
+        alignment=quantization.block_size,
+        alignment_why=f"{quantization.row.label} blocks of {quantization.block_size}",
+        keep_last_fraction=quantization.keep_last_fraction,
     )
 
 
@@ -69,8 +71,10 @@ def choose_layers(
     keep_first_last: bool,
     min_features: int = 0,
 ) -> list[LayerChoice]:
-    """FP8's choice for every nn.Linear of ``model`` (:func:`layer_rules` of an FP8 recipe)."""
-    rules = layer_rules(FP8Recipe(min_features=min_features), include, exclude, keep_first_last)
+    """FP8's choice for every nn.Linear of ``model`` (:func:`layer_rules` of an FP8 quantization)."""
+    rules = layer_rules(
+        FP8Quantization(min_features=min_features), include, exclude, keep_first_last
+    )
     return choose(model, rules)
 
 
@@ -109,7 +113,7 @@ def process_place() -> tuple[int, int]:
 # ------------------------------------------------------------------------------ conversion
 def _quantized(
     linear: nn.Linear,
-    recipe: Quantization,
+    quantization: Quantization,
     index: int,
     rank: int,
     plans: LayerPlans | None,
@@ -118,10 +122,10 @@ def _quantized(
     """The ``index``-th converted layer, ``name``, made from ``linear`` (sharing its Parameters)."""
     plan = plans.for_layer(name) if plans is not None else None
     try:
-        if isinstance(recipe, FP8Recipe):
-            return Float8Linear.from_linear(linear, recipe, plan)
-        seed = layer_seed(recipe.seed, index)
-        layer = BlockLinear.from_linear(linear, recipe, seed, plan)
+        if isinstance(quantization, FP8Quantization):
+            return Float8Linear.from_linear(linear, quantization, plan)
+        seed = layer_seed(quantization.seed, index)
+        layer = BlockLinear.from_linear(linear, quantization, seed, plan)
     except ValueError as exc:  # a plan's GEMM format needs sizes the layer's selection did not
         if plan is None:
             raise
@@ -134,11 +138,11 @@ def _quantized(
 def convert_linears(
     model: nn.Module,
     choices: list[LayerChoice],
-    recipe: Quantization,
+    quantization: Quantization,
     plans: LayerPlans | None = None,
     place: tuple[int, int] | None = None,
 ) -> dict[str, QuantizedLinear]:
-    """Replace the chosen nn.Linear layers of ``model`` in place by ``recipe``'s layer (sharing
+    """Replace the chosen nn.Linear layers of ``model`` in place by ``quantization``'s layer (sharing
     their Parameters; drawing no global random number), each with its plan of ``plans`` (None:
     its format's own); a block layer's generator seeded for the rank of ``place`` ((rank, world
     size); by default this process's, :func:`process_place`). Returns them by name."""
@@ -146,38 +150,42 @@ def convert_linears(
     layers = {}
     for index, choice in enumerate(c for c in choices if c.converted):
         linear = model.get_submodule(choice.name)
-        layers[choice.name] = _quantized(linear, recipe, index, rank, plans, choice.name)
+        layers[choice.name] = _quantized(linear, quantization, index, rank, plans, choice.name)
         set_submodule(model, choice.name, layers[choice.name])
     return layers
 
 
-def _recipe_section(recipe: Quantization, backend: str) -> dict[str, Any]:
-    """The report section's account of ``recipe``: its GEMM (real or emulated) and settings."""
-    if isinstance(recipe, FP8Recipe):
+def _recipe_section(quantization: Quantization, backend: str) -> dict[str, Any]:
+    """The report section's account of ``quantization``: its GEMM (real or emulated) and settings."""
+    if isinstance(quantization, FP8Quantization):
         return {
             "backend": backend,
-            "gemm": "torch._scaled_mm" if recipe.real_gemm else "emulated (FP8 cast, FP32 matmul)",
-            "emulated": not recipe.real_gemm,
-            "forward_dtype": dtype_name(recipe.forward_dtype),
-            "backward_dtype": dtype_name(recipe.backward_dtype),
-            "scaling": recipe.scaling,
-            "granularity": recipe.granularity,
-            "amax_history_len": recipe.amax_history_len,
-            "amax_compute_algo": recipe.amax_compute_algo,
-            "margin": recipe.margin,
-            "pow2_scales": recipe.pow2_scales,
+            "gemm": "torch._scaled_mm"
+            if quantization.real_gemm
+            else "emulated (FP8 cast, FP32 matmul)",
+            "emulated": not quantization.real_gemm,
+            "forward_dtype": dtype_name(quantization.forward_dtype),
+            "backward_dtype": dtype_name(quantization.backward_dtype),
+            "scaling": quantization.scaling,
+            "granularity": quantization.granularity,
+            "amax_history_len": quantization.amax_history_len,
+            "amax_compute_algo": quantization.amax_compute_algo,
+            "margin": quantization.margin,
+            "pow2_scales": quantization.pow2_scales,
         }
     return {
-        **recipe.describe(),
-        "name": recipe.row.label,
-        "gemm": "scaled_mm" if recipe.real_gemm else "emulated (dequantized operands, FP32 matmul)",
-        "emulated": not recipe.real_gemm,
+        **quantization.describe(),
+        "name": quantization.row.label,
+        "gemm": "scaled_mm"
+        if quantization.real_gemm
+        else "emulated (dequantized operands, FP32 matmul)",
+        "emulated": not quantization.real_gemm,
     }
 
 
 def apply_quantized(
     model: nn.Module,
-    recipe: Quantization,
+    quantization: Quantization,
     sample: torch.Tensor,
     rules: LayerRules,
     plans: LayerPlans | None = None,
@@ -185,7 +193,7 @@ def apply_quantized(
 ) -> dict[str, Any]:
     """Convert the model's Linear layers that ``rules`` (:func:`layer_rules`) choose, in place
     (FP8's through torchao's float8 training with ``backend="torchao"``); return the report's
-    section of the format: the recipe, the GEMM, the converted share of the Linear FLOPs, and per
+    section of the format: the quantization, the GEMM, the converted share of the Linear FLOPs, and per
     Linear whether it converted and, if not, why. ``sample`` (one input batch) counts each
     Linear's FLOPs."""
     choices = choose(model, rules)
@@ -193,22 +201,22 @@ def apply_quantized(
     if backend == "torchao":
         from mptrain.precision.quant.torchao_bridge import torchao_convert
 
-        if not isinstance(recipe, FP8Recipe):
+        if not isinstance(quantization, FP8Quantization):
             raise ValueError("fp8.backend=torchao: FP8 with tensorwise or rowwise scales only")
 
-        torchao_convert(model, {c.name for c in choices if c.converted}, recipe)
+        torchao_convert(model, {c.name for c in choices if c.converted}, quantization)
     else:
-        convert_linears(model, choices, recipe, plans)
+        convert_linears(model, choices, quantization, plans)
     share, rows = layer_rows(choices, flops, plans)
     section = {
-        **_recipe_section(recipe, backend),
-        "min_features": recipe.min_features,
+        **_recipe_section(quantization, backend),
+        "min_features": quantization.min_features,
         "converted_linear_flops_share": share,
     }
-    if isinstance(recipe, BlockRecipe):
+    if isinstance(quantization, BlockQuantization):
         # The Linear layers' FLOPs by the format they compute in (the rest stay in BF16).
         section["linear_flops_share"] = {
-            recipe.format: share,
+            quantization.format: share,
             "bf16": 1.0 - share if flops else 0.0,
         }
         section["counted"] = (
@@ -292,7 +300,7 @@ class BlockLayers:
         """Restore this rank's generators from :meth:`state_dict`'s (a checkpoint's): the draws
         resume where they stopped. A checkpoint written before ranks drew apart holds one flat
         ``{layer name: state}``, rank 0's. Where the layers with generators differ (a checkpoint
-        of another precision or recipe, resumed with ``resume_allow_changes``) or the checkpoint
+        of another precision or quantization, resumed with ``resume_allow_changes``) or the checkpoint
         holds no states for this rank (saved by fewer ranks) nothing is restored: the
         generators start from their seeds, and the returned notes say so."""
         own = {n for n, layer in self.layers.items() if layer.generator is not None}

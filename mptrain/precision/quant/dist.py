@@ -44,7 +44,7 @@ from mptrain.precision.quant.block_linear import BlockLinear
 from mptrain.precision.quant.fp8 import (
     AMAX_EVENT_COUNTERS,
     E4M3,
-    FP8Recipe,
+    FP8Quantization,
     TensorScaler,
     history_amax,
     scale_or_current,
@@ -90,11 +90,11 @@ class BuiltinFP8Sync(FP8Sync):
     def __init__(self, scalers: list[TensorScaler], ctx: DistContext, delayed: bool) -> None:
         super().__init__()
         self.ctx, self.delayed = ctx, delayed
-        # Grouped by format and recipe, each group a block of the reduced histories: its scales
+        # Grouped by format and quantization, each group a block of the reduced histories: its scales
         # are computed together (a few kernels per group, not a few per scaler).
-        groups: dict[tuple[torch.dtype, FP8Recipe], list[TensorScaler]] = {}
+        groups: dict[tuple[torch.dtype, FP8Quantization], list[TensorScaler]] = {}
         for scaler in scalers:
-            groups.setdefault((scaler.dtype, scaler.recipe), []).append(scaler)
+            groups.setdefault((scaler.dtype, scaler.quantization), []).append(scaler)
             scaler.defer_scale_update = delayed
         self.groups = list(groups.items())
         self.scalers = [s for _, group in self.groups for s in group]
@@ -122,12 +122,15 @@ class BuiltinFP8Sync(FP8Sync):
         dist.all_reduce(flat, op=dist.ReduceOp.MAX)
         torch._foreach_copy_(histories, list(flat.split([h.numel() for h in histories])))
         start = 0
-        for (dtype, recipe), group in self.groups:  # TensorScaler.update_scale, group by group
-            block = flat[start : start + len(group) * recipe.amax_history_len]
+        for (
+            dtype,
+            quantization,
+        ), group in self.groups:  # TensorScaler.update_scale, group by group
+            block = flat[start : start + len(group) * quantization.amax_history_len]
             start += block.numel()
-            amax = history_amax(block.view(len(group), -1), recipe.amax_compute_algo)
+            amax = history_amax(block.view(len(group), -1), quantization.amax_compute_algo)
             scales = [s.scale for s in group]
-            new = scale_or_current(amax, torch.stack(scales), dtype, recipe)
+            new = scale_or_current(amax, torch.stack(scales), dtype, quantization)
             torch._foreach_copy_(scales, list(new.unbind()))
 
     def _sum_counters(self) -> None:
@@ -174,9 +177,9 @@ class TorchaoFsdpSync(FP8Sync):
 
 
 def build_fp8_sync(
-    model: nn.Module, ctx: DistContext, fp8_backend: str, recipe: FP8Recipe
+    model: nn.Module, ctx: DistContext, fp8_backend: str, quantization: FP8Quantization
 ) -> FP8Sync:
-    """What ``model``'s FP8 layers (``fp8.backend``; the recipe's scaling and granularity) need
+    """What ``model``'s FP8 layers (``fp8.backend``; the quantization's scaling and granularity) need
     from the ranks.
 
     ``model`` is the wrapped model (DDP or FSDP2), not a torch.compile'd one.
@@ -186,7 +189,7 @@ def build_fp8_sync(
     if fp8_backend == "torchao":
         # torchao all-gathers weights in FP8 with tensorwise scales only (its config refuses
         # rowwise): rowwise weights are gathered like any other.
-        if ctx.strategy == "fsdp" and recipe.granularity == "tensorwise":
+        if ctx.strategy == "fsdp" and quantization.granularity == "tensorwise":
             return TorchaoFsdpSync(model, ctx)
         return FP8Sync(
             {
@@ -197,4 +200,4 @@ def build_fp8_sync(
             }
         )
     scalers = [m for m in model.modules() if isinstance(m, TensorScaler)]
-    return BuiltinFP8Sync(scalers, ctx, delayed=recipe.scaling == "delayed")
+    return BuiltinFP8Sync(scalers, ctx, delayed=quantization.scaling == "delayed")

@@ -1,4 +1,4 @@
-"""FP8 numbers: the formats (E4M3, E5M2) and their saturation, the recipe, scales from amaxes
+"""FP8 numbers: the formats (E4M3, E5M2) and their saturation, the quantization, scales from amaxes
 (power-of-two rounding included), quantize/dequantize, and :class:`TensorScaler`, the per-tensor
 scale with its amax history and counters kept as buffers.
 """
@@ -45,7 +45,7 @@ MIN_FP8_CAPABILITY = FORMAT_TABLE[FP8].kernel.least  # (8, 9): Ada, Hopper and l
 
 
 @dataclass(frozen=True)
-class FP8Recipe:
+class FP8Quantization:
     """How Float8Linear quantizes, and which layers convert. Built from the ``fp8`` config by the
     precision policy; the model build sets ``pow2_scales`` and ``min_features`` from it."""
 
@@ -121,14 +121,14 @@ def _(t: torch.Tensor) -> torch.Tensor:
 
 
 def scale_or_current(
-    amax: torch.Tensor, current: torch.Tensor, dtype: torch.dtype, recipe: FP8Recipe
+    amax: torch.Tensor, current: torch.Tensor, dtype: torch.dtype, quantization: FP8Quantization
 ) -> torch.Tensor:
     """Elementwise, the scale for each ``amax`` (rounded down to a power of two with
-    ``recipe.pow2_scales``), or ``current`` where amax is zero or not finite: one TensorScaler's,
-    or those of many scalers of ``dtype`` and ``recipe`` at once (mptrain.precision.quant.dist)."""
+    ``quantization.pow2_scales``), or ``current`` where amax is zero or not finite: one TensorScaler's,
+    or those of many scalers of ``dtype`` and ``quantization`` at once (mptrain.precision.quant.dist)."""
     usable = torch.isfinite(amax) & (amax > 0)
-    scale = scale_from_amax(amax, dtype, recipe.margin)
-    if recipe.pow2_scales:
+    scale = scale_from_amax(amax, dtype, quantization.margin)
+    if quantization.pow2_scales:
         scale = pow2_floor(scale)
     return torch.where(usable, scale, current)
 
@@ -155,12 +155,12 @@ class TensorScaler(nn.Module):
 
     _version = 2  # 2: the amax event counters (state dicts of version 1 load without them)
 
-    def __init__(self, dtype: torch.dtype, recipe: FP8Recipe) -> None:
+    def __init__(self, dtype: torch.dtype, quantization: FP8Quantization) -> None:
         super().__init__()
         self.dtype = dtype
-        self.recipe = recipe
+        self.quantization = quantization
         self.register_buffer("scale", torch.ones((), dtype=torch.float32))
-        self.register_buffer("amax_history", torch.zeros(recipe.amax_history_len))
+        self.register_buffer("amax_history", torch.zeros(quantization.amax_history_len))
         self.register_buffer("saturated", torch.zeros((), dtype=torch.float64))
         self.register_buffer("seen", torch.zeros((), dtype=torch.float64))
         for name in AMAX_EVENT_COUNTERS:
@@ -195,10 +195,10 @@ class TensorScaler(nn.Module):
 
     def _scale_for(self, amax: torch.Tensor) -> torch.Tensor:
         """The scale for ``amax``, or the current one where amax is zero or not finite."""
-        return scale_or_current(amax, self.scale, self.dtype, self.recipe)
+        return scale_or_current(amax, self.scale, self.dtype, self.quantization)
 
     def _history_amax(self) -> torch.Tensor:
-        return history_amax(self.amax_history, self.recipe.amax_compute_algo)
+        return history_amax(self.amax_history, self.quantization.amax_compute_algo)
 
     def _count(self, magnitude: torch.Tensor, amax: torch.Tensor, scale: torch.Tensor) -> None:
         """Add one training cast of ``magnitude`` (|x|) at ``scale`` to the counters."""
@@ -225,7 +225,7 @@ class TensorScaler(nn.Module):
         """
         magnitude = x.detach().abs().float()
         amax = magnitude.max()
-        dynamic = self.recipe.scaling == "dynamic"
+        dynamic = self.quantization.scaling == "dynamic"
         scale = self._scale_for(amax) if dynamic else snapshot(self.scale)
         if not update:
             return quantize(x, scale, self.dtype), scale
@@ -253,8 +253,8 @@ class TensorScaler(nn.Module):
         """
         magnitude = x.detach().abs().float()
         amax = magnitude.amax(dim=dim, keepdim=True)
-        scale = scale_from_amax(amax, self.dtype, self.recipe.margin)
-        if self.recipe.pow2_scales:
+        scale = scale_from_amax(amax, self.dtype, self.quantization.margin)
+        if self.quantization.pow2_scales:
             scale = pow2_floor(scale)
         if update:
             tensor_amax = amax.max()

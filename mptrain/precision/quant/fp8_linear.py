@@ -16,7 +16,7 @@ from torch import nn
 from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.quant.fp8 import (
     GEMM_ALIGNMENT,
-    FP8Recipe,
+    FP8Quantization,
     TensorScaler,
 )
 from mptrain.precision.quant.kernels import fp8_gemm
@@ -41,9 +41,9 @@ def _padded_col(t: torch.Tensor) -> torch.Tensor:
 
 
 class _FP8Gemm(GemmFormat):
-    """What both FP8 granularities share: the recipe, and the alignment torch._scaled_mm needs."""
+    """What both FP8 granularities share: the quantization, and the alignment torch._scaled_mm needs."""
 
-    recipe: FP8Recipe
+    quantization: FP8Quantization
 
     def check_features(self, in_features: int, out_features: int) -> None:
         for name, size in (("in_features", in_features), ("out_features", out_features)):
@@ -60,7 +60,7 @@ class FP8TensorwiseGemm(_FP8Gemm):
     scale is the same along either axis; delayed scaling must not cast a tensor twice), and the
     output gradient is cast once for both backward GEMMs."""
 
-    recipe: FP8Recipe
+    quantization: FP8Quantization
     label = "fp8 tensorwise"
 
     def reuses_forward(self, forward: GemmFormat) -> bool:
@@ -80,7 +80,7 @@ class FP8TensorwiseGemm(_FP8Gemm):
         x_fp8, x_scale = layer.input_scaler.cast(rows.contiguous(), update)
         w_fp8, w_scale = layer.weight_scaler.cast(weight.contiguous(), update)
         # y = x Wᵀ: x row-major (M×K), Wᵀ column-major (K×N) is W stored row-major.
-        out = fp8_gemm(x_fp8, x_scale, w_fp8.t(), w_scale, out_dtype, self.recipe.real_gemm)
+        out = fp8_gemm(x_fp8, x_scale, w_fp8.t(), w_scale, out_dtype, self.quantization.real_gemm)
         # Kept only for a backward GEMM of this format (the input's cast: exactly when the plan
         # saves no input rows, GemmPlan.saves_input); a weight gradient in BF16 (torchao's
         # rowwise_with_gw_hp) reads the high-precision rows instead.
@@ -109,14 +109,14 @@ class FP8TensorwiseGemm(_FP8Gemm):
         w_fp8, w_scale = self._cast(b.kept, "fp8_w", b.layer.weight_scaler, b.weight)
         # dx = dy W: dy row-major (M×N), W column-major (N×K).
         w_col = w_fp8.t().contiguous().t()
-        return fp8_gemm(g_fp8, g_scale, w_col, w_scale, b.x_dtype, self.recipe.real_gemm)
+        return fp8_gemm(g_fp8, g_scale, w_col, w_scale, b.x_dtype, self.quantization.real_gemm)
 
     def weight_grad(self, b: Backward) -> torch.Tensor:
         g_fp8, g_scale = self._grad(b)
         x_fp8, x_scale = self._cast(b.kept, "fp8_x", b.layer.input_scaler, b.rows)
         # dW = dyᵀ x: dyᵀ row-major (N×M), x column-major (M×K); M padded to the alignment.
         g_t, x_col = _padded_t(g_fp8), _padded_col(x_fp8)
-        return fp8_gemm(g_t, g_scale, x_col, x_scale, torch.float32, self.recipe.real_gemm)
+        return fp8_gemm(g_t, g_scale, x_col, x_scale, torch.float32, self.quantization.real_gemm)
 
 
 # torch's rowwise-scaled FP8 GEMM kernels write BF16 only; the emulation rounds the same way.
@@ -140,7 +140,7 @@ _COUNTED = "fp8_rowwise_counted"  # kept / cache: this step's casts of a role we
 
 @dataclass(frozen=True)
 class FP8RowwiseGemm(_FP8Gemm):
-    """Rowwise scaling, as torchao's rowwise recipe: every GEMM operand gets one scale per row
+    """Rowwise scaling, as torchao's rowwise quantization: every GEMM operand gets one scale per row
     (left operand) or per column (right operand), the slices that do not meet in the sum, so
     ``_scaled_mm`` can apply them to the product. Each GEMM needs its operands scaled along its
     own outer dimension, so the input and the weight are quantized again in the backward (along
@@ -149,7 +149,7 @@ class FP8RowwiseGemm(_FP8Gemm):
     quantize the same tensors again and are not counted twice — unless, in a per-GEMM plan, the
     GEMM that counts a role ran in another format: then the next rowwise GEMM counts it."""
 
-    recipe: FP8Recipe
+    quantization: FP8Quantization
     label = "fp8 rowwise"
 
     def forward(
@@ -165,7 +165,7 @@ class FP8RowwiseGemm(_FP8Gemm):
         w_fp8, w_scale = layer.weight_scaler.cast_along(weight.contiguous(), -1, update)  # (N, 1)
         kept[_COUNTED] = True  # the input and weight casts of this step are counted
         # y = x Wᵀ: one scale per row of x and per column of Wᵀ (= per row of W).
-        real = self.recipe.real_gemm
+        real = self.quantization.real_gemm
         return _rowwise_gemm(x_fp8, x_scale, w_fp8.t(), w_scale.t(), out_dtype, real)
 
     def input_grad(self, b: Backward) -> torch.Tensor:
@@ -177,7 +177,7 @@ class FP8RowwiseGemm(_FP8Gemm):
         )
         # dx = dy W: per row of dy, per column of W (N×K, column-major).
         w_col_major = w_cols.t().contiguous().t()
-        real = self.recipe.real_gemm
+        real = self.quantization.real_gemm
         return _rowwise_gemm(g_rows, g_row_scale, w_col_major, w_col_scale, b.x_dtype, real)
 
     def weight_grad(self, b: Backward) -> torch.Tensor:
@@ -192,20 +192,20 @@ class FP8RowwiseGemm(_FP8Gemm):
             b.rows.contiguous(), 0, not b.kept.get(_COUNTED, False)
         )
         g_t, x_col = _padded_t(g_cols), _padded_col(x_cols)
-        real = self.recipe.real_gemm
+        real = self.quantization.real_gemm
         return _rowwise_gemm(g_t, g_col_scale.t(), x_col, x_col_scale, torch.float32, real)
 
 
-def fp8_gemm_format(recipe: FP8Recipe) -> _FP8Gemm:
-    """The GEMM format of ``recipe``'s granularity (tensorwise or rowwise)."""
-    if recipe.granularity == "rowwise":
-        return FP8RowwiseGemm(recipe)
-    return FP8TensorwiseGemm(recipe)
+def fp8_gemm_format(quantization: FP8Quantization) -> _FP8Gemm:
+    """The GEMM format of ``quantization``'s granularity (tensorwise or rowwise)."""
+    if quantization.granularity == "rowwise":
+        return FP8RowwiseGemm(quantization)
+    return FP8TensorwiseGemm(quantization)
 
 
 class Float8Linear(QuantizedLinear):
     """A :class:`~mptrain.precision.quant.linear.QuantizedLinear` whose GEMMs run in FP8
-    (``plan``: by default ``recipe``'s granularity for all three; a GEMM of the plan may be in
+    (``plan``: by default ``quantization``'s granularity for all three; a GEMM of the plan may be in
     high precision instead). Parameters stay FP32. It holds the FP8 formats' state: a
     :class:`TensorScaler` per role (input, weight, grad), in its state_dict.
 
@@ -220,24 +220,24 @@ class Float8Linear(QuantizedLinear):
         in_features: int,
         out_features: int,
         bias: bool,
-        recipe: FP8Recipe,
+        quantization: FP8Quantization,
         plan: GemmPlan | None = None,
     ) -> None:
-        plan = plan or GemmPlan.uniform(fp8_gemm_format(recipe))
+        plan = plan or GemmPlan.uniform(fp8_gemm_format(quantization))
         super().__init__(in_features, out_features, bias, plan)
-        self.recipe = recipe
-        self.input_scaler = TensorScaler(recipe.forward_dtype, recipe)
-        self.weight_scaler = TensorScaler(recipe.forward_dtype, recipe)
-        self.grad_scaler = TensorScaler(recipe.backward_dtype, recipe)
+        self.quantization = quantization
+        self.input_scaler = TensorScaler(quantization.forward_dtype, quantization)
+        self.weight_scaler = TensorScaler(quantization.forward_dtype, quantization)
+        self.grad_scaler = TensorScaler(quantization.backward_dtype, quantization)
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, recipe: FP8Recipe, plan: GemmPlan | None = None
+        cls, linear: nn.Linear, quantization: FP8Quantization, plan: GemmPlan | None = None
     ) -> Float8Linear:
         """Wrap an existing layer, sharing its Parameter objects (optimizers keep working)."""
         with torch.device("meta"):
             bias = linear.bias is not None
-            new = cls(linear.in_features, linear.out_features, bias, recipe, plan)
+            new = cls(linear.in_features, linear.out_features, bias, quantization, plan)
         new.weight = linear.weight
         new.bias = linear.bias
         device = linear.weight.device
@@ -247,7 +247,7 @@ class Float8Linear(QuantizedLinear):
         return new
 
     def extra_repr(self) -> str:
-        fmt = f"{dtype_name(self.recipe.forward_dtype)}/{dtype_name(self.recipe.backward_dtype)}"
-        gemm = "scaled_mm" if self.recipe.real_gemm else "emulated"
-        scaling = f"{self.recipe.scaling} {self.recipe.granularity}"
+        fmt = f"{dtype_name(self.quantization.forward_dtype)}/{dtype_name(self.quantization.backward_dtype)}"
+        gemm = "scaled_mm" if self.quantization.real_gemm else "emulated"
+        scaling = f"{self.quantization.scaling} {self.quantization.granularity}"
         return f"{super().extra_repr()}, fp8={fmt}, scaling={scaling}, gemm={gemm}"

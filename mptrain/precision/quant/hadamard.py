@@ -1,4 +1,4 @@
-"""The random Hadamard transform (RHT) of NVIDIA's NVFP4 training recipe: before the
+"""The random Hadamard transform (RHT) of NVIDIA's NVFP4 training quantization: before the
 weight-gradient GEMM ``dW = dYᵀ X`` quantizes its inputs, both are multiplied along the GEMM's
 reduction dimension (the tokens) by the same orthogonal block-diagonal matrix R = D H / 4, with H
 the 16x16 Hadamard matrix and D a diagonal of random signs. R Rᵀ = I, so (dYᵀ R)(Rᵀ X) = dYᵀ X:

@@ -7,7 +7,7 @@ on the CPU cannot fail on the GPU for a rule the CPU skipped):
   (:func:`check_gemm_operands`). Emulated: the FP8 values (exact in FP32) multiplied in FP32, the
   product rescaled once;
 - block-scaled (:func:`block_gemm`): torch's block-scaled ``torch.nn.functional.scaled_mm`` where
-  the GPU has it (``recipe.real_gemm``). Both paths take the operands of the same quantization;
+  the GPU has it (``quantization.real_gemm``). Both paths take the operands of the same quantization;
   only the matmul differs.
 
 Which (:func:`block_gemm_available`, from the device's compute capability and torch's build, as
@@ -15,7 +15,7 @@ each format's row of :data:`mptrain.config.format_table.FORMAT_TABLE` states the
 the precision policy decides and records it, ``<key>.emulate=false`` without it is refused):
 
 - blockwise FP8 (``fp8_blockwise``): Hopper, compute capability 9.x, E4M3 operands (torch's
-  DeepSeek recipe: BlockWise1x128 activations and gradients, BlockWise128x128 weights, FP32
+  DeepSeek quantization: BlockWise1x128 activations and gradients, BlockWise128x128 weights, FP32
   scales; cuBLAS >= 12.9). torch refuses it on every other architecture, Blackwell included,
   and refuses E5M2 (``fp8.format=hybrid`` gradients): those run emulated;
 - MXFP8 and NVFP4: Blackwell and later, compute capability >= 10.0 (BlockWise1x32 with E8M0
@@ -30,7 +30,7 @@ because torch.compile traces the backward under the forward's autocast (torch 2.
 
 Real (``a`` and ``b`` :class:`~.blocked.BlockQuantized`, elements and scales as quantized):
 :func:`scaled_mm_call` lays them out as the kernel requires (``a`` row-major, ``b``
-column-major, scales per recipe; checked on the CPU by tests/precision/test_block_gemm.py with
+column-major, scales per quantization; checked on the CPU by tests/precision/test_block_gemm.py with
 a reference that dequantizes exactly the arguments passed) and runs one ``scaled_mm`` that
 accumulates in FP32. NVFP4's per-tensor scales multiply the FP32 product afterwards (torchao's
 NVFP4 GEMM does the same). Real and emulated products differ by the FP32 summation order and,
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from mptrain.config.format_table import FORMAT_TABLE, FP8_BLOCKWISE, MXFP8, NVFP4
 from mptrain.platform import hardware
 from mptrain.precision.quant import e2m1
-from mptrain.precision.quant.block_recipe import BlockRecipe
+from mptrain.precision.quant.block_quant import BlockQuantization
 from mptrain.precision.quant.blocked import BlockQuantized
 from mptrain.precision.quant.fp8 import E4M3, E5M2, GEMM_ALIGNMENT, MIN_FP8_CAPABILITY
 
@@ -162,17 +162,19 @@ def block_gemm_available(
     return True, ""
 
 
-def block_gemm(a: Operand, b: Operand, out_dtype: torch.dtype, recipe: BlockRecipe) -> torch.Tensor:
+def block_gemm(
+    a: Operand, b: Operand, out_dtype: torch.dtype, quantization: BlockQuantization
+) -> torch.Tensor:
     """``a @ b`` (M x K times K x N) with FP32 accumulation, in ``out_dtype``. Emulated
-    (``recipe.real_gemm`` false): two dequantized FP32 tensors. Real: two
+    (``quantization.real_gemm`` false): two dequantized FP32 tensors. Real: two
     :class:`BlockQuantized` quantized along K, ``b`` standing for the K x N matrix (its
     ``dequantize()``; :func:`transposed` turns an N x K one into it)."""
-    if recipe.real_gemm:
+    if quantization.real_gemm:
         if not (isinstance(a, BlockQuantized) and isinstance(b, BlockQuantized)):
-            raise TypeError(f"{recipe.format}: the real GEMM takes quantized operands")
-        return scaled_gemm(a, b, out_dtype, recipe.format)
+            raise TypeError(f"{quantization.format}: the real GEMM takes quantized operands")
+        return scaled_gemm(a, b, out_dtype, quantization.format)
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        raise TypeError(f"{recipe.format}: the emulated GEMM takes dequantized FP32 tensors")
+        raise TypeError(f"{quantization.format}: the emulated GEMM takes dequantized FP32 tensors")
     with torch.autocast(a.device.type, enabled=False):
         return torch.mm(a, b).to(out_dtype)
 
@@ -214,7 +216,7 @@ def scaled_gemm(
 class ScaledMMCall:
     """The arguments of one ``torch.nn.functional.scaled_mm`` (see :func:`scaled_mm_call`):
     ``mat_a`` (M' x K, row-major; M' >= ``rows``, zero rows past them), ``mat_b`` (K x N,
-    column-major), their scales and ``ScalingType`` recipes, the swizzle of both scales (None:
+    column-major), their scales and ``ScalingType`` quantizations, the swizzle of both scales (None:
     not swizzled), the kernel's output dtype, and ``alpha``: what multiplies the FP32 product
     afterwards (NVFP4's two per-tensor scales), or None."""
 
@@ -275,7 +277,7 @@ def _gemm_out(out_dtype: torch.dtype) -> torch.dtype:
 
 
 def _blockwise_call(a: BlockQuantized, b: BlockQuantized, out_dtype: torch.dtype) -> ScaledMMCall:
-    """torch's DeepSeek recipe: ``a`` 1x128 with its (M, K/128) scales M-major (strides (1, M));
+    """torch's DeepSeek quantization: ``a`` 1x128 with its (M, K/128) scales M-major (strides (1, M));
     ``b`` 128x128 with its scales as (round_up(K/128, 4), N/128), strides (1, that) (cuBLAS's
     K-major layout, padding ones unread), or 1x128 with (N, K/128) scales N-major."""
     if a.data.dtype != E4M3 or b.data.dtype != E4M3:

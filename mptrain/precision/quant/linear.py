@@ -13,7 +13,7 @@ A Linear computes three GEMMs, each reducing over its own dimension:
 A :class:`GemmFormat` runs one kind of GEMM: it quantizes its two operands along the GEMM's
 reduction dimension and multiplies them with FP32 accumulation, on a real kernel or emulated;
 :class:`HighPrecisionGemm` multiplies in BF16 or FP32 without quantizing. The plan names the
-format of each GEMM: the same one for all three in the precisions' own recipes (``precision=fp8``,
+format of each GEMM: the same one for all three in the precisions' own quantizations (``precision=fp8``,
 ``mxfp8``, ``nvfp4``), or another for a GEMM (FP8 forward and input gradient, the weight gradient
 in BF16: torchao's ``rowwise_with_gw_hp``).
 
@@ -130,7 +130,7 @@ class GemmPlan:
 
     @classmethod
     def uniform(cls, fmt: GemmFormat) -> GemmPlan:
-        """One format for all three GEMMs: a precision's own recipe."""
+        """One format for all three GEMMs: a precision's own quantization."""
         return cls(fmt, fmt, fmt)
 
     @property

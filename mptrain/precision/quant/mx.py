@@ -11,7 +11,7 @@ roundings, as torchao's ``ScaleCalculationMode``:
   whose top lies past the element format's max: for E4M3 a block whose amax / scale reaches 464
   (of [256, 512), the top 3/16 of the binade) has its largest elements saturated.
 - ``rceil`` (NVIDIA cuBLAS, "Computing scaling and conversion factors for FP8 with UE8M0 scales";
-  Transformer Engine's MXFP8 recipe): the scale is amax / max (a correctly rounded FP32
+  Transformer Engine's MXFP8 quantization): the scale is amax / max (a correctly rounded FP32
   quotient) rounded *up* to a power of two (PTX ``cvt.rp.satfinite.ue8m0x2.f32``): nothing
   saturates.
 

@@ -2,7 +2,7 @@
 block, and an FP32 scale per tensor that brings the block scales into E4M3's range.
 
 Spec: NVIDIA, "Pretraining Large Language Models with NVFP4" (arXiv 2509.25149), section 2 and
-appendix (the format and its two-level scaling) and section 4 (the training recipe: 16x16
+appendix (the format and its two-level scaling) and section 4 (the training quantization: 16x16
 weight blocks, the random Hadamard transform on the weight-gradient GEMM's inputs, stochastic
 rounding of gradients); the E2M1 element format is OCP MX v1.0's (:mod:`.e2m1`).
 
@@ -28,7 +28,7 @@ An inf in the tensor: with the per-tensor scale every block dequantizes to NaN (
 scale is inf), as torchao; without it the inf saturates to its block's max (6 x 448), as torchao.
 :class:`BlockStats` counts such blocks (``nonfinite_blocks``), which the caller should check.
 
-Options of the training recipe: ``tile_2d`` (one scale per 16x16 tile of a 2-D weight, so the
+Options of the training quantization: ``tile_2d`` (one scale per 16x16 tile of a 2-D weight, so the
 forward and the backward GEMM see the same quantized weight) and ``generator`` (stochastic
 rounding of the elements, for gradients: one ``torch.rand`` draw per element, in the order of
 ``data``'s layout, from the given ``torch.Generator`` on ``x``'s device; its ``get_state()``

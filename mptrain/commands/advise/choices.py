@@ -1,4 +1,4 @@
-"""The recipes ``mptrain advise`` considers, as data: each a name, the label people read, and the
+"""The choices ``mptrain advise`` considers (precisions and their low-precision recipes), as data: each a name, the label people read, and the
 config keys it sets (the same ones its training command carries).
 
 :data:`BASE` holds the precisions :func:`mptrain.commands.bench.bench_precisions` lists (FP32, TF32,
@@ -6,7 +6,7 @@ BF16, FP16); :data:`LOW_PRECISION` every low-precision recipe mptrain runs, each
 fidelity like the others and timed only where the device has the hardware (``needs``): FP8 with a
 scale per tensor (``fp8``, mptrain's default), per row, from the amax history (delayed), and with
 power-of-two scales; then the block-scaled formats (blockwise FP8, MXFP8, NVFP4), emulated on every
-device for now. A recipe is one line here; a new kind of hardware it ``needs`` is one line in
+device for now. A choice is one line here; a new kind of hardware it ``needs`` is one line in
 :data:`mptrain.commands.advise.measure.HARDWARE` too.
 
 Every FP8 recipe sets all three of its axes (granularity, scaling, power-of-two scales), so each
@@ -30,7 +30,7 @@ Override = tuple[str, Any]  # (dotted key, value): ("fp8.granularity", "rowwise"
 
 
 @dataclass(frozen=True)
-class Recipe:
+class Choice:
     """One candidate: ``name`` keys it in advise.json and the runners-up, ``label`` in the table,
     ``overrides`` are the keys it sets (``precision`` first), ``needs`` the hardware its speed
     needs (None: every device runs it natively where bench lists it)."""
@@ -51,45 +51,45 @@ def _fp8(granularity: str, scaling: str = "dynamic", pow2: bool = False) -> tupl
 
 
 BASE = (
-    Recipe("fp32", "fp32", (("precision", "fp32"),)),
-    Recipe("tf32", "tf32", (("precision", "fp32"), ("precision.allow_tf32", True))),
-    Recipe("bf16", "bf16", (("precision", "bf16"),)),
-    Recipe("fp16", "fp16", (("precision", "fp16"),)),
+    Choice("fp32", "fp32", (("precision", "fp32"),)),
+    Choice("tf32", "tf32", (("precision", "fp32"), ("precision.allow_tf32", True))),
+    Choice("bf16", "bf16", (("precision", "bf16"),)),
+    Choice("fp16", "fp16", (("precision", "fp16"),)),
 )
 # In the order they are measured (a tight budget drops the last first) and of simplicity (a
 # speed tie goes to the earlier): tensorwise first (mptrain's default), rowwise next (the recipe
 # torchtitan kept when it removed tensorwise), then delayed scaling, then power-of-two scales.
 LOW_PRECISION = (
-    Recipe("fp8", "fp8 tensorwise", _fp8("tensorwise"), needs="FP8 GEMMs"),
-    Recipe("fp8-rowwise", "fp8 rowwise", _fp8("rowwise"), needs="FP8 GEMMs"),
-    Recipe("fp8-delayed", "fp8 delayed", _fp8("tensorwise", "delayed"), needs="FP8 GEMMs"),
-    Recipe("fp8-pow2", "fp8 pow2 scales", _fp8("tensorwise", pow2=True), needs="FP8 GEMMs"),
+    Choice("fp8", "fp8 tensorwise", _fp8("tensorwise"), needs="FP8 GEMMs"),
+    Choice("fp8-rowwise", "fp8 rowwise", _fp8("rowwise"), needs="FP8 GEMMs"),
+    Choice("fp8-delayed", "fp8 delayed", _fp8("tensorwise", "delayed"), needs="FP8 GEMMs"),
+    Choice("fp8-pow2", "fp8 pow2 scales", _fp8("tensorwise", pow2=True), needs="FP8 GEMMs"),
     # the block-scaled formats (mptrain.precision.quant): blockwise FP8 (DeepSeek-V3), MXFP8, NVFP4
-    Recipe("fp8-blockwise", "fp8 blockwise", _fp8("blockwise"), needs="block-scaled GEMMs"),
-    Recipe(MXFP8, MXFP8, (("precision", MXFP8),), needs="block-scaled GEMMs"),
-    Recipe(NVFP4, NVFP4, (("precision", NVFP4),), needs="block-scaled GEMMs"),
+    Choice("fp8-blockwise", "fp8 blockwise", _fp8("blockwise"), needs="block-scaled GEMMs"),
+    Choice(MXFP8, MXFP8, (("precision", MXFP8),), needs="block-scaled GEMMs"),
+    Choice(NVFP4, NVFP4, (("precision", NVFP4),), needs="block-scaled GEMMs"),
 )
-RECIPES = {r.name: r for r in (*BASE, *LOW_PRECISION)}
+CHOICES = {r.name: r for r in (*BASE, *LOW_PRECISION)}
 # Ties go to the first: TF32 changes nothing in the loop, BF16 needs no loss scaler, FP16 needs
 # one, FP8 adds scales on top of BF16 (and its recipes more moving parts, in LOW_PRECISION's order).
 SIMPLICITY = ("fp32", "tf32", "bf16", "fp16", *(r.name for r in LOW_PRECISION))
 
 
-def recipe(name: str) -> Recipe:
-    """The recipe called ``name``; KeyError names the known ones."""
-    if name not in RECIPES:
-        raise KeyError(f"no advise recipe {name!r}; known: {', '.join(RECIPES)}")
-    return RECIPES[name]
+def choice(name: str) -> Choice:
+    """The choice called ``name``; KeyError names the known ones."""
+    if name not in CHOICES:
+        raise KeyError(f"no advise choice {name!r}; known: {', '.join(CHOICES)}")
+    return CHOICES[name]
 
 
 def runs(name: str) -> str:
     """The precision recipe ``name`` trains with (``fp8-rowwise``: ``fp8``); ``name`` itself when
     it is not a recipe."""
-    r = RECIPES.get(name)
+    r = CHOICES.get(name)
     return dict(r.overrides)["precision"] if r else name
 
 
-def apply(cfg: RunConfig, r: Recipe) -> RunConfig:
+def apply(cfg: RunConfig, r: Choice) -> RunConfig:
     """``cfg`` with ``r``'s keys set. ``precision`` starts a fresh precision group (the user's loss
     scaler numbers kept, TF32 off unless the recipe turns it on), as bench times it."""
     for key, value in r.overrides:
@@ -120,7 +120,7 @@ def _spelled(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def command_overrides(r: Recipe) -> list[str]:
+def command_overrides(r: Choice) -> list[str]:
     """The overrides that select ``r`` on a command line: ``precision=...`` and every other key
     whose value differs from its default (``fp8.granularity=rowwise``)."""
     out = []
@@ -138,7 +138,7 @@ def command_for(overrides: list[str], name: str) -> str:
     only advise reads (advise.*, bench.*, hydra.run.dir) and without the keys the recipe sets
     (the user's own precision, ``fp8.granularity`` ...; a default the recipe keeps is then the
     default again)."""
-    r = recipe(name)
+    r = choice(name)
     # apply() measured the recipe with TF32 off unless the recipe turns it on: the user's switch goes
     reset = ("precision.allow_tf32=",)
     own = (f"{key}=" for key, _ in r.overrides)

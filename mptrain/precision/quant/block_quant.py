@@ -1,5 +1,5 @@
-"""The training recipes of the block-scaled formats: how each operand of a Linear's three GEMMs is
-quantized (:func:`quantize_operand`), and what the report says about it (:meth:`BlockRecipe.describe`).
+"""How the block-scaled formats quantize in training: each operand of a Linear's three GEMMs is
+quantized (:func:`quantize_operand`), and what the report says about it (:meth:`BlockQuantization.describe`).
 
 A Linear computes three GEMMs; each quantizes its two operands along its own reduction dimension
 (``dim``), so the backward re-quantizes the high-precision input, weight and gradient the forward
@@ -9,13 +9,13 @@ saved, as torchao's MXFP8 training and Transformer Engine do:
 - input gradient ``dx = dy W``: dy and W along out_features ("dx");
 - weight gradient ``dW = dyᵀ x``: dy and x along the tokens ("dW").
 
-Formats (``BlockRecipe.format``):
+Formats (``BlockQuantization.format``):
 
 - ``mxfp8``: E4M3 elements for every operand (gradients too: torchao's MXFP8 training and NVIDIA's
-  MXFP8 recipe, arXiv 2506.08027), blocks of 32, E8M0 scales rounded ``rceil`` (default: amax /
-  448 rounded up, nothing saturates; NVIDIA's cuBLAS/TE recipe, torchao's and torchtitan's
+  MXFP8 quantization, arXiv 2506.08027), blocks of 32, E8M0 scales rounded ``rceil`` (default: amax /
+  448 rounded up, nothing saturates; NVIDIA's cuBLAS/TE quantization, torchao's and torchtitan's
   default) or ``floor`` (OCP MX v1.0);
-- ``nvfp4``: NVIDIA's recipe (arXiv 2509.25149): E2M1 in blocks of 16 with E4M3 block scales and
+- ``nvfp4``: NVIDIA's quantization (arXiv 2509.25149): E2M1 in blocks of 16 with E4M3 block scales and
   an FP32 per-tensor scale; the weight in 16x16 tiles (``weight_tiles``: one quantized weight
   for both GEMMs that read it), a random Hadamard transform on both operands of ``dW`` along the
   tokens (``hadamard``), stochastic rounding of the output gradient in ``dx`` and ``dW``
@@ -45,7 +45,7 @@ ROLES = ("input", "weight", "grad")
 
 
 @dataclass(frozen=True)
-class BlockRecipe:
+class BlockQuantization:
     """How a :class:`~mptrain.precision.quant.block_linear.BlockLinear` quantizes (see module doc).
     Built from the ``mx``/``nvfp4``/``fp8`` config by the precision policy."""
 
@@ -89,7 +89,7 @@ class BlockRecipe:
         return f"{n}x{n}" if role == "weight" and self.tiled_weight else f"1x{n}"
 
     def describe(self) -> dict[str, Any]:
-        """The report's account of the recipe: element and scale formats and block shape per
+        """The report's account of the quantization: element and scale formats and block shape per
         operand, and the format's settings."""
         operands = {
             role: {
@@ -116,7 +116,7 @@ class BlockRecipe:
 
 
 def quantize_operand(
-    recipe: BlockRecipe,
+    quantization: BlockQuantization,
     t: torch.Tensor,
     dim: int,
     role: str,
@@ -125,21 +125,23 @@ def quantize_operand(
     stats: bool = False,
 ) -> BlockQuantized:
     """``t`` (an operand of role ``input``, ``weight`` or ``grad``) quantized along ``dim`` as
-    the recipe says; ``generator`` rounds an NVFP4 gradient stochastically (when the recipe
+    the quantization says; ``generator`` rounds an NVFP4 gradient stochastically (when the quantization
     does); ``stats`` counts saturation, underflow, zero and non-finite blocks."""
-    fmt = recipe.format
+    fmt = quantization.format
     if fmt == MXFP8:
-        return quantize_mx(t, dim, elem_dtype=E4M3, rounding=recipe.scale_rounding, stats=stats)
-    tiled = role == "weight" and recipe.tiled_weight
+        return quantize_mx(
+            t, dim, elem_dtype=E4M3, rounding=quantization.scale_rounding, stats=stats
+        )
+    tiled = role == "weight" and quantization.tiled_weight
     if fmt == NVFP4:
-        sr = generator if role == "grad" and recipe.stochastic_rounding else None
+        sr = generator if role == "grad" and quantization.stochastic_rounding else None
         return quantize_nvfp4(t, dim, tile_2d=tiled, generator=sr, stats=stats)
-    elem = recipe.grad_dtype if role == "grad" else E4M3
+    elem = quantization.grad_dtype if role == "grad" else E4M3
     return quantize_blockwise(t, dim, tile_2d=tiled, elem_dtype=elem, stats=stats)
 
 
 def fake_quant_operand(
-    recipe: BlockRecipe,
+    quantization: BlockQuantization,
     t: torch.Tensor,
     dim: int,
     role: str,
@@ -148,17 +150,17 @@ def fake_quant_operand(
     out: str | None = None,
     keep_layout: bool = False,
 ) -> torch.Tensor:
-    """``quantize_operand(recipe, t, dim, role, generator=generator).dequantize(torch.float32)``,
+    """``quantize_operand(quantization, t, dim, role, generator=generator).dequantize(torch.float32)``,
     the same bits, computed without leaving FP32 (:mod:`.fake`): what an emulated GEMM reads.
     ``out``: a scratch slot to write it into (valid until the slot's next use), else new memory;
     ``keep_layout``: in ``t``'s layout, ``dim`` quantized where it lies (no transposition; not
     for a tiled weight)."""
-    fmt = recipe.format
+    fmt = quantization.format
     if fmt == MXFP8:
-        return fake.fake_mx(t, dim, E4M3, recipe.scale_rounding, out, keep_layout)
-    tiled = role == "weight" and recipe.tiled_weight
+        return fake.fake_mx(t, dim, E4M3, quantization.scale_rounding, out, keep_layout)
+    tiled = role == "weight" and quantization.tiled_weight
     if fmt == NVFP4:
-        sr = generator if role == "grad" and recipe.stochastic_rounding else None
+        sr = generator if role == "grad" and quantization.stochastic_rounding else None
         return fake.fake_nvfp4(t, dim, tiled, sr, out, keep_layout)
-    elem = recipe.grad_dtype if role == "grad" else E4M3
+    elem = quantization.grad_dtype if role == "grad" else E4M3
     return fake.fake_blockwise(t, dim, tiled, elem, out, keep_layout)
