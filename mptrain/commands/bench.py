@@ -376,7 +376,7 @@ def bench_main(overrides: list[str]) -> None:
     ``hydra.run.dir=DIR`` when given (parsed and resolved by Hydra: quotes, ``${now:...}``).
     Bad input raises ConfigError (the CLI's one-line error, exit 2).
     """
-    from mptrain.compose.preflight import subcommand_job
+    from mptrain.cli.preflight import subcommand_job
     from mptrain.output.joblog import table_console
 
     cfg, output_dir = subcommand_job(overrides, "bench")

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mptrain.compose.preflight import (
+from mptrain.cli.preflight import (
     RUN_DIR_OVERRIDE,
     checked_run_config,
     compose_job,

@@ -129,7 +129,7 @@ def _run_dirs(path: Path) -> list[Path]:
 
 def _is_run_dir(path: Path) -> bool:
     """A job's directory: its report, the failure of a job refused at run time (which never
-    owned the directory, so Hydra's record of it was not kept: mptrain.compose.record), or the
+    owned the directory, so Hydra's record of it was not kept: mptrain.cli.record), or the
     record of a job that ended before writing either."""
     return (
         any((path / name).is_file() for name in (REPORT_JSON, FAILURE_JSON))

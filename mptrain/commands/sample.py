@@ -53,7 +53,7 @@ PROMPT_KEYS = ("prompt", "sample.prompt")
 def sample_settings(argv: list[str]) -> tuple[RunConfig, str]:
     """The checked RunConfig of ``mptrain sample argv`` (composed like every command's) and the
     prompt; ConfigError (one line) for anything else, or without ``resume``."""
-    from mptrain.compose.preflight import (
+    from mptrain.cli.preflight import (
         check_command_line,
         checked_run_config,
         compose_job,

@@ -1,6 +1,8 @@
-"""What every schema uses: :func:`setting` (a field with its default and help text, the one place
-both live), :class:`ConfigError` (one line naming the key), the range-rule helpers
-(``require``, ``positive``, ``at_least``, path and ``_target_`` checks), the ``PATH`` field
+"""What every schema uses: :func:`setting` (a field with its default, help text and range rule,
+the one place each lives), :class:`ConfigError` (one line naming the key), the range rules a field
+carries (:class:`Accepts`: :func:`at_least_rule`, :func:`positive_rule`, :func:`one_of_rule`;
+:func:`check_settings` applies them), the helpers of the cross-key rules that stay in each
+module's ``validate`` (``require``, ``positive``, ``at_least``, path and ``_target_`` checks), the ``PATH`` field
 metadata with the launch directory relative paths are taken from, and :class:`Option`, the row
 type of the builder tables.
 
@@ -32,19 +34,70 @@ PATH = {"path": True}
 NOT_TRAINING = {"training": False}
 
 
+@dataclass(frozen=True)
+class Accepts:
+    """A setting's range rule, on its field: ``test`` of a value that is not None, ``words`` for
+    what is accepted (the error's ``key=value: words`` and docs/configuration.md's "accepted"
+    column), and whether None (null) is accepted too."""
+
+    test: Callable[[Any], bool]
+    words: str
+    optional: bool = False
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None and self.optional:
+            return
+        require(value is not None and self.test(value), key, value, self.words)
+
+    def described(self) -> str:
+        """What is accepted, for the docs: ``an integer >= 1``, ``> 0 and finite, or null``."""
+        words = self.words.removeprefix("must be ")
+        return f"{words}, or null" if self.optional else words
+
+
+def at_least_rule(minimum: int, *, optional: bool = False) -> Accepts:
+    """An integer of at least ``minimum`` (:func:`at_least`'s rule)."""
+    return Accepts(lambda v: v >= minimum, f"must be an integer >= {minimum}", optional)
+
+
+def positive_rule(*, optional: bool = False) -> Accepts:
+    """A finite number above zero (:func:`positive`'s rule)."""
+    return Accepts(lambda v: v > 0 and math.isfinite(v), "must be > 0 and finite", optional)
+
+
+def one_of_rule(values: tuple[Any, ...], words: str | None = None) -> Accepts:
+    """One of ``values`` (``words``: how the error names them; default, listed with commas)."""
+    return Accepts(lambda v: v in values, words or f"one of {', '.join(map(str, values))}")
+
+
+def check_settings(schema: Any, prefix: str = "") -> None:
+    """Every field's range rule (:class:`Accepts`, ``setting(..., accepts=...)``) on ``schema``'s
+    values, in field order: ConfigError naming ``prefix`` + the field for the first that fails."""
+    from dataclasses import fields
+
+    for f in fields(schema):
+        rule = f.metadata.get("accepts")
+        if rule is not None:
+            rule.check(prefix + f.name, getattr(schema, f.name))
+
+
 def setting(
     default: Any = NO_DEFAULT,
     help: str = "",
     *,
+    accepts: Accepts | None = None,
     factory: Callable[[], Any] | None = None,
     metadata: dict[str, Any] | None = None,
 ) -> Any:
     """A dataclass field that is a user's setting: its ``default`` (or ``factory`` for a mutable
-    one) and its ``help``, one line for people, in the field's metadata beside ``metadata``
-    (:data:`PATH`, :data:`NOT_TRAINING`). The help is what ``mptrain COMMAND --help`` prints and
-    docs/configuration.md's key table lists (:mod:`mptrain.config.help`); conf/config.yaml holds
-    no default of its own."""
+    one), its ``help``, one line for people, and its range rule (``accepts``, applied by
+    :func:`check_settings`), in the field's metadata beside ``metadata`` (:data:`PATH`,
+    :data:`NOT_TRAINING`). The help is what ``mptrain COMMAND --help`` prints and
+    docs/configuration.md's key table lists with the rule (:mod:`mptrain.config.help`);
+    conf/config.yaml holds no default of its own."""
     facts = {"help": help, **(metadata or {})}
+    if accepts is not None:
+        facts["accepts"] = accepts
     if factory is not None:
         return field(default_factory=factory, metadata=facts)
     return field(default=default, metadata=facts)

@@ -8,16 +8,20 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mptrain.config.base import at_least, positive, require, setting
+from mptrain.config.base import at_least, at_least_rule, positive, require, setting
 
 
 @dataclass
 class BenchConfig:
     """``mptrain bench``: how long and how often each precision is timed."""
 
-    warmup_steps: int = setting(5, "optimizer steps run before timing starts")
+    warmup_steps: int = setting(
+        5, "optimizer steps run before timing starts", accepts=at_least_rule(1)
+    )
     steps: int = setting(
-        30, "optimizer steps timed per precision and repetition (evaluation excluded)"
+        30,
+        "optimizer steps timed per precision and repetition (evaluation excluded)",
+        accepts=at_least_rule(1),
     )
     reps: int = setting(
         3,
@@ -25,6 +29,7 @@ class BenchConfig:
             "repetitions, precisions in rotating order: each ratio is the median (min–max) of "
             "per-repetition ratios; fewer than 3 are marked noisy (cannot judge the spread)"
         ),
+        accepts=at_least_rule(1),
     )
 
 

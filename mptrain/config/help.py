@@ -35,6 +35,7 @@ class Key:
     default: str
     help: str
     section: bool = False
+    accepted: str = ""  # the field's range rule in words (config.base.Accepts); "" without one
 
 
 def yaml_value(value: Any) -> str:
@@ -69,7 +70,10 @@ def all_keys(cls: type = RunConfig, prefix: str = "") -> list[Key]:
             found.append(Key(prefix + f.name, "", f.metadata.get("help", ""), section=True))
             found += all_keys(kind, f"{prefix}{f.name}.")
         else:
-            found.append(Key(prefix + f.name, yaml_value(_default(f)), f.metadata.get("help", "")))
+            rule = f.metadata.get("accepts")
+            accepted = rule.described() if rule is not None else ""
+            default = yaml_value(_default(f))
+            found.append(Key(prefix + f.name, default, f.metadata.get("help", ""), False, accepted))
     return found
 
 
@@ -88,16 +92,20 @@ def section_keys(name: str) -> list[Key]:
 def key_table() -> str:
     """docs/configuration.md's table of every key outside the config groups: the run's own keys
     first, then each section's (``fp8.*``, ``checkpoint.*``, ...) in the schema's order."""
-    rows = ["| key | default | what |", "|---|---|---|"]
+    rows = ["| key | default | accepted | what |", "|---|---|---|---|"]
     every = all_keys()
     # the run's own keys first, then each section (its help, then its keys); the order stable
     for key in sorted(every, key=lambda k: k.section or "." in k.path):
-        what = key.help.replace("|", "\\|")
+        what, accepted = _cell(key.help), _cell(key.accepted)
         if key.section:
-            rows.append(f"| `{key.path}.*` | | {what} |")
+            rows.append(f"| `{key.path}.*` | | | {what} |")
         else:
-            rows.append(f"| `{key.path}` | `{key.default}` | {what} |")
+            rows.append(f"| `{key.path}` | `{key.default}` | {accepted} | {what} |")
     return "\n".join(rows)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
 
 
 def group_table() -> str:

@@ -140,7 +140,7 @@ class TimmModelConfig(ModelConfig):
         require(bool(self.arch.strip()), "model.arch", self.arch, "a timm model name")
 
 
-# Keys a custom option may add with Hydra's ``+model.width=64``: mptrain.compose.registry.to_run_config
+# Keys a custom option may add with Hydra's ``+model.width=64``: mptrain.cli.registry.to_run_config
 # moves every key the schema does not declare into ``kwargs`` (the constructor's arguments).
 @dataclass
 class GPTConfig(ModelConfig):

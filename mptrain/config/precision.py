@@ -175,7 +175,7 @@ class FP8Config:
 
 
 # Field metadata of the keys that hold a file-system path: relative ones are taken from the
-# directory mptrain was launched in (mptrain.compose.registry.absolute_paths), whatever the job's cwd.
+# directory mptrain was launched in (mptrain.cli.registry.absolute_paths), whatever the job's cwd.
 def validate_precision(p: PrecisionConfig) -> None:
     """The scaler's numbers (the name is checked against the precision table at the CLI edge)."""
     s = p.scaler

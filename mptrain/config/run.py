@@ -4,8 +4,8 @@ rules of a whole run. Every field carries its default and help (:func:`~mptrain.
 conf/config.yaml only selects each group's option.
 
 Hydra composes YAML from ``conf/`` on top of these schemas (registered in the ConfigStore by
-:func:`mptrain.compose.registry.register_configs`), so an unknown key or a value of the wrong type
-fails at compose time, naming the key; :func:`mptrain.compose.registry.to_run_config` converts a
+:func:`mptrain.cli.registry.register_configs`), so an unknown key or a value of the wrong type
+fails at compose time, naming the key; :func:`mptrain.cli.registry.to_run_config` converts a
 composed config into these plain dataclasses once, at the CLI edge.
 """
 
@@ -20,10 +20,12 @@ from omegaconf import MISSING
 from mptrain.config.base import (
     NOT_TRAINING,
     PATH,
+    Accepts,
     ConfigError,
-    at_least,
+    at_least_rule,
     check_path,
-    positive,
+    check_settings,
+    positive_rule,
     require,
     setting,
 )
@@ -41,7 +43,6 @@ from mptrain.config.models import ModelConfig
 from mptrain.config.optim import OptimizerConfig, SchedulerConfig
 from mptrain.config.options import PRECISION_NAMES
 from mptrain.config.precision import (
-    REDUCE_DTYPES,
     FP8Config,
     MXConfig,
     NVFP4Config,
@@ -63,6 +64,19 @@ from mptrain.config.sections import (
     TensorBoardConfig,
     validate_checkpoint_signal,
     validate_numerics,
+)
+
+# Range rules of settings whose test is more than a bound (on their fields below).
+DEVICES = Accepts(
+    lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None, "one of auto, cpu, cuda, cuda:N"
+)
+THREADS = Accepts(
+    lambda v: re.fullmatch(r"auto|0*[1-9]\d*", str(v).strip()) is not None,
+    "auto or a thread count of at least 1",
+)
+SEEDS = Accepts(
+    lambda v: -(2**63) <= v < 2**64,
+    "must fit in 64 bits (torch.manual_seed's range: -2**63 .. 2**64 - 1)",
 )
 
 
@@ -106,6 +120,7 @@ class RunConfig:
             "passes over the training set; null: 15, unless max_steps is given (then max_steps "
             "alone sets the length)"
         ),
+        accepts=at_least_rule(1, optional=True),
     )
     max_steps: int | None = setting(
         None,
@@ -113,24 +128,39 @@ class RunConfig:
             "optimizer steps: the run's length when epochs is not given; with epochs, whichever "
             "comes first ends the run"
         ),
+        accepts=at_least_rule(1, optional=True),
     )
-    batch_size: int = setting(64, "samples per micro-batch")
-    eval_batch_size: int = setting(512, "samples per batch during evaluation")
+    batch_size: int = setting(64, "samples per micro-batch", accepts=at_least_rule(1))
+    eval_batch_size: int = setting(
+        512, "samples per batch during evaluation", accepts=at_least_rule(1)
+    )
     grad_accum_steps: int = setting(
-        1, "micro-batches per optimizer step (effective batch = batch_size x this)"
+        1,
+        "micro-batches per optimizer step (effective batch = batch_size x this)",
+        accepts=at_least_rule(1),
     )
     clip_grad_norm: float | None = setting(
-        None, "max L2 norm of the unscaled FP32 gradients; null = no clipping"
+        None,
+        "max L2 norm of the unscaled FP32 gradients; null = no clipping",
+        accepts=positive_rule(optional=True),
     )
-    label_smoothing: float = setting(0.0, "cross-entropy label smoothing in [0, 1)")
+    label_smoothing: float = setting(
+        0.0,
+        "cross-entropy label smoothing in [0, 1)",
+        accepts=Accepts(lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    )
     # Not compared: sweeps pair runs across seeds (a resume signature adds it back).
     seed: int = setting(
-        0, "seeds python, numpy and torch (weights, data order, dropout)", metadata=NOT_TRAINING
+        0,
+        "seeds python, numpy and torch (weights, data order, dropout)",
+        metadata=NOT_TRAINING,
+        accepts=SEEDS,
     )
     device: str = setting(
         "auto",
         "auto (cuda when available, else cpu) | cpu | cuda | cuda:N",
         metadata=NOT_TRAINING,
+        accepts=DEVICES,
     )
     eval_every: int | None = setting(
         None,
@@ -139,6 +169,7 @@ class RunConfig:
             " every epoch"
         ),
         metadata=NOT_TRAINING,
+        accepts=at_least_rule(1, optional=True),
     )
     eval_every_minutes: float | None = setting(
         None,
@@ -147,6 +178,7 @@ class RunConfig:
             "steps get evaluated then varies run to run"
         ),
         metadata=NOT_TRAINING,
+        accepts=positive_rule(optional=True),
     )
     log_every: int = setting(
         50,
@@ -155,6 +187,7 @@ class RunConfig:
             "(~0.2 ms each on a CPU)"
         ),
         metadata=NOT_TRAINING,
+        accepts=at_least_rule(1),
     )
     probe_every: int | None = setting(
         100,
@@ -163,16 +196,23 @@ class RunConfig:
             " ~0.4 ms for 85k parameters on a CPU); null = never"
         ),
         metadata=NOT_TRAINING,
+        accepts=at_least_rule(1, optional=True),
     )
     throughput_warmup_steps: int = setting(
-        5, "optimizer steps excluded from the throughput figure (warm-up)", metadata=NOT_TRAINING
+        5,
+        "optimizer steps excluded from the throughput figure (warm-up)",
+        metadata=NOT_TRAINING,
+        accepts=at_least_rule(0),
     )
     channels_last: bool = setting(
         False, "NHWC memory format for conv nets (fast path for tensor cores under autocast)"
     )
     compile: bool = setting(False, "wrap the model in torch.compile", metadata=NOT_TRAINING)
     num_workers: int = setting(
-        2, "DataLoader workers for file-backed datasets (imagefolder)", metadata=NOT_TRAINING
+        2,
+        "DataLoader workers for file-backed datasets (imagefolder)",
+        metadata=NOT_TRAINING,
+        accepts=at_least_rule(0),
     )
     # Intra-op CPU threads: auto (from affinity, cgroup quota, workers; measured on training steps
     # on a CPU) or a count that pins it. On CUDA it sets the host's threads only.
@@ -184,6 +224,7 @@ class RunConfig:
             "when throughput halves) | N (pinned); on CUDA it sets the host threads only"
         ),
         metadata=NOT_TRAINING,
+        accepts=THREADS,
     )
     progress: bool = setting(
         True,
@@ -206,7 +247,9 @@ class RunConfig:
         ),
         metadata=NOT_TRAINING,
     )
-    probe_batches: int = setting(4, "batches the probe measures", metadata=NOT_TRAINING)
+    probe_batches: int = setting(
+        4, "batches the probe measures", metadata=NOT_TRAINING, accepts=at_least_rule(1)
+    )
     numerics: NumericsConfig = setting(
         help="loss-scale health and diagnostics", factory=NumericsConfig
     )
@@ -352,7 +395,7 @@ def validate(run: RunConfig) -> None:
     validate_nvfp4(run.nvfp4)
     for group in (run.model, run.dataset, run.optimizer, run.scheduler):
         group.validate()  # each schema's own range rules
-    at_least("epochs", run.epochs, 1, allow_none=True)
+    check_settings(run)  # the fields' own rules
     for key in ("epochs", "max_steps"):  # step counters reach C ints (the LR schedule, seeds)
         require(
             getattr(run, key) is None or getattr(run, key) <= MAX_STEPS,
@@ -361,76 +404,21 @@ def validate(run: RunConfig) -> None:
             f"at most {MAX_STEPS:,}",
         )
     _check_task(run)
-    at_least("max_steps", run.max_steps, 1, allow_none=True)
-    require(
-        -(2**63) <= run.seed < 2**64,
-        "seed",
-        run.seed,
-        "must fit in 64 bits (torch.manual_seed's range: -2**63 .. 2**64 - 1)",
-    )
     if run.resume not in (None, "auto"):
         check_path("resume", run.resume)
-    at_least("batch_size", run.batch_size, 1)
-    at_least("eval_batch_size", run.eval_batch_size, 1)
-    at_least("grad_accum_steps", run.grad_accum_steps, 1)
-    positive("clip_grad_norm", run.clip_grad_norm, allow_none=True)
-    require(
-        0 <= run.label_smoothing < 1, "label_smoothing", run.label_smoothing, "must be in [0, 1)"
-    )
-    require(
-        re.fullmatch(r"auto|cpu|cuda(:\d+)?", run.device) is not None,
-        "device",
-        run.device,
-        "one of auto, cpu, cuda, cuda:N",
-    )
-    at_least("eval_every", run.eval_every, 1, allow_none=True)
-    positive("eval_every_minutes", run.eval_every_minutes, allow_none=True)
-    at_least("log_every", run.log_every, 1)
-    at_least("probe_every", run.probe_every, 1, allow_none=True)
-    at_least("throughput_warmup_steps", run.throughput_warmup_steps, 0)
-    at_least("num_workers", run.num_workers, 0)
-    require(
-        re.fullmatch(r"auto|0*[1-9]\d*", str(run.threads).strip()) is not None,
-        "threads",
-        run.threads,
-        "auto or a thread count of at least 1",
-    )
     validate_numerics(run.numerics)
-    at_least("probe_batches", run.probe_batches, 1)
     _validate_mechanics(run)
     validate_loggers(run.logger)
 
 
 def _validate_mechanics(run: RunConfig) -> None:
     """Checkpoints, bench, distributed and debug: how the run is carried out."""
-    at_least("checkpoint.every_steps", run.checkpoint.every_steps, 1, allow_none=True)
-    positive("checkpoint.every_minutes", run.checkpoint.every_minutes, allow_none=True)
-    at_least("checkpoint.keep_last", run.checkpoint.keep_last, 1)
+    for name in ("checkpoint", "bench", "distributed", "debug"):
+        check_settings(getattr(run, name), f"{name}.")
     validate_checkpoint_signal(run.checkpoint)
-    at_least("bench.warmup_steps", run.bench.warmup_steps, 1)
-    at_least("bench.steps", run.bench.steps, 1)
-    at_least("bench.reps", run.bench.reps, 1)
     validate_advise(run.advise)
     check_eval_checkpoint(run.eval.checkpoint)
     validate_sample(run.sample)
-    require(
-        run.distributed.strategy in ("ddp", "fsdp"),
-        "distributed.strategy",
-        run.distributed.strategy,
-        "ddp or fsdp",
-    )
-    require(
-        run.distributed.reduce_dtype in REDUCE_DTYPES,
-        "distributed.reduce_dtype",
-        run.distributed.reduce_dtype,
-        "float32 (default), bfloat16 or float16",
-    )
-    require(
-        all(s >= 1 for s in run.debug.inject_inf_grad_steps),
-        "debug.inject_inf_grad_steps",
-        run.debug.inject_inf_grad_steps,
-        "optimizer step numbers >= 1",
-    )
 
 
 def validate_loggers(names: list[str]) -> None:

@@ -13,11 +13,16 @@ from dataclasses import dataclass
 from mptrain.config.base import (
     NOT_TRAINING,
     PATH,
+    Accepts,
     at_least,
+    at_least_rule,
+    one_of_rule,
     positive,
+    positive_rule,
     require,
     setting,
 )
+from mptrain.config.precision import REDUCE_DTYPES
 
 
 # ----------------------------------------------------------------------------------------- recipe
@@ -118,15 +123,20 @@ class CheckpointConfig:
             "save when this many minutes passed since the last save (a kill -9 loses at most "
             "that); null = never by time"
         ),
+        accepts=positive_rule(optional=True),
     )
     every_steps: int | None = setting(
-        None, "also save every N optimizer steps; null = not by steps"
+        None,
+        "also save every N optimizer steps; null = not by steps",
+        accepts=at_least_rule(1, optional=True),
     )
     every_epoch: bool = setting(
         False, "also save at the end of every epoch (tiny epochs: mostly fsync time)"
     )
     keep_last: int = setting(
-        2, "periodic checkpoints kept (older ones are deleted after a new one is safe)"
+        2,
+        "periodic checkpoints kept (older ones are deleted after a new one is safe)",
+        accepts=at_least_rule(1),
     )
     keep_best: bool = setting(
         True, "also keep best.pt: the state with the best validation accuracy"
@@ -159,10 +169,12 @@ class DistributedConfig:
             "ddp: DistributedDataParallel | fsdp: FSDP2 fully_shard with the recipe's "
             "mixed-precision policy"
         ),
+        accepts=one_of_rule(("ddp", "fsdp"), "ddp or fsdp"),
     )
     reduce_dtype: str = setting(
         "float32",
         "fsdp: dtype gradients are reduced in (bfloat16 reductions are known to hurt at scale)",
+        accepts=one_of_rule(tuple(REDUCE_DTYPES), "float32 (default), bfloat16 or float16"),
     )
 
 
@@ -173,6 +185,7 @@ class DebugConfig:
     inject_inf_grad_steps: list[int] = setting(
         help="test hook: optimizer steps whose gradients get an inf (exercises skipping)",
         factory=list,
+        accepts=Accepts(lambda v: all(s >= 1 for s in v), "optimizer step numbers >= 1"),
     )
     inject_inf_grad_rank: int | None = setting(
         None, "distributed test hook: inject only on this rank (null = every rank)"

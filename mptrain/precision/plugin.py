@@ -134,8 +134,10 @@ class Precision:
     def forward_context(self) -> contextlib.AbstractContextManager[Any]:
         return self.policy.autocast()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        self.scaler.scale(loss).backward()
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss the backward starts from: scaled by the loss scale (FP16), else itself. The
+        loop calls ``scale(loss).backward()`` outside autocast, AMP's own idiom."""
+        return self.scaler.scale(loss)
 
     def after_backward(self) -> None:
         self.fp8_sync.after_backward()

@@ -1,7 +1,7 @@
 """What command made a run, and the command that continues it.
 
 Hydra records each run's overrides in ``<run dir>/.hydra/overrides.yaml`` (moved into place once
-the run owns its directory: :mod:`mptrain.compose.record`). :func:`recorded_overrides` reads them
+the run owns its directory: :mod:`mptrain.cli.record`). :func:`recorded_overrides` reads them
 back; :func:`run_command` is what they say the run runs (the resume settings apart), and
 :func:`continue_command` the line to type to continue it, from any directory.
 """

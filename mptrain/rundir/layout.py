@@ -12,7 +12,7 @@ A run directory (``outputs/<date>/<time>_<precision>_<model>_<dataset>/`` or ``h
     checkpoints/step_<N>.pt, latest.json, best.pt   (rundir.checkpoint, train.checkpointer)
 
 A sweep directory holds ``sweep.md``, ``sweep.json`` and ``sweep_loss.png`` beside its jobs, and
-``.mptrain-sweep.lock`` while a sweep runs there (``compose.preflight.hold_sweep_dir``).
+``.mptrain-sweep.lock`` while a sweep runs there (``cli.preflight.hold_sweep_dir``).
 """
 
 from __future__ import annotations

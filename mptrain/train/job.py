@@ -32,7 +32,7 @@ from mptrain.config.options import AUTO
 from mptrain.config.run import RunConfig
 from mptrain.models.build import compile_counts
 from mptrain.output.joblog import JobLog, job_console
-from mptrain.output.metrics import MetricsLog, read_metrics, truncate_after
+from mptrain.output.metrics import MetricsLog, read_metrics
 from mptrain.output.plots import FigureWorker, plot_run
 from mptrain.output.progress import ProgressDisplay
 from mptrain.output.render import print_summary, summary_rows, write_report
@@ -40,7 +40,6 @@ from mptrain.output.report import RunReport
 from mptrain.output.trackers import Trackers, start_trackers
 from mptrain.platform import contention
 from mptrain.platform.distributed import DistContext, StartGate, init_distributed, shutdown
-from mptrain.platform.seeding import seed_everything
 from mptrain.platform.signals import (
     CheckpointOnSignal,
     DeferredStop,
@@ -50,7 +49,7 @@ from mptrain.platform.signals import (
     Terminated,
 )
 from mptrain.precision.policy import PrecisionPolicy
-from mptrain.rundir.checkpoint import check_compatible, resolve_resume
+from mptrain.rundir.checkpoint import resolve_resume
 from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, RUN_PNG
 from mptrain.rundir.lock import RunDirLock, check_no_other_run, check_output_dir
 from mptrain.train import cadence
@@ -61,14 +60,7 @@ from mptrain.train.components import Run
 from mptrain.train.diagnostics import write_diagnostics
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.report import assemble_report, now_iso
-from mptrain.train.resume import (
-    AlreadyCompleted,
-    check_not_completed,
-    data_key,
-    no_checkpoint_hint,
-    restore_or_refuse,
-    start_over,
-)
+from mptrain.train.resume import AlreadyCompleted, resume_job
 from mptrain.train.slowpath import check_slow_path
 from mptrain.train.state import LoopState
 from mptrain.train.threads import MIN_WINDOW_STEPS, ThreadTuner, kept_from_checkpoint
@@ -108,7 +100,7 @@ def train(
 
     ``on_owned`` is called once the run owns the directory: a fresh run once it holds the lock
     and no other run's work is there, a resumed one once its checkpoint was accepted (the CLI
-    moves Hydra's record of the command into place then: mptrain.compose.record).
+    moves Hydra's record of the command into place then: mptrain.cli.record).
 
     Raises ConfigError (bad input found before training: no report is written), RunFailed (the
     run diverged or crashed; the report says why), RunInterrupted (SIGINT/SIGTERM during training:
@@ -195,7 +187,12 @@ class Job:
             if early is not None:
                 early.release()
             self._prepare()
-            self._loop()
+            with self._training() as hooks:
+                try:
+                    state = train_loop(self.run, hooks)
+                except StopNow:  # a second signal: the step under way is abandoned
+                    state = self._abandon_step()
+                self._save_final(state)  # inside the signal handlers: a later signal waits
         except (ConfigError, AlreadyCompleted):  # nothing of this job's is written
             raise
         except KeyboardInterrupt as exc:
@@ -237,7 +234,7 @@ class Job:
         self._announce()
         write_diagnostics(run, self.output_dir, self.console)
         if cfg.resume:
-            self.resumed = self._resume(found)
+            self.resumed = resume_job(found, cfg, self.run, self.output_dir, self.log)
             self._own()
         if cfg.checkpoint.enabled:
             signature = run_signature(cfg, run.precision, run.data.identity)
@@ -275,59 +272,10 @@ class Job:
         for note in policy.notes:
             self.log.say(note, "note")
 
-    def _resume(self, found: tuple[Path, dict[str, Any], list[str]] | None) -> dict[str, Any]:
-        """Restore ``found`` (:func:`resolve_resume`'s checkpoint) into the run, or say that
-        ``resume=auto`` found nothing; the report's resume section."""
-        cfg, run, dist = self.cfg, self.run, self.dist
-        if found is None:
-            # overwrite=true: what resolve_resume found unreadable, or in the way, is deleted
-            over = cfg.overwrite and self.dist.is_main and start_over(self.output_dir, self.log.say)
-            note = (
-                f"no checkpoint loaded in {self.output_dir}; started over (overwrite=true)"
-                if over
-                else f"{no_checkpoint_hint(self.output_dir, cfg)}; started fresh"
-            )
-            if self.dist.is_main:  # a fresh start logs from step 1 again
-                truncate_after(self.output_dir / METRICS_JSONL, 0)
-            self.log.say(note, "resume=auto")
-            return {"requested": cfg.resume, "from": None, "note": note}
-        path, payload, notes = found
-        allowed = check_compatible(
-            payload,
-            run_signature(cfg, run.precision, run.data.identity),
-            path,
-            cfg.resume_allow_changes,
-            data_key=data_key(cfg),
-        )
-        if not allowed:  # the same settings: nothing left to train (changes: applied below)
-            check_not_completed(
-                self.output_dir, path, payload, run.settings.total_steps, self.log.say
-            )
-        saved_world = payload.get("world_size", 1)
-        if saved_world != dist.world_size:
-            notes.append(
-                f"saved at world size {saved_world}, resumed at {dist.world_size}: weights, "
-                "optimizer and scaler state load as saved; the data position is placed by step count"
-            )
-        notes += restore_or_refuse(payload, run, path)
-        if dist.is_main:  # the steps after the checkpoint will be logged again
-            dropped = truncate_after(self.output_dir / METRICS_JSONL, run.state.step)
-            if dropped:
-                notes.append(f"metrics.jsonl: {dropped} row(s) after step {run.state.step} removed")
-        if dist.enabled:  # rank 0's RNG was saved: give each rank its own stream again
-            seed_everything(cfg.seed + dist.rank + run.state.step)
-        for note in notes:
-            self.log.say(note, "resume")
-        self.log.say(f"resumed from {path} at step {run.state.step}")
-        return {
-            "requested": cfg.resume,
-            "from": str(path),
-            "step": run.state.step,
-            "allowed_differences": allowed,
-            "notes": notes,
-        }
-
-    def _loop(self) -> None:
+    @contextlib.contextmanager
+    def _training(self) -> Iterator[LoopHooks]:
+        """What the loop runs inside: the trackers, metrics.jsonl and the progress display (rank
+        0), and the signal handlers of training; yields the loop's hooks."""
         cfg, run, checkpointer = self.cfg, self.run, self.checkpointer
         total, start = run.settings.total_steps, run.state.step
         if self.dist.is_main and cfg.logger:  # first: one that cannot start leaves nothing open
@@ -351,24 +299,22 @@ class Job:
                 if checkpointer is not None:
                     checkpointer.asked = save.take
                 observers = (metrics, display, self.trackers)
-                hooks = LoopHooks(
+                yield LoopHooks(
                     observers=tuple(o for o in observers if o is not None),
                     checkpoint=checkpointer.after_step if checkpointer else None,
                     stop_requested=stop.requested,
                     interruptible=stop.interruptible,
                 )
-                try:
-                    state = train_loop(run, hooks)
-                except StopNow:  # a second signal: the step under way is abandoned
-                    state = self._abandon_step()
-                ended = state.stopped or state.step == run.settings.total_steps
-                if ended and checkpointer and state.step not in checkpointer.steps:
-                    # The final state (or the interrupted one) is always saved; still inside the
-                    # signal handlers, so a later signal waits for the write.
-                    checkpointer.save(state)
         finally:
             if metrics:
                 metrics.close()
+
+    def _save_final(self, state: LoopState) -> None:
+        """The final state (or the interrupted one) is always saved."""
+        checkpointer = self.checkpointer
+        ended = state.stopped or state.step == self.run.settings.total_steps
+        if ended and checkpointer and state.step not in checkpointer.steps:
+            checkpointer.save(state)
 
     @contextlib.contextmanager
     def _stop_signals(self) -> Iterator[tuple[GracefulStop, CheckpointOnSignal]]:

@@ -15,7 +15,7 @@ Per optimizer step (:func:`take_step`, ``grad_accum_steps`` micro-batches), in t
 
 The precision is one object, ``run.precision`` (:class:`~mptrain.precision.plugin.Precision`):
 the loop calls it at named points — ``begin``, ``count_quantizations``, ``model_input``,
-``forward_context``, ``backward``, ``after_backward``, ``unscale``, ``after_optimizer_step`` — and
+``forward_context``, ``scale`` (the loss its backward starts from), ``after_backward``, ``unscale``, ``after_optimizer_step`` — and
 reads its loss scaler for the skip rule (step 4). Before every step, ``run.schedule`` may swap it
 for another precision's (once, with ``precision.switch``: :mod:`mptrain.train.switch`), so every
 call above reads ``run.precision`` when it runs. Data-parallel FP8 runs agree on their FP8 state
@@ -194,51 +194,34 @@ def take_step(
     ``norm_now``: compute the gradient norm even without clipping (for the metrics row);
     ``probe_now``: measure zero gradients and updates lost to rounding around the update;
     ``interruptible``: entered around the forward and backward only (see :class:`LoopHooks`).
-    """
-    precision = run.precision
-    precision.count_quantizations(norm_now)  # block-scaled layers: on the metrics rows' steps
-    with interruptible:
-        loss, batch, data_wait_s = _forward_backward(run, micro_batches)
-    precision.count_quantizations(False)
-    precision.after_backward()
-    outcome = _optimizer_step(
-        run,
-        params,
-        norm_now,
-        probe_now,
-        StepOutcome(
-            loss, skipped=False, scale=None, grad_norm=None, batch=batch, data_wait_s=data_wait_s
-        ),
-    )
-    precision.after_optimizer_step()
-    return outcome
-
-
-def _forward_backward(
-    run: Run, micro_batches: Iterator[Batch]
-) -> tuple[torch.Tensor, Batch, float]:
-    """Accumulate one effective batch's scaled gradients: (loss, last micro-batch, data wait).
-
     DDP: the gradient all-reduce runs only with the last micro-batch's backward (``no_sync``
     before it). FSDP reduce-scatters every micro-batch's gradients: the same sums, more traffic.
     """
     model, precision, loss_fn = run.model, run.precision, run.loss_fn
     accum, channels_last = run.settings.grad_accum_steps, run.settings.channels_last
+    precision.count_quantizations(norm_now)  # block-scaled layers: on the metrics rows' steps
     step_loss, data_wait_s = None, 0.0
-    for micro in range(accum):
-        wait_start = time.perf_counter()
-        inputs, targets = next(micro_batches)
-        data_wait_s += time.perf_counter() - wait_start
-        inputs = precision.model_input(inputs, channels_last)
-        with _NO_CONTEXT if micro == accum - 1 else no_sync(model):
-            with precision.forward_context():
-                # the task's loss, in FP32 (mptrain.models.task)
-                loss = loss_fn(logits_of(model(inputs)), targets)
-                if accum > 1:
-                    loss = loss / accum
-            precision.backward(loss)  # scaled, outside autocast
-        step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
-    return step_loss, (inputs, targets), data_wait_s
+    with interruptible:
+        for micro in range(accum):
+            wait_start = time.perf_counter()
+            inputs, targets = next(micro_batches)
+            data_wait_s += time.perf_counter() - wait_start
+            inputs = precision.model_input(inputs, channels_last)
+            with _NO_CONTEXT if micro == accum - 1 else no_sync(model):
+                with precision.forward_context():
+                    # the task's loss, in FP32 (mptrain.models.task)
+                    loss = loss_fn(logits_of(model(inputs)), targets)
+                    if accum > 1:
+                        loss = loss / accum
+                precision.scale(loss).backward()  # outside autocast
+            step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
+    precision.count_quantizations(False)
+    precision.after_backward()
+    batch = (inputs, targets)  # the last micro-batch
+    outcome = StepOutcome(step_loss, False, None, None, batch, data_wait_s)
+    outcome = _optimizer_step(run, params, norm_now, probe_now, outcome)
+    precision.after_optimizer_step()
+    return outcome
 
 
 def _optimizer_step(

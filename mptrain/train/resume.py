@@ -12,11 +12,68 @@ from omegaconf import OmegaConf
 
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
+from mptrain.output.joblog import JobLog
+from mptrain.output.metrics import truncate_after
+from mptrain.platform.seeding import seed_everything
+from mptrain.rundir.checkpoint import check_compatible
 from mptrain.rundir.command import HYDRA_RECORD, continue_command, recorded_overrides
-from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, REPORT_JSON, REPORT_MD
+from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, METRICS_JSONL, REPORT_JSON, REPORT_MD
 from mptrain.rundir.lock import check_no_other_run
-from mptrain.train.checkpointer import restore
+from mptrain.train.checkpointer import restore, run_signature
 from mptrain.train.components import Run
+
+Found = tuple[Path, dict[str, Any], list[str]]  # rundir.checkpoint.resolve_resume's checkpoint
+
+
+def resume_job(
+    found: Found | None, cfg: RunConfig, run: Run, output_dir: Path, log: JobLog
+) -> dict[str, Any]:
+    """Restore ``found`` into ``run``, or say that ``resume=auto`` found nothing (ConfigError for
+    a checkpoint that does not fit, or a run that has nothing left to train); the report's
+    resume section."""
+    dist = run.dist
+    if found is None:
+        # overwrite=true: what resolve_resume found unreadable, or in the way, is deleted
+        over = cfg.overwrite and dist.is_main and start_over(output_dir, log.say)
+        note = (
+            f"no checkpoint loaded in {output_dir}; started over (overwrite=true)"
+            if over
+            else f"{no_checkpoint_hint(output_dir, cfg)}; started fresh"
+        )
+        if dist.is_main:  # a fresh start logs from step 1 again
+            truncate_after(output_dir / METRICS_JSONL, 0)
+        log.say(note, "resume=auto")
+        return {"requested": cfg.resume, "from": None, "note": note}
+    path, payload, notes = found
+    signature = run_signature(cfg, run.precision, run.data.identity)
+    allowed = check_compatible(
+        payload, signature, path, cfg.resume_allow_changes, data_key=data_key(cfg)
+    )
+    if not allowed:  # the same settings: nothing left to train (changes: applied below)
+        check_not_completed(output_dir, path, payload, run.settings.total_steps, log.say)
+    saved_world = payload.get("world_size", 1)
+    if saved_world != dist.world_size:
+        notes.append(
+            f"saved at world size {saved_world}, resumed at {dist.world_size}: weights, "
+            "optimizer and scaler state load as saved; the data position is placed by step count"
+        )
+    notes += restore_or_refuse(payload, run, path)
+    if dist.is_main:  # the steps after the checkpoint will be logged again
+        dropped = truncate_after(output_dir / METRICS_JSONL, run.state.step)
+        if dropped:
+            notes.append(f"metrics.jsonl: {dropped} row(s) after step {run.state.step} removed")
+    if dist.enabled:  # rank 0's RNG was saved: give each rank its own stream again
+        seed_everything(cfg.seed + dist.rank + run.state.step)
+    for note in notes:
+        log.say(note, "resume")
+    log.say(f"resumed from {path} at step {run.state.step}")
+    return {
+        "requested": cfg.resume,
+        "from": str(path),
+        "step": run.state.step,
+        "allowed_differences": allowed,
+        "notes": notes,
+    }
 
 
 def restore_or_refuse(payload: dict[str, Any], run: Run, path: Path) -> list[str]:

@@ -969,20 +969,20 @@ def test_a_job_refused_at_run_time_is_not_credited_with_another_runs_report(
 ):
     """Another run takes a job's directory after the preflight checked it and writes its report
     while the sweep runs: the sweep's job, refused, did not complete (exit 1), in the summary too."""
-    from mptrain import cli
+    from mptrain.cli import app as cli
 
     job_dir = tmp_path / "sweep" / "job0"
-    launch = cli.launch
+    run_and_report = cli.run_and_report
 
-    def launch_while_another_run_holds_the_job_dir(*args, **kwargs):
+    def launch_while_another_run_holds_the_job_dir(start):
         job_dir.mkdir(parents=True)
         with RunDirLock(job_dir):
             shutil.copy(
                 earlier_run / REPORT_JSON, job_dir / REPORT_JSON
             )  # written during the sweep
-            launch(*args, **kwargs)
+            run_and_report(start)
 
-    monkeypatch.setattr(cli, "launch", launch_while_another_run_holds_the_job_dir)
+    monkeypatch.setattr(cli, "run_and_report", launch_while_another_run_holds_the_job_dir)
     subdir = "hydra.sweep.subdir=job${hydra.job.num}"
     result = run_cli([*SWEEP, "seed=1", subdir], tmp_path, monkeypatch, jobs=True)
     assert result.code == 1, result

@@ -17,9 +17,9 @@ import yaml
 from hydra import compose, initialize_config_module
 from support.yamlkeys import scalar_key_lines, yaml_leaf_paths
 
-from mptrain import cli
-from mptrain.compose.preflight import check_command_line, describe_compose_error
-from mptrain.compose.registry import schema_node_name, to_run_config
+from mptrain.cli import app as cli
+from mptrain.cli.preflight import check_command_line, describe_compose_error
+from mptrain.cli.registry import schema_node_name, to_run_config
 from mptrain.config.base import ConfigError
 from mptrain.config.models import ViTConfig
 from mptrain.config.options import PRECISION_ALIASES, SCHEMAS

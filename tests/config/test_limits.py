@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from support.runs import run_cli, tiny_run
 
-from mptrain.compose.preflight import refuse_huge_numbers
+from mptrain.cli.preflight import refuse_huge_numbers
 from mptrain.config.base import ConfigError
 from mptrain.platform import threads
 from mptrain.platform.contention import affinity_cpus

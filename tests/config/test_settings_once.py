@@ -13,7 +13,7 @@ import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from mptrain.compose.usage import command_help
+from mptrain.cli.usage import command_help
 from mptrain.config import help as settings
 from mptrain.config.base import setting
 from mptrain.config.options import SCHEMAS

@@ -10,8 +10,8 @@ import pytest
 import torch
 from support.runs import compose_run, tiny_run, train
 
-from mptrain.compose.plugins import PLUGIN_PACKAGES, missing_plugin_hint
-from mptrain.compose.preflight import check_command_line
+from mptrain.cli.plugins import PLUGIN_PACKAGES, missing_plugin_hint
+from mptrain.cli.preflight import check_command_line
 from mptrain.config.base import ConfigError
 from mptrain.config.options import PRECISION_ALIASES, PRECISION_NAMES
 from mptrain.config.spelling import PEER_KEYS, config_keys, suggest_setting

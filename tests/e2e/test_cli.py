@@ -161,7 +161,7 @@ def test_console_script_help_exits_0(tmp_path):
 # What a composition-only command may load: composing needs the schemas, not the builders.
 NO_TORCH = """
 import sys
-from mptrain import cli
+from mptrain.cli import app as cli
 try:
     cli.main(sys.argv[1:])
 except SystemExit as exit:
@@ -231,9 +231,68 @@ def test_only_a_command_line_run_freezes_the_collector_before_exit(tmp_path):
     called from Python (argv given), it leaves the caller's collector alone."""
     import gc
 
-    from mptrain import cli
+    from mptrain.cli import app as cli
 
     frozen = gc.get_freeze_count()
     cli.main(["model=mlp", "max_steps=1", "epochs=null", f"hydra.run.dir={tmp_path / 'run'}"])
     assert gc.get_freeze_count() == frozen
     assert (tmp_path / "run" / "report.json").is_file()
+
+
+MAX_FRAMES_TO_BACKWARD = 6  # issue 41: torchtitan has 5 from its entry point to backward()
+
+
+def mptrain_frames_at_backward(args: list[str], monkeypatch) -> list[str]:
+    """``mptrain args`` in this process; the frames of mptrain on the stack when the first
+    training step calls ``backward`` (``module.function``, outermost first)."""
+    import traceback
+
+    import torch
+
+    from mptrain.cli import app as cli
+
+    package = str(Path(cli.__file__).resolve().parents[1])
+    seen: list[list[str]] = []
+    backward = torch.autograd.backward
+
+    def recording_backward(*a, **k):
+        if not seen:
+            seen.append(
+                [
+                    f"{Path(f.filename).resolve().relative_to(package).with_suffix('')}:{f.name}"
+                    for f in traceback.extract_stack()[:-1]
+                    if Path(f.filename).resolve().is_relative_to(package)
+                ]
+            )
+        return backward(*a, **k)
+
+    monkeypatch.setattr(torch.autograd, "backward", recording_backward)
+    cli.main(args)
+    return seen[0]
+
+
+def test_the_console_script_reaches_backward_in_at_most_six_mptrain_frames(tmp_path, monkeypatch):
+    """The call path ARCHITECTURE.md draws, read off the stack at the first backward: the console
+    script, Hydra's task, the job, the loop, the step; nothing in between but Hydra's frames."""
+    monkeypatch.chdir(tmp_path)
+    args = ["model=mlp", "max_steps=1", "epochs=null", "progress=false", "hydra.run.dir=run"]
+    frames = mptrain_frames_at_backward(args, monkeypatch)
+    assert frames == [
+        "cli/app:main",
+        "cli/launch:run_job",
+        "train/job:train",
+        "train/job:execute",
+        "train/loop:train_loop",
+        "train/loop:take_step",
+    ], frames
+    assert len(frames) <= MAX_FRAMES_TO_BACKWARD
+
+
+def test_a_sweeps_job_reaches_backward_through_one_more_frame(tmp_path, monkeypatch):
+    """Under -m the sweep's guard (cli.launch._sweep: every job failed, then the sweeper) sits
+    between the console script and Hydra: seven frames."""
+    monkeypatch.chdir(tmp_path)
+    args = ["-m", "model=mlp", "max_steps=1", "epochs=null", "progress=false", "hydra.sweep.dir=s"]
+    frames = mptrain_frames_at_backward(args, monkeypatch)
+    assert frames[:2] == ["cli/app:main", "cli/launch:_sweep"], frames
+    assert len(frames) == MAX_FRAMES_TO_BACKWARD + 1

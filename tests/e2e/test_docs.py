@@ -4,7 +4,7 @@
 - README.md stays a first read: at most 250 lines;
 - every ``mptrain`` command of a ``bash`` block (also ``python -m mptrain ...`` and
   ``torchrun ... -m mptrain ...``) is accepted as written: its arguments go through
-  ``mptrain.cli.main`` in-process, in an empty directory (not the repository root), with the one
+  ``mptrain.cli.app.main`` in-process, in an empty directory (not the repository root), with the one
   step that would start the jobs replaced, so everything mptrain checks before a job starts
   (Hydra's composition, the schemas' types and ranges, each job of a sweep, the output directory)
   is checked, and bad input exits 2 here as on the command line;

@@ -1,6 +1,6 @@
 """What a new user types first (issue 28, 'First contact'): arguments that are neither a flag nor an
 override, ``--help``, ``COMMAND --help``, ``--version`` and a command word mptrain does not have.
-In-process through :func:`mptrain.cli.main` (tests/conftest.py's ``run_cli``), except the console
+In-process through :func:`mptrain.cli.app.main` (tests/conftest.py's ``run_cli``), except the console
 script's help, timed as a user runs it."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import pytest
 from support.processes import describe, run_command
 from support.runs import run_cli
 
-from mptrain import __version__, cli
-from mptrain.compose.preflight import parse_command_line
+from mptrain import __version__
+from mptrain.cli import app as cli
+from mptrain.cli.preflight import parse_command_line
 
 
 def only_error(outcome) -> str:
@@ -101,7 +102,7 @@ def test_compare_points_to_mptrain_compare_and_the_help_lists_it(tmp_path, monke
     assert only_error(run_cli(["compare", "outputs"], tmp_path, monkeypatch)).startswith(
         "unknown command 'compare'; runs are compared by mptrain-compare RUN_OR_SWEEP_DIR"
     )
-    from mptrain.compose.usage import usage_text
+    from mptrain.cli.usage import usage_text
 
     assert "  (compare) mptrain-compare RUN_OR_SWEEP_DIR ..." in usage_text()
 
@@ -116,8 +117,8 @@ def test_a_run_given_as_a_word_is_read_as_resume(tmp_path, monkeypatch, command)
 
 
 def test_the_commands_of_the_help_are_the_cli_s():
-    from mptrain.compose.arguments import COMMANDS
-    from mptrain.compose.usage import COMMAND_DOCS
+    from mptrain.cli.arguments import COMMANDS
+    from mptrain.cli.usage import COMMAND_DOCS
 
     assert set(COMMANDS) == set(cli._SUBCOMMANDS) == set(COMMAND_DOCS)
 

@@ -13,7 +13,7 @@ import yaml
 from support.processes import describe, run_mptrain
 from support.runs import run_cli
 
-from mptrain.compose.preflight import check_command_line
+from mptrain.cli.preflight import check_command_line
 from mptrain.config.base import ConfigError
 
 TINY = (

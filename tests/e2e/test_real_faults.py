@@ -82,7 +82,7 @@ COMMAND = (*PINNED, f"max_steps={TOTAL}", f"checkpoint.every_steps={EVERY}")
 KILLED_MID_SAVE = """
 import io, os, signal, sys
 import torch
-from mptrain import cli
+from mptrain.cli import app as cli
 
 KILL_ON = int(os.environ["KILL_ON_STEP_SAVE"])
 real_save, step_saves = torch.save, []
@@ -109,7 +109,7 @@ cli.main()
 # place says so on stderr once the signals were survived.
 USR_SIGNALS_OUTSIDE_TRAINING = """
 import signal, sys
-from mptrain import cli
+from mptrain.cli import app as cli
 from mptrain.train import job
 
 def signalled(where, real):

@@ -197,7 +197,7 @@ def test_a_signal_during_setup_ends_the_command_alike(tmp_path, sig, code):
         f"""
         import signal, sys
         import mptrain.train.job
-        from mptrain import cli
+        from mptrain.cli import app as cli
 
         # A shell starts background jobs with SIGINT ignored (and Python then keeps it so):
         # this test is about mptrain's handling, not how the suite was launched.

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from support.processes import describe, run_mptrain
 
-from mptrain.compose.preflight import check_command_line
+from mptrain.cli.preflight import check_command_line
 from mptrain.config.base import ConfigError
 
 ADVICE = "'hydra.sweep.subdir=${hydra.job.num}'"

@@ -1,5 +1,5 @@
 """Optuna's log lines (``hydra/sweeper=optuna``) carry ANSI colour codes on a terminal only: a
-pipe or a file gets plain text (mptrain.compose.plugins gives optuna's colorlog formatter its
+pipe or a file gets plain text (mptrain.cli.plugins gives optuna's colorlog formatter its
 stream)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 import pytest
 from support.processes import describe, run_mptrain
 
-from mptrain.compose.plugins import colour_on_terminals_only
+from mptrain.cli.plugins import colour_on_terminals_only
 
 ESC = "\x1b["
 STUDY = "import optuna; optuna.create_study()"
@@ -50,7 +50,7 @@ def test_optuna_writes_no_escape_codes_into_a_pipe_whichever_imports_first():
     pytest.importorskip("optuna")
     if ESC not in stderr_of(STUDY):
         pytest.skip("this optuna does not colour pipes")
-    for first in ("mptrain.compose.plugins", "optuna, mptrain.compose.plugins"):
+    for first in ("mptrain.cli.plugins", "optuna, mptrain.cli.plugins"):
         logged = stderr_of(f"import {first}; {STUDY}")
         assert "A new study created" in logged and ESC not in logged, logged
 
@@ -59,7 +59,7 @@ def test_optuna_keeps_its_colours_on_a_terminal():
     pytest.importorskip("optuna")
     main, terminal = pty.openpty()
     try:
-        stderr_of(f"import mptrain.compose.plugins; {STUDY}", stderr=terminal)
+        stderr_of(f"import mptrain.cli.plugins; {STUDY}", stderr=terminal)
         written = os.read(main, 65536).decode()
     finally:
         os.close(main)

@@ -18,7 +18,7 @@ import torch
 from support.runs import NoFigure, compose_run, requires_cuda, tiny_run, train
 from torch import nn
 
-from mptrain.compose.preflight import check_command_line
+from mptrain.cli.preflight import check_command_line
 from mptrain.config.base import ConfigError
 from mptrain.config.models import ViTConfig
 from mptrain.config.precision import FP8Config, PrecisionConfig, validate_fp8

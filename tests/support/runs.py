@@ -1,6 +1,6 @@
 """In-process runs: the typed config ``mptrain <overrides>`` would run, composed from the shipped
 YAML through Hydra's compose API (:func:`compose_run`, :func:`tiny_run`), a run trained to its
-report (:func:`train`), the command line through ``mptrain.cli.main`` (:func:`run_cli`), tiny
+report (:func:`train`), the command line through ``mptrain.cli.app.main`` (:func:`run_cli`), tiny
 models and the TF32 flags' restorer."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from mptrain.compose.registry import register_configs, to_run_config
+from mptrain.cli.registry import register_configs, to_run_config
 from mptrain.config.run import RunConfig
 
 # Hydra's ConfigStore needs mptrain's schemas and recipes before any test composes: importing
@@ -141,19 +141,19 @@ class Outcome:
 
 
 def run_cli(args: list[str], cwd: Path, monkeypatch, jobs: bool = False) -> Outcome:
-    """``mptrain <args>`` through ``mptrain.cli.main`` in ``cwd``: up to the launch of its jobs,
+    """``mptrain <args>`` through ``mptrain.cli.app.main`` in ``cwd``: up to the launch of its jobs,
     or with ``jobs`` the whole command."""
     from hydra.core.global_hydra import GlobalHydra
 
-    from mptrain import cli
+    from mptrain.cli import app as cli
 
-    assert hasattr(cli, "launch"), (
-        "mptrain.cli.main no longer starts its jobs with launch(); point this test at the step "
-        "that does, so that the checks before it still run in-process"
+    assert hasattr(cli, "run_and_report"), (
+        "mptrain.cli.app.main no longer starts its jobs with run_and_report(); point this test at "
+        "the step that does, so that the checks before it still run in-process"
     )
     launched = []
     if not jobs:
-        monkeypatch.setattr(cli, "launch", lambda *a, **k: launched.append(a))
+        monkeypatch.setattr(cli, "run_and_report", launched.append)
     if REGISTERED:  # Hydra's ConfigStore is the process's: main() registering again costs ~40 %
         monkeypatch.setattr(cli, "register_configs", lambda: None, raising=False)
     monkeypatch.chdir(cwd)

@@ -230,8 +230,8 @@ def advise_main(overrides: list[str]) -> None:
     ConfigError (one line; exit 2); a stop signal exits 128 + its number after writing what was
     measured (:func:`run_advise`)."""
     started = time.perf_counter()  # the budget covers composing the config and the imports
+    from mptrain.cli.preflight import subcommand_job
     from mptrain.commands.advise.trials import Budget
-    from mptrain.compose.preflight import subcommand_job
     from mptrain.output.joblog import job_console
     from mptrain.rundir.lock import RunDirLock, check_output_dir
 

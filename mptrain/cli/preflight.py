@@ -11,7 +11,7 @@ the master config as Hydra does, and then each job's config with Hydra's own
   parser that has the config loader (``glob(...)`` lists the options of the user's search path);
 - under any other sweeper (Optuna, Ax, Nevergrad, ...), which chooses its jobs while it runs, the
   config with the sweep's fixed values only. Each job is checked again in the task
-  (:func:`mptrain.cli.run_job`), and a bad one fails that job, not the sweep.
+  (:func:`mptrain.cli.launch.run_job`), and a bad one fails that job, not the sweep.
 
 Bad input raises :class:`~mptrain.config.base.ConfigError` with one line naming the key, so it stops
 the command before a job has trained (exit code 2).
@@ -22,17 +22,16 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mptrain.compose.arguments import parse_arguments
-from mptrain.compose.plugins import missing_plugin_hint
-from mptrain.compose.record import staged_subdir
-from mptrain.compose.registry import to_run_config
-from mptrain.compose.resume import resume_auto_dir
+from mptrain.cli.arguments import parse_arguments
+from mptrain.cli.plugins import missing_plugin_hint
+from mptrain.cli.registry import to_run_config
+from mptrain.cli.resume import resume_auto_dir
 from mptrain.config.base import ConfigError
 from mptrain.config.options import PRECISION_ALIASES
 from mptrain.config.recipes import check_recipe_source
@@ -46,7 +45,7 @@ CONFIG_NAME = "config"
 HYDRA_VERSION_BASE = "1.3"
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 # The module of the task function: Hydra resolves a relative --config-path against it.
-APP_MODULE = "mptrain.cli"
+APP_MODULE = "mptrain.cli.launch"
 
 
 @dataclass(frozen=True)
@@ -56,13 +55,13 @@ class Preflight:
     jobs: list[list[str]]
     multirun: bool
     output_dir: str  # hydra.run.dir, or hydra.sweep.dir of a multirun, as composed here
-    record_subdir: str | None = ".hydra"  # hydra.output_subdir: the run's record (compose.record)
+    record_subdir: str | None = ".hydra"  # hydra.output_subdir: the run's record (cli.record)
 
 
 def parse_command_line(argv: list[str]) -> argparse.Namespace:
     """Hydra's own parse of an mptrain command line (overrides, -m, -cd, --cfg, ...); ConfigError
     in one line for an argument that is neither a flag nor an override
-    (:func:`mptrain.compose.arguments.parse_arguments`)."""
+    (:func:`mptrain.cli.arguments.parse_arguments`)."""
     refuse_huge_numbers(argv)
     return parse_arguments(argv)
 
@@ -246,53 +245,6 @@ def _climbs(value: str) -> bool:
     return value.startswith("/") or ".." in Path(value).parts
 
 
-def launch(
-    hydra: Any,
-    args: argparse.Namespace,
-    checked: Preflight,
-    task: Any,
-    sweeper_failed: Callable[[Exception], bool] | None = None,
-) -> None:
-    """Run the checked command on ``hydra`` the way ``@hydra.main`` runs it (Hydra's
-    ``_run_app``), in the output directory the preflight checked.
-
-    ``@hydra.main`` would build a second Hydra instance and compose the config twice more (once
-    only to read ``hydra.mode``); the preflight already knows the mode. Errors are reported by
-    Hydra's ``run_and_report``, as under ``@hydra.main``, except an error of a sweep for which
-    ``sweeper_failed(error)`` returns True: it has been reported, and launch returns.
-    """
-    from hydra._internal.utils import run_and_report
-
-    mode = "MULTIRUN" if checked.multirun else "RUN"
-    overrides = [*args.overrides, pinned_output_dir(checked), f"hydra.mode={mode}"]
-    if checked.record_subdir is not None:  # written where the run's job moves it (compose.record)
-        overrides.append(f"hydra.output_subdir={_quoted(staged_subdir(checked.record_subdir))}")
-    start = hydra.multirun if checked.multirun else hydra.run
-    config_name = args.config_name or CONFIG_NAME
-
-    def run() -> None:
-        try:
-            start(config_name=config_name, task_function=task, overrides=overrides)
-        except Exception as exc:
-            if not (checked.multirun and sweeper_failed and sweeper_failed(exc)):
-                raise
-
-    run_and_report(run)
-
-
-def pinned_output_dir(checked: Preflight) -> str:
-    """The override fixing Hydra's output directory to the one the preflight checked (Hydra
-    would resolve ``${now:...}`` again)."""
-    key = "hydra.sweep.dir" if checked.multirun else "hydra.run.dir"
-    return f"{key}={_quoted(checked.output_dir)}"
-
-
-def _quoted(value: str) -> str:
-    """``value`` as a quoted override value (Hydra's grammar: backslash and quote escaped)."""
-    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
-    return f"'{escaped}'"
-
-
 def _master_config(
     hydra: Any, config_name: str, overrides: list[str], args: argparse.Namespace
 ) -> tuple[Any, bool]:
@@ -442,7 +394,7 @@ def describe_compose_error(exc: Exception) -> str:
         ValidationError,
     )
 
-    from mptrain.compose.registry import unknown_key_message
+    from mptrain.cli.registry import unknown_key_message
 
     if isinstance(exc, MissingConfigException) and exc.options is not None:
         group, _, option = (exc.missing_cfg_file or "?").rpartition("/")

@@ -13,7 +13,7 @@ import textwrap
 from importlib.resources import files
 from pathlib import Path
 
-from mptrain.compose.arguments import COMMANDS
+from mptrain.cli.arguments import COMMANDS
 from mptrain.config.help import section_help, section_keys
 from mptrain.config.options import PRECISION_ALIASES, SCHEMAS
 from mptrain.config.recipes import recipe_files

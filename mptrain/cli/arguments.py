@@ -15,7 +15,7 @@ import difflib
 from mptrain.config.base import ConfigError
 from mptrain.config.spelling import suggest_setting
 
-# Commands that are not a training run (mptrain.cli._SUBCOMMANDS runs them).
+# Commands that are not a training run (mptrain.cli.app._SUBCOMMANDS runs them).
 COMMANDS = ("advise", "bench", "eval", "sample")
 # What users of other tools type for training itself.
 _TRAINING_WORDS = ("fit", "train", "run", "start")
