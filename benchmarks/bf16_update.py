@@ -1,6 +1,6 @@
 """Pure BF16 with stochastic-rounded or Kahan-compensated updates against rounding to nearest.
 
-    python benchmarks/bf16_update.py [--jobs mlp,gpt] [--mlp-steps 300] [--gpt-steps 200]
+    python -m benchmarks.bf16_update [--jobs mlp,gpt] [--mlp-steps 300] [--gpt-steps 200]
                                      [--lrs 3e-4,3e-3] [--fp32-seeds 1,2]
                                      [--out benchmarks/results/bf16_update_cpu.json]
 
@@ -29,9 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-# benchmarks/ is on sys.path when this script runs
-from inprocess import CPU_JOB, SMALL_GPT, cpu_document, train_report
-from jsondoc import write_json
+from benchmarks.inprocess import CPU_JOB, SMALL_GPT, cpu_document, train_report
+from benchmarks.jsondoc import write_json
 
 # The MLP on digits, and the small GPT (benchmarks/contention.py's too).
 JOBS = {"mlp": ("model=mlp", "dataset=digits"), "gpt": SMALL_GPT}

@@ -1,7 +1,7 @@
 """The emulated block formats' cost on a CPU, per part: one Linear's forward and backward in each
 format against FP32's, and what it spends on quantizing and on its GEMMs.
 
-    python benchmarks/block_quant_speed.py [--tokens 4096] [--shapes 128x384,128x128,128x512,512x128]
+    python -m benchmarks.block_quant_speed [--tokens 4096] [--shapes 128x384,128x128,128x512,512x128]
         [--formats mxfp8,nvfp4,fp8_blockwise] [--rounds 20] [--out FILE]
 
 Shapes are ``in_features x out_features``, multiples of every format's block (128 for
@@ -34,12 +34,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsondoc import write_json  # benchmarks/ is on sys.path when this script runs
 from torch import nn
 
-from mptrain.platform.hardware import hardware_info, software_versions
-from mptrain.precision.quant.block_linear import BlockLinear
-from mptrain.precision.quant.block_quant import BlockQuantization, fake_quant_operand
+from benchmarks.jsondoc import write_json
+from benchmarks.mptrain_api import (
+    BlockLinear,
+    BlockQuantization,
+    fake_quant_operand,
+    hardware_info,
+    software_versions,
+)
 
 RECIPES = {
     "mxfp8": BlockQuantization("mxfp8"),

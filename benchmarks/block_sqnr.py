@@ -1,7 +1,7 @@
 """SQNR of each block-scaled format against FP32 on a Linear's three GEMMs, beside mptrain's
 tensorwise and rowwise FP8.
 
-    python benchmarks/block_sqnr.py [--rows 512] [--features 1024] [--outliers 1,1e3] [--out FILE]
+    python -m benchmarks.block_sqnr [--rows 512] [--features 1024] [--outliers 1,1e3] [--out FILE]
 
 A Linear layer (``features -> features``, FP32, nn.Linear's initialisation) takes ``rows``
 activations N(0, 1), of which one row in 16 is ``outlier`` times larger (as the massive
@@ -42,22 +42,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from fp8_rowwise_sqnr import (  # benchmarks/ is on sys.path when this script runs
+from torch import nn
+
+from benchmarks.fp8_rowwise_sqnr import (
     EVERY,
     linear_gemms,
     parse_outliers,
     sqnr_db,
 )
-from jsondoc import write_json
-from torch import nn
-
-from mptrain.platform.hardware import software_versions
-from mptrain.precision.quant.blockwise import fake_quant_blockwise
-from mptrain.precision.quant.fp8 import FP8Quantization
-from mptrain.precision.quant.fp8_linear import Float8Linear
-from mptrain.precision.quant.hadamard import random_hadamard_transform, rht_signs
-from mptrain.precision.quant.mx import fake_quant_mx
-from mptrain.precision.quant.nvfp4 import fake_quant_nvfp4
+from benchmarks.jsondoc import write_json
+from benchmarks.mptrain_api import (
+    Float8Linear,
+    FP8Quantization,
+    fake_quant_blockwise,
+    fake_quant_mx,
+    fake_quant_nvfp4,
+    random_hadamard_transform,
+    rht_signs,
+    software_versions,
+)
 
 # quant(tensor, dim, role, gemm): the tensor fake-quantized along dim; role is "x", "w" or "dy",
 # gemm "out", "dx" or "dW".

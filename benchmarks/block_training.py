@@ -1,7 +1,7 @@
 """Training in the block-scaled formats, emulated: final loss against FP32 and BF16, and the
 emulation's step time as a ratio to FP32's.
 
-    python benchmarks/block_training.py [--jobs lm,classify] [--lm-steps 300] [--epochs 15]
+    python -m benchmarks.block_training [--jobs lm,classify] [--lm-steps 300] [--epochs 15]
         [--precisions fp32,bf16,mxfp8,nvfp4,fp8_blockwise] [--threads 1] [--out FILE]
         [--lm-overrides "model.layers=2 ..."] [-- extra overrides for every run]
 
@@ -40,10 +40,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from inprocess import compose  # benchmarks/ is on sys.path when this script runs
-from jsondoc import error_text, write_json
 
-from mptrain.platform.hardware import hardware_info, software_versions
+from benchmarks.jsondoc import error_text, write_json
+from benchmarks.mptrain_api import compose, hardware_info, software_versions
 
 CPU = torch.device("cpu")
 PRECISIONS = {
@@ -82,7 +81,7 @@ def cpu_seconds() -> float:
 
 def train_one(job: str, precision: str, overrides: tuple[str, ...]) -> dict[str, Any]:
     """One run's figures (module doc)."""
-    from mptrain.train.job import train
+    from benchmarks.mptrain_api import train
 
     cfg = compose(*COMMON, *overrides, *PRECISIONS[precision])
     load_before, cpu_before = load_average(), cpu_seconds()

@@ -1,6 +1,6 @@
 """threads=auto against torch's default threading, quiet and beside busy processes.
 
-    python benchmarks/contention.py [--busy 0 1 2 4] [--reps 2] [--cnn-steps 30] [--gpt-steps 20]
+    python -m benchmarks.contention [--busy 0 1 2 4] [--reps 2] [--cnn-steps 30] [--gpt-steps 20]
                                     [--out benchmarks/results/contention_cpu.json]
 
 Two jobs, each run to a fixed number of optimizer steps in this process through
@@ -32,9 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-# benchmarks/ is on sys.path when this script runs
-from inprocess import CPU_JOB, SMALL_GPT, cpu_document, train_report
-from jsondoc import write_json
+from benchmarks.inprocess import CPU_JOB, SMALL_GPT, cpu_document, train_report
+from benchmarks.jsondoc import write_json
 
 JOBS = {"cnn": ("model=cnn", "dataset=digits"), "gpt": SMALL_GPT}
 

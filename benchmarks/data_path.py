@@ -1,6 +1,6 @@
 """The imagefolder data path alone (no model): images/s of the old and new pipelines.
 
-    python benchmarks/data_path.py [--workers 2] [--images 300] [--image-size 224] [--reps 3]
+    python -m benchmarks.data_path [--workers 2] [--images 300] [--image-size 224] [--reps 3]
         [--epochs 2] [--batch-size 32] [--device cpu|cuda] [--device-decode]
         [--json benchmarks/results/data_path_cpu.json]
 
@@ -37,12 +37,19 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from jsondoc import error_text, write_json  # benchmarks/ is on sys.path when this script runs
 
-from mptrain.config.data import ImageFolderConfig
-from mptrain.data import batches, decode, feeds, folder
-from mptrain.data import build as data
-from mptrain.data.decode import CropSpec, crop_params, draft_factor
+from benchmarks.jsondoc import error_text, write_json
+from benchmarks.mptrain_api import (
+    CropSpec,
+    ImageFolderConfig,
+    batches,
+    crop_params,
+    decode,
+    draft_factor,
+    feeds,
+    folder,
+)
+from benchmarks.mptrain_api import data_build as data
 
 CLASSES = 4
 

@@ -1,6 +1,6 @@
 """FP8 accuracy with one scale per tensor vs one per row, on activations with outlier rows.
 
-    python benchmarks/fp8_rowwise_sqnr.py [--outliers 1,1e2,1e3,1e4,1e5,1e6] [--out FILE]
+    python -m benchmarks.fp8_rowwise_sqnr [--outliers 1,1e2,1e3,1e4,1e5,1e6] [--out FILE]
 
 A Linear layer (1024 -> 1024, FP32 weights) takes a batch of 512 activation rows of which one in 16
 is ``outlier`` times larger, as the massive activations of large transformers are (one token's row
@@ -25,12 +25,10 @@ import math
 from pathlib import Path
 
 import torch
-from jsondoc import write_json  # benchmarks/ is on sys.path when this script runs
 from torch import nn
 
-from mptrain.platform.hardware import software_versions
-from mptrain.precision.quant.fp8 import FP8Quantization
-from mptrain.precision.quant.fp8_linear import Float8Linear
+from benchmarks.jsondoc import write_json
+from benchmarks.mptrain_api import Float8Linear, FP8Quantization, software_versions
 
 ROWS, FEATURES, EVERY = 512, 1024, 16
 

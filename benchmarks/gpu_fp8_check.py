@@ -2,7 +2,7 @@
 
 For one NVIDIA GPU of compute capability >= 8.9 (H100/H200/L4/RTX 40xx); runs in a few minutes:
 
-    python benchmarks/gpu_fp8_check.py [--out benchmarks/results/gpu_fp8_check.json]
+    python -m benchmarks.gpu_fp8_check [--out benchmarks/results/gpu_fp8_check.json]
 
 1. GEMM agreement (``gemm_agreement``, the verdict; seconds): random matrices quantized to FP8
    (E4M3 x E4M3 and E5M2 x E4M3), with one scale per tensor and with rowwise scales (one per row
@@ -53,31 +53,35 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from jsondoc import (
+
+from benchmarks.jsondoc import (
     error_text,
     first_line,
     write_json,
-)  # benchmarks/ is on sys.path when this script runs
-
-from mptrain.config.format_table import BLOCK_FORMATS as TABLE_BLOCK_FORMATS
-from mptrain.config.format_table import FORMAT_TABLE
-from mptrain.config.models import MLPConfig
-from mptrain.models.builtin import build_mlp
-from mptrain.platform.hardware import (
-    hardware_info,
-    peak_memory_bytes,
-    reset_peak_memory,
-    software_versions,
-    synchronize,
 )
-from mptrain.precision.quant.block_quant import BlockQuantization, quantize_operand
-from mptrain.precision.quant.convert import apply_quantized, layer_rules
-from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8Quantization, quantize, scale_from_amax
-from mptrain.precision.quant.kernels import (
+from benchmarks.mptrain_api import (
+    E4M3,
+    E5M2,
+    FORMAT_TABLE,
+    TABLE_BLOCK_FORMATS,
+    BlockQuantization,
+    FP8Quantization,
+    MLPConfig,
+    apply_quantized,
     block_gemm,
     block_gemm_available,
+    build_mlp,
     fp8_gemm,
     fp8_gemm_available,
+    hardware_info,
+    layer_rules,
+    peak_memory_bytes,
+    quantize,
+    quantize_operand,
+    reset_peak_memory,
+    scale_from_amax,
+    software_versions,
+    synchronize,
     transposed,
 )
 

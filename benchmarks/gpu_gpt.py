@@ -2,7 +2,7 @@
 
 For one H100/H200-class GPU; about a minute with the defaults (estimate: not yet run on a GPU):
 
-    python benchmarks/gpu_gpt.py [--out benchmarks/results/gpu_gpt.json]
+    python -m benchmarks.gpu_gpt [--out benchmarks/results/gpu_gpt.json]
 
 The model is mptrain's GPT (``task=lm``: model=gpt on the embedded Python-stdlib corpus, byte
 vocabulary) at a width where FP8 pays: width 2048, 16 heads, 4 layers, 1024-token windows, batch
@@ -57,16 +57,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from jsondoc import error_text, write_json  # benchmarks/ is on sys.path when this script runs
 
-from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-from mptrain.commands.bench import measure, precision_config
-from mptrain.compose.registry import register_configs, to_run_config
-from mptrain.models.gpt import GPT, GPTShape
-from mptrain.perf import gpus
-from mptrain.perf.speed import DataShape, flops_by_format, predict_config
-from mptrain.platform.hardware import hardware_info, software_versions
-from mptrain.precision.quant.kernels import fp8_gemm_available
+from benchmarks.jsondoc import error_text, write_json
+from benchmarks.mptrain_api import (
+    GPT,
+    DataShape,
+    GPTShape,
+    compose,
+    flops_by_format,
+    fp8_gemm_available,
+    gpus,
+    hardware_info,
+    measure,
+    precision_config,
+    predict_config,
+    software_versions,
+)
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
 VOCAB = 256  # dataset.vocabulary=bytes
@@ -272,8 +278,6 @@ def parse_args() -> argparse.Namespace:
 
 def run_config(args: argparse.Namespace) -> Any:
     """The typed RunConfig every row starts from (composed from the shipped YAML)."""
-    from hydra import compose, initialize_config_module
-
     overrides = [
         "task=lm",
         f"model.width={args.width}",
@@ -287,9 +291,7 @@ def run_config(args: argparse.Namespace) -> Any:
         f"device={args.device}",
         "progress=false",
     ]
-    register_configs()  # explicit: importing mptrain registers nothing
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-        return to_run_config(compose(config_name=CONFIG_NAME, overrides=overrides))
+    return compose(*overrides)
 
 
 def document(args: argparse.Namespace, shape: GPTShape, peaks: dict, hardware: dict) -> dict:

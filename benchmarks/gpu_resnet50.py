@@ -2,7 +2,7 @@
 
 For one H100/H200-class GPU; under 8 minutes with the defaults:
 
-    python benchmarks/gpu_resnet50.py [--out benchmarks/results/gpu_resnet50.json]
+    python -m benchmarks.gpu_resnet50 [--out benchmarks/results/gpu_resnet50.json]
 
 ``--device cpu --batch 2 --image-size 32 --steps 1 --precisions fp32,bf16`` runs the same code on a
 CPU in seconds (the test suite does, so the script is known to work before GPU time is spent on it).
@@ -30,12 +30,15 @@ import sys
 from pathlib import Path
 
 import torch
-from jsondoc import error_text, write_json  # benchmarks/ is on sys.path when this script runs
 
-from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-from mptrain.commands.bench import measure, precision_config
-from mptrain.compose.registry import register_configs, to_run_config
-from mptrain.platform.hardware import hardware_info, software_versions
+from benchmarks.jsondoc import error_text, write_json
+from benchmarks.mptrain_api import (
+    compose,
+    hardware_info,
+    measure,
+    precision_config,
+    software_versions,
+)
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 REFERENCE = (
@@ -68,8 +71,6 @@ def parse_args() -> argparse.Namespace:
 
 def run_config(args: argparse.Namespace, device: torch.device):
     """The typed RunConfig every row starts from (composed from the shipped YAML)."""
-    from hydra import compose, initialize_config_module
-
     overrides = [
         "model=resnet50",
         "model.small_stem=false",
@@ -85,9 +86,7 @@ def run_config(args: argparse.Namespace, device: torch.device):
         f"device={device.type}",
         "progress=false",
     ]
-    register_configs()  # explicit: importing mptrain registers nothing
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-        return to_run_config(compose(config_name=CONFIG_NAME, overrides=overrides))
+    return compose(*overrides)
 
 
 def measure_row(cfg, name: str, autotuned: bool, args: argparse.Namespace) -> dict:

@@ -1,8 +1,8 @@
 """The contention-free speed table: mptrain's GPT and ResNet-50 at every precision, compile off and on.
 
-    python3 benchmarks/gpu_speed.py [--out speed_table.json] [--budget-s 180] [--models gpt,resnet50]
+    python3 -m benchmarks.gpu_speed [--out speed_table.json] [--budget-s 180] [--models gpt,resnet50]
         [--precisions fp32,tf32,fp16,bf16,fp8,fp8_rowwise] [--compile off,on] [--compile-models M]
-    python3 benchmarks/gpu_speed.py --device cpu --compile-backend aot_eager   # tiny, a smoke run
+    python3 -m benchmarks.gpu_speed --device cpu --compile-backend aot_eager   # tiny, a smoke run
 
 benchmarks/gpu_all.py runs it as its ``speed_table`` step, after the FP8 check and before
 ``pytest -m gpu``; BENCHMARKS.md holds its table. A cell is one model (gpu_gpt.py's GPT,
@@ -54,21 +54,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import gpu_gpt  # benchmarks/ is on sys.path when this script runs
-import gpu_resnet50
 import torch
-from jsondoc import error_text, write_json, write_text
 
-from mptrain.commands.bench import precision_config, run_figures
-from mptrain.config.base import ConfigError
-from mptrain.config.run import RunConfig
-from mptrain.models.build import compile_counts
-from mptrain.models.gpt import GPTShape
-from mptrain.platform import contention
-from mptrain.platform.hardware import hardware_info, software_versions
-from mptrain.precision.quant.kernels import fp8_gemm_available
-from mptrain.train.build import prepare_run
-from mptrain.train.loop import LoopHooks, train_loop
+from benchmarks import gpu_gpt, gpu_resnet50
+from benchmarks.jsondoc import error_text, write_json, write_text
+from benchmarks.mptrain_api import (
+    ConfigError,
+    GPTShape,
+    LoopHooks,
+    RunConfig,
+    compile_counts,
+    contention,
+    fp8_gemm_available,
+    hardware_info,
+    precision_config,
+    prepare_run,
+    run_figures,
+    software_versions,
+    train_loop,
+)
 
 MODELS = ("gpt", "resnet50")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp8_rowwise")

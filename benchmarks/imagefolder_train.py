@@ -2,7 +2,7 @@
 
 For one GPU machine (an H200 with 16 CPU cores: about a minute with the defaults):
 
-    python benchmarks/imagefolder_train.py [--images 4096] [--workers 14] [--batch 256]
+    python -m benchmarks.imagefolder_train [--images 4096] [--workers 14] [--batch 256]
         [--steps 40] [--warmup 10] [--precision bf16] [--pipelines cpu,cuda]
         [--out benchmarks/results/imagefolder_train.json]
 
@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -46,15 +47,14 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
-from data_path import write_images  # benchmarks/ is on sys.path when this script runs
-from jsondoc import error_text, write_json
 
-from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-from mptrain.compose.registry import register_configs, to_run_config
-from mptrain.data import folder
-from mptrain.platform.hardware import hardware_info, software_versions
+from benchmarks.data_path import write_images
+from benchmarks.jsondoc import error_text, write_json
+from benchmarks.mptrain_api import compose, folder, hardware_info, software_versions
 
 PIPELINES = ("cpu", "cuda")
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _write_part(root: str, count: int, seed: int) -> int:
@@ -86,8 +86,6 @@ def generate(root: Path, images: int, jobs: int) -> int:
 
 def run_config(args: argparse.Namespace, root: Path, pipeline: str):
     """The typed RunConfig of one pipeline's training run (composed from the shipped YAML)."""
-    from hydra import compose, initialize_config_module
-
     overrides = [
         f"model={args.model}",
         "dataset=imagefolder",
@@ -113,8 +111,7 @@ def run_config(args: argparse.Namespace, root: Path, pipeline: str):
     ]
     if args.model in ("resnet18", "resnet50"):
         overrides.append("model.small_stem=false")  # the ImageNet stem at every size
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-        return to_run_config(compose(config_name=CONFIG_NAME, overrides=overrides))
+    return compose(*overrides)
 
 
 def train_once(args: argparse.Namespace, root: Path, pipeline: str, run_dir: Path) -> dict:
@@ -122,9 +119,12 @@ def train_once(args: argparse.Namespace, root: Path, pipeline: str, run_dir: Pat
     report.json: the figures this benchmark reports. A child per run, because a feed's persistent
     DataLoader workers, collected inside a process that goes on, take 5 s each to stop (they miss
     the shutdown and are joined with a time-out); at a process's exit they are stopped at once."""
-    child = [sys.executable, __file__, *sys.argv[1:]]
+    child = [sys.executable, "-m", "benchmarks.imagefolder_train", *sys.argv[1:]]
     child += ["--child", pipeline, "--root", str(root), "--run-dir", str(run_dir)]
-    code = subprocess.run(child, stdin=subprocess.DEVNULL, check=False).returncode
+    # the checkout's root first on PYTHONPATH: the child imports this package from any directory
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    code = subprocess.run(child, stdin=subprocess.DEVNULL, env=env, check=False).returncode
     if code != 0:
         raise RuntimeError(f"the {pipeline} pipeline's run failed (exit {code}; output above)")
     report = json.loads((run_dir / "report.json").read_text())
@@ -145,11 +145,10 @@ def train_once(args: argparse.Namespace, root: Path, pipeline: str, run_dir: Pat
 
 def child_run(args: argparse.Namespace) -> int:
     """``--child PIPELINE``: one training run (mptrain.train.job.train) into ``--run-dir``."""
-    from mptrain.train.job import train
+    from benchmarks.mptrain_api import train
 
     if args.device == "cpu":  # device decoding's code on the CPU (the config would refuse it)
         folder._check_decode_device = lambda device: None
-    register_configs()  # explicit: importing mptrain registers nothing
     train(run_config(args, args.root, args.child), args.run_dir)
     return 0
 

@@ -1,11 +1,10 @@
 """mptrain jobs a CPU benchmark trains in its own process, and the head of its JSON document.
 
-A job is composed from command-line overrides as ``mptrain`` composes them (Hydra's compose API,
-then ``to_run_config``) and trained by ``mptrain.train.job.train`` (build, loop, evaluations,
-report) in a temporary directory, the console silent. Used by benchmarks/contention.py,
-benchmarks/bf16_update.py and benchmarks/overhead.py; a script imports it as ``inprocess``
-(benchmarks/ is on sys.path when a script runs). mptrain, Hydra and torch are imported when a
-function is called, not on import.
+A job is composed from command-line overrides as ``mptrain`` composes them
+(:func:`benchmarks.mptrain_api.compose`) and trained by mptrain's ``train`` (build, loop,
+evaluations, report) in a temporary directory, the console silent. Used by
+benchmarks/contention.py and benchmarks/bf16_update.py. mptrain, Hydra and torch are imported
+when a function is called, not on import.
 """
 
 from __future__ import annotations
@@ -15,6 +14,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.mptrain_api import compose
 
 # Every job of these benchmarks: on the CPU, no progress display, a length in steps (max_steps),
 # no checkpoints (disk writes are not what they measure).
@@ -31,19 +32,6 @@ SMALL_GPT = (
 )
 
 
-def compose(*overrides: str):
-    """The RunConfig ``mptrain *overrides`` would train (ConfigError for bad input, as there)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-
-    from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-    from mptrain.compose.registry import register_configs, to_run_config
-
-    register_configs()  # explicit: importing mptrain registers nothing
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-        return to_run_config(hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides)))
-
-
 def quiet_console():
     """A rich Console that prints nothing: the job's summary and lines stay off the table."""
     from rich.console import Console
@@ -54,7 +42,7 @@ def quiet_console():
 def train_report(*overrides: str) -> dict[str, Any]:
     """The report (``to_dict``) of one whole job of ``overrides``, trained in a temporary
     directory that is gone afterwards."""
-    from mptrain.train.job import train
+    from benchmarks.mptrain_api import train
 
     cfg = compose(*overrides)
     with tempfile.TemporaryDirectory() as tmp:
@@ -66,7 +54,7 @@ def cpu_document(args: dict[str, Any], started: float, **figures: Any) -> dict[s
     the wall time since ``started`` (a ``time.perf_counter()``), then ``figures``."""
     import torch
 
-    from mptrain.platform.hardware import hardware_info, software_versions
+    from benchmarks.mptrain_api import hardware_info, software_versions
 
     return {
         "date": dt.datetime.now().isoformat(timespec="seconds"),

@@ -1,6 +1,6 @@
 """Runner overhead: mptrain's training step against a bare hand-written PyTorch AMP loop.
 
-    python benchmarks/overhead.py [--steps 60] [--reps 5] [--out benchmarks/results/overhead.json]
+    python -m benchmarks.overhead [--steps 60] [--reps 5] [--out benchmarks/results/overhead.json]
 
 For each model (linear, mlp, cnn, vit) x dataset (digits, synthetic 3x16x16) x precision (fp32,
 bf16), in one process, median over ``--reps`` repetitions of ``--steps`` optimizer steps (after
@@ -40,12 +40,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from inprocess import compose  # benchmarks/ is on sys.path when this script runs
 
-from mptrain.output.metrics import MetricsLog
-from mptrain.platform.hardware import hardware_info, software_versions
-from mptrain.train.build import prepare_run
-from mptrain.train.loop import LoopHooks, train_loop
+from benchmarks.mptrain_api import (
+    LoopHooks,
+    MetricsLog,
+    compose,
+    hardware_info,
+    prepare_run,
+    software_versions,
+    train_loop,
+)
 
 CPU = torch.device("cpu")
 

@@ -1,11 +1,11 @@
 """Predicted speed of a configured model on a named GPU: the roofline of each precision's step.
 
-    python benchmarks/roofline.py --target h200 model=resnet50 model.small_stem=false \\
+    python -m benchmarks.roofline --target h200 model=resnet50 model.small_stem=false \\
         dataset=synthetic dataset.image_size=224 dataset.num_classes=1000 batch_size=256 optimizer=sgd
-    python benchmarks/roofline.py --target h100 --preset gpt     # benchmarks/gpu_gpt.py's GPT
-    python benchmarks/roofline.py --target h100 --preset resnet50  # benchmarks/gpu_resnet50.py's
-    python benchmarks/roofline.py --target h100 --llama3-8b  # as torchao's float8 README measures
-    python benchmarks/roofline.py --target h100 --gpt2-124m  # as llm.c trains GPT-2 124M
+    python -m benchmarks.roofline --target h100 --preset gpt     # benchmarks/gpu_gpt.py's GPT
+    python -m benchmarks.roofline --target h100 --preset resnet50  # benchmarks/gpu_resnet50.py's
+    python -m benchmarks.roofline --target h100 --llama3-8b  # as torchao's float8 README measures
+    python -m benchmarks.roofline --target h100 --gpt2-124m  # as llm.c trains GPT-2 124M
 
 Any mptrain overrides; ``--preset`` starts from the settings of a GPU script (overrides after it
 still apply). Runs on a CPU in seconds: the model is built on the meta device and counted, not
@@ -28,16 +28,22 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from jsondoc import write_json  # benchmarks/ is on sys.path when this script runs
 from torch import nn
 
-from mptrain.cli import CONFIG_MODULE, CONFIG_NAME, HYDRA_VERSION_BASE
-from mptrain.compose.registry import register_configs, to_run_config
-from mptrain.models import gpt as gpt_model
-from mptrain.perf import gpus
-from mptrain.perf.gemms import SAMPLES, account
-from mptrain.perf.roofline import Step, arithmetic_for, optimizer_passes, predict
-from mptrain.perf.speed import data_shape, predict_config
+from benchmarks.jsondoc import write_json
+from benchmarks.mptrain_api import (
+    SAMPLES,
+    account,
+    arithmetic_for,
+    compose,
+    data_shape,
+    gpt_model,
+    gpus,
+    optimizer_passes,
+    predict,
+    predict_config,
+)
+from benchmarks.mptrain_api import RooflineStep as Step
 
 BF16 = torch.bfloat16
 
@@ -56,13 +62,7 @@ PRESETS = {"resnet50": RESNET50, "gpt": GPT}
 
 def run_config(overrides: list[str]) -> Any:
     """The typed RunConfig of ``overrides`` (composed from the shipped YAML)."""
-    from hydra import compose, initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
-    register_configs()  # explicit: importing mptrain registers nothing
-    GlobalHydra.instance().clear()  # a caller may have initialised Hydra already
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=HYDRA_VERSION_BASE):
-        return to_run_config(compose(config_name=CONFIG_NAME, overrides=overrides))
+    return compose(*overrides)
 
 
 def target_row(target: str) -> gpus.GPU:

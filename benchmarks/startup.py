@@ -1,6 +1,6 @@
 """Start-up cost: a one-step mptrain run against the floor any PyTorch training script pays.
 
-    python benchmarks/startup.py [--reps 5] [--out benchmarks/results/startup.json]
+    python -m benchmarks.startup [--reps 5] [--out benchmarks/results/startup.json]
 
 - ``floor``: ``python -c "import torch; torch.optim.AdamW(torch.nn.Linear(2, 2).parameters())"``
   (importing torch, and torch._dynamo, which the first optimizer imports);

@@ -1,6 +1,6 @@
 """Make this Python look like the lent GPU machine's image: the packages it lacks cannot be imported.
 
-    PYTHONPATH=benchmarks/gpu_image python3 benchmarks/gpu_all.py --smoke   # rehearse the GPU shot
+    PYTHONPATH=benchmarks/gpu_image python3 -m benchmarks.gpu_all --smoke   # rehearse the GPU shot
 
 Python imports ``sitecustomize`` at start-up from the first ``sys.path`` entry that holds one, so
 putting this folder on PYTHONPATH is enough (gpu_all's steps keep the PYTHONPATH they are given).

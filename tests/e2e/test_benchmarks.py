@@ -5,9 +5,11 @@ checked, only that each script works and writes what BENCHMARKS.md reads). The G
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import json
 import math
+import os
 import re
 import sys
 import tarfile
@@ -17,14 +19,23 @@ import pytest
 import torch
 from support.processes import describe, run_command
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+from benchmarks import gpu_all, gpu_runs, gpu_setup, gpu_summary
+
+REPO = Path(__file__).resolve().parents[2]
+BENCHMARKS = REPO / "benchmarks"
 TIMEOUT_S = 300
 
 
 def run_script(
-    name: str, *args: str, cwd: Path, timeout: float = TIMEOUT_S, env: dict | None = None
+    name: str, *args: str, cwd: Path, timeout: float = TIMEOUT_S, first_on_path: str | None = None
 ):
-    return run_command(cwd, sys.executable, str(BENCHMARKS / name), *args, timeout=timeout, env=env)
+    """``python -m benchmarks.NAME args`` in ``cwd``, the repository root on PYTHONPATH (after
+    ``first_on_path``), as a user runs it from the root."""
+    path = os.pathsep.join(filter(None, [first_on_path, str(REPO)]))
+    module = f"benchmarks.{name.removesuffix('.py')}"
+    return run_command(
+        cwd, sys.executable, "-m", module, *args, timeout=timeout, env={"PYTHONPATH": path}
+    )
 
 
 def run_to_json(name: str, *args: str, cwd: Path) -> dict:
@@ -131,15 +142,9 @@ def test_fp8_script_smoke_run_on_cpu(tmp_path):
 
 
 def load_script(name: str):
-    """A benchmark script as a module (its functions, without running main). benchmarks/ goes on
-    sys.path (last), as when a script runs: they import jsondoc and data_path from there."""
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.append(str(BENCHMARKS))
-    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), BENCHMARKS / name)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # pickled functions (a process pool's) are looked up there
-    spec.loader.exec_module(module)
-    return module
+    """A benchmark script as the module ``benchmarks.NAME`` (its functions, without running
+    main): imported when a test needs it, since most import torch and mptrain."""
+    return importlib.import_module(f"benchmarks.{name.removesuffix('.py')}")
 
 
 @pytest.mark.slow
@@ -340,7 +345,7 @@ def test_fp8_check_gemm_and_variant_that_raise_are_recorded(tmp_path, monkeypatc
     assert list(training["variants"]) == ["bf16", "fp8"] and list(training["failed"]) == [
         "fp8_rowwise"
     ]
-    verdict, reading = load_gpu_all().fp8_verdict(doc)
+    verdict, reading = gpu_summary.fp8_verdict(doc)
     assert verdict == "FAIL" and "1 GEMMs raised" in reading
 
 
@@ -381,24 +386,14 @@ GPU_ALL_STEPS = [
 ]  # fmt: skip
 
 
-def load_gpu_all():
-    if str(BENCHMARKS) not in sys.path:
-        sys.path.append(str(BENCHMARKS))  # gpu_all imports jsondoc from there
-    spec = importlib.util.spec_from_file_location("gpu_all", BENCHMARKS / "gpu_all.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_all"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_gpu_all_smoke_run_runs_every_step_and_summarises(tmp_path):
     """As on the GPU machine's image (benchmarks/gpu_image: no torchao, nothing of the test extra):
     every script gpu_all runs imports only what the image has and the wheels it carries."""
     out = tmp_path / "gpu"
-    image = {"PYTHONPATH": str(BENCHMARKS / "gpu_image")}
+    image = str(BENCHMARKS / "gpu_image")
     result = run_script(
-        "gpu_all.py", "--smoke", "--bundle", "--out", str(out), cwd=tmp_path, env=image
+        "gpu_all", "--smoke", "--bundle", "--out", str(out), cwd=tmp_path, first_on_path=image
     )
 
     assert result.returncode == 0, describe(result)
@@ -498,13 +493,12 @@ def tar_text(path: Path, member: str) -> str:
 def test_gpu_all_plan_fits_the_budget_and_the_device_call():
     """The planned steps' limits, setup's included, add up to the budget; their estimates fit
     in it with the optional steps; the budget leaves time of the device call for the summary."""
-    gpu_all = load_gpu_all()
-    steps = gpu_all.plan("python3", Path("/out"), smoke=False, test_timeout_s=90)
+    steps = gpu_runs.plan("python3", Path("/out"), smoke=False, test_timeout_s=90)
     planned = [s for s in steps if not s.optional]
-    assert gpu_all.SETUP_S + sum(s.timeout_s for s in planned) == gpu_all.BUDGET_S
-    estimates = gpu_all.SETUP_ESTIMATE_S + sum(s.estimate_s for s in planned)
-    assert estimates <= gpu_all.BUDGET_S < gpu_all.DEVICE_TIMEOUT_S - 20
-    assert gpu_all.DEVICE_TIMEOUT_S <= 600  # the device tool's most per command
+    assert gpu_runs.SETUP_S + sum(s.timeout_s for s in planned) == gpu_runs.BUDGET_S
+    estimates = gpu_runs.SETUP_ESTIMATE_S + sum(s.estimate_s for s in planned)
+    assert estimates <= gpu_runs.BUDGET_S < gpu_runs.DEVICE_TIMEOUT_S - 20
+    assert gpu_runs.DEVICE_TIMEOUT_S <= 600  # the device tool's most per command
     # The FP8 verdict, the speed table, then the GPU tests (after the one-second nvidia-smi);
     # the rest only on time those left.
     names = [s.name for s in steps]
@@ -517,27 +511,26 @@ def test_gpu_all_plan_fits_the_budget_and_the_device_call():
         "pytest -v -p no:cacheprovider -o addopts=--strict-markers "
         "--continue-on-collection-errors -p timeout --timeout=90 "
     ) in pytest_argv
-    without = gpu_all.plan("python3", Path("/out"), smoke=False, test_timeout_s=None)[3].argv
+    without = gpu_runs.plan("python3", Path("/out"), smoke=False, test_timeout_s=None)[3].argv
     assert not any(arg.startswith("--timeout") for arg in without) and "timeout" not in without
     # The speed table stops its own cells SPEED_MARGIN_S before its limit; --speed-s moves both.
     speed = by_name["speed_table"]
-    assert speed.timeout_s == gpu_all.SPEED_S == 165
+    assert speed.timeout_s == gpu_runs.SPEED_S == 165
     assert speed.argv[-4:] == ["--budget-s", "145", "--out", "/out/speed_table.json"]
-    longer = gpu_all.plan("python3", Path("/out"), smoke=False, test_timeout_s=90, speed_s=470)
+    longer = gpu_runs.plan("python3", Path("/out"), smoke=False, test_timeout_s=90, speed_s=470)
     assert longer[2].timeout_s == 470 and longer[2].argv[-3] == "450"
 
 
 def test_gpu_all_reports_a_failed_and_a_hung_step_and_goes_on(tmp_path):
-    gpu_all = load_gpu_all()
     python = sys.executable
     writes = f"import json; open({str(tmp_path / 'fails.json')!r}, 'w').write(json.dumps({{'rows': [1]}}))"
     steps = [
-        gpu_all.Step("fails", [python, "-c", f"{writes}; print('boom'); raise SystemExit(3)"], 30,
+        gpu_runs.Step("fails", [python, "-c", f"{writes}; print('boom'); raise SystemExit(3)"], 30,
                      "exit 3", "fails.json", estimate_s=1),
-        gpu_all.Step("hangs", [python, "-c", "import time; time.sleep(60)"], 2, "sleeps",
+        gpu_runs.Step("hangs", [python, "-c", "import time; time.sleep(60)"], 2, "sleeps",
                      estimate_s=1),
-        gpu_all.Step("late", [python, "-c", "pass"], 30, "no budget left", estimate_s=200),
-        gpu_all.Step("missing", ["no-such-command-here"], 30, "cannot start", "missing.json",
+        gpu_runs.Step("late", [python, "-c", "pass"], 30, "no budget left", estimate_s=200),
+        gpu_runs.Step("missing", ["no-such-command-here"], 30, "cannot start", "missing.json",
                      estimate_s=1),
     ]  # fmt: skip
     (tmp_path / "missing.json").write_text('{"stale": true}')  # an earlier run's, same --out
@@ -557,7 +550,7 @@ def test_gpu_all_reports_a_failed_and_a_hung_step_and_goes_on(tmp_path):
     assert outcomes[3].result is None  # not the earlier run's document
     meta = {"date": "d", "smoke": True, "verdict": "SOME STEPS FAILED", "total_s": 2.0,
             "budget_s": 60.0, "python": python, "commit": "c"}  # fmt: skip
-    summary = gpu_all.summary_md(outcomes, tmp_path, meta)
+    summary = gpu_summary.summary_md(outcomes, tmp_path, meta)
     assert "| fails | exit 3 | failed, partial figures | 3 |" in summary
     assert "## fails: failed (last lines of fails.log)" in summary and "boom" in summary
     assert "## hangs: timed out" in summary and "stopped at its limit of 2 s" in summary
@@ -566,9 +559,8 @@ def test_gpu_all_reports_a_failed_and_a_hung_step_and_goes_on(tmp_path):
 
 SLOW_SCRIPT = """
 import os, sys, time
-sys.path.append({benchmarks!r})
 from pathlib import Path
-from jsondoc import write_json
+from benchmarks.jsondoc import write_json
 out = Path(sys.argv[1])
 Path(str(out) + ".pid").write_text(str(os.getpid()))
 rows = []
@@ -581,9 +573,8 @@ time.sleep(120)
 
 @pytest.mark.slow
 def test_gpu_all_keeps_what_a_step_over_its_limit_measured(tmp_path):
-    gpu_all = load_gpu_all()
-    code = SLOW_SCRIPT.format(benchmarks=str(BENCHMARKS))
-    step = gpu_all.Step("slow", [sys.executable, "-c", code, str(tmp_path / "slow.json")], 4,
+    code = SLOW_SCRIPT.format()
+    step = gpu_runs.Step("slow", [sys.executable, "-c", code, str(tmp_path / "slow.json")], 4,
                         "two rows, then hangs", "slow.json", estimate_s=1)  # fmt: skip
     outcome = gpu_all.run_step(step, tmp_path, gpu_all.Budget(60))
 
@@ -591,7 +582,7 @@ def test_gpu_all_keeps_what_a_step_over_its_limit_measured(tmp_path):
     assert outcome.result == {"rows": [{"row": 0}, {"row": 1}]}
     meta = {"date": "d", "smoke": True, "verdict": "SOME STEPS FAILED", "total_s": 4.0,
             "budget_s": 60.0, "python": "p", "commit": "c"}  # fmt: skip
-    assert "| slow | two rows, then hangs | timed out, partial figures |" in gpu_all.summary_md(
+    assert "| slow | two rows, then hangs | timed out, partial figures |" in gpu_summary.summary_md(
         [outcome], tmp_path, meta
     )
 
@@ -600,18 +591,17 @@ def test_gpu_all_keeps_what_a_step_over_its_limit_measured(tmp_path):
 def test_gpu_all_pytest_over_its_limit_leaves_junit_and_every_test_named(tmp_path):
     """SIGINT first: pytest writes its JUnit XML; the test it interrupted is named from the
     ``-v`` log."""
-    gpu_all = load_gpu_all()
     tests = tmp_path / "test_slow.py"
     tests.write_text(
         "import time\n\ndef test_quick():\n    pass\n\n"
         "def test_hangs():\n    time.sleep(60)\n\ndef test_never_reached():\n    pass\n"
     )
-    argv = gpu_all.pytest_argv(sys.executable, tmp_path / "p.xml", [str(tests)], None)
-    step = gpu_all.Step("p", argv, 10, "pytest", estimate_s=1, junit="p.xml")
+    argv = gpu_runs.pytest_argv(sys.executable, tmp_path / "p.xml", [str(tests)], None)
+    step = gpu_runs.Step("p", argv, 10, "pytest", estimate_s=1, junit="p.xml")
     outcome = gpu_all.run_step(step, tmp_path, gpu_all.Budget(60))
 
     assert outcome.status == "timed out" and (tmp_path / "p.xml").exists()
-    outcomes = {gpu_all.same_test(t["test"]): t["outcome"] for t in outcome.tests}
+    outcomes = {gpu_summary.same_test(t["test"]): t["outcome"] for t in outcome.tests}
     assert outcomes == {
         "test_slow::test_quick": "passed",
         "test_slow::test_hangs": "running when stopped",
@@ -619,7 +609,6 @@ def test_gpu_all_pytest_over_its_limit_leaves_junit_and_every_test_named(tmp_pat
 
 
 def test_gpu_all_names_every_test_from_junit_xml(tmp_path):
-    gpu_all = load_gpu_all()
     (tmp_path / "p.xml").write_text(
         '<testsuites><testsuite name="pytest" tests="4">'
         '<testcase classname="tests.e2e.test_gpu" name="test_a[fp16]" time="1.5"/>'
@@ -633,7 +622,7 @@ def test_gpu_all_names_every_test_from_junit_xml(tmp_path):
     )
     (tmp_path / "p.log").write_text("tests/e2e/test_gpu.py::test_a[fp16] PASSED  [ 25%]\n")
 
-    tests = gpu_all.step_tests(tmp_path / "p.xml", tmp_path / "p.log")
+    tests = gpu_summary.step_tests(tmp_path / "p.xml", tmp_path / "p.log")
     assert [(t["test"], t["outcome"], t["message"]) for t in tests] == [
         ("tests/e2e/test_gpu.py::test_a[fp16]", "passed", ""),
         ("tests/e2e/test_gpu.py::test_b", "failed", "AssertionError: 2 syncs"),
@@ -641,28 +630,27 @@ def test_gpu_all_names_every_test_from_junit_xml(tmp_path):
         ("tests/precision/test_fp8.py::test_d", "error", "teardown"),
     ]
     # No XML (a hard kill): the log alone names them.
-    assert gpu_all.step_tests(tmp_path / "none.xml", tmp_path / "p.log") == [
+    assert gpu_summary.step_tests(tmp_path / "none.xml", tmp_path / "p.log") == [
         {"test": "tests/e2e/test_gpu.py::test_a[fp16]", "outcome": "passed", "time_s": None,
          "message": ""},
     ]  # fmt: skip
-    lines = gpu_all.test_lines([gpu_all.Outcome("pytest_gpu", "w", "ok", tests=tests)])
+    lines = gpu_summary.test_lines([gpu_summary.Outcome("pytest_gpu", "w", "ok", tests=tests)])
     assert "- `tests/e2e/test_gpu.py::test_b`: failed (0.1 s): AssertionError: 2 syncs" in lines
 
 
 DRIVER = """
 import sys, time
-sys.path.append({benchmarks!r})
-import gpu_all
+from benchmarks import gpu_all, gpu_runs, gpu_setup, gpu_summary
 
 def setup(args, out, budget):
-    return gpu_all.Outcome("setup", gpu_all.SETUP_WHAT, "ok", 0, 0.1, 45, None)
+    return gpu_summary.Outcome("setup", gpu_setup.SETUP_WHAT, "ok", 0, 0.1, 45, None)
 
 def plan(python, out, smoke, test_timeout_s, **settings):
     slow = [python, "-c", {slow!r}, str(out / "slow.json")]
     return [
-        gpu_all.Step("quick", [python, "-c", "print('quick')"], 30, "ends at once", estimate_s=1),
-        gpu_all.Step("slow", slow, 100, "two rows, then hangs", "slow.json", estimate_s=1),
-        gpu_all.Step("after", [python, "-c", "pass"], 30, "never reached", estimate_s=1),
+        gpu_runs.Step("quick", [python, "-c", "print('quick')"], 30, "ends at once", estimate_s=1),
+        gpu_runs.Step("slow", slow, 100, "two rows, then hangs", "slow.json", estimate_s=1),
+        gpu_runs.Step("after", [python, "-c", "pass"], 30, "never reached", estimate_s=1),
     ]
 
 gpu_all.setup, gpu_all.plan = setup, plan
@@ -673,18 +661,17 @@ raise SystemExit(gpu_all.main(sys.argv[1:]))
 def test_gpu_all_killed_driver_leaves_the_summary_and_the_partial_json(tmp_path):
     """SIGTERM to the driver (the device tool's time limit): the running step's process group
     is stopped, what it measured is read, the summary written and the files bundled."""
-    import os
     import signal
     import subprocess
     import time
 
-    slow = SLOW_SCRIPT.format(benchmarks=str(BENCHMARKS))
+    slow = SLOW_SCRIPT.format()
     driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER.format(benchmarks=str(BENCHMARKS), slow=slow))
+    driver.write_text(DRIVER.format(slow=slow))
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [sys.executable, str(driver), "--out", str(out), "--budget-s", "200", "--bundle"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=gpu_runs.child_env(),
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -722,7 +709,6 @@ def test_gpu_all_killed_driver_leaves_the_summary_and_the_partial_json(tmp_path)
 
 def test_gpu_all_without_wheels_fails_fast_with_the_two_commands(tmp_path, capsys):
     """No .whl carried, hydra missing: one line and the two commands, no pip retries."""
-    gpu_all = load_gpu_all()
     fake = tmp_path / "python3"
     fake.write_text(
         "#!/bin/sh\necho \"ModuleNotFoundError: No module named 'hydra'\" >&2\nexit 1\n"
@@ -736,24 +722,22 @@ def test_gpu_all_without_wheels_fails_fast_with_the_two_commands(tmp_path, capsy
     assert outcome.wall_s < 10 and not (tmp_path / "install.log").exists()
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("[gpu_all] setup: no module 'hydra', and the wheels were not")
-    assert printed[1].strip() == "python3 benchmarks/gpu_all.py --fetch-wheels .whl"
+    assert printed[1].strip() == "python3 -m benchmarks.gpu_all --fetch-wheels .whl"
     assert 'carry=[".whl"]' in printed[2] and "timeout_s=540" in printed[2]
 
 
 def test_gpu_all_import_check_that_hangs_is_a_failed_setup(tmp_path):
-    gpu_all = load_gpu_all()
     fake = tmp_path / "python3"
     fake.write_text("#!/bin/sh\nsleep 30\n")
     fake.chmod(0o755)
-    ok, said = gpu_all.can_import(str(fake), smoke=True, timeout_s=1)
+    ok, said = gpu_setup.can_import(str(fake), smoke=True, timeout_s=1)
     assert not ok and said == "the import check timed out after 1 s"
 
 
 def test_gpu_all_writes_to_out_bundled_by_default(monkeypatch, tmp_path):
-    gpu_all = load_gpu_all()
     monkeypatch.setenv("OUT", str(tmp_path))
     args = gpu_all.parse_args([])
-    assert args.out == tmp_path and args.bundle and args.budget_s == gpu_all.BUDGET_S
+    assert args.out == tmp_path and args.bundle and args.budget_s == gpu_runs.BUDGET_S
     monkeypatch.delenv("OUT")
     args = gpu_all.parse_args(["--smoke"])
     assert not args.bundle and args.out.parent.name == "results"
