@@ -162,7 +162,12 @@ def test_the_layer_test_sees_an_upward_import():
     tree = ast.parse("from mptrain.train.loop import train_loop\nimport mptrain.cli.app")
     assert imported_modules(tree) == {"train.loop", "cli.app"}
     assert layer_of("train.loop") > layer_of("precision.quant.linear")
-    assert layer_of("cli.app") == len(LAYERS) - 1 > layer_of("commands.sweep") > layer_of("cli.preflight")
+    assert (
+        layer_of("cli.app")
+        == len(LAYERS) - 1
+        > layer_of("commands.sweep")
+        > layer_of("cli.preflight")
+    )
 
 
 def test_the_cycle_finder_finds_a_cycle():

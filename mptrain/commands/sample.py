@@ -30,8 +30,8 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
-from mptrain.config.base import ConfigError, require
-from mptrain.config.commands import SampleConfig, validate_sample
+from mptrain.config.base import ConfigError, check_settings, require
+from mptrain.config.commands import SampleConfig
 from mptrain.config.run import RunConfig
 from mptrain.data.text import Vocabulary
 from mptrain.models.task import logits_of
@@ -173,7 +173,7 @@ def generate_text(
         raise ConfigError(
             f"{where}: an image classifier; generate needs a model trained with task=lm"
         )
-    validate_sample(SampleConfig(prompt, max_new_tokens, temperature, top_k))
+    check_settings(SampleConfig(prompt, max_new_tokens, temperature, top_k), "sample.")
     require(-(2**63) <= seed < 2**64, "seed", seed, "must fit in 64 bits (-2**63 .. 2**64 - 1)")
     ids, missing = encode_prompt(vocab, prompt)
     if missing:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mptrain.config.base import at_least, at_least_rule, positive, require, setting
+from mptrain.config.base import Accepts, at_least_rule, positive_rule, require, setting
 
 
 @dataclass
@@ -49,12 +49,29 @@ GPU_TARGETS = (
 )  # fmt: skip
 
 
+# Range rules of advise's settings that are more than a bound (on their fields below).
+PLANS = Accepts(
+    lambda v: plan_choice(v) in ("auto", "false", *ADVISE_PLAN_RECIPES),
+    f"auto (or true), false, or a recipe: {', '.join(ADVISE_PLAN_RECIPES)}",
+)
+SEED_COUNTS = Accepts(
+    lambda v: re.fullmatch(r"auto|0*[1-9]\d*", str(v).strip()) is not None,
+    "auto (as many seeds as the budget affords) or a seed count of at least 1",
+)
+TARGETS = Accepts(
+    lambda v: v.lower() in GPU_TARGETS,
+    f"not a GPU this table knows; one of {', '.join(GPU_TARGETS)}",
+)
+
+
 @dataclass
 class AdviseConfig:
     """``mptrain advise``: how long the advice may take and what counts as faithful to FP32."""
 
     budget_s: float = setting(
-        120.0, "seconds for the whole advice; parts that would not fit are skipped and listed"
+        120.0,
+        "seconds for the whole advice; parts that would not fit are skipped and listed",
+        accepts=positive_rule(),
     )
     tolerance: float = setting(
         0.05,
@@ -62,24 +79,33 @@ class AdviseConfig:
             "largest relative difference of the loss trajectory to FP32's a recommended precision"
             " may show"
         ),
+        accepts=positive_rule(),
     )
     max_skipped_fraction: float = setting(
-        0.1, "share of skipped optimizer steps (lost updates) a recommended precision may have"
+        0.1,
+        "share of skipped optimizer steps (lost updates) a recommended precision may have",
+        accepts=Accepts(lambda v: 0 <= v < 1, "must be in [0, 1)"),
     )
     fidelity_steps: int = setting(
         40,
         "optimizer steps of each precision's short run from FP32's initial weights and batches",
+        accepts=at_least_rule(2),
     )
-    warmup_steps: int = setting(3, "speed: optimizer steps run before timing starts")
+    warmup_steps: int = setting(
+        3, "speed: optimizer steps run before timing starts", accepts=at_least_rule(1)
+    )
     speed_steps: int = setting(
         20,
         (
             "speed: optimizer steps timed per precision and repetition at least (more to fill "
             "half the budget left; evaluation excluded)"
         ),
+        accepts=at_least_rule(1),
     )
     reps: int = setting(
-        3, "speed: repetitions, precisions in rotating order; fewer than 3 are marked noisy"
+        3,
+        "speed: repetitions, precisions in rotating order; fewer than 3 are marked noisy",
+        accepts=at_least_rule(1),
     )
     # The per-layer plan: rank the eligible layers by their sensitivity to a low-precision recipe,
     # keep the fewest in high precision that bring the loss within tolerance, verify with a short
@@ -93,6 +119,7 @@ class AdviseConfig:
             "would use | a recipe: fp8, fp8-rowwise, fp8-delayed, fp8-pow2, fp8-blockwise, mxfp8,"
             " nvfp4 | false"
         ),
+        accepts=PLANS,
     )
     # Each finalist's fidelity run over this many seeds, for an equivalence verdict on the final
     # loss: auto (as many as the budget affords, 3 to 10) | N (1: the single run only).
@@ -103,9 +130,12 @@ class AdviseConfig:
             "final loss: auto (as many as the budget affords, 3 to 10) | N (1: the single run "
             "only)"
         ),
+        accepts=SEED_COUNTS,
     )
     alpha: float = setting(
-        0.05, "significance level of the equivalence test: equivalent when its p-value is below"
+        0.05,
+        "significance level of the equivalence test: equivalent when its p-value is below",
+        accepts=Accepts(lambda v: 0 < v < 0.5, "must be in the open interval (0, 0.5)"),
     )
     # The GPU whose speed is predicted beside the measurements (mptrain.perf.gpus: h100, h200,
     # b200, a100, l4, ...): auto: the GPU advise runs on (none on a CPU) | none: no prediction.
@@ -115,6 +145,7 @@ class AdviseConfig:
             "the GPU whose speed is predicted (roofline, labelled predicted): h100, h200, b200, "
             "a100, l4, ... | auto: the GPU advise runs on (none on a CPU) | none"
         ),
+        accepts=TARGETS,
     )
 
 
@@ -144,23 +175,19 @@ class SampleConfig:
             "punctuation kept"
         ),
     )
-    max_new_tokens: int = setting(200, "tokens generated after the prompt")
-    temperature: float = setting(0.8, "softmax temperature; 0 = always the most likely token")
+    max_new_tokens: int = setting(
+        200, "tokens generated after the prompt", accepts=at_least_rule(1)
+    )
+    temperature: float = setting(
+        0.8,
+        "softmax temperature; 0 = always the most likely token",
+        accepts=Accepts(lambda v: v >= 0, "must be >= 0 (0: the most likely token)"),
+    )
     top_k: int | None = setting(
-        40, "sample among the k most likely tokens; null = the whole vocabulary"
+        40,
+        "sample among the k most likely tokens; null = the whole vocabulary",
+        accepts=at_least_rule(1, optional=True),
     )
-
-
-def validate_sample(s: SampleConfig) -> None:
-    """``mptrain sample``: at least one new token, a temperature >= 0, a top_k >= 1 or null."""
-    at_least("sample.max_new_tokens", s.max_new_tokens, 1)
-    require(
-        s.temperature >= 0,
-        "sample.temperature",
-        s.temperature,
-        "must be >= 0 (0: the most likely token)",
-    )
-    at_least("sample.top_k", s.top_k, 1, allow_none=True)
 
 
 def check_eval_checkpoint(which: str) -> None:
@@ -180,48 +207,7 @@ def plan_choice(plan: object) -> str:
     return {"true": "auto", "false": "false", "auto": "auto"}.get(text.lower(), text)
 
 
-def validate_advise(a: AdviseConfig) -> None:
-    """``mptrain advise``: a positive budget and tolerance, whole step counts, a fraction, a
-    GPU the table knows."""
-    positive("advise.budget_s", a.budget_s)
-    positive("advise.tolerance", a.tolerance)
-    require(
-        0 <= a.max_skipped_fraction < 1,
-        "advise.max_skipped_fraction",
-        a.max_skipped_fraction,
-        "must be in [0, 1)",
-    )
-    at_least("advise.fidelity_steps", a.fidelity_steps, 2)
-    at_least("advise.warmup_steps", a.warmup_steps, 1)
-    at_least("advise.speed_steps", a.speed_steps, 1)
-    at_least("advise.reps", a.reps, 1)
-    require(
-        plan_choice(a.plan) in ("auto", "false", *ADVISE_PLAN_RECIPES),
-        "advise.plan",
-        a.plan,
-        f"auto (or true), false, or a recipe: {', '.join(ADVISE_PLAN_RECIPES)}",
-    )
-    require(
-        re.fullmatch(r"auto|0*[1-9]\d*", str(a.seeds).strip()) is not None,
-        "advise.seeds",
-        a.seeds,
-        "auto (as many seeds as the budget affords) or a seed count of at least 1",
-    )
-    require(0 < a.alpha < 0.5, "advise.alpha", a.alpha, "must be in the open interval (0, 0.5)")
-    check_target(a.target)
-
-
 def seed_count(seeds: str) -> int | None:
     """``advise.seeds`` as a count; None for ``auto`` (the budget decides)."""
     text = str(seeds).strip()
     return None if text == "auto" else int(text)
-
-
-def check_target(name: str) -> None:
-    """``advise.target``: a GPU of the table (by its name or an alias, any case), auto or none."""
-    require(
-        name.lower() in GPU_TARGETS,
-        "advise.target",
-        name,
-        f"not a GPU this table knows; one of {', '.join(GPU_TARGETS)}",
-    )

@@ -35,8 +35,6 @@ from mptrain.config.commands import (
     EvalConfig,
     SampleConfig,
     check_eval_checkpoint,
-    validate_advise,
-    validate_sample,
 )
 from mptrain.config.data import DatasetConfig
 from mptrain.config.models import ModelConfig
@@ -62,8 +60,6 @@ from mptrain.config.sections import (
     NumericsConfig,
     RecipeConfig,
     TensorBoardConfig,
-    validate_checkpoint_signal,
-    validate_numerics,
 )
 
 # Range rules of settings whose test is more than a bound (on their fields below).
@@ -406,19 +402,15 @@ def validate(run: RunConfig) -> None:
     _check_task(run)
     if run.resume not in (None, "auto"):
         check_path("resume", run.resume)
-    validate_numerics(run.numerics)
     _validate_mechanics(run)
     validate_loggers(run.logger)
 
 
 def _validate_mechanics(run: RunConfig) -> None:
     """Checkpoints, bench, distributed and debug: how the run is carried out."""
-    for name in ("checkpoint", "bench", "distributed", "debug"):
+    for name in ("numerics", "checkpoint", "bench", "advise", "sample", "distributed", "debug"):
         check_settings(getattr(run, name), f"{name}.")
-    validate_checkpoint_signal(run.checkpoint)
-    validate_advise(run.advise)
     check_eval_checkpoint(run.eval.checkpoint)
-    validate_sample(run.sample)
 
 
 def validate_loggers(names: list[str]) -> None:

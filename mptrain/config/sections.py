@@ -14,12 +14,9 @@ from mptrain.config.base import (
     NOT_TRAINING,
     PATH,
     Accepts,
-    at_least,
     at_least_rule,
     one_of_rule,
-    positive,
     positive_rule,
-    require,
     setting,
 )
 from mptrain.config.precision import REDUCE_DTYPES
@@ -82,24 +79,42 @@ class RecipeConfig:
 
 
 # -------------------------------------------------------------------------------------------- run
+# Signals a scheduler may send before pre-empting a job (SLURM --signal, LSF, PBS), which a run
+# can take as "checkpoint now": not the stop signals, not ones Python or torch use themselves.
+CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGXCPU")
+CHECKPOINT_SIGNAL = Accepts(
+    lambda v: v in CHECKPOINT_SIGNALS,
+    f"null or one of {', '.join(CHECKPOINT_SIGNALS)} (SIGINT, SIGTERM and SIGHUP stop a run)",
+    optional=True,
+)
+
+
 @dataclass
 class NumericsConfig:
     """Loss-scale health limits, culprit search and per-layer FP32 overrides."""
 
     min_loss_scale: float = setting(
-        1.0, "the run stops as diverged when the dynamic scale falls to this"
+        1.0,
+        "the run stops as diverged when the dynamic scale falls to this",
+        accepts=positive_rule(),
     )
     warn_consecutive_backoffs: int = setting(
-        5, "warn (once) after this many backoffs in a row without growth", metadata=NOT_TRAINING
+        5,
+        "warn (once) after this many backoffs in a row without growth",
+        metadata=NOT_TRAINING,
+        accepts=at_least_rule(1),
     )
     warn_skip_rate: float = setting(
         0.25,
         "warn (once) when more than this share of recent steps was skipped",
         metadata=NOT_TRAINING,
+        accepts=Accepts(lambda v: 0 < v <= 1, "must be in (0, 1]"),
     )
-    warn_window: int = setting(200, "steps the skip rate is measured over", metadata=NOT_TRAINING)
+    warn_window: int = setting(
+        200, "steps the skip rate is measured over", metadata=NOT_TRAINING, accepts=at_least_rule(1)
+    )
     max_consecutive_nonfinite_loss: int = setting(
-        5, "stop as diverged after this many non-finite losses in a row"
+        5, "stop as diverged after this many non-finite losses in a row", accepts=at_least_rule(1)
     )
     find_culprit: bool = setting(
         True,
@@ -149,12 +164,16 @@ class CheckpointConfig:
             "this signal asks for a checkpoint (SLURM: --signal=USR1@120); any SIG* name but the "
             "stop signals; null = none"
         ),
+        accepts=CHECKPOINT_SIGNAL,
     )
     on_signal: str = setting(
         "save",
         (
             "save: checkpoint after the current step and go on | stop: checkpoint and stop (exit "
             "128 + the signal)"
+        ),
+        accepts=one_of_rule(
+            ("save", "stop"), "save (checkpoint and go on) or stop (checkpoint and stop)"
         ),
     )
 
@@ -223,33 +242,3 @@ class MLflowConfig:
 # logger=[...]: each experiment tracker a config may name -> the package it needs (and the extra
 # that installs it, mptrain[<name>]).
 LOGGERS = {"tensorboard": "tensorboard", "mlflow": "mlflow"}
-
-
-# Signals a scheduler may send before pre-empting a job (SLURM --signal, LSF, PBS), which a run
-# can take as "checkpoint now": not the stop signals, not ones Python or torch use themselves.
-CHECKPOINT_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGALRM", "SIGXCPU")
-
-
-def validate_checkpoint_signal(c: CheckpointConfig) -> None:
-    require(
-        c.on_signal in ("save", "stop"),
-        "checkpoint.on_signal",
-        c.on_signal,
-        "save (checkpoint and go on) or stop (checkpoint and stop)",
-    )
-    require(
-        c.signal is None or c.signal in CHECKPOINT_SIGNALS,
-        "checkpoint.signal",
-        c.signal,
-        f"null or one of {', '.join(CHECKPOINT_SIGNALS)} (SIGINT, SIGTERM and SIGHUP stop a run)",
-    )
-
-
-def validate_numerics(n: NumericsConfig) -> None:
-    positive("numerics.min_loss_scale", n.min_loss_scale)
-    at_least("numerics.warn_consecutive_backoffs", n.warn_consecutive_backoffs, 1)
-    require(
-        0 < n.warn_skip_rate <= 1, "numerics.warn_skip_rate", n.warn_skip_rate, "must be in (0, 1]"
-    )
-    at_least("numerics.warn_window", n.warn_window, 1)
-    at_least("numerics.max_consecutive_nonfinite_loss", n.max_consecutive_nonfinite_loss, 1)

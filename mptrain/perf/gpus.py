@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from mptrain.config.base import ConfigError
-from mptrain.config.commands import check_target
+from mptrain.config.commands import TARGETS
 from mptrain.config.format_table import (
     BF16,
     BLOCK_FORMATS,
@@ -212,7 +212,7 @@ def accepted_names() -> list[str]:
 def row(name: str) -> GPU:
     """The row ``name`` (a key or an alias, any case); ConfigError in one line listing the
     accepted names (auto and none name no row)."""
-    check_target(name)
+    TARGETS.check("advise.target", name)
     key = ALIASES.get(name.lower(), name.lower())
     if key not in GPUS:
         raise ConfigError(f"{name!r} names no GPU: one of {', '.join(GPUS)}")

@@ -197,7 +197,7 @@ def take_step(
     DDP: the gradient all-reduce runs only with the last micro-batch's backward (``no_sync``
     before it). FSDP reduce-scatters every micro-batch's gradients: the same sums, more traffic.
     """
-    model, precision, loss_fn = run.model, run.precision, run.loss_fn
+    model, precision = run.model, run.precision
     accum, channels_last = run.settings.grad_accum_steps, run.settings.channels_last
     precision.count_quantizations(norm_now)  # block-scaled layers: on the metrics rows' steps
     step_loss, data_wait_s = None, 0.0
@@ -208,11 +208,7 @@ def take_step(
             data_wait_s += time.perf_counter() - wait_start
             inputs = precision.model_input(inputs, channels_last)
             with _NO_CONTEXT if micro == accum - 1 else no_sync(model):
-                with precision.forward_context():
-                    # the task's loss, in FP32 (mptrain.models.task)
-                    loss = loss_fn(logits_of(model(inputs)), targets)
-                    if accum > 1:
-                        loss = loss / accum
+                loss = _forward(run, inputs, targets)
                 precision.scale(loss).backward()  # outside autocast
             step_loss = loss.detach() if step_loss is None else step_loss + loss.detach()
     precision.count_quantizations(False)
@@ -222,6 +218,15 @@ def take_step(
     outcome = _optimizer_step(run, params, norm_now, probe_now, outcome)
     precision.after_optimizer_step()
     return outcome
+
+
+def _forward(run: Run, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """One micro-batch's loss under the precision's autocast: the task's loss, in FP32
+    (:mod:`mptrain.models.task`), divided by the number of micro-batches of the step."""
+    accum = run.settings.grad_accum_steps
+    with run.precision.forward_context():
+        loss = run.loss_fn(logits_of(run.model(inputs)), targets)
+        return loss / accum if accum > 1 else loss
 
 
 def _optimizer_step(

@@ -15,8 +15,8 @@ from support.runs import LM, compose_run, run_cli, tiny_run
 
 from mptrain.commands.advise import choices, layers, measure, plan, sensitivity, trials
 from mptrain.commands.advise.measure import Candidate
-from mptrain.config.base import ConfigError
-from mptrain.config.commands import ADVISE_PLAN_RECIPES, AdviseConfig, plan_choice, validate_advise
+from mptrain.config.base import ConfigError, check_settings
+from mptrain.config.commands import ADVISE_PLAN_RECIPES, AdviseConfig, plan_choice
 from mptrain.config.models import CustomModelConfig
 from mptrain.models.build import config_has_convolutions
 
@@ -351,12 +351,12 @@ def test_the_plan_is_for_the_recipe_the_user_names():
 )
 def test_advise_plan_takes_auto_true_false_or_a_recipe(given, choice):
     assert plan_choice(given) == choice
-    validate_advise(AdviseConfig(plan=given))
+    check_settings(AdviseConfig(plan=given), "advise.")
 
 
 def test_advise_plan_refuses_an_unknown_recipe_naming_the_accepted():
     with pytest.raises(ConfigError, match=r"advise\.plan.*mxfp9.*fp8-rowwise, .*nvfp4"):
-        validate_advise(AdviseConfig(plan="mxfp9"))
+        check_settings(AdviseConfig(plan="mxfp9"), "advise.")
 
 
 def test_the_recipes_advise_plan_names_are_advise_s_low_precision_recipes():

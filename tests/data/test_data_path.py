@@ -25,7 +25,7 @@ from mptrain.data.build import build_data
 from mptrain.data.decode import BadDataFile, CropSpec, DecodeCrop, crop_params, draft_factor
 
 CPU = torch.device("cpu")
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "data_path.py"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def photo(width: int, height: int, seed: int) -> np.ndarray:
@@ -284,9 +284,9 @@ def test_cuda_decode_matches_the_pil_pipeline(tmp_path):
 def test_data_path_benchmark_smoke_run(tmp_path):
     out = tmp_path / "result.json"
     result = run_command(
-        tmp_path, sys.executable, str(BENCHMARK), "--workers", "1", "--images", "12",
+        tmp_path, sys.executable, "-m", "benchmarks.data_path", "--workers", "1", "--images", "12",
         "--image-size", "32", "--reps", "1", "--epochs", "2", "--batch-size", "4",
-        "--device-decode", "--json", str(out), timeout=240,
+        "--device-decode", "--json", str(out), timeout=240, env={"PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert result.returncode == 0, describe(result)
     doc = json.loads(out.read_text())

@@ -447,7 +447,7 @@ def stopped_in_evaluation(tmp_path, monkeypatch) -> tuple[dict, list[int], RunIn
     """SIGTERM in step 4's forward, then SIGTERM again in the second of the four batches of
     step 4's evaluation: the report, the evaluation's batches counted, the exception."""
     cfg = tiny_run(*SHORT, "eval_every=4", "eval_batch_size=100", "checkpoint.every_steps=2")
-    signals_on_call(monkeypatch, loop_module, "_forward_backward", 4, signal.SIGTERM)
+    signals_on_call(monkeypatch, loop_module, "_forward", 4, signal.SIGTERM)
     batches = signals_on_call(monkeypatch, loop_module, "correct_predictions", 2, signal.SIGTERM)
     stopped = interrupted(cfg, tmp_path)
     return report(tmp_path), batches, stopped
@@ -484,7 +484,7 @@ def test_a_stopped_evaluation_is_reported_as_such(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize(
     ("first_in", "stopped_at"),
-    [("torch.save", 4), ("_forward_backward", 3)],
+    [("torch.save", 4), ("_forward", 3)],
     ids=["both-during-a-periodic-checkpoint", "second-during-the-final-checkpoint"],
 )
 def test_a_second_signal_during_a_checkpoint_write_lets_it_finish(
@@ -496,7 +496,7 @@ def test_a_second_signal_during_a_checkpoint_write_lets_it_finish(
     Periodic: both signals in the save of step 4 (every 2 steps). Final: the first in step 3's
     forward, the second in the save of step 3 made because the run stops."""
     cfg = tiny_run(*SHORT, "checkpoint.every_steps=2")
-    if first_in == "_forward_backward":
+    if first_in == "_forward":
         signals_on_call(monkeypatch, loop_module, first_in, 3, signal.SIGTERM)
     real_save, sizes = torch.save, {}
 

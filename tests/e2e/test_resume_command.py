@@ -20,7 +20,7 @@ COMMAND += ["threads=1"]  # compared bit for bit: no thread-count measuring (thr
 
 def interrupt_at_step(monkeypatch, step: int) -> None:
     """Ctrl-C in the forward of optimizer step ``step`` (the run stops after it)."""
-    real, calls = loop_module._forward_backward, []
+    real, calls = loop_module._forward, []
 
     def forward_backward(*args, **kwargs):
         calls.append(1)
@@ -28,7 +28,7 @@ def interrupt_at_step(monkeypatch, step: int) -> None:
             signal.raise_signal(signal.SIGINT)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(loop_module, "_forward_backward", forward_backward)
+    monkeypatch.setattr(loop_module, "_forward", forward_backward)
 
 
 def run_dirs(root) -> list:

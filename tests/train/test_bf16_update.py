@@ -348,10 +348,11 @@ def test_a_short_run_that_plain_bf16_loses_half_its_updates_in(tmp_path):
 
 @pytest.mark.slow
 def test_the_benchmark_script_measures_every_variant(tmp_path):
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bf16_update.py"
+    repo = Path(__file__).resolve().parents[2]
     out = tmp_path / "result.json"
     args = ("--jobs", "mlp", "--lrs", "3e-4", "--mlp-steps", "30", "--out", str(out))
-    result = run_command(tmp_path, sys.executable, str(script), *args)
+    env = {"PYTHONPATH": str(repo)}  # python -m benchmarks.NAME from anywhere
+    result = run_command(tmp_path, sys.executable, "-m", "benchmarks.bf16_update", *args, env=env)
     assert result.returncode == 0, describe(result)
     rows = {(r["precision"], r["update"]): r for r in json.loads(out.read_text())["rows"]}
     assert list(rows) == [

@@ -55,7 +55,7 @@ def test_a_second_ctrl_c_during_a_step_stops_at_once_with_the_last_completed_ste
 ):
     """Item 7: two Ctrl-Cs used to be ignored until the step ended (19.5 minutes of FP16
     ResNet-50 on a CPU); only kill -9 ended it, and nothing was saved."""
-    signals_in(monkeypatch, "_forward_backward", 3, signal.SIGINT, signal.SIGINT)
+    signals_in(monkeypatch, "_forward", 3, signal.SIGINT, signal.SIGINT)
     with pytest.raises(job_module.RunInterrupted) as stopped:
         train(tiny_run(*QUICK), tmp_path)
     assert stopped.value.exit_code == 130
@@ -72,7 +72,7 @@ def test_a_second_ctrl_c_during_a_step_stops_at_once_with_the_last_completed_ste
 def test_a_different_second_signal_is_named_as_it_came(tmp_path, monkeypatch, capsys):
     """Ctrl-C then SIGTERM (a scheduler's kill after a user's Ctrl-C) was reported as "SIGINT
     twice"; the first signal still decides the exit code."""
-    signals_in(monkeypatch, "_forward_backward", 3, signal.SIGINT, signal.SIGTERM)
+    signals_in(monkeypatch, "_forward", 3, signal.SIGINT, signal.SIGTERM)
     with pytest.raises(job_module.RunInterrupted) as stopped:
         train(tiny_run(*QUICK), tmp_path)
     assert stopped.value.exit_code == 130
@@ -95,7 +95,7 @@ def test_a_second_signal_during_the_update_lets_the_update_finish(tmp_path, monk
 def test_the_checkpoint_signal_saves_and_training_goes_on(tmp_path, monkeypatch, capsys):
     """Item 4: SIGUSR1 (SLURM's --signal=USR1@T) took Python's default action: the process died
     with no checkpoint and no report."""
-    signals_in(monkeypatch, "_forward_backward", 2, signal.SIGUSR1)
+    signals_in(monkeypatch, "_forward", 2, signal.SIGUSR1)
     report = train(tiny_run(*QUICK, "checkpoint.keep_last=5"), tmp_path)
     assert report["status"] == "completed" and report["training"]["steps"] == 6
     assert checkpoint_steps(tmp_path) == [2, 6]
@@ -103,7 +103,7 @@ def test_the_checkpoint_signal_saves_and_training_goes_on(tmp_path, monkeypatch,
 
 
 def test_the_checkpoint_signal_can_stop_the_run_instead(tmp_path, monkeypatch):
-    signals_in(monkeypatch, "_forward_backward", 2, signal.SIGUSR1)
+    signals_in(monkeypatch, "_forward", 2, signal.SIGUSR1)
     with pytest.raises(job_module.RunInterrupted) as stopped:
         train(tiny_run(*QUICK, "checkpoint.on_signal=stop"), tmp_path)
     assert stopped.value.exit_code == 128 + signal.SIGUSR1
@@ -114,7 +114,7 @@ def test_the_checkpoint_signal_can_stop_the_run_instead(tmp_path, monkeypatch):
 
 def test_the_checkpoint_signal_is_configurable(tmp_path, monkeypatch, capsys):
     """checkpoint.signal=SIGUSR2 (a scheduler told --signal=USR2@T): SIGUSR2 saves and goes on."""
-    signals_in(monkeypatch, "_forward_backward", 2, signal.SIGUSR2)
+    signals_in(monkeypatch, "_forward", 2, signal.SIGUSR2)
     report = train(
         tiny_run(*QUICK, "checkpoint.signal=SIGUSR2", "checkpoint.keep_last=5"), tmp_path
     )
@@ -124,7 +124,7 @@ def test_the_checkpoint_signal_is_configurable(tmp_path, monkeypatch, capsys):
 
 
 def test_another_checkpoint_signal_leaves_sigusr1_alone(tmp_path, monkeypatch):
-    signals_in(monkeypatch, "_forward_backward", 2, signal.SIGUSR1)  # no longer mptrain's
+    signals_in(monkeypatch, "_forward", 2, signal.SIGUSR1)  # no longer mptrain's
     with pytest.raises(job_module.RunFailed, match="SIGUSR1 reached a handler mptrain did not"):
         train(tiny_run(*QUICK, "checkpoint.signal=SIGUSR2"), tmp_path)
 

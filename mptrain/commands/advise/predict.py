@@ -52,7 +52,7 @@ def device_name(device: torch.device) -> str | None:
 
 def target_gpu(cfg: RunConfig, device: torch.device) -> tuple[gpus.GPU | None, str]:
     """(the GPU advise predicts for, or None; the line that says which and why). The name was
-    checked with the config (:func:`mptrain.config.commands.check_target`)."""
+    checked with the config (:data:`mptrain.config.commands.TARGETS`)."""
     return gpus.resolve_target(cfg.advise.target, device_name(device))
 
 
