@@ -33,6 +33,7 @@ _INTERNALS: dict[str, tuple[str, str | None]] = {
     "RunConfig": ("mptrain.config.run", "RunConfig"),
     "train": ("mptrain.train.job", "train"),
     "prepare_run": ("mptrain.train.build", "prepare_run"),
+    "account_step": ("mptrain.train.memory", "account_step"),
     "train_loop": ("mptrain.train.loop", "train_loop"),
     "LoopHooks": ("mptrain.train.loop", "LoopHooks"),
     "MetricsLog": ("mptrain.output.metrics", "MetricsLog"),

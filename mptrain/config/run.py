@@ -56,6 +56,7 @@ from mptrain.config.sections import (
     CheckpointConfig,
     DebugConfig,
     DistributedConfig,
+    MemoryConfig,
     MLflowConfig,
     NumericsConfig,
     RecipeConfig,
@@ -315,6 +316,11 @@ class RunConfig:
     distributed: DistributedConfig = setting(
         help="used only under torchrun (WORLD_SIZE > 1); NCCL on GPUs, Gloo on CPUs",
         factory=DistributedConfig,
+    )
+    memory: MemoryConfig = setting(
+        help="memory accounting: the report's bytes by tensor kind and dtype",
+        factory=MemoryConfig,
+        metadata=NOT_TRAINING,
     )
     debug: DebugConfig = setting(
         help="test hooks: inf gradients injected at chosen steps (exercise step skipping)",

@@ -198,6 +198,18 @@ class DistributedConfig:
 
 
 @dataclass
+class MemoryConfig:
+    """Where a run's bytes go (mptrain.train.memory): counted on copies before training."""
+
+    account: bool = setting(
+        True,
+        "count one training step's bytes by kind and dtype (parameters, gradients, optimizer "
+        "states, scales, saved activations) on copies of the model and optimizer before "
+        "training: one extra step, and memory for the copies",
+    )
+
+
+@dataclass
 class DebugConfig:
     # Steps (1-based optimizer steps) whose gradients get an inf after backward: exercises the
     # loss scaler's skip path on purpose (tests, checking a setup). Empty in every real run.

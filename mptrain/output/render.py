@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from mptrain.output.blocks import blocks_lines, blocks_rows
+from mptrain.output.memory import fmt_bytes, memory_rows
 from mptrain.output.pace import rough_duration
 from mptrain.output.report import (
     EvaluationSection,
@@ -49,18 +50,6 @@ def write_failure(output_dir: Path, reason: str) -> Path:
 
 
 # ------------------------------------------------------------------------------------ formatting
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    if abs(n) < 1024:
-        return f"{n} B"
-    for unit in ("KiB", "MiB"):
-        n /= 1024
-        if abs(n) < 1024:
-            return f"{n:.1f} {unit}"
-    return f"{n / 1024:.1f} GiB"
-
-
 def fmt_pct(x: float | None) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"
 
@@ -231,6 +220,7 @@ def summary_rows(report: RunReport) -> list[tuple[str, str]]:
         rows.append(
             ("peak memory", f"{fmt_bytes(report.memory.peak_bytes)} ({report.memory.kind})")
         )
+    rows += memory_rows(report.memory)
     rows.append(("wall time", f"{report.wall_time_s:.1f} s"))
     return rows + _closing_rows(report)
 

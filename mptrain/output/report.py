@@ -235,6 +235,10 @@ class ThreadsSection:
 class MemorySection:
     peak_bytes: int | None
     kind: str | None  # what the peak measures (CUDA allocator, process RSS, ...)
+    # One training step's bytes by kind and dtype (mptrain.train.memory.account_step): "bytes"
+    # {kind: {dtype: bytes}}, "total" {kind: bytes}, "total_bytes"; None: not counted
+    # (memory.account=false, or a report written before it existed).
+    accounted: dict[str, Any] | None = None
 
 
 @dataclass

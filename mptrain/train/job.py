@@ -59,6 +59,7 @@ from mptrain.train.checkpointer import Checkpointer, run_signature
 from mptrain.train.components import Run
 from mptrain.train.diagnostics import write_diagnostics
 from mptrain.train.loop import LoopHooks, train_loop
+from mptrain.train.memory import account_step
 from mptrain.train.report import assemble_report, now_iso
 from mptrain.train.resume import AlreadyCompleted, resume_job
 from mptrain.train.slowpath import check_slow_path
@@ -171,6 +172,7 @@ class Job:
         self.trackers: Trackers | None = None
         self.figures: FigureWorker | None = None  # rank 0: draws curves.png
         self.display: ProgressDisplay | None = None  # rank 0: its estimate and notes (report)
+        self.memory_accounted: dict[str, Any] | None = None  # one step's bytes (train.memory)
 
     @property
     def state(self) -> LoopState:
@@ -233,6 +235,8 @@ class Job:
             run.monitor.threads = ThreadTuner(run.threads, window=window, say=say)
         self._announce()
         write_diagnostics(run, self.output_dir, self.console)
+        if cfg.memory.account:
+            self.memory_accounted = account_step(run)
         if cfg.resume:
             self.resumed = resume_job(found, cfg, self.run, self.output_dir, self.log)
             self._own()

@@ -143,7 +143,9 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         evaluation=evaluation,
         throughput=_throughput_section(job),
         memory=MemorySection(
-            run.monitor.peak_memory_bytes if run else None, run.monitor.memory_kind if run else None
+            run.monitor.peak_memory_bytes if run else None,
+            run.monitor.memory_kind if run else None,
+            job.memory_accounted,
         ),
         distributed=job.dist.describe(),
         resumed=job.resumed,

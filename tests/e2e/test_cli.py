@@ -244,7 +244,7 @@ MAX_FRAMES_TO_BACKWARD = 6  # issue 41: torchtitan has 5 from its entry point to
 
 def mptrain_frames_at_backward(args: list[str], monkeypatch) -> list[str]:
     """``mptrain args`` in this process; the frames of mptrain on the stack when the first
-    training step calls ``backward`` (``module.function``, outermost first)."""
+    training step calls ``backward`` (``module/path:function``, outermost first)."""
     import traceback
 
     import torch
@@ -256,14 +256,13 @@ def mptrain_frames_at_backward(args: list[str], monkeypatch) -> list[str]:
     backward = torch.autograd.backward
 
     def recording_backward(*a, **k):
-        if not seen:
-            seen.append(
-                [
-                    f"{Path(f.filename).resolve().relative_to(package).with_suffix('')}:{f.name}"
-                    for f in traceback.extract_stack()[:-1]
-                    if Path(f.filename).resolve().is_relative_to(package)
-                ]
-            )
+        frames = [
+            f"{Path(f.filename).resolve().relative_to(package).with_suffix('')}:{f.name}"
+            for f in traceback.extract_stack()[:-1]
+            if Path(f.filename).resolve().is_relative_to(package)
+        ]
+        if not seen and "train/loop:take_step" in frames:  # not the memory accounting's step
+            seen.append(frames)
         return backward(*a, **k)
 
     monkeypatch.setattr(torch.autograd, "backward", recording_backward)

@@ -1,0 +1,174 @@
+"""Where a run's bytes go: one training step counted by tensor kind and dtype, on any device.
+
+:func:`account_step` runs one optimizer step of the run on copies of its model and optimizer
+(the run is not touched: a fresh batch iterator of its epoch, the CPU random state forked, as
+:mod:`mptrain.train.steptime` does) and counts, at the step's high-water mark:
+
+- ``parameters``: the model's parameters (master weights; a pure precision's are BF16);
+- ``gradients``: the parameters' ``.grad`` after the backward;
+- ``optimizer_states``: every tensor of the optimizer's state after its first step (Adam's two
+  moments and its step counter);
+- ``scales``: the buffers of the low-precision layers (FP8 scales and amax histories, block
+  formats' counters and signs), counted apart from the model's other ``buffers`` (batch-norm
+  statistics);
+- what autograd saved for the backward of one micro-batch (the high-water mark: each
+  micro-batch's are freed by its backward), counted by ``torch.autograd.graph.saved_tensors_hooks``
+  on their storages, each storage once, parameters and buffers left out (counted above):
+  ``parameter_casts``, autocast's copies of the parameters (BF16 weights of the matmuls; their
+  history is a cast and views back to the parameter), and ``activations``, everything else: the
+  layers' inputs and outputs as autocast left them (BF16 where it cast, about half of FP32's
+  bytes; FP32 where it keeps FP32: norms, softmax, the loss, the residual stream) and, under a
+  low-precision format, the quantized operands its backward GEMMs read (its weights' casts
+  included: they are made inside its autograd function, without a history of their own).
+
+Each count is exact for what it names: bytes of the storages held, by dtype. The measured peak
+(CUDA's max allocated, or the process's RSS on a CPU) is larger: the interpreter, torch's own
+memory and the data on a CPU, the allocator's caches and temporaries that are never saved (the
+forward's intermediates, the optimizer's scratch) on both. The report sets the two side by side.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from mptrain.models.task import logits_of
+from mptrain.platform.distributed import unwrap
+from mptrain.platform.dtypes import dtype_name
+from mptrain.precision.quant.linear import QuantizedLinear
+from mptrain.train.components import Run
+
+KINDS = (
+    "parameters",
+    "gradients",
+    "optimizer_states",
+    "scales",
+    "buffers",
+    "parameter_casts",
+    "activations",
+)
+# grad_fn nodes of a dtype cast of a parameter and views of it: a saved tensor reached from a
+# parameter through these only (one ToCopy at least) is autocast's copy of that parameter.
+_CAST_OR_VIEW = {
+    "ToCopyBackward0",
+    "TBackward0",
+    "TransposeBackward0",
+    "PermuteBackward0",
+    "ViewBackward0",
+    "UnsafeViewBackward0",
+    "ExpandBackward0",
+    "AliasBackward0",
+}
+Bytes = dict[str, dict[str, int]]  # kind -> dtype name -> bytes
+
+
+def account_step(run: Run) -> dict[str, object]:
+    """The report's ``memory.accounted`` of one training step of ``run`` (see the module doc):
+    ``bytes`` by kind and dtype, each kind's ``total``, and the accounted ``total_bytes``; under
+    FSDP, only why it was not counted (``not_counted``: its sharded parameters are not copied)."""
+    if run.dist.enabled and run.dist.strategy == "fsdp":
+        return {"not_counted": "FSDP: the sharded model is not copied to count a step"}
+    with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
+        inputs, targets = next(iter(run.data.train.batches(run.state.epoch)))
+        model, optimizer = copy.deepcopy((unwrap(run.model), run.optimizer))
+        optimizer.state.clear()
+        model.train()
+        counted: Bytes = {kind: {} for kind in KINDS}
+        held = _storages(model.parameters()) | _storages(model.buffers())
+        saving = torch.autograd.graph.saved_tensors_hooks(*_saved_into(counted, held))
+        inputs = run.precision.model_input(inputs, run.settings.channels_last)
+        with saving, run.precision.forward_context():
+            loss = run.loss_fn(logits_of(model(inputs)), targets)
+        loss.backward()
+        optimizer.step()  # creates the state (Adam: its moments), as the run's first step does
+        _count_model(model, counted)
+        _count(counted["optimizer_states"], _state_tensors(optimizer))
+    totals = {kind: sum(by_dtype.values()) for kind, by_dtype in counted.items()}
+    return {"bytes": counted, "total": totals, "total_bytes": sum(totals.values())}
+
+
+def _count_model(model: nn.Module, counted: Bytes) -> None:
+    params = list(model.parameters())
+    _count(counted["parameters"], params)
+    _count(counted["gradients"], [p.grad for p in params if p.grad is not None])
+    scale_buffers = {
+        id(b) for m in model.modules() if isinstance(m, QuantizedLinear) for b in m.buffers()
+    }
+    buffers = list(model.buffers())
+    _count(counted["scales"], [b for b in buffers if id(b) in scale_buffers])
+    _count(counted["buffers"], [b for b in buffers if id(b) not in scale_buffers])
+
+
+def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    """(a key of ``t``'s storage, its bytes); a wrapper subclass without a storage of its own
+    (torchao's float8 tensors) by its elements."""
+    try:
+        storage = t.untyped_storage()
+    except (RuntimeError, NotImplementedError):
+        return id(t), t.numel() * t.element_size()
+    return storage.data_ptr(), storage.nbytes()
+
+
+def _add(into: dict[str, int], seen: set[int], t: torch.Tensor) -> None:
+    """Add ``t``'s storage bytes to ``into`` under its dtype, unless ``seen`` holds it."""
+    key, nbytes = _storage(t)
+    if key in seen or nbytes == 0:
+        return
+    seen.add(key)
+    name = dtype_name(t.dtype)
+    into[name] = into.get(name, 0) + nbytes
+
+
+def _count(into: dict[str, int], tensors: Iterable[torch.Tensor]) -> None:
+    """Add each storage's bytes once, under its tensor's dtype."""
+    seen: set[int] = set()
+    for t in tensors:
+        _add(into, seen, t)
+
+
+def _storages(tensors: Iterable[torch.Tensor]) -> set[int]:
+    return {_storage(t)[0] for t in tensors}
+
+
+def _saved_into(
+    counted: Bytes, held: set[int]
+) -> tuple[Callable[[torch.Tensor], torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]:
+    """saved_tensors_hooks' (pack, unpack) that add each saved storage's bytes once, to
+    ``parameter_casts`` (autocast's copy of a parameter) or ``activations`` (anything else);
+    ``held`` (parameters and buffers, counted as such) left out."""
+    seen = set(held)
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        _add(counted["parameter_casts" if _cast_of_parameter(t) else "activations"], seen, t)
+        return t
+
+    return pack, _itself
+
+
+def _cast_of_parameter(t: torch.Tensor) -> bool:
+    """``t`` is a dtype cast of a parameter, or a view of one: its autograd history is casts and
+    views only (one cast at least) back to a leaf that requires grad."""
+    fn, cast = t.grad_fn, False
+    while fn is not None:
+        name = type(fn).__name__
+        if name == "AccumulateGrad":
+            return cast
+        if name not in _CAST_OR_VIEW:
+            return False
+        cast = cast or name == "ToCopyBackward0"
+        inputs = [f for f, _ in fn.next_functions if f is not None]
+        if len(inputs) != 1:
+            return False
+        fn = inputs[0]
+    return False
+
+
+def _itself(t: torch.Tensor) -> torch.Tensor:
+    return t
