@@ -9,7 +9,10 @@ from dataclasses import dataclass
 
 from omegaconf import MISSING
 
-from mptrain.config.base import positive, require, setting
+from mptrain.config.base import check_settings, one_of_rule, positive, require, setting
+
+STATE_DTYPES = ("fp32", "bf16")  # optimizer.state_dtype
+STATE_ROUNDINGS = ("nearest", "stochastic")  # optimizer.state_rounding
 
 
 # -------------------------------------------------------------------------------------- optimizers
@@ -24,6 +27,7 @@ class OptimizerConfig:
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
+        check_settings(self, "optimizer.")  # the rules on the fields
         positive("optimizer.lr", self.lr)
         require(
             0 <= self.weight_decay < math.inf,
@@ -62,8 +66,9 @@ class SGDConfig(OptimizerConfig):
 
 
 @dataclass
-class AdamWConfig(OptimizerConfig):
-    name: str = "adamw"
+class AdamBase(OptimizerConfig):
+    """What every AdamW option takes (torch's, and torchao's low-bit ones)."""
+
     lr: float = setting(3e-3, "peak learning rate (after warm-up)")
     betas: list[float] = setting(help="moment decay rates", factory=lambda: [0.9, 0.999])
     eps: float = setting(1e-8, "denominator epsilon")
@@ -82,6 +87,31 @@ class AdamWConfig(OptimizerConfig):
             "two values in [0, 1)",
         )
         positive("optimizer.eps", self.eps)
+
+
+@dataclass
+class AdamWConfig(AdamBase):
+    name: str = "adamw"
+    state_dtype: str = setting(
+        "fp32",
+        "the moments' dtype: fp32 | bf16 (half the state's bytes; each step updates them in FP32 "
+        "and stores them back)",
+        accepts=one_of_rule(STATE_DTYPES),
+    )
+    state_rounding: str = setting(
+        "nearest",
+        "state_dtype=bf16: how the updated moments are stored, nearest | stochastic (unbiased, "
+        "seeded; mptrain.precision.rounding)",
+        accepts=one_of_rule(STATE_ROUNDINGS),
+    )
+
+
+@dataclass
+class LowBitAdamWConfig(AdamBase):
+    """torchao's AdamW with 8-bit, 4-bit or FP8 moments (optimizer=adamw8bit | adamw4bit |
+    adamw_fp8; mptrain.train.optim.LOW_BIT): block-wise quantized states, updated in FP32."""
+
+    name: str = MISSING
 
 
 @dataclass

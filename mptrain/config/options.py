@@ -31,7 +31,7 @@ from mptrain.config.models import (
     TorchvisionModelConfig,
     ViTConfig,
 )
-from mptrain.config.optim import AdamWConfig, SchedulerConfig, SGDConfig
+from mptrain.config.optim import AdamWConfig, LowBitAdamWConfig, SchedulerConfig, SGDConfig
 from mptrain.config.precision import PrecisionConfig
 
 AUTO = "auto"  # precision=auto: resolved for the device (mptrain.precision.policy)
@@ -83,6 +83,10 @@ SCHEMAS: dict[str, dict[str, type]] = {
         "custom": CustomDatasetConfig,
         "text": TextDatasetConfig,
     },
-    "optimizer": {"sgd": SGDConfig, "adamw": AdamWConfig},
+    "optimizer": {
+        "sgd": SGDConfig,
+        "adamw": AdamWConfig,
+        **{name: LowBitAdamWConfig for name in ("adamw8bit", "adamw4bit", "adamw_fp8")},
+    },
     "scheduler": {name: SchedulerConfig for name in ("constant", "cosine", "multistep")},
 }

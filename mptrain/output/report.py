@@ -79,6 +79,9 @@ class PrecisionSection:
 class OptimizerSection:
     name: str
     implementation: str | None  # fused | foreach | single-tensor
+    # the dtypes its state is stored in, step counters aside (float32; bfloat16 under
+    # optimizer.state_dtype=bf16; uint8 and float32 for torchao's adamw8bit codes and scales)
+    state_dtypes: list[str] | None = None
 
 
 @dataclass

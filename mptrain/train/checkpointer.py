@@ -236,8 +236,11 @@ def _restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, saved: dict[
     groups = scheduler.optimizer.param_groups
     for group, base, factor in zip(groups, base_lrs, scheduler.lr_lambdas, strict=True):
         group["initial_lr"] = base
-        group["lr"] = base * factor(step)
-    scheduler._last_lr = [group["lr"] for group in groups]
+        if torch.is_tensor(group["lr"]):  # torchao's optimizers keep it a tensor (no recompiles)
+            group["lr"].fill_(base * factor(step))
+        else:
+            group["lr"] = base * factor(step)
+    scheduler._last_lr = [float(group["lr"]) for group in groups]
 
 
 def run_signature(

@@ -34,12 +34,14 @@ from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from mptrain.models.task import logits_of
 from mptrain.platform.distributed import unwrap
 from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.quant.linear import QuantizedLinear
 from mptrain.train.components import Run
+from mptrain.train.optim import copy_for
 
 KINDS = (
     "parameters",
@@ -73,8 +75,8 @@ def account_step(run: Run) -> dict[str, object]:
         return {"not_counted": "FSDP: the sharded model is not copied to count a step"}
     with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
         inputs, targets = next(iter(run.data.train.batches(run.state.epoch)))
-        model, optimizer = copy.deepcopy((unwrap(run.model), run.optimizer))
-        optimizer.state.clear()
+        model = copy.deepcopy(unwrap(run.model))
+        optimizer = copy_for(run.optimizer, unwrap(run.model), model)
         model.train()
         counted: Bytes = {kind: {} for kind in KINDS}
         held = _storages(model.parameters()) | _storages(model.buffers())
@@ -117,7 +119,13 @@ def _storage(t: torch.Tensor) -> tuple[int, int]:
 
 
 def _add(into: dict[str, int], seen: set[int], t: torch.Tensor) -> None:
-    """Add ``t``'s storage bytes to ``into`` under its dtype, unless ``seen`` holds it."""
+    """Add ``t``'s storage bytes to ``into`` under its dtype, unless ``seen`` holds it; a
+    wrapper subclass's (torchao's quantized optimizer states) are its inner tensors' (codes and
+    scales), each under its own dtype."""
+    if is_traceable_wrapper_subclass(t):
+        for name in t.__tensor_flatten__()[0]:
+            _add(into, seen, getattr(t, name))
+        return
     key, nbytes = _storage(t)
     if key in seen or nbytes == 0:
         return

@@ -289,7 +289,7 @@ class Monitor:
             "epoch": state.epoch,
             "precision": self.settings.precision,
             "loss": mean_loss,
-            "lr": self._optimizer.param_groups[0]["lr"],
+            "lr": float(self._optimizer.param_groups[0]["lr"]),  # torchao's: a tensor
             "loss_scale": self.scale,
             "grad_norm": grad_norm[0] if grad_norm else None,
             "skipped": outcome.skipped,

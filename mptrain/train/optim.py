@@ -2,21 +2,33 @@
 
 Optimizer state is created lazily by torch in the dtype of the parameters: FP32 in every mixed
 recipe (master weights), so moments and momentum buffers are FP32 too; FP16/BF16 in the "pure"
-precisions (fp16_pure, bf16_pure), whose point is to show what that costs. The schedule is a pure function of the number
+precisions (fp16_pure, bf16_pure), whose point is to show what that costs. AdamW's moments can be
+stored in BF16 under any precision (``optimizer.state_dtype=bf16``, as torchtitan and DeepSeek-V3
+keep them): :class:`AdamWLowState` updates them in FP32 and stores them back rounded. The schedule is a pure function of the number
 of *applied* optimizer steps: the loop calls ``scheduler.step()`` only after a step that was not
 skipped by the loss scaler.
 """
 
 from __future__ import annotations
 
+import collections
+import copy
 import math
 from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from mptrain.config.base import Option
-from mptrain.config.optim import AdamWConfig, OptimizerConfig, SchedulerConfig, SGDConfig
+from mptrain.config.base import ConfigError, Option
+from mptrain.config.optim import (
+    AdamWConfig,
+    LowBitAdamWConfig,
+    OptimizerConfig,
+    SchedulerConfig,
+    SGDConfig,
+)
+from mptrain.precision.rounding import stochastic_round
 
 
 def parameter_groups(
@@ -61,7 +73,16 @@ def _sgd(cfg: SGDConfig, groups: list[dict], implementation: dict[str, bool]) ->
 
 def _adamw(
     cfg: AdamWConfig, groups: list[dict], implementation: dict[str, bool]
-) -> torch.optim.AdamW:
+) -> torch.optim.Optimizer:
+    if cfg.state_dtype != "fp32":
+        return AdamWLowState(
+            groups,
+            lr=cfg.lr,
+            betas=(cfg.betas[0], cfg.betas[1]),
+            eps=cfg.eps,
+            weight_decay=cfg.weight_decay,
+            stochastic=cfg.state_rounding == "stochastic",
+        )
     return torch.optim.AdamW(
         groups,
         lr=cfg.lr,
@@ -72,10 +93,105 @@ def _adamw(
     )
 
 
+class AdamWLowState(torch.optim.Optimizer):
+    """AdamW (torch.optim.AdamW's single-tensor update) whose moments are stored in BF16: each
+    step reads them into FP32, updates them and the parameter there, and stores them back rounded
+    to nearest or, with ``stochastic``, unbiasedly (:func:`mptrain.precision.rounding.stochastic_round`,
+    from a generator seeded by ``torch.initial_seed()``, saved in the state dict).
+
+    Half the state's bytes of FP32 moments. A checkpoint holds the BF16 moments; torch's
+    ``load_state_dict`` casts them to the parameters' dtype, and the next step stores them back in
+    BF16 (exactly: they were BF16 values), so a resumed run continues bit for bit.
+    """
+
+    STATE_DTYPE = torch.bfloat16
+    RNG_KEY = "mptrain_state_rounding_rng"
+
+    def __init__(
+        self,
+        params: list[dict],
+        lr: float,
+        betas: tuple[float, float],
+        eps: float,
+        weight_decay: float,
+        stochastic: bool = False,
+    ) -> None:
+        super().__init__(
+            params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay}
+        )
+        self.stochastic = stochastic
+        device = self.param_groups[0]["params"][0].device  # the parameters' device, its bits
+        self.generator = torch.Generator(device).manual_seed(torch.initial_seed())
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> None:
+        assert closure is None, "AdamWLowState takes no closure"
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, group)
+
+    def _update(self, p: torch.Tensor, group: dict) -> None:
+        lr, (beta1, beta2), eps = group["lr"], group["betas"], group["eps"]
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0)
+            state["exp_avg"] = torch.zeros_like(p, dtype=self.STATE_DTYPE)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=self.STATE_DTYPE)
+        grad = p.grad.float()
+        exp_avg = state["exp_avg"].float().lerp_(grad, 1 - beta1)
+        exp_avg_sq = state["exp_avg_sq"].float().mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        state["step"] += 1
+        step = state["step"].item()
+        p.mul_(1 - lr * group["weight_decay"])
+        denom = (exp_avg_sq.sqrt() / math.sqrt(1 - beta2**step)).add_(eps)
+        p.addcdiv_(exp_avg.to(p.dtype), denom.to(p.dtype), value=-lr / (1 - beta1**step))
+        state["exp_avg"], state["exp_avg_sq"] = self._stored(exp_avg), self._stored(exp_avg_sq)
+
+    def _stored(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stochastic:
+            return stochastic_round(x, generator=self.generator)
+        return x.to(self.STATE_DTYPE)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), self.RNG_KEY: self.generator.get_state()}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        if self.RNG_KEY in state_dict:
+            self.generator.set_state(state_dict.pop(self.RNG_KEY))
+        super().load_state_dict(state_dict)
+
+
+# optimizer=<name> -> torchao.optim's class: AdamW with block-wise quantized moments (torchao's
+# README: ViT-H 12.23 -> 8.33 GB with AdamW8bit). Real library code, imported when asked for.
+LOW_BIT = {"adamw8bit": "AdamW8bit", "adamw4bit": "AdamW4bit", "adamw_fp8": "AdamWFp8"}
+
+
+def _low_bit_adamw(
+    cfg: LowBitAdamWConfig, groups: list[dict], implementation: dict[str, bool]
+) -> torch.optim.Optimizer:
+    try:
+        import torchao.optim
+    except ImportError as exc:
+        raise ConfigError(
+            f"optimizer={cfg.name}: needs torchao, which is not installed (pip install torchao); "
+            "or optimizer=adamw (optimizer.state_dtype=bf16 halves its states without it)"
+        ) from exc
+    return getattr(torchao.optim, LOW_BIT[cfg.name])(
+        groups,
+        lr=cfg.lr,
+        betas=(cfg.betas[0], cfg.betas[1]),
+        eps=cfg.eps,
+        weight_decay=cfg.weight_decay,
+    )
+
+
 # The one list of optimizers: optimizer.name -> its schema and builder (conf/optimizer/<name>.yaml).
 OPTIMIZERS: dict[str, Option] = {
     "sgd": Option(SGDConfig, _sgd),
     "adamw": Option(AdamWConfig, _adamw),
+    **{name: Option(LowBitAdamWConfig, _low_bit_adamw) for name in LOW_BIT},
 }
 
 
@@ -86,6 +202,43 @@ def build_optimizer(
     (FSDP's sharded parameters take the foreach implementation)."""
     groups = parameter_groups(model, cfg.weight_decay, cfg.decay_norm_and_bias)
     return OPTIMIZERS[cfg.name].build(cfg, groups, _implementation(fused))
+
+
+def state_dtypes(optimizer: torch.optim.Optimizer) -> list[str] | None:
+    """The dtypes the optimizer's state is stored in, sorted, step counters left out (torchao's
+    quantized states: their codes' and scales'); None before its first step."""
+    tensors = [v for state in optimizer.state.values() for k, v in state.items() if k != "step"]
+    if not tensors:
+        return None
+    found = set()
+    for t in tensors:
+        inner = t.__tensor_flatten__()[0] if is_traceable_wrapper_subclass(t) else None
+        found |= {str(getattr(t, n).dtype) for n in inner} if inner else {str(t.dtype)}
+    return sorted(d.removeprefix("torch.") for d in found)
+
+
+def copy_for(
+    optimizer: torch.optim.Optimizer, original: nn.Module, copy_of_it: nn.Module
+) -> torch.optim.Optimizer:
+    """A fresh copy of ``optimizer`` over the parameters of ``copy_of_it`` (a deep copy of
+    ``original``), with an empty state and no hooks (``precision.update``'s stay the run's): its
+    own attributes kept (``copy.deepcopy`` of an optimizer keeps only torch's state and groups,
+    so torchao's settings would be lost), random generators copied (the original's untouched),
+    each group's hyperparameters as they are."""
+    params = dict(zip(map(id, original.parameters()), copy_of_it.parameters(), strict=True))
+    own = {
+        k: copy.deepcopy(v) if isinstance(v, torch.Generator) else v
+        for k, v in vars(optimizer).items()
+        if not k.startswith("_optimizer_") and k not in ("step", "state", "param_groups")
+    }
+    groups = [
+        {**group, "params": [params[id(p)] for p in group["params"]]}
+        for group in optimizer.param_groups
+    ]
+    fresh = object.__new__(type(optimizer))
+    # torch's own: empty hooks, the step function patched (as a deep copy would get them)
+    fresh.__setstate__({**own, "state": collections.defaultdict(dict), "param_groups": groups})
+    return fresh
 
 
 # ---------------------------------------------------------------------------------- schedules

@@ -42,7 +42,7 @@ from mptrain.precision.policy import PrecisionPolicy
 from mptrain.precision.quant.convert import fp8_layer_stats
 from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.components import Run
-from mptrain.train.optim import optimizer_implementation
+from mptrain.train.optim import optimizer_implementation, state_dtypes
 from mptrain.train.recipe import recipe_verdict
 from mptrain.train.state import LoopState
 from mptrain.train.threads import threads_section
@@ -134,7 +134,9 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         versions=hardware.software_versions(),
         seed=cfg.seed,
         optimizer=OptimizerSection(
-            cfg.optimizer.name, optimizer_implementation(run.optimizer) if run else None
+            cfg.optimizer.name,
+            optimizer_implementation(run.optimizer) if run else None,
+            state_dtypes(run.optimizer) if run else None,
         ),
         model=_model_section(job),
         data=_data_section(cfg, run, job.dist),

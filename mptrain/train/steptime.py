@@ -5,8 +5,8 @@ own first step, :mod:`mptrain.train.slowpath`) and ``precision=auto`` on a CPU (
 steps alternating, :mod:`mptrain.train.autoprecision`). Both need the run's model on the run's
 first batch, and neither may change what the run then computes:
 
-- the model and optimizer are deep copies (the optimizer's state cleared: a fresh optimizer's
-  steps, as the run's first steps are);
+- the model is a deep copy, the optimizer a fresh copy over it (its state empty: a fresh
+  optimizer's steps, as the run's first steps are; :func:`mptrain.train.optim.copy_for`);
 - the batch comes from a fresh iterator of the run's epoch, so the run's data position is not
   moved;
 - the CPU random state is forked: a DataLoader's iterator draws its seed from it, dropout draws
@@ -27,6 +27,7 @@ import torch
 from mptrain.models.task import logits_of
 from mptrain.precision.policy import to_model_input
 from mptrain.train.components import Run
+from mptrain.train.optim import copy_for
 
 
 def time_steps(
@@ -50,8 +51,8 @@ def time_steps(
         raise ValueError(f"time_steps times CPU steps (no device sync); the run is on {run.device}")
     with torch.random.fork_rng(devices=[]):
         inputs, targets = next(iter(run.data.train.batches(run.state.epoch)))
-        model, optimizer = copy.deepcopy((run.model, run.optimizer))  # the optimizer: the copies
-        optimizer.state.clear()
+        model = copy.deepcopy(run.model)
+        optimizer = copy_for(run.optimizer, run.model, model)  # over the copy, its state empty
         model.train()
         if fp32_weights:
             model.float()

@@ -11,7 +11,6 @@ an observer at step N, while :class:`~mptrain.platform.signals.GracefulStop` has
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import errno
 import hashlib
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 from support.runs import NoFigure, tiny_run, train
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from mptrain.config.base import ConfigError
 from mptrain.output.metrics import MetricsLog, read_metrics
@@ -117,12 +117,28 @@ def assert_same_tensors(a: dict, b: dict, what: str) -> None:
     assert a.keys() == b.keys(), what
     for key in a:
         x, y = a[key], b[key]
-        if isinstance(x, torch.Tensor):
+        if is_traceable_wrapper_subclass(x):  # torchao's quantized optimizer states
+            assert type(x) is type(y), f"{what}: {key} differs"
+            inner = x.__tensor_flatten__()[0]
+            assert_same_tensors(
+                {n: getattr(x, n) for n in inner},
+                {n: getattr(y, n) for n in inner},
+                f"{what}.{key}",
+            )
+        elif isinstance(x, torch.Tensor):
             assert x.dtype == y.dtype and torch.equal(x, y), f"{what}: {key} differs"
         elif isinstance(x, dict):
             assert_same_tensors(x, y, f"{what}.{key}")
         else:
             assert x == y, f"{what}: {key} differs ({x!r} != {y!r})"
+
+
+def saved_and_loaded(state: dict) -> dict:
+    """A copy of ``state`` through torch.save (torchao's state tensors cannot be deep-copied)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=False)
 
 
 class FinalState:
@@ -137,7 +153,7 @@ class FinalState:
         def capturing_loop(run, hooks):
             state = real_loop(run, hooks)
             self.model = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
-            self.optimizer = copy.deepcopy(run.optimizer.state_dict())
+            self.optimizer = saved_and_loaded(run.optimizer.state_dict())
             self.scaler = run.precision.scaler.state_dict()
             return state
 
@@ -261,6 +277,34 @@ def test_fp32_resume_mid_epoch_is_bit_identical(tmp_path, monkeypatch):
     assert ref_state["scaler"] == state["scaler"] == {}
     assert report["training"]["loss_scale"] is None
     assert load_checkpoint(run_dir / "checkpoints" / step_name(n))["scaler"] is None
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        ("optimizer.state_dtype=bf16", "optimizer.state_rounding=nearest"),
+        ("optimizer.state_dtype=bf16", "optimizer.state_rounding=stochastic"),
+        pytest.param(("optimizer=adamw8bit",), marks=pytest.mark.slow),  # torch.compile: ~20 s
+    ],
+    ids=["bf16-nearest", "bf16-stochastic", "adamw8bit"],
+)
+def test_low_precision_optimizer_states_resume_bit_for_bit(tmp_path, monkeypatch, state):
+    """optimizer.state_dtype=bf16: the checkpoint holds BF16 moments (and the stochastic
+    rounding's generator), which torch's load_state_dict casts to FP32 and the next step stores
+    back in BF16; torchao's 8-bit states load as saved. The resumed run equals the uninterrupted
+    one bit for bit."""
+    pytest.importorskip("torchao") if "optimizer=adamw8bit" in state else None
+    n = 15
+    overrides = (
+        "precision=bf16",
+        f"max_steps={2 * n}",
+        "log_every=1",
+        *state,
+        "checkpoint.every_epoch=true",  # the epoch-end checkpoints are compared too
+        "checkpoint.keep_last=5",
+    )
+    results = interrupt_and_resume(tmp_path, monkeypatch, overrides, n)
+    assert_runs_identical(*results, total=2 * n)
 
 
 def test_fp16_resume_replays_the_skipped_step_and_the_scaler(tmp_path, monkeypatch):

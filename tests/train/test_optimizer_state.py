@@ -1,0 +1,86 @@
+"""Optimizer states in low precision (issue 42, item 2): optimizer.state_dtype=bf16 (AdamW's
+moments stored in BF16, updated in FP32) and torchao's low-bit AdamW (optimizer=adamw8bit, ...),
+counted by the memory accounting, named in the report, refused in one line when they cannot run.
+Bit-for-bit resume: tests/train/test_checkpoint.py::test_low_precision_optimizer_states_resume_bit_for_bit."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from support.runs import run_cli, tiny_run
+from support.runs import train as run_train
+
+from mptrain.config.base import ConfigError
+from mptrain.output.report import load_report
+from mptrain.train.build import prepare_run
+from mptrain.train.memory import account_step
+from mptrain.train.optim import AdamWLowState
+
+WIDE = "model.hidden_sizes=[512,512]"  # most parameters in tensors torchao quantizes (>= 4096)
+
+
+def states(*overrides: str) -> dict[str, int]:
+    return account_step(prepare_run(tiny_run(*overrides)))["bytes"]["optimizer_states"]
+
+
+def test_bf16_states_halve_the_moments_bytes():
+    fp32, bf16 = states(), states("optimizer.state_dtype=bf16")
+    counters = 4 * len(list(prepare_run(tiny_run()).model.parameters()))  # one FP32 step each
+    assert fp32 == {"float32": 2 * bf16["bfloat16"] + counters}
+    assert bf16 == {"bfloat16": bf16["bfloat16"], "float32": counters}
+
+
+def test_bf16_states_train_like_fp32_states(tmp_path):
+    """Same data, same seed: the moments' rounding moves the final loss by little."""
+    fp32 = run_train(tiny_run("max_steps=40"), tmp_path / "fp32")
+    bf16 = run_train(tiny_run("max_steps=40", "optimizer.state_dtype=bf16"), tmp_path / "bf16")
+    a, b = (r["evaluation"]["final_val_loss"] for r in (fp32, bf16))
+    assert abs(a - b) < 0.02 * a, (a, b)
+
+
+def test_stochastic_rounding_of_the_states_is_unbiased_and_seeded():
+    """A moment between two BF16 values is stored as either, in proportion (nearest: always the
+    nearer); the same seed draws the same roundings."""
+    p = torch.nn.Parameter(torch.zeros(20000))
+    p.grad = torch.full_like(p, 1.0 + 2**-9)  # exp_avg = 0.1 x this: between two BF16 values
+    stored = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        opt = AdamWLowState([{"params": [p]}], 0.0, (0.9, 0.999), 1e-8, 0.0, stochastic=True)
+        opt.step()
+        stored.append(opt.state[p]["exp_avg"])
+    assert torch.equal(stored[0], stored[1])
+    exact = 0.1 * p.grad[0].item()
+    assert abs(stored[0].float().mean().item() - exact) < 1e-5 * exact * 50
+    assert len(set(stored[0].float().tolist())) == 2  # both neighbours drawn
+
+
+def test_the_report_names_the_state_dtypes(tmp_path):
+    run_train(tiny_run("optimizer.state_dtype=bf16"), tmp_path)
+    assert load_report(tmp_path).optimizer.state_dtypes == ["bfloat16"]
+
+
+@pytest.mark.slow  # torchao compiles its optimizer step: ~20 s on a CPU
+def test_adamw8bit_cuts_the_states_by_more_than_3_5x(tmp_path):
+    pytest.importorskip("torchao")
+    fp32 = sum(states(WIDE).values())
+    int8 = states(WIDE, "optimizer=adamw8bit")
+    assert "uint8" in int8 and fp32 / sum(int8.values()) >= 3.5, (fp32, int8)
+    run_train(tiny_run(WIDE, "optimizer=adamw8bit", "max_steps=3"), tmp_path)
+    assert load_report(tmp_path).optimizer.state_dtypes == ["float32", "uint8"]
+
+
+def test_an_unknown_state_dtype_is_refused_in_one_line(tmp_path, monkeypatch):
+    result = run_cli(["optimizer.state_dtype=fp16"], tmp_path, monkeypatch)
+    assert result.code == 2 and not result.launched
+    assert (
+        result.stderr.strip() == "mptrain: error: optimizer.state_dtype='fp16': one of fp32, bf16"
+    )
+
+
+def test_adamw8bit_without_torchao_is_refused_in_one_line(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torchao.optim", None)  # import torchao.optim fails
+    with pytest.raises(ConfigError, match=r"^optimizer=adamw8bit: needs torchao, which is not"):
+        prepare_run(tiny_run("optimizer=adamw8bit"))
