@@ -318,9 +318,8 @@ class RunConfig:
         factory=DistributedConfig,
     )
     memory: MemoryConfig = setting(
-        help="memory accounting: the report's bytes by tensor kind and dtype",
+        help="memory: the report's bytes by tensor kind and dtype, activation checkpointing",
         factory=MemoryConfig,
-        metadata=NOT_TRAINING,
     )
     debug: DebugConfig = setting(
         help="test hooks: inf gradients injected at chosen steps (exercise step skipping)",
@@ -413,8 +412,9 @@ def validate(run: RunConfig) -> None:
 
 
 def _validate_mechanics(run: RunConfig) -> None:
-    """Checkpoints, bench, distributed and debug: how the run is carried out."""
-    for name in ("numerics", "checkpoint", "bench", "advise", "sample", "distributed", "debug"):
+    """The sections' rules: how the run is carried out."""
+    sections = ("numerics", "checkpoint", "bench", "advise", "sample", "distributed", "memory")
+    for name in (*sections, "debug"):
         check_settings(getattr(run, name), f"{name}.")
     check_eval_checkpoint(run.eval.checkpoint)
 

@@ -199,13 +199,21 @@ class DistributedConfig:
 
 @dataclass
 class MemoryConfig:
-    """Where a run's bytes go (mptrain.train.memory): counted on copies before training."""
+    """Where a run's bytes go (mptrain.train.memory) and what it keeps for the backward."""
 
     account: bool = setting(
         True,
         "count one training step's bytes by kind and dtype (parameters, gradients, optimizer "
         "states, scales, saved activations) on copies of the model and optimizer before "
         "training: one extra step, and memory for the copies",
+        metadata=NOT_TRAINING,
+    )
+    activation_checkpointing: str = setting(
+        "none",
+        "recompute blocks in the backward instead of keeping their activations (mptrain.train"
+        ".recompute): none | full (every transformer or residual block) | selective (every "
+        "second one)",
+        accepts=one_of_rule(("none", "full", "selective")),
     )
 
 

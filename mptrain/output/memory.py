@@ -41,6 +41,8 @@ def memory_rows(memory: MemorySection) -> list[tuple[str, str]]:
             parts = ", ".join(f"{fmt_bytes(n)} {dtype}" for dtype, n in by_dtype.items())
             rows.append((f"  {kind.replace('_', ' ')}", parts))
     total = f"{fmt_bytes(accounted['total_bytes'])} in one step"
+    if accounted.get("recomputed_blocks"):
+        total += f", {accounted['recomputed_blocks']} blocks recomputed in the backward"
     if memory.peak_bytes is not None:
         rest = memory.peak_bytes - accounted["total_bytes"]
         why = _UNACCOUNTED.get(memory.kind or "", _UNACCOUNTED[None])

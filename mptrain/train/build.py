@@ -47,6 +47,7 @@ from mptrain.precision.policy import (
     resolve_precision,
 )
 from mptrain.precision.quant.dist import gathers_fp32
+from mptrain.train import recompute
 from mptrain.train.components import Run
 from mptrain.train.faults import InfGradInjector
 from mptrain.train.health import culprit_finder
@@ -259,6 +260,8 @@ def build_model_for_run(
     )
     precision = Precision(policy)
     model = precision.convert_module(model, cfg, data, device, fsdp)
+    scaling = policy.fp8.scaling if policy.fp8 is not None else None
+    recompute.apply(model, cfg.memory.activation_checkpointing, cfg.model.name, scaling)
     if cfg.channels_last:
         model = model.to(memory_format=torch.channels_last)
     return model, precision

@@ -34,12 +34,14 @@ from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from mptrain.models.task import logits_of
 from mptrain.platform.distributed import unwrap
 from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.quant.linear import QuantizedLinear
+from mptrain.train import recompute
 from mptrain.train.components import Run
 from mptrain.train.optim import copy_for
 
@@ -80,16 +82,26 @@ def account_step(run: Run) -> dict[str, object]:
         model.train()
         counted: Bytes = {kind: {} for kind in KINDS}
         held = _storages(model.parameters()) | _storages(model.buffers())
-        saving = torch.autograd.graph.saved_tensors_hooks(*_saved_into(counted, held))
+        pack, unpack = _saved_into(counted, held)
         inputs = run.precision.model_input(inputs, run.settings.channels_last)
-        with saving, run.precision.forward_context():
-            loss = run.loss_fn(logits_of(model(inputs)), targets)
+        recompute.saving_inputs.append(pack)  # a checkpointed block keeps its inputs only
+        try:
+            with saved_tensors_hooks(pack, unpack), run.precision.forward_context():
+                loss = run.loss_fn(logits_of(model(inputs)), targets)
+        finally:
+            recompute.saving_inputs.remove(pack)
         loss.backward()
         optimizer.step()  # creates the state (Adam: its moments), as the run's first step does
         _count_model(model, counted)
         _count(counted["optimizer_states"], _state_tensors(optimizer))
     totals = {kind: sum(by_dtype.values()) for kind, by_dtype in counted.items()}
-    return {"bytes": counted, "total": totals, "total_bytes": sum(totals.values())}
+    blocks = recompute.recomputed(model)
+    return {
+        "bytes": counted,
+        "total": totals,
+        "total_bytes": sum(totals.values()),
+        "recomputed_blocks": blocks,
+    }
 
 
 def _count_model(model: nn.Module, counted: Bytes) -> None:
