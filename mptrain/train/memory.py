@@ -135,8 +135,9 @@ def _add(into: dict[str, int], seen: set[int], t: torch.Tensor) -> None:
     wrapper subclass's (torchao's quantized optimizer states) are its inner tensors' (codes and
     scales), each under its own dtype."""
     if is_traceable_wrapper_subclass(t):
-        for name in t.__tensor_flatten__()[0]:
-            _add(into, seen, getattr(t, name))
+        for inner in (getattr(t, name) for name in t.__tensor_flatten__()[0]):
+            if torch.is_tensor(inner):
+                _add(into, seen, inner)
         return
     key, nbytes = _storage(t)
     if key in seen or nbytes == 0:

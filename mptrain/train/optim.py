@@ -212,8 +212,9 @@ def state_dtypes(optimizer: torch.optim.Optimizer) -> list[str] | None:
         return None
     found = set()
     for t in tensors:
-        inner = t.__tensor_flatten__()[0] if is_traceable_wrapper_subclass(t) else None
-        found |= {str(getattr(t, n).dtype) for n in inner} if inner else {str(t.dtype)}
+        subclass = is_traceable_wrapper_subclass(t)  # DTensor's shard, torchao's codes and scales
+        inner = [getattr(t, n) for n in t.__tensor_flatten__()[0]] if subclass else [t]
+        found |= {str(x.dtype) for x in inner if torch.is_tensor(x)}
     return sorted(d.removeprefix("torch.") for d in found)
 
 

@@ -189,12 +189,18 @@ def test_one_adamw_step_equals_torchaos_wherever_the_fp32_math_agrees():
 
 
 @pytest.mark.slow
-def test_adamw_steps_match_torchaos_compiled_optimizer(monkeypatch):
+def test_adamw_steps_match_torchaos_compiled_optimizer():
     """torchao's ``_AdamW`` class itself (compiled by torch.compile; its random bits from eager
     torch.randint under inductor's ``fallback_random``): over 5 steps at least 99.9% of weights
     bit-identical, the rest a few spacings apart at most (FP32 rounding differences compound)."""
     optim = pytest.importorskip("torchao.optim")
-    monkeypatch.setattr(torch._inductor.config, "fallback_random", True)
+    # inductor's own patch, undone on exit (a monkeypatch's undo leaves its config module without
+    # the key, and every later compile in the process fails)
+    with torch._inductor.config.patch(fallback_random=True):
+        compare_with_torchao(optim)
+
+
+def compare_with_torchao(optim) -> None:
     _, grads, params = adamw_pair(seed=1)
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in params]
     optimizer = torch.optim.AdamW(params, **ADAMW, fused=True)
