@@ -41,7 +41,8 @@ from mptrain.config.precision import PrecisionConfig
 from mptrain.config.run import RunConfig
 from mptrain.models.build import config_has_convolutions
 from mptrain.output.joblog import print_table
-from mptrain.output.render import fmt_bytes, fmt_pct, plural
+from mptrain.output.memory import fmt_bytes
+from mptrain.output.render import fmt_pct, plural
 from mptrain.platform import contention, hardware
 from mptrain.precision.policy import blockwise_grad_dtype
 from mptrain.precision.quant.fp8 import E4M3

@@ -58,8 +58,9 @@ from mptrain.commands.spread import (
 from mptrain.config.keys import flatten, is_non_training_key
 from mptrain.output.joblog import print_table as show_table
 from mptrain.output.joblog import table_console
+from mptrain.output.memory import fmt_bytes
 from mptrain.output.plots import plot_sweep
-from mptrain.output.render import fmt_bytes, fmt_pct
+from mptrain.output.render import fmt_pct
 from mptrain.output.report import RunReport, ThroughputSection
 from mptrain.platform.contention import busy_words
 from mptrain.rundir.fileio import atomic_write_text, clean_json

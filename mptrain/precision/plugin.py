@@ -9,8 +9,8 @@ The training loop touches the precision only through these calls, in this order 
 - :meth:`Precision.count_quantizations` on/off around the forward and backward of a step that
   writes a metrics row (block-scaled layers count saturated, underflowed and zero blocks);
 - per micro-batch, :meth:`Precision.model_input`, the forward under
-  :meth:`Precision.forward_context` (autocast), :meth:`Precision.backward` (scaled, outside
-  autocast);
+  :meth:`Precision.forward_context` (autocast), ``Precision.scale(loss).backward()``
+  (:meth:`Precision.scale`: the loss scaled, outside autocast);
 - :meth:`Precision.after_backward` (data-parallel FP8: amaxes and counters agree over ranks),
   :meth:`Precision.unscale` before clipping, the optimizer step (the loop's, since it owns the
   skip rule's one host read), :meth:`Precision.after_optimizer_step` (torchao's FP8 all-gather:
