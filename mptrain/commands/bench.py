@@ -8,11 +8,15 @@ takes each place in turn: the first measurement of a process and slow drifts of 
 them alike), and each ratio is taken against the FP32 (TF32) measurement of the same repetition. The
 table shows the median training samples/s and ratio to FP32 (and to TF32 on GPUs) with their
 min–max over the repetitions, marks a ratio *noisy* with the reason (:mod:`mptrain.commands.spread`), and
-gives peak memory, the fraction of time spent waiting for data, and the host syncs per step the
-precision needs. For a language model (``task=lm``) it also gives tokens/s: samples/s times the
-window length (``model.block_size``), with its min–max. Emulated FP8, MXFP8 and NVFP4 (and
-blockwise FP8, ``fp8.granularity=blockwise``) and FP16 convolutions on a CPU are skipped: their
-speed says nothing useful (the table says so).
+gives peak memory, the bytes autograd saved for one micro-batch's backward (*activations*) and all
+of one step's accounted bytes (*accounted*: parameters, gradients, optimizer states, scales, buffers,
+parameter casts and activations; :mod:`mptrain.train.memory`, one extra step on copies of the model
+and optimizer before each repetition's training, which the stopwatch does not see; ``n/a`` with
+``memory.account=false`` or under FSDP), the fraction of time spent waiting for data, and the host
+syncs per step the precision needs. For a language model (``task=lm``) it also gives tokens/s:
+samples/s times the window length (``model.block_size``), with its min–max. Emulated FP8, MXFP8
+and NVFP4 (and blockwise FP8, ``fp8.granularity=blockwise``) and FP16 convolutions on a CPU are
+skipped: their speed says nothing useful (the table says so).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ from mptrain.rundir.fileio import atomic_write_text
 from mptrain.train.build import prepare_run, window_length
 from mptrain.train.components import Run
 from mptrain.train.loop import host_reads_per_step, train_loop
+from mptrain.train.memory import account_step
 
 
 def bench_precisions(
@@ -110,7 +115,9 @@ def precision_config(name: str, base: PrecisionConfig) -> PrecisionConfig:
 
 
 def measure(cfg: RunConfig, warmup: int, steps: int) -> dict[str, Any]:
-    """Train ``warmup + steps`` optimizer steps of ``cfg`` and return the measured figures."""
+    """Train ``warmup + steps`` optimizer steps of ``cfg`` and return the measured figures; with
+    ``memory.account``, one step counted first (:func:`~mptrain.train.memory.account_step`, on
+    copies of the model and optimizer, the random state forked: the timed run is untouched)."""
     cfg = dataclasses.replace(
         cfg,
         max_steps=warmup + steps,
@@ -120,13 +127,17 @@ def measure(cfg: RunConfig, warmup: int, steps: int) -> dict[str, Any]:
         eval_every=10**9,  # only the final evaluation, which the stopwatch excludes
     )
     run = prepare_run(cfg)
+    accounted = account_step(run) if cfg.memory.account else None
     train_loop(run)
-    return run_figures(run)
+    return run_figures(run, accounted)
 
 
-def run_figures(run: Run) -> dict[str, Any]:
-    """What a trained ``run`` measured: speed after its warm-up, peak memory, data wait."""
+def run_figures(run: Run, accounted: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a trained ``run`` measured: speed after its warm-up, peak memory, data wait, and from
+    ``accounted`` (:func:`~mptrain.train.memory.account_step`'s count of one step; None: not
+    counted) the step's activation bytes and all its accounted bytes (None when not counted)."""
     throughput = run.monitor.throughput
+    counted = accounted is not None and "not_counted" not in accounted
     return {
         "samples_per_s": throughput.samples_per_s,
         "tokens_per_s": run.monitor.tokens_per_s,  # None for classifiers
@@ -134,6 +145,8 @@ def run_figures(run: Run) -> dict[str, Any]:
         if throughput.measured_steps
         else None,
         "peak_memory_bytes": run.monitor.peak_memory_bytes,
+        "activation_bytes": accounted["total"]["activations"] if counted else None,
+        "accounted_bytes": accounted["total_bytes"] if counted else None,
         "data_wait_fraction": throughput.data_wait_fraction,
         "host_syncs_per_step": host_reads_per_step(run),  # see mptrain.train.loop
         "label": run.precision.policy.label,
@@ -192,10 +205,18 @@ def summarise(name: str, reps: list[dict[str, Any]]) -> dict[str, Any]:
         **per_token,
         "step_time_ms": statistics.median(step_ms) if step_ms else None,
         "peak_memory_bytes": max(peaks) if peaks else None,  # a peak: the highest repetition's
+        # One step's count: the same every repetition (None: memory.account=false).
+        "activation_bytes": _first(reps, "activation_bytes"),
+        "accounted_bytes": _first(reps, "accounted_bytes"),
         "data_wait_fraction": statistics.median(waits) if waits else None,
         "host_syncs_per_step": reps[0]["host_syncs_per_step"],  # the same every repetition
         "reps": reps,
     }
+
+
+def _first(reps: list[dict[str, Any]], key: str) -> Any:
+    """The first repetition's ``key`` that is not None (None when none has one)."""
+    return next((r[key] for r in reps if r.get(key) is not None), None)
 
 
 def run_bench(
@@ -287,7 +308,7 @@ def _ratio_cell(row: dict[str, Any], key: str) -> str:
 
 def _cells(row: dict[str, Any], has_tf32: bool, has_tokens: bool = False) -> list[str]:
     if row.get("skipped"):
-        return [row["precision"], f"skipped: {row['skipped']}"] + [""] * (5 + has_tf32 + has_tokens)
+        return [row["precision"], f"skipped: {row['skipped']}"] + [""] * (7 + has_tf32 + has_tokens)
     low, high = row["samples_per_s_range"]
     cells = [row["label"], f"{row['samples_per_s']:.1f} ({low:.0f}–{high:.0f})"]
     if has_tokens:
@@ -299,6 +320,8 @@ def _cells(row: dict[str, Any], has_tf32: bool, has_tokens: bool = False) -> lis
     cells += [
         f"{row['step_time_ms']:.2f}",
         fmt_bytes(row["peak_memory_bytes"]),
+        fmt_bytes(row.get("activation_bytes")),
+        fmt_bytes(row.get("accounted_bytes")),
         fmt_pct(row["data_wait_fraction"]),
         str(row["host_syncs_per_step"]),
     ]
@@ -312,7 +335,15 @@ def _headers(has_tf32: bool, has_tokens: bool = False) -> list[str]:
     headers.append("vs fp32 (min–max)")
     if has_tf32:
         headers.append("vs tf32 (min–max)")
-    return [*headers, "step ms", "peak memory", "data wait", "host syncs/step"]
+    return [
+        *headers,
+        "step ms",
+        "peak memory",
+        "activations",
+        "accounted",
+        "data wait",
+        "host syncs/step",
+    ]
 
 
 def notes(result: dict[str, Any]) -> list[str]:
@@ -324,6 +355,13 @@ def notes(result: dict[str, Any]) -> list[str]:
         f"{NOISY_SPREAD:.0%} of it, or too few repetitions to tell (bench.reps below "
         f"{MIN_SAMPLES}): do not read it as fact."
     ]
+    if any(row.get("accounted_bytes") is not None for row in result["rows"]):
+        lines.append(
+            "Activations: what autograd saved for one micro-batch's backward; accounted: all of "
+            "one step's counted bytes, activations included (parameters, gradients, optimizer "
+            "states, scales, buffers, parameter casts). The peak is larger: it also holds what "
+            "no step saves (a CPU's peak: the whole process)."
+        )
     for row in result["rows"]:
         for base in ("fp32", "tf32"):
             if row.get(f"vs_{base}_noisy"):

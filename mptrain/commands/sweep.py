@@ -4,10 +4,11 @@ Each run directory holds ``report.json`` (and ``.hydra/overrides.yaml`` when Hyd
 is compared with the FP32 run whose config is otherwise identical (the baseline; a run that switched
 from FP32 to another precision, ``precision.switch``, is none): validation loss and accuracy deltas
 (the primary metric's first: a language model's loss, with perplexity, or a classifier's accuracy),
-throughput ratio and peak-memory ratio. Emulated FP8 runs get no throughput ratio: their speed says
-nothing about FP8 hardware. Runs that failed, or never wrote a report, appear as rows with the
-reason. Jobs that differ only in seed get a second table: the mean ± sample sd of their final
-metrics, one row per group (:mod:`mptrain.commands.seeds`).
+throughput, peak-memory and activation ratios, beside one step's activation and accounted bytes
+(``memory.accounted``). Emulated FP8 runs get no throughput ratio: their speed says nothing about
+FP8 hardware. Runs that failed, or never wrote a report, appear as rows with the reason. Jobs that
+differ only in seed get a second table: the mean ± sample sd of their final metrics, one row per
+group (:mod:`mptrain.commands.seeds`).
 A run with a precision switch shows both precisions and the step (``fp8 (emulated) -> bf16 after
 step 17``: :meth:`~mptrain.output.report.PrecisionSection.what_ran`), never its first one alone.
 
@@ -210,6 +211,7 @@ def _figures(r: RunReport) -> dict[str, Any]:
         "final_val_perplexity": r.evaluation.final_val_perplexity,
         "samples_per_s": r.throughput.samples_per_s,
         "peak_memory_bytes": r.memory.peak_bytes,
+        **accounted_figures(r),
         "skipped_steps": t.skipped_steps["count"],
         "final_loss_scale": scale["final"] if scale else None,
         "zero_grad_fraction": t.zero_grad_fraction,
@@ -217,11 +219,23 @@ def _figures(r: RunReport) -> dict[str, Any]:
     }
 
 
+def accounted_figures(r: RunReport) -> dict[str, Any]:
+    """One step's ``activation_bytes`` and all its ``accounted_bytes`` (``memory.accounted``); None
+    where not counted (memory.account=false, FSDP, a report written before the accounting)."""
+    accounted = r.memory.accounted
+    if not isinstance(accounted, dict) or not isinstance(accounted.get("total"), dict):
+        return {"activation_bytes": None, "accounted_bytes": None}  # not_counted: no totals
+    return {
+        "activation_bytes": accounted["total"].get("activations"),
+        "accounted_bytes": accounted.get("total_bytes"),
+    }
+
+
 def _against_baseline(
     r: RunReport, base: RunReport, alongside: dict[tuple[str, str], int]
 ) -> dict[str, Any]:
-    """Accuracy delta, throughput (median, quartiles, noisy reason) and memory ratios against the
-    FP32 twin ``base``."""
+    """Accuracy delta, throughput (median, quartiles, noisy reason), peak-memory and activation
+    ratios against the FP32 twin ``base``."""
     acc, base_acc = r.evaluation.final_val_accuracy, base.evaluation.final_val_accuracy
     loss, base_loss = r.evaluation.final_val_loss, base.evaluation.final_val_loss
     speed = speed_spread(r, base, alongside)
@@ -234,6 +248,7 @@ def _against_baseline(
         "throughput_noisy": speed.noisy if speed else None,
         "throughput_windows": speed.samples if speed else None,
         "memory_ratio": _ratio(r.memory.peak_bytes, base.memory.peak_bytes),
+        "activation_ratio": _ratio(*(accounted_figures(x)["activation_bytes"] for x in (r, base))),
     }
 
 
@@ -248,6 +263,9 @@ _ACCURACY = (("final_val_accuracy", "val acc"), ("accuracy_delta", "Δ acc vs fp
 _TAIL = (
     ("throughput_ratio", "speed vs fp32"),
     ("memory_ratio", "memory vs fp32"),
+    ("activation_bytes", "activations"),
+    ("activation_ratio", "activations vs fp32"),
+    ("accounted_bytes", "accounted"),
     ("skipped_steps", "skipped"),
     ("final_loss_scale", "final scale"),
     ("zero_grad_fraction", "zero grads"),
@@ -267,6 +285,16 @@ def _cell(row: dict[str, Any], key: str) -> str:
     return visible(_text(row, key))
 
 
+# The columns whose text is a format of their (finite) value alone.
+_FORMATS = {
+    "final_val_loss": "{:.4f}",
+    "final_val_perplexity": "{:.2f}",
+    "memory_ratio": "{:.2f}×",
+    "activation_ratio": "{:.2f}×",
+    "final_loss_scale": "{:g}",
+}
+
+
 def _text(row: dict[str, Any], key: str) -> str:
     value = row.get(key)
     if key == "status" and row.get("reason") and value != "completed":
@@ -277,22 +305,18 @@ def _text(row: dict[str, Any], key: str) -> str:
         return fmt_pct(value)
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # nan, inf: as report.json spells them (a diverged run's loss)
-    if key == "final_val_loss":
-        return f"{value:.4f}"
+    if key in _FORMATS:
+        return _FORMATS[key].format(value)
     if key == "loss_delta":
         return _loss_delta(value)
-    if key == "final_val_perplexity":
-        return f"{value:.2f}"
     if key == "accuracy_delta":
         return f"{100 * value:+.2f} pt"
     if key == "throughput_ratio":
         low, high = row["throughput_ratio_range"]
         spread = Spread(value, low, high, row["throughput_windows"], row["throughput_noisy"])
         return format_ratio(spread)
-    if key == "memory_ratio":
-        return f"{value:.2f}×"
-    if key == "final_loss_scale":
-        return f"{value:g}"
+    if key in ("activation_bytes", "accounted_bytes"):
+        return fmt_bytes(value)
     return str(value)
 
 
@@ -340,10 +364,12 @@ def render_markdown(
     )
     lines += [
         "",
-        "Δ loss, Δ acc, speed and memory compare each run with the completed FP32 run of "
-        "otherwise identical config (— where there is none; a run that switched precision is "
-        "none). Zero grads and updates lost are averages of the probes taken every probe_every "
-        "steps.",
+        "Δ loss, Δ acc, speed, memory and activations compare each run with the completed FP32 "
+        "run of otherwise identical config (— where there is none; a run that switched precision "
+        "is none). Activations: what autograd saved for one micro-batch's backward; accounted: "
+        "all of one step's counted bytes (parameters, gradients, optimizer states, casts, "
+        "activations; — where the run did not count them). Zero grads and updates lost are "
+        "averages of the probes taken every probe_every steps.",
         "",
         *(f"- {line}" for line in speed_notes(rows)),
     ]
@@ -440,7 +466,7 @@ def write_comparison(
 
 # -------------------------------------------------------------------------------- entry points
 def wide_console() -> Console:
-    return table_console(160)  # up to 11 columns, speeds with their range
+    return table_console(160)  # up to 17 columns, speeds with their range
 
 
 class SweepSummaryCallback(Callback):

@@ -147,6 +147,17 @@ class AdviseConfig:
         ),
         accepts=TARGETS,
     )
+    # What fits advise.target's memory (advise/fits.py): the cheapest combination of precision,
+    # optimizer-state choice and activation checkpointing that fits this micro-batch.
+    batch_size: int | None = setting(
+        None,
+        (
+            "what fits: recommend the cheapest precision, optimizer-state choice and activation "
+            "checkpointing that fit this micro-batch on advise.target's GPU (predicted from one "
+            "step's accounted bytes) | null: the largest batch of each only"
+        ),
+        accepts=at_least_rule(1, optional=True),
+    )
 
 
 @dataclass

@@ -18,7 +18,10 @@ from support.runs import compose_run, run_cli, tiny_run
 from mptrain.commands import bench
 from mptrain.config.base import ConfigError
 from mptrain.config.precision import PrecisionConfig
+from mptrain.output.memory import fmt_bytes
 from mptrain.platform import hardware
+from mptrain.train.build import prepare_run
+from mptrain.train.memory import account_step
 
 CPU = torch.device("cpu")
 
@@ -130,6 +133,19 @@ def test_run_bench_measures_every_cpu_precision_and_writes_its_files(tmp_path, m
     low, high = by_name["bf16"]["vs_fp32_range"]
     assert f"{by_name['bf16']['vs_fp32']:.2f}× ({low:.2f}–{high:.2f})" in bf16_line
     assert ("noisy" in bf16_line) == bool(by_name["bf16"]["vs_fp32_noisy"])
+    # One step's count beside the peak (memory.account is on by default): the same every rep.
+    assert "| peak memory | activations | accounted | data wait |" in table[0]
+    for row in measured:
+        assert 0 < row["activation_bytes"] < row["accounted_bytes"], row
+        assert {rep["accounted_bytes"] for rep in row["reps"]} == {row["accounted_bytes"]}
+        line = next(line for line in table if line.startswith(f"| {row['label']} "))
+        cells = [c.strip() for c in line.strip("| ").split(" | ")]
+        assert cells[-4:-2] == [
+            fmt_bytes(row["activation_bytes"]),
+            fmt_bytes(row["accounted_bytes"]),
+        ]
+    fp8_line = next(line for line in table if line.startswith("| fp8 "))
+    assert fp8_line.count("|") == table[0].count("|")  # skipped rows keep the column count
     printed = console.export_text()
     assert "vs fp32 (min–max)" in printed and "Medians of 3 repetitions" in printed
     # A classifier has no tokens: no tokens/s column, no tokens/s figures in its rows.
@@ -175,6 +191,62 @@ def test_lm_bench_reports_tokens_per_s_as_samples_per_s_times_the_window(tmp_pat
     assert skipped_line.count("|") == table[0].count("|")  # skipped rows keep the column count
     printed = console.export_text()
     assert "tokens/s (min–max)" in printed and f"{measured[0]['tokens_per_s']:,.0f}" in printed
+
+
+def test_bench_counts_the_bytes_account_step_counts_on_the_same_config():
+    figures, accounted = {}, {}
+    for name in ("fp32", "bf16"):
+        cfg = tiny_run("model.hidden_sizes=[16]", f"precision={name}")
+        figures[name] = bench.measure(cfg, warmup=1, steps=1)
+        accounted[name] = account_step(prepare_run(cfg))
+
+    for name, counted in accounted.items():
+        assert figures[name]["activation_bytes"] == counted["total"]["activations"] > 0
+        assert figures[name]["accounted_bytes"] == counted["total_bytes"]
+    fp32, bf16 = figures["fp32"], figures["bf16"]
+    # Autocast saves the Linear layers' inputs in BF16: fewer activation bytes; the rest grows
+    # by the BF16 copies of the weights it saved (parameter casts), which FP32 has none of.
+    assert bf16["activation_bytes"] < fp32["activation_bytes"]
+    rest = {name: f["accounted_bytes"] - f["activation_bytes"] for name, f in figures.items()}
+    assert rest["bf16"] - rest["fp32"] == accounted["bf16"]["total"]["parameter_casts"] > 0
+
+
+def test_memory_account_false_counts_nothing_and_the_cells_say_n_a(monkeypatch):
+    def not_called(run):
+        raise AssertionError("account_step ran with memory.account=false")
+
+    monkeypatch.setattr(bench, "account_step", not_called)
+    figures = bench.measure(tiny_run("memory.account=false"), warmup=1, steps=1)
+
+    assert (figures["activation_bytes"], figures["accounted_bytes"]) == (None, None)
+    row = bench.summarise("fp32", [figures])
+    assert (row["activation_bytes"], row["accounted_bytes"]) == (None, None)
+    bench.add_ratios([row])
+    headers, cells = bench._headers(False), bench._cells(row, False)
+    shown = dict(zip(headers, cells, strict=True))
+    assert (shown["activations"], shown["accounted"]) == ("n/a", "n/a")
+    assert shown["peak memory"] != "n/a"  # the peak is still measured
+
+
+def test_a_row_carries_the_first_repetition_that_counted_and_skipped_rows_are_padded():
+    counted = {"activation_bytes": 3 * 1024, "accounted_bytes": 10 * 1024}
+    reps = [fake_rep(100), {**fake_rep(110), **counted}, {**fake_rep(90), **counted}]
+
+    row = bench.summarise("fp32", reps)
+    bench.add_ratios([row])
+
+    assert (row["activation_bytes"], row["accounted_bytes"]) == (3072, 10240)
+    for has_tf32, has_tokens in [(False, False), (True, False), (False, True), (True, True)]:
+        headers = bench._headers(has_tf32, has_tokens)
+        skipped = bench._cells({"precision": "fp8", "skipped": "why"}, has_tf32, has_tokens)
+        assert len(skipped) == len(headers)
+    row["tokens_per_s"], row["tokens_per_s_range"] = 1.0, [1.0, 1.0]
+    shown = dict(zip(bench._headers(True, True), bench._cells(row, True, True), strict=True))
+    assert (shown["peak memory"], shown["activations"], shown["accounted"]) == (
+        "1000 B",
+        "3.0 KiB",
+        "10.0 KiB",
+    )
 
 
 def fake_rep(samples_per_s: float) -> dict:

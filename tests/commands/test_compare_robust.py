@@ -22,6 +22,7 @@ from rich.console import Console
 from support.runs import tiny_run, train
 
 from mptrain.commands import compare, sweep
+from mptrain.output.memory import fmt_bytes
 from mptrain.rundir.layout import METRICS_JSONL, REPORT_JSON
 
 # ESC ] 0 ; ... BEL retitles a terminal window, ESC [ 31 m turns text red, a newline breaks a row.
@@ -262,3 +263,97 @@ def test_a_sweep_summary_with_a_report_whose_start_is_not_a_time_compares_the_re
     rows = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))["runs"]
     assert [row["status"] for row in rows] == ["failed", "completed"]
     assert rows[0]["reason"] == "unreadable report.json: started_at: an integer (5), not a string"
+
+
+# --------------------------------------------------- one step's bytes (issue 42, item 1 leftover)
+def accounted(run: Path) -> dict:
+    return json.loads((run / REPORT_JSON).read_text(encoding="utf-8"))["memory"]["accounted"]
+
+
+def md_rows(md: str) -> dict[str, dict[str, str]]:
+    """sweep.md's (first) table: each row as {header: cell}, by its run label."""
+    lines = [line for line in md.splitlines() if line.startswith("| ")]
+    header, *rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines]
+    return {row[0]: dict(zip(header, row, strict=True)) for row in rows}
+
+
+def test_compare_shows_one_steps_activations_and_accounted_bytes_blank_where_not_counted(
+    made, tmp_path, capsys
+):
+    # A report written before memory.accounted existed, and one whose step was not counted.
+    old = edit_report(copied(made, tmp_path, "old"), lambda r: r["memory"].pop("accounted"))
+    fsdp = edit_report(
+        copied(made, tmp_path, "fsdp"),
+        lambda r: r["memory"].update(accounted={"not_counted": "FSDP: not copied"}),
+    )
+    out = tmp_path / "out"
+
+    compare.compare_main(
+        [str(made["fp32"]), str(made["bf16"]), str(old), str(fsdp), "--out", str(out)]
+    )
+
+    rows = {row["run"]: row for row in json.loads((out / "sweep.json").read_text())["runs"]}
+    fp32, bf16 = rows["fp32"], rows["bf16"]
+    for row, run in ((fp32, made["fp32"]), (bf16, made["bf16"])):
+        counted = accounted(run)
+        assert row["activation_bytes"] == counted["total"]["activations"] > 0
+        assert row["accounted_bytes"] == counted["total_bytes"] > row["activation_bytes"]
+    assert fp32["activation_ratio"] == 1.0
+    assert bf16["activation_ratio"] == bf16["activation_bytes"] / fp32["activation_bytes"] < 1
+    for name in ("old", "fsdp"):
+        assert rows[name]["status"] == "completed" and rows[name]["accuracy_delta"] is not None
+        figures = [
+            rows[name][k] for k in ("activation_bytes", "activation_ratio", "accounted_bytes")
+        ]
+        assert figures == [None, None, None]
+    md = md_rows((out / "sweep.md").read_text(encoding="utf-8"))
+    columns = ("activations", "activations vs fp32", "accounted")
+    shown = {name: [md[name][c] for c in columns] for name in md}
+    assert shown["fp32"] == [
+        fmt_bytes(fp32["activation_bytes"]),
+        "1.00×",
+        fmt_bytes(fp32["accounted_bytes"]),
+    ]
+    assert shown["bf16"] == [
+        fmt_bytes(bf16["activation_bytes"]),
+        f"{bf16['activation_ratio']:.2f}×",
+        fmt_bytes(bf16["accounted_bytes"]),
+    ]
+    assert shown["old"] == shown["fsdp"] == ["—", "—", "—"]
+    printed = capsys.readouterr().out.splitlines()
+    header = next(line for line in printed if line.startswith("run "))
+    assert "memory vs fp32  activations  activations vs fp32  accounted  " in header
+    fp32_line = next(line for line in printed if line.startswith("fp32 "))
+    assert fp32_line[header.index("activations ") :].startswith(fmt_bytes(fp32["activation_bytes"]))
+
+
+def test_a_comparison_of_reports_without_the_count_has_no_such_columns(made, tmp_path):
+    old = [
+        edit_report(copied(made, tmp_path, name), lambda r: r["memory"].pop("accounted"))
+        for name in ("old_a", "old_b")
+    ]
+
+    compare.compare_main([*(str(run) for run in old), "--out", str(tmp_path / "out")])
+
+    md = (tmp_path / "out" / "sweep.md").read_text(encoding="utf-8")
+    header = next(line for line in md.splitlines() if line.startswith("| "))
+    assert "| val acc |" in header and "activations" not in header and "accounted" not in header
+
+
+def test_a_sweep_summary_shows_each_jobs_count_and_blanks_for_a_report_without_it(made, tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    shutil.copytree(made["fp32"], sweep_dir / "0_job", ignore=shutil.ignore_patterns("checkpoints"))
+    copied(made, sweep_dir, "1_job")
+    edit_report(copied(made, sweep_dir, "2_job"), lambda r: r["memory"].update(accounted=None))
+
+    sweep.write_sweep_summary(sweep_dir, None)
+
+    md = md_rows((sweep_dir / "sweep.md").read_text(encoding="utf-8"))
+    bf16 = accounted(made["bf16"])
+    assert md["1_job"]["activations"] == fmt_bytes(bf16["total"]["activations"])
+    assert md["1_job"]["accounted"] == fmt_bytes(bf16["total_bytes"])
+    assert md["0_job"]["activations vs fp32"] == "1.00×"
+    assert md["1_job"]["activations vs fp32"].endswith("×")
+    assert [md["2_job"][c] for c in ("activations", "activations vs fp32", "accounted")] == [
+        "—"
+    ] * 3

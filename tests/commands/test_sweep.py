@@ -28,6 +28,7 @@ from support.runs import NoFigure, run_cli, tiny_run, train
 from support.sweeps import job_dirs, read_report, run_sweep
 
 from mptrain.commands import compare, sweep
+from mptrain.output.memory import fmt_bytes
 from mptrain.output.render import write_failure
 from mptrain.rundir import layout
 from mptrain.rundir.layout import FAILURE_JSON, REPORT_JSON
@@ -174,6 +175,13 @@ def test_sweep_md_shows_the_table_and_the_figure(precision_sweep, sweep_rows):
     assert list(fp32) == [h for k, h in sweep.CLASSIFY_COLUMNS if k not in sweep.LM_ONLY_COLUMNS]
     for md_row, json_row in zip(rows, sweep_rows, strict=True):
         assert md_row["val acc"] == f"{100 * json_row['final_val_accuracy']:.2f}%"
+        # One step's bytes, as the job's report counted them (memory.account is on by default)
+        counted = read_report(sweep_dir.parent / json_row["directory"])["memory"]["accounted"]
+        assert json_row["activation_bytes"] == counted["total"]["activations"] > 0
+        assert md_row["activations"] == fmt_bytes(counted["total"]["activations"])
+        assert md_row["accounted"] == fmt_bytes(counted["total_bytes"])
+    assert fp32["activations vs fp32"] == "1.00×"
+    assert sweep_rows[1]["activation_ratio"] < 1  # BF16 saves the Linear layers' inputs in BF16
     assert "![training loss](sweep_loss.png)" in text
 
 
@@ -489,6 +497,12 @@ def test_each_run_is_paired_with_the_fp32_run_of_identical_config(runs):
         "—",
         "—",
     )
+    assert other.get("activation_ratio") is None and cells["activations vs fp32"] == "—"
+    assert cells["activations"] == fmt_bytes(other["activation_bytes"])  # its own, counted
+    assert (
+        bf16["activation_ratio"]
+        == bf16["activation_bytes"] / rows["fp32_seed1"]["activation_bytes"]
+    )
     assert md["bf16_seed1"]["Δ acc vs fp32"].endswith(" pt")
 
 
@@ -710,6 +724,41 @@ def test_render_markdown_omits_columns_that_are_all_empty():
     assert md_headers(text) == ["run", "status", "precision", "val acc", "skipped", "final scale"]
     assert [r["final scale"] for r in md_table(text)] == ["—", "1024"]
     assert "![training loss](sweep_loss.png)" in text
+
+
+def test_one_steps_activation_and_accounted_bytes_are_columns_blank_where_not_counted():
+    rows = [
+        {"run": "fp32", "status": "completed", "precision": "fp32", "memory_ratio": 1.0,
+         "activation_bytes": 24 * 1024, "activation_ratio": 1.0, "accounted_bytes": 40 * 2**20},
+        {"run": "bf16", "status": "completed", "precision": "bf16", "memory_ratio": 1.02,
+         "activation_bytes": 13 * 1024, "activation_ratio": 13 / 24, "accounted_bytes": 3 * 2**30},
+        # memory.account=false, or a report written before memory.accounted
+        {"run": "old", "status": "completed", "precision": "bf16", "memory_ratio": 1.01},
+    ]  # fmt: skip
+    text = sweep.render_markdown(rows, "t", None)
+
+    assert md_headers(text) == [
+        "run", "status", "precision", "memory vs fp32", "activations", "activations vs fp32",
+        "accounted",
+    ]  # fmt: skip
+    cells = [[r[h] for h in md_headers(text)[4:]] for r in md_table(text)]
+    assert cells == [
+        ["24.0 KiB", "1.00×", "40.0 MiB"],
+        ["13.0 KiB", "0.54×", "3.0 GiB"],
+        ["—", "—", "—"],
+    ]
+    assert "Activations: what autograd saved for one micro-batch's backward" in text
+    piped = io.StringIO()
+    sweep.print_table(Console(file=piped, width=160), rows, "t")
+    header, fp32, bf16, old = piped.getvalue().splitlines()[1:5]
+    at = header.index("activations ")
+    assert (fp32[at:].split("  ")[0], bf16[at:].split("  ")[0], old[at:].split("  ")[0]) == (
+        "24.0 KiB",
+        "13.0 KiB",
+        "—",
+    )
+    # No run counted: the columns are left out, as any column without a value.
+    assert "activations" not in md_headers(sweep.render_markdown(rows[2:], "t", None))
 
 
 def test_a_log_file_gets_the_comparison_as_plain_text_and_a_terminal_keeps_rich():

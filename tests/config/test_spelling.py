@@ -131,9 +131,17 @@ def test_the_report_records_the_alias_as_requested(tmp_path):
 
 
 # ----------------------------------------------------------------------------- Hydra plugins
-def test_a_plugin_that_is_not_installed_names_its_package_and_extra():
-    message = preflight_error("hydra/launcher=submitit_slurm")
+def test_a_plugin_that_is_not_installed_names_its_package():
+    message = preflight_error("hydra/launcher=rq")
     assert message == (
+        "hydra/launcher=rq: Hydra's rq launcher is not installed; pip install hydra-rq-launcher"
+    )
+
+
+def test_a_plugin_with_an_extra_names_the_extra_too():
+    """submitit's launcher is installed here (the test extra: multi-task jobs are tested for
+    real), so the hint is checked without Hydra."""
+    assert missing_plugin_hint("hydra/launcher", "submitit_slurm") == (
         "hydra/launcher=submitit_slurm: Hydra's submitit_slurm launcher is not installed; "
         'pip install hydra-submitit-launcher (or pip install "mptrain[slurm]")'
     )

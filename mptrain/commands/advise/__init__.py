@@ -20,7 +20,12 @@ hardware) it measures, on the configured model and data, in this order:
    ``nvfp4.exclude``) that bring its loss within the allowance, verified by short runs.
 4. **speed**: bench's alternating repetitions (:func:`mptrain.commands.bench.measure_reps`), in rotated
    order, ``advise.reps`` times; ratios to FP32 with their min–max (emulated FP8 is not timed).
-5. **seeds** (``advise.seeds``): the finalists of a provisional decision run their fidelity run
+5. **memory** (:mod:`.footprint`, :mod:`.fits`; first after the pilots when
+   ``advise.batch_size`` asks what fits): one step's bytes accounted per precision, checkpointing
+   mode and optimizer-state choice at two small micro-batches, a line in the batch; on
+   ``advise.target``'s GPU the largest micro-batch of each, and for ``advise.batch_size`` the
+   cheapest combination that fits, its step-time cost measured here.
+6. **seeds** (``advise.seeds``): the finalists of a provisional decision run their fidelity run
    over more seeds; :mod:`.confidence` gives each an equivalence verdict on the final loss.
 
 The measured costs decide what fits ``advise.budget_s``: FP32 first (the reference), then each
@@ -32,7 +37,8 @@ decides; :mod:`mptrain.commands.advise.report` writes advise.md, advise.json and
 ``outputs/advise/<date>/<time>_<model>_<dataset>`` (or ``hydra.run.dir=DIR``) and prints the
 recommendation and the table.
 
-Modules: :mod:`.choices` (the candidates as data, their commands), :mod:`.trials` (one short run,
+Modules: :mod:`.choices` (the candidates as data, their commands), :mod:`.footprint` and
+:mod:`.fits` (what fits a GPU: measured, decided), :mod:`.fit_report` (its section), :mod:`.trials` (one short run,
 the budget), :mod:`.measure` (every precision within the budget), :mod:`.seeds` (the finalists'
 seeds), :mod:`.confidence` (the equivalence test, pure), :mod:`.decide` (the decision as a pure
 function), :mod:`.layers`, :mod:`.sensitivity` and :mod:`.plan` (the per-layer plan: run, measured, decided),

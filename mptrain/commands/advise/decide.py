@@ -134,12 +134,29 @@ def allowance_words(ctx: Context) -> str:
 
 def disqualified(m: Measured, ctx: Context) -> str | None:
     """Why ``m`` cannot be recommended over FP32, in plain words; None when it qualifies."""
+    absent = _overflow_or_absent(m)
+    if absent:
+        return absent
+    if m.emulated:  # whatever its numerics, emulation never buys speed
+        return f"{m.precision} only emulated here (no hardware for it): numerics without a speed-up"
+    return unfaithful(m, ctx) or _speed_disqualifies(m, ctx)
+
+
+def _overflow_or_absent(m: Measured) -> str | None:
     if m.fp16_overflow:  # the probe's finding rules FP16 out whatever else was measured
         return f"FP16 overflows in the forward at {', '.join(m.fp16_overflow)}"
     if m.not_run:
         return f"{NOT_MEASURED}{m.not_run}"
-    if m.emulated:  # whatever its numerics, emulation never buys speed
-        return f"{m.precision} only emulated here (no hardware for it): numerics without a speed-up"
+    return None
+
+
+def unfaithful(m: Measured, ctx: Context) -> str | None:
+    """Why ``m``'s numerics rule it out (the range probe, the fidelity run, the seeds), whatever
+    its speed; None when its loss stayed with FP32's. Emulation does not count here: the numerics
+    are the format's (what fits a GPU that has the hardware, :mod:`.fits`, asks this)."""
+    absent = _overflow_or_absent(m)
+    if absent:
+        return absent
     if m.fidelity is None:
         return f"fidelity not measured ({m.fidelity_note or 'no run'}): cannot vouch for it"
     f = m.fidelity
@@ -158,7 +175,7 @@ def disqualified(m: Measured, ctx: Context) -> str | None:
         return (
             f"loss trajectory leaves FP32's by up to {f.max_rel_diff:.1%} ({allowance_words(ctx)})"
         )
-    return _speed_disqualifies(m, ctx)
+    return None
 
 
 def _speed_disqualifies(m: Measured, ctx: Context) -> str | None:

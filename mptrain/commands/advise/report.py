@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from rich.markup import escape
 from rich.table import Table
 
-from mptrain.commands.advise import choices, concise, confidence, predict
+from mptrain.commands.advise import choices, concise, confidence, fit_report, predict
 from mptrain.commands.advise import plan as layer_plan
 from mptrain.commands.advise.decide import CHAOS_MARGIN, NOT_MEASURED, Advice
 from mptrain.commands.advise.trials import REPORT, START_UP, WARM_UP, Budget
@@ -363,6 +363,7 @@ def render(result: dict[str, Any], console: bool = False) -> str:
         *([busy, ""] if (busy := busy_line(result)) else []),
         *recommendation_lines(result),
         "",
+        *fit_report.section(result.get("memory")),
         *plan,
         "## Evidence",
         "",
@@ -469,6 +470,8 @@ def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
         table.add_row(*(escape(c) for c in cells))
     console.print(table)
     for line in predict.lines(result.get("prediction")):
+        console.print(escape(line))
+    for line in fit_report.section(result.get("memory")):
         console.print(escape(line))
     show_plan(console, result["layer_plan"])
     skipped = skipped_lines(result)

@@ -56,7 +56,11 @@ def to_measured(c: Candidate, reference: Trial | None, numerics: dict[str, Any])
     )
 
 
-def decide(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> advice.Advice:
+def measured_inputs(
+    cfg: RunConfig, found: dict[str, Any], device: torch.device
+) -> tuple[list[advice.Measured], advice.Context]:
+    """The decision's inputs: one :class:`~.decide.Measured` per candidate (the seeds' verdicts
+    included) and the context."""
     from mptrain.commands.advise.seeds import with_verdicts
     from mptrain.models.build import config_has_convolutions
 
@@ -74,14 +78,18 @@ def decide(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> advic
         busy=contention.busy_words(found.get("machine_load")),
     )
     measured = [to_measured(c, reference, numerics) for c in cands]
-    measured = with_verdicts(measured, found.get("confidence"), ctx.interrupted_by)
-    return advice.recommend(measured, ctx)
+    return with_verdicts(measured, found.get("confidence"), ctx.interrupted_by), ctx
+
+
+def decide(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> advice.Advice:
+    return advice.recommend(*measured_inputs(cfg, found, device))
 
 
 def new_findings(cands: list[Candidate], settings: AdviseConfig) -> dict[str, Any]:
     """What :func:`measure_all` fills in place, so that an interrupt keeps what was measured:
     the candidates, the numerics, each part's seconds, the seeds, and (set after an interrupt)
     which signal came during which part."""
+    from mptrain.commands.advise.footprint import new_footprint
     from mptrain.commands.advise.layers import new_plan
     from mptrain.commands.advise.measure import new_numerics
     from mptrain.commands.advise.seeds import new_confidence
@@ -91,6 +99,7 @@ def new_findings(cands: list[Candidate], settings: AdviseConfig) -> dict[str, An
         "candidates": cands,
         "numerics": new_numerics(),
         "plan": new_plan(),  # the per-layer plan (advise.plan)
+        "footprint": new_footprint(),  # one step's accounted bytes (what fits a GPU)
         "timings": {},
         "interrupted": None,
         "machine_load": None,  # set once speed was measured: whether others competed for cores
@@ -98,7 +107,8 @@ def new_findings(cands: list[Candidate], settings: AdviseConfig) -> dict[str, An
 
 
 def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
-    """Steps 1–5 of the package doc within ``budget``, into ``found`` (:func:`new_findings`)."""
+    """Steps 1–6 of the package doc within ``budget``, into ``found`` (:func:`new_findings`)."""
+    from mptrain.commands.advise.footprint import faithful, run_fit_cost, run_footprint
     from mptrain.commands.advise.layers import run_plan
     from mptrain.commands.advise.measure import (
         measure_numerics,
@@ -112,14 +122,21 @@ def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
     cands, timings = found["candidates"], found["timings"]
     timings[START_UP] = budget.elapsed_s()
     run_pilots(cands, budget, timings)
+    asked_to_fit = cfg.advise.batch_size is not None  # then the memory is the question: first
+    if asked_to_fit:
+        run_footprint(cfg, cands, budget, timings, found["footprint"])
     with timed_part(timings, "numerics"):
         measure_numerics(cfg, cands, budget, found["numerics"])
+    if not asked_to_fit:
+        run_footprint(cfg, cands, budget, timings, found["footprint"])
     run_fidelity(cands, cfg.advise, budget, timings)
     run_plan(cands, cfg.advise, budget, timings, found["plan"])
     before = contention.sample()
     run_speed(cands, cfg.advise, speed_budget(cands, cfg.advise, budget), timings)
     device = hardware.resolve_device(cfg.device)
     found["machine_load"] = contention.judged_since(before, device)
+    accepted = faithful(*measured_inputs(cfg, found, device))
+    run_fit_cost(cfg, found, accepted, budget, timings, device)
     run_seeds(cfg, found, decide(cfg, found, device), budget, timings)  # the finalists'
 
 
@@ -135,6 +152,8 @@ def note_interrupt(found: dict[str, Any], signal_name: str, budget: Budget) -> N
     found["interrupted"] = {"signal": signal_name, "during": during, "after_s": budget.elapsed_s()}
     why = f"interrupted by {signal_name}" + (f" during {during}" if during else "")
     mark_not_reached(found["candidates"], found["numerics"], timings, why)
+    if "memory" not in timings:
+        found["footprint"]["skipped"].setdefault("memory (part)", why)
     note_not_reached(found["plan"], why)
 
 
@@ -214,15 +233,42 @@ def write_advice(
         configs = plan_configs(plan, cands)
         found["prediction"] = predict.predict(cfg, device, cands, plan, configs)
     decision = decide(cfg, found, device)
+    found["memory"] = memory_of(cfg, found, device)
     add_command(found["plan"], overrides)
     gemms.add_command(found["plan"], overrides, list_item)
     result = advise_report.assemble(
         cfg, device, found, decision, command_for(overrides, decision.precision)
     )
+    result["memory"] = found["memory"]
     add_commands(result, overrides)
+    add_fit_command(result["memory"], overrides)
     advise_report.write(result, output_dir, budget)
     advise_report.show(console, result, output_dir)
     return result
+
+
+def memory_of(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """advise.json's ``memory``: what fits ``advise.target`` (:mod:`.footprint`, :mod:`.fits`),
+    the precisions ranked by the prediction where there is one."""
+    from mptrain.commands.advise import footprint, predict
+
+    gpu, _ = predict.target_gpu(cfg, device)
+    times, basis = footprint.step_times(found["candidates"], found.get("prediction"))
+    faithful = footprint.faithful(*measured_inputs(cfg, found, device))
+    return footprint.assemble(cfg, found, gpu, times, basis, faithful, device)
+
+
+def add_fit_command(memory: dict[str, Any], overrides: list[str]) -> None:
+    """The recommended combination's training command into its ``fit``: its precision's
+    command, the asked-for micro-batch and the state and checkpointing overrides, the user's own
+    keys for those dropped."""
+    fit = (memory.get("target") or {}).get("fit") or {}
+    if "combination" not in fit:
+        return
+    replaced = ("batch_size=", *(o.split("=")[0] + "=" for o in fit["overrides"]))
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(replaced)]
+    command = command_for(kept, fit["combination"][0])
+    fit["command"] = " ".join([command, f"batch_size={fit['batch_size']}", *fit["overrides"]])
 
 
 def advise_main(overrides: list[str]) -> None:

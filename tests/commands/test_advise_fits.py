@@ -1,0 +1,205 @@
+"""``mptrain advise``'s "what fits": the line through two accounted steps (checked against an
+accounting at a third batch), the largest batch, the cheapest combination that fits, the
+torchao states counted without their compiled step, and the part inside advise."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from support.processes import describe, run_mptrain
+from support.runs import LM, compose_run, tiny_run
+
+from mptrain.commands.advise import fit_report, fits, footprint
+from mptrain.commands.advise.measure import candidates, run_pilots
+from mptrain.commands.advise.trials import Budget
+from mptrain.train.build import prepare_run
+from mptrain.train.memory import account_step, fresh_state_bytes
+
+GIB = 2**30
+
+
+# ------------------------------------------------------------------------------ pure
+def test_the_line_through_two_steps_and_the_largest_batch_under_a_budget():
+    line = fits.line_through({4: 1_400, 2: 1_200})  # 100 bytes per sample, 1,000 fixed
+
+    assert (line.fixed, line.per_sample) == (1_000, 100)
+    assert line.at(64) == 7_400
+    assert line.largest_batch(7_400) == 64
+    assert line.largest_batch(7_499) == 64
+    assert line.largest_batch(1_099) == 0  # not one sample
+    assert fits.Line(1_000, 0).largest_batch(5_000) == -1  # no bound from the batch
+
+
+def test_usable_memory_keeps_back_a_fraction_and_the_cuda_context():
+    assert fits.usable_bytes(80) == pytest.approx(80e9 * 0.9 - GIB)
+
+
+def combos(by_precision: dict[str, dict[str, tuple[float, float]]], states: dict[str, int]):
+    lines = {p: {m: fits.Line(*fl) for m, fl in modes.items()} for p, modes in by_precision.items()}
+    return fits.combinations(lines, states, "fp32")
+
+
+def test_the_state_choices_replace_the_accounted_state():
+    [fp32, bf16] = combos({"fp32": {"none": (1_000, 10)}}, {"fp32": 400, "bf16": 200})
+
+    assert (fp32.state, fp32.line.fixed) == ("fp32", 1_000)
+    assert (bf16.state, bf16.line.fixed, bf16.line.per_sample) == ("bf16", 800, 10)
+
+
+def test_no_checkpointing_beats_any_then_the_fastest_precision_then_the_fuller_state():
+    found = combos(
+        {
+            "fp32": {"none": (1_000, 10), "full": (1_000, 2)},
+            "bf16": {"none": (900, 6), "full": (900, 1)},
+        },
+        {"fp32": 400, "bf16": 200},
+    )
+    times = {"fp32": 2.0, "bf16": 1.0}
+    faithful = ["fp32", "bf16"]
+
+    def chosen(batch, budget, accepted=faithful):
+        c = fits.choose(found, batch, budget, times, accepted)
+        return c and (c.precision, c.state, c.checkpointing)
+
+    assert chosen(10, 10_000) == ("bf16", "fp32", "none")  # the fastest that fits whole
+    assert chosen(10, 10_000, ["fp32"]) == ("fp32", "fp32", "none")  # bf16 not faithful
+    assert chosen(100, 1_500) == ("bf16", "fp32", "none")  # 900 + 600: just
+    assert chosen(100, 1_400) == ("bf16", "bf16", "none")  # 700 + 600: states halved
+    assert chosen(100, 1_100) == ("bf16", "fp32", "full")  # 900 + 100: recompute
+    assert chosen(1_000, 1_200) is None
+
+
+@pytest.mark.parametrize(
+    ("state", "own", "mode", "overrides"),
+    [
+        ("fp32", "fp32", "none", []),
+        ("bf16", "fp32", "none", ["optimizer.state_dtype=bf16"]),
+        ("fp32", "bf16", "none", ["optimizer.state_dtype=fp32"]),
+        (
+            "adamw8bit",
+            "fp32",
+            "full",
+            ["optimizer=adamw8bit", "memory.activation_checkpointing=full"],
+        ),
+        ("bf16", "adamw8bit", "none", ["optimizer=adamw", "optimizer.state_dtype=bf16"]),
+        ("fp32", "adamw4bit", "none", ["optimizer=adamw"]),
+    ],
+)
+def test_a_combination_is_the_overrides_it_adds_to_the_users_own(state, own, mode, overrides):
+    c = fits.Combination("bf16", state, mode, fits.Line(0, 0))
+
+    assert fits.combination_overrides(c, own) == overrides
+
+
+# ------------------------------------------------------------------------------ accounted
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("model=resnet18", "precision=fp32"),
+        ("model=resnet18", "precision=bf16", "memory.activation_checkpointing=selective"),
+        (*LM, "precision=bf16"),
+        (*LM, "precision=fp32", "memory.activation_checkpointing=full"),
+    ],
+    ids=["resnet18-fp32", "resnet18-bf16-selective", "gpt-bf16", "gpt-fp32-full"],
+)
+def test_a_steps_bytes_are_a_line_in_the_batch(overrides):
+    """The line through batches 2 and 4 gives the accounting at batch 8 to the byte."""
+    cfg = compose_run("threads=1", *overrides) if "task=lm" in overrides else tiny_run(*overrides)
+    at = {
+        b: account_step(prepare_run(dataclasses.replace(cfg, batch_size=b)))["total_bytes"]
+        for b in (2, 4, 8)
+    }
+
+    assert fits.line_through({2: at[2], 4: at[4]}).at(8) == at[8]
+
+
+@pytest.mark.slow  # torchao compiles its optimizer step (seconds on a CPU)
+def test_torchaos_states_made_without_the_step_are_the_stepped_ones():
+    cfg = tiny_run("optimizer=adamw8bit", "model.hidden_sizes=[128]")  # 8,192 weights: quantized
+    stepped = account_step(prepare_run(cfg))["bytes"]["optimizer_states"]
+
+    assert fresh_state_bytes(prepare_run(cfg).optimizer) == stepped
+    assert stepped["uint8"] == 2 * 8_192  # the two moments of the 128×64 weight, one byte each
+
+
+# ------------------------------------------------------------------------------ in advise
+def test_the_footprint_accounts_each_built_precision_and_the_state_choices():
+    cfg = tiny_run("advise.target=h100", "advise.batch_size=256")
+    cands = candidates(cfg, torch.device("cpu"))[:3]  # fp32, bf16, fp16
+    budget = Budget(120)
+    run_pilots(cands, budget, {})
+    found = {"candidates": cands, "footprint": footprint.new_footprint()}
+    footprint.run_footprint(cfg, cands, budget, {}, found["footprint"])
+    out = found["footprint"]
+
+    # BF16 too where this CPU skips it for speed: its bytes on a GPU are what it would hold there
+    assert list(out["steps"]) == ["fp32", "bf16", "fp16"]
+    assert all(set(pts) == {"2", "4"} for modes in out["steps"].values() for pts in modes.values())
+    params = list(prepare_run(cfg).model.parameters())
+    counters = 4 * len(params)  # AdamW's step counters: an FP32 scalar per parameter
+    assert (out["states"]["bf16"] - counters) * 2 == out["states"]["fp32"] - counters
+    assert "no transformer or residual blocks" in out["skipped"]["checkpointing"]
+    from mptrain.perf import gpus
+
+    memory = footprint.assemble(
+        cfg,
+        found,
+        gpus.row("h100"),
+        {"fp32": 1.0},
+        "measured",
+        {"fp32": None, "fp16": "no fidelity run"},
+        torch.device("cpu"),
+    )
+    fit = memory["target"]["fit"]
+    assert fit["combination"] == ["fp32", "fp32", "none"]
+    assert (
+        fit["bytes"]
+        == memory["rows"]["fp32"]["none"]["at_batch_size_bytes"]
+        + 192 * (memory["rows"]["fp32"]["none"]["per_sample_bytes"])
+    )
+    section = "\n".join(fit_report.section(memory))
+    assert "## What fits" in section and "largest batch, bf16 states" in section
+    assert "What fits h100-sxm at micro-batch 256 (predicted): fp32, fp32 states" in section
+
+
+@pytest.mark.slow
+def test_advise_says_what_fits_a_gpu_its_cost_and_its_command(tmp_path):
+    """The tiny GPT's activations take ~105 KiB a sample without recomputing and ~45 KiB with:
+    a million samples fit an H100 only recomputed, so the fit needs checkpointing (its one
+    block: selective and full alike) and measures what that costs here."""
+    result = run_mptrain(
+        tmp_path,
+        "advise",
+        *LM,
+        "threads=1",
+        "advise.budget_s=90",
+        "advise.seeds=1",
+        "advise.plan=false",
+        "advise.target=h100",
+        "advise.batch_size=1000000",
+        "hydra.run.dir=out",
+    )
+    assert result.returncode == 0, describe(result)
+    data = json.loads((tmp_path / "out" / "advise.json").read_text())
+    memory = data["memory"]
+    fit = memory["target"]["fit"]
+
+    assert set(memory["rows"]["fp32"]) == {"none", "selective", "full"}
+    assert fit["combination"][1:] == ["fp32", "selective"]
+    assert (
+        fit["bytes"]
+        <= memory["target"]["usable_bytes"]
+        < memory["rows"]["fp32"]["none"]["per_sample_bytes"] * 1_000_000
+    )
+    assert fit["command"].startswith(f"mptrain precision={fit['combination'][0]} ")
+    assert fit["command"].endswith("batch_size=1000000 memory.activation_checkpointing=selective")
+    cost = fit.get("speed_cost")
+    if cost is None:  # the budget decides; then the reason is given
+        assert memory["skipped"]["speed cost"]
+    else:
+        assert cost["reps"] >= 1 and cost["step_time_vs_alone"] > 0.5
+    assert "What fits h100-sxm at micro-batch 1,000,000 (predicted)" in result.stdout
