@@ -37,6 +37,7 @@ from mptrain.config.options import PRECISION_ALIASES
 from mptrain.config.recipes import check_recipe_source
 from mptrain.config.spelling import did_you_mean, suggest_option
 from mptrain.output.trackers import check_tracking_server
+from mptrain.platform.launch import global_rank, restart_count, resume_after_restart
 from mptrain.rundir.layout import SWEEP_LOCK_NAME
 from mptrain.rundir.lock import RunDirLock, check_creatable, check_run_dir_free
 
@@ -134,6 +135,17 @@ def _resolved(master: Any, key: str) -> str:
         raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from exc
 
 
+def _check_launcher_needs_sweep(overrides: list[str]) -> None:
+    """Hydra uses a launcher for sweeps only: without ``-m`` it would run one process here and
+    say nothing (a SLURM job never submitted)."""
+    named = next((o for o in overrides if o.lstrip("+~").startswith("hydra/launcher=")), None)
+    if named is not None:
+        raise ConfigError(
+            f"{named}: Hydra's launchers start the jobs of a sweep; add -m (a sweep of one job "
+            f"is fine: mptrain -m {named} ...)"
+        )
+
+
 def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
     """:func:`preflight` on ``hydra``, the instance :func:`hydra_like_main` made for ``args``."""
     from omegaconf import OmegaConf
@@ -146,14 +158,17 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
     pattern = str(OmegaConf.to_container(master.hydra.run, resolve=False)["dir"])
     check_creatable(output, key)  # Hydra creates it next, with a traceback if it cannot
     if not multirun:
+        _check_launcher_needs_sweep(overrides)
         run = checked_run_config(master)
         check_recipe_source(run)  # a recipe given other data: refused before Hydra's directory
         if run.resume == "auto":  # the same command continues the run it started
             output = resume_auto_dir(pattern, overrides) or output
         check_tracking_server(run)  # before the run directory is touched (seconds, not minutes)
-        if int(os.environ.get("RANK", "0")) == 0:
-            # Before Hydra rewrites the directory's .hydra/ record of another run.
-            check_run_dir_free(output, run.resume, run.overwrite)
+        if global_rank() == 0:
+            # Before Hydra rewrites the directory's .hydra/ record of another run; a restarted
+            # attempt (torchrun --max-restarts, SLURM's requeue) continues its own.
+            resume = resume_after_restart(run.resume, restart_count())
+            check_run_dir_free(output, resume, run.overwrite)
         return Preflight([overrides], False, str(output), record)
     _check_sweeper(master.hydra.sweeper, str(master.get("task", "classify")))
     jobs = _job_overrides(hydra, master, overrides)
@@ -165,7 +180,7 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
         run = checked_run_config(composed)
         check_recipe_source(run)
         check_tracking_server(run)
-        if known_dirs and int(os.environ.get("RANK", "0")) == 0:
+        if known_dirs and global_rank() == 0:
             # A sweep into a directory an earlier sweep used: each job's directory follows the
             # rules of a run's, before Hydra rewrites an earlier job's .hydra/ record there.
             try:

@@ -180,7 +180,8 @@ class CheckpointConfig:
 
 @dataclass
 class DistributedConfig:
-    """Used when launched by torchrun (WORLD_SIZE > 1)."""
+    """Used when several ranks train: launched by torchrun, or a SLURM / submitit job of several
+    tasks (mptrain.platform.launch)."""
 
     strategy: str = setting(
         "ddp",
@@ -194,6 +195,14 @@ class DistributedConfig:
         "float32",
         "fsdp: dtype gradients are reduced in (bfloat16 reductions are known to hurt at scale)",
         accepts=one_of_rule(tuple(REDUCE_DTYPES), "float32 (default), bfloat16 or float16"),
+    )
+    timeout_s: float = setting(
+        600.0,
+        (
+            "seconds a collective waits for the other ranks: when one is lost the others stop "
+            "within it (the report names the lost rank)"
+        ),
+        accepts=positive_rule(),
     )
 
 
@@ -228,6 +237,19 @@ class DebugConfig:
     )
     inject_inf_grad_rank: int | None = setting(
         None, "distributed test hook: inject only on this rank (null = every rank)"
+    )
+    # A worker lost mid-run, on purpose: the rank SIGKILLs itself after this optimizer step, on
+    # the job's first attempt only (a restarted attempt trains on). Empty in every real run.
+    kill_at_step: int | None = setting(
+        None,
+        (
+            "test hook: debug.kill_rank SIGKILLs itself after this optimizer step, on the job's "
+            "first attempt only (exercises elastic restarts and lost ranks)"
+        ),
+        accepts=at_least_rule(1, optional=True),
+    )
+    kill_rank: int = setting(
+        0, "debug.kill_at_step: the rank that is killed", accepts=at_least_rule(0)
     )
 
 

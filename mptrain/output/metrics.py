@@ -78,6 +78,19 @@ def _past(line: str, step: int) -> bool:
         return True
 
 
+def last_step(path: Path) -> int:
+    """The last step ``path`` logged (0 when none: no file, no complete row)."""
+    if not path.is_file():
+        return 0
+    steps = [0]
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            steps.append(int(json.loads(line).get("step", 0)))
+        except (ValueError, AttributeError, TypeError):  # a row cut short by a kill
+            continue
+    return max(steps)
+
+
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     with path.open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -24,7 +24,7 @@ import datetime as dt
 import os
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +33,7 @@ from torch import nn
 
 from mptrain.config.base import ConfigError
 from mptrain.platform.dtypes import DTYPES
+from mptrain.platform.launch import Launch, export_torch_env
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,10 @@ class DistContext:
     backend: str | None = None
     strategy: str = "single"  # single | ddp | fsdp
     reduce_dtype: str = "float32"
+    launch: Launch = field(
+        default_factory=Launch
+    )  # who started the ranks, on how many nodes; which attempt
+    timeout_s: float | None = None  # a collective waits this long for a lost rank (None: single)
 
     @property
     def enabled(self) -> bool:
@@ -61,17 +66,21 @@ class DistContext:
             "backend": self.backend,
             "strategy": self.strategy,
             "reduce_dtype": self.reduce_dtype if self.enabled else None,
+            **self.launch.describe(),
+            "timeout_s": self.timeout_s,
         }
 
 
-def launched_by_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def init_distributed(device_request: str, strategy: str, reduce_dtype: str) -> DistContext:
-    """Join the process group torchrun describes (no-op for a single process)."""
-    if not launched_by_torchrun():
-        return DistContext()
+def init_distributed(
+    device_request: str, strategy: str, reduce_dtype: str, timeout_s: float = 600.0
+) -> DistContext:
+    """Join the process group torchrun describes, or a SLURM or submitit job of several tasks
+    (:mod:`mptrain.platform.launch` writes torchrun's variables for those); no-op for a single
+    process. Every collective waits at most ``timeout_s`` for the other ranks: then a lost rank
+    stops the others instead of leaving them waiting."""
+    launch = export_torch_env()
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return DistContext(launch=launch)
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -80,7 +89,7 @@ def init_distributed(device_request: str, strategy: str, reduce_dtype: str) -> D
         torch.cuda.set_device(local_rank)
     backend = "nccl" if use_cuda else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=dt.timedelta(minutes=10))
+        dist.init_process_group(backend=backend, timeout=dt.timedelta(seconds=timeout_s))
     return DistContext(
         rank=rank,
         world_size=world,
@@ -88,6 +97,8 @@ def init_distributed(device_request: str, strategy: str, reduce_dtype: str) -> D
         backend=backend,
         strategy=strategy,
         reduce_dtype=reduce_dtype,
+        launch=launch,
+        timeout_s=timeout_s,
     )
 
 
@@ -208,6 +219,16 @@ def any_rank(flag: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     t = flag.to(torch.int32).reshape(1)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.reshape(flag.shape).bool()
+
+
+def gather_ints(value: int, ctx: DistContext, device: torch.device) -> list[int]:
+    """Every rank's ``value``, by rank (one all-reduce of a vector with this rank's slot set)."""
+    if not ctx.enabled:
+        return [value]
+    t = torch.zeros(ctx.world_size, dtype=torch.int64, device=device)
+    t[ctx.rank] = value
+    dist.all_reduce(t)
+    return [int(v) for v in t.tolist()]
 
 
 def broadcast_flag(flag: bool, ctx: DistContext, device: torch.device) -> bool:

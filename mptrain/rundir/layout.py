@@ -27,6 +27,9 @@ REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 FAILURE_JSON = "failure.json"
 METRICS_JSONL = "metrics.jsonl"
+# One row per restarted attempt (torchrun --max-restarts, SLURM's requeue): where it resumed and the
+# last step the attempt before it logged (mptrain.train.resume.record_restart).
+RESTARTS_JSONL = "restarts.jsonl"
 RUN_PNG = "curves.png"
 SWEEP_PNG = "sweep_loss.png"
 AUDIT_JSON, AUDIT_MD = "audit.json", "audit.md"

@@ -1,4 +1,5 @@
-"""Fault injection: ``debug.inject_inf_grad_steps`` puts an inf into a gradient at chosen steps.
+"""Fault injection: ``debug.inject_inf_grad_steps`` puts an inf into a gradient at chosen steps;
+``debug.kill_at_step`` kills a rank (:class:`KillAtStep`).
 
 Users and tests rely on it to see the loss scaler's skip path handled end to end (a skipped step
 counted, the scheduler not advanced, the scale backed off, the health watch warning). It is
@@ -19,6 +20,8 @@ Where the inf goes:
 from __future__ import annotations
 
 import math
+import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -78,3 +81,32 @@ class InfGradInjector:
         scaler.scale = scale_and_arm  # type: ignore[method-assign]
         scaler.unscale_ = inject_then_unscale  # type: ignore[method-assign]
         first.register_hook(hook)
+
+
+class KillAtStep:
+    """Loop observer: SIGKILL this process once optimizer step ``step`` is done, as the
+    out-of-memory killer or a lost node would end it (no handler, no last word), on the job's
+    first attempt only: a restarted attempt (torchrun --max-restarts) trains on."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step(self, state: Any) -> None:
+        if state.step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_log(self, row: dict[str, Any]) -> None:
+        pass
+
+    def on_eval(self, row: dict[str, Any]) -> None:
+        pass
+
+    def on_warning(self, message: str) -> None:
+        pass
+
+
+def kill_observer(debug: Any, rank: int, restart: int) -> KillAtStep | None:
+    """``debug.kill_at_step``'s observer on ``debug.kill_rank`` in a first attempt; else None."""
+    if debug.kill_at_step is None or rank != debug.kill_rank or restart > 0:
+        return None
+    return KillAtStep(debug.kill_at_step)

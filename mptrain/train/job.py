@@ -52,16 +52,17 @@ from mptrain.precision.policy import PrecisionPolicy
 from mptrain.rundir.checkpoint import resolve_resume
 from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, RUN_PNG
 from mptrain.rundir.lock import RunDirLock, check_no_other_run, check_output_dir
-from mptrain.train import cadence
+from mptrain.train import cadence, ranks
 from mptrain.train.autoprecision import decide_auto
 from mptrain.train.build import build_run, resolve_run
 from mptrain.train.checkpointer import Checkpointer, run_signature
 from mptrain.train.components import Run
 from mptrain.train.diagnostics import write_diagnostics
+from mptrain.train.faults import kill_observer
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.memory import account_step
 from mptrain.train.report import assemble_report, now_iso
-from mptrain.train.resume import AlreadyCompleted, resume_job
+from mptrain.train.resume import AlreadyCompleted, continuing, resume_job
 from mptrain.train.slowpath import check_slow_path
 from mptrain.train.state import LoopState
 from mptrain.train.threads import MIN_WINDOW_STEPS, ThreadTuner, kept_from_checkpoint
@@ -108,7 +109,9 @@ def train(
     the step finished, a checkpoint and the report written), or KeyboardInterrupt (an interrupt
     outside training; report: interrupted).
     """
-    dist = init_distributed(cfg.device, cfg.distributed.strategy, cfg.distributed.reduce_dtype)
+    d = cfg.distributed
+    dist = init_distributed(cfg.device, d.strategy, d.reduce_dtype, d.timeout_s)
+    cfg = continuing(cfg, dist.launch.restart)  # a restarted attempt resumes its run
     gate = StartGate(dist)  # the other ranks go on once rank 0's checks below passed
     try:
         if not dist.is_main:  # rank 0 speaks for the job and owns its directory
@@ -173,6 +176,8 @@ class Job:
         self.figures: FigureWorker | None = None  # rank 0: draws curves.png
         self.display: ProgressDisplay | None = None  # rank 0: its estimate and notes (report)
         self.memory_accounted: dict[str, Any] | None = None  # one step's bytes (train.memory)
+        self.words = ranks.LastWords(dist)  # this rank's last word; rank 0 reads the others'
+        self.lost_ranks: dict[int, str] | None = None  # rank 0: the ranks that ended the run
 
     @property
     def state(self) -> LoopState:
@@ -189,26 +194,41 @@ class Job:
             if early is not None:
                 early.release()
             self._prepare()
+            self.words.say(ranks.TRAINING)
             with self._training() as hooks:
                 try:
                     state = train_loop(self.run, hooks)
                 except StopNow:  # a second signal: the step under way is abandoned
                     state = self._abandon_step()
+                self.words.say(f"ended at step {state.step}")
                 self._save_final(state)  # inside the signal handlers: a later signal waits
         except (ConfigError, AlreadyCompleted):  # nothing of this job's is written
             raise
         except KeyboardInterrupt as exc:
             name = exc.name if isinstance(exc, Terminated) else "interrupted"
+            self.words.say(f"stopped: {name}")
             where = f"at step {self.state.step}" if self.run else "before training"
             self._report("interrupted", f"{name} {where}")
             raise
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
+            reason = self._failure_reason(exc)
             report = self._report("failed", reason)
             if self.report_lost:  # e.g. the run directory became unwritable: say what is left
                 reason = f"{reason}; {self.report_lost}"
             raise RunFailed("failed", reason, report, written=not self.report_lost) from exc
         return self._conclude()
+
+    def _failure_reason(self, exc: Exception) -> str:
+        """The report's reason for ``exc``; after a failed collective, rank 0 first names the
+        rank that was lost, and how (:class:`mptrain.train.ranks.LastWords`)."""
+        self.words.say(ranks.failure_word(exc))
+        reason = f"{type(exc).__name__}: {exc}"
+        if self.dist.enabled and self.dist.is_main and ranks.is_collective_failure(exc):
+            with SignalsHeld():  # torchrun's agent stops the survivors meanwhile
+                self.lost_ranks = self.words.lost()
+            if self.lost_ranks:
+                reason = f"{ranks.lost_words(self.lost_ranks)}; {reason}"
+        return reason
 
     def _prepare(self) -> None:
         cfg = self.cfg
@@ -302,11 +322,13 @@ class Job:
                 self.stop = stop
                 if checkpointer is not None:
                     checkpointer.asked = save.take
-                observers = (metrics, display, self.trackers)
+                killer = kill_observer(self.cfg.debug, self.dist.rank, self.dist.launch.restart)
+                observers = (metrics, display, self.trackers, killer)
                 yield LoopHooks(
                     observers=tuple(o for o in observers if o is not None),
                     checkpoint=checkpointer.after_step if checkpointer else None,
                     stop_requested=stop.requested,
+                    stop_signal=lambda: stop.signum,
                     interruptible=stop.interruptible,
                 )
         finally:
@@ -360,7 +382,7 @@ class Job:
         """Report the run's outcome; raise for anything but a completed run."""
         state, diverged = self.run.state, self.run.monitor.diverged_reason
         if state.stopped and self.stop is not None:
-            name = self.stop.name
+            name = ranks.stop_words(state.stop_signals, self.dist.world_size) or self.stop.name
             saved = self.checkpointer is not None and state.step in self.checkpointer.steps
             where = f"{name} at step {state.step}"
             if self.abandoned and state.evaluating:  # step N finished: its state is exact
@@ -378,7 +400,12 @@ class Job:
                 if saved
                 else "no checkpoint (checkpoint.enabled=false): progress is lost"
             )
-            raise RunInterrupted(self.stop.exit_code, self._report("interrupted", reason))
+            code = (
+                self.stop.exit_code
+                if self.stop.signum
+                else ranks.stop_exit_code(state.stop_signals)
+            )
+            raise RunInterrupted(code, self._report("interrupted", reason))
         if diverged:
             raise RunFailed("diverged", diverged, self._report("diverged", diverged))
         return self._report("completed", None)

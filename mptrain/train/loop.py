@@ -54,7 +54,7 @@ from mptrain.platform.distributed import (
     DistContext,
     all_reduce_sum,
     any_rank,
-    broadcast_flag,
+    gather_ints,
     local_shard,
     no_sync,
 )
@@ -70,6 +70,10 @@ if TYPE_CHECKING:
 _NO_CONTEXT = contextlib.nullcontext()  # reusable (and re-entrant): no per-step allocation
 
 
+def _no_signal() -> int | None:
+    return None
+
+
 def _never_stop() -> bool:
     return False
 
@@ -81,6 +85,9 @@ class LoopHooks:
     observers: tuple[LoopObserver, ...] = ()
     checkpoint: Callable[[LoopState, bool], None] | None = None  # (state, end_of_epoch)
     stop_requested: Callable[[], bool] = _never_stop
+    # The signal that asked this rank to stop (its number; None: none came): distributed runs tell
+    # every rank which ranks were asked and how (LoopState.stop_signals).
+    stop_signal: Callable[[], int | None] = _no_signal
     # Entered around the forward/backward and evaluations, where the weights and optimizer state
     # are still the last completed step's: a "stop now" may abandon the step there (the job's
     # GracefulStop.interruptible raises StopNow; the loop's state stays that step's).
@@ -122,7 +129,7 @@ def train_loop(run: Run, hooks: LoopHooks = LoopHooks()) -> LoopState:
             eval_clock.restart()
         if hooks.checkpoint is not None:
             hooks.checkpoint(state, end_of_epoch)
-        if _stop_agreed(hooks.stop_requested(), logged, s.dist, run.device):
+        if _stop_agreed(hooks, logged, s.dist, run.device, state):
             state.stopped = True
             break
     monitor.end()
@@ -145,11 +152,23 @@ def _eval_due(
     return _every(step, s.eval_every) or clock.due(step, s.log_every, s.dist, device)
 
 
-def _stop_agreed(requested: bool, logged: bool, dist: DistContext, device: torch.device) -> bool:
-    """Every rank must stop after the same step: distributed runs agree at every log row."""
+STOP_ASKED = 255  # LoopState.stop_signals: a rank asked to stop without a signal (a deadline)
+
+
+def _stop_agreed(
+    hooks: LoopHooks, logged: bool, dist: DistContext, device: torch.device, state: LoopState
+) -> bool:
+    """Every rank must stop after the same step: distributed runs agree at every log row, and
+    every rank learns which ranks asked and by which signal (``state.stop_signals``)."""
+    requested = hooks.stop_requested()
     if not dist.enabled:
         return requested
-    return logged and broadcast_flag(requested, dist, device)
+    if not logged:
+        return False
+    mine = (hooks.stop_signal() or STOP_ASKED) if requested else 0
+    asked = {rank: code for rank, code in enumerate(gather_ints(mine, dist, device)) if code}
+    state.stop_signals = asked
+    return bool(asked)
 
 
 def _step_batches(

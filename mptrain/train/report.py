@@ -149,7 +149,7 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
             run.monitor.memory_kind if run else None,
             job.memory_accounted,
         ),
-        distributed=job.dist.describe(),
+        distributed={**job.dist.describe(), "lost_ranks": job.lost_ranks},
         resumed=job.resumed,
         checkpoints=_checkpoints_section(job.checkpointer),
         recipe=recipe_verdict(cfg, status, evaluation, run.data if run else None),

@@ -3,6 +3,7 @@ finds nothing says which earlier run it may have meant (the job: :mod:`mptrain.t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -13,16 +14,66 @@ from omegaconf import OmegaConf
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
 from mptrain.output.joblog import JobLog
-from mptrain.output.metrics import truncate_after
+from mptrain.output.metrics import last_step, truncate_after
+from mptrain.platform.launch import resume_after_restart
 from mptrain.platform.seeding import seed_everything
 from mptrain.rundir.checkpoint import check_compatible
 from mptrain.rundir.command import HYDRA_RECORD, continue_command, recorded_overrides
-from mptrain.rundir.layout import CHECKPOINT_DIR, LATEST, METRICS_JSONL, REPORT_JSON, REPORT_MD
+from mptrain.rundir.layout import (
+    CHECKPOINT_DIR,
+    LATEST,
+    METRICS_JSONL,
+    REPORT_JSON,
+    REPORT_MD,
+    RESTARTS_JSONL,
+)
 from mptrain.rundir.lock import check_no_other_run
 from mptrain.train.checkpointer import restore, run_signature
 from mptrain.train.components import Run
 
 Found = tuple[Path, dict[str, Any], list[str]]  # rundir.checkpoint.resolve_resume's checkpoint
+
+
+def continuing(cfg: RunConfig, restart: int) -> RunConfig:
+    """``cfg`` for attempt ``restart`` of its job: a restarted attempt resumes its run
+    (:func:`mptrain.platform.launch.resume_after_restart`)."""
+    return dataclasses.replace(cfg, resume=resume_after_restart(cfg.resume, restart))
+
+
+def record_restart(output_dir: Path, restart: int, resumed_from: int) -> list[dict[str, Any]]:
+    """Append attempt ``restart``'s row to the run directory's restart history (where it resumed,
+    the last step the attempt before it logged, the steps lost between: at least that many, as
+    rows come every ``log_every``); every row so far. Rank 0, before the metrics are cut back."""
+    path = output_dir / RESTARTS_JSONL
+    logged = last_step(output_dir / METRICS_JSONL)
+    row = {
+        "restart": restart,
+        "resumed_from_step": resumed_from,
+        "last_logged_step": logged,
+        "steps_lost_at_least": max(logged - resumed_from, 0),
+    }
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def _restarted(
+    dist: Any, output_dir: Path, found: Found | None, log: JobLog
+) -> list[dict[str, Any]] | None:
+    """Rank 0 of a restarted attempt: its row of the restart history, said; every row so far
+    (None on a first attempt, or another rank)."""
+    restart = dist.launch.restart
+    if not restart or not dist.is_main:
+        return None
+    restarts = record_restart(output_dir, restart, found[1]["loop"]["step"] if found else 0)
+    last = restarts[-1]
+    log.say(
+        f"restart {restart} of the job: the attempt before logged up to step "
+        f"{last['last_logged_step']}; continuing from step {last['resumed_from_step']} "
+        f"(at least {last['steps_lost_at_least']} steps lost)",
+        "restart",
+    )
+    return restarts
 
 
 def resume_job(
@@ -32,6 +83,7 @@ def resume_job(
     a checkpoint that does not fit, or a run that has nothing left to train); the report's
     resume section."""
     dist = run.dist
+    restarts = _restarted(dist, output_dir, found, log)
     if found is None:
         # overwrite=true: what resolve_resume found unreadable, or in the way, is deleted
         over = cfg.overwrite and dist.is_main and start_over(output_dir, log.say)
@@ -43,7 +95,7 @@ def resume_job(
         if dist.is_main:  # a fresh start logs from step 1 again
             truncate_after(output_dir / METRICS_JSONL, 0)
         log.say(note, "resume=auto")
-        return {"requested": cfg.resume, "from": None, "note": note}
+        return {"requested": cfg.resume, "from": None, "note": note, "restarts": restarts}
     path, payload, notes = found
     signature = run_signature(cfg, run.precision, run.data.identity)
     allowed = check_compatible(
@@ -73,6 +125,7 @@ def resume_job(
         "step": run.state.step,
         "allowed_differences": allowed,
         "notes": notes,
+        "restarts": restarts,  # restarted attempts (torchrun --max-restarts, SLURM's requeue)
     }
 
 

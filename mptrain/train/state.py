@@ -40,6 +40,9 @@ class LoopState:
     evals: list[dict[str, Any]] = field(default_factory=list)
     last_train_loss: float | None = None
     stopped: bool = False  # stopped on request (a signal) after finishing a step
+    # Distributed runs: the ranks that asked to stop, each with its signal's number (STOP_ASKED:
+    # asked without one), agreed by every rank at the step they stopped after.
+    stop_signals: dict[int, int] = field(default_factory=dict)
     evaluating: bool = False  # inside an evaluation (a second signal may abandon it there)
 
     def advance(self, skipped: bool, samples: int, steps_per_epoch: int) -> bool:

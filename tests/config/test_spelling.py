@@ -161,3 +161,12 @@ def test_the_sweep_plugins_name_their_package(group, option, package):
         f"{group}={option}: Hydra's {option} {group.split('/')[1]} is not installed; "
         f"pip install {package}"
     )
+
+
+def test_a_launcher_without_a_sweep_is_refused_not_ignored():
+    """Hydra uses launchers for sweeps only: without -m the job would run here, one process,
+    and no SLURM job would ever be submitted."""
+    assert preflight_error("hydra/launcher=submitit_local", "model=mlp") == (
+        "hydra/launcher=submitit_local: Hydra's launchers start the jobs of a sweep; add -m (a "
+        "sweep of one job is fine: mptrain -m hydra/launcher=submitit_local ...)"
+    )
