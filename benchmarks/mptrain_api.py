@@ -34,6 +34,9 @@ _INTERNALS: dict[str, tuple[str, str | None]] = {
     "train": ("mptrain.train.job", "train"),
     "prepare_run": ("mptrain.train.build", "prepare_run"),
     "account_step": ("mptrain.train.memory", "account_step"),
+    # what fits a GPU (advise's memory part): the line through two accounted steps, the states
+    "fits": ("mptrain.commands.advise.fits", None),
+    "footprint": ("mptrain.commands.advise.footprint", None),
     "train_loop": ("mptrain.train.loop", "train_loop"),
     "LoopHooks": ("mptrain.train.loop", "LoopHooks"),
     "MetricsLog": ("mptrain.output.metrics", "MetricsLog"),

@@ -51,6 +51,7 @@ from mptrain.cli.preflight import (
 )
 from mptrain.cli.registry import register_configs
 from mptrain.config.base import ConfigError
+from mptrain.platform.launch import global_rank
 from mptrain.platform.signals import Terminated, terminate_like_interrupt
 
 # Hydra's own command line for what is not a run: --help, --hydra-help, --cfg, --info, completion.
@@ -107,8 +108,9 @@ def _exit_codes(final: bool) -> Iterator[None]:
 def _run_arguments(argv: list[str]) -> argparse.Namespace:
     """Hydra's parse of a training command line (one line and exit 2 for a bad argument), with
     ``sys.argv`` set for Hydra's app, which parses it again and wants its flags first."""
-    if int(os.environ.get("RANK", "0")) > 0:
-        # torchrun workers other than rank 0: Hydra must not write a second config/log copy.
+    if global_rank() > 0:
+        # Ranks other than 0 (torchrun, a SLURM job step): Hydra must not write a second
+        # config/log copy.
         argv = [
             *argv,
             "hydra.output_subdir=null",

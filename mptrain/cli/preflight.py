@@ -37,7 +37,7 @@ from mptrain.config.options import PRECISION_ALIASES
 from mptrain.config.recipes import check_recipe_source
 from mptrain.config.spelling import did_you_mean, suggest_option
 from mptrain.output.trackers import check_tracking_server
-from mptrain.platform.launch import global_rank, restart_count, resume_after_restart
+from mptrain.platform.launch import global_rank, launch_tasks, restart_count, resume_after_restart
 from mptrain.rundir.layout import SWEEP_LOCK_NAME
 from mptrain.rundir.lock import RunDirLock, check_creatable, check_run_dir_free
 
@@ -135,6 +135,27 @@ def _resolved(master: Any, key: str) -> str:
         raise ConfigError(f"{key}: {str(exc).splitlines()[0]}") from exc
 
 
+def _check_one_dir_for_all_ranks(pattern: str) -> None:
+    """Several ranks (torchrun, a SLURM job step) must write into one run directory, and a
+    restarted attempt must find it again: a dated ``hydra.run.dir`` would give each its own."""
+    if "${" in pattern and launch_tasks() > 1:
+        raise ConfigError(
+            f"hydra.run.dir={pattern}: {launch_tasks()} ranks need one run directory they all "
+            "agree on (and a restarted attempt finds again); give hydra.run.dir=DIR"
+        )
+
+
+def _continued_dir(pattern: str, overrides: list[str], restarted: bool) -> Path | None:
+    """The run ``resume=auto`` continues (:func:`resume_auto_dir`); for a restarted attempt
+    that finds none (killed before its first checkpoint), None: it starts over where it is."""
+    try:
+        return resume_auto_dir(pattern, overrides)
+    except ConfigError:
+        if restarted:
+            return None
+        raise
+
+
 def _check_launcher_needs_sweep(overrides: list[str]) -> None:
     """Hydra uses a launcher for sweeps only: without ``-m`` it would run one process here and
     say nothing (a SLURM job never submitted)."""
@@ -161,13 +182,14 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
         _check_launcher_needs_sweep(overrides)
         run = checked_run_config(master)
         check_recipe_source(run)  # a recipe given other data: refused before Hydra's directory
-        if run.resume == "auto":  # the same command continues the run it started
-            output = resume_auto_dir(pattern, overrides) or output
+        _check_one_dir_for_all_ranks(pattern)
+        # A restarted attempt (torchrun --max-restarts, SLURM's requeue) continues its own run.
+        resume = resume_after_restart(run.resume, restart_count())
+        if resume == "auto":  # the same command continues the run it started
+            output = _continued_dir(pattern, overrides, restarted=run.resume is None) or output
         check_tracking_server(run)  # before the run directory is touched (seconds, not minutes)
         if global_rank() == 0:
-            # Before Hydra rewrites the directory's .hydra/ record of another run; a restarted
-            # attempt (torchrun --max-restarts, SLURM's requeue) continues its own.
-            resume = resume_after_restart(run.resume, restart_count())
+            # Before Hydra rewrites the directory's .hydra/ record of another run.
             check_run_dir_free(output, resume, run.overwrite)
         return Preflight([overrides], False, str(output), record)
     _check_sweeper(master.hydra.sweeper, str(master.get("task", "classify")))
@@ -184,7 +206,8 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
             # A sweep into a directory an earlier sweep used: each job's directory follows the
             # rules of a run's, before Hydra rewrites an earlier job's .hydra/ record there.
             try:
-                check_run_dir_free(job_dir, run.resume, run.overwrite)
+                resume = resume_after_restart(run.resume, restart_count())
+                check_run_dir_free(job_dir, resume, run.overwrite)
             except ConfigError as exc:
                 raise ConfigError(f"{exc}; or give this sweep its own hydra.sweep.dir") from exc
     return Preflight(jobs, True, str(output), record)
@@ -197,7 +220,7 @@ def hold_sweep_dir(sweep_dir: Path) -> Iterator[str | None]:
     (ConfigError naming the holder), so neither can take the other's jobs for its own. Yields the
     note of a lock taken over from a sweep that is gone, or None. torchrun ranks other than 0 run
     the same sweep as rank 0 and take nothing."""
-    if int(os.environ.get("RANK", "0")) > 0:
+    if global_rank() > 0:
         yield None
         return
     sweep_dir.mkdir(parents=True, exist_ok=True)  # check_jobs found it creatable

@@ -82,6 +82,17 @@ def global_rank() -> int:
     return 0
 
 
+def launch_tasks() -> int:
+    """How many ranks this job has, known before the group exists: torchrun's WORLD_SIZE, a
+    SLURM job step's task count (srun sets SLURM_STEP_NUM_TASKS; an allocation's SLURM_NTASKS
+    alone does not make one python process several), or submitit's local executor's."""
+    for key in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SUBMITIT_LOCAL_NTASKS"):
+        value = os.environ.get(key, "")
+        if value.isdigit():
+            return int(value)
+    return 1
+
+
 def _job_environment() -> Any | None:
     """submitit's description of the job this task belongs to, when it has several tasks and
     torchrun did not start it; None otherwise."""
@@ -89,8 +100,8 @@ def _job_environment() -> Any | None:
         return None
     if os.environ.get("SUBMITIT_LOCAL_JOB_ID"):
         kind = SUBMITIT_LOCAL
-    elif int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in os.environ:
-        kind = SLURM
+    elif int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1 and "SLURM_PROCID" in os.environ:
+        kind = SLURM  # a job step of several tasks (srun); not one process in an allocation
     else:
         return None
     try:
@@ -98,7 +109,7 @@ def _job_environment() -> Any | None:
         from submitit.slurm.slurm import SlurmJobEnvironment
     except ImportError:
         raise ConfigError(
-            f"a {kind} job of {os.environ.get('SLURM_NTASKS', 'several')} tasks: joining them "
+            f"a {kind} job of {launch_tasks()} tasks: joining them "
             'needs submitit (pip install "mptrain[slurm]"), or start the ranks with torchrun'
         ) from None
     return kind, (LocalJobEnvironment() if kind == SUBMITIT_LOCAL else SlurmJobEnvironment())
@@ -131,7 +142,8 @@ def export_torch_env() -> Launch:
             check_restartable()
             nodes = world // max(int(os.environ.get("LOCAL_WORLD_SIZE", world)), 1)
             return Launch(TORCHRUN, max(nodes, 1), world, restart_count())
-        return Launch(restart=restart_count())
+        alone = TORCHRUN if "TORCHELASTIC_RUN_ID" in os.environ else SINGLE
+        return Launch(alone, restart=restart_count())
     kind, job = found
     port = random.Random(job.job_id).randint(*PORT_RANGE)
     exported = {

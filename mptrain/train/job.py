@@ -193,15 +193,15 @@ class Job:
                 self.log.hold()
             if early is not None:
                 early.release()
-            self._prepare()
             self.words.say(ranks.TRAINING)
+            self._prepare()
             with self._training() as hooks:
                 try:
                     state = train_loop(self.run, hooks)
                 except StopNow:  # a second signal: the step under way is abandoned
                     state = self._abandon_step()
-                self.words.say(f"ended at step {state.step}")
                 self._save_final(state)  # inside the signal handlers: a later signal waits
+            self.words.say(f"ended at step {state.step}")
         except (ConfigError, AlreadyCompleted):  # nothing of this job's is written
             raise
         except KeyboardInterrupt as exc:
@@ -211,8 +211,9 @@ class Job:
             self._report("interrupted", f"{name} {where}")
             raise
         except Exception as exc:
-            reason = self._failure_reason(exc)
-            report = self._report("failed", reason)
+            with SignalsHeld():  # torchrun's agent stops the survivors meanwhile: report first
+                reason = self._failure_reason(exc)
+                report = self._report("failed", reason)
             if self.report_lost:  # e.g. the run directory became unwritable: say what is left
                 reason = f"{reason}; {self.report_lost}"
             raise RunFailed("failed", reason, report, written=not self.report_lost) from exc
@@ -224,8 +225,7 @@ class Job:
         self.words.say(ranks.failure_word(exc))
         reason = f"{type(exc).__name__}: {exc}"
         if self.dist.enabled and self.dist.is_main and ranks.is_collective_failure(exc):
-            with SignalsHeld():  # torchrun's agent stops the survivors meanwhile
-                self.lost_ranks = self.words.lost()
+            self.lost_ranks = self.words.lost()
             if self.lost_ranks:
                 reason = f"{ranks.lost_words(self.lost_ranks)}; {reason}"
         return reason

@@ -79,7 +79,8 @@ def account_step(run: Run, samples: int | None = None) -> dict[str, object]:
         return {"not_counted": "FSDP: the sharded model is not copied to count a step"}
     with torch.random.fork_rng(devices=[run.device] if run.device.type == "cuda" else []):
         inputs, targets = next(iter(run.data.train.batches(run.state.epoch)))
-        inputs, targets = inputs[:samples], targets[:samples]  # [:None]: the whole batch
+        if samples is not None:  # copies: a view would keep (and count) the whole batch's storage
+            inputs, targets = inputs[:samples].clone(), targets[:samples].clone()
         model = copy.deepcopy(unwrap(run.model))
         optimizer = copy_for(run.optimizer, unwrap(run.model), model)
         model.train()

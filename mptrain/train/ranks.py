@@ -2,14 +2,16 @@
 stop and by which signal (agreed at the step they stopped after: :func:`stop_words`), and which
 rank was lost (:class:`LastWords`).
 
-Each rank leaves its last word in the job's key-value store (torchrun's agent hosts it; under
-SLURM or submitit, rank 0's process group does): ``training`` once it trains, then how it ended
-(``completed``, ``failed: RuntimeError``, ``stopped: SIGTERM``). When a collective fails on rank 0
-(Gloo's "Connection reset by peer", NCCL's timeout), it reads the others' words: a rank still
-``training`` :data:`SILENCE_S` seconds later went without a word (killed: SIGKILL, the
-out-of-memory killer; or its node was lost), and a rank that failed on its own (not in a
-collective) says how. The report names them, with the collective timeout that bounded the wait
-(``distributed.timeout_s``).
+Each rank leaves its last word in the job's key-value store (the one the ranks met in: rank 0's
+process group hosts it, or torchrun's agent): ``training`` once its job starts, then how it ended
+(``ended at step N`` after its final checkpoint, ``failed: ValueError: ...``, ``failed in a
+collective: ...``, ``stopped: SIGTERM``). When a collective fails on rank 0 (Gloo's "Connection
+closed by peer"), it reads the others' words: a rank still ``training`` :data:`SILENCE_S` seconds
+later went without a word (killed: SIGKILL, the out-of-memory killer; hung; or its node was
+lost), and a rank that failed on its own (not in a collective) says how. The report names them,
+beside the collective timeout that bounds the wait (``distributed.timeout_s``). Tested with Gloo
+on CPUs; under NCCL, whose watchdog may end the process at the timeout before rank 0 reports,
+it has not run yet.
 """
 
 from __future__ import annotations
@@ -28,15 +30,17 @@ from mptrain.train.loop import STOP_ASKED
 KEY = "mptrain/last_word/"
 TRAINING = "training"
 SILENCE_S = 5.0  # how long rank 0 waits for the other ranks' words once a collective failed
-LOST = "gave no word after it began training: killed (SIGKILL, the out-of-memory killer) or its node was lost"
+LOST = "gave no word: killed (SIGKILL, the out-of-memory killer), hung, or its node was lost"
 COLLECTIVE = "failed in a collective"  # a rank that failed because another went: not a cause
-_COLLECTIVE_TEXT = ("gloo", "nccl", "NCCL", "Connection reset", "Connection closed", "imed out")
+# Gloo raises a plain RuntimeError from its transport when a peer's connection goes; NCCL and the
+# store raise torch.distributed's own errors (DistBackendError, DistNetworkError, ...).
+_GLOO_TRANSPORT = "gloo/transport/"
 
 
 def failure_word(exc: BaseException) -> str:
     """A failing rank's last word: :data:`COLLECTIVE` when a collective failed (a peer went, or
     the timeout passed), else ``failed: <its exception>``."""
-    if isinstance(exc, dist.DistError) or any(t in str(exc) for t in _COLLECTIVE_TEXT):
+    if isinstance(exc, dist.DistError) or _GLOO_TRANSPORT in str(exc):
         return f"{COLLECTIVE}: {type(exc).__name__}"
     return f"failed: {type(exc).__name__}: {str(exc)[:200]}"
 

@@ -106,14 +106,18 @@ def test_a_combination_is_the_overrides_it_adds_to_the_users_own(state, own, mod
     ids=["resnet18-fp32", "resnet18-bf16-selective", "gpt-bf16", "gpt-fp32-full"],
 )
 def test_a_steps_bytes_are_a_line_in_the_batch(overrides):
-    """The line through batches 2 and 4 gives the accounting at batch 8 to the byte."""
+    """The line through batches 2 and 4 (advise's: one run built at 4, its micro-batch cut to 2
+    and copied) gives the same accounting of a run built at batch 8 to the byte; the run's own
+    count differs by at most a token per sample: a language model's inputs and targets are two
+    views of one window buffer of block_size + 1 tokens, which the cut copies apart."""
     cfg = compose_run("threads=1", *overrides) if "task=lm" in overrides else tiny_run(*overrides)
-    at = {
-        b: account_step(prepare_run(dataclasses.replace(cfg, batch_size=b)))["total_bytes"]
-        for b in (2, 4, 8)
-    }
+    points, _ = footprint.account_line(cfg, cfg.memory.activation_checkpointing)
+    run_at_8 = prepare_run(dataclasses.replace(cfg, batch_size=8))
+    cut_at_8 = account_step(run_at_8, samples=8)["total_bytes"]
+    own_at_8 = account_step(run_at_8)["total_bytes"]
 
-    assert fits.line_through({2: at[2], 4: at[4]}).at(8) == at[8]
+    assert fits.line_through({int(b): n for b, n in points.items()}).at(8) == cut_at_8
+    assert 0 <= own_at_8 - cut_at_8 <= (8 * 8 if cfg.task == "lm" else 0)
 
 
 @pytest.mark.slow  # torchao compiles its optimizer step (seconds on a CPU)

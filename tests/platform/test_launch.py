@@ -34,6 +34,7 @@ def slurm_task(monkeypatch, rank: int, local: int, node: int) -> None:
     for key, value in {
         "SLURM_JOB_ID": "4242",
         "SLURM_NTASKS": "4",
+        "SLURM_STEP_NUM_TASKS": "4",  # srun's: a job step of 4 tasks
         "SLURM_JOB_NUM_NODES": "2",
         "SLURM_JOB_NODELIST": "node[01-02]",
         "SLURM_NODEID": str(node),
@@ -76,9 +77,10 @@ def test_every_task_of_a_job_agrees_on_the_master_and_a_users_port_wins(clean_en
     assert os.environ["MASTER_PORT"] == "29400"
 
 
-def test_a_one_task_slurm_job_is_a_single_process(clean_env):
+def test_one_python_in_an_allocation_of_four_tasks_is_a_single_process(clean_env):
+    """``salloc -n 4`` then ``python -m mptrain`` (no srun): one process, not rank 0 of 4."""
     slurm_task(clean_env, rank=0, local=0, node=0)
-    clean_env.setenv("SLURM_NTASKS", "1")
+    clean_env.delenv("SLURM_STEP_NUM_TASKS")
 
     assert launch.export_torch_env() == launch.Launch()
     assert "RANK" not in os.environ

@@ -59,9 +59,13 @@ def fit_lines(memory: dict[str, Any] | None) -> list[str]:
 
 
 def section(memory: dict[str, Any] | None) -> list[str]:
-    """advise.md's "What fits" section (nothing when the part did not run)."""
-    if not memory or not memory.get("rows"):
+    """advise.md's "What fits" section (nothing when the part was not asked for and did not
+    run; why not when a batch was asked for)."""
+    if not memory:
         return []
+    if not memory.get("rows"):
+        reasons = [f"- {part}: {why}" for part, why in memory.get("skipped", {}).items()]
+        return ["## What fits", "", "Not accounted:", *reasons, ""] if reasons else []
     target = memory.get("target")
     modes = [m for m in fits.CHECKPOINTING if any(m in r for r in memory["rows"].values())]
     states = list(memory["states"])

@@ -97,6 +97,7 @@ def run_footprint(
     out: dict[str, Any],
 ) -> None:
     """Fill ``out`` (:func:`new_footprint`): see the module doc."""
+    out["ran"] = True  # what an interrupt later must not call unreached
     accountable = _accountable(cands)
     if not accountable:
         out["skipped"]["all"] = "FP32's pilot did not run"
@@ -115,8 +116,9 @@ def run_footprint(
                 _account_lines(name, item, mode, budget, out)
                 refused = out["skipped"].get(f"{name}, checkpointing {mode}", "")
                 if NO_BLOCKS in refused:  # the model's, whatever the precision
+                    recomputing = (", checkpointing selective", ", checkpointing full")
                     out["skipped"] = {
-                        k: v for k, v in out["skipped"].items() if "checkpointing" not in k
+                        k: v for k, v in out["skipped"].items() if not k.endswith(recomputing)
                     }
                     out["skipped"]["checkpointing"] = refused
                     return
@@ -187,25 +189,42 @@ def _account_lines(
     if not _fits_budget(budget, item.need_s(), what, out):
         return None
     try:
-        run = build(_with_batch(item.cfg, max(fits.PROBE_BATCHES), mode))
-    except ConfigError as exc:
-        out["skipped"][what] = str(exc)
+        points, run = account_line(item.cfg, mode)
+    except (ConfigError, RuntimeError) as exc:  # refused, or out of memory on a GPU
+        out["skipped"][what] = f"{type(exc).__name__}: {exc}".removeprefix("ConfigError: ")
         return None
-    points = {str(b): account_step(run, samples=b)["total_bytes"] for b in fits.PROBE_BATCHES}
     out["steps"].setdefault(name, {})[mode] = points
     return run
+
+
+def account_line(cfg: RunConfig, mode: str) -> tuple[dict[str, int], Any]:
+    """``cfg`` built once at the larger probe batch under checkpointing ``mode`` and one step
+    accounted at each probe batch (its micro-batch cut): (``{batch: bytes}``, the run).
+    ConfigError when the config refuses (a model without blocks to recompute)."""
+    run = build(_with_batch(cfg, max(fits.PROBE_BATCHES), mode))
+    return {str(b): account_step(run, samples=b)["total_bytes"] for b in fits.PROBE_BATCHES}, run
+
+
+def state_bytes(cfg: RunConfig, run: Any, state: fits.StateChoice) -> int:
+    """The optimizer-state bytes of ``state`` for ``run``'s model (a fresh optimizer of that
+    choice): AdamW's from an accounted step at the smaller probe batch, torchao's made as its
+    step makes them (its compiled step is not run: :func:`mptrain.train.memory.fresh_state_bytes`)."""
+    from mptrain.train.memory import fresh_state_bytes
+    from mptrain.train.optim import build_optimizer
+
+    optimizer = build_optimizer(with_state(cfg, state).optimizer, unwrap(run.model))
+    fresh = fresh_state_bytes(optimizer)
+    if fresh is not None:
+        return sum(fresh.values())
+    counted = account_step(dataclasses.replace(run, optimizer=optimizer), fits.PROBE_BATCHES[0])
+    return counted["total"]["optimizer_states"]
 
 
 def _account_states(
     cfg: RunConfig, run: Any, item: Accountable, budget: Budget, out: dict[str, Any]
 ) -> None:
-    """The optimizer-state bytes of each state choice, on FP32's built ``run`` (its model, a
-    fresh optimizer of the choice): AdamW's from an accounted step at the smaller probe batch,
-    torchao's made as its step makes them (its compiled step is not run:
-    :func:`mptrain.train.memory.fresh_state_bytes`)."""
-    from mptrain.train.memory import fresh_state_bytes
-    from mptrain.train.optim import build_optimizer
-
+    """The optimizer-state bytes of each state choice (:func:`state_bytes`) on FP32's built
+    ``run``, each waiting on the budget; the user's own state choice and checkpointing mode."""
     users = fits.user_state(cfg.optimizer.name, getattr(cfg.optimizer, "state_dtype", None))
     out["user_state"] = users
     out["user_checkpointing"] = cfg.memory.activation_checkpointing
@@ -214,17 +233,13 @@ def _account_states(
     if not any(s.name == users for s in choices):  # SGD, or a choice not listed: its own only
         out["states"][users] = account_step(run, samples)["total"]["optimizer_states"]
         return
-    model = unwrap(run.model)
     for state in choices:
         if not _fits_budget(budget, item.step_need_s(samples), state.label, out):
             continue
-        optimizer = build_optimizer(with_state(cfg, state).optimizer, model)
-        fresh = fresh_state_bytes(optimizer)
-        if fresh is None:
-            counted = account_step(dataclasses.replace(run, optimizer=optimizer), samples)
-            out["states"][state.name] = counted["total"]["optimizer_states"]
-        else:
-            out["states"][state.name] = sum(fresh.values())
+        try:
+            out["states"][state.name] = state_bytes(cfg, run, state)
+        except RuntimeError as exc:  # out of memory on a GPU: said, the others still counted
+            out["skipped"][state.label] = f"{type(exc).__name__}: {exc}"
 
 
 # ------------------------------------------------------------------------------ the decision
@@ -271,7 +286,7 @@ def assemble(
     gpu: Any,
     times: dict[str, float],
     time_basis: str,
-    accepted: dict[str, str | None],
+    verdicts: dict[str, str | None],
     device: torch.device,
 ) -> dict[str, Any]:
     """advise.json's ``memory``: per precision and mode the line and its bytes at the configured
@@ -299,7 +314,7 @@ def assemble(
     wanted = cfg.advise.batch_size
     if wanted is not None:
         own = (users, footprint.get("user_checkpointing", "none"))
-        out["target"]["fit"] = _fit(combos, wanted, usable, times, time_basis, accepted, own)
+        out["target"]["fit"] = _fit(combos, wanted, usable, times, time_basis, verdicts, own)
         cost = footprint.get("cost")
         if cost and out["target"]["fit"].get("combination") == cost.get("combination"):
             out["target"]["fit"]["speed_cost"] = cost
@@ -345,24 +360,20 @@ def _fit(
     usable: float,
     times: dict[str, float],
     time_basis: str,
-    accepted: dict[str, str | None],
+    verdicts: dict[str, str | None],
     own: tuple[str, str],
 ) -> dict[str, Any]:
-    considered = [p for p, why in accepted.items() if why is None]
+    considered = [p for p, why in verdicts.items() if why is None]
     not_considered = {
-        p: accepted.get(p) or "no fidelity run"
+        p: verdicts.get(p) or "no fidelity run"
         for p in dict.fromkeys(c.precision for c in combos)
         if p not in considered
     }
     chosen = fits.choose(combos, wanted, usable, times, considered)
     if chosen is None:
-        largest = max((c.line.largest_batch(usable) for c in combos), default=0)
         return {
             "batch_size": wanted,
-            "none": (
-                f"no combination fits micro-batch {wanted}: the largest that fits is {largest}; "
-                "lower batch_size and raise grad_accum_steps"
-            ),
+            "none": _none_fits(combos, wanted, usable, considered),
             "not_considered": not_considered,
         }
     return {
@@ -377,17 +388,37 @@ def _fit(
     }
 
 
+def _none_fits(
+    combos: list[fits.Combination], wanted: int, usable: float, considered: list[str]
+) -> str:
+    """Why nothing is recommended for micro-batch ``wanted``: the largest micro-batch the
+    considered precisions fit, or that a precision not vouched for would fit it."""
+    largest = max(
+        (c.line.largest_batch(usable) for c in combos if c.precision in considered), default=0
+    )
+    unvouched = [c for c in combos if c.precision not in considered and c.line.at(wanted) <= usable]
+    said = f"no combination fits micro-batch {wanted:,}"
+    if unvouched:
+        return (
+            f"{said} among the precisions whose numerics were vouched for ({unvouched[0].precision}"
+            " would: measure its fidelity with a larger advise.budget_s)"
+        )
+    return (
+        f"{said}: the largest that fits is {largest:,}; lower batch_size and raise grad_accum_steps"
+    )
+
+
 # ------------------------------------------------------------------------------ its speed cost
 def run_fit_cost(
     cfg: RunConfig,
     found: dict[str, Any],
-    accepted: dict[str, str | None],
+    verdicts: dict[str, str | None],
     budget: Budget,
     timings: dict[str, Any],
     device: torch.device,
 ) -> None:
-    """Measure the step-time cost of what the fit recommends (among the ``accepted`` precisions,
-    the provisional decision's) beyond its precision
+    """Measure the step-time cost of what the fit recommends (among the precisions whose
+    ``verdicts`` are None: the provisional decision's numerics) beyond its precision
     (a state choice, checkpointing) side by side with the precision alone, bench's rotated
     repetitions; into ``found["footprint"]["cost"]``, or why not (``skipped["speed cost"]``)."""
     from mptrain.commands import bench
@@ -400,7 +431,7 @@ def run_fit_cost(
     gpu, _ = predict.target_gpu(cfg, device)
     prediction = predict.predict(cfg, device, found["candidates"]) if gpu else None
     times, time_basis = step_times(found["candidates"], prediction)
-    memory = assemble(cfg, found, gpu, times, time_basis, accepted, device)
+    memory = assemble(cfg, found, gpu, times, time_basis, verdicts, device)
     fit = (memory.get("target") or {}).get("fit") or {}
     if not fit.get("overrides"):
         return
@@ -428,9 +459,11 @@ def run_fit_cost(
 
 
 def _combination_config(cfg: RunConfig, combination: list[str], users: str | None) -> RunConfig:
-    """``cfg`` (a precision's) with the combination's checkpointing mode and state choice."""
+    """``cfg`` (a precision's, timed alone beside it) with the combination's checkpointing mode
+    and state choice: nothing else differs between the two."""
     _, state, mode = combination
-    combo = _with_batch(cfg, cfg.batch_size, mode)
+    memory = dataclasses.replace(cfg.memory, activation_checkpointing=mode)
+    combo = dataclasses.replace(cfg, memory=memory)
     chosen = fits.state_choice(state)
     return with_state(combo, chosen) if chosen is not None and state != users else combo
 

@@ -135,8 +135,8 @@ def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
     run_speed(cands, cfg.advise, speed_budget(cands, cfg.advise, budget), timings)
     device = hardware.resolve_device(cfg.device)
     found["machine_load"] = contention.judged_since(before, device)
-    accepted = faithful(*measured_inputs(cfg, found, device))
-    run_fit_cost(cfg, found, accepted, budget, timings, device)
+    verdicts = faithful(*measured_inputs(cfg, found, device))
+    run_fit_cost(cfg, found, verdicts, budget, timings, device)
     run_seeds(cfg, found, decide(cfg, found, device), budget, timings)  # the finalists'
 
 
@@ -152,7 +152,7 @@ def note_interrupt(found: dict[str, Any], signal_name: str, budget: Budget) -> N
     found["interrupted"] = {"signal": signal_name, "during": during, "after_s": budget.elapsed_s()}
     why = f"interrupted by {signal_name}" + (f" during {during}" if during else "")
     mark_not_reached(found["candidates"], found["numerics"], timings, why)
-    if "memory" not in timings:
+    if not found["footprint"].get("ran"):
         found["footprint"]["skipped"].setdefault("memory (part)", why)
     note_not_reached(found["plan"], why)
 
@@ -265,8 +265,10 @@ def add_fit_command(memory: dict[str, Any], overrides: list[str]) -> None:
     fit = (memory.get("target") or {}).get("fit") or {}
     if "combination" not in fit:
         return
-    replaced = ("batch_size=", *(o.split("=")[0] + "=" for o in fit["overrides"]))
-    kept = [o for o in overrides if not o.lstrip("+~").startswith(replaced)]
+    replaced = ["batch_size=", *(o.split("=")[0] + "=" for o in fit["overrides"])]
+    if any(o.startswith("optimizer=") for o in fit["overrides"]):  # another schema: its keys only
+        replaced += [f"optimizer.{k}=" for k in ("state_dtype", "state_rounding")]
+    kept = [o for o in overrides if not o.lstrip("+~").startswith(tuple(replaced))]
     command = command_for(kept, fit["combination"][0])
     fit["command"] = " ".join([command, f"batch_size={fit['batch_size']}", *fit["overrides"]])
 
