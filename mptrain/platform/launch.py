@@ -118,9 +118,9 @@ def _job_environment() -> Any | None:
 def check_restartable() -> None:
     """torchrun with ``--max-restarts`` shares its rendezvous store with the workers' process
     group by default, and a restarted group then reads the previous attempt's Gloo or NCCL
-    addresses from it and hangs in its first connect (pytorch/pytorch#135712, measured here with
-    Gloo: 3 of 3 restarts hung): refused before the first attempt, with the variable that fixes
-    it."""
+    addresses from it and fails or hangs in its first connect (pytorch/pytorch#135712; measured
+    here with Gloo: 5 of 6 restarted groups failed to connect or hung, 4 of 4 went on with the
+    variable set): refused before the first attempt, with the variable that fixes it."""
     restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
     shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     if restarts.isdigit() and int(restarts) > 0 and shared:
