@@ -53,6 +53,13 @@ def test_ddp_two_ranks_of_16_match_one_process_of_32_in_fp32(tmp_path):
         "backend": "gloo",
         "strategy": "ddp",
         "reduce_dtype": "float32",
+        # How the ranks were started and how long a collective waits for a lost one.
+        "launcher": "torchrun",
+        "nodes": 1,
+        "tasks": 2,
+        "restart": 0,
+        "timeout_s": 600.0,
+        "lost_ranks": None,
     }
     assert report["data"]["effective_batch_size"] == 32
 
