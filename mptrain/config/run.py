@@ -189,8 +189,8 @@ class RunConfig:
     probe_every: int | None = setting(
         100,
         (
-            "measure zero gradients and updates lost to rounding every N steps (a parameter copy,"
-            " ~0.4 ms for 85k parameters on a CPU); null = never"
+            "measure zero gradients and the updates rounded away, in the parameters and in each"
+            " optimizer state, every N steps (costs a copy of both); null = never"
         ),
         metadata=NOT_TRAINING,
         accepts=at_least_rule(1, optional=True),

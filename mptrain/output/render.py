@@ -322,6 +322,9 @@ def _closing_rows(report: RunReport) -> list[tuple[str, str]]:
                 f"to rounding {fmt_pct(t.updates_lost_fraction)} (averages of probes every probe_every steps)",
             )
         )
+    if t.states_lost_fraction:
+        lost = ", ".join(f"{name} {fmt_pct(v)}" for name, v in t.states_lost_fraction.items())
+        rows.append(("optimizer states", f"updates lost to rounding: {lost}"))
     return rows + [("note", n) for n in report.precision.notes]
 
 

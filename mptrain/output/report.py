@@ -140,6 +140,9 @@ class TrainingSection:
     # Which limit sets the run's length: "max_steps=2000", "15 epochs", "max_steps=400, before
     # 15 epochs"; None in reports written before it existed or of a run that failed first.
     length: str | None = None
+    # Per optimizer state (exp_avg, exp_avg_sq, ...): the share of elements with a non-zero
+    # gradient whose stored state a probed step left unchanged; None without probes.
+    states_lost_fraction: dict[str, float] | None = None
 
 
 @dataclass

@@ -61,14 +61,28 @@ class Probes:
     zero_grad_fraction_sum: float = 0.0
     update_probes: int = 0
     updates_lost_fraction_sum: float = 0.0
+    # Per optimizer state name (exp_avg, exp_avg_sq, momentum_buffer): how many probes saw it
+    # and the sum of the shares of its updates lost to rounding.
+    state_probes: dict[str, int] = field(default_factory=dict)
+    states_lost_fraction_sums: dict[str, float] = field(default_factory=dict)
 
-    def record(self, zero_grads: float | None, updates_lost: float | None) -> None:
+    def record(
+        self,
+        zero_grads: float | None,
+        updates_lost: float | None,
+        states_lost: dict[str, float] | None = None,
+    ) -> None:
         if zero_grads is not None:
             self.probes += 1
             self.zero_grad_fraction_sum += zero_grads
         if updates_lost is not None:
             self.update_probes += 1
             self.updates_lost_fraction_sum += updates_lost
+        for name, lost in (states_lost or {}).items():
+            self.state_probes[name] = self.state_probes.get(name, 0) + 1
+            self.states_lost_fraction_sums[name] = (
+                self.states_lost_fraction_sums.get(name, 0.0) + lost
+            )
 
     @property
     def zero_grad_fraction(self) -> float | None:
@@ -77,6 +91,13 @@ class Probes:
     @property
     def updates_lost_fraction(self) -> float | None:
         return self.updates_lost_fraction_sum / self.update_probes if self.update_probes else None
+
+    @property
+    def states_lost_fractions(self) -> dict[str, float] | None:
+        """Per optimizer state, the average share of its updates lost; None before any probe
+        saw a state (no probe yet, or each probe was a parameter's first step)."""
+        sums = self.states_lost_fraction_sums
+        return {name: sums[name] / n for name, n in self.state_probes.items()} or None
 
 
 @dataclass

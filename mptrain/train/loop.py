@@ -258,7 +258,7 @@ def _optimizer_step(
         outcome.grad_norm = gradient_norm(params)
     if clip is not None:
         torch.nn.utils.clip_grads_with_norm_(params, clip, outcome.grad_norm)
-    probe = UpdateProbe(params, precision.update) if probe_now else None
+    probe = UpdateProbe(params, precision.update, optimizer) if probe_now else None
     if precision.loss_scaling:
         _scaled_step(run, outcome)
     else:
@@ -269,6 +269,7 @@ def _optimizer_step(
         outcome.zero_grads = probe.zero_grad_fraction()
         if not outcome.skipped:
             outcome.updates_lost = probe.updates_lost_fraction()
+            outcome.states_lost = probe.states_lost_fractions()
     clear_grads(optimizer)
     return outcome
 
@@ -373,7 +374,11 @@ def _nonzero_mask_(x: torch.Tensor) -> torch.Tensor:
 
 class UpdateProbe:
     """Measures, around one optimizer step, how many gradients are zero and how many non-zero
-    gradients left no trace of their update (rounded away in the parameter's dtype).
+    gradients left no trace of their update (rounded away in the parameter's dtype), and, given
+    the ``optimizer``, the same for each of its states (Adam's moments, SGD's momentum): the
+    share of elements with a non-zero gradient whose stored state the step left unchanged,
+    e.g. ``exp_avg_sq``'s 0.1% change rounded away in BF16 (``optimizer.state_dtype=bf16``) or in
+    torchao's 8-bit blocks.
 
     Works on flat FP32 copies of all gradients and parameters (three concatenations and a few
     element-wise kernels, not a dozen small kernels per tensor); it still costs a copy of the
@@ -383,18 +388,36 @@ class UpdateProbe:
     Kahan buffer, or the FP32 result stochastic rounding drew from.
     """
 
-    def __init__(self, params: list[torch.Tensor], update: WeightUpdate | None = None) -> None:
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        update: WeightUpdate | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+    ) -> None:
         self.params = [p for p in params if p.grad is not None]
         self.total = sum(local_shard(p).numel() for p in params)  # no gradient counts as zero
         self.update = update
+        self.optimizer = optimizer
         self.moved_mask = self.before = None
         self.moved = 0.0
+        self.states_before: dict[str, tuple[list[int], torch.Tensor]] = {}
         if self.params:
             self.moved_mask = _nonzero_mask_(_flat_fp32([p.grad for p in self.params]))
             self.before = self._weights()
             self.moved = float(self.moved_mask.sum())
+            if optimizer is not None:
+                self.states_before = {
+                    name: (indices, self._states(name, indices))
+                    for name, indices in _param_shaped_states(optimizer, self.params).items()
+                }
         if update is not None:
             update.keep_results(True)
+
+    def _states(self, name: str, indices: list[int]) -> torch.Tensor:
+        """The ``name`` state of the parameters at ``indices``, as one new FP32 vector
+        (torchao's quantized states dequantized)."""
+        state = self.optimizer.state
+        return _flat_fp32([local_shard(state[self.params[i]][name]).dequantize() for i in indices])
 
     def _weights(self) -> torch.Tensor:
         if self.update is None:
@@ -416,6 +439,35 @@ class UpdateProbe:
         if self.update is not None:
             self.update.keep_results(False)
         return lost
+
+    def states_lost_fractions(self) -> dict[str, float]:
+        """After the optimizer step, per state name: of the elements with a non-zero gradient,
+        the share whose state did not change. Parameters without state before the step (their
+        first) are left out; a name none of whose elements had a gradient is absent."""
+        lost = {}
+        bounds = list(
+            itertools.accumulate((local_shard(p).numel() for p in self.params), initial=0)
+        )
+        for name, (indices, before) in self.states_before.items():
+            mask = torch.cat([self.moved_mask[bounds[i] : bounds[i + 1]] for i in indices])
+            moved = float(mask.sum())
+            if moved:
+                changed = _nonzero_mask_(self._states(name, indices) - before)
+                lost[name] = 1.0 - float(torch.dot(mask, changed)) / moved
+        return lost
+
+
+def _param_shaped_states(
+    optimizer: torch.optim.Optimizer, params: list[torch.Tensor]
+) -> dict[str, list[int]]:
+    """Per state name, the indices of ``params`` whose optimizer state holds a tensor of that
+    name with one element per parameter element (moments, momentum; not step counters)."""
+    names: dict[str, list[int]] = {}
+    for i, p in enumerate(params):
+        for name, value in optimizer.state.get(p, {}).items():
+            if name != "step" and isinstance(value, torch.Tensor) and value.shape == p.shape:
+                names.setdefault(name, []).append(i)
+    return names
 
 
 def found_inf_flags(

@@ -66,6 +66,7 @@ class StepOutcome:
     data_wait_s: float = 0.0  # time spent waiting for this step's micro-batches
     zero_grads: float | None = None  # probe: share of gradient values that were zero
     updates_lost: float | None = None  # probe: share of non-zero gradients the update lost
+    states_lost: dict[str, float] | None = None  # probe: the same per optimizer state
     loss_finite: bool = True  # with loss scaling: the loss was finite on every rank (read per step)
 
 
@@ -231,7 +232,7 @@ class Monitor:
         self._interval.losses.append(outcome.loss)
         if self.loss_window is not None:
             self.loss_window.record(state.step, outcome.loss)
-        self.probes.record(outcome.zero_grads, outcome.updates_lost)
+        self.probes.record(outcome.zero_grads, outcome.updates_lost, outcome.states_lost)
         if self.scale is not None:
             self._watch_scale(state.step, outcome)
         if self.stopwatch.running:
@@ -336,6 +337,8 @@ class Monitor:
                 p.zero_grad_fraction_sum,
                 p.update_probes,
                 p.updates_lost_fraction_sum,
+                p.state_probes,
+                p.states_lost_fraction_sums,
             ],
         } | ({} if self.loss_window is None else {"loss_window": self.loss_window.values()})
 

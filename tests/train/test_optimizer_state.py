@@ -15,6 +15,7 @@ from support.runs import train as run_train
 from mptrain.config.base import ConfigError
 from mptrain.output.report import load_report
 from mptrain.train.build import prepare_run
+from mptrain.train.loop import UpdateProbe
 from mptrain.train.memory import account_step
 from mptrain.train.optim import AdamWLowState
 
@@ -55,6 +56,55 @@ def test_stochastic_rounding_of_the_states_is_unbiased_and_seeded():
     exact = 0.1 * p.grad[0].item()
     assert abs(stored[0].float().mean().item() - exact) < 1e-5 * exact * 50
     assert len(set(stored[0].float().tolist())) == 2  # both neighbours drawn
+
+
+def probe_second_step(optimizer_class, **kwargs) -> dict[str, float]:
+    """Step once with unit gradients (the moments exist), then probe a step whose squared
+    gradient is 1.5x ``exp_avg_sq``: its update moves ``exp_avg_sq`` by 0.05%, under half a BF16
+    spacing (0.2-0.4%) and far over FP32's; a quarter of the gradients are zero."""
+    p = torch.nn.Parameter(torch.zeros(4000))
+    opt = optimizer_class([p], lr=1e-3, **kwargs)
+    p.grad = torch.ones_like(p)
+    opt.step()
+    grad = (1.5 * opt.state[p]["exp_avg_sq"].float()).sqrt()
+    grad[:1000] = 0.0
+    p.grad = grad
+    probe = UpdateProbe([p], optimizer=opt)
+    opt.step()
+    return probe.states_lost_fractions()
+
+
+def test_the_probe_sees_bf16_moments_lose_the_updates_fp32_moments_keep():
+    fp32 = probe_second_step(torch.optim.AdamW)
+    bf16 = probe_second_step(
+        lambda params, lr: AdamWLowState([{"params": params}], lr, (0.9, 0.999), 1e-8, 0.0)
+    )
+    assert fp32 == {"exp_avg": 0.0, "exp_avg_sq": 0.0}
+    # exp_avg moves by ~60% (0.1 -> ~0.04): kept in BF16 too; exp_avg_sq's 0.05% is rounded
+    # away on every element that had a gradient (the zero ones are not counted).
+    assert bf16 == {"exp_avg": 0.0, "exp_avg_sq": 1.0}
+
+
+def test_the_probe_leaves_out_parameters_on_their_first_step_and_step_counters():
+    p = torch.nn.Parameter(torch.zeros(10))
+    p.grad = torch.ones_like(p)
+    opt = torch.optim.AdamW([p])
+    probe = UpdateProbe([p], optimizer=opt)
+    opt.step()
+    assert probe.states_lost_fractions() == {}
+    p.grad = torch.ones_like(p)
+    probe = UpdateProbe([p], optimizer=opt)
+    opt.step()
+    assert set(probe.states_lost_fractions()) == {"exp_avg", "exp_avg_sq"}
+
+
+def test_the_report_gives_each_states_lost_updates(tmp_path):
+    report = run_train(
+        tiny_run("max_steps=6", "probe_every=2", "optimizer.state_dtype=bf16"), tmp_path
+    )
+    lost = load_report(tmp_path).training.states_lost_fraction
+    assert set(lost) == {"exp_avg", "exp_avg_sq"} and lost["exp_avg_sq"] > lost["exp_avg"], lost
+    assert report["training"]["states_lost_fraction"] == lost
 
 
 def test_the_report_names_the_state_dtypes(tmp_path):
