@@ -98,9 +98,9 @@ def run_job(cfg: DictConfig) -> float | None:
 
     from mptrain.output.joblog import record_error
     from mptrain.output.render import write_failure
-    from mptrain.platform.threads import sweep_jobs
     from mptrain.train.job import RunFailed, RunInterrupted, train
     from mptrain.train.resume import AlreadyCompleted
+    from mptrain.train.threads import sweep_jobs
 
     hydra_cfg = HydraConfig.get()
     output_dir = Path(hydra_cfg.runtime.output_dir)

@@ -37,7 +37,6 @@ from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
 from mptrain.platform.seeding import seed_everything
-from mptrain.platform.threads import ThreadChoice, apply_threads, resolve_threads
 from mptrain.precision.formats import layer_format
 from mptrain.precision.gemm_plans import check_gemms, own_format
 from mptrain.precision.plugin import Precision
@@ -56,6 +55,7 @@ from mptrain.train.optim import build_optimizer, build_scheduler
 from mptrain.train.recipe import check_recipe_data
 from mptrain.train.state import LoopSettings
 from mptrain.train.switch import plan_switch
+from mptrain.train.threads import ThreadChoice, apply_threads, resolve_threads
 
 
 def prepare_run(cfg: RunConfig, dist: DistContext | None = None) -> Run:
@@ -208,7 +208,7 @@ def choose_threads(
     jobs: int = 1,
     measure: bool = False,
 ) -> ThreadChoice:
-    """Decide and set the intra-op thread count (:func:`mptrain.platform.threads.resolve_threads`).
+    """Decide and set the intra-op thread count (:func:`mptrain.train.threads.resolve_threads`).
 
     The training feed's DataLoader workers run on the same cores; the processes torchrun started
     on this node share them like concurrent jobs. A distributed run is not measured: its ranks

@@ -18,10 +18,10 @@ from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.models.task import Task
 from mptrain.platform.distributed import DistContext, unwrap
-from mptrain.platform.threads import ThreadChoice
 from mptrain.precision.plugin import Precision
 from mptrain.train.monitor import LossWindow, Monitor
 from mptrain.train.state import LoopSettings, LoopState
+from mptrain.train.threads import ThreadChoice
 
 
 class PrecisionSchedule:

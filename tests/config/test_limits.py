@@ -10,8 +10,8 @@ from support.runs import run_cli, tiny_run
 
 from mptrain.cli.preflight import refuse_huge_numbers
 from mptrain.config.base import ConfigError
-from mptrain.platform import threads
 from mptrain.platform.contention import affinity_cpus
+from mptrain.train import threads
 from mptrain.train.build import prepare_run
 
 

@@ -30,8 +30,7 @@ def test_the_thread_tuner_reports_a_change_of_count():
     """Steps at 2 threads take 10x the time of steps at 1 (a busy machine): the warm-up chooses
     1 and says so to whoever listens (the progress display, which estimates again)."""
     from mptrain.platform.contention import LoadSample
-    from mptrain.platform.threads import ThreadChoice
-    from mptrain.train.threads import ThreadTuner
+    from mptrain.train.threads import ThreadChoice, ThreadTuner
 
     clock = {"t": 0.0, "calls": 0}
 

@@ -11,7 +11,6 @@ import torch
 from support.runs import tiny_run, train
 
 from mptrain.platform import hardware
-from mptrain.platform.threads import ThreadChoice
 from mptrain.rundir.layout import step_checkpoint_name
 from mptrain.train import autoprecision
 from mptrain.train.autoprecision import (
@@ -22,6 +21,7 @@ from mptrain.train.autoprecision import (
     time_candidates,
 )
 from mptrain.train.build import prepare_run, with_policy
+from mptrain.train.threads import ThreadChoice
 
 
 @pytest.fixture

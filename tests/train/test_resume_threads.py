@@ -8,10 +8,9 @@ from __future__ import annotations
 import torch
 from support.runs import tiny_run, train
 
-from mptrain.platform.threads import ThreadChoice
 from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.rundir.layout import CHECKPOINT_DIR
-from mptrain.train.threads import kept_from_checkpoint
+from mptrain.train.threads import ThreadChoice, kept_from_checkpoint
 
 AUTO = ThreadChoice("auto", 2, "auto", "2 usable CPUs")
 

@@ -14,22 +14,20 @@ from support.runs import compose_run, tiny_run, train
 from mptrain.config.base import ConfigError
 from mptrain.output.render import render_markdown
 from mptrain.output.report import load_report
-from mptrain.platform import threads as platform_threads
 from mptrain.platform.contention import LoadSample
-from mptrain.platform.threads import (
-    ThreadChoice,
-    cgroup_quota_cpus,
-    cpu_budget,
-    resolve_threads,
-    sweep_jobs,
-)
+from mptrain.train import threads as threads_module
 from mptrain.train.threads import (
     LOAD_FALL_CORES,
     RECHECK_FIRST_WINDOWS,
     RECHECK_MAX_WINDOWS,
+    ThreadChoice,
     ThreadTuner,
     candidates_for,
+    cgroup_quota_cpus,
+    cpu_budget,
     load_fell,
+    resolve_threads,
+    sweep_jobs,
     threads_section,
 )
 
@@ -50,7 +48,7 @@ def _no_omp_num_threads(monkeypatch):
 
 @pytest.fixture
 def eight_cpus(monkeypatch):
-    monkeypatch.setattr(platform_threads, "affinity_cpus", lambda: 8)
+    monkeypatch.setattr(threads_module, "affinity_cpus", lambda: 8)
 
 
 # ---------------------------------------------------------------------- the count: affinity, cgroup
@@ -322,7 +320,7 @@ def test_pinned_threads_are_set_recorded_and_not_measured(tmp_path):
 
 
 def test_auto_measures_on_training_steps_and_the_report_says_so(tmp_path, monkeypatch):
-    monkeypatch.setattr(platform_threads, "affinity_cpus", lambda: 2)
+    monkeypatch.setattr(threads_module, "affinity_cpus", lambda: 2)
     report = train(tiny_run("threads=auto", "max_steps=12", "epochs=null"), tmp_path)
     t = report["threads"]
     assert (t["requested"], t["initial"], t["mode"]) == ("auto", 2, "auto")
@@ -345,7 +343,7 @@ def test_auto_measures_its_thread_counts_beside_busy_processes_and_keeps_the_fas
 ):
     """With a busy process per core, two spinning OpenMP threads lose to one: the run measures
     that on its first steps, uses 1 and the report says why."""
-    monkeypatch.setattr(platform_threads, "affinity_cpus", lambda: 2)  # at least 2 to compare
+    monkeypatch.setattr(threads_module, "affinity_cpus", lambda: 2)  # at least 2 to compare
     context = multiprocessing.get_context("spawn")
     stop_at = time.monotonic() + 120
     busy = [context.Process(target=_spin, args=(stop_at,)) for _ in range(os.cpu_count() or 2)]
