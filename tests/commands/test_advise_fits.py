@@ -12,9 +12,11 @@ import torch
 from support.processes import describe, run_mptrain
 from support.runs import LM, compose_run, tiny_run
 
-from mptrain.commands.advise import fit_report, fits, footprint
+from mptrain.commands.advise import fit_measure, fit_report, fits, footprint
 from mptrain.commands.advise.measure import candidates, run_pilots
 from mptrain.commands.advise.trials import Budget
+from mptrain.output.memory import fmt_bytes
+from mptrain.perf import gpus
 from mptrain.train.build import prepare_run
 from mptrain.train.memory import account_step, fresh_state_bytes
 
@@ -167,6 +169,72 @@ def test_the_footprint_accounts_each_built_precision_and_the_state_choices():
     section = "\n".join(fit_report.section(memory))
     assert "## What fits" in section and "largest batch, bf16 states" in section
     assert "What fits h100-sxm at micro-batch 256 (predicted): fp32, fp32 states" in section
+
+
+def test_the_recommended_combination_is_measured_on_the_target_gpu_only(monkeypatch):
+    """Elsewhere the fit stays predicted and advise.json says why; on the target GPU itself (this
+    CPU stands in for it: only the device check is replaced) the combination trains 3 steps at
+    the asked-for micro-batch and its measured peak goes beside the prediction."""
+    cpu = torch.device("cpu")
+    cfg = tiny_run("advise.target=h100", "advise.batch_size=256")
+    cands = candidates(cfg, cpu)[:1]  # fp32
+    budget = Budget(120)
+    run_pilots(cands, budget, {})
+    found = {"candidates": cands, "footprint": footprint.new_footprint()}
+    footprint.run_footprint(cfg, cands, budget, {}, found["footprint"])
+    verdicts = {"fp32": None}
+
+    fit_measure.run_fit_check(cfg, found, verdicts, budget, {}, cpu)
+    assert found["footprint"]["measured"] is None
+    assert found["footprint"]["skipped"]["measured"] == "advise ran on the cpu, not on a h100-sxm"
+
+    monkeypatch.setattr(fit_measure, "on_target", lambda gpu, device: True)
+    fit_measure.run_fit_check(cfg, found, verdicts, budget, {}, cpu)
+    measured = found["footprint"]["measured"]
+    assert measured["combination"] == ["fp32", "fp32", "none"]
+    assert (measured["batch_size"], measured["steps"]) == (256, fit_measure.CHECK_STEPS)
+    assert measured["peak_bytes"] > 0
+    memory = footprint.assemble(cfg, found, gpus.row("h100"), {"fp32": 1.0}, "m", verdicts, cpu)
+    assert memory["target"]["fit"]["measured"] == measured
+    line = fit_report.fit_lines(memory)[0]
+    peak = fmt_bytes(measured["peak_bytes"])
+    assert f"Measured on this h100-sxm: peak {peak} at micro-batch 256 over 3 steps" in line
+
+
+def test_an_out_of_memory_on_the_target_gpu_is_said():
+    measured = {"batch_size": 512, "out_of_memory": "CUDA out of memory. Tried to allocate 2 GiB"}
+    said = fit_report._measured(measured, "h100-sxm")
+    assert said == (
+        " Measured on this h100-sxm: out of memory at micro-batch 512 "
+        "(CUDA out of memory. Tried to allocate 2 GiB)."
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_the_target_gpu_advise_measures_what_it_recommends(tmp_path):
+    row = gpus.row_for_device_name(torch.cuda.get_device_name())
+    if row is None:
+        pytest.skip(f"{torch.cuda.get_device_name()} is not in the peak table")
+    result = run_mptrain(
+        tmp_path,
+        "advise",
+        "model=resnet18",
+        "advise.budget_s=120",
+        "advise.seeds=1",
+        "advise.plan=false",
+        f"advise.target={row.key}",
+        "advise.batch_size=256",
+        "hydra.run.dir=out",
+    )
+    assert result.returncode == 0, describe(result)
+    fit = json.loads((tmp_path / "out" / "advise.json").read_text())["memory"]["target"]["fit"]
+    measured = fit["measured"]
+    assert measured["batch_size"] == 256 and "out_of_memory" not in measured
+    # The prediction counts what the step holds; the allocator's peak adds its rounding and the
+    # optimizer's scratch: the same order of magnitude.
+    assert 0.5 < measured["peak_bytes"] / fit["bytes"] < 2, (measured, fit["bytes"])
+    assert f"Measured on this {row.key}: peak" in result.stdout
 
 
 @pytest.mark.slow

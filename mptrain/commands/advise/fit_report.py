@@ -1,7 +1,8 @@
 """advise.md's "What fits" section, from advise.json's ``memory`` (:mod:`.footprint`): one step's
 accounted bytes per precision and checkpointing mode at the configured micro-batch, the
 optimizer-state choices' bytes, and on ``advise.target``'s GPU the largest micro-batch of each
-and the recommendation for ``advise.batch_size``, every figure labelled predicted."""
+and the recommendation for ``advise.batch_size``, every figure labelled predicted, and what the
+recommendation measured where advise ran on that GPU."""
 
 from __future__ import annotations
 
@@ -52,10 +53,24 @@ def fit_lines(memory: dict[str, Any] | None) -> list[str]:
     elif fit["overrides"]:
         why = memory["skipped"].get("speed cost", "not measured")
         line += f" What it adds ({' '.join(fit['overrides'])}) costs in speed: {why}."
+    line += _measured(fit.get("measured"), gpu)
     left_out = [f"{_label(p)} ({why})" for p, why in fit.get("not_considered", {}).items()]
     if left_out:
         line += f" Not considered, their numerics not vouched for: {'; '.join(left_out)}."
     return [line, *(["", "    " + fit["command"]] if fit.get("command") else [])]
+
+
+def _measured(measured: dict[str, Any] | None, gpu: str) -> str:
+    """What the combination measured on the target GPU itself (:mod:`.fit_measure`), if it ran."""
+    if not measured:
+        return ""
+    at = f"micro-batch {measured['batch_size']:,}"
+    if "out_of_memory" in measured:
+        return f" Measured on this {gpu}: out of memory at {at} ({measured['out_of_memory']})."
+    return (
+        f" Measured on this {gpu}: peak {fmt_bytes(measured['peak_bytes'])} at {at} "
+        f"over {measured['steps']} steps (CUDA's max allocated)."
+    )
 
 
 def section(memory: dict[str, Any] | None) -> list[str]:

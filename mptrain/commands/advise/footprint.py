@@ -6,10 +6,9 @@ activation-checkpointing mode, measured here, then what fits ``advise.target``'s
 micro-batches of :data:`.fits.PROBE_BATCHES`, without checkpointing first, then the optimizer's
 state once per state choice (on FP32; AdamW's moments do not depend on the autocast precision),
 then the checkpointing modes where the model has blocks; each accounting waits on the budget's
-deadline and what does not fit is listed. :func:`run_fit_cost` then measures, side by side as
-bench does, what the recommended combination's state choice and checkpointing cost in step time
-against its precision alone — before the seeds, which take whatever budget is left.
-:func:`assemble` turns what was found into advise.json's ``memory`` (pure, also after an interrupt).
+deadline and what does not fit is listed (:mod:`.fit_measure` then measures the recommended
+combination: its speed cost here, its peak on the target GPU itself). :func:`assemble` turns
+what was found into advise.json's ``memory`` (pure, also after an interrupt).
 """
 
 from __future__ import annotations
@@ -43,7 +42,7 @@ ACCOUNT_COST = 3.0
 def new_footprint() -> dict[str, Any]:
     """What :func:`run_footprint` fills, part by part: ``{precision: {mode: {batch: bytes}}}``,
     the state choices' bytes, and why anything was not accounted."""
-    return {"steps": {}, "states": {}, "skipped": {}, "cost": None}
+    return {"steps": {}, "states": {}, "skipped": {}, "cost": None, "measured": None}
 
 
 def _with_batch(cfg: RunConfig, batch: int, mode: str) -> RunConfig:
@@ -315,9 +314,11 @@ def assemble(
     if wanted is not None:
         own = (users, footprint.get("user_checkpointing", "none"))
         out["target"]["fit"] = _fit(combos, wanted, usable, times, time_basis, verdicts, own)
-        cost = footprint.get("cost")
-        if cost and out["target"]["fit"].get("combination") == cost.get("combination"):
-            out["target"]["fit"]["speed_cost"] = cost
+        fit = out["target"]["fit"]
+        for key, found_key in (("speed_cost", "cost"), ("measured", "measured")):
+            measured = footprint.get(found_key)  # of the combination recommended then
+            if measured and fit.get("combination") == measured.get("combination"):
+                fit[key] = measured
     return out
 
 
@@ -406,80 +407,3 @@ def _none_fits(
     return (
         f"{said}: the largest that fits is {largest:,}; lower batch_size and raise grad_accum_steps"
     )
-
-
-# ------------------------------------------------------------------------------ its speed cost
-def run_fit_cost(
-    cfg: RunConfig,
-    found: dict[str, Any],
-    verdicts: dict[str, str | None],
-    budget: Budget,
-    timings: dict[str, Any],
-    device: torch.device,
-) -> None:
-    """Measure the step-time cost of what the fit recommends (among the precisions whose
-    ``verdicts`` are None: the provisional decision's numerics) beyond its precision
-    (a state choice, checkpointing) side by side with the precision alone, bench's rotated
-    repetitions; into ``found["footprint"]["cost"]``, or why not (``skipped["speed cost"]``)."""
-    from mptrain.commands import bench
-    from mptrain.commands.advise import predict
-    from mptrain.commands.advise.measure import latest_cost, speed_measure
-
-    footprint, settings = found["footprint"], cfg.advise
-    if settings.batch_size is None:
-        return
-    gpu, _ = predict.target_gpu(cfg, device)
-    prediction = predict.predict(cfg, device, found["candidates"]) if gpu else None
-    times, time_basis = step_times(found["candidates"], prediction)
-    memory = assemble(cfg, found, gpu, times, time_basis, verdicts, device)
-    fit = (memory.get("target") or {}).get("fit") or {}
-    if not fit.get("overrides"):
-        return
-    plain = next(c for c in found["candidates"] if c.name == fit["combination"][0])
-    if plain.pilot is None:
-        footprint["skipped"]["speed cost"] = f"{plain.name} was not run here"
-        return
-    combo = _combination_config(plain.cfg, fit["combination"], footprint.get("user_state"))
-    steps, runs = settings.speed_steps, settings.warmup_steps + settings.speed_steps
-    need = 2 * settings.reps * latest_cost(plain).of(runs) * 1.5  # recomputing: up to 1.5×
-    if need > budget.left_s():
-        footprint["skipped"]["speed cost"] = (
-            f"estimated {need:.0f} s; {max(budget.left_s(), 0):.0f} s of advise.budget_s left"
-        )
-        return
-    configs = {"alone": plain.cfg, "combination": combo}
-    with timed_part(timings, "memory speed cost"):
-        reps, refused = bench.measure_reps(
-            configs, settings.warmup_steps, steps, settings.reps, speed_measure(budget.deadline())
-        )
-    if refused or not reps["alone"] or not reps["combination"]:
-        footprint["skipped"]["speed cost"] = "; ".join(refused.values()) or "no repetition fit"
-        return
-    footprint["cost"] = {"combination": fit["combination"], **_paired(reps), "on": device.type}
-
-
-def _combination_config(cfg: RunConfig, combination: list[str], users: str | None) -> RunConfig:
-    """``cfg`` (a precision's, timed alone beside it) with the combination's checkpointing mode
-    and state choice: nothing else differs between the two."""
-    _, state, mode = combination
-    memory = dataclasses.replace(cfg.memory, activation_checkpointing=mode)
-    combo = dataclasses.replace(cfg, memory=memory)
-    chosen = fits.state_choice(state)
-    return with_state(combo, chosen) if chosen is not None and state != users else combo
-
-
-def _paired(reps: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """The combination's step time over the precision alone's, paired per repetition: median,
-    min–max, how many pairs."""
-    pairs = sorted(
-        b["step_time_ms"] / a["step_time_ms"]
-        for a, b in zip(reps["alone"], reps["combination"], strict=False)
-        if a["step_time_ms"] and b["step_time_ms"]
-    )
-    if not pairs:
-        return {"step_time_vs_alone": None, "range": None, "reps": 0}
-    return {
-        "step_time_vs_alone": pairs[len(pairs) // 2],
-        "range": [pairs[0], pairs[-1]],
-        "reps": len(pairs),
-    }
