@@ -36,8 +36,8 @@ from mptrain.rundir.checkpoint import (
 )
 from mptrain.rundir.fileio import atomic_link
 from mptrain.rundir.layout import BEST, LATEST, candidates, step_checkpoint_name
-from mptrain.train.cadence import TimeCadence
 from mptrain.train.state import LoopState
+from mptrain.train.timing import TimeCadence
 
 if TYPE_CHECKING:
     from mptrain.precision.plugin import Precision
@@ -146,7 +146,7 @@ class Checkpointer:
 
     def _asked(self, step: int) -> bool:
         """A checkpoint signal came: the same answer on every rank, agreed at log rows as the
-        clock is (mptrain.train.cadence), after every step in a single process."""
+        clock is (mptrain.train.timing), after every step in a single process."""
         if not self.dist.enabled:
             return self.asked()
         if step % self.run.settings.log_every:

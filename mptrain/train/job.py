@@ -52,7 +52,7 @@ from mptrain.precision.policy import PrecisionPolicy
 from mptrain.rundir.checkpoint import resolve_resume
 from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, RUN_PNG
 from mptrain.rundir.lock import RunDirLock, check_no_other_run, check_output_dir
-from mptrain.train import cadence, ranks
+from mptrain.train import ranks, timing
 from mptrain.train.autoprecision import decide_auto
 from mptrain.train.build import build_run, resolve_run
 from mptrain.train.checkpointer import Checkpointer, run_signature
@@ -312,7 +312,7 @@ class Job:
         # Before the display starts timing the run's first step: FP32's step, when it is needed.
         slow_path = check_slow_path(run) if self.dist.is_main else None
         display = ProgressDisplay(
-            total, label, self.console, show, self.log, start, cadence.now, slow_path
+            total, label, self.console, show, self.log, start, timing.now, slow_path
         )
         if run.monitor.threads is not None:  # a new thread count: the estimate is made again
             run.monitor.threads.on_change = display.remeasure

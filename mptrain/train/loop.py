@@ -60,9 +60,9 @@ from mptrain.platform.distributed import (
 )
 from mptrain.precision.policy import PrecisionPolicy, to_model_input
 from mptrain.precision.update import WeightUpdate
-from mptrain.train.cadence import TimeCadence
 from mptrain.train.monitor import LoopObserver, StepOutcome
 from mptrain.train.state import LoopSettings, LoopState
+from mptrain.train.timing import TimeCadence
 
 if TYPE_CHECKING:
     from mptrain.train.components import Run

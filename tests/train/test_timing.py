@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 from support.runs import tiny_run, train
 
-import mptrain.train.cadence
+import mptrain.train.timing
 from mptrain.platform.distributed import DistContext
 from mptrain.train.build import prepare_run
-from mptrain.train.cadence import TimeCadence
 from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.state import LoopState
+from mptrain.train.timing import TimeCadence
 
-CPU = mptrain.train.cadence.torch.device("cpu")
+CPU = mptrain.train.timing.torch.device("cpu")
 
 
 class FakeClock:
@@ -30,7 +30,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(mptrain.train.cadence, "now", fake)
+    monkeypatch.setattr(mptrain.train.timing, "now", fake)
     return fake
 
 
