@@ -198,3 +198,11 @@ def test_every_package_ships_in_the_wheel():
         for init in PACKAGE.rglob("__init__.py")
     }
     assert folders - listed == set()
+
+
+def test_every_package_has_its_test_folder():
+    """tests/<package>/ for each folder of mptrain/ (tests/README.md): a newcomer looking for a
+    package's tests finds them by its name."""
+    packages = {init.parent.name for init in PACKAGE.glob("*/__init__.py")}
+    missing = sorted(p for p in packages if not (PACKAGE.parent / "tests" / p).is_dir())
+    assert missing == []
