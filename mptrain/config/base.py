@@ -1,10 +1,10 @@
 """What every schema uses: :func:`setting` (a field with its default, help text and range rule,
 the one place each lives), :class:`ConfigError` (one line naming the key), the range rules a field
-carries (:class:`Accepts`: :func:`at_least_rule`, :func:`positive_rule`, :func:`one_of_rule`;
-:func:`check_settings` applies them), the helpers of the cross-key rules that stay in each
-module's ``validate`` (``require``, ``positive``, ``at_least``, path and ``_target_`` checks), the ``PATH`` field
-metadata with the launch directory relative paths are taken from, and :class:`Option`, the row
-type of the builder tables.
+carries (:class:`Accepts`: :func:`at_least_rule`, :func:`positive_rule`, :func:`in_range_rule`,
+:func:`one_of_rule`, ...; :func:`check_settings` applies them), the helpers of the cross-key rules
+that stay in each module's ``validate`` (``require``, the path check), the ``PATH`` field metadata
+with the launch directory relative paths are taken from, and :class:`Option`, the row type of the
+builder tables.
 
 Range checks that types cannot express (``lr > 0``, ``0 < backoff_factor < 1``) raise
 :class:`ConfigError` with a message of the form ``key=value: what is accepted``. This package
@@ -56,13 +56,29 @@ class Accepts:
 
 
 def at_least_rule(minimum: int, *, optional: bool = False) -> Accepts:
-    """An integer of at least ``minimum`` (:func:`at_least`'s rule)."""
+    """An integer of at least ``minimum``."""
     return Accepts(lambda v: v >= minimum, f"must be an integer >= {minimum}", optional)
 
 
+def non_negative_rule(*, optional: bool = False) -> Accepts:
+    """A number of at least zero."""
+    return Accepts(lambda v: v >= 0, "must be >= 0", optional)
+
+
 def positive_rule(*, optional: bool = False) -> Accepts:
-    """A finite number above zero (:func:`positive`'s rule)."""
+    """A finite number above zero."""
     return Accepts(lambda v: v > 0 and math.isfinite(v), "must be > 0 and finite", optional)
+
+
+def in_range_rule(interval: str, more: str = "") -> Accepts:
+    """A number in ``interval``, written as in mathematics (``[0, 1)``: 0 included, 1 not); the
+    words are ``must be in [0, 1)``, then ``: more`` where given."""
+    low, high = (float(end) for end in interval[1:-1].split(","))
+    with_low, with_high = interval[0] == "[", interval[-1] == "]"
+    return Accepts(
+        lambda v: (low < v or (with_low and v == low)) and (v < high or (with_high and v == high)),
+        f"must be in {interval}" + (f": {more}" if more else ""),
+    )
 
 
 def one_of_rule(values: tuple[Any, ...], words: str | None = None) -> Accepts:
@@ -144,43 +160,13 @@ def check_path(key: str, path: str) -> None:
     )
 
 
-def check_target(key: str, target: str) -> None:
-    """A dotted import path: ``package.module.Name``."""
-    require(
-        re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", target) is not None,
-        key,
-        target,
-        "a dotted import path such as my_pkg.MyNet (module, then the name in it)",
-    )
-
-
-def check_dropout(dropout: float) -> None:
-    require(0 <= dropout < 1, "model.dropout", dropout, "must be in [0, 1)")
+# A ``_target_``: a dotted import path, ``package.module.Name``.
+IMPORT_PATH = Accepts(
+    lambda v: re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)+", v) is not None,
+    "a dotted import path such as my_pkg.MyNet (module, then the name in it)",
+)
 
 
 def require(ok: bool, key: str, value: object, accepted: str) -> None:
     if not ok:
         raise ConfigError(f"{key}={value!r}: {accepted}")
-
-
-def positive(key: str, value: float | int | None, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    require(
-        value is not None and value > 0 and math.isfinite(value),
-        key,
-        value,
-        "must be > 0 and finite",
-    )
-
-
-def at_least(key: str, value: int | None, minimum: int, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    require(value is not None and value >= minimum, key, value, f"must be an integer >= {minimum}")
-
-
-def each_at_least(group: str, schema: object, keys: tuple[str, ...], minimum: int) -> None:
-    """:func:`at_least` for each of ``schema``'s ``keys``, named ``<group>.<key>``, in order."""
-    for key in keys:
-        at_least(f"{group}.{key}", getattr(schema, key), minimum)

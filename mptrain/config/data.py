@@ -10,12 +10,16 @@ from typing import Any, ClassVar
 from omegaconf import MISSING
 
 from mptrain.config.base import (
+    IMPORT_PATH,
     NOT_TRAINING,
     PATH,
-    at_least,
+    Accepts,
+    at_least_rule,
     check_path,
-    check_target,
-    each_at_least,
+    check_settings,
+    in_range_rule,
+    non_negative_rule,
+    one_of_rule,
     require,
     setting,
 )
@@ -29,40 +33,38 @@ class DatasetConfig:
     name: str = MISSING
 
     def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
+        """Range rules of this option's keys; ConfigError naming the first violation. Here, the
+        rules on the fields; a subclass adds its path and cross-key rules after them."""
+        check_settings(self, "dataset.")
 
 
 @dataclass
 class DigitsConfig(DatasetConfig):
     name: str = "digits"
-    val_size: int = setting(360, "images held out for validation (stratified, fixed by split_seed)")
+    val_size: int = setting(
+        360,
+        "images held out for validation (stratified, fixed by split_seed)",
+        accepts=Accepts(lambda v: 0 < v < 1797, "must be in 1..1796"),
+    )
     split_seed: int = setting(
         0, "seed of the fixed train/validation split (independent of the run seed)"
     )
-
-    def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
-        require(0 < self.val_size < 1797, "dataset.val_size", self.val_size, "must be in 1..1796")
 
 
 @dataclass
 class SyntheticConfig(DatasetConfig):
     name: str = "synthetic"
-    num_train: int = setting(2048, "training samples")
-    num_val: int = setting(512, "validation samples")
-    num_classes: int = setting(10, "number of classes (prototypes)")
-    channels: int = setting(3, "image channels")
-    image_size: int = setting(32, "image side in pixels")
+    num_train: int = setting(2048, "training samples", accepts=at_least_rule(1))
+    num_val: int = setting(512, "validation samples", accepts=at_least_rule(1))
+    num_classes: int = setting(10, "number of classes (prototypes)", accepts=at_least_rule(2))
+    channels: int = setting(3, "image channels", accepts=at_least_rule(1))
+    image_size: int = setting(32, "image side in pixels", accepts=at_least_rule(1))
     noise: float = setting(
-        1.0, "std of the Gaussian noise added to the prototype (prototypes have std 1)"
+        1.0,
+        "std of the Gaussian noise added to the prototype (prototypes have std 1)",
+        accepts=non_negative_rule(),
     )
     data_seed: int = setting(0, "seed of prototypes and noise (independent of the run seed)")
-
-    def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
-        each_at_least("dataset", self, ("num_train", "num_val", "channels", "image_size"), 1)
-        at_least("dataset.num_classes", self.num_classes, 2)
-        require(self.noise >= 0, "dataset.noise", self.noise, "must be >= 0")
 
 
 @dataclass
@@ -83,7 +85,7 @@ class TorchvisionDatasetConfig(DatasetConfig):
     )
 
     def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
+        super().validate()
         check_path("dataset.root", self.root)
 
 
@@ -97,7 +99,7 @@ class ImageFolderConfig(DatasetConfig):
     )
     train_dir: str = setting("train", "training split, one sub-directory per class")
     val_dir: str = setting("val", "validation split, same class sub-directories")
-    image_size: int = setting(224, "side of the crop the model sees")
+    image_size: int = setting(224, "side of the crop the model sees", accepts=at_least_rule(1))
     resize_size: int = setting(256, "validation images are resized to this, then center-cropped")
     augment: bool = setting(
         True, "RandomResizedCrop + horizontal flip for training (false: the validation transform)"
@@ -116,6 +118,10 @@ class ImageFolderConfig(DatasetConfig):
             "training GPU decodes JPEGs (torchvision.io.decode_jpeg), crops and normalises them "
             "(needs device=cuda/auto on a GPU; other formats are decoded by the workers)"
         ),
+        accepts=one_of_rule(
+            ("cpu", "cuda"),
+            "cpu (PIL in the DataLoader workers) or cuda (the training GPU decodes JPEGs)",
+        ),
     )
     decode_draft: bool = setting(
         True,
@@ -126,17 +132,10 @@ class ImageFolderConfig(DatasetConfig):
     )
 
     def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
+        super().validate()
         if self.root is not MISSING:
             check_path("dataset.root", self.root)
-        at_least("dataset.image_size", self.image_size, 1)
-        at_least("dataset.resize_size", self.resize_size, self.image_size)
-        require(
-            self.decode_device in ("cpu", "cuda"),
-            "dataset.decode_device",
-            self.decode_device,
-            "cpu (PIL in the DataLoader workers) or cuda (the training GPU decodes JPEGs)",
-        )
+        at_least_rule(self.image_size).check("dataset.resize_size", self.resize_size)
 
 
 @dataclass
@@ -146,7 +145,9 @@ class CustomDatasetConfig(DatasetConfig):
     accepts_extra_keys: ClassVar[bool] = True
     name: str = "custom"
     _target_: str = setting(
-        MISSING, "required: the import path of the callable returning (train, val)"
+        MISSING,
+        "required: the import path of the callable returning (train, val)",
+        accepts=IMPORT_PATH,
     )
     num_classes: int | None = setting(
         None,
@@ -154,6 +155,7 @@ class CustomDatasetConfig(DatasetConfig):
             "number of classes; null: len(train.classes); also passed to _target_ when it takes "
             "num_classes"
         ),
+        accepts=at_least_rule(2, optional=True),
     )
     in_memory: bool | None = setting(
         None,
@@ -166,11 +168,6 @@ class CustomDatasetConfig(DatasetConfig):
         help="the function's keyword arguments (any key the schema does not declare lands here)",
         factory=dict,
     )
-
-    def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
-        check_target("dataset._target_", self._target_)
-        at_least("dataset.num_classes", self.num_classes, 2, allow_none=True)
 
 
 @dataclass
@@ -201,12 +198,16 @@ class TextDatasetConfig(DatasetConfig):
             "read whole files (or records) in order until this many bytes (a single file, or the "
             "first record, is cut here)"
         ),
+        accepts=at_least_rule(1),
     )
     vocabulary: str = setting(
         "bytes",
         (
             "bytes: 256 byte values, no tokenizer | chars: the characters of the training text (+"
             " one id for unknown)"
+        ),
+        accepts=one_of_rule(
+            ("bytes", "chars"), "bytes (256 byte values) or chars (the training text's characters)"
         ),
     )
     tokenizer: str | None = setting(
@@ -220,27 +221,24 @@ class TextDatasetConfig(DatasetConfig):
     text_field: str = setting(
         "text",
         ".jsonl: the field of each line's object that holds the document; .parquet: the column",
+        accepts=Accepts(bool, "a field name"),
     )
-    val_fraction: float = setting(0.1, "the last 10% of the tokens validates")
+    val_fraction: float = setting(
+        0.1, "the last 10% of the tokens validates", accepts=in_range_rule("(0, 1)")
+    )
     val_windows: int = setting(
         64,
         (
             "fixed, non-overlapping validation windows evaluated each time (model.block_size "
             "tokens each)"
         ),
+        accepts=at_least_rule(1),
     )
 
     def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
+        super().validate()
         if self.path:
             check_path("dataset.path", self.path)
-        at_least("dataset.max_bytes", self.max_bytes, 1)
-        require(
-            self.vocabulary in ("bytes", "chars"),
-            "dataset.vocabulary",
-            self.vocabulary,
-            "bytes (256 byte values) or chars (the training text's characters)",
-        )
         if self.tokenizer is not None:
             check_path("dataset.tokenizer", self.tokenizer)
             require(
@@ -249,11 +247,3 @@ class TextDatasetConfig(DatasetConfig):
                 self.vocabulary,
                 "left at bytes with dataset.tokenizer (the tokenizer's tokens are the vocabulary)",
             )
-        require(bool(self.text_field), "dataset.text_field", self.text_field, "a field name")
-        require(
-            0 < self.val_fraction < 1,
-            "dataset.val_fraction",
-            self.val_fraction,
-            "must be in (0, 1)",
-        )
-        at_least("dataset.val_windows", self.val_windows, 1)

@@ -12,14 +12,17 @@ from typing import Any, ClassVar
 from omegaconf import MISSING
 
 from mptrain.config.base import (
-    at_least,
-    check_dropout,
-    check_target,
-    each_at_least,
-    positive,
+    IMPORT_PATH,
+    Accepts,
+    at_least_rule,
+    check_settings,
+    in_range_rule,
+    positive_rule,
     require,
     setting,
 )
+
+DROPOUT = in_range_rule("[0, 1)")
 
 
 # ------------------------------------------------------------------------------------------ models
@@ -30,41 +33,34 @@ class ModelConfig:
     name: str = MISSING
 
     def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
+        """Range rules of this option's keys; ConfigError naming the first violation. Here, the
+        rules on the fields; a subclass adds its cross-key rules after them."""
+        check_settings(self, "model.")
 
 
 @dataclass
 class MLPConfig(ModelConfig):
     name: str = "mlp"
     hidden_sizes: list[int] = setting(
-        help="width of each hidden Linear layer", factory=lambda: [256, 256]
+        help="width of each hidden Linear layer",
+        factory=lambda: [256, 256],
+        accepts=Accepts(lambda v: all(h >= 1 for h in v), "sizes >= 1"),
     )
-    dropout: float = setting(0.0, "dropout after each hidden layer")
-
-    def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
-        sizes = self.hidden_sizes
-        require(all(h >= 1 for h in sizes), "model.hidden_sizes", sizes, "sizes >= 1")
-        check_dropout(self.dropout)
+    dropout: float = setting(0.0, "dropout after each hidden layer", accepts=DROPOUT)
 
 
 @dataclass
 class CNNConfig(ModelConfig):
     name: str = "cnn"
     widths: list[int] = setting(
-        help="output channels of each conv block", factory=lambda: [32, 64, 128]
-    )
-    dropout: float = setting(0.0, "dropout before the classifier")
-
-    def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
-        require(
-            len(self.widths) >= 1 and all(w >= 1 for w in self.widths),
-            "model.widths",
-            self.widths,
+        help="output channels of each conv block",
+        factory=lambda: [32, 64, 128],
+        accepts=Accepts(
+            lambda v: len(v) >= 1 and all(w >= 1 for w in v),
             "a non-empty list of channel counts >= 1",
-        )
-        check_dropout(self.dropout)
+        ),
+    )
+    dropout: float = setting(0.0, "dropout before the classifier", accepts=DROPOUT)
 
 
 @dataclass
@@ -83,25 +79,30 @@ class ResNetConfig(ModelConfig):
 class ViTConfig(ModelConfig):
     name: str = "vit"
     patch_size: int = setting(
-        2, "square patch side in pixels; the image side must be a multiple of it"
+        2,
+        "square patch side in pixels; the image side must be a multiple of it",
+        accepts=at_least_rule(1),
     )
-    dim: int = setting(64, "embedding width (a multiple of 16 keeps every Linear FP8-GEMM aligned)")
-    depth: int = setting(4, "transformer blocks")
-    heads: int = setting(4, "attention heads (dim must be divisible by heads)")
-    mlp_ratio: float = setting(4.0, "MLP hidden width = dim x mlp_ratio")
-    dropout: float = setting(0.0, "dropout on attention output and MLP")
+    dim: int = setting(
+        64,
+        "embedding width (a multiple of 16 keeps every Linear FP8-GEMM aligned)",
+        accepts=at_least_rule(1),
+    )
+    depth: int = setting(4, "transformer blocks", accepts=at_least_rule(1))
+    heads: int = setting(
+        4, "attention heads (dim must be divisible by heads)", accepts=at_least_rule(1)
+    )
+    mlp_ratio: float = setting(4.0, "MLP hidden width = dim x mlp_ratio", accepts=positive_rule())
+    dropout: float = setting(0.0, "dropout on attention output and MLP", accepts=DROPOUT)
 
     def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
-        each_at_least("model", self, ("patch_size", "dim", "depth", "heads"), 1)
+        super().validate()  # heads >= 1 among them
         require(
             self.dim % self.heads == 0,
             "model.dim",
             self.dim,
             f"must be divisible by model.heads={self.heads}",
         )
-        positive("model.mlp_ratio", self.mlp_ratio)
-        check_dropout(self.dropout)
 
 
 @dataclass
@@ -115,11 +116,8 @@ class TorchvisionModelConfig(ModelConfig):
             "the model's name in torchvision's registry: resnet34, efficientnet_b0, "
             "convnext_tiny, vit_b_16, ..."
         ),
+        accepts=Accepts(lambda v: bool(v.strip()), "a torchvision model name"),
     )
-
-    def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
-        require(bool(self.arch.strip()), "model.arch", self.arch, "a torchvision model name")
 
 
 @dataclass
@@ -133,11 +131,8 @@ class TimmModelConfig(ModelConfig):
             "the model's name in timm's registry: resnet18, efficientnet_b0, "
             "vit_tiny_patch16_224, ..."
         ),
+        accepts=Accepts(lambda v: bool(v.strip()), "a timm model name"),
     )
-
-    def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
-        require(bool(self.arch.strip()), "model.arch", self.arch, "a timm model name")
 
 
 # Keys a custom option may add with Hydra's ``+model.width=64``: mptrain.cli.registry.to_run_config
@@ -147,15 +142,23 @@ class GPTConfig(ModelConfig):
     """A decoder-only transformer language model (mptrain.models.gpt); the vocabulary is the data's."""
 
     name: str = "gpt"
-    layers: int = setting(4, "transformer blocks")
-    heads: int = setting(4, "attention heads (width must be divisible by heads)")
+    layers: int = setting(4, "transformer blocks", accepts=at_least_rule(1))
+    heads: int = setting(
+        4, "attention heads (width must be divisible by heads)", accepts=at_least_rule(1)
+    )
     width: int = setting(
-        128, "embedding width (a multiple of 16 keeps every Linear FP8-GEMM aligned)"
+        128,
+        "embedding width (a multiple of 16 keeps every Linear FP8-GEMM aligned)",
+        accepts=at_least_rule(1),
     )
     block_size: int = setting(
-        128, "context length in tokens: the training and validation windows are this long"
+        128,
+        "context length in tokens: the training and validation windows are this long",
+        accepts=at_least_rule(2),
     )
-    dropout: float = setting(0.0, "dropout on embeddings, attention and MLP outputs")
+    dropout: float = setting(
+        0.0, "dropout on embeddings, attention and MLP outputs", accepts=DROPOUT
+    )
     # Biases in the Linear and LayerNorm layers. True as nanoGPT's model.py GPTConfig
     # (``bias: bool = True``); its train.py, and so its recipes, set ``bias = False``.
     bias: bool = setting(
@@ -163,16 +166,13 @@ class GPTConfig(ModelConfig):
     )
 
     def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
-        each_at_least("model", self, ("layers", "heads", "width"), 1)
-        at_least("model.block_size", self.block_size, 2)
+        super().validate()  # heads >= 1 among them
         require(
             self.width % self.heads == 0,
             "model.width",
             self.width,
             f"must be a multiple of model.heads={self.heads}",
         )
-        check_dropout(self.dropout)
 
 
 EXTRA_KEYS_FIELD = "kwargs"
@@ -185,7 +185,9 @@ class CustomModelConfig(ModelConfig):
     accepts_extra_keys: ClassVar[bool] = True
     name: str = "custom"
     _target_: str = setting(
-        MISSING, "required: the import path of the nn.Module class (or a function returning one)"
+        MISSING,
+        "required: the import path of the nn.Module class (or a function returning one)",
+        accepts=IMPORT_PATH,
     )
     kwargs: dict[str, Any] = setting(
         help="the constructor's keyword arguments (any key the schema does not declare lands here)",
@@ -193,13 +195,10 @@ class CustomModelConfig(ModelConfig):
     )
     # None: LM_BLOCK_SIZE (mptrain.config.run refuses it for a classifier).
     block_size: int | None = setting(
-        None, "task=lm only: the window length in tokens, passed to a constructor that names it"
+        None,
+        "task=lm only: the window length in tokens, passed to a constructor that names it",
+        accepts=at_least_rule(2, optional=True),
     )
-
-    def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
-        check_target("model._target_", self._target_)
-        at_least("model.block_size", self.block_size, 2, allow_none=True)
 
 
 # The window length of a custom language model that does not set model.block_size: model=gpt's.
@@ -222,21 +221,20 @@ class HFModelConfig(ModelConfig):
     config_class: str = setting(
         "GPT2Config",
         "a configuration class of transformers by name: GPT2Config, LlamaConfig, ...",
+        accepts=Accepts(
+            lambda v: re.fullmatch(r"[A-Za-z_]\w*Config", v) is not None,
+            "the name of a transformers configuration class, such as GPT2Config or LlamaConfig",
+        ),
     )
     config: dict[str, Any] = setting(help="the model config's keyword arguments", factory=dict)
     block_size: int = setting(
-        128, "context length in tokens: the windows and the position table are this long"
+        128,
+        "context length in tokens: the windows and the position table are this long",
+        accepts=at_least_rule(2),
     )
 
     def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
-        require(
-            re.fullmatch(r"[A-Za-z_]\w*Config", self.config_class) is not None,
-            "model.config_class",
-            self.config_class,
-            "the name of a transformers configuration class, such as GPT2Config or LlamaConfig",
-        )
-        at_least("model.block_size", self.block_size, 2)
+        super().validate()
         for key in ("vocab_size", "use_cache"):
             require(
                 key not in self.config,

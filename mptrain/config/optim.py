@@ -9,7 +9,16 @@ from dataclasses import dataclass
 
 from omegaconf import MISSING
 
-from mptrain.config.base import check_settings, one_of_rule, positive, require, setting
+from mptrain.config.base import (
+    Accepts,
+    check_settings,
+    in_range_rule,
+    non_negative_rule,
+    one_of_rule,
+    positive_rule,
+    require,
+    setting,
+)
 
 STATE_DTYPES = ("fp32", "bf16")  # optimizer.state_dtype
 STATE_ROUNDINGS = ("nearest", "stochastic")  # optimizer.state_rounding
@@ -28,7 +37,8 @@ class OptimizerConfig:
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
         check_settings(self, "optimizer.")  # the rules on the fields
-        positive("optimizer.lr", self.lr)
+        # lr and weight_decay: each option's schema redeclares them (its own default and help)
+        positive_rule().check("optimizer.lr", self.lr)
         require(
             0 <= self.weight_decay < math.inf,
             "optimizer.weight_decay",
@@ -41,7 +51,11 @@ class OptimizerConfig:
 class SGDConfig(OptimizerConfig):
     name: str = "sgd"
     lr: float = setting(0.1, "peak learning rate (after warm-up)")
-    momentum: float = setting(0.9, "momentum factor")
+    momentum: float = setting(
+        0.9,
+        "momentum factor",
+        accepts=Accepts(lambda v: 0 <= v < math.inf, "must be >= 0 and finite"),
+    )
     nesterov: bool = setting(False, "Nesterov momentum")
     weight_decay: float = setting(5e-4, "L2 weight decay")
     decay_norm_and_bias: bool = setting(
@@ -51,12 +65,6 @@ class SGDConfig(OptimizerConfig):
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
         super().validate()
-        require(
-            0 <= self.momentum < math.inf,
-            "optimizer.momentum",
-            self.momentum,
-            "must be >= 0 and finite",
-        )
         require(
             not self.nesterov or self.momentum > 0,
             "optimizer.nesterov",
@@ -70,23 +78,18 @@ class AdamBase(OptimizerConfig):
     """What every AdamW option takes (torch's, and torchao's low-bit ones)."""
 
     lr: float = setting(3e-3, "peak learning rate (after warm-up)")
-    betas: list[float] = setting(help="moment decay rates", factory=lambda: [0.9, 0.999])
-    eps: float = setting(1e-8, "denominator epsilon")
+    betas: list[float] = setting(
+        help="moment decay rates",
+        factory=lambda: [0.9, 0.999],
+        accepts=Accepts(
+            lambda v: len(v) == 2 and all(0 <= b < 1 for b in v), "two values in [0, 1)"
+        ),
+    )
+    eps: float = setting(1e-8, "denominator epsilon", accepts=positive_rule())
     weight_decay: float = setting(0.01, "decoupled weight decay")
     decay_norm_and_bias: bool = setting(
         False, "false: no weight decay on biases and normalisation parameters"
     )
-
-    def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
-        super().validate()
-        require(
-            len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas),
-            "optimizer.betas",
-            self.betas,
-            "two values in [0, 1)",
-        )
-        positive("optimizer.eps", self.eps)
 
 
 @dataclass
@@ -119,52 +122,39 @@ class SchedulerConfig:
     """The LR schedule by name (mptrain.train.optim.SCHEDULES), with linear warm-up for all."""
 
     name: str = "cosine"
-    warmup_epochs: float = setting(0.0, "linear warm-up length in epochs (fractions allowed)")
+    warmup_epochs: float = setting(
+        0.0, "linear warm-up length in epochs (fractions allowed)", accepts=non_negative_rule()
+    )
     warmup_steps: int | None = setting(
-        None, "or in optimizer steps (step-based runs, task=lm); with warmup_epochs=0"
+        None,
+        "or in optimizer steps (step-based runs, task=lm); with warmup_epochs=0",
+        accepts=non_negative_rule(optional=True),
     )
-    warmup_start_factor: float = setting(0.1, "lr at the first step = this x peak lr")
-    min_lr_factor: float = setting(0.0, "cosine only: final lr = this x peak lr")
+    warmup_start_factor: float = setting(
+        0.1, "lr at the first step = this x peak lr", accepts=in_range_rule("(0, 1]")
+    )
+    min_lr_factor: float = setting(
+        0.0, "cosine only: final lr = this x peak lr", accepts=in_range_rule("[0, 1]")
+    )
     milestones: list[float] = setting(
-        help="multistep only: epochs at which lr is multiplied by gamma", factory=list
+        help="multistep only: epochs at which lr is multiplied by gamma",
+        factory=list,
+        accepts=Accepts(
+            lambda v: list(v) == sorted(v) and all(m > 0 for m in v),
+            "increasing epoch numbers > 0",
+        ),
     )
-    gamma: float = setting(0.1, "multistep only: decay factor per milestone")
+    gamma: float = setting(
+        0.1, "multistep only: decay factor per milestone", accepts=in_range_rule("(0, 1]")
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
-        require(
-            self.warmup_epochs >= 0, "scheduler.warmup_epochs", self.warmup_epochs, "must be >= 0"
-        )
-        require(
-            self.warmup_steps is None or self.warmup_steps >= 0,
-            "scheduler.warmup_steps",
-            self.warmup_steps,
-            "must be >= 0",
-        )
+        check_settings(self, "scheduler.")  # the rules on the fields
         require(
             self.warmup_steps is None or self.warmup_epochs == 0,
             "scheduler.warmup_steps",
             self.warmup_steps,
             f"give the warm-up in steps or in epochs, not both (scheduler.warmup_epochs="
             f"{self.warmup_epochs}); set scheduler.warmup_epochs=0",
-        )
-        require(
-            0 < self.warmup_start_factor <= 1,
-            "scheduler.warmup_start_factor",
-            self.warmup_start_factor,
-            "must be in (0, 1]",
-        )
-        require(
-            0 <= self.min_lr_factor <= 1,
-            "scheduler.min_lr_factor",
-            self.min_lr_factor,
-            "must be in [0, 1]",
-        )
-        require(0 < self.gamma <= 1, "scheduler.gamma", self.gamma, "must be in (0, 1]")
-        require(
-            list(self.milestones) == sorted(self.milestones)
-            and all(m > 0 for m in self.milestones),
-            "scheduler.milestones",
-            self.milestones,
-            "increasing epoch numbers > 0",
         )

@@ -8,8 +8,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from mptrain.config.base import FP32_MAX, NOT_TRAINING, at_least, require, setting
-from mptrain.config.format_table import FORMAT_TABLE, GEMM_FORMATS, MXFP8, NVFP4
+from mptrain.config.base import (
+    FP32_MAX,
+    NOT_TRAINING,
+    Accepts,
+    at_least_rule,
+    check_settings,
+    in_range_rule,
+    one_of_rule,
+    require,
+    setting,
+)
+from mptrain.config.format_table import GEMM_FORMATS
 
 # --------------------------------------------------------------------------------------- precision
 FP8_GRANULARITIES = ("tensorwise", "rowwise", "blockwise")
@@ -19,23 +29,53 @@ REDUCE_DTYPES = ("float32", "float16", "bfloat16")
 # weights (mptrain.precision.update); nearest is torch's own step. Which pure precision takes which.
 UPDATE_RULES = ("nearest", "stochastic", "kahan")
 PURE_UPDATE_RULES = {"bf16_pure": UPDATE_RULES, "fp16_pure": ("nearest", "kahan")}
+# fp8.min_features, mx.min_features, nvfp4.min_features
+MIN_FEATURES = Accepts(
+    lambda v: type(v) is int and v >= 0, "must be an integer >= 0 (0: every size converts)"
+)
+# precision.gemms.*: a GEMM's format
+GEMM_FORMAT = Accepts(
+    lambda v: v in GEMM_FORMATS,
+    f"null (the precision's own) or one of {', '.join(GEMM_FORMATS)}",
+    optional=True,
+)
 
 
 @dataclass
 class ScalerConfig:
     """Dynamic loss scaling (torch.amp.GradScaler), for the precisions that scale (fp16)."""
 
-    init_scale: float = setting(65536.0, "initial loss scale S (2^16)")
-    growth_factor: float = setting(2.0, "S is multiplied by this after growth_interval clean steps")
-    backoff_factor: float = setting(
-        0.5, "S is multiplied by this when a step's gradients hold inf/NaN (step skipped)"
+    init_scale: float = setting(
+        65536.0,
+        "initial loss scale S (2^16)",
+        accepts=Accepts(
+            lambda v: 0 < v <= FP32_MAX,
+            f"must be > 0 and at most FP32's largest value {FP32_MAX:.4g}",
+        ),
     )
-    growth_interval: int = setting(2000, "consecutive clean steps before S grows")
+    growth_factor: float = setting(
+        2.0,
+        "S is multiplied by this after growth_interval clean steps",
+        accepts=Accepts(lambda v: 1 < v < math.inf, "must be > 1 and finite"),
+    )
+    backoff_factor: float = setting(
+        0.5,
+        "S is multiplied by this when a step's gradients hold inf/NaN (step skipped)",
+        accepts=Accepts(lambda v: 0 < v < 1, "must be in the open interval (0, 1)"),
+    )
+    growth_interval: int = setting(
+        2000, "consecutive clean steps before S grows", accepts=at_least_rule(1)
+    )
 
 
 # The precisions without FP32 master weights (mptrain.precision.policy.PRECISIONS: param_dtype):
 # a precision schedule switches only between precisions that keep FP32 master weights.
 PURE_PRECISIONS = ("fp16_pure", "bf16_pure")
+SWITCH_AT = Accepts(
+    lambda v: math.isfinite(v) and (0 < v < 1 or (v >= 1 and v == int(v))),
+    "a share of the run's optimizer steps in (0, 1), or a whole step number >= 1",
+    optional=True,
+)
 
 
 @dataclass
@@ -49,7 +89,9 @@ class SwitchConfig:
         None, "the precision the run switches to (fp32, fp16, bf16, fp8, ...); null: no switch"
     )
     at: float | None = setting(
-        None, "below 1: a share of the run's optimizer steps; 1 or more: the step it switches after"
+        None,
+        "below 1: a share of the run's optimizer steps; 1 or more: the step it switches after",
+        accepts=SWITCH_AT,
     )
 
 
@@ -61,18 +103,22 @@ class GemmsConfig:
     with a block-scaled precision), runs it in that format."""
 
     forward: str | None = setting(
-        None, "the forward GEMM's format (y = x Wᵀ); null: the precision's own"
+        None, "the forward GEMM's format (y = x Wᵀ); null: the precision's own", accepts=GEMM_FORMAT
     )
     input_grad: str | None = setting(
-        None, "the input gradient's format (dx = dy W): null, bf16, fp32 or a format of the family"
+        None,
+        "the input gradient's format (dx = dy W): null, bf16, fp32 or a format of the family",
+        accepts=GEMM_FORMAT,
     )
     weight_grad: str | None = setting(
         None,
         "the weight gradient's format (dW = dyᵀ x): null, bf16, fp32 or a format of the family",
+        accepts=GEMM_FORMAT,
     )
     layers: list[str] = setting(
         help="the converted layers the formats above apply to (fnmatch); the rest keep their own",
         factory=lambda: ["*"],
+        accepts=Accepts(bool, "at least one pattern ([*]: all)"),
     )
 
 
@@ -104,6 +150,7 @@ class PrecisionConfig:
         "nearest",
         "pure precisions: how an update reaches the low-precision weights: nearest | stochastic "
         "(bf16_pure) | kahan",
+        accepts=one_of_rule(UPDATE_RULES, " or ".join(UPDATE_RULES)),
     )
     gemms: GemmsConfig = setting(
         help="a format per GEMM of the converted Linear layers (fp8, mxfp8, nvfp4)",
@@ -123,11 +170,14 @@ class FP8Config:
     """FP8 Linear layers (precision=fp8). Ignored by every other precision."""
 
     format: str = setting(
-        "hybrid", "hybrid: E4M3 activations/weights + E5M2 gradients | e4m3: E4M3 everywhere"
+        "hybrid",
+        "hybrid: E4M3 activations/weights + E5M2 gradients | e4m3: E4M3 everywhere",
+        accepts=one_of_rule(("hybrid", "e4m3"), "hybrid or e4m3"),
     )
     scaling: str = setting(
         "dynamic",
         "dynamic: scale from the tensor's amax at the cast | delayed: from the amax history",
+        accepts=one_of_rule(("dynamic", "delayed"), "dynamic or delayed"),
     )
     # tensorwise: a scale per tensor | rowwise: per row | blockwise: 1x128 tiles, 128x128 weight
     # blocks (rowwise and blockwise: dynamic scaling)
@@ -139,12 +189,25 @@ class FP8Config:
             "tile of activations/gradients and per 128x128 block of weights (DeepSeek-V3); "
             "rowwise and blockwise: dynamic scaling only"
         ),
+        accepts=one_of_rule(FP8_GRANULARITIES, "tensorwise, rowwise or blockwise"),
     )
-    amax_history_len: int = setting(16, "delayed scaling: how many past amax values are kept")
-    amax_compute_algo: str = setting("max", "delayed scaling: max | most_recent of the history")
-    margin: int = setting(0, "the scale is divided by 2**margin (headroom for growing values)")
+    amax_history_len: int = setting(
+        16, "delayed scaling: how many past amax values are kept", accepts=at_least_rule(1)
+    )
+    amax_compute_algo: str = setting(
+        "max",
+        "delayed scaling: max | most_recent of the history",
+        accepts=one_of_rule(("max", "most_recent"), "max or most_recent"),
+    )
+    margin: int = setting(
+        0,
+        "the scale is divided by 2**margin (headroom for growing values)",
+        accepts=at_least_rule(0),
+    )
     pow2_scales: bool = setting(
-        False, "round every scale down to a power of two: scaling itself adds no rounding error"
+        False,
+        "round every scale down to a power of two: scaling itself adds no rounding error",
+        accepts=Accepts(lambda v: isinstance(v, bool), "true or false"),
     )
     emulate: bool | None = setting(
         None,
@@ -154,7 +217,9 @@ class FP8Config:
         ),
     )
     backend: str = setting(
-        "builtin", "builtin (no extra dependency) | torchao (needs torchao and an FP8 GPU)"
+        "builtin",
+        "builtin (no extra dependency) | torchao (needs torchao and an FP8 GPU)",
+        accepts=one_of_rule(("builtin", "torchao"), "builtin or torchao"),
     )
     keep_first_last: bool = setting(True, "keep the first and last Linear layers in BF16")
     include: list[str] = setting(
@@ -171,50 +236,22 @@ class FP8Config:
             "Linear layers with in_features or out_features below this stay in BF16 (too small to"
             " gain); 0: off"
         ),
+        accepts=MIN_FEATURES,
     )
 
 
-# Field metadata of the keys that hold a file-system path: relative ones are taken from the
-# directory mptrain was launched in (mptrain.cli.registry.absolute_paths), whatever the job's cwd.
 def validate_precision(p: PrecisionConfig) -> None:
-    """The scaler's numbers (the name is checked against the precision table at the CLI edge)."""
-    s = p.scaler
-    require(
-        0 < s.init_scale <= FP32_MAX,
-        "precision.scaler.init_scale",
-        s.init_scale,
-        f"must be > 0 and at most FP32's largest value {FP32_MAX:.4g}",
-    )
-    require(
-        1 < s.growth_factor < math.inf,
-        "precision.scaler.growth_factor",
-        s.growth_factor,
-        "must be > 1 and finite",
-    )
-    require(
-        0 < s.backoff_factor < 1,
-        "precision.scaler.backoff_factor",
-        s.backoff_factor,
-        "must be in the open interval (0, 1)",
-    )
-    at_least("precision.scaler.growth_interval", s.growth_interval, 1)
+    """The rules on the fields of ``precision`` and of its sections (the name is checked against
+    the precision table at the CLI edge), then :func:`_check_update`'s."""
+    check_settings(p, "precision.")
+    for section in ("scaler", "switch", "gemms"):
+        check_settings(getattr(p, section), f"precision.{section}.")
     _check_update(p)
-    for gemm, value in vars(p.gemms).items():
-        if gemm == "layers":
-            require(bool(value), "precision.gemms.layers", value, "at least one pattern ([*]: all)")
-            continue
-        require(
-            value is None or value in GEMM_FORMATS,
-            f"precision.gemms.{gemm}",
-            value,
-            f"null (the precision's own) or one of {', '.join(GEMM_FORMATS)}",
-        )
 
 
 def _check_update(p: PrecisionConfig) -> None:
-    """precision.update: a known rule, and other than nearest only where the weights are low
-    precision (a mixed precision's FP32 master weights take every update already)."""
-    require(p.update in UPDATE_RULES, "precision.update", p.update, " or ".join(UPDATE_RULES))
+    """precision.update other than nearest only where the weights are low precision (a mixed
+    precision's FP32 master weights take every update already)."""
     if p.update == "nearest":
         return
     accepted = PURE_UPDATE_RULES.get(p.name)
@@ -236,14 +273,13 @@ def _check_update(p: PrecisionConfig) -> None:
 
 def validate_switch(p: PrecisionConfig, known: tuple[str, ...]) -> None:
     """``precision.switch``: both keys or neither; ``to`` one of ``known`` (the precision names,
-    auto excluded) with FP32 master weights, other than the run's; ``at`` a share in (0, 1) or a
-    whole step number >= 1. The run's own precision must be named (not auto) and keep FP32
-    master weights. Whether ``at`` falls inside the run is checked once its length is known."""
+    auto excluded) with FP32 master weights, other than the run's (``at``'s own range is on its
+    field). The run's own precision must be named (not auto) and keep FP32 master weights.
+    Whether ``at`` falls inside the run is checked once its length is known."""
     to, at = p.switch.to, p.switch.at
     if to is None and at is None:
         return
     mixed = [n for n in known if n not in PURE_PRECISIONS]
-    steps = "a share of the run's optimizer steps in (0, 1), or a whole step number >= 1"
     if to is None:
         require(
             False,
@@ -251,7 +287,7 @@ def validate_switch(p: PrecisionConfig, known: tuple[str, ...]) -> None:
             to,
             f"to switch at={at:g}, name the precision: " + ", ".join(mixed),
         )
-    require(at is not None, "precision.switch.at", at, f"when to switch to {to}: {steps}")
+    require(at is not None, "precision.switch.at", at, f"when to switch to {to}: {SWITCH_AT.words}")
     pure = " (pure precisions keep no FP32 copy of the weights to switch with)"
     require(
         to in mixed,
@@ -267,23 +303,11 @@ def validate_switch(p: PrecisionConfig, known: tuple[str, ...]) -> None:
         f"{', '.join(mixed)}" + (pure if p.name in PURE_PRECISIONS else ""),
     )
     require(to != p.name, "precision.switch.to", to, f"the run already trains in {p.name}")
-    require(
-        math.isfinite(at) and (0 < at < 1 or (at >= 1 and at == int(at))),
-        "precision.switch.at",
-        at,
-        steps,
-    )
 
 
 def validate_fp8(f: FP8Config) -> None:
-    require(f.format in ("hybrid", "e4m3"), "fp8.format", f.format, "hybrid or e4m3")
-    require(f.scaling in ("dynamic", "delayed"), "fp8.scaling", f.scaling, "dynamic or delayed")
-    require(
-        f.granularity in FP8_GRANULARITIES,
-        "fp8.granularity",
-        f.granularity,
-        "tensorwise, rowwise or blockwise",
-    )
+    """The rules on the fields of ``fp8``, then those between them."""
+    check_settings(f, "fp8.")
     require(
         f.granularity == "tensorwise" or f.scaling == "dynamic",
         "fp8.granularity",
@@ -292,28 +316,12 @@ def validate_fp8(f: FP8Config) -> None:
         "use fp8.scaling=dynamic or fp8.granularity=tensorwise",
     )
     _validate_blockwise(f)
-    at_least("fp8.amax_history_len", f.amax_history_len, 1)
-    require(
-        f.amax_compute_algo in ("max", "most_recent"),
-        "fp8.amax_compute_algo",
-        f.amax_compute_algo,
-        "max or most_recent",
-    )
-    require(f.margin >= 0, "fp8.margin", f.margin, "must be an integer >= 0")
-    require(f.backend in ("builtin", "torchao"), "fp8.backend", f.backend, "builtin or torchao")
     require(
         f.backend == "builtin" or f.scaling == "dynamic",
         "fp8.backend",
         f.backend,
         "torchao's float8 training scales dynamically only (no amax history): use "
         "fp8.scaling=dynamic, or fp8.backend=builtin for delayed scaling",
-    )
-    require(isinstance(f.pow2_scales, bool), "fp8.pow2_scales", f.pow2_scales, "true or false")
-    require(
-        type(f.min_features) is int and f.min_features >= 0,
-        "fp8.min_features",
-        f.min_features,
-        "must be an integer >= 0 (0: every size converts)",
     )
 
 
@@ -354,7 +362,9 @@ class BlockLayersConfig:
     )
     exclude: list[str] = setting(help="module-name patterns never converted", factory=list)
     min_features: int = setting(
-        0, "Linear layers with in_features or out_features below this stay in BF16; 0: off"
+        0,
+        "Linear layers with in_features or out_features below this stay in BF16; 0: off",
+        accepts=MIN_FEATURES,
     )
     emulate: bool | None = setting(
         None,
@@ -376,6 +386,11 @@ class MXConfig(BlockLayersConfig):
             "rceil: each block's scale is amax/448 rounded up to a power of two, nothing "
             "saturates (NVIDIA's cuBLAS/TE recipe, torchao's default) | floor: the OCP MX spec's "
             "floor(log2(amax)) - 8 (the largest elements of some blocks saturate)"
+        ),
+        accepts=one_of_rule(
+            SCALE_ROUNDINGS,
+            "rceil (amax / 448 rounded up to a power of two: nothing saturates) or floor (the OCP "
+            "MX spec)",
         ),
     )
 
@@ -413,34 +428,7 @@ class NVFP4Config(BlockLayersConfig):
             " BF16 with every Linear after them (NVIDIA keeps the last ~15%); a model without a "
             "block list counts Linear layers, and says so"
         ),
-    )
-
-
-def _validate_block_layers(prefix: str, c: BlockLayersConfig) -> None:
-    require(
-        type(c.min_features) is int and c.min_features >= 0,
-        f"{prefix}.min_features",
-        c.min_features,
-        "must be an integer >= 0 (0: every size converts)",
-    )
-
-
-def validate_mx(c: MXConfig) -> None:
-    _validate_block_layers(FORMAT_TABLE[MXFP8].config_group, c)
-    require(
-        c.scale_rounding in SCALE_ROUNDINGS,
-        "mx.scale_rounding",
-        c.scale_rounding,
-        "rceil (amax / 448 rounded up to a power of two: nothing saturates) or floor (the OCP "
-        "MX spec)",
-    )
-
-
-def validate_nvfp4(c: NVFP4Config) -> None:
-    _validate_block_layers(FORMAT_TABLE[NVFP4].config_group, c)
-    require(
-        0 <= c.keep_last_fraction < 1,
-        "nvfp4.keep_last_fraction",
-        c.keep_last_fraction,
-        "must be in [0, 1): the share of transformer blocks, counted from the last, kept in BF16",
+        accepts=in_range_rule(
+            "[0, 1)", "the share of transformer blocks, counted from the last, kept in BF16"
+        ),
     )

@@ -37,6 +37,7 @@ from mptrain.config.commands import (
     check_eval_checkpoint,
 )
 from mptrain.config.data import DatasetConfig
+from mptrain.config.format_table import FORMAT_TABLE, MXFP8, NVFP4
 from mptrain.config.models import ModelConfig
 from mptrain.config.optim import OptimizerConfig, SchedulerConfig
 from mptrain.config.options import PRECISION_NAMES
@@ -46,8 +47,6 @@ from mptrain.config.precision import (
     NVFP4Config,
     PrecisionConfig,
     validate_fp8,
-    validate_mx,
-    validate_nvfp4,
     validate_precision,
     validate_switch,
 )
@@ -392,10 +391,10 @@ def validate(run: RunConfig) -> None:
     validate_precision(run.precision)
     validate_switch(run.precision, PRECISION_NAMES)
     validate_fp8(run.fp8)
-    validate_mx(run.mx)
-    validate_nvfp4(run.nvfp4)
+    for name in (FORMAT_TABLE[MXFP8].config_group, FORMAT_TABLE[NVFP4].config_group):
+        check_settings(getattr(run, name), f"{name}.")  # mx.*, nvfp4.*: rules on fields only
     for group in (run.model, run.dataset, run.optimizer, run.scheduler):
-        group.validate()  # each schema's own range rules
+        group.validate()  # each schema's rules: those on its fields, then its cross-key ones
     check_settings(run)  # the fields' own rules
     for key in ("epochs", "max_steps"):  # step counters reach C ints (the LR schedule, seeds)
         require(
