@@ -8,7 +8,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from mptrain.config.base import Accepts, at_least_rule, positive_rule, require, setting
+from mptrain.config.base import (
+    Accepts,
+    at_least_rule,
+    in_range_rule,
+    positive_rule,
+    require,
+    setting,
+)
 
 
 @dataclass
@@ -84,7 +91,7 @@ class AdviseConfig:
     max_skipped_fraction: float = setting(
         0.1,
         "share of skipped optimizer steps (lost updates) a recommended precision may have",
-        accepts=Accepts(lambda v: 0 <= v < 1, "must be in [0, 1)"),
+        accepts=in_range_rule("[0, 1)"),
     )
     fidelity_steps: int = setting(
         40,

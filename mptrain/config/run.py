@@ -25,6 +25,7 @@ from mptrain.config.base import (
     at_least_rule,
     check_path,
     check_settings,
+    in_range_rule,
     positive_rule,
     require,
     setting,
@@ -143,7 +144,7 @@ class RunConfig:
     label_smoothing: float = setting(
         0.0,
         "cross-entropy label smoothing in [0, 1)",
-        accepts=Accepts(lambda v: 0 <= v < 1, "must be in [0, 1)"),
+        accepts=in_range_rule("[0, 1)"),
     )
     # Not compared: sweeps pair runs across seeds (a resume signature adds it back).
     seed: int = setting(

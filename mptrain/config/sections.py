@@ -15,6 +15,7 @@ from mptrain.config.base import (
     PATH,
     Accepts,
     at_least_rule,
+    in_range_rule,
     one_of_rule,
     positive_rule,
     setting,
@@ -108,7 +109,7 @@ class NumericsConfig:
         0.25,
         "warn (once) when more than this share of recent steps was skipped",
         metadata=NOT_TRAINING,
-        accepts=Accepts(lambda v: 0 < v <= 1, "must be in (0, 1]"),
+        accepts=in_range_rule("(0, 1]"),
     )
     warn_window: int = setting(
         200, "steps the skip rate is measured over", metadata=NOT_TRAINING, accepts=at_least_rule(1)
