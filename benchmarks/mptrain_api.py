@@ -37,6 +37,9 @@ _INTERNALS: dict[str, tuple[str, str | None]] = {
     # what fits a GPU (advise's memory part): the line through two accounted steps, the states
     "fits": ("mptrain.commands.advise.fits", None),
     "footprint": ("mptrain.commands.advise.footprint", None),
+    # advise's equivalence verdict over seeds (state_dtype_tost.py)
+    "advise_verdict": ("mptrain.commands.advise.confidence", "verdict"),
+    "verdict_words": ("mptrain.commands.advise.confidence", "verdict_words"),
     "train_loop": ("mptrain.train.loop", "train_loop"),
     "LoopHooks": ("mptrain.train.loop", "LoopHooks"),
     "MetricsLog": ("mptrain.output.metrics", "MetricsLog"),

@@ -971,3 +971,24 @@ def test_block_quant_speed_times_each_format_against_fp32(tmp_path):
     assert list(figures) == [*expected, "fp8_blockwise step", "fp8_blockwise quantize"]
     assert all(f["cpu_ms_min"] > 0 and f["wall_ms_min"] > 0 for f in figures.values())
     assert "| mxfp8 step |" in doc["markdown"] and len(doc["load"]) == 2
+
+
+@pytest.mark.slow
+def test_state_dtype_tost_pairs_each_states_choice_with_fp32_per_seed(tmp_path):
+    doc = run_to_json(
+        "state_dtype_tost.py", "--width", "32", "--steps", "12", "--seeds", "0,1,2",
+        "--variants", "bf16", cwd=tmp_path,  # 12 steps: the probe (every 10) sees the states
+    )  # fmt: skip
+    assert [(r["variant"], r["seed"]) for r in doc["rows"]] == [
+        (v, s) for s in (0, 1, 2) for v in ("fp32", "bf16")
+    ]
+    bf16 = next(r for r in doc["rows"] if r["variant"] == "bf16")
+    assert bf16["state_dtypes"] == ["bfloat16"] and set(bf16["states_lost_fraction"]) == {
+        "exp_avg",
+        "exp_avg_sq",
+    }
+    (verdict,) = doc["verdicts"]
+    assert verdict["variant"] == "bf16" and verdict["seeds"] == verdict["reference_seeds"] == 3
+    assert verdict["state_bytes_ratio"] > 1.9 and verdict["words"].startswith(
+        "bf16 states vs FP32: "
+    )
