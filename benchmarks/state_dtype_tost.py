@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     started = time.perf_counter()
     variants = ["fp32", *args.variants.split(",")]
+    unknown = [v for v in variants[1:] if v not in VARIANTS or v == "fp32"]
+    if unknown:  # fp32 is the reference every seed pairs with: it runs once per seed anyway
+        parser.error(f"--variants {','.join(unknown)}: one of {', '.join(list(VARIANTS)[1:])}")
     if "adamw8bit" in variants:
         try:
             import torchao  # noqa: F401

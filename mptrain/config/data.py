@@ -1,5 +1,6 @@
-"""The dataset group's schemas: the base ``DatasetConfig`` and one subclass per option, each with
-its ``validate()``; the loaders are :data:`mptrain.data.build.DATASETS`.
+"""The dataset group's schemas: the base ``DatasetConfig`` and one subclass per option, each key's
+range rule on its field (``validate()`` applies them, then paths and rules across keys); the
+loaders are :data:`mptrain.data.build.DATASETS`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The model group's schemas: the base ``ModelConfig`` (``model: ModelConfig`` in Hydra's
-structured-config sense) and one subclass per option, each with its ``validate()``; the
-builders are :data:`mptrain.models.build.MODELS`.
+structured-config sense) and one subclass per option, each key's range rule on its field
+(``validate()`` applies them, then the rules across keys); the builders are :data:`mptrain.models.build.MODELS`.
 """
 
 from __future__ import annotations

@@ -190,7 +190,8 @@ class RunConfig:
         100,
         (
             "measure zero gradients and the updates rounded away, in the parameters and in each"
-            " optimizer state, every N steps (costs a copy of both); null = never"
+            " optimizer state, every N steps (costs a copy of the parameters and one of the"
+            " states); null = never"
         ),
         metadata=NOT_TRAINING,
         accepts=at_least_rule(1, optional=True),

@@ -93,7 +93,7 @@ class Probes:
         return self.updates_lost_fraction_sum / self.update_probes if self.update_probes else None
 
     @property
-    def states_lost_fractions(self) -> dict[str, float] | None:
+    def states_lost_fraction(self) -> dict[str, float] | None:
         """Per optimizer state, the average share of its updates lost; None before any probe
         saw a state (no probe yet, or each probe was a parameter's first step)."""
         sums = self.states_lost_fraction_sums

@@ -269,7 +269,7 @@ def _optimizer_step(
         outcome.zero_grads = probe.zero_grad_fraction()
         if not outcome.skipped:
             outcome.updates_lost = probe.updates_lost_fraction()
-            outcome.states_lost = probe.states_lost_fractions()
+            outcome.states_lost = probe.states_lost_fraction()
     clear_grads(optimizer)
     return outcome
 
@@ -381,10 +381,12 @@ class UpdateProbe:
     torchao's 8-bit blocks.
 
     Works on flat FP32 copies of all gradients and parameters (three concatenations and a few
-    element-wise kernels, not a dozen small kernels per tensor); it still costs a copy of the
-    parameters, so the loop takes it only every ``probe_every`` steps. Under FSDP each rank
-    measures its own shard. With ``precision.update`` (``update``) the trace is where that rule
-    keeps updates (:meth:`mptrain.precision.update.WeightUpdate.landing`): the weight plus its
+    element-wise kernels, not a dozen small kernels per tensor); the states are copied in their
+    own dtype (torchao's dequantized) and compared tensor by tensor, counts summed on the device.
+    It costs a copy of the parameters and one of the states, so the loop takes it only every
+    ``probe_every`` steps. Under FSDP each rank measures its own shard. With
+    ``precision.update`` (``update``) the trace is where that rule keeps updates
+    (:meth:`mptrain.precision.update.WeightUpdate.landing`): the weight plus its
     Kahan buffer, or the FP32 result stochastic rounding drew from.
     """
 
@@ -400,24 +402,23 @@ class UpdateProbe:
         self.optimizer = optimizer
         self.moved_mask = self.before = None
         self.moved = 0.0
-        self.states_before: dict[str, tuple[list[int], torch.Tensor]] = {}
+        self.states_before: dict[str, list[tuple[int, torch.Tensor]]] = {}
         if self.params:
             self.moved_mask = _nonzero_mask_(_flat_fp32([p.grad for p in self.params]))
             self.before = self._weights()
             self.moved = float(self.moved_mask.sum())
             if optimizer is not None:
                 self.states_before = {
-                    name: (indices, self._states(name, indices))
+                    name: [(i, self._state(i, name).clone()) for i in indices]
                     for name, indices in _param_shaped_states(optimizer, self.params).items()
                 }
         if update is not None:
             update.keep_results(True)
 
-    def _states(self, name: str, indices: list[int]) -> torch.Tensor:
-        """The ``name`` state of the parameters at ``indices``, as one new FP32 vector
-        (torchao's quantized states dequantized)."""
-        state = self.optimizer.state
-        return _flat_fp32([local_shard(state[self.params[i]][name]).dequantize() for i in indices])
+    def _state(self, index: int, name: str) -> torch.Tensor:
+        """The ``name`` state of parameter ``index`` (this rank's shard) in its own dtype;
+        torchao's quantized states dequantized (``dequantize`` is the tensor itself otherwise)."""
+        return local_shard(self.optimizer.state[self.params[index]][name]).dequantize()
 
     def _weights(self) -> torch.Tensor:
         if self.update is None:
@@ -440,20 +441,23 @@ class UpdateProbe:
             self.update.keep_results(False)
         return lost
 
-    def states_lost_fractions(self) -> dict[str, float]:
+    def states_lost_fraction(self) -> dict[str, float]:
         """After the optimizer step, per state name: of the elements with a non-zero gradient,
         the share whose state did not change. Parameters without state before the step (their
         first) are left out; a name none of whose elements had a gradient is absent."""
-        lost = {}
         bounds = list(
             itertools.accumulate((local_shard(p).numel() for p in self.params), initial=0)
         )
-        for name, (indices, before) in self.states_before.items():
-            mask = torch.cat([self.moved_mask[bounds[i] : bounds[i + 1]] for i in indices])
-            moved = float(mask.sum())
-            if moved:
-                changed = _nonzero_mask_(self._states(name, indices) - before)
-                lost[name] = 1.0 - float(torch.dot(mask, changed)) / moved
+        lost = {}
+        for name, befores in self.states_before.items():
+            moved = unchanged = self.moved_mask.new_zeros(())
+            for i, before in befores:
+                mask = self.moved_mask[bounds[i] : bounds[i + 1]]
+                same = torch.eq(self._state(i, name), before).reshape(-1).to(mask.dtype)
+                moved, unchanged = moved + mask.sum(), unchanged + torch.dot(mask, same)
+            moved_n, unchanged_n = torch.stack([moved, unchanged]).tolist()  # one host read
+            if moved_n:
+                lost[name] = unchanged_n / moved_n
         return lost
 
 

@@ -242,7 +242,7 @@ def _training_section(cfg: RunConfig, run: Run | None, state: LoopState) -> Trai
         clip_grad_norm=cfg.clip_grad_norm,
         zero_grad_fraction=monitor.probes.zero_grad_fraction if monitor else None,
         updates_lost_fraction=monitor.probes.updates_lost_fraction if monitor else None,
-        states_lost_fraction=monitor.probes.states_lost_fractions if monitor else None,
+        states_lost_fraction=monitor.probes.states_lost_fraction if monitor else None,
         length=run.settings.length or None if run else None,
     )
 

@@ -24,7 +24,9 @@ class LoopSettings:
     eval_every: int | None = None  # with eval_every_minutes None: at the end of every epoch
     eval_every_minutes: float | None = None
     log_every: int = 50
-    probe_every: int | None = 100  # gradient/update probe cadence (costs a parameter copy)
+    probe_every: int | None = (
+        100  # gradient/update probe cadence (costs a copy of the parameters and states)
+    )
     channels_last: bool = False
     dist: DistContext = field(default_factory=DistContext)
 

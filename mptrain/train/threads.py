@@ -315,7 +315,7 @@ class ThreadTuner:
         self._started = 0.0
         self._window_steps, self._window_s = 0, 0.0
         self._best_window: float | None = None  # steps/s
-        self._applied = choice.threads  # platform.threads.apply_threads set it
+        self._applied = choice.threads  # apply_threads set it
         # Below the starting count (the upward re-checks): windows since the last measurement,
         # the windows the next periodic re-check waits for, others' load's peak since then.
         self._windows_since, self._period = 0, RECHECK_FIRST_WINDOWS

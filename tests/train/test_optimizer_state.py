@@ -71,7 +71,7 @@ def probe_second_step(optimizer_class, **kwargs) -> dict[str, float]:
     p.grad = grad
     probe = UpdateProbe([p], optimizer=opt)
     opt.step()
-    return probe.states_lost_fractions()
+    return probe.states_lost_fraction()
 
 
 def test_the_probe_sees_bf16_moments_lose_the_updates_fp32_moments_keep():
@@ -91,11 +91,28 @@ def test_the_probe_leaves_out_parameters_on_their_first_step_and_step_counters()
     opt = torch.optim.AdamW([p])
     probe = UpdateProbe([p], optimizer=opt)
     opt.step()
-    assert probe.states_lost_fractions() == {}
+    assert probe.states_lost_fraction() == {}
     p.grad = torch.ones_like(p)
     probe = UpdateProbe([p], optimizer=opt)
     opt.step()
-    assert set(probe.states_lost_fractions()) == {"exp_avg", "exp_avg_sq"}
+    assert set(probe.states_lost_fraction()) == {"exp_avg", "exp_avg_sq"}
+
+
+def test_the_probe_compares_each_parameters_own_elements():
+    """Two parameters, the first without state yet (its first step): only the second's state is
+    compared, against the second's gradients (a wrong slice of the gradient mask would not even
+    have the state's length)."""
+    fresh, stale = torch.nn.Parameter(torch.zeros(10)), torch.nn.Parameter(torch.zeros(4000))
+    opt = AdamWLowState([{"params": [fresh, stale]}], 1e-3, (0.9, 0.999), 1e-8, 0.0)
+    stale.grad = torch.ones_like(stale)
+    opt.step()  # fresh has no gradient: no state
+    grad = (1.5 * opt.state[stale]["exp_avg_sq"].float()).sqrt()
+    grad[:1000] = 0.0
+    fresh.grad, stale.grad = torch.ones_like(fresh), grad
+    probe = UpdateProbe([fresh, stale], optimizer=opt)
+    assert [i for i, _ in probe.states_before["exp_avg_sq"]] == [1]
+    opt.step()
+    assert probe.states_lost_fraction() == {"exp_avg": 0.0, "exp_avg_sq": 1.0}
 
 
 def test_the_report_gives_each_states_lost_updates(tmp_path):

@@ -24,7 +24,8 @@ hardware) it measures, on the configured model and data, in this order:
    ``advise.batch_size`` asks what fits): one step's bytes accounted per precision, checkpointing
    mode and optimizer-state choice at two small micro-batches, a line in the batch; on
    ``advise.target``'s GPU the largest micro-batch of each, and for ``advise.batch_size`` the
-   cheapest combination that fits, its step-time cost measured here.
+   cheapest combination that fits, its step-time cost measured here and, where advise runs on
+   that GPU, its peak measured there (:mod:`.fit_measure`).
 6. **seeds** (``advise.seeds``): the finalists of a provisional decision run their fidelity run
    over more seeds; :mod:`.confidence` gives each an equivalence verdict on the final loss.
 
@@ -38,7 +39,8 @@ decides; :mod:`mptrain.commands.advise.report` writes advise.md, advise.json and
 recommendation and the table.
 
 Modules: :mod:`.choices` (the candidates as data, their commands), :mod:`.footprint` and
-:mod:`.fits` (what fits a GPU: measured, decided), :mod:`.fit_report` (its section), :mod:`.trials` (one short run,
+:mod:`.fits` (what fits a GPU: accounted, decided), :mod:`.fit_measure` (the recommended
+combination's speed cost and measured peak), :mod:`.fit_report` (its section), :mod:`.trials` (one short run,
 the budget), :mod:`.measure` (every precision within the budget), :mod:`.seeds` (the finalists'
 seeds), :mod:`.confidence` (the equivalence test, pure), :mod:`.decide` (the decision as a pure
 function), :mod:`.layers`, :mod:`.sensitivity` and :mod:`.plan` (the per-layer plan: run, measured, decided),

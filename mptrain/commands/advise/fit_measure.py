@@ -16,6 +16,7 @@ Both go into ``found["footprint"]`` (``cost``, ``measured``), or why not into it
 from __future__ import annotations
 
 import dataclasses
+import gc
 from typing import TYPE_CHECKING, Any
 
 from mptrain.commands.advise import fits
@@ -121,10 +122,24 @@ def run_fit_check(
     fit, gpu = provisional_fit(cfg, found, verdicts, device)
     if "combination" not in fit:
         return
+    from mptrain.commands.advise.measure import latest_cost
+    from mptrain.commands.advise.predict import device_name
+
     if not on_target(gpu, device):
-        footprint["skipped"]["measured"] = f"advise ran on the {device.type}, not on a {gpu.key}"
+        here = device_name(device) or f"the {device.type}"
+        footprint["skipped"]["measured"] = f"advise ran on {here}, not on a {gpu.key}"
         return
     plain = _plain(found, fit)
+    if plain.pilot is None:
+        footprint["skipped"]["measured"] = f"{plain.name} was not run here"
+        return
+    # Its pilot's cost, scaled to the asked-for micro-batch; recomputing: up to 1.5x.
+    need = latest_cost(plain).of(CHECK_STEPS) * fit["batch_size"] / plain.cfg.batch_size * 1.5
+    if need > budget.left_s():
+        footprint["skipped"]["measured"] = (
+            f"estimated {need:.0f} s; {max(budget.left_s(), 0):.0f} s of advise.budget_s left"
+        )
+        return
     combo = _combination_config(plain.cfg, fit["combination"], footprint.get("user_state"))
     memory = dataclasses.replace(combo.memory, account=False)  # its copies would raise the peak
     combo = dataclasses.replace(
@@ -144,9 +159,13 @@ def measure_peak(cfg: RunConfig, combination: list[str], budget: Budget) -> dict
     try:
         trial = short_run(cfg, CHECK_STEPS, warmup=1, deadline=budget.deadline(), per_step=False)
     except torch.OutOfMemoryError as error:
-        torch.cuda.empty_cache()
-        return {**out, "out_of_memory": str(error).splitlines()[0]}
-    return {**out, "steps": trial.steps, "peak_bytes": trial.figures["peak_memory_bytes"]}
+        out["out_of_memory"] = str(error).splitlines()[0]
+    else:
+        return {**out, "steps": trial.steps, "peak_bytes": trial.figures["peak_memory_bytes"]}
+    # Outside the handler: its traceback no longer holds the failed run's tensors.
+    gc.collect()
+    torch.cuda.empty_cache()
+    return out
 
 
 def _combination_config(cfg: RunConfig, combination: list[str], users: str | None) -> RunConfig:

@@ -11,6 +11,7 @@ from typing import Any
 from mptrain.commands.advise import fits
 from mptrain.commands.advise.choices import CHOICES
 from mptrain.output.memory import fmt_bytes
+from mptrain.output.render import plural
 
 
 def _label(precision: str) -> str:
@@ -69,7 +70,7 @@ def _measured(measured: dict[str, Any] | None, gpu: str) -> str:
         return f" Measured on this {gpu}: out of memory at {at} ({measured['out_of_memory']})."
     return (
         f" Measured on this {gpu}: peak {fmt_bytes(measured['peak_bytes'])} at {at} "
-        f"over {measured['steps']} steps (CUDA's max allocated)."
+        f"over {plural(measured['steps'], 'step')} (CUDA's max allocated)."
     )
 
 
