@@ -116,15 +116,15 @@ def run_fit_check(
     """On the target GPU itself: train the recommended combination :data:`CHECK_STEPS` steps at
     ``advise.batch_size`` and record its measured peak into ``found["footprint"]["measured"]``
     (see the module doc); elsewhere, why the fit is not measured (``skipped["measured"]``)."""
+    from mptrain.commands.advise.measure import latest_cost
+    from mptrain.commands.advise.predict import device_name
+
     footprint = found["footprint"]
     if cfg.advise.batch_size is None:
         return
     fit, gpu = provisional_fit(cfg, found, verdicts, device)
     if "combination" not in fit:
         return
-    from mptrain.commands.advise.measure import latest_cost
-    from mptrain.commands.advise.predict import device_name
-
     if not on_target(gpu, device):
         here = device_name(device) or f"the {device.type}"
         footprint["skipped"]["measured"] = f"advise ran on {here}, not on a {gpu.key}"
