@@ -22,6 +22,7 @@ from mptrain.config.base import (
 
 STATE_DTYPES = ("fp32", "bf16")  # optimizer.state_dtype
 STATE_ROUNDINGS = ("nearest", "stochastic")  # optimizer.state_rounding
+NON_NEGATIVE_FINITE = Accepts(lambda v: 0 <= v < math.inf, "must be >= 0 and finite")
 
 
 # -------------------------------------------------------------------------------------- optimizers
@@ -39,12 +40,7 @@ class OptimizerConfig:
         check_settings(self, "optimizer.")  # the rules on the fields
         # lr and weight_decay: each option's schema redeclares them (its own default and help)
         positive_rule().check("optimizer.lr", self.lr)
-        require(
-            0 <= self.weight_decay < math.inf,
-            "optimizer.weight_decay",
-            self.weight_decay,
-            "must be >= 0 and finite",
-        )
+        NON_NEGATIVE_FINITE.check("optimizer.weight_decay", self.weight_decay)
 
 
 @dataclass
@@ -54,7 +50,7 @@ class SGDConfig(OptimizerConfig):
     momentum: float = setting(
         0.9,
         "momentum factor",
-        accepts=Accepts(lambda v: 0 <= v < math.inf, "must be >= 0 and finite"),
+        accepts=NON_NEGATIVE_FINITE,
     )
     nesterov: bool = setting(False, "Nesterov momentum")
     weight_decay: float = setting(5e-4, "L2 weight decay")

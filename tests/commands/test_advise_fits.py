@@ -12,7 +12,7 @@ import torch
 from support.processes import describe, run_mptrain
 from support.runs import LM, compose_run, tiny_run
 
-from mptrain.commands.advise import fit_measure, fit_report, fits, footprint
+from mptrain.commands.advise import fit_measure, fit_report, fits, footprint, predict
 from mptrain.commands.advise.measure import candidates, run_pilots
 from mptrain.commands.advise.trials import Budget
 from mptrain.output.memory import fmt_bytes
@@ -180,12 +180,12 @@ def test_the_recommended_combination_is_measured_on_the_target_gpu_only(monkeypa
     found, verdicts = fitted(cfg, cpu)
     budget = Budget(120)
 
-    fit_measure.run_fit_check(cfg, found, verdicts, budget, {}, cpu)
+    fit_measure.measure_fit(cfg, found, verdicts, budget, {}, cpu)
     assert found["footprint"]["measured"] is None
     assert found["footprint"]["skipped"]["measured"] == "advise ran on the cpu, not on a h100-sxm"
 
-    monkeypatch.setattr(fit_measure, "on_target", lambda gpu, device: True)
-    fit_measure.run_fit_check(cfg, found, verdicts, budget, {}, cpu)
+    monkeypatch.setattr(predict, "on_gpu", lambda gpu, device: True)
+    fit_measure.measure_fit(cfg, found, verdicts, budget, {}, cpu)
     measured = found["footprint"]["measured"]
     assert measured["combination"] == ["fp32", "fp32", "none"]
     assert (measured["batch_size"], measured["steps"]) == (256, fit_measure.CHECK_STEPS)
@@ -225,7 +225,7 @@ def test_on_the_target_gpu_the_recommendation_is_measured_there():
     gpu = torch.device("cuda")
     cfg = tiny_run("device=cuda", f"advise.target={row.key}", "advise.batch_size=512")
     found, verdicts = fitted(cfg, gpu)
-    fit_measure.run_fit_check(cfg, found, verdicts, Budget(60), {}, gpu)
+    fit_measure.measure_fit(cfg, found, verdicts, Budget(60), {}, gpu)
     measured = found["footprint"]["measured"]
     assert measured["batch_size"] == 512 and "out_of_memory" not in measured, measured
     memory = footprint.assemble(cfg, found, row, {"fp32": 1.0}, "m", verdicts, gpu)

@@ -1,10 +1,12 @@
 """What advise measures of the combination its fit recommends for ``advise.batch_size``
 (:mod:`.footprint` predicts it from the accounting):
 
-- :func:`run_fit_cost`: what the combination's state choice and checkpointing cost in step time
+:func:`measure_fit` finds the recommendation once, then
+
+- its speed cost: what the combination's state choice and checkpointing cost in step time
   against its precision alone, side by side as bench does, here (before the seeds, which take
   whatever budget is left);
-- :func:`run_fit_check`: when advise runs on the GPU ``advise.target`` names, the combination
+- its peak: when advise runs on the GPU ``advise.target`` names, the combination
   trained for :data:`CHECK_STEPS` steps at ``advise.batch_size`` there, its measured peak (CUDA's
   max allocated) set beside the prediction, or the out-of-memory error it met. Anywhere else the
   fit stays predicted, and says so.
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mptrain.commands.advise import fits
@@ -27,7 +31,8 @@ if TYPE_CHECKING:
     import torch
 
     from mptrain.commands.advise.measure import Candidate
-    from mptrain.commands.advise.trials import Budget
+    from mptrain.commands.advise.trials import Budget, Cost
+    from mptrain.config.commands import AdviseConfig
     from mptrain.config.run import RunConfig
 
 # Steps of the combination on the target GPU: the first allocates, the optimizer's state appears
@@ -49,11 +54,18 @@ def provisional_fit(
     return (memory.get("target") or {}).get("fit") or {}, gpu
 
 
-def _plain(found: dict[str, Any], fit: dict[str, Any]) -> Candidate:
-    return next(c for c in found["candidates"] if c.name == fit["combination"][0])
+@dataclass(frozen=True)
+class Recommended:
+    """The fit advise recommends now (:func:`.footprint.assemble`'s ``target.fit``), the
+    candidate of its precision, and that precision's config with the combination's state choice
+    and checkpointing mode."""
+
+    fit: dict[str, Any]
+    plain: Candidate
+    combo: RunConfig
 
 
-def run_fit_cost(
+def measure_fit(
     cfg: RunConfig,
     found: dict[str, Any],
     verdicts: dict[str, str | None],
@@ -61,31 +73,59 @@ def run_fit_cost(
     timings: dict[str, Any],
     device: torch.device,
 ) -> None:
-    """Measure the step-time cost of what the fit recommends beyond its precision (a state
-    choice, checkpointing) side by side with the precision alone, bench's rotated repetitions;
-    into ``found["footprint"]["cost"]``, or why not (``skipped["speed cost"]``)."""
-    from mptrain.commands import bench
-    from mptrain.commands.advise.measure import latest_cost, speed_measure
-
-    footprint, settings = found["footprint"], cfg.advise
-    if settings.batch_size is None:
+    """For ``advise.batch_size``: the fit recommended now (:func:`provisional_fit`, once), then
+    its speed cost here and its peak on the target GPU itself (the module doc); nothing without
+    a batch asked for or a combination that fits it."""
+    if cfg.advise.batch_size is None:
         return
-    fit, _ = provisional_fit(cfg, found, verdicts, device)
-    if not fit.get("overrides"):
+    fit, gpu = provisional_fit(cfg, found, verdicts, device)
+    if "combination" not in fit:
         return
-    plain = _plain(found, fit)
-    if plain.pilot is None:
-        footprint["skipped"]["speed cost"] = f"{plain.name} was not run here"
-        return
+    footprint = found["footprint"]
+    plain = next(c for c in found["candidates"] if c.name == fit["combination"][0])
     combo = _combination_config(plain.cfg, fit["combination"], footprint.get("user_state"))
-    steps, runs = settings.speed_steps, settings.warmup_steps + settings.speed_steps
-    need = 2 * settings.reps * latest_cost(plain).of(runs) * 1.5  # recomputing: up to 1.5×
+    recommended = Recommended(fit, plain, combo)
+    if fit["overrides"]:  # the precision alone is the recommendation: nothing to cost
+        _speed_cost(cfg.advise, footprint, recommended, budget, timings, device)
+    _peak_on_target(footprint, recommended, gpu, budget, timings, device)
+
+
+def _unaffordable(plain: Candidate, need_of: Callable[[Cost], float], budget: Budget) -> str | None:
+    """Why ``plain``'s combination cannot be measured now: its precision did not run here (no
+    cost to estimate from), or ``need_of(its cost)`` seconds exceed what ``advise.budget_s`` has
+    left; None when it can."""
+    from mptrain.commands.advise.measure import latest_cost
+
+    if plain.pilot is None:
+        return f"{plain.name} was not run here"
+    need = need_of(latest_cost(plain))
     if need > budget.left_s():
-        footprint["skipped"]["speed cost"] = (
-            f"estimated {need:.0f} s; {max(budget.left_s(), 0):.0f} s of advise.budget_s left"
-        )
+        return f"estimated {need:.0f} s; {max(budget.left_s(), 0):.0f} s of advise.budget_s left"
+    return None
+
+
+def _speed_cost(
+    settings: AdviseConfig,
+    footprint: dict[str, Any],
+    recommended: Recommended,
+    budget: Budget,
+    timings: dict[str, Any],
+    device: torch.device,
+) -> None:
+    """The step-time cost of what the fit adds to its precision (a state choice, checkpointing),
+    side by side with the precision alone, bench's rotated repetitions; into
+    ``footprint["cost"]``, or why not (``skipped["speed cost"]``)."""
+    from mptrain.commands import bench
+    from mptrain.commands.advise.measure import speed_measure
+
+    fit, plain = recommended.fit, recommended.plain
+    steps, runs = settings.speed_steps, settings.warmup_steps + settings.speed_steps
+    # both configs, every repetition; recomputing: up to 1.5x
+    why = _unaffordable(plain, lambda cost: 2 * settings.reps * cost.of(runs) * 1.5, budget)
+    if why:
+        footprint["skipped"]["speed cost"] = why
         return
-    configs = {"alone": plain.cfg, "combination": combo}
+    configs = {"alone": plain.cfg, "combination": recommended.combo}
     with timed_part(timings, "memory speed cost"):
         reps, refused = bench.measure_reps(
             configs, settings.warmup_steps, steps, settings.reps, speed_measure(budget.deadline())
@@ -96,51 +136,31 @@ def run_fit_cost(
     footprint["cost"] = {"combination": fit["combination"], **_paired(reps), "on": device.type}
 
 
-def on_target(gpu: Any, device: torch.device) -> bool:
-    """Whether this process runs on the GPU ``gpu`` (a row of the peak table) stands for."""
-    from mptrain.commands.advise.predict import device_name
-    from mptrain.perf import gpus
-
-    here = device_name(device)
-    return here is not None and gpus.row_for_device_name(here) == gpu
-
-
-def run_fit_check(
-    cfg: RunConfig,
-    found: dict[str, Any],
-    verdicts: dict[str, str | None],
+def _peak_on_target(
+    footprint: dict[str, Any],
+    recommended: Recommended,
+    gpu: Any,
     budget: Budget,
     timings: dict[str, Any],
     device: torch.device,
 ) -> None:
-    """On the target GPU itself: train the recommended combination :data:`CHECK_STEPS` steps at
-    ``advise.batch_size`` and record its measured peak into ``found["footprint"]["measured"]``
-    (see the module doc); elsewhere, why the fit is not measured (``skipped["measured"]``)."""
-    from mptrain.commands.advise.measure import latest_cost
-    from mptrain.commands.advise.predict import device_name
+    """On the target GPU itself: the combination trained :data:`CHECK_STEPS` steps at
+    ``advise.batch_size``, its measured peak into ``footprint["measured"]``; elsewhere, or
+    without the budget for it, why not (``skipped["measured"]``)."""
+    from mptrain.commands.advise import predict
 
-    footprint = found["footprint"]
-    if cfg.advise.batch_size is None:
-        return
-    fit, gpu = provisional_fit(cfg, found, verdicts, device)
-    if "combination" not in fit:
-        return
-    if not on_target(gpu, device):
-        here = device_name(device) or f"the {device.type}"
+    if not predict.on_gpu(gpu, device):
+        here = predict.device_name(device) or f"the {device.type}"
         footprint["skipped"]["measured"] = f"advise ran on {here}, not on a {gpu.key}"
         return
-    plain = _plain(found, fit)
-    if plain.pilot is None:
-        footprint["skipped"]["measured"] = f"{plain.name} was not run here"
+    fit, plain = recommended.fit, recommended.plain
+    # its pilot's cost scaled to the asked-for micro-batch; recomputing: up to 1.5x
+    scale = fit["batch_size"] / plain.cfg.batch_size * 1.5
+    why = _unaffordable(plain, lambda cost: cost.of(CHECK_STEPS) * scale, budget)
+    if why:
+        footprint["skipped"]["measured"] = why
         return
-    # Its pilot's cost, scaled to the asked-for micro-batch; recomputing: up to 1.5x.
-    need = latest_cost(plain).of(CHECK_STEPS) * fit["batch_size"] / plain.cfg.batch_size * 1.5
-    if need > budget.left_s():
-        footprint["skipped"]["measured"] = (
-            f"estimated {need:.0f} s; {max(budget.left_s(), 0):.0f} s of advise.budget_s left"
-        )
-        return
-    combo = _combination_config(plain.cfg, fit["combination"], footprint.get("user_state"))
+    combo = recommended.combo
     memory = dataclasses.replace(combo.memory, account=False)  # its copies would raise the peak
     combo = dataclasses.replace(
         combo, batch_size=fit["batch_size"], grad_accum_steps=1, memory=memory

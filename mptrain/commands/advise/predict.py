@@ -56,6 +56,12 @@ def target_gpu(cfg: RunConfig, device: torch.device) -> tuple[gpus.GPU | None, s
     return gpus.resolve_target(cfg.advise.target, device_name(device))
 
 
+def on_gpu(gpu: gpus.GPU | None, device: torch.device) -> bool:
+    """Whether this process runs on the GPU the peak-table row ``gpu`` stands for."""
+    here = device_name(device)
+    return gpu is not None and here is not None and gpus.row_for_device_name(here) == gpu
+
+
 PLAN = "plan: "  # the plan's configs among the candidates' in one prediction
 
 
@@ -75,9 +81,8 @@ def predict(
     out: dict[str, Any] = {"target": cfg.advise.target, "note": note, "gpu": None, "rows": {}}
     if gpu is None:
         return out
-    here = device_name(device)
     out["gpu"] = {"key": gpu.key, "name": gpu.name, "source": gpu.source}
-    out["same_device"] = here is not None and gpus.row_for_device_name(here) == gpu
+    out["same_device"] = on_gpu(gpu, device)
     out["basis"] = BASIS
     from mptrain.commands.advise import choices
     from mptrain.perf.speed import data_shape, predict_configs

@@ -108,7 +108,7 @@ def new_findings(cands: list[Candidate], settings: AdviseConfig) -> dict[str, An
 
 def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
     """Steps 1–6 of the package doc within ``budget``, into ``found`` (:func:`new_findings`)."""
-    from mptrain.commands.advise.fit_measure import run_fit_check, run_fit_cost
+    from mptrain.commands.advise.fit_measure import measure_fit
     from mptrain.commands.advise.footprint import faithful, run_footprint
     from mptrain.commands.advise.layers import run_plan
     from mptrain.commands.advise.measure import (
@@ -137,8 +137,7 @@ def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
     device = hardware.resolve_device(cfg.device)
     found["machine_load"] = contention.judged_since(before, device)
     verdicts = faithful(*measured_inputs(cfg, found, device))
-    run_fit_cost(cfg, found, verdicts, budget, timings, device)
-    run_fit_check(cfg, found, verdicts, budget, timings, device)
+    measure_fit(cfg, found, verdicts, budget, timings, device)
     run_seeds(cfg, found, decide(cfg, found, device), budget, timings)  # the finalists'
 
 
