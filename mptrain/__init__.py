@@ -38,7 +38,7 @@ _LAZY = {
     "load_model_info": ("mptrain.commands.evaluate", "load_model_info"),
     "preprocess": ("mptrain.commands.evaluate", "preprocess"),
     "generate": ("mptrain.commands.sample", "generate_text"),
-    "load_report": ("mptrain.output.report", "load_report"),
+    "load_report": ("mptrain.report.schema", "load_report"),
 }
 __all__ = sorted(_LAZY)
 

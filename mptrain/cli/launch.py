@@ -97,7 +97,7 @@ def run_job(cfg: DictConfig) -> float | None:
     from hydra.core.hydra_config import HydraConfig
 
     from mptrain.output.joblog import record_error
-    from mptrain.output.render import write_failure
+    from mptrain.report.render import write_failure
     from mptrain.train.job import RunFailed, RunInterrupted, train
     from mptrain.train.resume import AlreadyCompleted
     from mptrain.train.threads import sweep_jobs

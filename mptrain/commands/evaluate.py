@@ -52,10 +52,10 @@ from mptrain.data.lm import text_bundle, text_in_vocabulary
 from mptrain.data.text import Vocabulary
 from mptrain.models.build import MODELS, build_model
 from mptrain.models.task import Task
-from mptrain.output.render import fmt_num, fmt_pct
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
+from mptrain.report.render import fmt_num, fmt_pct
 from mptrain.rundir.checkpoint import find_checkpoint as checkpoint_at
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 from mptrain.rundir.lock import check_creatable
@@ -247,7 +247,7 @@ def describe_inference(policy: Any) -> str:
 
 def render(result: dict[str, Any]) -> str:
     """eval.md: the result in a few lines, its figures written as training's report writes them
-    (accuracies as percentages, :func:`~mptrain.output.render.fmt_pct`)."""
+    (accuracies as percentages, :func:`~mptrain.report.render.fmt_pct`)."""
     acc = result["val_accuracy"]
     lm = result.get("task") == "lm"
     lines = [

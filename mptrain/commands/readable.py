@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from mptrain.commands.runs import RunRecord
-from mptrain.output.render import plural
-from mptrain.output.report import RunReport
+from mptrain.report.render import plural
+from mptrain.report.schema import RunReport
 from mptrain.rundir.layout import REPORT_JSON
 
 

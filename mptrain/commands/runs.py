@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mptrain.output.report import ReportError, RunReport, load_report
+from mptrain.report.schema import ReportError, RunReport, load_report
 from mptrain.rundir.command import HYDRA_RECORD, OVERRIDES_YAML, recorded_overrides
 from mptrain.rundir.layout import FAILURE_JSON, REPORT_JSON
 

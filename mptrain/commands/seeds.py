@@ -20,7 +20,7 @@ from typing import Any
 from mptrain.commands.readable import visible
 from mptrain.commands.runs import RunRecord
 from mptrain.config.keys import flatten, is_non_training_key
-from mptrain.output.report import RunReport
+from mptrain.report.schema import RunReport
 
 # The final metrics summarised, by their key in a comparison row, with their column header.
 METRICS = {

@@ -10,7 +10,7 @@ FP8 hardware. Runs that failed, or never wrote a report, appear as rows with the
 differ only in seed get a second table: the mean ± sample sd of their final metrics, one row per
 group (:mod:`mptrain.commands.seeds`).
 A run with a precision switch shows both precisions and the step (``fp8 (emulated) -> bf16 after
-step 17``: :meth:`~mptrain.output.report.PrecisionSection.what_ran`), never its first one alone.
+step 17``: :meth:`~mptrain.report.schema.PrecisionSection.what_ran`), never its first one alone.
 
 A throughput ratio is never one bare number: it is the median of the run's measured windows over the
 baseline's, with a range and a *noisy* mark and reason (:mod:`mptrain.commands.spread`) when that range is
@@ -59,11 +59,11 @@ from mptrain.commands.spread import (
 from mptrain.config.keys import flatten, is_non_training_key
 from mptrain.output.joblog import print_table as show_table
 from mptrain.output.joblog import table_console
-from mptrain.output.memory import fmt_bytes
 from mptrain.output.plots import plot_sweep
-from mptrain.output.render import fmt_pct
-from mptrain.output.report import RunReport, ThroughputSection
 from mptrain.platform.contention import busy_words
+from mptrain.report.render import fmt_pct
+from mptrain.report.rows import fmt_bytes
+from mptrain.report.schema import RunReport, ThroughputSection
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 from mptrain.rundir.layout import METRICS_JSONL, SWEEP_PNG
 

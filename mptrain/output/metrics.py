@@ -8,9 +8,8 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from mptrain.output.progress import StepCounters
 from mptrain.rundir.fileio import atomic_write_text
 
 
@@ -19,6 +18,14 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
+
+
+class StepCounters(Protocol):
+    """What observers read of the loop's counters (:class:`mptrain.train.state.LoopState` has
+    them): the output layer sees the counters, never the loop's state object."""
+
+    step: int
+    epoch: int
 
 
 class MetricsLog:

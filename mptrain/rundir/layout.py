@@ -3,7 +3,7 @@
 A run directory (``outputs/<date>/<time>_<precision>_<model>_<dataset>/`` or ``hydra.run.dir``)::
 
     .mptrain.lock          held while a job writes here (rundir.lock.RunDirLock)
-    report.json, report.md the run's report (output.report); failure.json when it stopped early
+    report.json, report.md the run's report (report.schema); failure.json when it stopped early
     metrics.jsonl          one row per log/eval/warning (output.metrics), appended as it runs
     curves.png             loss and metric curves (output.plots)
     mptrain.log            what the job said (output.joblog, through Hydra's job logging)

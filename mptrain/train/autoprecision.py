@@ -5,7 +5,7 @@ executes it natively, but on a CPU that rule is weak: a small GPT ran 1.3x slowe
 FP32 on a CPU with AMX-BF16 (issue 29). So, on a CPU where the rule chose BF16, the job times the
 two candidates — BF16 autocast and FP32, the same FP32 weights, no loss scaling either way, so
 the choice changes nothing but the autocast dtype — on copies of the run's model and its first
-batch (:func:`mptrain.train.steptime.time_steps`: the run's weights, data position and random
+batch (:func:`mptrain.pace.steptime.time_steps`: the run's weights, data position and random
 state are untouched), at each thread count the run may train at (with ``threads=auto``, the
 counts its tuner chooses from on the first training steps: a candidate is judged at the count it
 would run at, not at a start count the tuner then abandons): one warm-up step per candidate and
@@ -37,11 +37,11 @@ from collections.abc import Callable
 from typing import Any
 
 from mptrain.config.options import AUTO
-from mptrain.output.render import plural
+from mptrain.pace.steptime import time_steps
 from mptrain.precision.policy import PRECISIONS, PrecisionPolicy, resolve_precision
+from mptrain.report.render import plural
 from mptrain.train.build import with_policy
 from mptrain.train.components import Run
-from mptrain.train.steptime import time_steps
 from mptrain.train.threads import candidates_for
 
 MIN_STEPS = 200  # 10 timed steps: 5 % of such a run at most

@@ -32,7 +32,6 @@ from mptrain.data.batches import BatchLayout, DataBundle
 from mptrain.data.build import build_data
 from mptrain.models.build import build_model, count_parameters
 from mptrain.models.task import Task, cross_entropy
-from mptrain.output.render import plural
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext, wrap_model
 from mptrain.platform.dtypes import dtype_name
@@ -46,6 +45,7 @@ from mptrain.precision.policy import (
     resolve_precision,
 )
 from mptrain.precision.quant.dist import gathers_fp32
+from mptrain.report.render import plural
 from mptrain.train import recompute
 from mptrain.train.components import Run
 from mptrain.train.faults import InfGradInjector

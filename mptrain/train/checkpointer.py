@@ -19,6 +19,7 @@ import torch
 from mptrain.config.base import ConfigError
 from mptrain.config.keys import flatten, is_non_training_key
 from mptrain.config.run import RunConfig
+from mptrain.pace.clocks import TimeCadence
 from mptrain.platform.distributed import (
     broadcast_flag,
     load_model_state,
@@ -37,7 +38,6 @@ from mptrain.rundir.checkpoint import (
 from mptrain.rundir.fileio import atomic_link
 from mptrain.rundir.layout import BEST, LATEST, candidates, step_checkpoint_name
 from mptrain.train.state import LoopState
-from mptrain.train.timing import TimeCadence
 
 if TYPE_CHECKING:
     from mptrain.precision.plugin import Precision
@@ -146,7 +146,7 @@ class Checkpointer:
 
     def _asked(self, step: int) -> bool:
         """A checkpoint signal came: the same answer on every rank, agreed at log rows as the
-        clock is (mptrain.train.timing), after every step in a single process."""
+        clock is (mptrain.pace.clocks), after every step in a single process."""
         if not self.dist.enabled:
             return self.asked()
         if step % self.run.settings.log_every:

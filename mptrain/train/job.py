@@ -34,10 +34,10 @@ from mptrain.models.build import compile_counts
 from mptrain.output.joblog import JobLog, job_console
 from mptrain.output.metrics import MetricsLog, read_metrics
 from mptrain.output.plots import FigureWorker, plot_run
-from mptrain.output.progress import ProgressDisplay
-from mptrain.output.render import print_summary, summary_rows, write_report
-from mptrain.output.report import RunReport
 from mptrain.output.trackers import Trackers, start_trackers
+from mptrain.pace import clocks
+from mptrain.pace.progress import ProgressDisplay
+from mptrain.pace.slowpath import check_slow_path
 from mptrain.platform import contention
 from mptrain.platform.distributed import DistContext, StartGate, init_distributed, shutdown
 from mptrain.platform.signals import (
@@ -49,10 +49,13 @@ from mptrain.platform.signals import (
     Terminated,
 )
 from mptrain.precision.policy import PrecisionPolicy
+from mptrain.report.assemble import assemble_report, now_iso
+from mptrain.report.render import print_summary, summary_rows, write_report
+from mptrain.report.schema import RunReport
 from mptrain.rundir.checkpoint import resolve_resume
 from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, RUN_PNG
 from mptrain.rundir.lock import RunDirLock, check_no_other_run, check_output_dir
-from mptrain.train import ranks, timing
+from mptrain.train import ranks
 from mptrain.train.autoprecision import decide_auto
 from mptrain.train.build import build_run, resolve_run
 from mptrain.train.checkpointer import Checkpointer, run_signature
@@ -61,9 +64,7 @@ from mptrain.train.diagnostics import write_diagnostics
 from mptrain.train.faults import kill_observer
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.memory import account_step
-from mptrain.train.report import assemble_report, now_iso
 from mptrain.train.resume import AlreadyCompleted, continuing, resume_job
-from mptrain.train.slowpath import check_slow_path
 from mptrain.train.state import LoopState
 from mptrain.train.threads import MIN_WINDOW_STEPS, ThreadTuner, kept_from_checkpoint
 
@@ -312,7 +313,7 @@ class Job:
         # Before the display starts timing the run's first step: FP32's step, when it is needed.
         slow_path = check_slow_path(run) if self.dist.is_main else None
         display = ProgressDisplay(
-            total, label, self.console, show, self.log, start, timing.now, slow_path
+            total, label, self.console, show, self.log, start, clocks.now, slow_path
         )
         if run.monitor.threads is not None:  # a new thread count: the estimate is made again
             run.monitor.threads.on_change = display.remeasure

@@ -50,6 +50,7 @@ from torch import nn
 
 from mptrain.data.batches import Batch, BatchSource
 from mptrain.models.task import correct_predictions, cross_entropy, logits_of
+from mptrain.pace.clocks import TimeCadence
 from mptrain.platform.distributed import (
     DistContext,
     all_reduce_sum,
@@ -62,7 +63,6 @@ from mptrain.precision.policy import PrecisionPolicy, to_model_input
 from mptrain.precision.update import WeightUpdate
 from mptrain.train.monitor import LoopObserver, StepOutcome
 from mptrain.train.state import LoopSettings, LoopState
-from mptrain.train.timing import TimeCadence
 
 if TYPE_CHECKING:
     from mptrain.train.components import Run

@@ -2,7 +2,7 @@
 
 :func:`account_step` runs one optimizer step of the run on copies of its model and optimizer
 (the run is not touched: a fresh batch iterator of its epoch, the CPU random state forked, as
-:mod:`mptrain.train.steptime` does) and counts, at the step's high-water mark:
+:mod:`mptrain.pace.steptime` does) and counts, at the step's high-water mark:
 
 - ``parameters``: the model's parameters (master weights; a pure precision's are BF16);
 - ``gradients``: the parameters' ``.grad`` after the backward;

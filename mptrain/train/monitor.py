@@ -36,8 +36,8 @@ from mptrain.platform import hardware
 if TYPE_CHECKING:
     from mptrain.train.state import LoopState
     from mptrain.train.threads import ThreadTuner
+from mptrain.pace.clocks import Interval, LoopTime, Stopwatch, Throughput
 from mptrain.train.health import CulpritFinder, Probes, ScaleHealth, ScaleStats, describe_culprit
-from mptrain.train.timing import Interval, LoopTime, Stopwatch, Throughput
 
 
 class LoopObserver(Protocol):

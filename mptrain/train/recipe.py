@@ -34,7 +34,7 @@ from mptrain.config.recipes import (
 )
 from mptrain.config.run import RunConfig
 from mptrain.models.task import lower_is_better
-from mptrain.output.report import EvaluationSection, RecipeSection
+from mptrain.report.schema import EvaluationSection, RecipeSection
 
 if TYPE_CHECKING:
     from mptrain.data.batches import DataBundle

@@ -60,9 +60,9 @@ from typing import Any
 import torch
 
 from mptrain.config.base import ConfigError
-from mptrain.output.report import ThreadsSection
 from mptrain.platform import contention
 from mptrain.platform.contention import affinity_cpus
+from mptrain.report.schema import ThreadsSection
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 

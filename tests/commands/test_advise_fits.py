@@ -15,8 +15,8 @@ from support.runs import LM, compose_run, tiny_run
 from mptrain.commands.advise import fit_measure, fit_report, fits, footprint, predict
 from mptrain.commands.advise.measure import candidates, run_pilots
 from mptrain.commands.advise.trials import Budget
-from mptrain.output.memory import fmt_bytes
 from mptrain.perf import gpus
+from mptrain.report.rows import fmt_bytes
 from mptrain.train.build import prepare_run
 from mptrain.train.memory import account_step, fresh_state_bytes
 

@@ -18,8 +18,8 @@ from support.runs import compose_run, run_cli, tiny_run
 from mptrain.commands import bench
 from mptrain.config.base import ConfigError
 from mptrain.config.precision import PrecisionConfig
-from mptrain.output.memory import fmt_bytes
 from mptrain.platform import hardware
+from mptrain.report.rows import fmt_bytes
 from mptrain.train.build import prepare_run
 from mptrain.train.memory import account_step
 

@@ -22,7 +22,7 @@ from rich.console import Console
 from support.runs import tiny_run, train
 
 from mptrain.commands import compare, sweep
-from mptrain.output.memory import fmt_bytes
+from mptrain.report.rows import fmt_bytes
 from mptrain.rundir.layout import METRICS_JSONL, REPORT_JSON
 
 # ESC ] 0 ; ... BEL retitles a terminal window, ESC [ 31 m turns text red, a newline breaks a row.

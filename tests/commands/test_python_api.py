@@ -26,7 +26,7 @@ from mptrain.commands.sample import sample_main
 from mptrain.config.base import ConfigError
 from mptrain.data.text import UnknownCharacters, Vocabulary
 from mptrain.models.gpt import GPT
-from mptrain.output.report import ReportError, RunReport
+from mptrain.report.schema import ReportError, RunReport
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 PAGES = [DOCS / "python-api.md", DOCS / "language-models.md"]

@@ -28,8 +28,8 @@ from support.runs import NoFigure, run_cli, tiny_run, train
 from support.sweeps import job_dirs, read_report, run_sweep
 
 from mptrain.commands import compare, sweep
-from mptrain.output.memory import fmt_bytes
-from mptrain.output.render import write_failure
+from mptrain.report.render import write_failure
+from mptrain.report.rows import fmt_bytes
 from mptrain.rundir import layout
 from mptrain.rundir.layout import FAILURE_JSON, REPORT_JSON
 from mptrain.rundir.lock import RunDirLock
@@ -543,7 +543,7 @@ def test_a_switched_run_shows_both_precisions_apart_from_a_run_of_its_first(runs
 
 @pytest.mark.slow
 def test_a_switch_not_reached_or_reached_late_is_named_so(runs, tmp_path):
-    from mptrain.output.report import load_report
+    from mptrain.report.schema import load_report
 
     report = read_report(runs["fp8_to_bf16"])
     assert report["precision"]["switch"]["switched_after_step"] == 3
@@ -797,7 +797,7 @@ def test_summary_callback_does_nothing_without_runs(tmp_path):
 @pytest.mark.slow
 def test_a_report_written_before_schema_version_loads_as_version_0(runs, tmp_path):
     """report.json files of earlier mptrain versions (no schema_version) are still compared."""
-    from mptrain.output.report import load_report
+    from mptrain.report.schema import load_report
 
     source = next(iter(runs.values())) / REPORT_JSON
     legacy = json.loads(source.read_text())
@@ -829,7 +829,7 @@ def test_window_ratio_spread_is_median_over_median_within_the_quartiles():
 
 
 def test_measured_windows_leave_out_a_short_last_window():
-    from mptrain.output.report import ThroughputSection
+    from mptrain.report.schema import ThroughputSection
 
     t = ThroughputSection(
         samples_per_s=1.0,
@@ -859,7 +859,7 @@ def at(report, directory: str, start: str, end: str):
 
 @pytest.mark.slow
 def test_jobs_whose_spans_overlap_ran_at_the_same_time(runs):
-    from mptrain.output.report import load_report
+    from mptrain.report.schema import load_report
 
     r = load_report(runs["fp32_monday"] / REPORT_JSON)
     a = at(r, "a", "10:00:00.000", "10:00:05.000")
@@ -872,7 +872,7 @@ def test_jobs_whose_spans_overlap_ran_at_the_same_time(runs):
 
 @pytest.mark.slow
 def test_a_speed_ratio_is_noisy_when_either_job_ran_alongside_another(runs):
-    from mptrain.output.report import load_report
+    from mptrain.report.schema import load_report
 
     fp32 = at(load_report(runs["fp32_monday"] / REPORT_JSON), "fp32", "10:00:00", "10:00:05")
     bf16 = at(load_report(runs["bf16_tuesday"] / REPORT_JSON), "bf16", "10:00:06", "10:00:09")

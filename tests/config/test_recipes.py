@@ -29,7 +29,7 @@ from mptrain.config.recipes import check_recipe_source, recipe_files
 from mptrain.config.run import RunConfig
 from mptrain.models.task import lower_is_better
 from mptrain.output.metrics import read_metrics
-from mptrain.output.report import EvaluationSection
+from mptrain.report.schema import EvaluationSection
 from mptrain.train.recipe import (
     check_recipe_data,
     read_mismatch,

@@ -22,9 +22,9 @@ from mptrain.config.models import CustomModelConfig, TimmModelConfig, Torchvisio
 from mptrain.data.batches import BatchLayout
 from mptrain.data.build import build_data
 from mptrain.models.build import build_model, config_has_convolutions, model_facts
-from mptrain.output.report import load_report
 from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import resolve_precision
+from mptrain.report.schema import load_report
 from mptrain.train.checkpointer import run_signature
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 from support.runs import tiny_run, train
 
-from mptrain.output.render import summary_rows
-from mptrain.output.report import load_report
 from mptrain.platform import contention
 from mptrain.platform.contention import LoadSample, judge
+from mptrain.report.render import summary_rows
+from mptrain.report.schema import load_report
 
 
 def load(value: float | None, steal: int = 0, busy_time: int = 1000) -> LoadSample:

@@ -12,9 +12,9 @@ from support.runs import LM, compose_run, tiny_run
 from support.runs import train as run_train
 
 from mptrain.models.task import logits_of
-from mptrain.output.report import load_report
 from mptrain.platform.distributed import unwrap
 from mptrain.platform.dtypes import dtype_name
+from mptrain.report.schema import load_report
 from mptrain.train.build import prepare_run
 from mptrain.train.memory import account_step
 

@@ -13,7 +13,7 @@ from support.runs import run_cli, tiny_run
 from support.runs import train as run_train
 
 from mptrain.config.base import ConfigError
-from mptrain.output.report import load_report
+from mptrain.report.schema import load_report
 from mptrain.train.build import prepare_run
 from mptrain.train.loop import UpdateProbe
 from mptrain.train.memory import account_step

@@ -110,8 +110,8 @@ def test_a_finished_checkpoint_resumed_elsewhere_says_there_is_nothing_to_train(
 def test_the_summary_and_report_md_say_a_run_was_resumed_and_its_fp32_modules(tmp_path):
     """Issue 39, item 8: only report.json said so. The first run pins fp32 (the default, auto,
     is bf16 on a CPU with native BF16: the resume would change nothing)."""
-    from mptrain.output.render import render_markdown
-    from mptrain.output.report import load_report
+    from mptrain.report.render import render_markdown
+    from mptrain.report.schema import load_report
 
     finished = tmp_path / "run"
     train(tiny_run(*RUN, "precision=fp32"), finished)

@@ -12,9 +12,9 @@ import torch
 from support.runs import compose_run, tiny_run, train
 
 from mptrain.config.base import ConfigError
-from mptrain.output.render import render_markdown
-from mptrain.output.report import load_report
 from mptrain.platform.contention import LoadSample
+from mptrain.report.render import render_markdown
+from mptrain.report.schema import load_report
 from mptrain.train import threads as threads_module
 from mptrain.train.threads import (
     LOAD_FALL_CORES,

@@ -10,8 +10,8 @@ from typing import Any
 
 from mptrain.commands.advise import fits
 from mptrain.commands.advise.choices import CHOICES
-from mptrain.output.memory import fmt_bytes
-from mptrain.output.render import plural
+from mptrain.report.render import plural
+from mptrain.report.rows import fmt_bytes
 
 
 def _label(precision: str) -> str:

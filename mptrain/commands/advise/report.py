@@ -21,8 +21,8 @@ from mptrain.commands.advise import choices, concise, confidence, fit_report, pr
 from mptrain.commands.advise import plan as layer_plan
 from mptrain.commands.advise.decide import CHAOS_MARGIN, NOT_MEASURED, Advice
 from mptrain.commands.advise.trials import REPORT, START_UP, WARM_UP, Budget
-from mptrain.output.memory import fmt_bytes
 from mptrain.platform import contention, hardware
+from mptrain.report.rows import fmt_bytes
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 
 if TYPE_CHECKING:

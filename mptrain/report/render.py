@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from mptrain.output.blocks import blocks_lines, blocks_rows
-from mptrain.output.memory import fmt_bytes, memory_rows
-from mptrain.output.pace import rough_duration
-from mptrain.output.report import (
+from mptrain.pace.estimate import rough_duration
+from mptrain.platform.contention import busy_words
+from mptrain.report.rows import blocks_lines, blocks_rows, fmt_bytes, memory_rows, switch_rows
+from mptrain.report.schema import (
     EvaluationSection,
     ModelSection,
     PrecisionSection,
@@ -27,8 +27,6 @@ from mptrain.output.report import (
     TimeSection,
     TrainingSection,
 )
-from mptrain.output.switch import switch_rows
-from mptrain.platform.contention import busy_words
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 from mptrain.rundir.layout import FAILURE_JSON, METRICS_JSONL, REPORT_JSON, REPORT_MD
 

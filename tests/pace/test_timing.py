@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 from support.runs import tiny_run, train
 
-import mptrain.train.timing
+import mptrain.pace.clocks
+from mptrain.pace.clocks import TimeCadence
 from mptrain.platform.distributed import DistContext
 from mptrain.train.build import prepare_run
 from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.state import LoopState
-from mptrain.train.timing import TimeCadence
 
-CPU = mptrain.train.timing.torch.device("cpu")
+CPU = mptrain.pace.clocks.torch.device("cpu")
 
 
 class FakeClock:
@@ -30,7 +30,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(mptrain.train.timing, "now", fake)
+    monkeypatch.setattr(mptrain.pace.clocks, "now", fake)
     return fake
 
 

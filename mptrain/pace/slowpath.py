@@ -6,7 +6,7 @@ precision=fp16 model=resnet50`` (a GPU habit) on a CPU can take days. Nothing is
 trains in the precision asked for, and the progress display says, after its first step, how much
 slower it is than one FP32 step of the same model on the same batch, timed here before training
 (a fraction of an FP16 step), and what to use instead
-(:func:`mptrain.output.pace.slow_path_note`).
+(:func:`mptrain.pace.estimate.slow_path_note`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import dataclasses
 import torch
 
 from mptrain.models.build import has_convolutions
-from mptrain.output.pace import SlowPath
+from mptrain.pace.estimate import SlowPath
+from mptrain.pace.steptime import time_steps
 from mptrain.platform import hardware
 from mptrain.train.components import Run
-from mptrain.train.steptime import time_steps
 
 FP16_CONV_ON_CPU = "FP16 convolutions are a slow path on this CPU"
 
@@ -53,5 +53,5 @@ def check_slow_path(run: Run) -> SlowPath | None:
 
 def time_fp32_step(run: Run) -> float:
     """Seconds of one FP32 optimizer step of copies of the run's model and optimizer on the first
-    batch of the run's epoch; the run is untouched (:func:`mptrain.train.steptime.time_steps`)."""
+    batch of the run's epoch; the run is untouched (:func:`mptrain.pace.steptime.time_steps`)."""
     return time_steps(run, [None], fp32_weights=True)[0]

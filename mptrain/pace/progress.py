@@ -14,7 +14,7 @@ log rows, so they read nothing from the device (no loss: that is read at log row
     train step=1/5000 epoch=0 elapsed=0:00:41 s/step=41.2 eta=2 days, 9:12:18 (first step, one-off costs included)
     train step=8/5000 epoch=0 elapsed=0:05:12 s/step=38.7 eta=2 days, 5:39:50
 
-Once, after the first few steps, the estimate of the whole run (:mod:`mptrain.output.pace`), and
+Once, after the first few steps, the estimate of the whole run (:mod:`mptrain.pace.estimate`), and
 after the first step the note of a precision known to be far slower than FP32 here (with FP32's
 step measured on the same model), whether or not the bar is shown::
 
@@ -48,13 +48,14 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 from mptrain.output.joblog import JobLog
-from mptrain.output.pace import (
+from mptrain.output.metrics import StepCounters
+from mptrain.pace.estimate import (
     Clock,
     Pace,
     RunEstimate,
@@ -64,14 +65,6 @@ from mptrain.output.pace import (
     slow_path_so_far_note,
     step_time_text,
 )
-
-
-class StepCounters(Protocol):
-    """What observers read of the loop's counters (:class:`mptrain.train.state.LoopState` has
-    them): the output layer sees the counters, never the loop's state object."""
-
-    step: int
-    epoch: int
 
 
 class Ticker:
@@ -238,7 +231,7 @@ class ProgressDisplay:
 
     def remeasure(self, step: int, why: str) -> None:
         """The steps after ``step`` run differently (threads=auto changed the thread count): the
-        estimate is made again from them (:meth:`mptrain.output.pace.Pace.restart`)."""
+        estimate is made again from them (:meth:`mptrain.pace.estimate.Pace.restart`)."""
         with self._lock:
             self.pace.restart(step, self.clock(), why)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mptrain.output.pace import (
+from mptrain.pace.estimate import (
     Pace,
     SlowPath,
     estimate_line,

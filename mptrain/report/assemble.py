@@ -1,5 +1,5 @@
 """The run's report assembled from a finished, failed or interrupted job: one builder per section
-of :class:`~mptrain.output.report.RunReport` (model, precision, data, training, numerics,
+of :class:`~mptrain.report.schema.RunReport` (model, precision, data, training, numerics,
 evaluation, throughput, time, checkpoints), each reading what the job measured, never re-measuring.
 """
 
@@ -18,8 +18,15 @@ from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
 from mptrain.models.build import compile_counts, model_facts
 from mptrain.models.task import Task
-from mptrain.output.progress import ProgressDisplay
-from mptrain.output.report import (
+from mptrain.pace.progress import ProgressDisplay
+from mptrain.perf import gpus
+from mptrain.perf.speed import DataShape, mfu_of_run
+from mptrain.platform import contention, hardware
+from mptrain.platform.distributed import DistContext
+from mptrain.platform.dtypes import dtype_name
+from mptrain.precision.policy import PrecisionPolicy
+from mptrain.precision.quant.convert import fp8_layer_stats
+from mptrain.report.schema import (
     CheckpointsSection,
     DataSection,
     EvaluationSection,
@@ -33,13 +40,6 @@ from mptrain.output.report import (
     TimeSection,
     TrainingSection,
 )
-from mptrain.perf import gpus
-from mptrain.perf.speed import DataShape, mfu_of_run
-from mptrain.platform import contention, hardware
-from mptrain.platform.distributed import DistContext
-from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.policy import PrecisionPolicy
-from mptrain.precision.quant.convert import fp8_layer_stats
 from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.components import Run
 from mptrain.train.optim import optimizer_implementation, state_dtypes

@@ -1,5 +1,5 @@
 """How long a run will take, and the words of the slow-path note (whether a precision is slow
-here is decided and timed by :mod:`mptrain.train.slowpath`).
+here is decided and timed by :mod:`mptrain.pace.slowpath`).
 
 :class:`Pace` times the loop's steps as they finish (on the host's clock: no device read). The
 first step carries one-off costs (allocations, kernel selection, lazy imports) that later steps do
@@ -15,7 +15,7 @@ On a GPU without loss scaling the host may queue a few steps ahead of the device
 made before the first log row (which waits for the device) can be low; the remaining time shown
 with every later line follows the pace measured since.
 
-:class:`SlowPath` is what :mod:`mptrain.train.slowpath` found (FP16 convolutions on a CPU, with
+:class:`SlowPath` is what :mod:`mptrain.pace.slowpath` found (FP16 convolutions on a CPU, with
 FP32's step measured on the same model); :func:`slow_path_note` says it with the ratio and the
 faster choice, once the run's own first step has been timed.
 """

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from mptrain.output.pace import Pace
+from mptrain.pace.estimate import Pace
 
 
 def test_a_restart_estimates_again_from_the_steps_after_it():

@@ -1,5 +1,5 @@
 """A run is never silent for long: its first progress line after step 1, lines by the clock
-(mptrain.train.timing.now) between log rows, the estimate of the whole run, and the note of a
+(mptrain.pace.clocks.now) between log rows, the estimate of the whole run, and the note of a
 precision known to be far slower than FP32 here (FP16 convolutions on a CPU), given after the
 first step with FP32's step measured on the same model, without changing the run; while a step
 runs long, the heartbeat (the loop tells the display when each step starts)."""
@@ -15,15 +15,15 @@ import torch
 from rich.console import Console
 from support.runs import NoFigure, run_cli, tiny_run
 
-import mptrain.output.progress
+import mptrain.pace.clocks
+import mptrain.pace.progress
 import mptrain.train.job
-import mptrain.train.timing
-from mptrain.output.progress import ProgressDisplay
+from mptrain.pace.progress import ProgressDisplay
+from mptrain.pace.slowpath import FP16_CONV_ON_CPU, check_slow_path, time_fp32_step
 from mptrain.platform.distributed import DistContext
 from mptrain.train.build import build_run, prepare_run, resolve_run
 from mptrain.train.job import train
 from mptrain.train.loop import LoopHooks, train_loop
-from mptrain.train.slowpath import FP16_CONV_ON_CPU, check_slow_path, time_fp32_step
 
 TINY_CNN = (
     "model=cnn",
@@ -91,9 +91,9 @@ class NoTicks:
 
 def test_between_log_rows_the_clock_gives_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(mptrain.train.job, "FigureWorker", NoFigure)
-    monkeypatch.setattr(mptrain.output.progress, "Ticker", NoTicks)
+    monkeypatch.setattr(mptrain.pace.progress, "Ticker", NoTicks)
     seconds = iter(range(0, 10_000, 40))  # each read of the clock: 40 s later
-    monkeypatch.setattr(mptrain.train.timing, "now", lambda: float(next(seconds)))
+    monkeypatch.setattr(mptrain.pace.clocks, "now", lambda: float(next(seconds)))
     out = io.StringIO()
     cfg = tiny_run("max_steps=6", "log_every=50", "progress=true", "checkpoint.enabled=false")
     train(cfg, tmp_path, Console(file=out, width=100_000, soft_wrap=True))

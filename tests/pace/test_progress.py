@@ -10,8 +10,8 @@ import threading
 import pytest
 from rich.console import Console
 
-from mptrain.output.pace import SlowPath
-from mptrain.output.progress import ProgressDisplay, Ticker
+from mptrain.pace.estimate import SlowPath
+from mptrain.pace.progress import ProgressDisplay, Ticker
 from mptrain.train.state import LoopState
 
 

@@ -8,8 +8,8 @@ import dataclasses
 import pytest
 from support.runs import NoFigure, tiny_run
 
-from mptrain.output.render import render_markdown, summary_rows
 from mptrain.platform import hardware
+from mptrain.report.render import render_markdown, summary_rows
 from mptrain.train import job as run_module
 from mptrain.train.job import RunFailed, train
 
@@ -88,7 +88,7 @@ def test_the_unigram_baseline_line_gives_the_final_loss_and_the_gap_apart():
     final loss was 5.441)."""
     from types import SimpleNamespace
 
-    from mptrain.output.render import _baseline_text
+    from mptrain.report.render import _baseline_text
 
     above = SimpleNamespace(baseline_val_loss=3.422, final_val_loss=5.441)
     assert _baseline_text(above) == ("3.422 nats/token; final val loss 5.441, 2.019 above it (59%)")

@@ -1,4 +1,4 @@
-"""The run report's schema and reader (writing and rendering: :mod:`mptrain.output.render`).
+"""The run report's schema and reader (writing and rendering: :mod:`mptrain.report.render`).
 
 :class:`RunReport` declares every section as a dataclass; a run builds it once, at the end, from
 explicit values (:mod:`mptrain.train.job`). report.json is its :meth:`~RunReport.to_dict` form with a
@@ -208,7 +208,7 @@ class TimeSection:
     checkpoint_s: float  # writes, the final one included
     checkpoints: int
     other_s: float
-    # The estimate of the loop's time made once while training (mptrain.output.pace.RunEstimate:
+    # The estimate of the loop's time made once while training (mptrain.pace.estimate.RunEstimate:
     # estimated_s, steps, step_s, measured_steps [first, last], made_at_step, made_after_s, line)
     # beside the actual: actual_s (training + evaluation + checkpoints) over actual_steps. None
     # when the run stopped before it was made, and in reports written before it existed.
@@ -301,7 +301,7 @@ class RunReport:
     time: TimeSection | None = None  # None in reports written before it existed
     threads: ThreadsSection | None = None  # None in reports written before it existed
     # The block-scaled formats (mxfp8, nvfp4, blockwise fp8): formats, layers, counts
-    # (mptrain.output.blocks); None for other precisions and in reports written before it existed.
+    # (mptrain.report.rows); None for other precisions and in reports written before it existed.
     blocks: dict[str, Any] | None = None
     figure: str | None = None  # curves.png, once written
     schema_version: int = SCHEMA_VERSION

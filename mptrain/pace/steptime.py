@@ -1,7 +1,7 @@
 """Time optimizer steps of copies of a run's model before training, leaving the run untouched.
 
 Two decisions are made from such timings: the slow-path note (one FP32 step against the run's
-own first step, :mod:`mptrain.train.slowpath`) and ``precision=auto`` on a CPU (BF16 and FP32
+own first step, :mod:`mptrain.pace.slowpath`) and ``precision=auto`` on a CPU (BF16 and FP32
 steps alternating, :mod:`mptrain.train.autoprecision`). Both need the run's model on the run's
 first batch, and neither may change what the run then computes:
 
