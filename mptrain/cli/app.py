@@ -77,14 +77,14 @@ def main(argv: Sequence[str] | None = None) -> None:
             try:
                 checked = check_jobs(hydra, args)
                 if checked.multirun:  # held until this sweep's jobs are judged
-                    _say_note(held.enter_context(hold_sweep_dir(Path(checked.output_dir))))
+                    note = held.enter_context(hold_sweep_dir(Path(checked.output_dir)))
+                    if note:
+                        print(f"mptrain: note: {note}", file=sys.stderr)
             except ConfigError as exc:
                 fail(str(exc))
             sweep_dir = Path(checked.output_dir)
             failed = functools.partial(_every_job_failed, sweep_dir, launched)
-            run_and_report(
-                launch(hydra, args, checked, run_job, failed)
-            )  # Hydra's report of errors
+            run_and_report(launch(hydra, args, checked, run_job, failed))  # Hydra's error report
             if checked.multirun:
                 _exit_if_jobs_failed(sweep_dir, launched)
 
@@ -248,11 +248,6 @@ def _every_job_failed(sweep_dir: Path, launched: float, exc: Exception) -> bool:
     )
     write_sweep_summary(sweep_dir, launched)
     return True
-
-
-def _say_note(note: str | None) -> None:
-    if note:
-        print(f"mptrain: note: {note}", file=sys.stderr)
 
 
 def _exit_if_jobs_failed(sweep_dir: Path, launched: float) -> None:

@@ -49,19 +49,18 @@ def launch(
     """The call that runs the checked command's jobs on ``hydra`` with ``task``, in the output
     directory the preflight checked (see the module doc). An error of a sweep for which
     ``sweeper_failed(error)`` returns True has been reported, and the call returns."""
-    mode = "MULTIRUN" if checked.multirun else "RUN"
-    overrides = [*args.overrides, pinned_output_dir(checked), f"hydra.mode={mode}"]
+    mode, key = ("MULTIRUN", "hydra.sweep.dir") if checked.multirun else ("RUN", "hydra.run.dir")
+    # The output directory pinned to the one checked (Hydra would resolve ``${now:...}`` again).
+    overrides = [*args.overrides, f"{key}={_quoted(checked.output_dir)}", f"hydra.mode={mode}"]
     if checked.record_subdir is not None:  # written where the run's job moves it (cli.record)
         overrides.append(f"hydra.output_subdir={_quoted(staged_subdir(checked.record_subdir))}")
-    config_name = args.config_name or CONFIG_NAME
-    if not checked.multirun:
-        return functools.partial(
-            hydra.run, config_name=config_name, task_function=task, overrides=overrides
-        )
     start = functools.partial(
-        hydra.multirun, config_name=config_name, task_function=task, overrides=overrides
+        hydra.multirun if checked.multirun else hydra.run,
+        config_name=args.config_name or CONFIG_NAME,
+        task_function=task,
+        overrides=overrides,
     )
-    return functools.partial(_sweep, start, sweeper_failed)
+    return functools.partial(_sweep, start, sweeper_failed) if checked.multirun else start
 
 
 def _sweep(start: Callable[[], None], sweeper_failed: Callable[[Exception], bool] | None) -> None:
@@ -70,13 +69,6 @@ def _sweep(start: Callable[[], None], sweeper_failed: Callable[[Exception], bool
     except Exception as exc:
         if not (sweeper_failed and sweeper_failed(exc)):
             raise
-
-
-def pinned_output_dir(checked: Preflight) -> str:
-    """The override fixing Hydra's output directory to the one the preflight checked (Hydra
-    would resolve ``${now:...}`` again)."""
-    key = "hydra.sweep.dir" if checked.multirun else "hydra.run.dir"
-    return f"{key}={_quoted(checked.output_dir)}"
 
 
 def _quoted(value: str) -> str:

@@ -1,7 +1,7 @@
 """Check every job a command line describes before anything trains, the way Hydra will run it.
 
-:func:`preflight` builds the same Hydra instance ``@hydra.main`` builds for mptrain's app (the
-packaged configs, ``-cp``/``--config-path``, ``-cn``, ``-cd``/``--config-dir``, and the
+:func:`check_command_line` builds the same Hydra instance ``@hydra.main`` builds for mptrain's
+app (the packaged configs, ``-cp``/``--config-path``, ``-cn``, ``-cd``/``--config-dir``, and the
 ``hydra.searchpath`` of the composed config, which Hydra's config loader reads itself), composes
 the master config as Hydra does, and then each job's config with Hydra's own
 ``load_sweep_config``:
@@ -68,8 +68,11 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
 
 
 def check_command_line(argv: list[str]) -> Preflight:
-    """:func:`preflight` of a command line as ``mptrain`` receives it (tests, subcommands)."""
-    return preflight(parse_command_line(argv))
+    """Compose and check every job of a command line as ``mptrain`` receives it (see the module
+    doc); ConfigError for the first bad one."""
+    args = parse_command_line(argv)
+    with hydra_like_main(args) as hydra:
+        return check_jobs(hydra, args)
 
 
 @contextmanager
@@ -114,12 +117,6 @@ def refuse_huge_numbers(overrides: list[str]) -> None:
                 f"{key.lstrip('+~')}={value.strip()[:12]}...: a number of {len(digits):,} digits, "
                 f"beyond any setting's range"
             )
-
-
-def preflight(args: argparse.Namespace) -> Preflight:
-    """Compose and check every job ``args`` describes; ConfigError for the first bad one."""
-    with hydra_like_main(args) as hydra:
-        return check_jobs(hydra, args)
 
 
 def _resolved(master: Any, key: str) -> str:
@@ -168,7 +165,8 @@ def _check_launcher_needs_sweep(overrides: list[str]) -> None:
 
 
 def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
-    """:func:`preflight` on ``hydra``, the instance :func:`hydra_like_main` made for ``args``."""
+    """:func:`check_command_line` on ``hydra``, the instance :func:`hydra_like_main` made for
+    ``args``."""
     from omegaconf import OmegaConf
 
     overrides = list(args.overrides)

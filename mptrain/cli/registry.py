@@ -93,41 +93,31 @@ def _check_precision_alias(alias: str | None, name: str) -> None:
     )
 
 
-def absolute_paths(run: RunConfig, launch_dir: Path) -> RunConfig:
-    """``run`` with every relative path key (:data:`mptrain.config.base.PATH` metadata) joined to
-    ``launch_dir``, the directory mptrain was started in (``hydra.runtime.cwd``): a job moved
-    into its output directory (``hydra.job.chdir=true``) still finds the user's files."""
-    _absolute_paths(run, launch_dir)
-    return run
-
-
-def _absolute_paths(node: Any, launch_dir: Path) -> None:
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
+def absolute_paths(run: Any, launch_dir: Path) -> Any:
+    """``run`` (a RunConfig, or a section of one) with every relative path key
+    (:data:`mptrain.config.base.PATH` metadata) joined to ``launch_dir``, the directory mptrain was
+    started in (``hydra.runtime.cwd``): a job moved into its output directory
+    (``hydra.job.chdir=true``) still finds the user's files."""
+    for f in dataclasses.fields(run):
+        value = getattr(run, f.name)
         if f.metadata.get("path") and isinstance(value, str) and value not in ("", "auto"):
             path = Path(value).expanduser()
-            setattr(node, f.name, str(path if path.is_absolute() else launch_dir / path))
+            setattr(run, f.name, str(path if path.is_absolute() else launch_dir / path))
         elif dataclasses.is_dataclass(value):
-            _absolute_paths(value, launch_dir)
-
-
-def accepted_keys(schema: type) -> str:
-    return ", ".join(f.name for f in dataclasses.fields(schema))
+            absolute_paths(value, launch_dir)
+    return run
 
 
 def unknown_key_message(key: str, schema: type | None, typed: str | None = None) -> str:
     """One line for ``key``, unknown where ``schema`` (a dataclass, or None when not known) is
     the node's: the key the user probably meant, then the keys accepted there. ``typed`` is the
     whole key the user gave when longer (``trainer.max_epochs`` for the unknown ``trainer``)."""
+    if schema is None:
+        return f"{key}: unknown key{did_you_mean(suggest_key(typed or key))}"
     parent = key.rpartition(".")[0]
-    accepted = (
-        [f"{parent}.{f.name}" if parent else f.name for f in dataclasses.fields(schema)]
-        if schema
-        else None
-    )
-    meant = suggest_key(typed or key, accepted)
-    listed = f"; accepted keys: {accepted_keys(schema)}" if schema else ""
-    return f"{key}: unknown key{did_you_mean(meant)}{listed}"
+    names = [f.name for f in dataclasses.fields(schema)]
+    meant = suggest_key(typed or key, [f"{parent}.{n}" if parent else n for n in names])
+    return f"{key}: unknown key{did_you_mean(meant)}; accepted keys: {', '.join(names)}"
 
 
 def _reject_unknown_keys(node: Any, path: str = "") -> None:

@@ -14,11 +14,11 @@ from importlib.resources import files
 from pathlib import Path
 
 from mptrain.cli.arguments import COMMANDS
+from mptrain.cli.preflight import CONFIG_MODULE
 from mptrain.config.help import section_help, section_keys
 from mptrain.config.options import PRECISION_ALIASES, SCHEMAS
 from mptrain.config.recipes import recipe_files
 
-CONFIG_PACKAGE = "mptrain.conf"
 # Each command's page in docs/ and an example of it.
 COMMAND_DOCS = {
     "advise": ("docs/advise.md", "mptrain advise model=mlp advise.budget_s=60"),
@@ -33,7 +33,7 @@ _USAGE = re.compile(r"^`(?P<usage>[^`]+)`:\s*(?P<what>.*)$")
 def usage_text(config_dir: str | None = None) -> str:
     """What ``mptrain --help`` prints: how to run, the commands, the groups and their options
     (with ``-cd DIR``, that directory's too), and where the rest is."""
-    config = _config_text()
+    config = files(CONFIG_MODULE).joinpath("config.yaml").read_text(encoding="utf-8")
     commands = [f"  {name:<9} {_command_summary(name)[1]}" for name in COMMANDS]
     return "\n".join(
         [
@@ -92,10 +92,6 @@ def command_help(command: str) -> str:
     )
 
 
-def _config_text() -> str:
-    return files(CONFIG_PACKAGE).joinpath("config.yaml").read_text(encoding="utf-8")
-
-
 def _command_summary(command: str) -> tuple[str, str]:
     """(usage, what it does) from the help of the command's section of the schema
     (``advise``: "`mptrain advise [overrides]`: measure every precision here ...")."""
@@ -131,7 +127,7 @@ def _options(config_dir: str | None) -> dict[str, list[str]]:
     """Each group's options: the YAML files of conf/ and of ``config_dir``, the recipes; a
     group's table order (mptrain.config.options.SCHEMAS) first, then any other name sorted."""
     found: dict[str, set[str]] = {"recipe": set(recipe_files())}
-    roots = [files(CONFIG_PACKAGE)]
+    roots = [files(CONFIG_MODULE)]
     if config_dir is not None and Path(config_dir).is_dir():
         roots.append(Path(config_dir))
     for root in roots:

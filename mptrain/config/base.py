@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import MISSING as NO_DEFAULT
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +89,6 @@ def one_of_rule(values: tuple[Any, ...], words: str | None = None) -> Accepts:
 def check_settings(schema: Any, prefix: str = "") -> None:
     """Every field's range rule (:class:`Accepts`, ``setting(..., accepts=...)``) on ``schema``'s
     values, in field order: ConfigError naming ``prefix`` + the field for the first that fails."""
-    from dataclasses import fields
-
     for f in fields(schema):
         rule = f.metadata.get("accepts")
         if rule is not None:

@@ -114,9 +114,6 @@ class AdviseConfig:
         "speed: repetitions, precisions in rotating order; fewer than 3 are marked noisy",
         accepts=at_least_rule(1),
     )
-    # The per-layer plan: rank the eligible layers by their sensitivity to a low-precision recipe,
-    # keep the fewest in high precision that bring the loss within tolerance, verify with a short
-    # run. auto (true): for the recipe advise would use | a recipe (ADVISE_PLAN_RECIPES) | false
     plan: str = setting(
         "auto",
         (
@@ -128,8 +125,6 @@ class AdviseConfig:
         ),
         accepts=PLANS,
     )
-    # Each finalist's fidelity run over this many seeds, for an equivalence verdict on the final
-    # loss: auto (as many as the budget affords, 3 to 10) | N (1: the single run only).
     seeds: str = setting(
         "auto",
         (
@@ -144,8 +139,6 @@ class AdviseConfig:
         "significance level of the equivalence test: equivalent when its p-value is below",
         accepts=Accepts(lambda v: 0 < v < 0.5, "must be in the open interval (0, 0.5)"),
     )
-    # The GPU whose speed is predicted beside the measurements (mptrain.perf.gpus: h100, h200,
-    # b200, a100, l4, ...): auto: the GPU advise runs on (none on a CPU) | none: no prediction.
     target: str = setting(
         "auto",
         (
@@ -154,8 +147,7 @@ class AdviseConfig:
         ),
         accepts=TARGETS,
     )
-    # What fits advise.target's memory (advise/fits.py): the cheapest combination of precision,
-    # optimizer-state choice and activation checkpointing that fits this micro-batch.
+    # What fits: mptrain.commands.advise.fits.
     batch_size: int | None = setting(
         None,
         (
@@ -171,7 +163,6 @@ class AdviseConfig:
 class EvalConfig:
     """``mptrain eval resume=PATH``: which checkpoint of a run directory is evaluated."""
 
-    # latest: the newest that loads | best: best.pt (mptrain sample, unless given: best where kept)
     checkpoint: str = setting(
         "latest",
         (

@@ -166,13 +166,3 @@ GROUP_OF_PRECISION = {precision: group for group, precision in PRECISION_OF_GROU
 # What one GEMM of a quantized Linear may run in (precision.gemms.*): a high-precision dtype, or a
 # quantized format of the table (fp8: as fp8.* sets it).
 GEMM_FORMATS = (FP32, BF16, FP8, *BLOCK_FORMATS)
-
-
-def row(name: str) -> NumberFormat:
-    """The row of ``name``; KeyError naming the table's formats when there is none."""
-    try:
-        return FORMAT_TABLE[name]
-    except KeyError:
-        raise KeyError(
-            f"{name!r} is not a format of the table: {', '.join(FORMAT_TABLE)}"
-        ) from None

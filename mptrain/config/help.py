@@ -51,12 +51,6 @@ def yaml_value(value: Any) -> str:
     return str(value)
 
 
-def _default(f: dataclasses.Field) -> Any:
-    if f.default_factory is not dataclasses.MISSING:
-        return f.default_factory()
-    return f.default
-
-
 def all_keys(cls: type = RunConfig, prefix: str = "") -> list[Key]:
     """Every setting below ``cls`` in field order, nested sections flattened (``fp8.scaling``);
     at the top level, the config groups' fields are left out (see the module doc)."""
@@ -72,7 +66,8 @@ def all_keys(cls: type = RunConfig, prefix: str = "") -> list[Key]:
         else:
             rule = f.metadata.get("accepts")
             accepted = rule.described() if rule is not None else ""
-            default = yaml_value(_default(f))
+            factory = f.default_factory
+            default = yaml_value(f.default if factory is dataclasses.MISSING else factory())
             found.append(Key(prefix + f.name, default, f.metadata.get("help", ""), False, accepted))
     return found
 
@@ -120,10 +115,9 @@ def group_table() -> str:
             for key in all_keys(schema):
                 if key.path == "name":  # the option's name, preset by it
                     continue
-                what = key.help.replace("|", "\\|")
                 path, default = (f"{key.path}.*", "") if key.section else (key.path, key.default)
                 default = f"`{default}`" if not key.section else ""
-                rows.append(f"| `{group}={names}` | `{path}` | {default} | {what} |")
+                rows.append(f"| `{group}={names}` | `{path}` | {default} | {_cell(key.help)} |")
     return "\n".join(rows)
 
 

@@ -135,8 +135,6 @@ class TimmModelConfig(ModelConfig):
     )
 
 
-# Keys a custom option may add with Hydra's ``+model.width=64``: mptrain.cli.registry.to_run_config
-# moves every key the schema does not declare into ``kwargs`` (the constructor's arguments).
 @dataclass
 class GPTConfig(ModelConfig):
     """A decoder-only transformer language model (mptrain.models.gpt); the vocabulary is the data's."""
@@ -175,6 +173,8 @@ class GPTConfig(ModelConfig):
         )
 
 
+# Keys a custom option may add with Hydra's ``+model.width=64``: mptrain.cli.registry.to_run_config
+# moves every key the schema does not declare into ``kwargs`` (the constructor's arguments).
 EXTRA_KEYS_FIELD = "kwargs"
 
 

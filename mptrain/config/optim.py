@@ -59,7 +59,6 @@ class SGDConfig(OptimizerConfig):
     )
 
     def validate(self) -> None:
-        """Range rules of this option's keys; ConfigError naming the first violation."""
         super().validate()
         require(
             not self.nesterov or self.momentum > 0,

@@ -179,8 +179,6 @@ class FP8Config:
         "dynamic: scale from the tensor's amax at the cast | delayed: from the amax history",
         accepts=one_of_rule(("dynamic", "delayed"), "dynamic or delayed"),
     )
-    # tensorwise: a scale per tensor | rowwise: per row | blockwise: 1x128 tiles, 128x128 weight
-    # blocks (rowwise and blockwise: dynamic scaling)
     granularity: str = setting(
         "tensorwise",
         (

@@ -108,9 +108,8 @@ class RunConfig:
         "classify",
         "classify | lm: set by the task group (task=lm also selects model=gpt, dataset=text)",
     )
-    # The run's length. epochs=null (the default) means DEFAULT_EPOCHS unless max_steps is given,
-    # which then is the length (as in Hugging Face's Trainer and Lightning); both given, the
-    # first reached ends the run. Resolved when the config is built (__post_init__).
+    # The run's length, as in Hugging Face's Trainer and Lightning; epochs=null is resolved when
+    # the config is built (__post_init__).
     epochs: int | None = setting(
         None,
         (
@@ -212,8 +211,6 @@ class RunConfig:
         metadata=NOT_TRAINING,
         accepts=at_least_rule(0),
     )
-    # Intra-op CPU threads: auto (from affinity, cgroup quota, workers; measured on training steps
-    # on a CPU) or a count that pins it. On CUDA it sets the host's threads only.
     threads: str = setting(
         "auto",
         (
@@ -280,8 +277,7 @@ class RunConfig:
         ),
         metadata=NOT_TRAINING,
     )
-    # mptrain eval / sample: rebuild a model or dataset whose _target_ the checkpoint names (its
-    # code runs: only for checkpoints you trust); see mptrain.config.targets.
+    # See mptrain.config.targets.refuse_checkpoint_code.
     trust_checkpoint_code: bool = setting(
         False,
         (

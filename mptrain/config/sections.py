@@ -68,8 +68,6 @@ class RecipeConfig:
     data: RecipeData = setting(
         help="the data the recipe reproduces; an empty key checks nothing", factory=RecipeData
     )
-    # true: data other than ``data`` names is refused before training (exit 2); false: the run
-    # goes ahead and its verdict says "not comparable" with what differed.
     strict: bool = setting(
         True,
         (
@@ -157,8 +155,6 @@ class CheckpointConfig:
     keep_best: bool = setting(
         True, "also keep best.pt: the state with the best validation accuracy"
     )
-    # The signal that asks for a checkpoint (SLURM's --signal=USR1@T warns before pre-emption),
-    # and what follows it: save (checkpoint after this step, go on) | stop (checkpoint and stop).
     signal: str | None = setting(
         "SIGUSR1",
         (
@@ -229,8 +225,8 @@ class MemoryConfig:
 
 @dataclass
 class DebugConfig:
-    # Steps (1-based optimizer steps) whose gradients get an inf after backward: exercises the
-    # loss scaler's skip path on purpose (tests, checking a setup). Empty in every real run.
+    """Test hooks: faults on purpose (tests, checking a setup); unset in every real run."""
+
     inject_inf_grad_steps: list[int] = setting(
         help="test hook: optimizer steps whose gradients get an inf (exercises skipping)",
         factory=list,
@@ -239,8 +235,6 @@ class DebugConfig:
     inject_inf_grad_rank: int | None = setting(
         None, "distributed test hook: inject only on this rank (null = every rank)"
     )
-    # A worker lost mid-run, on purpose: the rank SIGKILLs itself after this optimizer step, on
-    # the job's first attempt only (a restarted attempt trains on). Empty in every real run.
     kill_at_step: int | None = setting(
         None,
         (

@@ -83,14 +83,13 @@ def _import_error(key: str, target: str, exc: BaseException, launch_dir: str) ->
     return ConfigError(f"{key}={target!r}: cannot import it ({first_line(exc)}){where}")
 
 
-def accepted(call: Callable[..., Any]) -> tuple[set[str], bool]:
-    """(the keyword names ``call`` takes, whether it takes ``**kwargs`` too)."""
+def accepted(call: Callable[..., Any]) -> set[str]:
+    """The keyword names ``call`` takes (none known for a builtin without a signature)."""
     try:
         parameters = inspect.signature(call).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: assume it takes anything
-        return set(), True
-    names = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    return names, any(p.kind is p.VAR_KEYWORD for p in parameters)
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
 def offered(
@@ -98,7 +97,7 @@ def offered(
 ) -> dict[str, Any]:
     """The arguments ``call`` gets: every ``user`` key, plus each of ``facts`` (the dataset's
     ``num_classes``, ``in_channels``, ...) that its signature names and the user did not set."""
-    names, _ = accepted(call)
+    names = accepted(call)
     given = dict(user)
     for name, value in facts.items():
         if name in names and name not in given:
@@ -110,10 +109,10 @@ def check_keys(key: str, target: str, call: Callable[..., Any], kwargs: dict[str
     """ConfigError naming ``key`` when ``call`` cannot take ``kwargs`` (unknown or missing)."""
     try:
         inspect.signature(call).bind(**kwargs)
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ValueError):  # no signature to check against
-            return
-        names, _ = accepted(call)
+    except ValueError:  # no signature to check against
+        return
+    except TypeError as exc:
+        names = accepted(call)
         takes = ", ".join(sorted(names)) or "no keyword arguments"
         # Only the keys it does not take: naming in_channels and num_classes beside depth read as
         # if the constructor refused the data's facts it does take.
