@@ -91,42 +91,6 @@ def _quantization(policy: PrecisionPolicy, cfg: RunConfig, fsdp: bool) -> Quanti
     return replace(policy.fp8, fsdp_float8_all_gather=fsdp)
 
 
-def _convert(
-    model: nn.Module, policy: PrecisionPolicy, cfg: RunConfig, data: DataBundle, fsdp: bool
-) -> dict[str, Any]:
-    """The one conversion of every layer format: the eligible Linear layers, selected by the
-    format's config group (fp8.*, mx.*, nvfp4.*), become its layers, with the plan of
-    ``precision.gemms``."""
-    quantization = _quantization(policy, cfg, fsdp)
-    key = FORMAT_TABLE[format_of(policy)].config_group
-    rules = getattr(cfg, key)  # the format's settings group: its layer selection
-    blocks = isinstance(
-        quantization, BlockQuantization
-    )  # else FP8 per tensor or row (Float8Linear)
-    own = BlockGemm(quantization) if blocks else fp8_gemm_format(quantization)
-    plans = gemm_plans(cfg, policy, own, _device(model))
-    section = apply_quantized(
-        model,
-        quantization,
-        _sample(data),
-        layer_rules(quantization, list(rules.include), list(rules.exclude), rules.keep_first_last),
-        plans=plans,
-        backend="builtin" if blocks else cfg.fp8.backend,
-    )
-    if not blocks:
-        section["compile"] = cfg.compile  # the report's model section counts graphs and breaks
-    label = quantization.row.label if blocks else FORMAT_TABLE[FP8].label
-    _require_converted(cfg, policy.name, label, section["layers"], key)
-    if plans is not None:
-        section.update(check_matched(plans, section["layers"]))
-    return section
-
-
-def _device(model: nn.Module) -> torch.device:
-    """Where the model's parameters are (the per-GEMM formats' real-or-emulated choice)."""
-    return next(model.parameters()).device
-
-
 def _block_stats(model: nn.Module) -> list[dict[str, Any]]:
     return BlockLayers.of(model).layer_stats()
 
@@ -164,11 +128,34 @@ def convert_layers(
     fsdp: bool = False,
 ) -> dict[str, Any] | None:
     """Convert ``model``'s layers into ``policy``'s format, if it has one (see
-    :class:`LayerFormat`); its report section, or None for a precision of plain layers."""
+    :class:`LayerFormat`); its report section, or None for a precision of plain layers. The one
+    conversion of every layer format: the eligible Linear layers, selected by the format's config
+    group (fp8.*, mx.*, nvfp4.*), become its layers, with the plan of ``precision.gemms``."""
     name = format_of(policy)
     if name is None:
         return None
-    return _convert(model, policy, cfg, data, fsdp)
+    quantization = _quantization(policy, cfg, fsdp)
+    key = FORMAT_TABLE[name].config_group
+    rules = getattr(cfg, key)  # the format's settings group: its layer selection
+    blocks = isinstance(quantization, BlockQuantization)  # else FP8 per tensor or row
+    own = BlockGemm(quantization) if blocks else fp8_gemm_format(quantization)
+    device = next(model.parameters()).device  # the per-GEMM formats' real-or-emulated choice
+    plans = gemm_plans(cfg, policy, own, device)
+    section = apply_quantized(
+        model,
+        quantization,
+        _sample(data),
+        layer_rules(quantization, list(rules.include), list(rules.exclude), rules.keep_first_last),
+        plans=plans,
+        backend="builtin" if blocks else cfg.fp8.backend,
+    )
+    if not blocks:
+        section["compile"] = cfg.compile  # the report's model section counts graphs and breaks
+    label = quantization.row.label if blocks else FORMAT_TABLE[FP8].label
+    _require_converted(cfg, policy.name, label, section["layers"], key)
+    if plans is not None:
+        section.update(check_matched(plans, section["layers"]))
+    return section
 
 
 def run_sections(

@@ -135,11 +135,6 @@ def check_switched_gemms(
         gemm_plans(cfg, to, own, device)
 
 
-def _own_name(own: GemmFormat) -> str:
-    """The table's name of the precision's own GEMM format."""
-    return own.quantization.format if isinstance(own, BlockGemm) else FP8
-
-
 def format_name(cfg: RunConfig, gemm: str, value: str, own: str) -> str:
     """The table's name of the format ``precision.gemms.<gemm>=value`` gives a GEMM of a layer
     converted to ``own`` (a format's name): bf16, fp32, ``own``, or a format of ``own``'s family
@@ -162,10 +157,11 @@ def _format(
     cfg: RunConfig, gemm: str, value: str, own: GemmFormat, device: torch.device
 ) -> GemmFormat:
     """The GEMM format ``value`` names for ``gemm`` (see the module doc)."""
-    value = format_name(cfg, gemm, value, _own_name(own))
+    own_name = own.quantization.format if isinstance(own, BlockGemm) else FP8  # the table's name
+    value = format_name(cfg, gemm, value, own_name)
     if value in HIGH_PRECISION:
         return HighPrecisionGemm(HIGH_PRECISION[value])
-    if value == _own_name(own):
+    if value == own_name:
         return own
     fp8 = replace(cfg.fp8, granularity="blockwise")  # fp8_blockwise's own settings group
     name = FP8 if value == FP8_BLOCKWISE else value

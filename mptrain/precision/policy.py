@@ -149,10 +149,7 @@ def _auto_choice(device: torch.device) -> tuple[str, str]:
         )
     if hardware.cpu_has_native_bf16():
         return "bf16", "rule: the CPU executes BF16 natively (AVX512-BF16/AMX-BF16)"
-    return (
-        "fp32",
-        "rule: the CPU has no native BF16 and FP16 CPU kernels are slow",
-    )
+    return "fp32", "rule: the CPU has no native BF16 and FP16 CPU kernels are slow"
 
 
 def _check_family(family: str, name: str, device: torch.device) -> tuple[str, ...]:
@@ -213,7 +210,7 @@ def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Quantization, 
 def _fp8_quantization(cfg: FP8Config, real: bool) -> FP8Quantization:
     return FP8Quantization(
         forward_dtype=E4M3,
-        backward_dtype=E5M2 if cfg.format == "hybrid" else E4M3,
+        backward_dtype=blockwise_grad_dtype(cfg),
         scaling=cfg.scaling,
         granularity=cfg.granularity,
         amax_history_len=cfg.amax_history_len,
@@ -226,7 +223,8 @@ def _fp8_quantization(cfg: FP8Config, real: bool) -> FP8Quantization:
 
 
 def blockwise_grad_dtype(cfg: FP8Config) -> torch.dtype:
-    """The element format of blockwise FP8's gradients: E5M2 with ``fp8.format=hybrid``."""
+    """The element format of FP8's gradients, blockwise FP8's included: E5M2 with
+    ``fp8.format=hybrid``."""
     return E5M2 if cfg.format == "hybrid" else E4M3
 
 
@@ -282,10 +280,7 @@ def block_quantization(
     elif name == FP8 and fp8.granularity == "blockwise":
         grad_dtype = blockwise_grad_dtype(fp8)
         quantization, notes = resolve_blocks(FP8_BLOCKWISE, fp8.emulate, device, grad_dtype)
-        settings = {
-            "grad_dtype": grad_dtype,
-            "min_features": fp8.min_features,
-        }
+        settings = {"grad_dtype": grad_dtype, "min_features": fp8.min_features}
     else:
         return None, ()
     return replace(quantization, **settings), notes
@@ -327,8 +322,8 @@ def resolve_precision(
     blocks, block_notes = block_quantization(
         name, device, fp8, mx or MXConfig(), nvfp4 or NVFP4Config()
     )
-    if blocks is not None:
-        notes = notes if name == "fp8" else notes + block_notes
+    if name != "fp8":  # blockwise FP8's notes came with resolve_fp8's
+        notes += block_notes
     if spec.autocast_dtype == torch.float16 and not spec.loss_scaling:
         notes += ("FP16 without loss scaling: small gradients may underflow to zero",)
     if spec.param_dtype != torch.float32:

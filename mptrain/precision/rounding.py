@@ -51,15 +51,6 @@ def stochastic_round_with(x: torch.Tensor, random_bits: torch.Tensor) -> torch.T
     return torch.where(torch.isnan(x), x.to(torch.bfloat16), result)
 
 
-def random_bits(
-    shape: torch.Size, generator: torch.Generator, device: torch.device
-) -> torch.Tensor:
-    """Uniform int32 in ``[0, 2**16)`` of ``shape`` from ``generator`` (on ``device``)."""
-    return torch.randint(
-        0, _LOW_BITS + 1, shape, generator=generator, device=device, dtype=torch.int32
-    )
-
-
 def stochastic_round(
     x: torch.Tensor, dtype: torch.dtype = torch.bfloat16, *, generator: torch.Generator
 ) -> torch.Tensor:
@@ -73,4 +64,7 @@ def stochastic_round(
     """
     if dtype != torch.bfloat16:
         raise TypeError(f"stochastic_round: dtype must be torch.bfloat16, got {dtype}")
-    return stochastic_round_with(x, random_bits(x.shape, generator, x.device))
+    bits = torch.randint(  # uniform in [0, 2**16)
+        0, _LOW_BITS + 1, x.shape, generator=generator, device=x.device, dtype=torch.int32
+    )
+    return stochastic_round_with(x, bits)

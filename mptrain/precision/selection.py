@@ -53,7 +53,6 @@ class LayerRules:
     alignment: int = 16
     alignment_why: str = "torch._scaled_mm alignment"
     keep_last_fraction: float = 0.0
-    kept_dtype: str = "BF16"  # what the kept layers compute in, for the reasons
 
 
 def tail_start(count: int, fraction: float) -> int:
@@ -107,7 +106,7 @@ def tail_reasons(
     fraction = rules.keep_last_fraction
     if fraction <= 0 or rules.include:
         return {}
-    key, kept_in = f"{rules.key}.keep_last_fraction", f"kept in {rules.kept_dtype}"
+    key, kept_in = f"{rules.key}.keep_last_fraction", "kept in BF16"
     found = block_list(model)
     if found is None:
         why = f"in the last {fraction:g} of Linear layers ({key}; the model has no block list)"
@@ -142,7 +141,7 @@ def _skip_reason(
     if matched:
         return f"excluded by {key}.exclude pattern {matched[0]!r}"
     if rules.keep_first_last and not rules.include and index in (0, count - 1):
-        return f"first/last layer kept in {rules.kept_dtype}"
+        return "first/last layer kept in BF16"
     if name in tail:
         return tail[name]
     n = rules.alignment

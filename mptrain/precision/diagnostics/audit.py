@@ -19,8 +19,8 @@ from mptrain.platform.dtypes import dtype_name
 from mptrain.precision.diagnostics.hooks import (
     Autocast,
     installed,
-    module_label,
     preserved_state,
+    row_label,
     tensors_in,
 )
 
@@ -145,11 +145,7 @@ def _op_table(mode: _AuditMode) -> list[dict[str, Any]]:
 def _state_flags(params: Counter[str], grads: Counter[str], states: Counter[str]) -> list[str]:
     """A flag per non-FP32 dtype among parameters, gradients and optimizer state."""
     flags = []
-    for kind, counter in (
-        ("parameter", params),
-        ("gradient", grads),
-        ("optimizer state", states),
-    ):
+    for kind, counter in (("parameter", params), ("gradient", grads), ("optimizer state", states)):
         flags += [f"{kind} in {d} (expected float32)" for d in counter if d != "float32"]
     return flags
 
@@ -189,11 +185,6 @@ def audit_step(
     }
 
 
-def _label(op: dict[str, Any]) -> str:
-    """An op row's module as audit.md prints it: ``0 (Linear)``, ``(autograd)``."""
-    return module_label(op["module"], op.get("module_type"))
-
-
 def _attention_lines(ops: list[dict[str, Any]]) -> list[str]:
     """What attention ran in: the forward rows of attention kernels, and how to read them."""
     rows = [o for o in ops if "attention" in o["op"] and o["phase"] == "forward"]
@@ -207,7 +198,7 @@ def _attention_lines(ops: list[dict[str, Any]]) -> list[str]:
         'low precision. numerics.fp32_modules=["blocks.*.attn"] runs attention wholly in FP32.',
     ]
     return lines + [
-        f"- {o['op']} in {_label(o)}: inputs {o['input_dtypes']}, outputs {o['output_dtypes']}"
+        f"- {o['op']} in {row_label(o)}: inputs {o['input_dtypes']}, outputs {o['output_dtypes']}"
         for o in rows
     ]
 
@@ -224,7 +215,7 @@ def render_audit(audit: dict[str, Any]) -> str:
     flags = audit["flagged_ops"] + [{"flag": f} for f in audit["state_flags"]]
     lines.append(f"Flags: {len(flags)}")
     lines += [
-        f"- {f['flag']}" + (f": {f['op']} in {_label(f)}" if "op" in f else "") for f in flags
+        f"- {f['flag']}" + (f": {f['op']} in {row_label(f)}" if "op" in f else "") for f in flags
     ]
     lines += _attention_lines(audit["ops"])
     lines += [
@@ -234,7 +225,7 @@ def render_audit(audit: dict[str, Any]) -> str:
     ]
     for o in sorted(audit["ops"], key=lambda o: (o["phase"] != "forward", o["module"], o["op"])):
         lines.append(
-            f"| {o['op']} | {_label(o)} | {o['phase']} | {o['input_dtypes']} | "
+            f"| {o['op']} | {row_label(o)} | {o['phase']} | {o['input_dtypes']} | "
             f"{o['output_dtypes']} | {o['count']} | {o['flag'] or ''} |"
         )
     return "\n".join(lines) + "\n"

@@ -42,6 +42,11 @@ def module_label(name: str, module_type: str | None) -> str:
     return f"{name} ({module_type})" if module_type else name
 
 
+def row_label(row: dict[str, Any]) -> str:
+    """:func:`module_label` of a JSON row's ``module`` and ``module_type``: ``0 (Linear)``."""
+    return module_label(row["module"], row.get("module_type"))
+
+
 @contextlib.contextmanager
 def installed(handles: Iterable[RemovableHandle]) -> Iterator[None]:
     """Register hooks by consuming ``handles`` on entry; remove every one of them on exit.

@@ -23,8 +23,8 @@ from mptrain.precision.diagnostics.hooks import (
     installed,
     leaf_modules,
     max_finite,
-    module_label,
     on_output_gradient,
+    row_label,
     tensors_in,
 )
 
@@ -126,11 +126,6 @@ def _probe_verdict(overflow: list[str], unscaled: float, scaled: float, loss_sca
     return "FP16 safe: activations below 65504 and gradients above FP16's smallest subnormal"
 
 
-def _label(layer: dict[str, Any]) -> str:
-    """A ``layers`` row's module as probe.md and the verdict print it: ``0 (Linear)``."""
-    return module_label(layer["module"], layer.get("module_type"))
-
-
 def _summarise_ranges(ranges: _RangeStats) -> dict[str, Any]:
     """Turn the per-leaf stats into the probe result: totals over all leaves and a verdict."""
     stats, loss_scale = ranges.stats, ranges.loss_scale
@@ -142,7 +137,7 @@ def _summarise_ranges(ranges: _RangeStats) -> dict[str, Any]:
     unscaled = under / total if total else 0.0
     scaled = under_scaled / total if total else 0.0
     return {
-        "verdict": _probe_verdict([_label(x) for x in overflow], unscaled, scaled, loss_scale),
+        "verdict": _probe_verdict([row_label(x) for x in overflow], unscaled, scaled, loss_scale),
         "loss_scale": loss_scale,
         "underflow_unscaled_fraction": unscaled,
         "underflow_at_scale_fraction": scaled,
@@ -181,7 +176,7 @@ def render_probe(probe: dict[str, Any]) -> str:
     ]
     for layer in probe["layers"]:
         lines.append(
-            f"| {_label(layer)} | {layer['activation_max']:.4g} | "
+            f"| {row_label(layer)} | {layer['activation_max']:.4g} | "
             f"{layer['headroom_to_fp16_max']:.4g} | {layer['gradient_max']:.4g} | "
             f"{layer['underflow_unscaled_fraction']:.2%} | {layer['underflow_at_scale_fraction']:.2%} |"
         )

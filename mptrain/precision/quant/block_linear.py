@@ -2,16 +2,12 @@
 blockwise FP8: :mod:`.block_quant`), each quantized along its own GEMM's reduction dimension, the
 backward re-quantizing the saved high-precision input and weight (torchao's ``mx_mm``, TE).
 
-Each operand is quantized once per GEMM, the same way on both paths; only the matmul
-(:func:`~.kernels.block_gemm`) differs. With ``quantization.real_gemm`` (the policy sets it where the GPU
-has the kernel: :mod:`.kernels`) the quantized elements and scales go to torch's block-scaled
-``scaled_mm``; otherwise they are dequantized in FP32 (exact for MXFP8, E4M3 values times powers
-of two down to 2^-136; blockwise FP8's element x FP32 scale and NVFP4's element x (tensor scale
-x block scale) are rounded once to FP32) and multiplied by an FP32 matmul with autocast off,
-whose product is rounded once to the output dtype: the numerics of a block-scaled GEMM that
-accumulates in FP32, without its speed. torchao's emulated ``MXFP8Linear`` multiplies in the
-layer's dtype instead: equal bit for bit in FP32, not in BF16 (BF16 operands, a BF16 matmul:
-docs/precisions.md, *Checked against torchao*).
+Each operand is quantized once per GEMM, the same way on both paths; only the matmul differs
+(:func:`~.kernels.block_gemm`: torch's block-scaled ``scaled_mm`` where the policy set
+``quantization.real_gemm``, else the operands dequantized to FP32 and multiplied in FP32, the
+numerics of a block-scaled GEMM that accumulates in FP32 without its speed: :mod:`.kernels`).
+torchao's emulated ``MXFP8Linear`` multiplies in the layer's dtype instead: equal bit for bit in
+FP32, not in BF16 (BF16 operands, a BF16 matmul: docs/precisions.md, *Checked against torchao*).
 
 Counts (:class:`~mptrain.precision.quant.blocked.BlockStats`) cost more than the quantization,
 so a layer counts only while ``sampling`` is set (the loop sets it for its log rows: see

@@ -1,13 +1,10 @@
 """How the block-scaled formats quantize in training: each operand of a Linear's three GEMMs is
 quantized (:func:`quantize_operand`), and what the report says about it (:meth:`BlockQuantization.describe`).
 
-A Linear computes three GEMMs; each quantizes its two operands along its own reduction dimension
-(``dim``), so the backward re-quantizes the high-precision input, weight and gradient the forward
-saved, as torchao's MXFP8 training and Transformer Engine do:
-
-- forward ``y = x Wᵀ``: x and W along in_features (``role`` input, weight; ``gemm`` "out");
-- input gradient ``dx = dy W``: dy and W along out_features ("dx");
-- weight gradient ``dW = dyᵀ x``: dy and x along the tokens ("dW").
+Each of a Linear's three GEMMs (:mod:`.linear`) quantizes its two operands (``role``: input,
+weight, grad) along its own reduction dimension (``dim``), so the backward re-quantizes the
+high-precision input, weight and gradient the forward saved, as torchao's MXFP8 training and
+Transformer Engine do.
 
 Formats (``BlockQuantization.format``):
 
@@ -68,11 +65,6 @@ class BlockQuantization:
     @property
     def block_size(self) -> int:
         return self.row.block
-
-    @property
-    def config_key(self) -> str:
-        """The config group whose keys set the format (layer selection reasons name them)."""
-        return self.row.config_group
 
     @property
     def tiled_weight(self) -> bool:

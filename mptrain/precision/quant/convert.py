@@ -51,12 +51,10 @@ def layer_rules(
 ) -> LayerRules:
     """The selection rules of ``quantization``'s format, under its config keys."""
     chosen = (tuple(include), tuple(exclude), keep_first_last, quantization.min_features)
-    if isinstance(
-        quantization, FP8Quantization
-    ):  # torch._scaled_mm's alignment, its reason by default
+    if isinstance(quantization, FP8Quantization):  # torch._scaled_mm's alignment and reason
         return LayerRules(FORMAT_TABLE[FP8].config_group, *chosen, alignment=GEMM_ALIGNMENT)
     return LayerRules(
-        quantization.config_key,
+        quantization.row.config_group,
         *chosen,
         alignment=quantization.block_size,
         alignment_why=f"{quantization.row.label} blocks of {quantization.block_size}",

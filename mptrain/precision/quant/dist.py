@@ -122,10 +122,8 @@ class BuiltinFP8Sync(FP8Sync):
         dist.all_reduce(flat, op=dist.ReduceOp.MAX)
         torch._foreach_copy_(histories, list(flat.split([h.numel() for h in histories])))
         start = 0
-        for (
-            dtype,
-            quantization,
-        ), group in self.groups:  # TensorScaler.update_scale, group by group
+        # TensorScaler.update_scale, group by group
+        for (dtype, quantization), group in self.groups:
             block = flat[start : start + len(group) * quantization.amax_history_len]
             start += block.numel()
             amax = history_amax(block.view(len(group), -1), quantization.amax_compute_algo)

@@ -38,6 +38,7 @@ dequantization multiplies by an inf or NaN scale either way, so the dequantized 
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import replace
 
@@ -73,9 +74,7 @@ def scratch(
 ) -> torch.Tensor:
     """An uninitialised tensor of ``shape`` from this thread's scratch buffer ``slot``: valid
     until the next request of the same slot (the caller must be done with it by then)."""
-    numel = 1
-    for size in shape:
-        numel *= size
+    numel = math.prod(shape)
     key = (slot, dtype, device)
     buffer = _SCRATCH.buffers.get(key)
     if buffer is None or buffer.numel() < numel:

@@ -173,7 +173,8 @@ class TensorScaler(nn.Module):
     def update_scale(self) -> None:
         """Delayed scaling: the scale from the current amax history (a zero or non-finite amax
         keeps the current scale). On the device: no host synchronisation."""
-        self.scale.copy_(self._scale_for(self._history_amax()))
+        amax = history_amax(self.amax_history, self.quantization.amax_compute_algo)
+        self.scale.copy_(self._scale_for(amax))
 
     @torch.no_grad()
     def reset(self) -> None:
@@ -196,9 +197,6 @@ class TensorScaler(nn.Module):
     def _scale_for(self, amax: torch.Tensor) -> torch.Tensor:
         """The scale for ``amax``, or the current one where amax is zero or not finite."""
         return scale_or_current(amax, self.scale, self.dtype, self.quantization)
-
-    def _history_amax(self) -> torch.Tensor:
-        return history_amax(self.amax_history, self.quantization.amax_compute_algo)
 
     def _count(self, magnitude: torch.Tensor, amax: torch.Tensor, scale: torch.Tensor) -> None:
         """Add one training cast of ``magnitude`` (|x|) at ``scale`` to the counters."""

@@ -14,30 +14,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from mptrain.platform.dtypes import dtype_name
-from mptrain.precision.quant.fp8 import (
-    GEMM_ALIGNMENT,
-    FP8Quantization,
-    TensorScaler,
-)
+from mptrain.precision.quant.fp8 import GEMM_ALIGNMENT, FP8Quantization, TensorScaler
 from mptrain.precision.quant.kernels import fp8_gemm
 from mptrain.precision.quant.linear import Backward, GemmFormat, GemmPlan, QuantizedLinear
 
 
-def _pad_rows(t: torch.Tensor, multiple: int) -> torch.Tensor:
-    """Zero rows up to a multiple (they add nothing to dW = dyᵀ x, whose K is the row count)."""
-    extra = -t.shape[0] % multiple
-    return F.pad(t, (0, 0, 0, extra)) if extra else t
-
-
 def _padded_t(t: torch.Tensor) -> torch.Tensor:
-    """The FP8 ``t`` (M×N) transposed into a row-major (N×M') copy, M padded to the alignment:
-    dW's left operand."""
-    return _pad_rows(t.float(), GEMM_ALIGNMENT).to(t.dtype).t().contiguous()
-
-
-def _padded_col(t: torch.Tensor) -> torch.Tensor:
-    """The FP8 ``t`` (M×K) padded to M' rows, column-major: dW's right operand."""
-    return _pad_rows(t.float(), GEMM_ALIGNMENT).to(t.dtype).t().contiguous().t()
+    """The FP8 ``t`` (M×N) transposed into a row-major (N×M') copy, M padded with zero rows to
+    the alignment (they add nothing to dW = dyᵀ x, whose K is the row count): dW's left operand;
+    its ``.t()``, column-major, is dW's right operand."""
+    t32, extra = t.float(), -t.shape[0] % GEMM_ALIGNMENT
+    return (F.pad(t32, (0, 0, 0, extra)) if extra else t32).to(t.dtype).t().contiguous()
 
 
 class _FP8Gemm(GemmFormat):
@@ -115,7 +102,7 @@ class FP8TensorwiseGemm(_FP8Gemm):
         g_fp8, g_scale = self._grad(b)
         x_fp8, x_scale = self._cast(b.kept, "fp8_x", b.layer.input_scaler, b.rows)
         # dW = dyᵀ x: dyᵀ row-major (N×M), x column-major (M×K); M padded to the alignment.
-        g_t, x_col = _padded_t(g_fp8), _padded_col(x_fp8)
+        g_t, x_col = _padded_t(g_fp8), _padded_t(x_fp8).t()
         return fp8_gemm(g_t, g_scale, x_col, x_scale, torch.float32, self.quantization.real_gemm)
 
 
@@ -191,7 +178,7 @@ class FP8RowwiseGemm(_FP8Gemm):
         x_cols, x_col_scale = b.layer.input_scaler.cast_along(
             b.rows.contiguous(), 0, not b.kept.get(_COUNTED, False)
         )
-        g_t, x_col = _padded_t(g_cols), _padded_col(x_cols)
+        g_t, x_col = _padded_t(g_cols), _padded_t(x_cols).t()
         real = self.quantization.real_gemm
         return _rowwise_gemm(g_t, g_col_scale.t(), x_col, x_col_scale, torch.float32, real)
 
@@ -238,8 +225,7 @@ class Float8Linear(QuantizedLinear):
         with torch.device("meta"):
             bias = linear.bias is not None
             new = cls(linear.in_features, linear.out_features, bias, quantization, plan)
-        new.weight = linear.weight
-        new.bias = linear.bias
+        new.weight, new.bias = linear.weight, linear.bias
         device = linear.weight.device
         for scaler in (new.input_scaler, new.weight_scaler, new.grad_scaler):
             scaler.to_empty(device=device)

@@ -112,9 +112,8 @@ def fp8_gemm(
     a_inv, b_inv = a_scale.reciprocal(), b_scale.reciprocal()
     if real:
         return torch._scaled_mm(a, b, scale_a=a_inv, scale_b=b_inv, out_dtype=out_dtype)
-    # FP8 values are exact in FP32: multiply them exactly-rounded in FP32, rescale once.
-    # autocast off: torch.compile traces the backward under the forward's autocast (torch 2.14
-    # default backward_pass_autocast="same_as_forward"), which would run this mm in BF16.
+    # FP8 values are exact in FP32: multiply them exactly-rounded in FP32, rescale once
+    # (autocast off: see the module doc).
     with torch.autocast(a.device.type, enabled=False):
         return (torch.mm(a.float(), b.float()) * (a_inv * b_inv)).to(out_dtype)
 

@@ -46,7 +46,6 @@ import torch
 from mptrain.config.format_table import FORMAT_TABLE, MXFP8
 from mptrain.precision.quant.blocked import (
     BlockQuantized,
-    Blocks,
     assemble,
     check_choice,
     element_max,
@@ -94,7 +93,10 @@ def quantize_mx(
     check_choice("elem_dtype", elem_dtype, MX_ELEMENT_DTYPES, fmt)
     check_choice("rounding", rounding, SCALE_ROUNDINGS, fmt)
     blocks = split_input(x, dim, (1, MX_BLOCK), fmt)
-    return _quantize_blocks(blocks, elem_dtype, rounding, stats)
+    amax = blocks.amax()
+    codes, multiplier = scale_codes(amax, elem_dtype, rounding)
+    data, counts = finish(blocks, multiplier, amax, elem_dtype, stats=stats)
+    return assemble(blocks, data, codes.view(torch.float8_e8m0fnu), counts)
 
 
 def fake_quant_mx(
@@ -103,15 +105,6 @@ def fake_quant_mx(
     """``x`` quantized to MX along ``dim`` (:func:`quantize_mx`) and dequantized, in ``x``'s
     dtype and layout: the operand an emulated MX GEMM multiplies (torchao's emulation too)."""
     return quantize_mx(x, dim, elem_dtype=elem_dtype, rounding=rounding).dequantize(x.dtype)
-
-
-def _quantize_blocks(
-    blocks: Blocks, elem_dtype: torch.dtype, rounding: str, stats: bool
-) -> BlockQuantized:
-    amax = blocks.amax()
-    codes, multiplier = scale_codes(amax, elem_dtype, rounding)
-    data, counts = finish(blocks, multiplier, amax, elem_dtype, stats=stats)
-    return assemble(blocks, data, codes.view(torch.float8_e8m0fnu), counts)
 
 
 def scale_codes(
@@ -179,7 +172,7 @@ def rceil_codes(amax: torch.Tensor, elem_max: float) -> torch.Tensor:
     descale = amax / torch.full_like(amax, elem_max)
     bits = descale.view(torch.int32)
     exponent = bits >> _FP32_MANTISSA_BITS
-    mantissa = bits & ((1 << _FP32_MANTISSA_BITS) - 1)
+    mantissa = bits & _MANTISSA_MASK
     # Normal: the exponent, one up if any mantissa bit is set. Subnormal (exponent field 0): above
     # 2^-127 (mantissa above its half) rounds up to 2^-126, code 1; the rest to code 0.
     codes = torch.where(
