@@ -454,7 +454,7 @@ def test_resume_auto_in_a_new_directory_names_the_run_it_may_mean(tmp_path, caps
 def test_a_full_disk_while_writing_the_report_says_what_was_kept(tmp_path, monkeypatch):
     import errno
 
-    from mptrain.output import render as report_module
+    from mptrain.report import render as report_module
 
     real_write = report_module.atomic_write_text
 

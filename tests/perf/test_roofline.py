@@ -34,7 +34,7 @@ from mptrain.perf.roofline import (
 )
 from mptrain.platform import hardware
 from mptrain.precision.quant.convert import choose_layers
-from mptrain.train import report as train_report
+from mptrain.report import assemble as train_report
 from mptrain.train.build import prepare_run
 
 H100 = gpus.row("h100")
