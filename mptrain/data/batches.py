@@ -15,9 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from mptrain.config.base import ConfigError
-from mptrain.data.text import (
-    TextFacts,
-)
+from mptrain.data.text import TextFacts
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -101,7 +99,23 @@ def is_int_label(label: Any) -> bool:
     return isinstance(label, numbers.Integral) and not isinstance(label, bool)
 
 
-class CheckedLabels(torch.utils.data.Dataset):
+class WrappedDataset(torch.utils.data.Dataset):
+    """A map-style dataset around ``dataset``: its length, and its other attributes (classes,
+    epoch, ...) read through."""
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not set yet (unpickling in a worker): no recursion
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+class CheckedLabels(WrappedDataset):
     """A map-style dataset whose every sample's label is checked as it is read (in the DataLoader
     worker that reads it): :class:`BadLabel` naming ``name``, the split, the sample index and the
     accepted range, instead of an IndexError (CPU) or a device-side assert (CUDA) in the loss.
@@ -110,11 +124,9 @@ class CheckedLabels(torch.utils.data.Dataset):
     def __init__(
         self, dataset: Any, num_classes: int, name: str, split: str, classes_from: str
     ) -> None:
-        self.dataset, self.num_classes = dataset, num_classes
+        super().__init__(dataset)
+        self.num_classes = num_classes
         self.where, self.classes_from = f"dataset {name}: {split} sample", classes_from
-
-    def __len__(self) -> int:
-        return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
         sample = self.dataset[index]
@@ -126,11 +138,6 @@ class CheckedLabels(torch.utils.data.Dataset):
                 f"({self.classes_from})"
             )
         return sample
-
-    def __getattr__(self, name: str) -> Any:  # classes, ... of the wrapped dataset
-        if name == "dataset":
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
 
 
 def check_labels(labels: torch.Tensor, num_classes: int, where: str) -> None:

@@ -28,9 +28,7 @@ from mptrain.data.batches import BatchLayout, DataBundle
 from mptrain.data.custom import CustomDataset, custom_bundle, load_custom
 from mptrain.data.folder import FolderDataset, folder_bundle, load_image_folders
 from mptrain.data.lm import load_text, text_bundle
-from mptrain.data.text import (
-    TokenText,
-)
+from mptrain.data.text import TokenText
 
 # ------------------------------------------------------------------------------------ entry point
 # The one list of datasets: dataset.name -> its schema and the function that loads it. Each name

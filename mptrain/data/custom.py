@@ -11,9 +11,7 @@ from typing import Any
 import torch
 
 from mptrain.config.base import ConfigError
-from mptrain.config.data import (
-    CustomDatasetConfig,
-)
+from mptrain.config.data import CustomDatasetConfig
 from mptrain.config.targets import call_target, check_keys, locate, offered
 from mptrain.data.arrays import ArrayDataset, array_bundle
 from mptrain.data.batches import (

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from mptrain.data.batches import Batch
+from mptrain.data.batches import Batch, WrappedDataset
 from mptrain.data.decode import (
     BadDataFile,
     DeviceDecode,
@@ -24,17 +24,12 @@ from mptrain.platform.seeding import AUGMENT_STREAM, ORDER_STREAM, epoch_generat
 
 
 # ------------------------------------------------------------------------------------------ feeds
-def shard_length(n: int, rank: int, world: int, drop_uneven: bool) -> int:
-    """Samples rank ``rank`` gets of ``n``; with ``drop_uneven`` every rank gets the same count."""
-    if drop_uneven:
-        return n // world
-    return len(range(rank, n, world))
-
-
 def batch_count(n: int, batch_size: int, rank: int, world: int, drop_last: bool) -> int:
-    """Batches per epoch of this rank's shard: full batches only with ``drop_last``."""
-    shard = shard_length(n, rank, world, drop_uneven=drop_last)
-    return shard // batch_size if drop_last else -(-shard // batch_size)
+    """Batches per epoch of rank ``rank``'s shard of ``n`` samples: with ``drop_last`` every rank
+    gets the same count of samples (:func:`epoch_indices`) and only full batches."""
+    if drop_last:
+        return (n // world) // batch_size
+    return -(-len(range(rank, n, world)) // batch_size)
 
 
 def epoch_indices(
@@ -173,26 +168,15 @@ class TensorBatches:
             yield self._prepare(images, generator), labels.to(self.device, non_blocking=True)
 
 
-class SkipBadFiles(torch.utils.data.Dataset):
+class SkipBadFiles(WrappedDataset):
     """``dataset.skip_bad_files=true``: a sample whose file does not decode becomes None, which
     :func:`collate_samples` drops and counts."""
-
-    def __init__(self, dataset: Any) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
 
     def __getitem__(self, index: int) -> Any:
         try:
             return self.dataset[index]
         except BadDataFile:
             return None
-
-    def __getattr__(self, name: str) -> Any:  # epoch, classes, ... of the wrapped dataset
-        if name == "dataset":
-            raise AttributeError(name)
-        return getattr(self.dataset, name)
 
 
 def collate_samples(samples: list[Any]) -> tuple[Any, Any, int]:

@@ -13,9 +13,7 @@ from typing import Any
 import torch
 
 from mptrain.config.base import ConfigError
-from mptrain.config.data import (
-    ImageFolderConfig,
-)
+from mptrain.config.data import ImageFolderConfig
 from mptrain.data.arrays import preprocessing
 from mptrain.data.batches import (
     BatchLayout,
@@ -66,13 +64,6 @@ def _crop_specs(cfg: ImageFolderConfig) -> tuple[CropSpec, CropSpec]:
     return train, val
 
 
-def _imagefolder_transforms(cfg: ImageFolderConfig) -> tuple[DecodeCrop, DecodeCrop]:
-    """(train, val) transforms of the CPU pipeline: a file path to a uint8 crop (decoded at
-    reduced size with ``decode_draft``); the feed normalises with the ImageNet statistics."""
-    train, val = _crop_specs(cfg)
-    return DecodeCrop(train, cfg.decode_draft), DecodeCrop(val, cfg.decode_draft)
-
-
 def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
     """root/<train_dir>/<class>/<image> and root/<val_dir>/...; ConfigError when a split is
     missing, holds no class folders or images, or the two splits hold different classes."""
@@ -85,7 +76,8 @@ def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
                 f"dataset.root={cfg.root!r}: no directory {root / split} "
                 "(expected root/<split>/<class>/<image> folders)"
             )
-    train_transform, val_transform = _imagefolder_transforms(cfg)
+    # The CPU pipeline's: a file path to a uint8 crop; the feed normalises with ImageNet's stats.
+    train_transform, val_transform = (DecodeCrop(s, cfg.decode_draft) for s in _crop_specs(cfg))
     try:
         # loader=str: samples stay paths; the transform (or the device pipeline) decodes them.
         train_folder = datasets.ImageFolder(str(root / cfg.train_dir), loader=str)

@@ -9,9 +9,7 @@ import stat
 from pathlib import Path
 
 from mptrain.config.base import ConfigError
-from mptrain.config.data import (
-    TextDatasetConfig,
-)
+from mptrain.config.data import TextDatasetConfig
 from mptrain.data.batches import BatchLayout, DataBundle
 from mptrain.data.records import BadRecord, MissingReader
 from mptrain.data.text import (

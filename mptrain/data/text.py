@@ -103,13 +103,8 @@ def _read_source(
         raise FileNotFoundError(f"{root}: no {suffix} files to read")
     documents = None
     if is_record_suffix(root.suffix if root.is_file() else suffix):
-        joined = join_records(files, text_field, separator, max_bytes)
-        text, used, documents, left_unread = (
-            joined.data,
-            joined.files,
-            joined.documents,
-            joined.left_unread,
-        )
+        rec = join_records(files, text_field, separator, max_bytes)
+        text, used, documents, left_unread = rec.data, rec.files, rec.documents, rec.left_unread
     else:
         text, used, left_unread = _join_files(files, max_bytes)
     names = [str(p.relative_to(root)) if p != root else p.name for p in used]

@@ -14,7 +14,6 @@ object whose ``.logits`` the task takes (:func:`mptrain.models.task.logits_of`).
 from __future__ import annotations
 
 import contextlib
-import difflib
 import logging
 from collections.abc import Iterator
 from types import ModuleType
@@ -26,7 +25,7 @@ from torch import nn
 from mptrain.config.base import ConfigError
 from mptrain.config.models import HFModelConfig
 from mptrain.config.targets import first_line
-from mptrain.models.external import ModelFacts, _recorded
+from mptrain.models.external import ModelFacts, _recorded, _suggest
 
 POSITIONS = "max_position_embeddings"  # transformers' common name (GPT-2 maps it to n_positions)
 # torch (2.14) logs this (a logging record of torch.utils._pytree, not warnings.warn) when torchao,
@@ -56,8 +55,7 @@ def config_class(transformers: ModuleType, name: str) -> type:
     if isinstance(found, type) and issubclass(found, transformers.PretrainedConfig):
         return found
     names = [n for n in dir(transformers) if n.endswith("Config")]
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
-    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    hint = _suggest(name, names)
     raise ConfigError(f"model.config_class={name!r}: not a transformers configuration class{hint}")
 
 
@@ -68,8 +66,7 @@ def check_config_keys(cls: type, keys: list[str]) -> None:
     known = set(cls().to_dict()) | set(getattr(cls, "attribute_map", {}))
     unknown = [key for key in keys if key not in known]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(known), n=3, cutoff=0.6)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        hint = _suggest(unknown[0], sorted(known))
         raise ConfigError(
             f"model.config.{unknown[0]}: not a key of {cls.__name__}{hint} "
             f"(its keys: {cls.__name__}().to_dict())"

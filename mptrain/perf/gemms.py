@@ -142,9 +142,7 @@ class _Recorder(TorchFunctionMode):
         if self.low is not None and func in AUTOCAST_FP32:
             before = sum(_nbytes(t) for t in _tensors((args, kwargs)) if t.dtype == self.low)
             args, kwargs = _cast((args, kwargs), torch.float32)
-            self.bytes += (
-                3 * before
-            )  # autocast's cast: a read of the low copy, a write twice as big
+            self.bytes += 3 * before  # autocast's cast: a read of the low copy, a write 2x as big
         out = func(*args, **kwargs)
         self._traffic(func, args, kwargs, out)
         return out

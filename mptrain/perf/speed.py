@@ -151,19 +151,15 @@ def gemm_plan(cfg: RunConfig, fmt: str) -> tuple[str, str, str] | None:
     """The formats ``precision.gemms`` gives the forward, input- and weight-gradient GEMMs of a
     Linear converted to ``fmt``, as a run resolves them (:mod:`mptrain.precision.gemm_plans`:
     null is ``fmt``; ``fp8`` under ``fp8.granularity=blockwise`` is blockwise FP8); None when it
-    sets none. ValueError, in the run's words, for a format of the other family."""
+    sets none. ValueError (format_name's ConfigError), in the run's words, for a format of the
+    other family."""
     chosen = requested(cfg)
     if not chosen:
         return None
-    first, second, third = (_plan_format(cfg, g, chosen.get(g), fmt) for g in GEMMS)
+    first, second, third = (
+        fmt if chosen.get(g) is None else format_name(cfg, g, chosen[g], fmt) for g in GEMMS
+    )
     return first, second, third
-
-
-def _plan_format(cfg: RunConfig, gemm: str, value: str | None, own: str) -> str:
-    """The format ``precision.gemms.<gemm>=value`` names for a layer converted to ``own``, as the
-    run names it (:func:`~mptrain.precision.gemm_plans.format_name`: its ConfigError is a
-    ValueError)."""
-    return own if value is None else format_name(cfg, gemm, value, own)
 
 
 def planned_layers(cfg: RunConfig, layers: Iterable[str]) -> list[str]:

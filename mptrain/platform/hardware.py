@@ -71,28 +71,25 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device("cpu")
 
 
+def _cpuinfo(field: str) -> str | None:
+    """The value of /proc/cpuinfo's first ``field`` line; None where there is none (or no file)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 1)[1] for line in lines if line.startswith(field)), None)
+
+
 @cache
 def cpu_flags() -> frozenset[str]:
     """CPU feature flags from /proc/cpuinfo (empty where that file does not exist)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
+    return frozenset((_cpuinfo("flags") or "").split())
 
 
 def cpu_model_name() -> str:
     """The CPU's marketing name from /proc/cpuinfo, else what ``platform`` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    name = _cpuinfo("model name")
+    return name.strip() if name is not None else platform.processor() or platform.machine()
 
 
 def cpu_has_native_bf16() -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from mptrain.config.base import ConfigError
@@ -44,22 +44,23 @@ class Launch:
     restart: int = 0
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "launcher": self.launcher,
-            "nodes": self.nodes,
-            "tasks": self.tasks,
-            "restart": self.restart,
-        }
+        return asdict(self)
 
 
 def restart_count() -> int:
     """How many times this job was restarted before this attempt: torchrun's agent
     (``--max-restarts``) or SLURM's requeue; 0 on the first attempt."""
-    for key in ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"):
+    return _env_number(("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT"), 0, least=1)
+
+
+def _env_number(keys: tuple[str, ...], default: int, least: int = 0) -> int:
+    """The number in the first of the variables ``keys`` that holds one of at least ``least``;
+    ``default`` when none does."""
+    for key in keys:
         value = os.environ.get(key, "")
-        if value.isdigit() and int(value) > 0:
+        if value.isdigit() and int(value) >= least:
             return int(value)
-    return 0
+    return default
 
 
 RESTARTED = "auto"  # what a restarted attempt resumes with: the run directory's newest checkpoint
@@ -75,22 +76,14 @@ def resume_after_restart(resume: str | None, restart: int) -> str | None:
 def global_rank() -> int:
     """This process's rank in its job before the process group exists: torchrun's, SLURM's or
     submitit's local executor's (0 for a single process)."""
-    for key in ("RANK", "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID"):
-        value = os.environ.get(key, "")
-        if value.isdigit():
-            return int(value)
-    return 0
+    return _env_number(("RANK", "SLURM_PROCID", "SUBMITIT_LOCAL_GLOBALID"), 0)
 
 
 def launch_tasks() -> int:
     """How many ranks this job has, known before the group exists: torchrun's WORLD_SIZE, a
     SLURM job step's task count (srun sets SLURM_STEP_NUM_TASKS; an allocation's SLURM_NTASKS
     alone does not make one python process several), or submitit's local executor's."""
-    for key in ("WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SUBMITIT_LOCAL_NTASKS"):
-        value = os.environ.get(key, "")
-        if value.isdigit():
-            return int(value)
-    return 1
+    return _env_number(("WORLD_SIZE", "SLURM_STEP_NUM_TASKS", "SUBMITIT_LOCAL_NTASKS"), 1)
 
 
 def _job_environment() -> Any | None:

@@ -15,7 +15,7 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable
-from types import FrameType, TracebackType
+from types import FrameType
 
 # The signals that stop a run gracefully; SIGINT raises KeyboardInterrupt by Python's default.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -101,12 +101,7 @@ class SignalsHeld:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._previous.clear()

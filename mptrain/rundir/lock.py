@@ -19,7 +19,6 @@ import os
 import socket
 import tempfile
 from pathlib import Path
-from types import TracebackType
 
 from mptrain.config.base import NAME_MAX, PATH_MAX, ConfigError
 from mptrain.rundir.layout import (
@@ -88,12 +87,7 @@ class RunDirLock:
         self._fd = fd
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
             # Removed while still locked, so a run waiting on this file sees it is gone (the
             # check in __enter__) instead of locking a file nobody else can see. In a directory
@@ -235,16 +229,8 @@ def earlier_run_files(output_dir: Path) -> list[Path]:
     (failure.json is not: a refused job writes only that, and may be run again.)"""
     directory = output_dir / CHECKPOINT_DIR
     found = candidates(directory) if directory.is_dir() else []
-    found += [
-        path
-        for path in (
-            directory / BEST,
-            *(output_dir / name for name in (METRICS_JSONL, REPORT_JSON, REPORT_MD)),
-            output_dir / RUN_PNG,
-        )
-        if path.is_file()
-    ]
-    return found
+    others = (output_dir / name for name in (METRICS_JSONL, REPORT_JSON, REPORT_MD, RUN_PNG))
+    return found + [path for path in (directory / BEST, *others) if path.is_file()]
 
 
 def check_output_dir(output_dir: Path) -> None:

@@ -108,10 +108,11 @@ def test_pipeline_without_a_draft_reproduces_the_old_batches_exactly(tmp_path):
     # decode_draft=true as well where no crop is twice the size it needs (64 px output).
     for cfg in (
         folder_cfg(tmp_path, decode_draft=False),
-        ImageFolderConfig(str(tmp_path), image_size=64, resize_size=72),
+        ImageFolderConfig(root=str(tmp_path), image_size=64, resize_size=72),
     ):
         old_train, old_val = old_transforms(cfg)
-        train, val = folder._imagefolder_transforms(cfg)
+        loaded = folder.load_image_folders(cfg)
+        train, val = loaded.train_transform, loaded.val.transform
         paths = sorted(str(p) for p in tmp_path.rglob("*.jpg"))
         mean = torch.tensor(folder.IMAGENET_MEAN).view(1, 3, 1, 1)
         std = torch.tensor(folder.IMAGENET_STD).view(1, 3, 1, 1)
