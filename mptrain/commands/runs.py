@@ -13,9 +13,8 @@ import datetime as dt
 import json
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from mptrain.report.schema import ReportError, RunReport, load_report
 from mptrain.rundir.command import HYDRA_RECORD, OVERRIDES_YAML, recorded_overrides
@@ -30,7 +29,6 @@ class RunRecord:
     label: str  # the job's overrides, or the directory name
     report: RunReport | None
     reason: str | None = None  # why there is no usable report
-    row: dict[str, Any] = field(default_factory=dict)
 
 
 def load_run(directory: Path) -> RunRecord:

@@ -22,14 +22,15 @@ from mptrain.commands.runs import RunRecord
 from mptrain.config.keys import flatten, is_non_training_key
 from mptrain.report.schema import RunReport
 
-# The final metrics summarised, by their key in a comparison row, with their column header.
-METRICS = {
-    "final_val_loss": "val loss",
-    "loss_delta": "Δ loss vs fp32",
-    "final_val_perplexity": "perplexity",
-    "final_val_accuracy": "val acc",
-    "accuracy_delta": "Δ acc vs fp32",
-}
+# The final metrics summarised, by their key in a comparison row, with their column header
+# (the comparison's columns too: mptrain.commands.sweep).
+LOSS_COLUMNS = (
+    ("final_val_loss", "val loss"),
+    ("loss_delta", "Δ loss vs fp32"),
+    ("final_val_perplexity", "perplexity"),
+)
+ACCURACY_COLUMNS = (("final_val_accuracy", "val acc"), ("accuracy_delta", "Δ acc vs fp32"))
+METRICS = dict((*LOSS_COLUMNS, *ACCURACY_COLUMNS))
 # A language model's primary metric is its loss; a classifier's, its accuracy: it comes first.
 LM_ORDER = tuple(METRICS)
 CLASSIFY_ORDER = ("final_val_accuracy", "accuracy_delta", "final_val_loss", "loss_delta")

@@ -22,11 +22,9 @@ After a Hydra multirun, :class:`SweepSummaryCallback` writes ``sweep.md``, ``swe
 its table ranks by) into the sweep directory and prints the table; ``mptrain-compare`` writes them
 into a directory of its own (``outputs/compare/<date>/<time>``, or ``--out DIR``).
 
-One bad run directory never stops a comparison: a report.json the comparison cannot read (a field
-of the wrong type, a section that is not an object) makes that run a row with the reason
-(:func:`readable`), a metrics.jsonl row cut short by a kill or a full disk is left out of the
-curves (:func:`curve_rows`), and text taken from the runs (overrides, reasons, labels) is printed
-and written to sweep.md with its control characters escaped (:func:`visible`).
+One bad run directory never stops a comparison (:mod:`mptrain.commands.readable`): an unreadable
+report.json is a row with the reason, a cut-short metrics.jsonl row is left out of the curves, and
+text taken from the runs is printed and written to sweep.md with its control characters escaped.
 """
 
 from __future__ import annotations
@@ -48,7 +46,13 @@ from mptrain.commands.runs import (
     find_runs,
     this_sweeps_runs,
 )
-from mptrain.commands.seeds import seed_groups, seed_notes, seed_table
+from mptrain.commands.seeds import (
+    ACCURACY_COLUMNS,
+    LOSS_COLUMNS,
+    seed_groups,
+    seed_notes,
+    seed_table,
+)
 from mptrain.commands.spread import (
     MIN_SAMPLES,
     NOISY_SPREAD,
@@ -254,12 +258,6 @@ def _against_baseline(
 
 # ---------------------------------------------------------------------------------- rendering
 _HEAD = (("run", "run"), ("status", "status"), ("precision", "precision"))
-_LOSS = (
-    ("final_val_loss", "val loss"),
-    ("loss_delta", "Δ loss vs fp32"),
-    ("final_val_perplexity", "perplexity"),
-)
-_ACCURACY = (("final_val_accuracy", "val acc"), ("accuracy_delta", "Δ acc vs fp32"))
 _TAIL = (
     ("throughput_ratio", "speed vs fp32"),
     ("memory_ratio", "memory vs fp32"),
@@ -272,8 +270,8 @@ _TAIL = (
     ("updates_lost_fraction", "updates lost"),
 )
 # The primary metric first: a language model's loss, a classifier's accuracy.
-COLUMNS = (*_HEAD, *_LOSS, *_ACCURACY, *_TAIL)
-CLASSIFY_COLUMNS = (*_HEAD, *_ACCURACY, *_LOSS, *_TAIL)
+COLUMNS = (*_HEAD, *LOSS_COLUMNS, *ACCURACY_COLUMNS, *_TAIL)
+CLASSIFY_COLUMNS = (*_HEAD, *ACCURACY_COLUMNS, *LOSS_COLUMNS, *_TAIL)
 
 
 # The column only language-model runs fill.

@@ -10,6 +10,7 @@ advise.md and the console say it on one line for all of them instead of once per
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -36,6 +37,26 @@ def capped(names: Sequence[str], first: int = FIRST) -> str:
     if len(names) <= first + 1:  # "… and 1 more" is no shorter than the name
         return ", ".join(names)
     return f"{', '.join(names[:first])} … and {len(names) - first} more"
+
+
+def pct(x: float | None) -> str:
+    """``0.52%``; ``inf`` when not finite, ``n/a`` when not measured (None)."""
+    if x is None:
+        return "n/a"
+    return f"{x:.2%}" if math.isfinite(x) else "inf"
+
+
+def db(x: float | None) -> str:
+    """``12.3 dB``; ``exact`` for +inf (no error), ``none`` for −inf or NaN (all error), ``n/a``
+    when not measured (None)."""
+    if x is None:
+        return "n/a"
+    return f"{x:.1f} dB" if math.isfinite(x) else ("exact" if x > 0 else "none")
+
+
+def command_lines(command: str) -> list[str]:
+    """The command to train with, after a blank line, in a Markdown fence."""
+    return ["", "Train with it:", "", "```bash", command, "```"]
 
 
 def names_words(names: Sequence[str]) -> str:

@@ -19,11 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mptrain.commands.advise import fits
+from mptrain.commands.advise import choices, fits
 from mptrain.commands.advise.trials import Cost, cost_of, timed_part
 from mptrain.config.base import ConfigError
 from mptrain.config.optim import AdamBase, AdamWConfig, LowBitAdamWConfig
 from mptrain.platform.distributed import unwrap
+from mptrain.train.build import prepare_run
 from mptrain.train.memory import account_step
 
 if TYPE_CHECKING:
@@ -61,13 +62,6 @@ def with_state(cfg: RunConfig, state: fits.StateChoice) -> RunConfig:
             cfg, optimizer=AdamWConfig(**base, state_dtype=state.state_dtype or "fp32")
         )
     return dataclasses.replace(cfg, optimizer=LowBitAdamWConfig(**base, name=state.optimizer))
-
-
-def build(cfg: RunConfig) -> Any:
-    """The run of ``cfg`` (:func:`mptrain.train.build.prepare_run`), to account."""
-    from mptrain.train.build import prepare_run
-
-    return prepare_run(cfg)
 
 
 def state_choices(cfg: RunConfig) -> list[fits.StateChoice]:
@@ -150,8 +144,6 @@ def _accountable(cands: list[Candidate]) -> dict[str, Accountable]:
     """The precisions to account, FP32 first: those that built (their pilot ran), and the base
     precisions this device only skipped for speed (BF16 without native BF16: its bytes on a GPU
     are what it would hold there), costed at FP32's pilot × :data:`UNTIMED_SLOWDOWN`."""
-    from mptrain.commands.advise import choices
-
     fp32 = next((c for c in cands if c.name == "fp32" and c.pilot is not None), None)
     if fp32 is None:
         return {}
@@ -169,8 +161,6 @@ def _accountable(cands: list[Candidate]) -> dict[str, Accountable]:
 def _not_accountable(cands: list[Candidate], accountable: dict[str, Any]) -> dict[str, str]:
     """The base precisions left out, with why their pilot did not run (a low-precision recipe
     the model cannot take is listed under Not measured already)."""
-    from mptrain.commands.advise import choices
-
     return {
         c.name: c.skipped["all"]
         for c in cands
@@ -200,7 +190,7 @@ def account_line(cfg: RunConfig, mode: str) -> tuple[dict[str, int], Any]:
     """``cfg`` built once at the larger probe batch under checkpointing ``mode`` and one step
     accounted at each probe batch (its micro-batch cut): (``{batch: bytes}``, the run).
     ConfigError when the config refuses (a model without blocks to recompute)."""
-    run = build(_with_batch(cfg, max(fits.PROBE_BATCHES), mode))
+    run = prepare_run(_with_batch(cfg, max(fits.PROBE_BATCHES), mode))
     return {str(b): account_step(run, samples=b)["total_bytes"] for b in fits.PROBE_BATCHES}, run
 
 
@@ -228,11 +218,11 @@ def _account_states(
     out["user_state"] = users
     out["user_checkpointing"] = cfg.memory.activation_checkpointing
     samples = fits.PROBE_BATCHES[0]
-    choices = state_choices(cfg)
-    if not any(s.name == users for s in choices):  # SGD, or a choice not listed: its own only
+    offered = state_choices(cfg)
+    if not any(s.name == users for s in offered):  # SGD, or a choice not listed: its own only
         out["states"][users] = account_step(run, samples)["total"]["optimizer_states"]
         return
-    for state in choices:
+    for state in offered:
         if not _fits_budget(budget, item.step_need_s(samples), state.label, out):
             continue
         try:

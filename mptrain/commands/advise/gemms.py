@@ -25,12 +25,13 @@ import contextlib
 import dataclasses
 import math
 import shlex
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from mptrain.commands.advise import choices, predict
+from mptrain.commands.advise import choices, concise, predict
 from mptrain.config.run import RunConfig
 from mptrain.precision.quant.linear import GEMMS, HighPrecisionGemm
 
@@ -59,16 +60,15 @@ def measure_gemms(
     effect: Callable[[], dict[str, float]],
     low: dict[str, torch.nn.Module],
     plan: dict[str, Any],
-    names: list[str],
-    deadline: Callable[[], bool],
+    deadline: float,
 ) -> None:
-    """Step 1 of the module doc: ``gemms`` in the rows of layers ``names``. ``effect()``: the
-    one-batch pass with every layer in the format; ``low``: the layers in it, by name;
-    ``deadline()``: true once the budget is spent (the layers not reached are listed in
-    ``plan["skipped"]``)."""
-    rows = {row["name"]: row for row in plan["layers"]}
+    """Step 1 of the module doc: ``gemms`` in the rows of the kept layers (``plan["kept"]``).
+    ``effect()``: the one-batch pass with every layer in the format; ``low``: the layers in it,
+    by name; stops between layers once ``time.perf_counter()`` passes ``deadline`` (the layers
+    not reached are listed in ``plan["skipped"]``)."""
+    rows, names = {row["name"]: row for row in plan["layers"]}, plan["kept"]
     for i, name in enumerate(names):
-        if deadline():
+        if time.perf_counter() > deadline:
             plan["skipped"]["gemms"] = f"the budget ran out after {i} of {len(names)} layers"
             return
         singles = {}
@@ -139,10 +139,6 @@ def add_command(plan: dict[str, Any], overrides: list[str], quote: Callable[[str
 
 
 # ------------------------------------------------------------------------------ the words
-def _db(x: float) -> str:
-    return f"{x:.1f} dB" if math.isfinite(x) else ("exact" if x > 0 else "none")
-
-
 def carrier_lines(plan: dict[str, Any]) -> list[str]:
     """A line per kept layer whose GEMMs were measured:
     the GEMM that carries its error, with the figures. Layers not kept are left out: lifting a
@@ -154,13 +150,16 @@ def carrier_lines(plan: dict[str, Any]) -> list[str]:
         found = row.get("gemms")
         if found is None:
             continue
-        singles = ", ".join(f"{WORDS[g]} {_db(found['lifted'][g]['grad_sqnr_db'])}" for g in GEMMS)
+        singles = ", ".join(
+            f"{WORDS[g]} {concise.db(found['lifted'][g]['grad_sqnr_db'])}" for g in GEMMS
+        )
         lift = " and ".join(WORDS[g] for g in found["lift"])
         lines += [
             f"- {row['name']}: its {lift} in BF16 recover the layer (its "
             f"{WORDS[found['carrier']]} carries most of the error)",
             f"  model-gradient SQNR with one of its GEMMs in BF16: {singles}; the whole layer "
-            f"{_db(row['all_but']['grad_sqnr_db'])}; none {_db(plan['all']['grad_sqnr_db'])}",
+            f"{concise.db(row['all_but']['grad_sqnr_db'])}; "
+            f"none {concise.db(plan['all']['grad_sqnr_db'])}",
         ]
     return lines
 
@@ -186,5 +185,5 @@ def plan_lines(
     if predicted := predict.per_gemm_line(plan):
         lines += ["", predicted]
     if found.get("command"):
-        lines += ["", "Train with it:", "", "```bash", found["command"], "```"]
+        lines += concise.command_lines(found["command"])
     return lines

@@ -2,16 +2,8 @@
 low-precision recipe :func:`.plan.planned_choice` picks among those measured (FP8 tensorwise,
 rowwise, delayed, pow2 scales; blockwise FP8, MXFP8, NVFP4).
 
-1. **Sensitivity, on one batch** (no training): the recipe's own run is built again (the same
-   seeded initial weights and first batch as every short run, the layers its build converts:
-   Float8Linear, BlockLinear, any format of :data:`mptrain.precision.formats.LAYER_FORMATS`, with
-   its settings and seeds) and each converted layer gets a plain ``nn.Linear`` twin sharing its
-   parameters (:class:`LayerSwitch`). One forward and backward per configuration — under the
-   recipe's autocast, like its runs; the reference pass in FP32 — gives the loss and the model's
-   gradient, compared with FP32's: no layer in the format, all of them, each alone, all but each,
-   and then the ranking's prefixes kept in high precision. With all of them in the format, each
-   layer's own error is measured too: its output, input gradient and weight gradient against FP32
-   from the very same input and output gradient.
+1. **Sensitivity, on one batch** (no training): each converted layer's effect on the loss and
+   the model's gradient against FP32's, and its own error (:mod:`.sensitivity`).
 2. **Ranking and the plan**: :mod:`.plan`.
 3. **Verifying runs**: when the recipe's all-layers short run (advise's fidelity run) is not within
    the allowed difference to FP32's loss, a short run of the same length with the planned layers
@@ -19,10 +11,9 @@ rowwise, delayed, pow2 scales; blockwise FP8, MXFP8, NVFP4).
    user's patterns); while one misses, the next ranked layer is added and run again, as long as
    the budget lasts. The kept set's step time is recorded beside the all-layers run's and BF16's.
 
-Step 1 is :mod:`.sensitivity`'s; this module runs the steps within the budget.
-
-Everything goes into one dict (:func:`new_plan`), filled part by part so an interrupt keeps what
-was measured; ``skipped`` names each part not measured and why.
+This module runs the steps within the budget. Everything goes into one dict (:func:`new_plan`),
+filled part by part so an interrupt keeps what was measured; ``skipped`` names each part not
+measured and why.
 """
 
 from __future__ import annotations
@@ -38,7 +29,7 @@ from mptrain.commands.advise import plan as planning
 from mptrain.commands.advise.measure import Candidate, latest_cost, speed_need
 from mptrain.commands.advise.seeds import speed_budget
 from mptrain.commands.advise.sensitivity import measure_gemm_sensitivity, measure_sensitivity
-from mptrain.commands.advise.trials import PILOT_WARMUP, Budget, short_run, timed_part
+from mptrain.commands.advise.trials import PILOT_WARMUP, Budget, estimated, short_run, timed_part
 from mptrain.config.commands import AdviseConfig, plan_choice
 from mptrain.config.run import RunConfig
 
@@ -132,11 +123,9 @@ def run_plan(
     plan.update(precision=low.name, label=low.choice.label)
     passes = 3 * low.pilot.converted + 4  # reference, warm-up, none, all; per layer 3
     need = latest_cost(fp32).overhead_s + passes * latest_cost(low).step_s
-    if need > _left_s(cands, settings, budget):
-        plan["skipped"]["all"] = (
-            f"estimated {need:.0f} s ({passes} passes of one batch), "
-            f"{max(_left_s(cands, settings, budget), 0):.0f} s of advise.budget_s left"
-        )
+    left_s = _left_s(cands, settings, budget)
+    if need > left_s:
+        plan["skipped"]["all"] = estimated(need, f" ({passes} passes of one batch)", left_s)
         return
     with timed_part(timings, SENSITIVITY):
         measure_sensitivity(fp32.cfg, low.cfg, plan, budget.deadline())
@@ -306,10 +295,8 @@ def verifying_run(
     steps = low.cfg.advise.fidelity_steps
     need = latest_cost(low).of(steps)
     if need > left_s():
-        return (
-            f"keeping {len(kept)} layer{'s' if len(kept) > 1 else ''}: estimated {need:.0f} s, "
-            f"{max(left_s(), 0):.0f} s of advise.budget_s left"
-        )
+        layers = f"{len(kept)} layer{'s' if len(kept) > 1 else ''}"
+        return f"keeping {layers}: {estimated(need, '', left_s())}"
     part = f"{VERIFY}, {len(kept)} kept" + (", per GEMM" if cfg is not None else "")
     cfg = cfg or with_kept(low.cfg, kept, planning.exclude_key(low.name))
     with timed_part(timings, part):

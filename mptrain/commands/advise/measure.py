@@ -11,12 +11,9 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    pass
 
 from mptrain.commands import bench
 from mptrain.commands.advise import choices
@@ -36,6 +33,7 @@ from mptrain.commands.advise.trials import (
     OutOfBudget,
     Trial,
     cost_of,
+    estimated,
     short_run,
     timed_part,
 )
@@ -142,7 +140,7 @@ def scout(cfg: RunConfig) -> float:
     seconds each) are foreseen rather than sat through. Raises ConfigError as short_run does."""
     samples = min(cfg.batch_size, SCOUT_SAMPLES)
     trial = short_run(dataclasses.replace(cfg, batch_size=samples, grad_accum_steps=1), 4, 2)
-    return trial.step_time_s if trial.step_time_s is not None else trial.wall_s / trial.steps
+    return cost_of(trial).step_s
 
 
 @dataclass(frozen=True)
@@ -272,10 +270,7 @@ def measure_numerics(
 
 
 def _over(estimate_s: float, budget: Budget) -> str:
-    return (
-        f"estimated {estimate_s:.0f} s from the measured pilots, "
-        f"{max(budget.left_s(), 0):.0f} s of advise.budget_s left"
-    )
+    return estimated(estimate_s, " from the measured pilots", budget.left_s())
 
 
 def fidelity_need(c: Candidate, settings: AdviseConfig) -> float:
@@ -311,10 +306,8 @@ def run_fidelity(
         committed = speed_need([a for a in admitted if a.timed], settings, settings.speed_steps)
         left_s, need = budget.left_s() - committed, fidelity_need(c, settings)
         if need > left_s:
-            c.skipped["fidelity and speed"] = (
-                f"estimated {need:.0f} s from its measured pilot ({pilot_words(c, cands[0])}), "
-                f"{max(left_s, 0):.0f} s of advise.budget_s left"
-            )
+            how = f" from its measured pilot ({pilot_words(c, cands[0])})"
+            c.skipped["fidelity and speed"] = estimated(need, how, left_s)
             continue
         with timed_part(timings, f"fidelity {c.name}"):
             trial = short_run(c.cfg, settings.fidelity_steps, PILOT_WARMUP, budget.deadline())

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mptrain.commands.advise import choices, concise, gemms, predict
+from mptrain.commands.advise.concise import db, pct
 from mptrain.config.format_table import GROUP_OF_PRECISION
 
 # The config group whose ``exclude`` keeps a layer out of each low-precision format, by the
@@ -190,25 +191,11 @@ def list_item(name: str) -> str:
 
 
 # ------------------------------------------------------------------------------ the words
-def _db(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x:.1f} dB" if math.isfinite(x) else ("exact" if x > 0 else "none")
-
-
-def _pct(x: float | None) -> str:
-    if x is None:
-        return "n/a"
-    return f"{x:.2%}" if math.isfinite(x) else "inf"
-
-
 def _gap_words(run: dict[str, Any]) -> str:
     """``within 0.52% of FP32's loss (final 0.31%)`` or ``diverged: ...``."""
     if run["diverged"]:
         return f"diverged ({run['diverged']})"
-    return (
-        f"up to {_pct(run['max_rel_diff'])} from FP32's loss (final {_pct(run['final_rel_diff'])})"
-    )
+    return f"up to {pct(run['max_rel_diff'])} from FP32's loss (final {pct(run['final_rel_diff'])})"
 
 
 def _names(names: Sequence[str], cap: int | None) -> str:
@@ -273,7 +260,7 @@ def evidence_lines(plan: dict[str, Any], cap: int | None = None) -> list[str]:
     for run in plan["runs"]:
         k = len(run["kept"])
         guess = (
-            f", predicted {_pct(predicted[k])}"
+            f", predicted {pct(predicted[k])}"
             if k < len(predicted) and predicted[k] is not None
             else ""
         )
@@ -309,12 +296,12 @@ def table_rows(plan: dict[str, Any]) -> list[list[str]]:
                 str(layer["rank"]),
                 f"{layer['name']}{kept}",
                 " × ".join(map(str, layer["shape"])),
-                _pct(layer["share"]),
-                _db(layer["output_sqnr_db"]),
-                _db(layer["input_grad_sqnr_db"]),
-                _db(layer["weight_grad_sqnr_db"]),
-                f"{_db(layer['alone']['grad_sqnr_db'])} / {_db(layer['all_but']['grad_sqnr_db'])}",
-                f"{_pct(layer['alone']['loss_rel'])} / {_pct(layer['all_but']['loss_rel'])}",
+                pct(layer["share"]),
+                db(layer["output_sqnr_db"]),
+                db(layer["input_grad_sqnr_db"]),
+                db(layer["weight_grad_sqnr_db"]),
+                f"{db(layer['alone']['grad_sqnr_db'])} / {db(layer['all_but']['grad_sqnr_db'])}",
+                f"{pct(layer['alone']['loss_rel'])} / {pct(layer['all_but']['loss_rel'])}",
             ]
         )
     return rows
@@ -325,7 +312,7 @@ def summary_lines(plan: dict[str, Any], cap: int | None = None) -> list[str]:
     many layers of each list, then how many more — the command always whole)."""
     lines = [headline(plan, cap), "", *evidence_lines(plan, cap)]
     if plan.get("command"):
-        lines += ["", "Train with it:", "", "```bash", plan["command"], "```"]
+        lines += concise.command_lines(plan["command"])
     carriers = gemms.carrier_lines(plan)
     if carriers:
         lines += ["", "Which GEMM carries the error (one batch):", "", *carriers]
@@ -349,8 +336,8 @@ def section(plan: dict[str, Any] | None, figure: str) -> list[str]:
         f"the model's gradient and loss with the layer alone in {label} or all but it (the rest "
         f"under {plan['autocast']} autocast, as {plan['precision']}'s runs; {plan['recipe']}). "
         f"Ranked by the layer's share of the all-layers gradient error "
-        f"({_db(plan['all']['grad_sqnr_db'])}; no layer in {label}: "
-        f"{_db(plan['none']['grad_sqnr_db'])}); kept in rank order, the verifying run checks "
+        f"({db(plan['all']['grad_sqnr_db'])}; no layer in {label}: "
+        f"{db(plan['none']['grad_sqnr_db'])}); kept in rank order, the verifying run checks "
         f"what the gradient error predicts.",
         "",
         f"![per-layer {label} sensitivity]({figure})",
@@ -366,7 +353,7 @@ def ranked_line(plan: dict[str, Any], report: str, first: int = CONSOLE_FIRST) -
     """The console's stand-in for the ranked table: how many layers, the first ``first`` with
     their share of the gradient error, and where every layer's figures are (``report``)."""
     rows = sorted(plan["layers"], key=lambda row: row["rank"])
-    shown = [f"{row['name']} {_pct(row['share'])}" for row in rows]
+    shown = [f"{row['name']} {pct(row['share'])}" for row in rows]
     n = len(rows)
     return (
         f"Ranked by share of the all-layers gradient error ({n} layer{'s' if n != 1 else ''}): "

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +18,7 @@ from rich.table import Table
 
 from mptrain.commands.advise import choices, concise, confidence, fit_report, predict
 from mptrain.commands.advise import plan as layer_plan
+from mptrain.commands.advise.concise import pct
 from mptrain.commands.advise.decide import CHAOS_MARGIN, NOT_MEASURED, Advice
 from mptrain.commands.advise.trials import REPORT, START_UP, WARM_UP, Budget
 from mptrain.platform import contention, hardware
@@ -76,7 +76,7 @@ def _one_ulp_line(check: dict[str, Any]) -> str:
         return f"FP32 against itself with a one-ulp nudge of its initial weights: not run ({why})."
     return (
         f"FP32 against itself with a one-ulp nudge of its initial weights: its loss moves by up "
-        f"to {_pct(check['spread'])}; a precision may differ from FP32 by the tolerance or "
+        f"to {pct(check['spread'])}; a precision may differ from FP32 by the tolerance or "
         f"{check['margin']:g}× that, whichever is larger."
     )
 
@@ -177,14 +177,10 @@ def _fidelity_cells(row: dict[str, Any]) -> list[str]:
         return ["not measured", ""]
     if row["precision"] == "fp32":
         return ["reference", str(f["skipped_steps"])]
-    text = f"{_pct(f['max_rel_diff'])} / {_pct(f['final_rel_diff'])}"
+    text = f"{pct(f['max_rel_diff'])} / {pct(f['final_rel_diff'])}"
     if f["diverged"]:
         text += f" (diverged: {f['diverged']})"
     return [text, f"{f['skipped_steps']} of {f['steps']}"]
-
-
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else (f"{x:.2%}" if math.isfinite(x) else "inf")
 
 
 def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
@@ -257,7 +253,7 @@ def recommendation_lines(result: dict[str, Any]) -> list[str]:
         lines += ["", "Fixes worth trying:"]
         lines += [f"- `{f.split(': ', 1)[0]}`: {f.split(': ', 1)[1]}" for f in rec["fixes"]]
     if rec["measured"]:
-        lines += ["", "Train with it:", "", "```bash", rec["command"], "```"]
+        lines += concise.command_lines(rec["command"])
     return lines
 
 
@@ -434,16 +430,23 @@ def write(result: dict[str, Any], output_dir: Path, budget: Budget) -> None:
     atomic_write_text(output_dir / ADVISE_MD, render(result))
 
 
+def _print_markdown(console: Console, lines: list[str], bold: str = "") -> None:
+    """Markdown ``lines`` on a terminal: a bold line in bold (after ``bold``), without Markdown's
+    fences (the command stands on its own line)."""
+    for line in lines:
+        if line.startswith("**"):
+            console.print(f"[bold]{bold}{escape(line.strip('*'))}[/bold]")
+        elif not line.startswith("```"):
+            console.print(escape(line))
+
+
 def show_plan(console: Console, plan: dict[str, Any]) -> None:
     """The per-layer plan on a terminal: its headline, runs and command, lists of layers cut to
     their first few, and the first ranked layers (every layer's figures: advise.md)."""
     if "ranking" not in plan:
         return
-    for line in [*layer_plan.summary_lines(plan, cap=concise.FIRST), ""]:
-        if line.startswith("**"):
-            console.print(f"[bold]{plan['label']} per layer: {escape(line.strip('*'))}[/bold]")
-        elif not line.startswith("```"):  # Markdown's fence: the command stands on its own line
-            console.print(escape(line))
+    lines = [*layer_plan.summary_lines(plan, cap=concise.FIRST), ""]
+    _print_markdown(console, lines, bold=f"{plan['label']} per layer: ")
     console.print(escape(layer_plan.ranked_line(plan, ADVISE_MD)))
 
 
@@ -456,13 +459,8 @@ def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
         print(f"advise written to {output_dir / ADVISE_MD}")
         return
     heads = [head for head in (interrupted_line(result), busy_line(result)) if head]
-    for line in [*(x for head in heads for x in (head, "")), *recommendation_lines(result)]:
-        if line.startswith("```"):
-            continue  # Markdown's fence: the command stands on its own line
-        if line.startswith("**"):
-            console.print(f"[bold]{escape(line.strip('*'))}[/bold]")
-        else:
-            console.print(escape(line))
+    lines = [*(x for head in heads for x in (head, "")), *recommendation_lines(result)]
+    _print_markdown(console, lines)
     table = Table(title=f"evidence: {result['model']} on {result['dataset']}")
     for header in headers(result):
         table.add_column(header, overflow="fold")
@@ -475,10 +473,6 @@ def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
         console.print(escape(line))
     show_plan(console, result["layer_plan"])
     skipped = skipped_lines(result)
-    if skipped:
-        console.print("Not measured:")
-    for line in skipped:
-        console.print(escape(line))
-    for line in time_lines(result):
+    for line in [*(["Not measured:", *skipped] if skipped else []), *time_lines(result)]:
         console.print(escape(line))
     console.print(f"advise written to {output_dir / ADVISE_MD}")

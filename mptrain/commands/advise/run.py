@@ -186,7 +186,6 @@ def run_advise(
     SystemExit(128 + the signal: 130, 143, 129) ends the command like an interrupted training
     run. A signal once measuring is over is ignored until the advice is written."""
     from mptrain.commands.advise.measure import candidates
-    from mptrain.platform import hardware
 
     device = hardware.resolve_device(cfg.device)
     with StopOnce() as stop:

@@ -1,8 +1,13 @@
-"""The per-layer plan's one-batch measurements (step 1 of :mod:`.layers`): on the recipe's own
-build, each converted layer switched between its format and a plain ``nn.Linear`` twin sharing its
-Parameters (:class:`LayerSwitch`), one forward and backward per configuration compared with
-FP32's: the model's gradient SQNR and loss with no layer, all, each alone, all but each, and the
-ranking's prefixes in the format, and each layer's own output and gradient errors.
+"""The per-layer plan's one-batch measurements (step 1 of :mod:`.layers`; no training): the
+recipe's own run is built again (the same seeded initial weights and first batch as every short
+run, the layers its build converts: Float8Linear, BlockLinear, any format of
+:data:`mptrain.precision.formats.LAYER_FORMATS`, with its settings and seeds) and each converted
+layer gets a plain ``nn.Linear`` twin sharing its Parameters (:class:`LayerSwitch`). One forward
+and backward per configuration — under the recipe's autocast, like its runs; the reference pass
+in FP32 — gives the loss and the model's gradient, compared with FP32's: no layer in the format,
+all of them, each alone, all but each, and then the ranking's prefixes kept in high precision.
+With all of them in the format, each layer's own error is measured too: its output, input
+gradient and weight gradient against FP32 from the very same input and output gradient.
 """
 
 from __future__ import annotations
@@ -272,11 +277,7 @@ def measure_gemm_sensitivity(
     _, one = one_batch(fp32_cfg, low_cfg)
     names = one.switch.names
     one.effect(names)  # the warm-up, as measure_sensitivity's
-    kept = plan["kept"]
-    low = one.switch.low
-    gemms.measure_gemms(
-        lambda: one.effect(names), low, plan, kept, lambda: time.perf_counter() > deadline
-    )
+    gemms.measure_gemms(lambda: one.effect(names), one.switch.low, plan, deadline)
 
 
 def rank_layers(plan: dict[str, Any]) -> None:

@@ -10,13 +10,10 @@ import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    pass
 
 from mptrain.commands import bench
 from mptrain.config.base import ConfigError
@@ -185,6 +182,11 @@ class Budget:
     def deadline(self) -> float:
         """When measuring must stop (``time.perf_counter()``): the report's reserve is kept."""
         return self.started + self.total_s - RESERVE_S
+
+
+def estimated(need_s: float, how: str, left_s: float) -> str:
+    """Why a part is skipped: ``estimated 12 s{how}, 3 s of advise.budget_s left``."""
+    return f"estimated {need_s:.0f} s{how}, {max(left_s, 0):.0f} s of advise.budget_s left"
 
 
 # timings' fixed costs, which the budget counts but cannot cut short
