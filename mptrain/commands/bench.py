@@ -7,7 +7,7 @@ after ``bench.warmup_steps`` warm-up steps through the same loop as a normal run
 takes each place in turn: the first measurement of a process and slow drifts of a shared machine hit
 them alike), and each ratio is taken against the FP32 (TF32) measurement of the same repetition. The
 table shows the median training samples/s and ratio to FP32 (and to TF32 on GPUs) with their
-min–max over the repetitions, marks a ratio *noisy* with the reason (:mod:`mptrain.commands.spread`), and
+min–max over the repetitions, marks a ratio *noisy* with the reason (:mod:`mptrain.pace.spread`), and
 gives peak memory, the bytes autograd saved for one micro-batch's backward (*activations*) and all
 of one step's accounted bytes (*accounted*: parameters, gradients, optimizer states, scales, buffers,
 parameter casts and activations; :mod:`mptrain.train.memory`, one extra step on copies of the model
@@ -32,19 +32,19 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 
-from mptrain.commands.spread import (
-    MIN_SAMPLES,
-    NOISY_SPREAD,
-    Spread,
-    format_ratio,
-    repetition_spread,
-)
 from mptrain.config.base import ConfigError
 from mptrain.config.format_table import BLOCK_FORMATS, FORMAT_TABLE, FP8_BLOCKWISE
 from mptrain.config.precision import PrecisionConfig
 from mptrain.config.run import RunConfig
 from mptrain.models.build import config_has_convolutions
 from mptrain.output.joblog import print_table
+from mptrain.pace.spread import (
+    MIN_SAMPLES,
+    NOISY_SPREAD,
+    Spread,
+    format_ratio,
+    repetition_spread,
+)
 from mptrain.platform import contention, hardware
 from mptrain.precision.policy import blockwise_grad_dtype
 from mptrain.precision.quant.fp8 import E4M3

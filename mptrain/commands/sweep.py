@@ -13,7 +13,7 @@ A run with a precision switch shows both precisions and the step (``fp8 (emulate
 step 17``: :meth:`~mptrain.report.schema.PrecisionSection.what_ran`), never its first one alone.
 
 A throughput ratio is never one bare number: it is the median of the run's measured windows over the
-baseline's, with a range and a *noisy* mark and reason (:mod:`mptrain.commands.spread`) when that range is
+baseline's, with a range and a *noisy* mark and reason (:mod:`mptrain.pace.spread`) when that range is
 wide, when there are too few windows, or when either job ran at the same time as another job of the
 comparison (their started_at–finished_at spans overlap: a joblib launcher, two terminals).
 
@@ -53,17 +53,17 @@ from mptrain.commands.seeds import (
     seed_notes,
     seed_table,
 )
-from mptrain.commands.spread import (
+from mptrain.config.keys import flatten, is_non_training_key
+from mptrain.output.joblog import print_table as show_table
+from mptrain.output.joblog import table_console
+from mptrain.output.plots import plot_sweep
+from mptrain.pace.spread import (
     MIN_SAMPLES,
     NOISY_SPREAD,
     Spread,
     format_ratio,
     window_ratio_spread,
 )
-from mptrain.config.keys import flatten, is_non_training_key
-from mptrain.output.joblog import print_table as show_table
-from mptrain.output.joblog import table_console
-from mptrain.output.plots import plot_sweep
 from mptrain.platform.contention import busy_words
 from mptrain.report.render import fmt_pct
 from mptrain.report.rows import fmt_bytes
@@ -175,7 +175,7 @@ NO_WINDOWS = (
 def speed_spread(
     r: RunReport, base: RunReport, alongside: dict[tuple[str, str], int]
 ) -> Spread | None:
-    """``r``'s speed against its FP32 twin ``base`` (see :mod:`mptrain.commands.spread`), marked noisy when
+    """``r``'s speed against its FP32 twin ``base`` (see :mod:`mptrain.pace.spread`), marked noisy when
     either ran alongside another job or on a busy machine; None when either speed is not
     comparable or measured."""
     if not (r.throughput.comparable and base.throughput.comparable):

@@ -31,7 +31,7 @@ class Throughput:
     measured_time_s: float = 0.0
     data_wait_s: float = 0.0
     # (steps, seconds) of each metrics-row interval measured whole (every step after warm-up),
-    # timed to the row's device read: the spread of the run's speed (mptrain.commands.spread).
+    # timed to the row's device read: the spread of the run's speed (mptrain.pace.spread).
     windows: list[tuple[int, float]] = field(default_factory=list)
 
     @property

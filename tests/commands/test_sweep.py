@@ -813,7 +813,7 @@ def test_a_report_written_before_schema_version_loads_as_version_0(runs, tmp_pat
 
 # ------------------------------------------------------------------------- speed ratios' spread
 def test_window_ratio_spread_is_median_over_median_within_the_quartiles():
-    from mptrain.commands.spread import window_ratio_spread
+    from mptrain.pace.spread import window_ratio_spread
 
     tight = window_ratio_spread([200, 204, 198, 202], [100, 101, 99, 100])
     assert tight.median == pytest.approx(201 / 100)
