@@ -18,6 +18,7 @@ dataset, missing files) raises :class:`~mptrain.config.base.ConfigError` during 
 from __future__ import annotations
 
 import functools
+import operator
 import os
 from dataclasses import replace
 from typing import Any
@@ -55,7 +56,7 @@ from mptrain.train.optim import build_optimizer, build_scheduler
 from mptrain.train.recipe import check_recipe_data
 from mptrain.train.state import LoopSettings
 from mptrain.train.switch import plan_switch
-from mptrain.train.threads import ThreadChoice, apply_threads, resolve_threads
+from mptrain.train.threads import ThreadChoice, resolve_threads
 
 
 def prepare_run(cfg: RunConfig, dist: DistContext | None = None) -> Run:
@@ -173,19 +174,16 @@ def _optimization(
     return optimizer, build_scheduler(cfg.scheduler, optimizer, *steps)
 
 
+# What a policy's build depends on: two policies alike here share one built run (with_policy).
+_build_of = operator.attrgetter("param_dtype", "fp8", "blocks", "loss_scaling", "device_type")
+
+
 def with_policy(run: Run, policy: PrecisionPolicy) -> Run:
     """``run`` with another precision of the same build (``precision=auto`` settled after the
     build: :mod:`mptrain.train.autoprecision`): the same parameter dtype, FP8 layers and loss
     scaling, so only the policy and the monitor that names it are new. Before training only."""
     old = run.precision.policy
-    same_build = (old.param_dtype, old.fp8, old.blocks, old.loss_scaling, old.device_type) == (
-        policy.param_dtype,
-        policy.fp8,
-        policy.blocks,
-        policy.loss_scaling,
-        policy.device_type,
-    )
-    if not same_build:
+    if _build_of(old) != _build_of(policy):
         raise ValueError(f"{old.name} -> {policy.name}: not the same build; build the run again")
     monitor = _build_monitor(run.cfg, run.data, run.model, policy, run.dist, run.device)
     return replace(run, precision=replace(run.precision, policy=policy), monitor=monitor)
@@ -223,7 +221,7 @@ def choose_threads(
         jobs=jobs * local_world,
         measure=measure and not dist.enabled,
     )
-    apply_threads(choice)
+    torch.set_num_threads(choice.threads)
     return choice
 
 

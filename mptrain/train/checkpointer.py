@@ -52,12 +52,8 @@ class Checkpointer:
         self.dist = run.dist
         self.directory = directory
         self.signature = signature
-        c = run.cfg.checkpoint
-        self.every_steps = c.every_steps
-        self.every_epoch = c.every_epoch
-        self.clock = TimeCadence(c.every_minutes)  # since the loop started or the last save
-        self.keep_last = c.keep_last
-        self.keep_best = c.keep_best
+        self.config = run.cfg.checkpoint  # the cadence, keep_last and keep_best
+        self.clock = TimeCadence(self.config.every_minutes)  # since the loop started or last save
         self.saved: list[Path] = []
         self.steps: set[int] = set()  # steps saved by this run
         self.best: tuple[float, Path] | None = None
@@ -125,15 +121,15 @@ class Checkpointer:
         return path
 
     def _prune(self) -> None:
-        while len(self.saved) > self.keep_last:
+        while len(self.saved) > self.config.keep_last:
             old = self.saved.pop(0)
             old.unlink(missing_ok=True)
 
     def after_step(self, state: LoopState, end_of_epoch: bool) -> None:
-        run = self.run
+        run, c = self.run, self.config
         due = (
-            (self.every_steps and state.step % self.every_steps == 0)
-            or (self.every_epoch and end_of_epoch)
+            (c.every_steps and state.step % c.every_steps == 0)
+            or (c.every_epoch and end_of_epoch)
             or self.clock.due(state.step, run.settings.log_every, self.dist, run.device)
             or self._asked(state.step)
         )
@@ -154,7 +150,7 @@ class Checkpointer:
         return broadcast_flag(self.asked(), self.dist, self.run.device)
 
     def _new_best(self, state: LoopState) -> bool:
-        if not self.keep_best or not state.evals or state.evals[-1]["step"] != state.step:
+        if not self.config.keep_best or not state.evals or state.evals[-1]["step"] != state.step:
             return False  # no evaluation at this step (checked first: this runs every step)
         task = self.run.task
         best = task.best(state.evals)

@@ -20,7 +20,6 @@ from mptrain.rundir.fileio import atomic_write_text, clean_json
 from mptrain.rundir.layout import AUDIT_JSON, AUDIT_MD, PROBE_JSON, PROBE_MD
 
 
-# ------------------------------------------------------------------------------ before training
 def write_diagnostics(run: Run, output_dir: Path, console: Console) -> None:
     """audit=true / probe=true: trace one step, or probe FP16 ranges, into files of the run
     directory (audit.md/.json, probe.md/.json); the model is left untouched."""

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from mptrain.platform.distributed import local_shard
+from mptrain.train.monitor import LoopObserver
 
 
 class InfGradInjector:
@@ -83,7 +84,7 @@ class InfGradInjector:
         first.register_hook(hook)
 
 
-class KillAtStep:
+class KillAtStep(LoopObserver):
     """Loop observer: SIGKILL this process once optimizer step ``step`` is done, as the
     out-of-memory killer or a lost node would end it (no handler, no last word), on the job's
     first attempt only: a restarted attempt (torchrun --max-restarts) trains on."""
@@ -94,15 +95,6 @@ class KillAtStep:
     def on_step(self, state: Any) -> None:
         if state.step == self.step:
             os.kill(os.getpid(), signal.SIGKILL)
-
-    def on_log(self, row: dict[str, Any]) -> None:
-        pass
-
-    def on_eval(self, row: dict[str, Any]) -> None:
-        pass
-
-    def on_warning(self, message: str) -> None:
-        pass
 
 
 def kill_observer(debug: Any, rank: int, restart: int) -> KillAtStep | None:

@@ -13,7 +13,7 @@ import torch
 
 from mptrain.config.sections import NumericsConfig
 from mptrain.precision.diagnostics.culprit import describe_input, find_culprit
-from mptrain.precision.diagnostics.hooks import Autocast, module_label
+from mptrain.precision.diagnostics.hooks import Autocast, row_label
 
 # find(images, labels, loss_scale) -> the culprit description, or None when the batch re-ran finite
 CulpritFinder = Callable[[torch.Tensor, torch.Tensor, float], "dict[str, Any] | None"]
@@ -192,12 +192,11 @@ def describe_culprit(culprit: dict[str, Any] | None) -> str:
     fwd, bwd = culprit.get("forward"), culprit.get("backward")
     if fwd:
         return (
-            f"forward: first non-finite output at {module_label(fwd['module'], fwd['module_type'])} "
-            f"in {fwd['dtype']}; largest finite value before it {fwd['largest_finite_before']:.4g}; "
-            f"{fwd['kind']}"
+            f"forward: first non-finite output at {row_label(fwd)} in {fwd['dtype']}; largest "
+            f"finite value before it {fwd['largest_finite_before']:.4g}; {fwd['kind']}"
         )
     return (
-        f"backward: first non-finite gradient at {module_label(bwd['module'], bwd['module_type'])} "
-        f"in {bwd['dtype']} with loss scale {culprit['loss_scale']:g}; largest finite incoming "
-        f"gradient {bwd['largest_finite_grad_output']:.4g}"
+        f"backward: first non-finite gradient at {row_label(bwd)} in {bwd['dtype']} with loss "
+        f"scale {culprit['loss_scale']:g}; largest finite incoming gradient "
+        f"{bwd['largest_finite_grad_output']:.4g}"
     )

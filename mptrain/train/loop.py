@@ -328,15 +328,11 @@ def evaluate(
         correct = batch_correct if correct is None else correct + batch_correct
         count += targets.numel()
     model.train(was_training)
-    sums = [
-        float(loss_sum) if loss_sum is not None else 0.0,
-        float(correct) if correct is not None else 0.0,
-        float(count),
-    ]
+    if loss_sum is None:  # no batch (on this rank)
+        loss_sum = correct = torch.zeros(())
+    sums = [float(loss_sum), float(correct), float(count)]
     loss_total, correct_total, count_total = all_reduce_sum(
-        sums,
-        dist or DistContext(),
-        loss_sum.device if loss_sum is not None else torch.device("cpu"),
+        sums, dist or DistContext(), loss_sum.device
     )
     if count_total == 0:
         return math.nan, math.nan

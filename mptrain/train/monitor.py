@@ -41,7 +41,8 @@ from mptrain.train.health import CulpritFinder, Probes, ScaleHealth, ScaleStats,
 
 
 class LoopObserver(Protocol):
-    """Receives what the run measured: the metrics log and the progress display implement it."""
+    """Receives what the run measured: the metrics log and the progress display implement it.
+    A subclass inherits a call that does nothing for each method it does not define."""
 
     def on_step(self, state: LoopState) -> None: ...
 
@@ -320,26 +321,17 @@ class Monitor:
     def _culprit_text(self) -> str:
         if self.culprit is None:
             return ""
-        if self.culprit.get("reproduced") is False:
-            return "; " + describe_culprit(None)
-        return "; " + describe_culprit(self.culprit)
+        reproduced = self.culprit.get("reproduced") is not False
+        return "; " + describe_culprit(self.culprit if reproduced else None)
 
     # ------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """The measurements a resumed run continues from (throughput restarts with the run); with
         a precision switch, the losses around it."""
-        p = self.probes
         return {
             "scale": dataclasses.asdict(self.scale_stats) if self.scale_stats else None,
             "health": dataclasses.asdict(self.health),
-            "probes": [
-                p.probes,
-                p.zero_grad_fraction_sum,
-                p.update_probes,
-                p.updates_lost_fraction_sum,
-                p.state_probes,
-                p.states_lost_fraction_sums,
-            ],
+            "probes": list(dataclasses.astuple(self.probes)),  # Probes(*probes) loads it
         } | ({} if self.loss_window is None else {"loss_window": self.loss_window.values()})
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:

@@ -15,6 +15,7 @@ import collections
 import copy
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -71,26 +72,19 @@ def _sgd(cfg: SGDConfig, groups: list[dict], implementation: dict[str, bool]) ->
     )
 
 
+def _adam_settings(cfg: AdamWConfig | LowBitAdamWConfig) -> dict[str, Any]:
+    """The hyperparameters every AdamW here takes (torch's, ours, torchao's)."""
+    betas = (cfg.betas[0], cfg.betas[1])
+    return {"lr": cfg.lr, "betas": betas, "eps": cfg.eps, "weight_decay": cfg.weight_decay}
+
+
 def _adamw(
     cfg: AdamWConfig, groups: list[dict], implementation: dict[str, bool]
 ) -> torch.optim.Optimizer:
     if cfg.state_dtype != "fp32":
-        return AdamWLowState(
-            groups,
-            lr=cfg.lr,
-            betas=(cfg.betas[0], cfg.betas[1]),
-            eps=cfg.eps,
-            weight_decay=cfg.weight_decay,
-            stochastic=cfg.state_rounding == "stochastic",
-        )
-    return torch.optim.AdamW(
-        groups,
-        lr=cfg.lr,
-        betas=(cfg.betas[0], cfg.betas[1]),
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-        **implementation,
-    )
+        stochastic = cfg.state_rounding == "stochastic"
+        return AdamWLowState(groups, **_adam_settings(cfg), stochastic=stochastic)
+    return torch.optim.AdamW(groups, **_adam_settings(cfg), **implementation)
 
 
 class AdamWLowState(torch.optim.Optimizer):
@@ -178,13 +172,7 @@ def _low_bit_adamw(
             f"optimizer={cfg.name}: needs torchao, which is not installed (pip install torchao); "
             "or optimizer=adamw (optimizer.state_dtype=bf16 halves its states without it)"
         ) from exc
-    return getattr(torchao.optim, LOW_BIT[cfg.name])(
-        groups,
-        lr=cfg.lr,
-        betas=(cfg.betas[0], cfg.betas[1]),
-        eps=cfg.eps,
-        weight_decay=cfg.weight_decay,
-    )
+    return getattr(torchao.optim, LOW_BIT[cfg.name])(groups, **_adam_settings(cfg))
 
 
 # The one list of optimizers: optimizer.name -> its schema and builder (conf/optimizer/<name>.yaml).

@@ -32,7 +32,6 @@ from torch.utils.checkpoint import checkpoint
 
 from mptrain.config.base import ConfigError
 
-MODES = ("none", "full", "selective")
 KEY = "memory.activation_checkpointing"
 _SUBCLASS: dict[type, type] = {}  # a block class -> its checkpointing subclass
 # While the memory accounting counts a step: what a checkpointed block keeps (its inputs).

@@ -24,9 +24,8 @@ class LoopSettings:
     eval_every: int | None = None  # with eval_every_minutes None: at the end of every epoch
     eval_every_minutes: float | None = None
     log_every: int = 50
-    probe_every: int | None = (
-        100  # gradient/update probe cadence (costs a copy of the parameters and states)
-    )
+    # The gradient/update probe's cadence (it costs a copy of the parameters and states).
+    probe_every: int | None = 100
     channels_last: bool = False
     dist: DistContext = field(default_factory=DistContext)
 

@@ -7,8 +7,8 @@ joblib sweep's ``n_jobs``, the processes of one torchrun node), less the DataLoa
 processes that run on the same cores. ``threads=N`` pins N; so does ``OMP_NUM_THREADS=N`` in the
 environment under ``threads=auto`` (the user's own pin, recorded as such), except in a joblib
 sweep's jobs, whose workers joblib gives one. :func:`resolve_threads` decides and says why;
-:func:`apply_threads` sets it (``torch.set_num_threads``; ``OMP_WAIT_POLICY`` cannot change once
-torch has started OpenMP, the count can).
+:func:`mptrain.train.build.choose_threads` sets it (``torch.set_num_threads``; ``OMP_WAIT_POLICY``
+cannot change once torch has started OpenMP, the count can).
 
 **How training measures it** (``threads=auto`` on a CPU). A :class:`ThreadTuner` times real
 training steps from that count N (they count as training; nothing is repeated) with
@@ -164,11 +164,10 @@ def resolve_threads(
     measured.
     """
     pinned = parse_threads(requested)
-    if pinned is not None:
-        _check_sane("threads", pinned)
     on_cuda = device_type == "cuda"
     host = " (CUDA device: host threads only)" if on_cuda else ""
     if pinned is not None:
+        _check_sane("threads", pinned)
         return ThreadChoice(str(requested), pinned, "pinned", f"pinned by threads={pinned}{host}")
     # A joblib worker always has OMP_NUM_THREADS (joblib sets cores // n_jobs unless the parent
     # had one): there it is not the user's pin, and auto divides the cores itself.
@@ -178,14 +177,8 @@ def resolve_threads(
         basis = f"pinned by OMP_NUM_THREADS={from_env} in the environment{host}"
         return ThreadChoice("auto", from_env, "pinned", basis)
     budget = cpu_budget(workers, jobs, root)
-    basis = budget.describe()
-    if on_cuda:
-        mode, basis = "auto, not measured", f"{basis}{host}"
-    elif not measure:
-        mode = "auto, not measured"
-    else:
-        mode = "auto"
-    return ThreadChoice("auto", budget.threads, mode, basis)
+    mode = "auto" if measure and not on_cuda else "auto, not measured"
+    return ThreadChoice("auto", budget.threads, mode, f"{budget.describe()}{host}")
 
 
 # A pinned count beyond this many threads per usable CPU is refused: oversubscription that large
@@ -212,11 +205,6 @@ def _environment_threads() -> int | None:
     except ValueError:
         return None
     return count if count >= 1 else None
-
-
-def apply_threads(choice: ThreadChoice) -> None:
-    """Set torch's intra-op thread count for this process (what later steps use)."""
-    torch.set_num_threads(choice.threads)
 
 
 def sweep_jobs(n_jobs: int | None) -> int:
