@@ -40,9 +40,9 @@ class BenchConfig:
     )
 
 
-# The recipes advise.plan may name: mptrain.commands.advise.recipes.LOW_PRECISION's names
+# The choices advise.plan may name: mptrain.commands.advise.choices.LOW_PRECISION's names
 # (tests/commands/test_advise_plan.py keeps the two in step).
-ADVISE_PLAN_RECIPES = (
+ADVISE_PLAN_CHOICES = (
     "fp8", "fp8-rowwise", "fp8-delayed", "fp8-pow2", "fp8-blockwise", "mxfp8", "nvfp4",
 )  # fmt: skip
 
@@ -58,8 +58,8 @@ GPU_TARGETS = (
 
 # Range rules of advise's settings that are more than a bound (on their fields below).
 PLANS = Accepts(
-    lambda v: plan_choice(v) in ("auto", "false", *ADVISE_PLAN_RECIPES),
-    f"auto (or true), false, or a recipe: {', '.join(ADVISE_PLAN_RECIPES)}",
+    lambda v: plan_choice(v) in ("auto", "false", *ADVISE_PLAN_CHOICES),
+    f"auto (or true), false, or a low-precision choice: {', '.join(ADVISE_PLAN_CHOICES)}",
 )
 SEED_COUNTS = Accepts(
     lambda v: re.fullmatch(r"auto|0*[1-9]\d*", str(v).strip()) is not None,
@@ -117,10 +117,10 @@ class AdviseConfig:
     plan: str = setting(
         "auto",
         (
-            "per-layer plan: rank the layers by their sensitivity to a low-precision recipe, keep"
+            "per-layer plan: rank the layers by their sensitivity to a low-precision choice, keep"
             " the fewest in high precision that bring the loss within tolerance (fp8.exclude, "
-            "mx.exclude, nvfp4.exclude), verified by a short run. auto (true): the recipe advise "
-            "would use | a recipe: fp8, fp8-rowwise, fp8-delayed, fp8-pow2, fp8-blockwise, mxfp8,"
+            "mx.exclude, nvfp4.exclude), verified by a short run. auto (true): the choice advise "
+            "would use | a low-precision choice: fp8, fp8-rowwise, fp8-delayed, fp8-pow2, fp8-blockwise, mxfp8,"
             " nvfp4 | false"
         ),
         accepts=PLANS,
@@ -210,7 +210,7 @@ def check_eval_checkpoint(which: str) -> None:
 
 
 def plan_choice(plan: object) -> str:
-    """``advise.plan`` normalised: "auto" (also true), "false", or the recipe's name as given
+    """``advise.plan`` normalised: "auto" (also true), "false", or the choice's name as given
     (a command line's true/false reach the string field as "True"/"False")."""
     text = str(plan).strip()
     return {"true": "auto", "false": "false", "auto": "auto"}.get(text.lower(), text)

@@ -70,7 +70,7 @@ def test_a_refusal_every_low_precision_recipe_shares_is_said_once(tmp_path, caps
             "not measured (why: under Not measured)"
         ) in lines
         assert (
-            "- per-layer plan: no low-precision recipe was measured (fp8, fp8-rowwise, fp8-delayed, "
+            "- per-layer plan: no low-precision choice was measured (fp8, fp8-rowwise, fp8-delayed, "
             "fp8-pow2, fp8-blockwise, mxfp8, nvfp4: each one's reason is listed with it)"
         ) in lines
         assert max(map(len, lines)) < 400  # the plan's reason was 1,229 characters

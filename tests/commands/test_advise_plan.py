@@ -16,7 +16,7 @@ from support.runs import LM, compose_run, run_cli, tiny_run
 from mptrain.commands.advise import choices, layers, measure, plan, sensitivity, trials
 from mptrain.commands.advise.measure import Candidate
 from mptrain.config.base import ConfigError, check_settings
-from mptrain.config.commands import ADVISE_PLAN_RECIPES, AdviseConfig, plan_choice
+from mptrain.config.commands import ADVISE_PLAN_CHOICES, AdviseConfig, plan_choice
 from mptrain.config.models import CustomModelConfig
 from mptrain.models.build import config_has_convolutions
 
@@ -308,7 +308,7 @@ def test_the_plan_is_skipped_with_why(monkeypatch):
     fp8.pilot, fp8.skipped["all"] = None, "no Linear layer can run in FP8"
     found = layers.new_plan()
     layers.run_plan([fp32, fp8], fp8.cfg.advise, trials.Budget(100.0), {}, found)
-    why = "no low-precision recipe was measured (fp8: no Linear layer can run in FP8)"
+    why = "no low-precision choice was measured (fp8: no Linear layer can run in FP8)"
     assert found["skipped"] == {"all": why}
     layers.note_not_reached(found, "interrupted by SIGINT")  # already said why: kept
     assert found["skipped"] == {"all": why}
@@ -360,7 +360,7 @@ def test_advise_plan_refuses_an_unknown_recipe_naming_the_accepted():
 
 
 def test_the_recipes_advise_plan_names_are_advise_s_low_precision_recipes():
-    assert tuple(r.name for r in choices.LOW_PRECISION) == ADVISE_PLAN_RECIPES
+    assert tuple(r.name for r in choices.LOW_PRECISION) == ADVISE_PLAN_CHOICES
 
 
 def test_a_block_format_keeps_its_layers_by_its_own_key_and_states_their_speed(monkeypatch):
@@ -424,7 +424,7 @@ def test_advise_md_leads_the_low_precision_part_with_the_plan():
         none={"grad_sqnr_db": 30.0},
         all={"grad_sqnr_db": 10.0},
         autocast="bfloat16",
-        recipe="tensorwise dynamic scaling",
+        choice="tensorwise dynamic scaling",
         allowed=0.05,
         all_layers={"max_rel_diff": 0.3, "final_rel_diff": 0.2, "diverged": None},
         runs=[
@@ -491,7 +491,7 @@ def test_one_batch_ranks_the_fragile_layer_first(fragile_module, name):
     assert rows["fragile"]["share"] > 0.8  # nearly all of the format's gradient error
     assert rows["fragile"]["output_sqnr_db"] < 5 < 15 < rows["a"]["output_sqnr_db"]
     assert found["none"]["grad_sqnr_db"] > found["prefixes"][1]["grad_sqnr_db"] > 10
-    assert found["recipe"].startswith(
+    assert found["choice"].startswith(
         {"fp8": "FP8 tensorwise", "mxfp8": "MXFP8: input float8_e4m3fn in 1x32", "nvfp4": "NVFP4"}[
             name
         ]

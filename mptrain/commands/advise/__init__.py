@@ -1,7 +1,7 @@
 """``mptrain advise [overrides]``: which precision to train this model with on this machine.
 
 For every precision :func:`mptrain.commands.bench.bench_precisions` lists for the device (FP32, BF16 where
-native, FP16, TF32 on GPUs) and every low-precision recipe (:data:`.choices.LOW_PRECISION`: FP8
+native, FP16, TF32 on GPUs) and every low-precision choice (:data:`.choices.LOW_PRECISION`: FP8
 tensorwise, rowwise, delayed, power-of-two scales, blockwise; MXFP8, NVFP4; emulated and labelled where the device lacks the
 hardware) it measures, on the configured model and data, in this order:
 
@@ -14,7 +14,7 @@ hardware) it measures, on the configured model and data, in this order:
    same initial weights and batches) as an FP32 run; the loss trajectories are compared
    (:func:`mptrain.commands.advise.decide.fidelity_of`), skipped steps and divergence recorded.
    With ``advise.plan``: the **per-layer plan** (:mod:`.layers`, :mod:`.sensitivity`,
-   :mod:`.plan`) for the low-precision recipe advise is likeliest to recommend: each layer it
+   :mod:`.plan`) for the low-precision choice advise is likeliest to recommend: each layer it
    converts measured for sensitivity on one batch in its own format, ranked, and the fewest
    layers kept in high precision (its exclude key: ``fp8.exclude``, ``mx.exclude``,
    ``nvfp4.exclude``) that bring its loss within the allowance, verified by short runs.

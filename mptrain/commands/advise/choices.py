@@ -1,15 +1,15 @@
-"""The choices ``mptrain advise`` considers (precisions and their low-precision recipes), as data: each a name, the label people read, and the
+"""The choices ``mptrain advise`` considers (precisions, and the low-precision ones with their settings), as data: each a name, the label people read, and the
 config keys it sets (the same ones its training command carries).
 
 :data:`BASE` holds the precisions :func:`mptrain.commands.bench.bench_precisions` lists (FP32, TF32,
-BF16, FP16); :data:`LOW_PRECISION` every low-precision recipe mptrain runs, each measured for
+BF16, FP16); :data:`LOW_PRECISION` every low-precision choice mptrain runs, each measured for
 fidelity like the others and timed only where the device has the hardware (``needs``): FP8 with a
 scale per tensor (``fp8``, mptrain's default), per row, from the amax history (delayed), and with
 power-of-two scales; then the block-scaled formats (blockwise FP8, MXFP8, NVFP4), emulated on every
 device for now. A choice is one line here; a new kind of hardware it ``needs`` is one line in
 :data:`mptrain.commands.advise.measure.HARDWARE` too.
 
-Every FP8 recipe sets all three of its axes (granularity, scaling, power-of-two scales), so each
+Every FP8 choice sets all three of its axes (granularity, scaling, power-of-two scales), so each
 is what its label says whatever the user's ``fp8.*`` keys were; the user's other keys (format,
 layer choice, margin, history length) stay. No torch here: :mod:`.decide` reads the order.
 """
@@ -71,7 +71,7 @@ LOW_PRECISION = (
 )
 CHOICES = {r.name: r for r in (*BASE, *LOW_PRECISION)}
 # Ties go to the first: TF32 changes nothing in the loop, BF16 needs no loss scaler, FP16 needs
-# one, FP8 adds scales on top of BF16 (and its recipes more moving parts, in LOW_PRECISION's order).
+# one, FP8 adds scales on top of BF16 (and its choices more moving parts, in LOW_PRECISION's order).
 SIMPLICITY = ("fp32", "tf32", "bf16", "fp16", *(r.name for r in LOW_PRECISION))
 
 
@@ -83,15 +83,15 @@ def choice(name: str) -> Choice:
 
 
 def runs(name: str) -> str:
-    """The precision recipe ``name`` trains with (``fp8-rowwise``: ``fp8``); ``name`` itself when
-    it is not a recipe."""
+    """The precision choice ``name`` trains with (``fp8-rowwise``: ``fp8``); ``name`` itself when
+    it is not a choice."""
     r = CHOICES.get(name)
     return dict(r.overrides)["precision"] if r else name
 
 
 def apply(cfg: RunConfig, r: Choice) -> RunConfig:
     """``cfg`` with ``r``'s keys set. ``precision`` starts a fresh precision group (the user's loss
-    scaler numbers kept, TF32 off unless the recipe turns it on), as bench times it."""
+    scaler numbers kept, TF32 off unless the choice turns it on), as bench times it."""
     for key, value in r.overrides:
         if key == "precision":
             fresh = PrecisionConfig(name=value, scaler=dataclasses.replace(cfg.precision.scaler))
@@ -104,7 +104,7 @@ def apply(cfg: RunConfig, r: Choice) -> RunConfig:
 
 
 def refusal(cfg: RunConfig) -> str | None:
-    """Why the user's other keys rule out a recipe's config (in the config check's words), or
+    """Why the user's other keys rule out a choice's config (in the config check's words), or
     None: e.g. ``fp8.backend=torchao`` runs dynamic scaling only."""
     try:
         validate_fp8(cfg.fp8)  # e.g. torchao with delayed scaling
@@ -134,12 +134,12 @@ def command_overrides(r: Choice) -> list[str]:
 
 
 def command_for(overrides: list[str], name: str) -> str:
-    """The command that trains with recipe ``name``: its overrides, then the user's without what
-    only advise reads (advise.*, bench.*, hydra.run.dir) and without the keys the recipe sets
-    (the user's own precision, ``fp8.granularity`` ...; a default the recipe keeps is then the
+    """The command that trains with choice ``name``: its overrides, then the user's without what
+    only advise reads (advise.*, bench.*, hydra.run.dir) and without the keys the choice sets
+    (the user's own precision, ``fp8.granularity`` ...; a default the choice keeps is then the
     default again)."""
     r = choice(name)
-    # apply() measured the recipe with TF32 off unless the recipe turns it on: the user's switch goes
+    # apply() measured the choice with TF32 off unless the choice turns it on: the user's switch goes
     reset = ("precision.allow_tf32=",)
     own = (f"{key}=" for key, _ in r.overrides)
     dropped = ("advise.", "bench.", "hydra.run.dir=", *reset, *own)

@@ -2,10 +2,10 @@
 reason, and long lists of layer names cut to their first few where a line must stay readable.
 
 Where FP8 cannot apply (``model=cnn``: its one Linear layer is the first and the last) every
-low-precision recipe is refused with the same words but for its format and config key ("no
+low-precision choice is refused with the same words but for its format and config key ("no
 Linear layer of model=cnn can run in FP8 …; see fp8.include/…", "… in MXFP8 …; see mx.include/…"):
 :func:`grouped` folds such reasons into one, naming the formats and keys together, so that
-advise.md and the console say it on one line for all of them instead of once per recipe.
+advise.md and the console say it on one line for all of them instead of once per choice.
 """
 
 from __future__ import annotations

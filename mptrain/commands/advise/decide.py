@@ -13,13 +13,13 @@ Pure functions on plain data, no torch: :func:`recommend` takes one :class:`Meas
    numerics, never the speed: ruled out first, like an FP16 overflow); and it is *measurably* faster: the whole min–max range of its speed
    ratio to FP32 lies above 1 (a range that overlaps 1 is noise, not a speed-up).
 3. Among the qualifying, the highest median speed wins; precisions whose ranges overlap the
-   fastest one's tie with it, and the tie goes to the simplest recipe (:data:`SIMPLICITY`: no loss
+   fastest one's tie with it, and the tie goes to the simplest choice (:data:`SIMPLICITY`: no loss
    scaler beats a loss scaler, fewer moving parts beat more).
 4. With ``advise.seeds``, a finalist's equivalence verdict over seeds (:mod:`.confidence`) decides
    its loss instead of the single run's trajectory: *not equivalent* rules it out, *equivalent*
    lets it pass even where the single run strayed; *undecided* leaves the single run to decide.
 
-The autocast audit's flags (an op the recipe wants in FP32 that ran in low precision) are not
+The autocast audit's flags (an op that belongs in FP32 but ran in low precision) are not
 disqualifying: the fidelity run measures their effect directly. They are stated with the fix.
 """
 
@@ -201,7 +201,7 @@ def _rank(m: Measured) -> int:
 def choose(qualified: Sequence[Measured]) -> tuple[Measured, list[tuple[str, str]]]:
     """The winner among measurably faster, faithful precisions, and why each other one lost.
 
-    The fastest median wins unless a simpler recipe's range overlaps it (a tie, see module doc).
+    The fastest median wins unless a simpler choice's range overlaps it (a tie, see module doc).
     """
     fastest = max(qualified, key=lambda m: m.speed.ratio)
     tied = [m for m in qualified if _overlap(m.speed, fastest.speed)]
@@ -211,7 +211,7 @@ def choose(qualified: Sequence[Measured]) -> tuple[Measured, list[tuple[str, str
         if m is winner:
             continue
         if m in tied:
-            why = f"ties with {winner.precision} ({speed_words(m.speed)}): the simpler recipe wins"
+            why = f"ties with {winner.precision} ({speed_words(m.speed)}): the simpler choice wins"
         else:
             why = f"slower than {winner.precision}: {speed_words(m.speed)}"
         lost.append((m.precision, why))
@@ -235,8 +235,8 @@ def fixes(measured: Sequence[Measured], winner: str, ctx: Context) -> list[str]:
     if flagged is not None:
         modules = ",".join(flagged.audit_modules)
         out.append(
-            f"numerics.fp32_modules=[{modules}]: the autocast audit saw ops there the recipe "
-            "wants in FP32 run in low precision; the loss stayed within tolerance, so only if "
+            f"numerics.fp32_modules=[{modules}]: the autocast audit saw ops there that "
+            "belong in FP32 run in low precision; the loss stayed within tolerance, so only if "
             "accuracy drifts on a long run"
         )
     if ctx.device_type == "cuda" and ctx.has_convolutions and not ctx.channels_last:

@@ -159,7 +159,7 @@ def _accountable(cands: list[Candidate]) -> dict[str, Accountable]:
 
 
 def _not_accountable(cands: list[Candidate], accountable: dict[str, Any]) -> dict[str, str]:
-    """The base precisions left out, with why their pilot did not run (a low-precision recipe
+    """The base precisions left out, with why their pilot did not run (a low-precision choice
     the model cannot take is listed under Not measured already)."""
     return {
         c.name: c.skipped["all"]

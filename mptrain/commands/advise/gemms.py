@@ -105,7 +105,7 @@ def lift_of(plan: dict[str, Any]) -> list[str] | str:
 
 
 def refusal(cfg: RunConfig) -> str | None:
-    """Why the recipe cannot run a per-GEMM plan (mptrain.precision.gemm_plans), or None."""
+    """Why the choice cannot run a per-GEMM plan (mptrain.precision.gemm_plans), or None."""
     if cfg.precision.name == "fp8" and cfg.fp8.scaling == "delayed":
         return "fp8.scaling=delayed keeps one amax history per tensor across the three GEMMs"
     if cfg.precision.name == "fp8" and cfg.fp8.backend == "torchao":
@@ -130,7 +130,7 @@ def overrides_of(kept: Sequence[str], lift: Sequence[str], quote: Callable[[str]
 
 def add_command(plan: dict[str, Any], overrides: list[str], quote: Callable[[str], str]) -> None:
     """``plan["gemm_plan"]["command"]`` once its run is within: the user's command with the
-    plan's recipe and the kept layers' lifted GEMMs in BF16."""
+    plan's choice and the kept layers' lifted GEMMs in BF16."""
     found = plan.get("gemm_plan") or {}
     if not found.get("within"):
         return

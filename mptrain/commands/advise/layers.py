@@ -1,13 +1,13 @@
 """The per-layer plan's measurements (``advise.plan``), within ``advise.budget_s``, for the
-low-precision recipe :func:`.plan.planned_choice` picks among those measured (FP8 tensorwise,
+low-precision choice :func:`.plan.planned_choice` picks among those measured (FP8 tensorwise,
 rowwise, delayed, pow2 scales; blockwise FP8, MXFP8, NVFP4).
 
 1. **Sensitivity, on one batch** (no training): each converted layer's effect on the loss and
    the model's gradient against FP32's, and its own error (:mod:`.sensitivity`).
 2. **Ranking and the plan**: :mod:`.plan`.
-3. **Verifying runs**: when the recipe's all-layers short run (advise's fidelity run) is not within
+3. **Verifying runs**: when the choice's all-layers short run (advise's fidelity run) is not within
    the allowed difference to FP32's loss, a short run of the same length with the planned layers
-   in the recipe's exclude key (``fp8.exclude``, ``mx.exclude``, ``nvfp4.exclude``; appended to the
+   in the choice's exclude key (``fp8.exclude``, ``mx.exclude``, ``nvfp4.exclude``; appended to the
    user's patterns); while one misses, the next ranked layer is added and run again, as long as
    the budget lasts. The kept set's step time is recorded beside the all-layers run's and BF16's.
 
@@ -91,7 +91,7 @@ def _not_plannable(
         else:
             why = "".join(f" ({name}: {w})" for name, w in whys)
         if choice == "auto":
-            return f"no low-precision recipe was measured{why}"
+            return f"no low-precision choice was measured{why}"
         return f"advise.plan={choice}: its all-layers short run did not run{why}"
     if fp32.fidelity is None:
         return "no FP32 reference run to compare with"
@@ -114,7 +114,7 @@ def run_plan(
     plan: dict[str, Any],
 ) -> None:
     """The module doc's steps into ``plan`` (:func:`new_plan`), each only when its estimate
-    (from the recipe's and FP32's measured runs) fits what is left, else skipped with it."""
+    (from the choice's and FP32's measured runs) fits what is left, else skipped with it."""
     fp32, low = cands[0], planned(cands, plan_choice(settings.plan))
     why = _not_plannable(fp32, low, cands, settings)
     if why is not None:
@@ -145,7 +145,7 @@ def with_kept(cfg: RunConfig, kept: list[str], key: str) -> RunConfig:
 
 def plan_configs(plan: dict[str, Any], candidates: list[Candidate]) -> dict[str, RunConfig]:
     """The per-layer plan's configs, once a set of layers is kept, for :func:`.predict.predict`:
-    its recipe with them whole in high precision (``kept_layers``: its exclude key) and, where the
+    its choice with them whole in high precision (``kept_layers``: its exclude key) and, where the
     per-GEMM plan ran, with only their lifted GEMMs in BF16 (``per_gemm``: ``precision.gemms``);
     none before."""
     low = next((c for c in candidates if c.name == plan.get("precision")), None)
@@ -162,7 +162,7 @@ def plan_configs(plan: dict[str, Any], candidates: list[Candidate]) -> dict[str,
 def record_speed(plan: dict[str, Any], low: Candidate, bf16: Candidate | None) -> None:
     """``plan["speed"]`` once a set is verified: the step time of the run that verified it
     (the all-layers run when nothing is kept) beside the all-layers run's and BF16's short run;
-    for an emulated recipe only that it is emulated."""
+    for an emulated choice only that it is emulated."""
     kept = plan.get("kept")
     if kept is None:
         return
@@ -186,7 +186,7 @@ def record_speed(plan: dict[str, Any], low: Candidate, bf16: Candidate | None) -
 
 
 def _all_layers(plan: dict[str, Any], fp32: Candidate, low: Candidate) -> float | None:
-    """Record the recipe's all-layers fidelity run in ``plan`` and return its loss gap (inf when
+    """Record the choice's all-layers fidelity run in ``plan`` and return its loss gap (inf when
     it stopped); None, with why, when it was not measured."""
     fidelity = low.fidelity_against(fp32.fidelity)
     if fidelity is None:
@@ -289,7 +289,7 @@ def verifying_run(
     timings: dict[str, Any],
     cfg: RunConfig | None = None,
 ) -> dict[str, Any] | str:
-    """The recipe's short run with ``kept`` in high precision (its exclude key; ``cfg``: the run
+    """The choice's short run with ``kept`` in high precision (its exclude key; ``cfg``: the run
     to make instead, a per-GEMM plan of them) against FP32's: its fidelity figures, losses and
     step time; or why it did not run or finish."""
     steps = low.cfg.advise.fidelity_steps

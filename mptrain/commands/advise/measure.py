@@ -73,7 +73,7 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        """``fp8 rowwise (emulated)``: the recipe's label, and whether it was emulated."""
+        """``fp8 rowwise (emulated)``: the choice's label, and whether it was emulated."""
         label = self.choice.label if self.choice else self.name
         return f"{label} (emulated)" if self.emulated else label
 
@@ -86,7 +86,7 @@ class Candidate:
         return advice.fidelity_of(f.losses, reference.losses, f.skipped_steps, f.diverged)
 
 
-# Whether a recipe's config runs on the device's hardware for what it ``needs``
+# Whether a choice's config runs on the device's hardware for what it ``needs``
 # (choices.Choice.needs) rather than emulated: then its speed is worth timing.
 HARDWARE: dict[str, Callable[[RunConfig, torch.device], bool]] = {
     "FP8 GEMMs": lambda cfg, device: (
@@ -101,22 +101,22 @@ def _real_block_gemms(cfg: RunConfig, device: torch.device) -> bool:
     ``device``: the precision policy's own choice (``emulate=false`` without the kernel is
     refused there: not timed here)."""
     try:
-        recipe, _ = block_quantization(cfg.precision.name, device, cfg.fp8, cfg.mx, cfg.nvfp4)
+        quantization, _ = block_quantization(cfg.precision.name, device, cfg.fp8, cfg.mx, cfg.nvfp4)
     except ConfigError:
         return False
-    return recipe is not None and recipe.real_gemm
+    return quantization is not None and quantization.real_gemm
 
 
 def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
     """FP32 first, then every precision the device runs natively, then every low-precision
-    recipe (:data:`choices.LOW_PRECISION`; emulated, and not timed, where the device lacks the
+    choice (:data:`choices.LOW_PRECISION`; emulated, and not timed, where the device lacks the
     hardware it needs). FP16 is kept on CPUs even for convolutions: the pilot measures how slow
-    it is. A recipe the user's other keys rule out is skipped with the config's own words."""
+    it is. A choice the user's other keys rule out is skipped with the config's own words."""
     out = []
     for name, skip in bench.bench_precisions(
         device, config_has_convolutions(cfg.model, cfg.task == "lm")
     ):
-        if name == "fp8":  # bench's one FP8 line: here each of LOW_PRECISION's recipes, below
+        if name == "fp8":  # bench's one FP8 line: here each of LOW_PRECISION's choices, below
             continue
         r = choices.choice(name)
         if skip and name != "fp16":
@@ -124,10 +124,10 @@ def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
             continue
         out.append(Candidate(name, choices.apply(cfg, r), True, choice=r))
     for r in choices.LOW_PRECISION:
-        recipe_cfg = choices.apply(cfg, r)
-        emulated = not HARDWARE[r.needs](recipe_cfg, device)
-        c = Candidate(r.name, recipe_cfg, not emulated, emulated, choice=r)
-        refused = choices.refusal(recipe_cfg)
+        low_cfg = choices.apply(cfg, r)
+        emulated = not HARDWARE[r.needs](low_cfg, device)
+        c = Candidate(r.name, low_cfg, not emulated, emulated, choice=r)
+        refused = choices.refusal(low_cfg)
         if refused:
             c.skipped["all"] = refused
         out.append(c)
@@ -230,12 +230,12 @@ def measure_numerics(
     """Fill ``out`` (:func:`new_numerics`, filled part by part: an interrupt keeps what was
     done) with the FP16 range probe and the autocast audit per low-precision autocast, on FP32's
     initial weights (a fresh seeded build; nothing trains), and FP8's and each block-scaled
-    recipe's layer report from its pilot. Each part is estimated from the pilots first and skipped (``skipped``: part -> why)
+    choice's layer report from its pilot. Each part is estimated from the pilots first and skipped (``skipped``: part -> why)
     if it would not fit.
     """
     fp8 = next((c for c in cands if c.name == "fp8"), None)
     out["fp8"] = fp8.pilot.fp8 if fp8 and fp8.pilot else {"skipped": fp8 and fp8.skipped.get("all")}
-    # each block-scaled recipe's layer choice (its own keys: mx.*, nvfp4.*, blockwise fp8.*)
+    # each block-scaled candidate's layer choice (its own keys: mx.*, nvfp4.*, blockwise fp8.*)
     out["blocks"] = {c.name: c.pilot.blocks for c in cands if c.pilot and c.pilot.blocks}
     fp32 = cands[0]
     if fp32.pilot is None:

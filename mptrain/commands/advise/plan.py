@@ -1,17 +1,17 @@
-"""The per-layer plan as pure functions on plain data, no torch: which low-precision recipe it is
-for, which eligible Linear layers are most sensitive to that recipe's format, and the smallest set
+"""The per-layer plan as pure functions on plain data, no torch: which low-precision choice it is
+for, which eligible Linear layers are most sensitive to that choice's format, and the smallest set
 of them to keep in high precision.
 
-The recipe (:func:`planned_choice`): among the low-precision recipes measured, the one advise is
+The choice (:func:`planned_choice`): among the low-precision choices measured, the one advise is
 likeliest to recommend once its loss is within: one whose all-layers short run ran, on the
-device's own hardware (an emulated recipe is never recommended) and then the fastest step of its
+device's own hardware (an emulated choice is never recommended) and then the fastest step of its
 runs, else the first in :data:`.choices.LOW_PRECISION`'s order (the simplest). Its layers are kept
 by its own config key (:data:`EXCLUDE_KEYS`: ``fp8.exclude``, ``mx.exclude``, ``nvfp4.exclude``).
 
 What :mod:`.layers` measured on one batch from FP32's initial weights (every figure against the
 same batch in FP32): for every eligible layer the SQNR of the model's gradient (all parameters as
 one vector) with that layer **alone** in the format and with **all but** it, and the same with
-**none** (the rest of the recipe: its autocast) and **all** of them in the format. Gradient errors
+**none** (the rest of the choice: its autocast) and **all** of them in the format. Gradient errors
 from different layers add as powers (noise-to-signal ratios, NSR = 10^(−SQNR/10)), so a layer's
 part of the all-layers error is estimated twice — what it adds alone, NSR(alone) − NSR(none), and
 what keeping it removes, NSR(all) − NSR(all but) — and :func:`share` is their mean as a fraction
@@ -38,18 +38,18 @@ from mptrain.commands.advise.concise import db, pct
 from mptrain.config.format_table import GROUP_OF_PRECISION
 
 # The config group whose ``exclude`` keeps a layer out of each low-precision format, by the
-# precision the recipe trains with (choices.runs); fp8-blockwise is precision=fp8: fp8.exclude.
+# precision the choice trains with (choices.runs); fp8-blockwise is precision=fp8: fp8.exclude.
 EXCLUDE_KEYS = GROUP_OF_PRECISION  # the format table's: fp8 -> fp8, mxfp8 -> mx, nvfp4 -> nvfp4
 
 
 def exclude_key(name: str) -> str:
-    """``fp8``, ``mx`` or ``nvfp4``: the group whose ``exclude`` keeps layers of recipe ``name``
+    """``fp8``, ``mx`` or ``nvfp4``: the group whose ``exclude`` keeps layers of choice ``name``
     (a :data:`.choices.LOW_PRECISION` name) in high precision."""
     return EXCLUDE_KEYS[choices.runs(name)]
 
 
 def planned_choice(options: Sequence[dict[str, Any]]) -> str | None:
-    """The recipe the plan is for (module doc), from ``options`` in :data:`.choices.LOW_PRECISION`
+    """The choice the plan is for (module doc), from ``options`` in :data:`.choices.LOW_PRECISION`
     order, each ``{"name", "fidelity": its all-layers short run ran, "timed": on the device's
     hardware, "step_s": its latest measured step}``; None when there is none. Ties: the earlier."""
 
@@ -159,9 +159,9 @@ _WORDS = ("true", "false", "null", "inf", "nan")  # plain, but read as a bool, n
 
 
 def add_command(plan: dict[str, Any], overrides: list[str]) -> None:
-    """``plan["command"]`` once a set is verified: the command that trains with the plan's recipe
+    """``plan["command"]`` once a set is verified: the command that trains with the plan's choice
     (``plan["precision"]``) and its layers kept in high precision — the user's patterns of the
-    recipe's exclude key and the plan's in one override, in place of the user's own."""
+    choice's exclude key and the plan's in one override, in place of the user's own."""
     kept = plan.get("kept")
     if kept is None:
         return
@@ -231,7 +231,7 @@ def _ms(step_s: float | None) -> str:
 def speed_line(plan: dict[str, Any]) -> str | None:
     """What keeping the plan's layers costs in speed: the step time of its verifying run beside
     the all-layers run's and BF16's (the short runs, each once: not alternated like the speed
-    part); for an emulated recipe that it is not a speed. None before a set is verified."""
+    part); for an emulated choice that it is not a speed. None before a set is verified."""
     speed = plan.get("speed")
     if not speed:
         return None
@@ -334,7 +334,7 @@ def section(plan: dict[str, Any] | None, figure: str) -> list[str]:
         f"One batch from FP32's initial weights, every figure against FP32's: each layer's own "
         f"error with all of them in {label} (its output and gradients from the same input), and "
         f"the model's gradient and loss with the layer alone in {label} or all but it (the rest "
-        f"under {plan['autocast']} autocast, as {plan['precision']}'s runs; {plan['recipe']}). "
+        f"under {plan['autocast']} autocast, as {plan['precision']}'s runs; {plan['choice']}). "
         f"Ranked by the layer's share of the all-layers gradient error "
         f"({db(plan['all']['grad_sqnr_db'])}; no layer in {label}: "
         f"{db(plan['none']['grad_sqnr_db'])}); kept in rank order, the verifying run checks "

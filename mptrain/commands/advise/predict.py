@@ -1,7 +1,7 @@
 """advise's predicted speed on a named GPU (``advise.target``), beside what it measured.
 
 ``advise.target=h100`` (any name of :mod:`mptrain.perf.gpus`) predicts each candidate's
-step (each precision and FP8 recipe, the block-scaled formats, and TF32) on that GPU from the
+step (each precision and FP8 choice, the block-scaled formats, and TF32) on that GPU from the
 model's GEMM shapes and memory traffic (:mod:`mptrain.perf.roofline`: a lower bound of the
 step's time, so an upper bound of its speed); a format the GPU has no kernel for (MXFP8 and
 NVFP4 before Blackwell, blockwise FP8 before Hopper) gets no prediction: it would be emulated
@@ -12,10 +12,10 @@ measured) and its model FLOPs utilisation against the FLOP-weighted peak of the 
 GEMMs ran in (defined for FP8, block-scaled and BF16 GEMMs mixed).
 
 With ``advise.plan``, the per-layer plan's configs are predicted too
-(:func:`.layers.plan_configs`): its recipe with the kept layers whole in high precision (the
+(:func:`.layers.plan_configs`): its choice with the kept layers whole in high precision (the
 exclude key), and with only their lifted GEMMs in BF16 (the per-GEMM plan, ``precision.gemms``:
 each GEMM priced in its own format). Their
-figures go into the plan (``predicted_speed``) beside the recipe's all-layers one, and the plan's
+figures go into the plan (``predicted_speed``) beside the choice's all-layers one, and the plan's
 evidence says them (:func:`kept_line`, :func:`per_gemm_line`): what keeping a layer, or only a GEMM
 of it, costs on the target GPU.
 """
@@ -88,7 +88,7 @@ def predict(
     from mptrain.perf.speed import data_shape, predict_configs
 
     # a candidate skipped here (BF16 on a CPU without native BF16) keeps the user's config: its
-    # recipe applied, it is predicted for the GPU all the same
+    # choice applied, it is predicted for the GPU all the same
     configs = {c.name: choices.apply(c.cfg, c.choice) if c.choice else c.cfg for c in candidates}
     configs.setdefault("tf32", choices.apply(cfg, choices.choice("tf32")))
     planned = planned if plan is not None and planned else {}
@@ -117,7 +117,7 @@ def _row(p: Prediction | str) -> dict[str, Any]:
 def plan_speed(
     gpu: gpus.GPU, rows: dict[str, dict[str, Any]], precision: str, plans: dict[str, Any]
 ) -> dict[str, Any]:
-    """The plan's ``predicted_speed``: on ``gpu``, the recipe's all-layers row (``precision``'s of
+    """The plan's ``predicted_speed``: on ``gpu``, the choice's all-layers row (``precision``'s of
     the candidates' ``rows``) and the plan's configs' (``plans``), each step's time, speed-up on
     BF16's predicted step and step time relative to the all-layers one (or why none)."""
     every = rows.get(precision, {"none": "not predicted"})
@@ -269,7 +269,7 @@ def _plan_head(speed: dict[str, Any]) -> str:
 
 def kept_line(plan: dict[str, Any]) -> str | None:
     """The plan's evidence line of its predicted speed on advise.target's GPU: every eligible
-    layer in the recipe's format, and the kept layers whole in high precision; None when there
+    layer in the choice's format, and the kept layers whole in high precision; None when there
     was no prediction."""
     speed = plan.get("predicted_speed")
     if not speed:
@@ -289,7 +289,7 @@ def kept_line(plan: dict[str, Any]) -> str | None:
 
 def per_gemm_line(plan: dict[str, Any]) -> str | None:
     """The per-GEMM plan's predicted speed on advise.target's GPU, beside every eligible layer in
-    the recipe's format and the kept layers whole; None when it was not predicted."""
+    the choice's format and the kept layers whole; None when it was not predicted."""
     speed = plan.get("predicted_speed")
     row = speed["rows"].get("per_gemm") if speed else None
     if row is None:

@@ -59,7 +59,7 @@ def _row(c: Any, reference: Any) -> dict[str, Any]:
 
 def _numerics(numerics: dict[str, Any]) -> dict[str, Any]:
     """The numerics worth keeping: the probe (with its layers), audit flags, the FP8 report and
-    each block-scaled recipe's."""
+    each block-scaled choice's."""
     return {
         "fp16_probe": numerics["probe"],
         "audit": numerics["audit"],
@@ -200,7 +200,7 @@ def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
         )
         ops = f"{len(flagged)} op{'' if len(flagged) == 1 else 's'} flagged"
         parts.append(f"audit: {ops}" + (f" ({', '.join(where)})" if flagged else ""))
-    # the layer choice: a block-scaled recipe's own; else the same for every FP8 recipe
+    # the layer choice: a block-scaled candidate's own; else the same for every FP8 candidate
     section = numerics.get("blocks", {}).get(name)
     if section is None and choices.runs(name) == "fp8" and name != "fp8-blockwise":
         section = numerics["fp8"]
@@ -263,7 +263,7 @@ def _command(runner_up: dict[str, Any]) -> str:
 
 def runner_up_lines(runners_up: list[dict[str, Any]]) -> list[str]:
     """One line per runner-up with its command; runners-up sharing a reason on one line (the
-    same refusal for every low-precision recipe: said once). A group not measured points to
+    same refusal for every low-precision choice: said once). A group not measured points to
     Not measured, which gives its reason (advise.json keeps each one's reason and command)."""
     by_name = {r["precision"]: r for r in runners_up}
     lines = []

@@ -1,9 +1,9 @@
 """The per-layer plan's one-batch measurements (step 1 of :mod:`.layers`; no training): the
-recipe's own run is built again (the same seeded initial weights and first batch as every short
+choice's own run is built again (the same seeded initial weights and first batch as every short
 run, the layers its build converts: Float8Linear, BlockLinear, any format of
 :data:`mptrain.precision.formats.LAYER_FORMATS`, with its settings and seeds) and each converted
 layer gets a plain ``nn.Linear`` twin sharing its Parameters (:class:`LayerSwitch`). One forward
-and backward per configuration — under the recipe's autocast, like its runs; the reference pass
+and backward per configuration — under the choice's autocast, like its runs; the reference pass
 in FP32 — gives the loss and the model's gradient, compared with FP32's: no layer in the format,
 all of them, each alone, all but each, and then the ranking's prefixes kept in high precision.
 With all of them in the format, each layer's own error is measured too: its output, input
@@ -116,7 +116,7 @@ class OneBatch:
 
     def effect(self, low_names: Collection[str]) -> dict[str, float]:
         """The loss's relative difference and the model gradient's SQNR (dB) against FP32 with
-        exactly ``low_names`` in the format and the rest under the recipe's autocast."""
+        exactly ``low_names`` in the format and the rest under the choice's autocast."""
         self.switch.use(low_names)
         loss, grads = self._pass(self.policy)
         return {
@@ -187,8 +187,8 @@ def all_low(one: OneBatch) -> tuple[dict[str, float], dict[str, dict]]:
     return effect, local
 
 
-def recipe_words(policy: PrecisionPolicy) -> str:
-    """The recipe the plan measured, for people: FP8's scaling and dtypes, or a block format's
+def choice_words(policy: PrecisionPolicy) -> str:
+    """The choice the plan measured, for people: FP8's scaling and dtypes, or a block format's
     element and scale formats and block shapes per operand; and whether its GEMMs are real."""
     if policy.blocks is not None:
         b = policy.blocks.describe()
@@ -208,7 +208,7 @@ def recipe_words(policy: PrecisionPolicy) -> str:
 
 
 def sensitivity_config(cfg: RunConfig) -> RunConfig:
-    """The recipe's run as the one-batch passes build it: not compiled (layers are swapped
+    """The choice's run as the one-batch passes build it: not compiled (layers are swapped
     between passes), FP8 on mptrain's built-in layers whatever ``fp8.backend`` (the same
     numerics; torchao's layers do not switch back)."""
     return dataclasses.replace(
@@ -222,15 +222,15 @@ def measure_sensitivity(
     """Step 1 of the module doc into ``plan``: ``none``, ``all``, one row per converted layer
     (its own errors, ``alone``, ``all_but``, its ``share`` and ``rank``), ``ranking``, and
     ``prefixes`` (k = 0..n: the ranking's first k kept in high precision). Stops between layers
-    at ``deadline`` (``skipped`` says after how many). ``low_cfg``: the recipe's run config."""
+    at ``deadline`` (``skipped`` says after how many). ``low_cfg``: the choice's run config."""
     run, one = one_batch(fp32_cfg, low_cfg)
     switch = one.switch
     names = switch.names
-    if not names:  # the recipe's own build refused the model first; said for any other way here
+    if not names:  # the choice's own build refused the model first; said for any other way here
         plan["skipped"]["all"] = f"no Linear layer of the model runs in {low_cfg.precision.name}"
         return
     plan["autocast"] = dtype_name(run.precision.policy.autocast_dtype)
-    plan["recipe"] = recipe_words(run.precision.policy)
+    plan["choice"] = choice_words(run.precision.policy)
     one.effect(names)  # a warm-up: delayed scaling takes its scales from earlier amaxes
     plan["none"] = one.effect(())
     plan["all"], local = all_low(one)
@@ -263,7 +263,7 @@ def measure_sensitivity(
 
 
 def one_batch(fp32_cfg: RunConfig, low_cfg: RunConfig) -> tuple[Run, OneBatch]:
-    """The recipe's run built for the one-batch passes, and its passes against FP32's."""
+    """The choice's run built for the one-batch passes, and its passes against FP32's."""
     run = prepare_run(sensitivity_config(low_cfg))
     switch = LayerSwitch(run.model)
     return run, OneBatch(run, resolve_precision(fp32_cfg.precision, run.device), switch)
