@@ -22,6 +22,7 @@ from mptrain.precision.formats import LAYER_FORMATS
 from mptrain.precision.quant.block_linear import BlockLinear
 from mptrain.train.build import prepare_run
 from mptrain.train.loop import LoopHooks, train_loop
+from mptrain.train.monitor import LoopObserver
 
 PILOT_STEPS = 6  # a run's first steps pay one-off costs (kernel set-up, lazy imports), so
 PILOT_WARMUP = 3  # 3 untimed steps, then 3 timed ones
@@ -46,23 +47,14 @@ def format_layers(model: nn.Module) -> dict[str, nn.Module]:
 
 
 # ------------------------------------------------------------------------------ one short run
-class _Losses:
+class _Losses(LoopObserver):
     """Loop observer keeping every logged training loss (``log_every=1``: one per step)."""
 
     def __init__(self) -> None:
         self.losses: list[float] = []
 
-    def on_step(self, state: Any) -> None:
-        pass
-
     def on_log(self, row: dict[str, Any]) -> None:
         self.losses.append(row["loss"])
-
-    def on_eval(self, row: dict[str, Any]) -> None:
-        pass
-
-    def on_warning(self, message: str) -> None:
-        pass
 
 
 @dataclass
