@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from types import TracebackType
 
 from rich.console import Console
 from rich.markup import escape
@@ -145,27 +144,20 @@ class JobLog:
 
     def __enter__(self) -> JobLog:
         if self.enabled:
-            logger = LOGGER
-            self._saved = (logger.propagate, list(logger.handlers), logger.level, logger.disabled)
+            self._saved = (LOGGER.propagate, list(LOGGER.handlers), LOGGER.level, LOGGER.disabled)
             handlers = [h for h in logging.getLogger().handlers if not _is_console_stream(h)]
             for handler in handlers:
                 _stop_quietly_on_error(handler)
-            logger.handlers = handlers
-            logger.propagate = False  # the root's console handler would print the line again
-            logger.setLevel(logging.INFO)
-            logger.disabled = False  # a dictConfig that disabled existing loggers: still record
+            LOGGER.handlers = handlers
+            LOGGER.propagate = False  # the root's console handler would print the line again
+            LOGGER.setLevel(logging.INFO)
+            LOGGER.disabled = False  # a dictConfig that disabled existing loggers: still record
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._saved is not None:
-            logger = LOGGER
-            logger.propagate, logger.handlers, level, logger.disabled = self._saved
-            logger.setLevel(level)
+            LOGGER.propagate, LOGGER.handlers, level, LOGGER.disabled = self._saved
+            LOGGER.setLevel(level)
             self._saved = None
 
     def hold(self) -> None:

@@ -1,28 +1,23 @@
-"""Experiment trackers: TensorBoard and MLflow, chosen with ``logger=[tensorboard,mlflow]``.
+"""Experiment trackers: TensorBoard and MLflow, chosen with ``logger=[tensorboard,mlflow]``
+(docs/trackers.md says what each records and how a resumed run continues it).
 
 Both receive the same figures, when metrics.jsonl does (every ``log_every`` steps and at each
-evaluation, global optimizer steps): ``train/loss``, ``train/lr``, ``train/loss_scale``,
-``train/grad_norm``, ``train/skipped_steps`` (so far), ``train/samples_per_s``, ``eval/val_loss``,
-``eval/val_accuracy``.
+evaluation, global optimizer steps), under the tags of :data:`TRAIN_METRICS` and
+:data:`EVAL_METRICS`, and the run's settings (:func:`run_params`).
 
 - **TensorBoard** (``torch.utils.tensorboard.SummaryWriter``) writes to ``tensorboard.log_dir``
-  (default ``<run dir>/tensorboard``): the scalars, and the run's settings (:func:`run_params`) as
-  hparams with the run's outcome as the hparams session's status (no TensorFlow needed). The writer is closed at
-  the end even when the status cannot be written (that failure is warned of in one line). Steps are
-  global: a resumed run writes to the same directory with ``purge_step`` at its first new step, so
-  TensorBoard drops what the interrupted run logged after the checkpoint and the curves continue
-  (a run started over with ``overwrite=true`` purges from step 1).
+  (default ``<run dir>/tensorboard``): the scalars, the settings as hparams and the run's outcome
+  as the hparams session's status (no TensorFlow needed). Steps are global: a resumed run writes
+  to the same directory with ``purge_step`` at its first new step (:class:`TensorBoardTracker`).
 - **MLflow** (``MlflowClient``, no global active run: each job of a sweep has its own run) logs
-  the run's settings (:func:`run_params`) as params, the metrics, and at the end report.json,
-  report.md and curves.png as artifacts, with the run's status. The run id is kept in ``<run dir>/mlflow_run.json``;
-  a resumed run (``resume=...`` in the same run directory) reopens that MLflow run and goes on
-  logging into it. MLflow cannot delete metric values, so for the steps between the checkpoint and
-  the interruption the history holds the values of both attempts (the later ones are the resumed
-  run's). Params are logged once: non-training settings changed at resume are not re-logged
-  (report.json holds the config the run ended with).
+  the settings as params, the metrics, and at the end report.json, report.md and curves.png as
+  artifacts, with the run's status. The run id is kept in ``<run dir>/mlflow_run.json``; a
+  resumed run (``resume=...`` in the same run directory) reopens that MLflow run and goes on
+  logging into it. Params are logged once: non-training settings changed at resume are not
+  re-logged (report.json holds the config the run ended with).
 
-A tracker that cannot start is bad input (:class:`~mptrain.config.base.ConfigError`, before training);
-an http(s) MLflow server that does not answer is found so in seconds by
+A tracker that cannot start is bad input (:class:`~mptrain.config.base.ConfigError`, before
+training); an http(s) MLflow server that does not answer is found so in seconds by
 :func:`check_tracking_server`, which the preflight calls before the run directory is touched.
 One that fails later is warned about once and dropped; training, checkpoints and the report carry
 on without it.

@@ -7,9 +7,7 @@ not, so the pace is measured over the steps after it, and the estimate of the wh
 ``steps x measured seconds per step`` (:func:`estimate_run`). It is made once, after
 :attr:`Pace.ESTIMATE_STEPS` steps past the first, or sooner when those steps are slow (a run at
 40 s/step should not wait minutes to be told it takes days), and said in one line
-(:func:`estimate_line`)::
-
-    about 2 h 10 min for 5,000 steps at 1.56 s/step (measured over steps 2-5)
+(:func:`estimate_line`).
 
 On a GPU without loss scaling the host may queue a few steps ahead of the device, so an estimate
 made before the first log row (which waits for the device) can be low; the remaining time shown
@@ -23,7 +21,6 @@ faster choice, once the run's own first step has been timed.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -246,6 +243,3 @@ def _ratio_text(ratio: float, at_least: bool = False) -> str:
     if at_least and math.isfinite(ratio):
         ratio = math.floor(ratio * 10**digits + FLOOR_SLACK) / 10**digits
     return f"{ratio:.{digits}f}"
-
-
-Clock = Callable[[], float]

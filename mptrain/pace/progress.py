@@ -1,42 +1,25 @@
-"""Progress while a run trains: the live bar on a terminal, plain lines everywhere else.
+"""Progress while a run trains: the live bar on a terminal, plain lines everywhere else
+(docs/trackers.md shows every line below and when it comes).
 
 On a terminal, a rich progress bar with epoch, step, loss, loss scale, samples/s and the time
 left. Anywhere else (``> train.log``, ``| tee``, nohup, SLURM) one plain line every ``log_every``
-steps and one per evaluation, e.g.::
-
-    train step=100/300 epoch=1 loss=0.4321 lr=0.001 loss_scale=65536 skipped=0 samples/s=2345 eta=0:00:12
-    eval step=100/300 epoch=1 val_loss=0.3124 val_accuracy=91.23%
-
-and, so that no run is silent for long, a line after the first step and whenever
-:attr:`ProgressDisplay.LINE_EVERY_S` passed without one. These come from the host's clock between
-log rows, so they read nothing from the device (no loss: that is read at log rows only)::
-
-    train step=1/5000 epoch=0 elapsed=0:00:41 s/step=41.2 eta=2 days, 9:12:18 (first step, one-off costs included)
-    train step=8/5000 epoch=0 elapsed=0:05:12 s/step=38.7 eta=2 days, 5:39:50
+steps and one per evaluation (:func:`step_line`, :func:`eval_line`) and, so that no run is silent
+for long, a line after the first step and whenever :attr:`ProgressDisplay.LINE_EVERY_S` passed
+without one (:func:`pace_line`). These come from the host's clock between log rows, so they read
+nothing from the device (no loss: that is read at log rows only).
 
 Once, after the first few steps, the estimate of the whole run (:mod:`mptrain.pace.estimate`), and
 after the first step the note of a precision known to be far slower than FP32 here (with FP32's
-step measured on the same model), whether or not the bar is shown::
-
-    about 2 days, 5 h for 5,000 steps at 38.7 s/step (measured over steps 2-5)
-    note: FP16 convolutions are a slow path on this CPU: one step took 41.2 s in fp16 vs 0.62 s in fp32 (66×); ...
+step measured on the same model), whether or not the bar is shown.
 
 While a step runs long, a heartbeat (a :class:`Ticker` thread that reads the host's clock and
 prints, never the device) says so: during the first step once it has run
-:attr:`ProgressDisplay.FIRST_BEAT_S` with no line, with a lower bound of the whole run (its steps
-at no less than the first step's seconds so far each) and, once, the slow-path note with a lower
-bound of the ratio (the note after the step still gives the measured one); this first heartbeat
-is printed whatever the display, as the estimate is::
-
-    train step=1/50000 running for 20 s (first step, one-off costs included): the whole run takes at least 11 d 13 h at this pace
-    note: FP16 convolutions are a slow path on this CPU: step 1 has run 20 s in fp16 so far vs 0.98 s for a whole fp32 step (≥20×); precision=bf16 (or fp32) is the fast choice here
-
-then, as progress lines (off a terminal on stdout, always in the log), whenever a step or the
-time between two steps (evaluations, checkpoints) has lasted :attr:`ProgressDisplay.LINE_EVERY_S`
-with no line::
-
-    train step=2/50000 running for 30 s (pace so far: 62 s/step)
-    train step=2/50000 done 30 s ago; no step running since (evaluation, checkpoint writes and loggers run between steps)
+:attr:`ProgressDisplay.FIRST_BEAT_S` with no line, with a lower bound of the whole run
+(:func:`first_step_beat_line`) and, once, the slow-path note with a lower bound of the ratio (the
+note after the step still gives the measured one); this first heartbeat is printed whatever the
+display, as the estimate is. Then, as progress lines (off a terminal on stdout, always in the
+log), whenever a step or the time between two steps (evaluations, checkpoints) has lasted
+:attr:`ProgressDisplay.LINE_EVERY_S` with no line (:func:`beat_line`).
 
 The job's log file (:mod:`mptrain.output.joblog`) records those lines in both cases.
 """
@@ -56,7 +39,6 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from mptrain.output.joblog import JobLog
 from mptrain.output.metrics import StepCounters
 from mptrain.pace.estimate import (
-    Clock,
     Pace,
     RunEstimate,
     SlowPath,
@@ -127,7 +109,7 @@ class ProgressDisplay:
         enabled: bool,
         log: JobLog | None = None,
         start_step: int = 0,
-        clock: Clock = time.monotonic,
+        clock: Callable[[], float] = time.monotonic,
         slow_path: SlowPath | None = None,
         ticker: TickerFactory | None = None,
     ) -> None:
@@ -227,7 +209,8 @@ class ProgressDisplay:
         estimate = self.pace.step_done(step, now)
         if estimate is not None:
             again = self.pace.restarted_why
-            self._shown(f"re-estimated ({again}): {estimate.line()}" if again else estimate.line())
+            # printed and logged whatever the display: a run's expected duration is worth a line
+            self.log.say(f"re-estimated ({again}): {estimate.line()}" if again else estimate.line())
 
     def remeasure(self, step: int, why: str) -> None:
         """The steps after ``step`` run differently (threads=auto changed the thread count): the
@@ -280,12 +263,10 @@ class ProgressDisplay:
             self._line(line, now)
             return
         self._last_line = now
-        self._shown(line)
-        note = (
-            None
-            if self.slow_path is None
-            else slow_path_so_far_note(self.slow_path, step, running_s)
-        )
+        self.log.say(line)
+        if self.slow_path is None:
+            return
+        note = slow_path_so_far_note(self.slow_path, step, running_s)
         if note is not None:  # the note after the step still gives the measured ratio
             self.heartbeats.append(f"note: {note}")
             self.log.say(note, "note")
@@ -321,11 +302,6 @@ class ProgressDisplay:
         else:  # the bar (or nothing, progress=false) on stdout; the line still goes to the log
             self.log.record(line)
 
-    def _shown(self, line: str) -> None:
-        """A one-off line (the estimate, a note): printed and logged, with progress off too; a
-        run's expected duration and a slow path are worth one line whatever the display."""
-        self.log.say(line)
-
 
 def _duration(seconds: float | None) -> str:
     if seconds is None or not math.isfinite(seconds):
@@ -342,7 +318,7 @@ def _tokens(row: dict[str, Any]) -> str:
 
 
 def step_line(row: dict[str, Any], total_steps: int, eta_s: float | None) -> str:
-    """One progress line for a metrics row (see the module doc for its form)."""
+    """One progress line for a metrics row."""
     scale = "off" if row["loss_scale"] is None else f"{row['loss_scale']:g}"
     return (
         f"train step={row['step']}/{total_steps} epoch={row['epoch']} loss={row['loss']:.4f} "

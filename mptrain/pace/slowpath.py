@@ -24,26 +24,18 @@ from mptrain.train.components import Run
 FP16_CONV_ON_CPU = "FP16 convolutions are a slow path on this CPU"
 
 
-def known_slow_path(run: Run) -> str | None:
-    """What makes the run's precision far slower than FP32 here, or None: FP16 (autocast or
-    FP16 weights) on a CPU for a model with convolutions."""
-    p = run.precision.policy
-    fp16 = torch.float16 in (p.autocast_dtype, p.param_dtype)
-    if run.device.type == "cpu" and fp16 and has_convolutions(run.model):
-        return FP16_CONV_ON_CPU
-    return None
-
-
 def check_slow_path(run: Run) -> SlowPath | None:
     """The run's :class:`SlowPath` with FP32's step timed on its model (see the module doc), or
-    None when its precision is not known to be slow here. FP32 is not timed (and the note says
-    why) under torch.compile (timing would compile the model again) or across processes (the
-    model is wrapped for them)."""
-    what = known_slow_path(run)
-    if what is None:
+    None when its precision is not known to be slow here: the one slow path known is FP16
+    (autocast or FP16 weights) on a CPU for a model with convolutions. FP32 is not timed (and the
+    note says why) under torch.compile (timing would compile the model again) or across processes
+    (the model is wrapped for them)."""
+    p = run.precision.policy
+    fp16 = torch.float16 in (p.autocast_dtype, p.param_dtype)
+    if run.device.type != "cpu" or not fp16 or not has_convolutions(run.model):
         return None
     faster = "precision=bf16 (or fp32)" if hardware.cpu_has_native_bf16() else "precision=fp32"
-    slow = SlowPath(what, run.precision.policy.name, faster, fp32_step_s=None)
+    slow = SlowPath(FP16_CONV_ON_CPU, p.name, faster, fp32_step_s=None)
     if run.cfg.compile:
         return dataclasses.replace(slow, not_timed="compile=true")
     if run.dist.enabled:

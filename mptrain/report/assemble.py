@@ -76,12 +76,6 @@ def now_iso() -> str:
     return dt.datetime.now().astimezone().isoformat(timespec="milliseconds")
 
 
-def _machine_load(job: JobRecord) -> dict[str, Any]:
-    """Whether others' work competed for the cores while the job ran (its speed figures are then
-    a busy machine's: :mod:`mptrain.platform.contention`)."""
-    return contention.judged_since(job.load_at_start, job.device)
-
-
 def _model_section(job: JobRecord) -> ModelSection:
     """The model's name and settings, what was built (source, class, adaptations) and, with
     compile=true, the graphs and graph breaks torch.compile produced during the run."""
@@ -130,7 +124,11 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         precision=_precision_section(job, job.display.notes if job.display else []),
         tf32=job.tf32,
         fp8=_fp8_section(run),
-        hardware={**hardware.hardware_info(job.device), "machine_load": _machine_load(job)},
+        hardware={
+            **hardware.hardware_info(job.device),
+            # whether others' work competed for the cores (the speed figures: a busy machine's)
+            "machine_load": contention.judged_since(job.load_at_start, job.device),
+        },
         versions=hardware.software_versions(),
         seed=cfg.seed,
         optimizer=OptimizerSection(

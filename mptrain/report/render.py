@@ -1,6 +1,6 @@
 """The report written and shown: report.json (strict JSON) and report.md in the run directory,
-failure.json for a job stopped before training, and the terminal summary; the ``fmt_*`` helpers
-other tables use.
+failure.json for a job stopped before training, and the terminal summary (the number formats,
+``fmt_*`` and ``plural``, are :mod:`mptrain.report.rows`').
 """
 
 from __future__ import annotations
@@ -16,7 +16,16 @@ from rich.table import Table
 
 from mptrain.pace.estimate import rough_duration
 from mptrain.platform.contention import busy_words
-from mptrain.report.rows import blocks_lines, blocks_rows, fmt_bytes, memory_rows, switch_rows
+from mptrain.report.rows import (
+    blocks_lines,
+    blocks_rows,
+    fmt_bytes,
+    fmt_num,
+    fmt_pct,
+    memory_rows,
+    plural,
+    switch_rows,
+)
 from mptrain.report.schema import (
     EvaluationSection,
     ModelSection,
@@ -47,21 +56,7 @@ def write_failure(output_dir: Path, reason: str) -> Path:
     return path
 
 
-# ------------------------------------------------------------------------------------ formatting
-def fmt_pct(x: float | None) -> str:
-    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"
-
-
-def plural(count: int, word: str, many: str | None = None) -> str:
-    """``1 epoch``, ``2 epochs``, ``0 steps``: a count with its noun in the right number
-    (``many`` where the plural is not ``word + "s"``)."""
-    return f"{count} {word if count == 1 else many or word + 's'}"
-
-
-def fmt_num(x: float | None, spec: str = ".4g") -> str:
-    return "n/a" if x is None else format(x, spec)
-
-
+# ------------------------------------------------------------------------------------ rows
 def _skipped_text(training: TrainingSection) -> str:
     skipped = training.skipped_steps
     if not skipped["count"]:
@@ -119,10 +114,6 @@ def _corpus_rows(text: dict[str, Any] | None) -> list[tuple[str, str]]:
             f"{text['vocab_size']}",
         )
     ]
-
-
-def _tokens_text(thr: ThroughputSection) -> str:
-    return "" if thr.tokens_per_s is None else f" = {thr.tokens_per_s:,.0f} tokens/s"
 
 
 def _evaluation_rows(e: EvaluationSection) -> list[tuple[str, str]]:
@@ -252,11 +243,11 @@ def _steps_text(t: TrainingSection) -> str:
 
 def _speed_rows(thr: ThroughputSection) -> list[tuple[str, str]]:
     measured = f"{plural(thr.measured_steps, 'step')} after {thr.warmup_steps} warm-up"
+    tokens = "" if thr.tokens_per_s is None else f" = {thr.tokens_per_s:,.0f} tokens/s"
     rows = [
         (
             "throughput",
-            f"{fmt_num(thr.samples_per_s, '.1f')} samples/s{_tokens_text(thr)} "
-            f"({measured}, eval excluded)",
+            f"{fmt_num(thr.samples_per_s, '.1f')} samples/s{tokens} ({measured}, eval excluded)",
         )
     ]
     if thr.data_wait_fraction is not None:

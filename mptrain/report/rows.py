@@ -12,17 +12,42 @@ memory accounting is :mod:`mptrain.train.memory`'s; the switch is ``precision.sw
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from mptrain.report.schema import MemorySection
 
+
+# The number formats of every table, the report's and the commands'.
+def fmt_pct(x: float | None) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"
+
+
+def fmt_num(x: float | None, spec: str = ".4g") -> str:
+    return "n/a" if x is None else format(x, spec)
+
+
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """``1 epoch``, ``2 epochs``, ``0 steps``: a count with its noun in the right number
+    (``many`` where the plural is not ``word + "s"``)."""
+    return f"{count} {word if count == 1 else many or word + 's'}"
+
+
+def fmt_bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    if abs(n) < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB"):
+        n /= 1024
+        if abs(n) < 1024:
+            return f"{n:.1f} {unit}"
+    return f"{n / 1024:.1f} GiB"
+
+
 # The block format (``blocks``).
 
 _SETTINGS = ("scale_rounding", "weight_tiles", "hadamard", "stochastic_rounding")
-
-
-def _pct(x: float) -> str:
-    return f"{100 * x:.2f}%"
 
 
 def _formats(section: dict[str, Any]) -> str:
@@ -44,7 +69,7 @@ def blocks_rows(section: dict[str, Any] | None) -> list[tuple[str, str]]:
     settings = [f"{k}={section[k]}" for k in _SETTINGS if k in section]
     if "keep_last_fraction" in section:
         settings.append(f"keep_last_fraction={section['keep_last_fraction']:g}")
-    shares = ", ".join(f"{fmt} {_pct(x)}" for fmt, x in section["linear_flops_share"].items())
+    shares = ", ".join(f"{fmt} {fmt_pct(x)}" for fmt, x in section["linear_flops_share"].items())
     words = f"{section['name']}: {_formats(section)}"
     if "tensor_scale" in section:
         words += f", {section['tensor_scale']} tensor scale"
@@ -83,26 +108,14 @@ def blocks_lines(section: dict[str, Any] | None) -> list[str]:
             elements, blocks = c["elements"], c["blocks"]
             lines.append(
                 f"| {row['name']} | {role} | {operand['block']} | {c['samples']} | "
-                f"{_pct(c['saturated'] / elements)} | {_pct(c['underflows'] / elements)} | "
-                f"{_pct(c['zero_blocks'] / blocks)} | {_pct(c['nonfinite_blocks'] / blocks)} |"
+                f"{fmt_pct(c['saturated'] / elements)} | {fmt_pct(c['underflows'] / elements)} | "
+                f"{fmt_pct(c['zero_blocks'] / blocks)} | "
+                f"{fmt_pct(c['nonfinite_blocks'] / blocks)} |"
             )
     return lines
 
 
 # Memory: one training step's accounted bytes by kind and dtype, beside the measured peak.
-
-
-def fmt_bytes(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    if abs(n) < 1024:
-        return f"{n} B"
-    for unit in ("KiB", "MiB"):
-        n /= 1024
-        if abs(n) < 1024:
-            return f"{n:.1f} {unit}"
-    return f"{n / 1024:.1f} GiB"
-
 
 # What a peak holds besides one step's accounted tensors, by what the peak measures.
 _UNACCOUNTED = {
@@ -139,10 +152,6 @@ def memory_rows(memory: MemorySection) -> list[tuple[str, str]]:
 # A precision switch: when, into what, and the train loss and evaluations either side.
 
 
-def _num(x: float | None) -> str:
-    return "n/a" if x is None else format(x, ".4g")
-
-
 def switch_rows(switch: dict[str, Any] | None) -> list[tuple[str, str]]:
     """A precision schedule's switch in one row: when, into what, and the loss either side."""
     if switch is None:
@@ -173,8 +182,8 @@ def _switch_effect(switch: dict[str, Any]) -> list[str]:
     ev_before, ev_after = switch["eval_before"], switch["eval_after"]
     if ev_before and ev_after:
         parts.append(
-            f"val loss {_num(ev_before['val_loss'])} (step {ev_before['step']}) -> "
-            f"{_num(ev_after['val_loss'])} (step {ev_after['step']})"
+            f"val loss {fmt_num(ev_before['val_loss'])} (step {ev_before['step']}) -> "
+            f"{fmt_num(ev_after['val_loss'])} (step {ev_after['step']})"
         )
     return parts
 
