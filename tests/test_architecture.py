@@ -31,7 +31,7 @@ LAYERS = [
     ("output",),
     ("precision",),
     ("perf",),
-    ("train", "report", "pace"),  # a job, its report and its clocks: they import each other
+    ("train", "report", "pace", "checkpoint"),  # a job, its report, clocks and checkpoints
     ("cli",),  # the command line; the commands compose their jobs with it
     ("commands",),
     ("<top>",),  # with the console script, cli.app, which dispatches to the commands

@@ -88,10 +88,10 @@ def run_job(cfg: DictConfig) -> float | None:
     """
     from hydra.core.hydra_config import HydraConfig
 
+    from mptrain.checkpoint.resume import AlreadyCompleted
     from mptrain.output.joblog import record_error
     from mptrain.report.render import write_failure
     from mptrain.train.job import RunFailed, RunInterrupted, train
-    from mptrain.train.resume import AlreadyCompleted
     from mptrain.train.threads import sweep_jobs
 
     hydra_cfg = HydraConfig.get()

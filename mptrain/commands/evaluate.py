@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from mptrain.checkpoint.file import find_checkpoint as checkpoint_at
 from mptrain.cli.preflight import (
     RUN_DIR_OVERRIDE,
     checked_run_config,
@@ -56,7 +57,6 @@ from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
 from mptrain.report.render import fmt_num, fmt_pct
-from mptrain.rundir.checkpoint import find_checkpoint as checkpoint_at
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 from mptrain.rundir.lock import check_creatable
 from mptrain.train.build import (
@@ -75,7 +75,7 @@ _WRAPPER_PREFIXES = ("_orig_mod.", "module.")  # torch.compile, DDP
 # ------------------------------------------------------------------------------ the checkpoint
 def find_checkpoint(resume: str | None, which: str = "latest") -> tuple[Path, dict, list[str]]:
     """(path, payload, notes) of the trained checkpoint ``resume`` names (see
-    :func:`mptrain.rundir.checkpoint.find_checkpoint`; in a run directory, ``latest`` falls back
+    :func:`mptrain.checkpoint.file.find_checkpoint`; in a run directory, ``latest`` falls back
     past unreadable checkpoints to the newest that loads). ConfigError, one line, otherwise."""
     if resume in (None, "auto"):
         given = "" if resume is None else f"={resume}"

@@ -30,13 +30,13 @@ from typing import Any, TextIO
 import torch
 from torch import nn
 
+from mptrain.checkpoint.file import kept_best
 from mptrain.config.base import ConfigError, check_settings, require
 from mptrain.config.commands import SampleConfig
 from mptrain.config.run import RunConfig
 from mptrain.data.text import Vocabulary
 from mptrain.models.task import logits_of
 from mptrain.platform import hardware
-from mptrain.rundir.checkpoint import kept_best
 
 # The short forms mptrain sample has always taken, for the keys every command reads.
 SHORT_FORMS = {

@@ -1,7 +1,7 @@
 """When two runs are comparable: the config keys that do not change what a run computes.
 
 Sweep comparisons (:mod:`mptrain.commands.sweep`) pair each run with the FP32 run whose config is otherwise
-identical, resume (:mod:`mptrain.train.checkpointer`) compares every training setting with the
+identical, resume (:mod:`mptrain.checkpoint.checkpointer`) compares every training setting with the
 checkpoint's, and recipe verdicts (:mod:`mptrain.train.recipe`) accept a run as the recipe's full
 schedule when every key that matters has the recipe's value; all ignore the keys whose schema field
 is marked :data:`~mptrain.config.base.NOT_TRAINING`.

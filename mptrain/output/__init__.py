@@ -1,1 +1,1 @@
-"""What a run says: the typed report (report.json/.md), metrics.jsonl, the progress display, the job log, trackers and figures."""
+"""What a run says as it goes: metrics.jsonl, the job log, trackers and figures (its report: :mod:`mptrain.report`; its progress display: :mod:`mptrain.pace`)."""

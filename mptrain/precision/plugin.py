@@ -153,7 +153,7 @@ class Precision:
     # ---------------------------------------------------------------------------- checkpoints
     def signs(self, key: str, switch_to: str | None) -> bool:
         """Whether the flattened training setting ``key`` is part of what a checkpoint of this
-        precision signs for resume (:func:`mptrain.train.checkpointer.run_signature`): a
+        precision signs for resume (:func:`mptrain.checkpoint.checkpointer.run_signature`): a
         precision's own settings group (``fp8.*``, ``mx.*``, ``nvfp4.*``) only where that
         precision runs in either phase of the schedule (``switch_to``: its second precision),
         ``precision.switch.*`` only with a schedule, ``precision.name`` never (the signature's

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 import torch
 
+from mptrain.checkpoint.checkpointer import Checkpointer
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
 from mptrain.data.batches import DataBundle
@@ -40,7 +41,6 @@ from mptrain.report.schema import (
     TimeSection,
     TrainingSection,
 )
-from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.components import Run
 from mptrain.train.optim import optimizer_implementation, state_dtypes
 from mptrain.train.recipe import recipe_verdict

@@ -1,1 +1,1 @@
-"""The run directory on disk: its lock and overwrite rule, atomic writes, and the checkpoint file format and lookup."""
+"""The run directory on disk: its file names, its lock and overwrite rule, atomic writes, and the command that made and continues a run."""

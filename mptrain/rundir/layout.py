@@ -9,7 +9,7 @@ A run directory (``outputs/<date>/<time>_<precision>_<model>_<dataset>/`` or ``h
     mptrain.log            what the job said (output.joblog, through Hydra's job logging)
     audit.md/.json, probe.md/.json   diagnostics asked for with audit=true / probe=true
     mlflow_run.json, tensorboard/    trackers (output.trackers)
-    checkpoints/step_<N>.pt, latest.json, best.pt   (rundir.checkpoint, train.checkpointer)
+    checkpoints/step_<N>.pt, latest.json, best.pt   (checkpoint.file, checkpoint.checkpointer)
 
 A sweep directory holds ``sweep.md``, ``sweep.json`` and ``sweep_loss.png`` beside its jobs, and
 ``.mptrain-sweep.lock`` while a sweep runs there (``cli.preflight.hold_sweep_dir``).
@@ -28,7 +28,7 @@ REPORT_MD = "report.md"
 FAILURE_JSON = "failure.json"
 METRICS_JSONL = "metrics.jsonl"
 # One row per restarted attempt (torchrun --max-restarts, SLURM's requeue): where it resumed and the
-# last step the attempt before it logged (mptrain.train.resume.record_restart).
+# last step the attempt before it logged (mptrain.checkpoint.resume.record_restart).
 RESTARTS_JSONL = "restarts.jsonl"
 RUN_PNG = "curves.png"
 SWEEP_PNG = "sweep_loss.png"

@@ -27,6 +27,9 @@ import torch
 from rich.console import Console
 from rich.markup import escape
 
+from mptrain.checkpoint.checkpointer import Checkpointer, run_signature
+from mptrain.checkpoint.file import resolve_resume
+from mptrain.checkpoint.resume import AlreadyCompleted, continuing, resume_job
 from mptrain.config.base import ConfigError
 from mptrain.config.options import AUTO
 from mptrain.config.run import RunConfig
@@ -52,19 +55,16 @@ from mptrain.precision.policy import PrecisionPolicy
 from mptrain.report.assemble import assemble_report, now_iso
 from mptrain.report.render import print_summary, summary_rows, write_report
 from mptrain.report.schema import RunReport
-from mptrain.rundir.checkpoint import resolve_resume
 from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, RUN_PNG
 from mptrain.rundir.lock import RunDirLock, check_no_other_run, check_output_dir
 from mptrain.train import ranks
 from mptrain.train.autoprecision import decide_auto
 from mptrain.train.build import build_run, resolve_run
-from mptrain.train.checkpointer import Checkpointer, run_signature
 from mptrain.train.components import Run
 from mptrain.train.diagnostics import write_diagnostics
 from mptrain.train.faults import kill_observer
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.memory import account_step
-from mptrain.train.resume import AlreadyCompleted, continuing, resume_job
 from mptrain.train.state import LoopState
 from mptrain.train.threads import MIN_WINDOW_STEPS, ThreadTuner, kept_from_checkpoint
 

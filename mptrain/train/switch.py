@@ -201,7 +201,7 @@ class Switch(PrecisionSchedule):
             wrapped = getattr(run.model, "_orig_mod", run.model)  # DDP's, not torch.compile's
             fp8_sync, self.entered = layer_sync(wrapped, run.dist, run.cfg, self.to, section)
         # Block layers' generators (nvfp4) are the new layers' own, seeded: a checkpoint saved
-        # after the switch restores them into these (mptrain.train.checkpointer.restore).
+        # after the switch restores them into these (mptrain.checkpoint.checkpointer.restore).
         fp8, blocks = run_sections(model, (self.first, self.left), (self.to, self.entered))
         patterns = run.cfg.numerics.fp32_modules
         again = [n for n in replaced if any(fnmatch.fnmatchcase(n, p) for p in patterns)]

@@ -221,7 +221,7 @@ def kept_from_checkpoint(
     choice: ThreadChoice, found: tuple[Any, dict[str, Any], Any] | None
 ) -> ThreadChoice:
     """A resumed ``threads=auto`` run on a CPU (``found``: the checkpoint resumed, as
-    :func:`mptrain.rundir.checkpoint.resolve_resume` gives it): the count in effect when the
+    :func:`mptrain.checkpoint.file.resolve_resume` gives it): the count in effect when the
     checkpoint was written (recorded there), set, and not measured again. The count changes the order of
     floating-point sums, so resuming at another count (or measuring counts again) would not
     reproduce the uninterrupted run bit for bit. ``choice`` itself without a checkpoint, for

@@ -28,10 +28,10 @@ from support.runs import NoFigure, tiny_run, train
 from torch import nn
 
 import mptrain
+from mptrain.checkpoint.file import load_checkpoint
 from mptrain.commands import evaluate as evaluation
 from mptrain.config.base import ConfigError
 from mptrain.precision.quant.fp8_linear import Float8Linear
-from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.train import job as run_module
 
 # The page that shows how to use a trained model (the README's tour repeats its two commands).

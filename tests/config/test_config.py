@@ -582,10 +582,10 @@ def test_non_training_keys_come_from_the_schema_and_a_new_setting_is_compared():
 def test_every_command_setting_is_left_out_of_resume_and_comparisons():
     from types import SimpleNamespace
 
+    from mptrain.checkpoint.checkpointer import run_signature
     from mptrain.config.keys import flatten as flat
     from mptrain.config.keys import is_non_training_key
     from mptrain.precision.plugin import Precision
-    from mptrain.train.checkpointer import run_signature
 
     cfg = compose_run("model=mlp", "device=cpu")
     for key in flat(dataclasses.asdict(cfg)):

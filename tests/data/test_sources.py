@@ -16,6 +16,7 @@ import torch
 from support.processes import describe, run_command, run_mptrain
 from support.runs import compose_run, tiny_run, train
 
+from mptrain.checkpoint.checkpointer import run_signature
 from mptrain.config.base import ConfigError
 from mptrain.config.data import CustomDatasetConfig
 from mptrain.config.models import CustomModelConfig, TimmModelConfig, TorchvisionModelConfig
@@ -25,7 +26,6 @@ from mptrain.models.build import build_model, config_has_convolutions, model_fac
 from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import resolve_precision
 from mptrain.report.schema import load_report
-from mptrain.train.checkpointer import run_signature
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"

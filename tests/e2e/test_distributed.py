@@ -12,7 +12,7 @@ import pytest
 import torch
 from support.runs import tiny_run, train
 
-from mptrain.rundir.checkpoint import load_checkpoint
+from mptrain.checkpoint.file import load_checkpoint
 
 WORKER = Path(__file__).resolve().parents[1] / "support" / "distributed_worker.py"
 

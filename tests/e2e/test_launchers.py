@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from mptrain.rundir.checkpoint import load_checkpoint
+from mptrain.checkpoint.file import load_checkpoint
 from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, REPORT_JSON, RESTARTS_JSONL
 from mptrain.train.ranks import LOST
 

@@ -44,8 +44,8 @@ import torch
 from support.processes import describe, run_command, signals_on_call
 from support.runs import compose_run, tiny_run, train
 
+from mptrain.checkpoint.file import load_checkpoint
 from mptrain.config.base import ConfigError
-from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.rundir.layout import (
     CHECKPOINT_DIR,
     LATEST,

@@ -17,9 +17,9 @@ import torch
 from support.processes import describe, run_command, run_mptrain
 from support.runs import tiny_run, train
 
+from mptrain.checkpoint.file import load_checkpoint
 from mptrain.config.base import ConfigError
 from mptrain.platform.signals import Terminated, terminate_like_interrupt
-from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.rundir.layout import LOCK_NAME
 from mptrain.rundir.lock import RunDirLock
 from mptrain.train import job as run_module

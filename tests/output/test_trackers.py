@@ -16,11 +16,11 @@ import torch
 from support.processes import describe, run_mptrain
 from support.runs import FP16_STORY, NoFigure, compose_run, run_cli, tiny_run, train
 
+from mptrain.checkpoint.checkpointer import run_signature
 from mptrain.config.base import ConfigError
 from mptrain.config.keys import is_non_training_key
 from mptrain.precision.plugin import Precision
 from mptrain.precision.policy import resolve_precision
-from mptrain.train.checkpointer import run_signature
 
 pytest.importorskip("tensorboard")
 pytest.importorskip("mlflow")

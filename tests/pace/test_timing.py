@@ -7,10 +7,10 @@ import pytest
 from support.runs import tiny_run, train
 
 import mptrain.pace.clocks
+from mptrain.checkpoint.checkpointer import Checkpointer
 from mptrain.pace.clocks import TimeCadence
 from mptrain.platform.distributed import DistContext
 from mptrain.train.build import prepare_run
-from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.state import LoopState
 

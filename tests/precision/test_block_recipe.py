@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torchvision.models import VisionTransformer, resnet18
 
+from mptrain.checkpoint.file import load_checkpoint
 from mptrain.config.models import MLPConfig
 from mptrain.models.builtin import build_mlp
 from mptrain.models.gpt import GPT, GPTShape
@@ -28,7 +29,6 @@ from mptrain.precision.quant.convert import (
     layer_seed,
 )
 from mptrain.precision.selection import LayerRules, block_list, choose
-from mptrain.rundir.checkpoint import load_checkpoint
 
 NVFP4 = BlockQuantization("nvfp4", weight_tiles=True, hadamard=True, stochastic_rounding=True)
 

@@ -24,6 +24,8 @@ import torch
 from support.runs import LM, NoFigure, compose_run, tiny_run, train
 from torch import nn
 
+from mptrain.checkpoint.checkpointer import run_signature
+from mptrain.checkpoint.file import load_checkpoint
 from mptrain.config.base import ConfigError
 from mptrain.config.precision import FP8Config, MXConfig, NVFP4Config, PrecisionConfig
 from mptrain.precision.formats import to_plain_linear
@@ -48,9 +50,7 @@ from mptrain.precision.quant.fp8 import E4M3, E5M2, FP8_MAX
 from mptrain.precision.quant.hadamard import random_hadamard_transform, rht_signs
 from mptrain.precision.quant.nvfp4 import quantize_nvfp4
 from mptrain.precision.selection import choose
-from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.train import job as run_module
-from mptrain.train.checkpointer import run_signature
 
 CPU = torch.device("cpu")
 MXFP8 = BlockQuantization("mxfp8")

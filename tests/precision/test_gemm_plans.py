@@ -12,6 +12,7 @@ import torch
 from support.runs import LM, compose_run, tiny_run, train
 from torch import nn
 
+from mptrain.checkpoint.file import load_checkpoint
 from mptrain.config.base import ConfigError
 from mptrain.platform.distributed import DistContext
 from mptrain.precision.policy import resolve_precision
@@ -22,7 +23,6 @@ from mptrain.precision.quant.fp8_linear import Float8Linear, FP8RowwiseGemm, FP8
 from mptrain.precision.quant.linear import GemmPlan, HighPrecisionGemm
 from mptrain.precision.quant.mx import quantize_mx
 from mptrain.precision.quant.nvfp4 import quantize_nvfp4
-from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.train.build import check_run
 
 

@@ -14,10 +14,10 @@ import yaml
 from support.processes import describe, run_mptrain
 from support.runs import LM, compose_run, tiny_run, train
 
+from mptrain.checkpoint.file import load_checkpoint
 from mptrain.config.base import ConfigError
 from mptrain.data.batches import files_identity, tensors_identity
 from mptrain.platform.signals import Terminated, terminate_like_interrupt
-from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.rundir.layout import BEST, CHECKPOINT_DIR, LATEST, METRICS_JSONL, REPORT_JSON
 from mptrain.train import job as job_module
 
@@ -232,7 +232,7 @@ def test_a_run_directory_made_unwritable_mid_run_is_one_line_and_exit_1(tmp_path
 
     from support.runs import run_cli
 
-    from mptrain.train import checkpointer as checkpointer_module
+    from mptrain.checkpoint import checkpointer as checkpointer_module
 
     out = tmp_path / "unwritable-run"
     saves = []

@@ -20,13 +20,13 @@ import torch
 from support.processes import describe, run_command
 from support.runs import NoFigure, compose_run, tiny_run, train
 
+from mptrain.checkpoint.file import load_checkpoint
 from mptrain.config.base import ConfigError
 from mptrain.config.precision import PrecisionConfig, validate_precision
 from mptrain.platform.distributed import DistContext
 from mptrain.precision.policy import resolve_precision
 from mptrain.precision.rounding import stochastic_round
 from mptrain.precision.update import WeightUpdate, build_weight_update
-from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.train import job
 from mptrain.train.build import check_run, prepare_run
 from mptrain.train.loop import UpdateProbe

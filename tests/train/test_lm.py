@@ -16,6 +16,7 @@ import torch
 from support.processes import describe, run_mptrain
 from support.runs import LM, compose_run, train
 
+from mptrain.checkpoint.file import atomic_torch_save, find_checkpoint
 from mptrain.commands.evaluate import eval_main, load_model
 from mptrain.commands.sample import encode_prompt, generate
 from mptrain.config.base import ConfigError
@@ -37,7 +38,6 @@ from mptrain.data.text import (
 from mptrain.models.gpt import GPT, GPTShape
 from mptrain.models.task import Task, lower_is_better
 from mptrain.output.metrics import MetricsLog
-from mptrain.rundir.checkpoint import atomic_torch_save, find_checkpoint
 from mptrain.train.job import RunInterrupted
 
 SMALL = GPTShape(vocab_size=256, block_size=16, layers=2, heads=2, width=32)

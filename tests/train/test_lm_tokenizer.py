@@ -11,10 +11,10 @@ import pytest
 from support.processes import describe, run_mptrain
 from support.runs import LM, compose_run, train
 
+from mptrain.checkpoint.file import check_compatible
 from mptrain.commands.evaluate import load_model
 from mptrain.commands.sample import encode_prompt, generate
 from mptrain.config.base import ConfigError
-from mptrain.rundir.checkpoint import check_compatible
 
 pytest.importorskip("tokenizers")
 

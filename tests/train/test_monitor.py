@@ -10,9 +10,9 @@ import torch
 from support.observers import PerStep
 from support.runs import tiny_run
 
+from mptrain.checkpoint.checkpointer import Checkpointer
 from mptrain.train import loop
 from mptrain.train.build import prepare_run
-from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.monitor import StepOutcome
 

@@ -23,6 +23,7 @@ from support.observers import PerStep
 from support.runs import NoFigure, tiny_run, train
 from torch import nn
 
+from mptrain.checkpoint.file import load_checkpoint
 from mptrain.config.base import ConfigError
 from mptrain.output.metrics import read_metrics
 from mptrain.platform.distributed import DistContext
@@ -31,7 +32,6 @@ from mptrain.precision.policy import PRECISIONS
 from mptrain.precision.quant.block_linear import BlockLinear
 from mptrain.precision.quant.block_quant import BlockQuantization
 from mptrain.precision.quant.fp8_linear import Float8Linear
-from mptrain.rundir.checkpoint import load_checkpoint
 from mptrain.train import job as job_module
 from mptrain.train.build import prepare_run
 from mptrain.train.loop import LoopHooks, train_loop

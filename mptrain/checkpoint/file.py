@@ -1,6 +1,6 @@
 """The checkpoint file: its format, atomic writes, safe loading and the lookup used by resume.
 
-When to save and how a run is restored: :mod:`mptrain.train.checkpointer`.
+When to save and how a run is restored: :mod:`mptrain.checkpoint.checkpointer`.
 
 A checkpoint holds everything the next step depends on: model (FP8 scales and amax histories are
 buffers, so they come with it), optimizer, LR scheduler, loss scaler (scale and growth tracker),

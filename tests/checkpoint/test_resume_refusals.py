@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from support.runs import run_cli, tiny_run, train
 
+from mptrain.checkpoint.resume import AlreadyCompleted
 from mptrain.config.base import ConfigError
 from mptrain.rundir.layout import CHECKPOINT_DIR, METRICS_JSONL, REPORT_JSON
-from mptrain.train.resume import AlreadyCompleted
 
 RUN = ("max_steps=6", "checkpoint.every_steps=3", "checkpoint.keep_best=false")
 

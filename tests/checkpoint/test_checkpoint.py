@@ -1,4 +1,4 @@
-"""Checkpoints, exact resume and fault handling (mptrain.rundir.checkpoint, mptrain.platform.signals, run.train).
+"""Checkpoints, exact resume and fault handling (mptrain.checkpoint.file, mptrain.platform.signals, run.train).
 
 CPU-only, model=mlp on digits (22 optimizer steps per epoch at batch 64). Every test checks that
 nothing was lost: the previous checkpoint still loads, the resumed run reproduces an uninterrupted
@@ -28,9 +28,8 @@ import torch
 from support.runs import NoFigure, tiny_run, train
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from mptrain.config.base import ConfigError
-from mptrain.output.metrics import MetricsLog, read_metrics
-from mptrain.rundir.checkpoint import (
+from mptrain.checkpoint.checkpointer import Checkpointer
+from mptrain.checkpoint.file import (
     ADDED_SETTINGS,
     FORMAT_VERSION,
     CheckpointError,
@@ -38,11 +37,12 @@ from mptrain.rundir.checkpoint import (
     load_checkpoint,
     remove_stray_temporaries,
 )
+from mptrain.config.base import ConfigError
+from mptrain.output.metrics import MetricsLog, read_metrics
 from mptrain.rundir.fileio import atomic_link
 from mptrain.rundir.layout import LATEST, candidates
 from mptrain.train import job as run_module
 from mptrain.train.build import prepare_run
-from mptrain.train.checkpointer import Checkpointer
 from mptrain.train.job import RunFailed, RunInterrupted
 from mptrain.train.state import LoopState
 

@@ -1,7 +1,7 @@
 """Checkpoints during training: when to save, keeping the last K and the best, and resume.
 
 The :class:`Checkpointer` saves on the configured cadence (steps, epochs, minutes) in the format
-:mod:`mptrain.rundir.checkpoint` defines, keeps the last ``keep_last`` and ``best.pt`` (a hard link
+:mod:`mptrain.checkpoint.file` defines, keeps the last ``keep_last`` and ``best.pt`` (a hard link
 to the step file when the best evaluation falls on a saved step). :func:`restore` loads a
 checkpoint's every state into a freshly built :class:`~mptrain.train.components.Run`;
 :func:`run_signature` is what a checkpoint must agree on to be resumed.
@@ -16,6 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from mptrain.checkpoint.file import (
+    DATA_IDENTITY,
+    FORMAT_VERSION,
+    atomic_json,
+    atomic_torch_save,
+    remove_stray_temporaries,
+)
 from mptrain.config.base import ConfigError
 from mptrain.config.keys import flatten, is_non_training_key
 from mptrain.config.run import RunConfig
@@ -28,13 +35,6 @@ from mptrain.platform.distributed import (
     optimizer_state,
 )
 from mptrain.platform.seeding import restore_rng_states, rng_states
-from mptrain.rundir.checkpoint import (
-    DATA_IDENTITY,
-    FORMAT_VERSION,
-    atomic_json,
-    atomic_torch_save,
-    remove_stray_temporaries,
-)
 from mptrain.rundir.fileio import atomic_link
 from mptrain.rundir.layout import BEST, LATEST, candidates, step_checkpoint_name
 from mptrain.train.state import LoopState

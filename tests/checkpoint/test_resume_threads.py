@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from support.runs import tiny_run, train
 
-from mptrain.rundir.checkpoint import load_checkpoint
+from mptrain.checkpoint.file import load_checkpoint
 from mptrain.rundir.layout import CHECKPOINT_DIR
 from mptrain.train.threads import ThreadChoice, kept_from_checkpoint
 

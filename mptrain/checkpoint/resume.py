@@ -11,13 +11,14 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from mptrain.checkpoint.checkpointer import restore, run_signature
+from mptrain.checkpoint.file import check_compatible
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
 from mptrain.output.joblog import JobLog
 from mptrain.output.metrics import last_step, truncate_after
 from mptrain.platform.launch import resume_after_restart
 from mptrain.platform.seeding import seed_everything
-from mptrain.rundir.checkpoint import check_compatible
 from mptrain.rundir.command import HYDRA_RECORD, continue_command, recorded_overrides
 from mptrain.rundir.layout import (
     CHECKPOINT_DIR,
@@ -28,10 +29,9 @@ from mptrain.rundir.layout import (
     RESTARTS_JSONL,
 )
 from mptrain.rundir.lock import check_no_other_run
-from mptrain.train.checkpointer import restore, run_signature
 from mptrain.train.components import Run
 
-Found = tuple[Path, dict[str, Any], list[str]]  # rundir.checkpoint.resolve_resume's checkpoint
+Found = tuple[Path, dict[str, Any], list[str]]  # checkpoint.file.resolve_resume's checkpoint
 
 
 def continuing(cfg: RunConfig, restart: int) -> RunConfig:
