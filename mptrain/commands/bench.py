@@ -49,8 +49,7 @@ from mptrain.platform import contention, hardware
 from mptrain.precision.policy import blockwise_grad_dtype
 from mptrain.precision.quant.fp8 import E4M3
 from mptrain.precision.quant.kernels import block_gemm_available, fp8_gemm_available
-from mptrain.report.render import fmt_pct, plural
-from mptrain.report.rows import fmt_bytes
+from mptrain.report.rows import fmt_bytes, fmt_pct, plural
 from mptrain.rundir.fileio import atomic_write_text
 from mptrain.train.build import prepare_run, window_length
 from mptrain.train.components import Run

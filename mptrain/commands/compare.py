@@ -13,7 +13,7 @@ from mptrain.commands.readable import visible
 from mptrain.commands.runs import NO_RUNS, SEARCH_DEPTH, find_runs, run_dirs_in
 from mptrain.commands.sweep import wide_console, write_comparison
 from mptrain.config.base import ConfigError
-from mptrain.report.render import plural
+from mptrain.report.rows import plural
 from mptrain.rundir.lock import check_creatable
 
 

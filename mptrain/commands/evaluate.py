@@ -56,7 +56,7 @@ from mptrain.models.task import Task
 from mptrain.platform import hardware
 from mptrain.platform.distributed import DistContext
 from mptrain.platform.dtypes import dtype_name
-from mptrain.report.render import fmt_num, fmt_pct
+from mptrain.report.rows import fmt_num, fmt_pct
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 from mptrain.rundir.lock import check_creatable
 from mptrain.train.build import (
@@ -247,7 +247,7 @@ def describe_inference(policy: Any) -> str:
 
 def render(result: dict[str, Any]) -> str:
     """eval.md: the result in a few lines, its figures written as training's report writes them
-    (accuracies as percentages, :func:`~mptrain.report.render.fmt_pct`)."""
+    (accuracies as percentages, :func:`~mptrain.report.rows.fmt_pct`)."""
     acc = result["val_accuracy"]
     lm = result.get("task") == "lm"
     lines = [

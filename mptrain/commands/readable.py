@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from mptrain.commands.runs import RunRecord
-from mptrain.report.render import plural
+from mptrain.report.rows import plural
 from mptrain.report.schema import RunReport
 from mptrain.rundir.layout import REPORT_JSON
 

@@ -65,8 +65,7 @@ from mptrain.pace.spread import (
     window_ratio_spread,
 )
 from mptrain.platform.contention import busy_words
-from mptrain.report.render import fmt_pct
-from mptrain.report.rows import fmt_bytes
+from mptrain.report.rows import fmt_bytes, fmt_pct
 from mptrain.report.schema import RunReport, ThroughputSection
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 from mptrain.rundir.layout import METRICS_JSONL, SWEEP_PNG

@@ -53,8 +53,8 @@ class DataBundle:
     text: TextFacts | None = None
     # What the data was, cheap to recompute (a digest of the tensors or the text read, or of the
     # image files' names, sizes and mtimes): a resumed run must train on the data its checkpoint
-    # saw (mptrain.checkpoint.checkpointer.run_signature). None where nothing cheap names it (datasets
-    # of the user's code read by DataLoader workers).
+    # saw (mptrain.checkpoint.checkpointer.run_signature). None where nothing cheap names it
+    # (datasets of the user's code read by DataLoader workers).
     identity: str | None = None
 
 

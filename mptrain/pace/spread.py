@@ -24,7 +24,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mptrain.report.render import plural
+from mptrain.report.rows import plural
 
 # A range wider than 10 % of the median cannot tell a 10 % gain from none: smaller differences
 # than that are not what anyone picks a precision by, larger ones must be told reliably.

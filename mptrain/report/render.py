@@ -1,6 +1,6 @@
 """The report written and shown: report.json (strict JSON) and report.md in the run directory,
-failure.json for a job stopped before training, and the terminal summary (the number formats,
-``fmt_*`` and ``plural``, are :mod:`mptrain.report.rows`').
+failure.json for a job stopped before training, and the terminal summary (the number formats
+every table uses, ``fmt_*`` and ``plural``: :mod:`mptrain.report.rows`).
 """
 
 from __future__ import annotations

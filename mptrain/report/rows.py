@@ -1,5 +1,7 @@
-"""The summary's rows of a run's optional sections, in words: a block-scaled run's formats and
-layers (the ``blocks`` section), one training step's accounted memory, and a precision switch.
+"""The number formats every table uses (the report's and the commands': ``fmt_pct``,
+``fmt_num``, ``fmt_bytes``, ``plural``), and the summary's rows of a run's optional sections, in
+words: a block-scaled run's formats and layers (the ``blocks`` section), one training step's
+accounted memory, and a precision switch.
 
 The ``blocks`` section (:func:`mptrain.precision.quant.convert.apply_quantized`, with the counts of
 :meth:`~mptrain.precision.quant.convert.BlockLayers.layer_stats` as ``final_layer_stats``) says

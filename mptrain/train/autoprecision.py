@@ -39,7 +39,7 @@ from typing import Any
 from mptrain.config.options import AUTO
 from mptrain.pace.steptime import time_steps
 from mptrain.precision.policy import PRECISIONS, PrecisionPolicy, resolve_precision
-from mptrain.report.render import plural
+from mptrain.report.rows import plural
 from mptrain.train.build import with_policy
 from mptrain.train.components import Run
 from mptrain.train.threads import candidates_for

@@ -46,7 +46,7 @@ from mptrain.precision.policy import (
     resolve_precision,
 )
 from mptrain.precision.quant.dist import gathers_fp32
-from mptrain.report.render import plural
+from mptrain.report.rows import plural
 from mptrain.train import recompute
 from mptrain.train.components import Run
 from mptrain.train.faults import InfGradInjector

@@ -10,8 +10,7 @@ from typing import Any
 
 from mptrain.commands.advise import fits
 from mptrain.commands.advise.choices import CHOICES
-from mptrain.report.render import plural
-from mptrain.report.rows import fmt_bytes
+from mptrain.report.rows import fmt_bytes, plural
 
 
 def _label(precision: str) -> str:
