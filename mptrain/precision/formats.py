@@ -1,23 +1,11 @@
-"""The precisions that compute Linear layers in a format of their own: how a model converts
-into them (:func:`convert_layers`, one path for every format) and back (:func:`to_plain_linear`),
-and :data:`LAYER_FORMATS`, what each format's layers are.
+"""The precisions that compute Linear layers in a format of their own: :data:`LAYER_FORMATS`,
+what each format's layers are, keyed by layer format (:func:`format_of`), the one conversion into
+them (:func:`convert_layers`) and back (:func:`to_plain_linear`).
 
 A layer format is a subclass of ``nn.Linear`` that shares the converted layer's Parameter objects
 (``weight``, ``bias``), so an optimizer built on the model, its FP32 state and a data-parallel
-wrapper keep working across a conversion; it may add buffers of its own (scales, histories) and
-generators (NVFP4's stochastic rounding). Every such format converts back the same way:
-:func:`to_plain_linear` puts an ``nn.Linear`` holding the same Parameters where each of its layers
-was (what a precision schedule does when it leaves the format: :mod:`mptrain.train.switch`).
-
-:data:`LAYER_FORMATS` is keyed by the *layer format* a policy computes its Linear layers in
-(:func:`format_of`), not by the precision's name: ``fp8`` (tensorwise or rowwise scales:
-:class:`~mptrain.precision.quant.fp8_linear.Float8Linear`), and the block formats of the format
-table (:class:`~mptrain.precision.quant.block_linear.BlockLinear`; blockwise FP8 is
-``precision=fp8 fp8.granularity=blockwise``). Each entry says which report section its layers
-fill (``report``: ``fp8`` or ``blocks``), kept on the run's
-:class:`~mptrain.precision.plugin.Precision` as ``fp8`` and ``blocks`` (:func:`run_sections`
-places them), and its final per-layer figures. The conversion itself is
-:func:`mptrain.precision.quant.convert.apply_quantized`, the same for every format.
+wrapper keep working across a conversion either way (a precision schedule:
+:mod:`mptrain.train.switch`); it may add buffers of its own (scales, histories) and generators.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
-"""Per-GEMM quantizations (``precision.gemms.forward``, ``.input_grad``, ``.weight_grad``): the
-:class:`~mptrain.precision.quant.linear.GemmPlan` of a run's converted Linear layers.
+"""Per-GEMM quantizations (``precision.gemms.forward``, ``.input_grad``, ``.weight_grad``,
+``.layers``): the :class:`~mptrain.precision.quant.linear.GemmPlan` of a run's converted Linear
+layers. What each key takes, with examples: docs/precisions.md, *A format per GEMM*.
 
-Each key is null (the precision's own format: its quantization unchanged, bit for bit), ``bf16`` or
-``fp32`` (that GEMM unquantized: :class:`~mptrain.precision.quant.linear.HighPrecisionGemm`),
-or a format of the precision's family: ``fp8`` with ``precision=fp8`` (tensorwise or rowwise, as
-``fp8.*`` sets it), a block-scaled format (``mxfp8``, ``nvfp4``, ``fp8_blockwise``, each with its
-own settings group: ``mx.*``, ``nvfp4.*``, ``fp8.*``) with a block-scaled precision. A layer holds
-one family's quantizer state (FP8 scalers, or block generators and counts), hence the family rule.
-Examples: FP8 forward and input gradient with the weight gradient in BF16 (torchao's
-``rowwise_with_gw_hp``: ``precision=fp8 fp8.granularity=rowwise precision.gemms.weight_grad=bf16``);
-NVFP4 forward and input gradient with an MXFP8 weight gradient
-(``precision=nvfp4 precision.gemms.weight_grad=mxfp8``). ``precision.gemms.layers`` (fnmatch
-patterns, ``[*]`` by default) limits the plan to the converted layers it names; the others keep
-the precision's own quantization (``'precision.gemms.layers=[blocks.1.mlp.fc2]'``).
-
-Refused (ConfigError, one line naming the key): a key set for a precision without quantized Linear
-layers, a format of the other family, delayed FP8 scaling with a mixed plan (its amax history is
-one per tensor across the three GEMMs), and the torchao backend (its own Linear).
+Each key is null (the precision's own format, bit for bit), ``bf16`` or ``fp32`` (that GEMM
+unquantized: :class:`~mptrain.precision.quant.linear.HighPrecisionGemm`), or a format of the
+precision's family: a layer holds one family's quantizer state (FP8 scalers, or block generators
+and counts). Refused (ConfigError, one line naming the key): a key set for a precision without
+quantized Linear layers, a format of the other family, delayed FP8 scaling with a mixed plan (its
+amax history is one per tensor across the three GEMMs), and the torchao backend (its own Linear).
 """
 
 from __future__ import annotations

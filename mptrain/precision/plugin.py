@@ -1,7 +1,7 @@
-"""A run's precision as one object (issue 40): the policy that says what runs, and everything that
-carries it out — the loss scaler, the FP8 and block-scaled layers' report sections and their
-distributed sync, the weight-update rule of the pure precisions (``precision.update``), the
-modules kept in FP32 and the TF32 flags. Lightning's precision plugin is the model.
+"""A run's precision as one object (issue 40; Lightning's precision plugin is the model): the
+policy that says what runs, and everything that carries it out — the loss scaler, the FP8 and
+block-scaled layers' report sections and their distributed sync, the weight-update rule of the
+pure precisions (``precision.update``), the modules kept in FP32 and the TF32 flags.
 
 The training loop touches the precision only through these calls, in this order per step:
 
@@ -9,23 +9,15 @@ The training loop touches the precision only through these calls, in this order 
 - :meth:`Precision.count_quantizations` on/off around the forward and backward of a step that
   writes a metrics row (block-scaled layers count saturated, underflowed and zero blocks);
 - per micro-batch, :meth:`Precision.model_input`, the forward under
-  :meth:`Precision.forward_context` (autocast), ``Precision.scale(loss).backward()``
-  (:meth:`Precision.scale`: the loss scaled, outside autocast);
+  :meth:`Precision.forward_context` (autocast), ``Precision.scale(loss).backward()``;
 - :meth:`Precision.after_backward` (data-parallel FP8: amaxes and counters agree over ranks),
   :meth:`Precision.unscale` before clipping, the optimizer step (the loop's, since it owns the
   skip rule's one host read), :meth:`Precision.after_optimizer_step` (torchao's FP8 all-gather:
   the weights' next scales).
 
-The build makes it in steps, as Lightning's plugin is set up: the object from the policy,
-:meth:`Precision.convert_module` on the freshly built model (its layer format, FP32 islands, a pure
-precision's cast), :meth:`Precision.sync_layers` once the model is wrapped (FP8's distributed
-sync), and :meth:`Precision.setup` once its optimizer is built (the loss scaler,
-``precision.update``).
-
-A checkpoint saves the precision's state with :meth:`Precision.state_dict` (the keys ``scaler``,
-``blocks`` and ``update`` of every checkpoint written so far) and a resume restores it with
-:meth:`Precision.load_state_dict`. A precision schedule (``precision.switch``,
-:mod:`mptrain.train.switch`) swaps the run's whole object at the switch.
+The build calls :meth:`Precision.convert_module`, :meth:`Precision.sync_layers` and
+:meth:`Precision.setup`, in that order; a checkpoint holds :meth:`Precision.state_dict`; a
+precision schedule (:mod:`mptrain.train.switch`) swaps the run's whole object at the switch.
 """
 
 from __future__ import annotations

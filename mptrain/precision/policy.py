@@ -5,14 +5,10 @@ config and the device, and never changes afterwards. The training loop has a sin
 every precision: :meth:`PrecisionPolicy.autocast` is a no-op context for FP32 and the GradScaler is
 built disabled for BF16/FP32 (its calls are then pass-throughs).
 
-Rules (no silent fallbacks):
-- :data:`PRECISIONS` is the one table of what each precision runs (autocast dtype, parameter
-  dtype, loss scaling); configs name a precision and tune only its scaler numbers and TF32.
-- ``auto`` picks BF16 where the device executes it natively, FP16 on CUDA GPUs without BF16, FP32
-  otherwise, and records why.
-- A precision the device cannot run raises :class:`ConfigError` naming what to use instead.
-- An FP16 scaler is created for the real device type and checked to be enabled: never the
-  ``GradScaler("cuda")``-on-a-CPU-machine path that disables itself with only a warning.
+No silent fallbacks: :data:`PRECISIONS` is the one table of what each precision runs (configs
+name a precision and tune only its scaler numbers and TF32); ``auto`` records why it chose; a
+precision the device cannot run raises :class:`ConfigError` naming what to use instead; an FP16
+scaler torch disabled raises (:func:`build_grad_scaler`).
 """
 
 from __future__ import annotations
@@ -52,26 +48,21 @@ class PrecisionSpec:
     param_dtype: torch.dtype  # float32: FP32 master weights; else "pure" low-precision training
     loss_scaling: bool  # dynamic loss scaling (torch.amp.GradScaler)
     family: str  # what the device must execute natively: fp32 | fp16 | bf16
-    summary: str  # one line for people
 
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+# Each in words: docs/precisions.md. fp8, mxfp8 and nvfp4 compute their Linear layers in a format
+# of their own (mptrain.precision.formats.LAYER_FORMATS), under BF16 autocast elsewhere.
 PRECISIONS: dict[str, PrecisionSpec] = {
-    "fp32": PrecisionSpec(None, F32, False, "fp32", "FP32 throughout: the baseline"),
-    "fp16": PrecisionSpec(
-        F16, F32, True, "fp16", "FP16 autocast, FP32 master weights, loss scaling"
-    ),
-    "bf16": PrecisionSpec(BF16, F32, False, "bf16", "BF16 autocast, FP32 master weights"),
-    "fp8": PrecisionSpec(BF16, F32, False, "bf16", "FP8 Linear layers, BF16 autocast elsewhere"),
-    MXFP8: PrecisionSpec(
-        BF16, F32, False, "bf16", "MXFP8 Linear layers (E4M3, blocks of 32), BF16 elsewhere"
-    ),
-    NVFP4: PrecisionSpec(
-        BF16, F32, False, "bf16", "NVFP4 Linear layers (E2M1, blocks of 16), BF16 elsewhere"
-    ),
-    "fp16_noscale": PrecisionSpec(F16, F32, False, "fp16", "FP16 autocast without loss scaling"),
-    "fp16_pure": PrecisionSpec(None, F16, False, "fp16", "FP16 weights and state, no master copy"),
-    "bf16_pure": PrecisionSpec(None, BF16, False, "bf16", "BF16 weights and state, no master copy"),
+    "fp32": PrecisionSpec(None, F32, False, "fp32"),
+    "fp16": PrecisionSpec(F16, F32, True, "fp16"),
+    "bf16": PrecisionSpec(BF16, F32, False, "bf16"),
+    "fp8": PrecisionSpec(BF16, F32, False, "bf16"),
+    MXFP8: PrecisionSpec(BF16, F32, False, "bf16"),
+    NVFP4: PrecisionSpec(BF16, F32, False, "bf16"),
+    "fp16_noscale": PrecisionSpec(F16, F32, False, "fp16"),
+    "fp16_pure": PrecisionSpec(None, F16, False, "fp16"),
+    "bf16_pure": PrecisionSpec(None, BF16, False, "bf16"),
 }
 
 
@@ -129,11 +120,6 @@ class PrecisionPolicy:
             gemm = "torch._scaled_mm" if self.fp8.real_gemm else "emulated GEMMs"
             return f"{self.label} (FP8 Linear layers via {gemm}, autocast {dtype} elsewhere)"
         return f"{self.name} (autocast {dtype}, {scaling})"
-
-
-# auto starts from a rule about the device; where the rule is weakest (BF16 on a CPU: a small GPT
-# ran 1.3x slower than FP32 on a CPU with AMX-BF16, issue 29) the job then times the candidates on
-# the model (mptrain.train.autoprecision) and the reason says which basis held.
 
 
 def _auto_choice(device: torch.device) -> tuple[str, str]:
@@ -386,10 +372,6 @@ def build_grad_scaler(
     return scaler
 
 
-def _fp32_precision_api() -> bool:
-    return hasattr(torch.backends.cuda.matmul, "fp32_precision")
-
-
 def apply_tf32(allow_tf32: bool) -> dict[str, Any]:
     """Set the TF32 flags for FP32 matmuls/convs (CUDA only) and return them as they now read.
 
@@ -405,7 +387,7 @@ def apply_tf32(allow_tf32: bool) -> dict[str, Any]:
     # and new APIs"), and a legacy setter run after the new API resets cudnn conv/rnn to "none".
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     torch.backends.cudnn.allow_tf32 = allow_tf32
-    if _fp32_precision_api():
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):
         mode = "tf32" if allow_tf32 else "ieee"
         torch.backends.cuda.matmul.fp32_precision = mode
         torch.backends.cudnn.conv.fp32_precision = mode

@@ -15,11 +15,10 @@ an infinity); ±inf stays ±inf (low bits zero). A finite value above BF16's lar
 rounds to that value or, with probability equal to its distance over one spacing, to inf: inf
 plays the next BF16 value (2**128), as in the bit pattern and as torchao's rounding does.
 
-The random bits come from the caller's ``torch.Generator`` (one ``torch.randint`` of the input's
-shape per call), so the result is a function of the input and the generator's state: a run that
-saves and restores the generator's state (``generator.get_state()``) rounds the same afterwards.
-The rounding equals torchao's ``_fp32_to_bf16_sr`` (``torchao.optim.quant_utils``) bit for bit
-given the same random bits (tests/precision/test_rounding.py), NaN payloads aside.
+The result is a function of the input and the caller's generator's state (a run that restores
+``generator.get_state()`` rounds the same afterwards), and equals torchao's ``_fp32_to_bf16_sr``
+(``torchao.optim.quant_utils``) bit for bit given the same random bits
+(tests/precision/test_rounding.py), NaN payloads aside.
 """
 
 from __future__ import annotations

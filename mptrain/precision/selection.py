@@ -1,17 +1,14 @@
 """Which nn.Linear layers a low-precision format converts, and why the others stay in high
-precision: one rule set for FP8 and the block-scaled
-formats (:mod:`mptrain.precision.quant.convert`), each under its own config keys (``fp8.*``,
-``mx.*``, ``nvfp4.*``); the per-layer GEMM FLOPs and the report's layer rows; swapping a module.
+precision: one rule set for FP8 and the block-scaled formats
+(:mod:`mptrain.precision.quant.convert`), each under its own config keys (``fp8.*``, ``mx.*``,
+``nvfp4.*``); the per-layer GEMM FLOPs and the report's layer rows; swapping a module.
 
 Every Linear, in registration order, either converts or is kept with the first reason that holds
 (:func:`choose`):
 
 1. not matched by ``<key>.include`` (when given) or matched by ``<key>.exclude``;
 2. the first or last Linear with ``<key>.keep_first_last`` (unless ``include`` names layers);
-3. in NVFP4's BF16 tail, ``keep_last_fraction`` of the model's transformer blocks counted from
-   the last, and every Linear registered after the last block (:func:`tail_reasons`; unless
-   ``include`` names layers). A model without a block list (:func:`block_list`) counts the
-   fraction in Linear layers instead, and its reasons say so;
+3. in NVFP4's BF16 tail (:func:`tail_reasons`; unless ``include`` names layers);
 4. in or out features not a multiple of the format's alignment (``torch._scaled_mm``'s 16 for
    FP8, the block size for block formats: a block never straddles a row);
 5. in or out features below ``<key>.min_features`` (too small to gain).
@@ -70,11 +67,9 @@ def block_list(model: nn.Module) -> tuple[str, list[nn.Module]] | None:
 
     The rule: among the nn.ModuleList and nn.Sequential modules of ``model`` (itself included)
     whose children number at least 2, are all of one class, are not nn.Linear layers and each
-    hold an nn.Linear, the one with the most children (on a tie, the last registered). mptrain's
-    GPT: ``blocks``; its ViT: ``blocks``; torchvision's VisionTransformer: ``encoder.layers``;
-    Hugging Face decoders: ``model.layers`` or ``transformer.h``. A plain MLP (a Sequential of
-    Linear and activation layers) or a CNN whose blocks hold no Linear has none. A hierarchical
-    model (Swin) gets its longest stage, and the stages after it count as after the blocks.
+    hold an nn.Linear, the one with the most children (on a tie, the last registered). What that
+    finds in GPT, ViT, Hugging Face decoders, an MLP, a CNN or Swin: docs/precisions.md, *The BF16
+    tail*.
     """
     found: tuple[str, list[nn.Module]] | None = None
     for name, module in model.named_modules():

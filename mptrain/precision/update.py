@@ -1,11 +1,10 @@
 """How a "pure" low-precision run writes its optimizer's update into its weights
 (``precision.update``): rounded to nearest (torch's own step: the default, unchanged), rounded
-stochastically, or Kahan-compensated.
+stochastically, or Kahan-compensated. What each rule is for, and what it costs in memory:
+docs/precisions.md, *Pure precisions*.
 
-Without FP32 master weights, an update smaller than half the spacing of the weight's dtype at the
-weight (BF16: 2**-8 near 1.0) rounds away: the weight does not move (the loop's probe counts these,
-``updates_lost_fraction``). :class:`WeightUpdate` hooks the optimizer's ``step`` (torch's
-step pre- and post-hooks; the loop, the scheduler and ``state_dict`` see the optimizer they built):
+:class:`WeightUpdate` hooks the optimizer's ``step`` (torch's step pre- and post-hooks; the loop,
+the scheduler and ``state_dict`` see the optimizer they built):
 
 - before the step, the optimizer's groups hold, in place of each parameter that has a gradient, a
   temporary FP32 copy with an FP32 gradient and its optimizer state (moments, momentum; not
@@ -14,23 +13,16 @@ step pre- and post-hooks; the loop, the scheduler and ``state_dict`` see the opt
   gradient and the autograd hooks DDP reduces gradients through);
 - after the step, the parameter is back in its group, its state tensors stored in its dtype again,
   rounded to nearest (pure training keeps its state in low precision, as with ``nearest``), and
-  its weight written into its own storage: ``stochastic``: rounded stochastically to BF16 (:func:`mptrain.precision.rounding.stochastic_round`,
-  unbiased: an update of a tenth of a spacing moves the weight one spacing one time in ten);
-  ``kahan``: the FP32 result plus a per-parameter compensation buffer (the weight's dtype, as in
-  Zamirai et al. 2020, "Revisiting BFloat16 Training") rounded to nearest, the rounding error kept in
-  the buffer for the next step: the weight plus its buffer carries every update.
-
-Memory: during the step, an FP32 copy of every stepped parameter, gradient and state tensor at
-once (AdamW: 4 tensors x 4 bytes per parameter, freed after the step), and ``stochastic`` draws
-one int32 per element of the parameter being rounded; between steps, ``kahan`` keeps one buffer
-per parameter in its dtype (BF16: 2 bytes per parameter on top of the 8 of pure BF16 AdamW's
-weight, gradient and two moments); ``stochastic`` keeps only its generator.
+  its weight written into its own storage: ``stochastic``: rounded stochastically to BF16
+  (:func:`mptrain.precision.rounding.stochastic_round`); ``kahan``: the FP32 result plus a
+  per-parameter compensation buffer (the weight's dtype, as in Zamirai et al. 2020, "Revisiting
+  BFloat16 Training") rounded to nearest, the rounding error kept in the buffer for the next
+  step: the weight plus its buffer carries every update.
 
 Determinism and resume: the random bits come from one ``torch.Generator`` on the parameters'
-device, seeded from the run's seed and drawn per parameter in the optimizer's order;
-:meth:`state_dict` holds its state and the Kahan buffers, so a resumed run rounds as an
-uninterrupted one. Under DDP every rank holds the same generator and buffers, so the replicas'
-weights stay equal.
+device, drawn per parameter in the optimizer's order; :meth:`WeightUpdate.state_dict` holds its
+state and the Kahan buffers, so a resumed run rounds as an uninterrupted one, and under DDP every
+rank's weights stay equal.
 """
 
 from __future__ import annotations
@@ -42,17 +34,15 @@ import torch
 from mptrain.platform.seeding import ROUNDING_STREAM, stream_seed
 from mptrain.precision.rounding import stochastic_round
 
-# torch's optimizers keep their step counts in FP32 whatever the parameters' dtype: left alone.
-_FP32_STATE_KEYS = frozenset({"step"})
-
 
 def _moments(state: dict[str, Any]) -> list[str]:
     """The keys of a parameter's optimizer state that follow its dtype (moments, momentum):
-    every floating-point tensor but the step count."""
+    every floating-point tensor but the step count (torch keeps it in FP32 whatever the
+    parameters' dtype: left alone)."""
     return [
         key
         for key, value in state.items()
-        if key not in _FP32_STATE_KEYS and torch.is_tensor(value) and value.is_floating_point()
+        if key != "step" and torch.is_tensor(value) and value.is_floating_point()
     ]
 
 
@@ -87,9 +77,8 @@ class WeightUpdate:
         ]
 
     def _widen(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
-        """Before the step: in the optimizer's groups, each parameter that has a gradient stands
-        in as an FP32 copy with an FP32 gradient and FP32 moments (module doc). The parameter
-        itself is not touched: changing its dtype in place would reset its autograd gradient
+        """Before the step: each parameter that has a gradient stands in as an FP32 copy (module
+        doc). Changing the parameter's dtype in place instead would reset its autograd gradient
         accumulator, where DDP's all-reduce hooks hang."""
         for group in optimizer.param_groups:
             params = group["params"]

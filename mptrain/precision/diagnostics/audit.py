@@ -1,7 +1,7 @@
 """The autocast audit (:func:`audit_step`, :func:`render_audit`): traces one forward + backward
 and tables the dtype every ATen op really ran in, flagging low-precision ops and state that the
-mixed-precision quantization wants in FP32. The model is left as it was found. audit.json names a module
-by its path (``module``) with its class apart (``module_type``); audit.md by both, ``0 (Linear)``.
+mixed-precision literature wants in FP32. The model is left as it was found. How modules are
+named: :func:`~mptrain.precision.diagnostics.hooks.module_label`.
 """
 
 from __future__ import annotations

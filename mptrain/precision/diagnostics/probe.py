@@ -1,8 +1,7 @@
 """The FP16 range probe (:func:`range_probe`, :func:`render_probe`): measures, in FP32, how far
 activations sit below FP16's maximum and how many gradient values FP16 would flush to zero. The
-model is left as it was found. probe.json names a layer by its path (``module``, and in
-``overflow_modules``) with its class apart (``module_type``); probe.md and the verdict by both,
-``0 (Linear)``.
+model is left as it was found. How modules are named:
+:func:`~mptrain.precision.diagnostics.hooks.module_label`.
 """
 
 from __future__ import annotations

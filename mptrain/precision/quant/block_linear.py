@@ -1,13 +1,8 @@
 """:class:`BlockLinear`: an nn.Linear whose three GEMMs take block-scaled operands (MXFP8, NVFP4,
-blockwise FP8: :mod:`.block_quant`), each quantized along its own GEMM's reduction dimension, the
-backward re-quantizing the saved high-precision input and weight (torchao's ``mx_mm``, TE).
-
-Each operand is quantized once per GEMM, the same way on both paths; only the matmul differs
-(:func:`~.kernels.block_gemm`: torch's block-scaled ``scaled_mm`` where the policy set
-``quantization.real_gemm``, else the operands dequantized to FP32 and multiplied in FP32, the
-numerics of a block-scaled GEMM that accumulates in FP32 without its speed: :mod:`.kernels`).
-torchao's emulated ``MXFP8Linear`` multiplies in the layer's dtype instead: equal bit for bit in
-FP32, not in BF16 (BF16 operands, a BF16 matmul: docs/precisions.md, *Checked against torchao*).
+blockwise FP8: :mod:`.block_quant`), and their GEMM format, :class:`BlockGemm`. Each operand is
+quantized once per GEMM, the same way on the real and the emulated path; only the matmul differs
+(:func:`~.kernels.block_gemm`). How this compares with torchao's ``MXFP8Linear``:
+docs/precisions.md, *Checked against torchao*.
 
 Counts (:class:`~mptrain.precision.quant.blocked.BlockStats`) cost more than the quantization,
 so a layer counts only while ``sampling`` is set (the loop sets it for its log rows: see

@@ -1,25 +1,12 @@
-"""How the block-scaled formats quantize in training: each operand of a Linear's three GEMMs is
-quantized (:func:`quantize_operand`), and what the report says about it (:meth:`BlockQuantization.describe`).
+"""How the block-scaled formats quantize in training (:func:`quantize_operand`, and
+:func:`fake_quant_operand`: the same bits for an emulated GEMM), and what the report says about it
+(:meth:`BlockQuantization.describe`).
 
 Each of a Linear's three GEMMs (:mod:`.linear`) quantizes its two operands (``role``: input,
 weight, grad) along its own reduction dimension (``dim``), so the backward re-quantizes the
 high-precision input, weight and gradient the forward saved, as torchao's MXFP8 training and
-Transformer Engine do.
-
-Formats (``BlockQuantization.format``):
-
-- ``mxfp8``: E4M3 elements for every operand (gradients too: torchao's MXFP8 training and NVIDIA's
-  MXFP8 quantization, arXiv 2506.08027), blocks of 32, E8M0 scales rounded ``rceil`` (default: amax /
-  448 rounded up, nothing saturates; NVIDIA's cuBLAS/TE quantization, torchao's and torchtitan's
-  default) or ``floor`` (OCP MX v1.0);
-- ``nvfp4``: NVIDIA's quantization (arXiv 2509.25149): E2M1 in blocks of 16 with E4M3 block scales and
-  an FP32 per-tensor scale; the weight in 16x16 tiles (``weight_tiles``: one quantized weight
-  for both GEMMs that read it), a random Hadamard transform on both operands of ``dW`` along the
-  tokens (``hadamard``), stochastic rounding of the output gradient in ``dx`` and ``dW``
-  (``stochastic_rounding``, from the layer's seeded generator);
-- ``fp8_blockwise``: DeepSeek-V3's (arXiv 2412.19437): 1x128 tiles of activations and
-  gradients, 128x128 blocks of weights, FP32 scales, E4M3 (gradients ``grad_dtype``: E5M2 with
-  ``fp8.format=hybrid``).
+Transformer Engine do. The formats' quantizers are :mod:`.mx`, :mod:`.nvfp4` and
+:mod:`.blockwise`; their recipes and settings in words: docs/precisions.md, *Block-scaled formats*.
 """
 
 from __future__ import annotations

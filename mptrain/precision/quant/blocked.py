@@ -15,7 +15,7 @@ the caller (or the layer stays in high precision).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -48,14 +48,7 @@ class BlockStats:
 
     def as_dict(self) -> dict[str, int]:
         """Every count as a Python int (synchronises with the device)."""
-        return {
-            "elements": self.elements,
-            "blocks": self.blocks,
-            "saturated": int(self.saturated),
-            "underflows": int(self.underflows),
-            "zero_blocks": int(self.zero_blocks),
-            "nonfinite_blocks": int(self.nonfinite_blocks),
-        }
+        return {f.name: int(getattr(self, f.name)) for f in fields(self)}
 
 
 @dataclass(frozen=True)

@@ -15,13 +15,9 @@ elements x x scale saturated to ±448 and rounded to E4M3; the stored ``scale`` 
 0.18's pure-torch references (``torch_blockwise_scale_act_quant_lhs`` / ``_rhs``,
 ``torch_blockwise_scale_weight_quant``, which divide in FP64 and round to FP32: the same
 quotient), zero, inf and NaN blocks included: a zero block gets scale 448 / 1e-12, an inf block
-scale 0 (its finite elements 0, its inf NaN), a NaN block NaN. One exception: the ``_rhs``
-reference clamps the amax in the input's dtype, so a BF16 tile below 1e-12 gets the scale of
-BF16(1e-12) = 1.0019e-12 there (a multiplier 0.19 % smaller: some of its elements one E4M3 step
-smaller). The clamp here is FP32's, as in torchao's other references and in its Triton kernels,
-what its training runs (docs/precisions.md, *Checked against torchao*). ``torch._scaled_mm``
-does not take block scales on the CPU (torch 2.14: tensorwise and rowwise only), so the GEMM is
-compared with a direct high-precision reference instead (tests/precision/test_blocks.py).
+scale 0 (its finite elements 0, its inf NaN), a NaN block NaN. The one exception, BF16 tiles
+below 1e-12 in the ``_rhs`` reference (which clamps in the input's dtype; here FP32, as its
+Triton kernels): docs/precisions.md, *Checked against torchao*.
 """
 
 from __future__ import annotations

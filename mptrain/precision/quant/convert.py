@@ -1,19 +1,9 @@
 """Which Linear layers of a model take a quantized format, and the conversion: one path for every
 format (FP8 per tensor or row: :class:`~.fp8_linear.Float8Linear`; MXFP8, NVFP4, blockwise FP8:
 :class:`~.block_linear.BlockLinear`), undone, as every layer format's, by
-:func:`mptrain.precision.formats.to_plain_linear`.
-
-- :func:`layer_rules`: the selection rules of :mod:`mptrain.precision.selection` under the
-  format's config group (``fp8.*``, ``mx.*``, ``nvfp4.*``), its GEMM's alignment (16 for
-  ``torch._scaled_mm``, the block size for a block format: a Linear not a multiple of it stays in
-  BF16, with the reason) and NVFP4's BF16 tail;
-- :func:`convert_linears` replaces the chosen layers in place, each with its per-GEMM plan
-  (``precision.gemms``), a block layer seeded by :func:`layer_seed` and its stochastic-rounding
-  generator by :func:`generator_seed` for this process's rank;
-- :func:`apply_quantized`: the choice and the conversion, and the report's section of the format (``fp8`` or ``blocks``);
-- :class:`BlockLayers`: the run's handle on its block layers (counting on the loop's log rows,
-  the generators a checkpoint saves, the per-layer figures); :func:`fp8_layer_stats`: the FP8
-  layers' final scales and counters.
+:func:`mptrain.precision.formats.to_plain_linear`; the report's section of the format
+(:func:`apply_quantized`), the run's handle on its block layers (:class:`BlockLayers`) and the FP8
+layers' final figures (:func:`fp8_layer_stats`).
 """
 
 from __future__ import annotations
@@ -87,11 +77,9 @@ def layer_seed(seed: int, index: int) -> int:
 
 def generator_seed(seed: int, rank: int) -> int:
     """The seed of the stochastic-rounding generator on ``rank`` of a layer seeded ``seed``
-    (:func:`layer_seed`). Rank 0, a single process's, keeps ``seed`` itself (so single-process
-    runs draw what they drew before ranks had their own); every other rank a 64-bit mix of it
-    and the rank (splitmix64's finalizer), so data-parallel ranks round their gradients with
-    different draws: the same draws on every rank would correlate the rounding errors that the
-    gradient all-reduce averages (torchtitan seeds NVFP4's rounding per rank too)."""
+    (:func:`layer_seed`): ``seed`` itself on rank 0 (a single process's), on every other rank a
+    64-bit mix of it and the rank (splitmix64's finalizer), so data-parallel ranks round their
+    gradients with different draws (why: docs/precisions.md, *Under torchrun*)."""
     if rank == 0:
         return seed
     z = (seed + rank * 0x9E3779B97F4A7C15) % 2**64

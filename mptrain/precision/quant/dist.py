@@ -1,32 +1,26 @@
-"""FP8 state under data parallelism (DDP, FSDP2): what the ranks must agree on, and when.
+"""FP8 state under data parallelism (DDP, FSDP2): what the ranks must agree on, and when (in
+words: docs/distributed.md, *FP8*).
 
 Built by :func:`build_fp8_sync`; the loop calls ``begin()`` once before its first step, then
 ``after_backward()`` and ``after_optimizer_step()`` around every optimizer step, on every rank
 (each may run a collective). A single process, or a run without FP8, gets :class:`FP8Sync`,
-whose calls do nothing.
+whose calls do nothing. Nothing is read on the host: the collectives take and leave device
+tensors.
 
-Builtin backend (:mod:`mptrain.precision.quant.fp8_linear`), under DDP or FSDP:
+Builtin backend (:mod:`mptrain.precision.quant.fp8_linear`), after the backward:
 
-- delayed scaling: each rank's casts put that rank's amaxes into its histories. After the
-  backward, the histories of every TensorScaler (input, weight and grad of every Float8Linear)
-  are reduced with MAX in one all-reduce, and every scale is recomputed from the reduced history,
-  as Transformer Engine does (one reduction per pass, all layers together). All ranks then hold
-  the same histories and scales and quantize alike; rank 0's checkpoint is every rank's. A scale
-  therefore changes once per optimizer step, not after each cast as in a single process: the same
-  thing when every layer runs once per step (``grad_accum_steps=1``, no layer called twice).
-  A NaN amax is sent as +inf (an all-reduce MAX does not order NaN): either holds the scale.
-- dynamic scaling: each cast's scale comes from its own tensor, so activation and gradient scales
-  are per rank (torchao does the same), and nothing is reduced. A weight's amax is taken over the
-  whole weight (DDP: identical replicas; FSDP: the all-gathered weight), the same on every rank.
-- counters (saturated, seen, zero and non-finite amax casts): after the backward, what each rank
-  added since the previous step is summed over the ranks (one all-reduce), so on every rank the
-  buffers (the report's figures, the checkpoint's) count the casts of the whole job.
-
-Nothing is read on the host: the collectives take and leave device tensors.
+- delayed scaling: the amax histories of every TensorScaler are reduced with MAX in one
+  all-reduce and every scale is recomputed from them, so a scale changes once per optimizer step,
+  not after each cast as in a single process: the same thing when every layer runs once per step
+  (``grad_accum_steps=1``, no layer called twice). A NaN amax is sent as +inf (an all-reduce MAX
+  does not order NaN): either holds the scale. Dynamic scaling reduces nothing: a weight's amax
+  is taken over the whole weight (DDP: identical replicas; FSDP: the all-gathered weight);
+- counters: what each rank added since the previous step is summed over the ranks (one
+  all-reduce), so every rank's buffers count the casts of the whole job.
 
 torchao backend under FSDP2: weights are all-gathered in FP8 (``enable_fsdp_float8_all_gather``,
-set at conversion); their scales are computed by ``precompute_float8_dynamic_scale_for_fsdp``
-after every optimizer step (one all-reduce of every weight's amax), as torchao requires.
+set at conversion), their scales computed by ``precompute_float8_dynamic_scale_for_fsdp`` after
+every optimizer step, as torchao requires.
 """
 
 from __future__ import annotations

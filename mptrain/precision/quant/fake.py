@@ -1,35 +1,29 @@
 """The emulation's fake quantization: an operand quantized and dequantized in one pass of FP32
 arithmetic, the same values, bit for bit, as ``quantize_<format>(...).dequantize(torch.float32)``
 (tests/precision/test_block_training.py checks every format, rounding and edge case of
-test_blocks_torchao.py) at a fraction of its cost.
+test_blocks_torchao.py) at a fraction of its cost: the CPU casts to and from FP8 element by
+element (FP8 -> FP32 alone costs more than the FP32 GEMM it feeds).
 
-Where the time goes otherwise: the CPU casts to and from FP8 element by element (FP8 -> FP32
-alone costs more than the FP32 GEMM it feeds), and E2M1 codes are found by comparisons with each
-midpoint (or a ``bucketize``). Here an element is rounded to its format's grid without leaving
-FP32: for a magnitude ``m`` in the binade ``[2^e, 2^(e+1))`` (``e`` at least the format's smallest
-normal exponent, where the subnormal spacing continues), ``(m + c) - c`` with ``c = 2^(e + 23 -
-mantissa bits)`` is ``m`` rounded to nearest even at the format's spacing ``2^(e - mantissa
-bits)``: the FP32 addition itself rounds (``c``'s ulp is that spacing, and the sum stays in
-``c``'s binade). Saturation is a clamp first, as :func:`mptrain.precision.quant.fp8.quantize`
-does. Stochastic rounding (NVFP4 gradients) draws the same ``torch.rand`` numbers, in the same
-order, as :func:`mptrain.precision.quant.e2m1.encode` and compares them with the same exact
-fraction.
+Here an element is rounded to its format's grid without leaving FP32: for a magnitude ``m`` in
+the binade ``[2^e, 2^(e+1))`` (``e`` at least the format's smallest normal exponent, where the
+subnormal spacing continues), ``(m + c) - c`` with ``c = 2^(e + 23 - mantissa bits)`` is ``m``
+rounded to nearest even at the format's spacing ``2^(e - mantissa bits)``: the FP32 addition
+itself rounds (``c``'s ulp is that spacing, and the sum stays in ``c``'s binade). Saturation is a
+clamp first, as :func:`mptrain.precision.quant.fp8.quantize` does. Stochastic rounding (NVFP4
+gradients) draws the same ``torch.rand`` numbers, in the same order, as
+:func:`mptrain.precision.quant.e2m1.encode` and compares them with the same exact fraction.
 
-The time is in the passes over the operand (each elementwise torch operation is one; on the CPU
-they are bound by memory traffic), so they are few: ``|x|`` is written once, into the buffer the
-result is returned in, and everything after it happens there in place (the blocks' amax, the
-multiplier, saturation, the rounding, the sign, the scale: ten passes for MX, against eleven
-and the casts before); a block's multiplier and scale come from a few integer passes over the
-amaxes (MX: :func:`mptrain.precision.quant.mx.scale_factors`, no E8M0 codes, cast or boolean
-mask: a mask costs ten times an integer pass there). An operand whose quantized dimension is not
-its last can be quantized where it lies (``keep_layout``: blocks split along a middle dimension,
-the amax reduced across rows), so that no transposed copy is made: what the backward's dx and
-dW GEMMs use, reading their operands in an FP32 Linear's own layouts.
+The time is in the passes over the operand (each elementwise torch operation is one, bound by
+memory traffic on the CPU), so they are few: ``|x|`` is written once, into the buffer the result
+is returned in, and everything after it happens there in place; a block's multiplier and scale
+come from a few integer passes over the amaxes (MX:
+:func:`mptrain.precision.quant.mx.scale_factors`). An operand whose quantized dimension is not
+its last can be quantized where it lies (``keep_layout``, :func:`_split`): no transposed copy,
+what the backward's dx and dW GEMMs use.
 
 Temporaries live in a per-thread scratch space (:func:`scratch`), reused from call to call:
-fresh memory costs a page fault per page, which on a CPU (a VM's above all) costs more than
-the pass that fills it. The scratch holds the largest operand quantized so far, twice or three
-times; only the dequantized operand each call returns is new memory.
+fresh memory costs a page fault per page, which on a CPU (a VM's above all) costs more than the
+pass that fills it; only the dequantized operand each call returns is new memory.
 
 The one difference: an element whose scaled value is NaN (possible only in a block or tensor
 holding inf or NaN) stays NaN here, where E2M1 (no NaN) gives a signed zero; its block's
@@ -48,11 +42,10 @@ from mptrain.precision.quant.blocked import INPUT_DTYPES, Blocks, element_max, s
 from mptrain.precision.quant.blockwise import BLOCKWISE_BLOCK
 from mptrain.precision.quant.e2m1 import E2M1, E2M1_MAX
 from mptrain.precision.quant.fp8 import E4M3, E5M2, scale_from_amax
-from mptrain.precision.quant.hadamard import RHT_SIZE
+from mptrain.precision.quant.hadamard import RHT_NORM, RHT_SIZE
 from mptrain.precision.quant.mx import MX_BLOCK, scale_factors
 from mptrain.precision.quant.nvfp4 import NVFP4_BLOCK, _to_e4m3, nvfp4_tensor_scale
 
-_RHT_NORM = RHT_SIZE**-0.5  # 1/4, exact: hadamard.py's normalisation
 _MANTISSA_BITS = 23
 _EXPONENT_BITS = 0x7F800000
 _MAGNITUDE_BITS = 0x7FFFFFFF
@@ -157,7 +150,7 @@ def hadamard_(t: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
     at every butterfly stage. Returns ``t``."""
     blocks = t.view(-1, RHT_SIZE, 1).mul_(signs.to(t.device).view(RHT_SIZE, 1))
     _butterflies(blocks)
-    return t.mul_(_RHT_NORM)
+    return t.mul_(RHT_NORM)
 
 
 def hadamard_rows(t: torch.Tensor, signs: torch.Tensor, out: str) -> torch.Tensor:
@@ -169,7 +162,7 @@ def hadamard_rows(t: torch.Tensor, signs: torch.Tensor, out: str) -> torch.Tenso
     shape = (rows // RHT_SIZE, RHT_SIZE, cols)
     result = scratch(out, shape, torch.float32, t.device)
     torch.mul(t.reshape(shape), signs.to(t.device).view(RHT_SIZE, 1), out=result)
-    return _butterflies(result).mul_(_RHT_NORM).view(rows, cols)
+    return _butterflies(result).mul_(RHT_NORM).view(rows, cols)
 
 
 def _butterflies(blocks: torch.Tensor) -> torch.Tensor:

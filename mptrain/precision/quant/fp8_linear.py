@@ -69,8 +69,7 @@ class FP8TensorwiseGemm(_FP8Gemm):
         # y = x Wᵀ: x row-major (M×K), Wᵀ column-major (K×N) is W stored row-major.
         out = fp8_gemm(x_fp8, x_scale, w_fp8.t(), w_scale, out_dtype, self.quantization.real_gemm)
         # Kept only for a backward GEMM of this format (the input's cast: exactly when the plan
-        # saves no input rows, GemmPlan.saves_input); a weight gradient in BF16 (torchao's
-        # rowwise_with_gw_hp) reads the high-precision rows instead.
+        # saves no input rows, GemmPlan.saves_input).
         if layer.plan.weight_grad.reuses_forward(self):
             kept.update(fp8_x=x_fp8, fp8_x_scale=x_scale)
         if layer.plan.input_grad == self:
@@ -169,9 +168,7 @@ class FP8RowwiseGemm(_FP8Gemm):
 
     def weight_grad(self, b: Backward) -> torch.Tensor:
         assert b.rows is not None  # rowwise re-quantizes: the forward saved them
-        # dW = dyᵀ x: per column of dy (a row of dyᵀ) and per column of x; M padded to 16.
-        # (1, N) and (1, K); counted only where the forward's and input gradient's casts were not
-        # (a per-GEMM plan that runs those in another format)
+        # dW = dyᵀ x: per column of dy (a row of dyᵀ), (1, N), and of x, (1, K); M padded to 16.
         g_cols, g_col_scale = b.layer.grad_scaler.cast_along(
             b.g, 0, not b.cache.get(_COUNTED, False)
         )
@@ -195,9 +192,6 @@ class Float8Linear(QuantizedLinear):
     (``plan``: by default ``quantization``'s granularity for all three; a GEMM of the plan may be in
     high precision instead). Parameters stay FP32. It holds the FP8 formats' state: a
     :class:`TensorScaler` per role (input, weight, grad), in its state_dict.
-
-    Subclasses nn.Linear so state_dict keys, ``in_features``/``out_features`` and code that checks
-    ``isinstance(m, nn.Linear)`` keep working.
     """
 
     contiguous_grad = True

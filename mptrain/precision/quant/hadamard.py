@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 RHT_SIZE = 16
-_NORM = RHT_SIZE**-0.5  # 1/4: exact
+RHT_NORM = RHT_SIZE**-0.5  # 1/4: exact
 
 
 def rht_signs(seed: int) -> torch.Tensor:
@@ -45,7 +45,7 @@ def random_hadamard_transform(x: torch.Tensor, signs: torch.Tensor, dim: int = -
         )
     moved = x.movedim(dim, -1)
     blocks = moved.float().reshape(*moved.shape[:-1], -1, RHT_SIZE)
-    transformed = walsh_hadamard(blocks * signs.to(blocks.device)) * _NORM
+    transformed = walsh_hadamard(blocks * signs.to(blocks.device)) * RHT_NORM
     return transformed.reshape(moved.shape).movedim(-1, dim).to(x.dtype)
 
 

@@ -2,25 +2,15 @@
 emulated everywhere else, with the rules of each kernel checked on every device (code that passes
 on the CPU cannot fail on the GPU for a rule the CPU skipped):
 
-- FP8 with one scale per tensor or per row (:func:`fp8_gemm`): ``torch._scaled_mm`` on NVIDIA GPUs
-  of compute capability >= 8.9 (:func:`fp8_gemm_available`); its layout and alignment contract
-  (:func:`check_gemm_operands`). Emulated: the FP8 values (exact in FP32) multiplied in FP32, the
+- FP8 with one scale per tensor or per row (:func:`fp8_gemm`): ``torch._scaled_mm``
+  (:func:`fp8_gemm_available`), its layout and alignment contract checked by
+  :func:`check_gemm_operands`. Emulated: the FP8 values (exact in FP32) multiplied in FP32, the
   product rescaled once;
-- block-scaled (:func:`block_gemm`): torch's block-scaled ``torch.nn.functional.scaled_mm`` where
-  the GPU has it (``quantization.real_gemm``). Both paths take the operands of the same quantization;
-  only the matmul differs.
-
-Which (:func:`block_gemm_available`, from the device's compute capability and torch's build, as
-each format's row of :data:`mptrain.config.format_table.FORMAT_TABLE` states them;
-the precision policy decides and records it, ``<key>.emulate=false`` without it is refused):
-
-- blockwise FP8 (``fp8_blockwise``): Hopper, compute capability 9.x, E4M3 operands (torch's
-  DeepSeek quantization: BlockWise1x128 activations and gradients, BlockWise128x128 weights, FP32
-  scales; cuBLAS >= 12.9). torch refuses it on every other architecture, Blackwell included,
-  and refuses E5M2 (``fp8.format=hybrid`` gradients): those run emulated;
-- MXFP8 and NVFP4: Blackwell and later, compute capability >= 10.0 (BlockWise1x32 with E8M0
-  scales, BlockWise1x16 with E4M3 scales, both swizzled into cuBLAS's 128x4 tile layout:
-  :func:`to_blocked`; CUDA >= 12.8).
+- block-scaled (:func:`block_gemm`): torch's block-scaled ``torch.nn.functional.scaled_mm``
+  (:func:`block_gemm_available`: the compute capabilities and CUDA each format's row of
+  :data:`mptrain.config.format_table.FORMAT_TABLE` names; which devices, in words:
+  docs/precisions.md, *Real where the GPU has the kernel*). Both paths take the operands of the
+  same quantization; only the matmul differs.
 
 Emulated (``a`` and ``b`` the dequantized FP32 operands): an FP32 matmul with autocast off, cast
 to the output dtype, as a hardware GEMM accumulating in FP32 writes its output. autocast is off
@@ -130,9 +120,10 @@ def block_gemm_available(
     device: torch.device, fmt: str, elements: torch.dtype = E4M3
 ) -> tuple[bool, str]:
     """(whether ``device`` runs ``fmt``'s GEMMs in hardware through this torch, why not): the
-    rules of the module doc, from the device's compute capability (:func:`hardware.cuda_capability`)
-    and torch's build. ``elements``: the gradients' element format (blockwise FP8 takes E4M3
-    only). The reason starts "no real <fmt> GEMM" and says what is missing."""
+    kernel of ``fmt``'s row of the format table, from the device's compute capability
+    (:func:`hardware.cuda_capability`) and torch's build. ``elements``: the gradients' element
+    format (blockwise FP8 takes E4M3 only). The reason starts "no real <fmt> GEMM" and says what
+    is missing."""
     no = f"no real {fmt} GEMM"
     kernel = FORMAT_TABLE[fmt].kernel  # a block format's row: compute capabilities, CUDA, needs
     if kernel is None:

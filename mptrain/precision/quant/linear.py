@@ -11,11 +11,9 @@ A Linear computes three GEMMs, each reducing over its own dimension:
 - weight gradient ``dW = dyᵀ x``: the output gradient and the input, over the tokens.
 
 A :class:`GemmFormat` runs one kind of GEMM: it quantizes its two operands along the GEMM's
-reduction dimension and multiplies them with FP32 accumulation, on a real kernel or emulated;
-:class:`HighPrecisionGemm` multiplies in BF16 or FP32 without quantizing. The plan names the
-format of each GEMM: the same one for all three in the precisions' own quantizations (``precision=fp8``,
-``mxfp8``, ``nvfp4``), or another for a GEMM (FP8 forward and input gradient, the weight gradient
-in BF16: torchao's ``rowwise_with_gw_hp``).
+reduction dimension and multiplies them with FP32 accumulation, on a real kernel or emulated.
+The plan names the format of each GEMM: the same one for all three in a precision's own
+quantization, else as ``precision.gemms`` says (:mod:`mptrain.precision.gemm_plans`).
 
 What crosses from the forward to the backward: the high-precision input rows, unless the weight
 gradient's format reuses the forward's quantization of them (FP8 tensorwise: delayed scaling must

@@ -34,9 +34,8 @@ saturate). Here the rounding up is exact, as in the PTX instruction torchao itse
 SM100 and in cuBLAS; the test measures how rare such blocks are.
 
 ``data * scale`` is what the GEMM multiplies (:meth:`BlockQuantized.dequantize`): exact in FP32
-(down to 2^-136), which mptrain's emulation multiplies. In BF16 (:func:`fake_quant_mx` of a BF16
-tensor; torchao's BF16 emulation) a value needing bits below BF16's subnormal spacing 2^-133 is
-rounded: for BF16 inputs only in ``floor``'s code-0 blocks, whose halving adds a bit.
+(down to 2^-136), which mptrain's emulation multiplies; where it is not in BF16:
+docs/precisions.md, *Checked against torchao*.
 """
 
 from __future__ import annotations

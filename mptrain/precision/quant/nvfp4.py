@@ -28,14 +28,12 @@ An inf in the tensor: with the per-tensor scale every block dequantizes to NaN (
 scale is inf), as torchao; without it the inf saturates to its block's max (6 x 448), as torchao.
 :class:`BlockStats` counts such blocks (``nonfinite_blocks``), which the caller should check.
 
-Options of the training quantization: ``tile_2d`` (one scale per 16x16 tile of a 2-D weight, so the
-forward and the backward GEMM see the same quantized weight) and ``generator`` (stochastic
-rounding of the elements, for gradients: one ``torch.rand`` draw per element, in the order of
-``data``'s layout, from the given ``torch.Generator`` on ``x``'s device; its ``get_state()``
-saved with a checkpoint and restored with ``set_state()`` resumes the exact draws; the scales
-still round to nearest). The random Hadamard transform is :mod:`.hadamard`, applied by the caller before
-quantizing. torchao's GPU training kernels (Triton, ``nvfp4_training``) compute the two-level
-scale in another order and are not compared here.
+Options of the training quantization: ``tile_2d`` (one scale per 16x16 tile of a 2-D weight, so
+the forward and the backward GEMM see the same quantized weight) and ``generator`` (stochastic
+rounding of the elements, for gradients: :func:`.e2m1.encode`'s draws, in the order of
+``data``'s layout; the scales still round to nearest). The random Hadamard transform is
+:mod:`.hadamard`, applied by the caller before quantizing. torchao's GPU training kernels
+(Triton, ``nvfp4_training``) compute the two-level scale in another order and are not compared.
 """
 
 from __future__ import annotations
