@@ -10,6 +10,7 @@ checkpoint's every state into a freshly built :class:`~mptrain.train.components.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,6 @@ import torch
 from mptrain.checkpoint.file import (
     DATA_IDENTITY,
     FORMAT_VERSION,
-    atomic_json,
     atomic_torch_save,
     remove_stray_temporaries,
 )
@@ -35,7 +35,7 @@ from mptrain.platform.distributed import (
     optimizer_state,
 )
 from mptrain.platform.seeding import restore_rng_states, rng_states
-from mptrain.rundir.fileio import atomic_link
+from mptrain.rundir.fileio import atomic_link, atomic_write_text
 from mptrain.rundir.layout import BEST, LATEST, candidates, step_checkpoint_name
 from mptrain.train.state import LoopState
 
@@ -110,7 +110,8 @@ class Checkpointer:
             self.steps.add(state.step)
             return path
         atomic_torch_save(payload, path)
-        atomic_json({"checkpoint": path.name, "step": state.step}, self.directory / LATEST)
+        pointer = json.dumps({"checkpoint": path.name, "step": state.step})
+        atomic_write_text(self.directory / LATEST, pointer)
         self.steps.add(state.step)
         if path not in self.saved:
             self.saved.append(path)

@@ -1,27 +1,19 @@
 """The checkpoint file: its format, atomic writes, safe loading and the lookup used by resume.
 
-When to save and how a run is restored: :mod:`mptrain.checkpoint.checkpointer`.
-
-A checkpoint holds everything the next step depends on: model (FP8 scales and amax histories are
-buffers, so they come with it), optimizer, LR scheduler, loss scaler (scale and growth tracker),
-the loop's counters and history (step, epoch, skipped steps, scale history, evaluations), every RNG
-(python, numpy, torch CPU and CUDA), ``precision.update``'s rounding generator and Kahan buffers
-(``update``; None when it rounds to nearest) and the resolved config; and, for using the trained model
-(:mod:`mptrain.commands.evaluate`), the data facts: input shape, class names and preprocessing. The data position is implied: the
-order of epoch ``e`` is a function of (seed, e), and the step count says how far into it we are.
+When to save, what a checkpoint holds (``Checkpointer.payload``: everything the next step depends
+on, and the data facts :mod:`mptrain.commands.evaluate` needs) and how a run is restored:
+:mod:`mptrain.checkpoint.checkpointer`. The data position is implied: the order of epoch ``e`` is
+a function of (seed, e), and the step count says how far into it.
 
 Writes are atomic: ``torch.save`` to a temporary file in the same directory, flush, fsync, rename;
 only then does ``latest.json`` move to it (written the same way). A crash or kill at any moment
 leaves the previous checkpoint and pointer loadable; stray temporary files are removed on the next
-start. Resuming in FP32 on a CPU reproduces an uninterrupted run bit for bit. ``best.pt``, when
-the best evaluation falls on a saved step, is a hard link to that step's file: no second write and
-no second copy on disk, and pruning the step leaves ``best.pt`` whole.
+start.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import pickle
 import re
 import zipfile
@@ -63,10 +55,6 @@ def atomic_torch_save(obj: Any, path: Path) -> None:
                 ) from exc
             cause = cause.__cause__ or cause.__context__
         raise
-
-
-def atomic_json(obj: Any, path: Path) -> None:
-    atomic_write(path, lambda f: json.dump(obj, f))
 
 
 def remove_stray_temporaries(directory: Path) -> list[Path]:

@@ -1,33 +1,18 @@
-"""``precision=auto`` decided by measuring the user's model, where that is affordable.
+"""``precision=auto`` decided by measuring the user's model, where that is affordable (what it
+does in words, and what the report says: docs/precisions.md#precisionauto).
 
-The device rule (:func:`mptrain.precision.policy.resolve_precision`) picks BF16 wherever the CPU
-executes it natively, but on a CPU that rule is weak: a small GPT ran 1.3x slower in BF16 than in
-FP32 on a CPU with AMX-BF16 (issue 29). So, on a CPU where the rule chose BF16, the job times the
-two candidates — BF16 autocast and FP32, the same FP32 weights, no loss scaling either way, so
-the choice changes nothing but the autocast dtype — on copies of the run's model and its first
-batch (:func:`mptrain.pace.steptime.time_steps`: the run's weights, data position and random
-state are untouched), at each thread count the run may train at (with ``threads=auto``, the
-counts its tuner chooses from on the first training steps: a candidate is judged at the count it
-would run at, not at a start count the tuner then abandons): one warm-up step per candidate and
-count, then :data:`ROUNDS` rounds alternating, so a change of load hits all alike, and each
-candidate's fastest step counts: other work on the machine only ever slows a step down (here,
-with other jobs on the 2 cores, single steps of a 5 ms model took 300 ms), so the fastest is the
-least disturbed. BF16 is kept only when its step is at least
-:data:`FASTER_BY` times faster: at equal speed FP32 computes more faithfully. When the paired
-rounds disagree (neither candidate faster in :data:`AGREE` of them: a busy machine, where the
-same job decided fp32 "3.32x faster" and bf16 "2.79x faster" minutes apart), more rounds are
-timed, up to :data:`MAX_ROUNDS`; still undecided, the device rule's choice stands, and the reason
-says so. One line is said before the timing starts; a run stopped during it says that too.
-
-Not measured (the rule stands, and the reason says why): ``precision.measure=false``; a GPU
-(BF16 tensor cores are the rule's strong case, and timing copies would double the model's memory
-there); a rule that left one candidate; ``compile=true`` (each candidate would compile);
-several processes (each would have to agree); a run shorter than :data:`MIN_STEPS` steps (the
-timing would cost more than it can save); a resumed run (it keeps the precision its checkpoint
-was trained in, measured then or not: a resume does not change precision).
-
-Same command, different machines: the choice can differ. The report says what ran and why
-(``precision.reason``, ``precision.auto_timing``); ``precision=bf16`` or ``precision=fp32`` pins it.
+On a CPU the device rule (:func:`mptrain.precision.policy.resolve_precision`) is weak: where it
+chose BF16, the job times the two candidates — BF16 autocast and FP32, the same FP32 weights, no
+loss scaling either way, so the choice changes nothing but the autocast dtype — on copies of the
+run's model and its first batch (:func:`mptrain.pace.steptime.time_steps`: the run's weights, data
+position and random state are untouched), at each count of :func:`thread_counts`: one warm-up
+step per candidate and count, then :data:`ROUNDS` rounds alternating, so a change of load hits
+all alike. Each candidate's fastest step counts: other work on the machine only ever slows a step
+down, so the fastest is the least disturbed. BF16 is kept only when its step is at least
+:data:`FASTER_BY` times faster: at equal speed FP32 computes more faithfully. Paired rounds that
+disagree (:func:`_undecided`) are timed again, up to :data:`MAX_ROUNDS`; still undecided, the
+device rule's choice stands, and the reason says so. :func:`why_not_measured` says when the rule
+stands untimed; a resumed run keeps the precision its checkpoint was trained in.
 """
 
 from __future__ import annotations
@@ -54,17 +39,17 @@ CANDIDATES = {"bf16": ("bf16", "fp32")}  # the rule's CPU choice -> what is time
 
 def why_not_measured(run: Run, steps: int) -> str | None:
     """Why ``precision=auto`` keeps its device rule for ``run`` of ``steps`` steps, or None
-    when the candidates are to be timed (see the module doc)."""
+    when the candidates are to be timed (in words: docs/precisions.md#precisionauto)."""
     cfg, policy = run.cfg, run.precision.policy
     if not cfg.precision.measure:
         return "precision.measure=false"
-    if run.device.type != "cpu":
+    if run.device.type != "cpu":  # BF16 tensor cores: the rule's strong case (and copies cost)
         return "not timed on a GPU"
     if policy.name not in CANDIDATES:
         return "no other candidate on this device"
     if cfg.compile:
         return "compile=true: each candidate would compile"
-    if run.dist.enabled:
+    if run.dist.enabled:  # each process would time, and all would have to agree
         return "several processes"
     if steps < MIN_STEPS:
         return f"a run of {plural(steps, 'step')}: timing the candidates pays off from {MIN_STEPS}"
@@ -94,8 +79,9 @@ def decide_auto(
         reason = f"kept from the checkpoint this run resumes (trained in {trained_in})"
         return with_policy(run, _policy_for(run, trained_in, reason, None))
     skip = why_not_measured(run, steps)
-    if skip is not None:
-        return _with_reason(run, f"{policy.reason}; {skip}")
+    if skip is not None:  # the rule's choice stays, its reason says why it was not timed
+        policy = dataclasses.replace(policy, reason=f"{policy.reason}; {skip}")
+        return dataclasses.replace(run, precision=dataclasses.replace(run.precision, policy=policy))
     names = CANDIDATES[policy.name]
     if say is not None:
         say(f"auto: timing {' and '.join(names)} on copies of this model before training")
@@ -120,9 +106,8 @@ def _wins(timing: dict[str, Any], lower: str) -> int:
 
 
 def _undecided(timing: dict[str, Any], lower: str) -> bool:
-    """The paired rounds disagree: neither candidate was faster in at least AGREE of them (on a
-    busy machine the fastest steps flip between runs minutes apart: 3.3x one way, 2.8x the
-    other)."""
+    """The paired rounds disagree: neither candidate was faster in at least AGREE of them (a busy
+    machine, where the fastest steps flip between runs minutes apart)."""
     rounds = len(timing["steps"]["fp32"])
     wins = _wins(timing, lower)
     return max(wins, rounds - wins) < AGREE * rounds
@@ -228,8 +213,3 @@ def _policy_for(run: Run, name: str, reason: str, timing: dict[str, Any] | None)
         dataclasses.replace(run.cfg.precision, name=name), run.device, run.cfg.fp8
     )
     return dataclasses.replace(resolved, requested=AUTO, reason=reason, auto_timing=timing)
-
-
-def _with_reason(run: Run, reason: str) -> Run:
-    policy = dataclasses.replace(run.precision.policy, reason=reason)
-    return dataclasses.replace(run, precision=dataclasses.replace(run.precision, policy=policy))

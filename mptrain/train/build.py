@@ -1,15 +1,10 @@
 """Building a run: everything the training loop needs, from a typed config.
 
 :func:`prepare_run` is the one setup path — ``mptrain bench``, the tests and the benchmarks call
-it; ``mptrain`` runs call its two halves, :func:`resolve_run` and :func:`build_run`, so that a
-report written after a failed build still names the device, precision and TF32 flags:
-
-    seed -> device -> precision policy -> TF32 flags | data -> model (FP8/block conversion, FP32
-    islands, "pure" casts, channels_last, DDP/FSDP wrapping) -> optimizer -> LR schedule ->
-    torch.compile -> loss scaler -> loop settings -> precision schedule (a switch planned and its
-    second precision resolved: mptrain.train.switch) -> monitor -> fault injection (debug only)
-
-and returns a :class:`Run`; :func:`mptrain.train.loop.train_loop` trains it. Combinations that cannot
+it; ``mptrain`` runs call its two halves, :func:`resolve_run` (seed, device, precision policy,
+TF32 flags) and :func:`build_run` (the rest, in the order its body reads), so that a report
+written after a failed build still names the device, precision and TF32 flags. It returns a
+:class:`Run`; :func:`mptrain.train.loop.train_loop` trains it. Combinations that cannot
 run are refused by :func:`check_run` before anything is built; what only the built objects reveal
 (no FP8-eligible layer, no module matching ``numerics.fp32_modules``, a batch larger than the
 dataset, missing files) raises :class:`~mptrain.config.base.ConfigError` during the build.
@@ -71,16 +66,11 @@ def resolve_run(
 ) -> tuple[torch.device, PrecisionPolicy, dict[str, Any]]:
     """Seed (the same initial weights on every rank); decide device and precision; set TF32."""
     seed_everything(cfg.seed)
-    device = _device_for(cfg.device, dist)
+    device = hardware.resolve_device(cfg.device)
+    if dist.enabled and device.type == "cuda":
+        device = torch.device("cuda", dist.local_rank)  # one GPU per process
     policy = resolve_precision(cfg.precision, device, cfg.fp8, cfg.mx, cfg.nvfp4)
     return device, policy, apply_tf32(policy.allow_tf32)
-
-
-def _device_for(request: str, dist: DistContext) -> torch.device:
-    device = hardware.resolve_device(request)
-    if dist.enabled and device.type == "cuda":
-        return torch.device("cuda", dist.local_rank)  # one GPU per process
-    return device
 
 
 def check_run(cfg: RunConfig, policy: PrecisionPolicy, dist: DistContext) -> None:
@@ -138,7 +128,9 @@ def build_run(
     model = wrap_model(model, dist, device, policy.autocast_dtype, gathers_fp32)
     precision.sync_layers(model, dist, cfg)
     settings = plan_loop(cfg, data, dist)
-    optimizer, scheduler = _optimization(cfg, model, settings, dist)
+    optimizer = build_optimizer(cfg.optimizer, model, fused=dist.strategy != "fsdp")
+    steps = (settings.steps_per_epoch, settings.total_steps)
+    scheduler = build_scheduler(cfg.scheduler, optimizer, *steps)
     model = torch.compile(model) if cfg.compile else model
     precision.setup(optimizer, cfg, dist, device)
     run = Run(
@@ -163,15 +155,6 @@ def build_run(
     if dist.enabled:
         seed_everything(cfg.seed + dist.rank)  # per-rank dropout and other randomness
     return run
-
-
-def _optimization(
-    cfg: RunConfig, model: torch.nn.Module, settings: LoopSettings, dist: DistContext
-) -> tuple[torch.optim.Optimizer, Any]:
-    """The optimizer over ``model``'s (possibly sharded) parameters and its lr schedule."""
-    optimizer = build_optimizer(cfg.optimizer, model, fused=dist.strategy != "fsdp")
-    steps = (settings.steps_per_epoch, settings.total_steps)
-    return optimizer, build_scheduler(cfg.scheduler, optimizer, *steps)
 
 
 # What a policy's build depends on: two policies alike here share one built run (with_policy).
@@ -270,9 +253,9 @@ def window_length(cfg: RunConfig) -> int | None:
     return lm_block_size(cfg.model) if cfg.task == "lm" else None
 
 
-def plan_steps(cfg: RunConfig, data: DataBundle) -> tuple[int, int]:
-    """(optimizer steps per epoch, total optimizer steps) for the configured length: epochs,
-    max_steps, or the first reached of both (see :class:`RunConfig`'s ``epochs``)."""
+def plan_loop(cfg: RunConfig, data: DataBundle, dist: DistContext) -> LoopSettings:
+    """The loop's settings; its optimizer steps per epoch and in all for the configured length:
+    epochs, max_steps, or the first reached of both (see :class:`RunConfig`'s ``epochs``)."""
     steps_per_epoch = data.train.num_batches // cfg.grad_accum_steps
     if steps_per_epoch < 1:
         raise ConfigError(
@@ -284,30 +267,12 @@ def plan_steps(cfg: RunConfig, data: DataBundle) -> tuple[int, int]:
         limits.append(cfg.epochs * steps_per_epoch)
     if cfg.max_steps is not None:
         limits.append(cfg.max_steps)
-    total = min(limits)
-    if total > MAX_STEPS:
+    total_steps = min(limits)
+    if total_steps > MAX_STEPS:
         raise ConfigError(
-            f"epochs={cfg.epochs}: {total:,} steps of {steps_per_epoch} per epoch; at most "
+            f"epochs={cfg.epochs}: {total_steps:,} steps of {steps_per_epoch} per epoch; at most "
             f"{MAX_STEPS:,} steps"
         )
-    return steps_per_epoch, total
-
-
-def ending_limit(epochs: int | None, max_steps: int | None, steps_per_epoch: int) -> str:
-    """Which limit ends the run, in words: ``max_steps=2000``, ``15 epochs``, ``max_steps=400,
-    before 15 epochs``, ``15 epochs, before max_steps=2000``."""
-    if epochs is None:
-        return f"max_steps={max_steps}"
-    passes = plural(epochs, "epoch")
-    if max_steps is None:
-        return passes
-    if max_steps < epochs * steps_per_epoch:
-        return f"max_steps={max_steps}, before {passes}"
-    return f"{passes}, before max_steps={max_steps}"
-
-
-def plan_loop(cfg: RunConfig, data: DataBundle, dist: DistContext) -> LoopSettings:
-    steps_per_epoch, total_steps = plan_steps(cfg, data)
     return LoopSettings(
         total_steps=total_steps,
         steps_per_epoch=steps_per_epoch,
@@ -321,6 +286,19 @@ def plan_loop(cfg: RunConfig, data: DataBundle, dist: DistContext) -> LoopSettin
         channels_last=cfg.channels_last,
         dist=dist,
     )
+
+
+def ending_limit(epochs: int | None, max_steps: int | None, steps_per_epoch: int) -> str:
+    """Which limit ends the run, in words: ``max_steps=2000``, ``15 epochs``, ``max_steps=400,
+    before 15 epochs``, ``15 epochs, before max_steps=2000``."""
+    if epochs is None:
+        return f"max_steps={max_steps}"
+    passes = plural(epochs, "epoch")
+    if max_steps is None:
+        return passes
+    if max_steps < epochs * steps_per_epoch:
+        return f"max_steps={max_steps}, before {passes}"
+    return f"{passes}, before max_steps={max_steps}"
 
 
 def _build_monitor(

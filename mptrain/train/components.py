@@ -1,9 +1,5 @@
-"""A run ready to train: what :func:`mptrain.train.build.build_run` makes and the loop consumes.
-
-:class:`Run` holds the built components (data, model, optimizer, lr schedule, the task's loss), the
-decisions made for them (the device; the precision, one :class:`~mptrain.precision.plugin.Precision`
-with its loss scaler, layers and flags; a precision schedule that may swap it), the loop's
-settings, the monitor, and the run's progress (``state``).
+"""A run ready to train (:class:`Run`): what :func:`mptrain.train.build.build_run` makes and the
+loop consumes; and a run's precision schedule when it has none (:class:`PrecisionSchedule`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Fault injection: ``debug.inject_inf_grad_steps`` puts an inf into a gradient at chosen steps;
 ``debug.kill_at_step`` kills a rank (:class:`KillAtStep`).
 
-Users and tests rely on it to see the loss scaler's skip path handled end to end (a skipped step
-counted, the scheduler not advanced, the scale backed off, the health watch warning). It is
-installed once, at build time, on the run's loss scaler and first parameter; the training loop
-has no branch for it, and a run without ``debug`` options is not touched at all.
+It shows the loss scaler's skip path handled end to end (a skipped step counted, the scheduler
+not advanced, the scale backed off, the health watch warning). Installed once, at build time, on
+the run's loss scaler and first parameter: the loop has no branch for it.
 
 Where the inf goes:
 

@@ -2,12 +2,7 @@
 
 :func:`train` is what the CLI calls for each Hydra job and what tests call directly. It takes plain
 objects (a :class:`~mptrain.config.run.RunConfig` and an output directory) and never sees OmegaConf.
-A :class:`Job` follows the run through its life, in this order:
-
-    resolve device and precision -> build (mptrain.train.build) -> audit / probe when asked ->
-    resume when asked -> checkpointer -> trackers -> train_loop (metrics, progress, trackers,
-    signals) -> final checkpoint -> report.json / report.md / curves.png -> trackers' artifacts
-
+A :class:`Job` follows the run through its life (in order: ARCHITECTURE.md, the path of a run).
 Whatever happens after the output directory is known — completion, divergence, an interrupt, an
 exception — a report is written with the matching status before the exception (if any) propagates.
 """

@@ -9,7 +9,8 @@ Per optimizer step (:func:`take_step`, ``grad_accum_steps`` micro-batches), in t
 3. clip the FP32 gradient norm (when configured): clipping always sees unscaled gradients.
 4. the optimizer step, skipped when any gradient holds inf/NaN (parameters and optimizer state
    untouched), and the scale update: halved after a skip, grown after ``growth_interval`` clean
-   steps (see :func:`_scaled_step` for the order that needs one host read).
+   steps (see :func:`_scaled_step` for the order that needs one host read; the host reads per
+   step: :func:`host_reads_per_step`).
 5. a skipped step is recorded and does *not* advance the LR scheduler.
 6. gradients set to ``None`` (``optimizer.zero_grad(set_to_none=True)``, see :func:`clear_grads`).
 
@@ -22,14 +23,6 @@ call above reads ``run.precision`` when it runs. Data-parallel FP8 runs agree on
 after the backward and after the optimizer step (:mod:`mptrain.precision.quant.dist`; nothing for
 other runs); block-scaled layers count their saturated, underflowed and zero blocks on the steps
 that write a metrics row (the counts cost more than the quantization).
-
-Around the step, :func:`train_loop` hands the outcome to the run's
-:class:`~mptrain.train.monitor.Monitor` (measurements, logging, health, divergence), then evaluates,
-checkpoints and stops when due.
-
-Host-device synchronisation per step (see :func:`host_reads_per_step`): with loss scaling (FP16)
-one read, for the inf flag, the new scale and the loss's finiteness together; without loss scaling
-none. Losses stay on the device and are read every ``log_every`` steps and at evaluations.
 
 :class:`LoopState` is mutated in place, so a caller that catches an exception or an interrupt still
 has the figures of the steps that ran.
@@ -70,24 +63,16 @@ if TYPE_CHECKING:
 _NO_CONTEXT = contextlib.nullcontext()  # reusable (and re-entrant): no per-step allocation
 
 
-def _no_signal() -> int | None:
-    return None
-
-
-def _never_stop() -> bool:
-    return False
-
-
 @dataclass(frozen=True)
 class LoopHooks:
     """What the caller plugs into the loop: observers, the checkpoint call, the stop request."""
 
     observers: tuple[LoopObserver, ...] = ()
     checkpoint: Callable[[LoopState, bool], None] | None = None  # (state, end_of_epoch)
-    stop_requested: Callable[[], bool] = _never_stop
+    stop_requested: Callable[[], bool] = lambda: False
     # The signal that asked this rank to stop (its number; None: none came): distributed runs tell
     # every rank which ranks were asked and how (LoopState.stop_signals).
-    stop_signal: Callable[[], int | None] = _no_signal
+    stop_signal: Callable[[], int | None] = lambda: None
     # Entered around the forward/backward and evaluations, where the weights and optimizer state
     # are still the last completed step's: a "stop now" may abandon the step there (the job's
     # GracefulStop.interruptible raises StopNow; the loop's state stays that step's).
@@ -372,9 +357,8 @@ class UpdateProbe:
     """Measures, around one optimizer step, how many gradients are zero and how many non-zero
     gradients left no trace of their update (rounded away in the parameter's dtype), and, given
     the ``optimizer``, the same for each of its states (Adam's moments, SGD's momentum): the
-    share of elements with a non-zero gradient whose stored state the step left unchanged,
-    e.g. ``exp_avg_sq``'s 0.1% change rounded away in BF16 (``optimizer.state_dtype=bf16``) or in
-    torchao's 8-bit blocks.
+    share of elements with a non-zero gradient whose stored state the step left unchanged
+    (what it shows, in words: docs/report.md#optimizer-states-in-less-memory).
 
     Works on flat FP32 copies of all gradients and parameters (three concatenations and a few
     element-wise kernels, not a dozen small kernels per tensor); the states are copied in their

@@ -2,29 +2,18 @@
 
 :func:`account_step` runs one optimizer step of the run on copies of its model and optimizer
 (the run is not touched: a fresh batch iterator of its epoch, the CPU random state forked, as
-:mod:`mptrain.pace.steptime` does) and counts, at the step's high-water mark:
-
-- ``parameters``: the model's parameters (master weights; a pure precision's are BF16);
-- ``gradients``: the parameters' ``.grad`` after the backward;
-- ``optimizer_states``: every tensor of the optimizer's state after its first step (Adam's two
-  moments and its step counter);
-- ``scales``: the buffers of the low-precision layers (FP8 scales and amax histories, block
-  formats' counters and signs), counted apart from the model's other ``buffers`` (batch-norm
-  statistics);
-- what autograd saved for the backward of one micro-batch (the high-water mark: each
-  micro-batch's are freed by its backward), counted by ``torch.autograd.graph.saved_tensors_hooks``
-  on their storages, each storage once, parameters and buffers left out (counted above):
-  ``parameter_casts``, autocast's copies of the parameters (BF16 weights of the matmuls; their
-  history is a cast and views back to the parameter), and ``activations``, everything else: the
-  layers' inputs and outputs as autocast left them (BF16 where it cast, about half of FP32's
-  bytes; FP32 where it keeps FP32: norms, softmax, the loss, the residual stream) and, under a
-  low-precision format, the quantized operands its backward GEMMs read (its weights' casts
-  included: they are made inside its autograd function, without a history of their own).
+:mod:`mptrain.pace.steptime` does) and counts, at the step's high-water mark, the bytes of each
+kind of :data:`KINDS` (what each holds: docs/report.md#where-the-memory-goes-memoryaccounted):
+the model's parameters, gradients, buffers and the low-precision layers' ``scales``, the
+optimizer's state after its first step, and what autograd saved for the backward of one
+micro-batch (each micro-batch's are freed by its backward; ``saved_tensors_hooks``, each storage
+once, parameters and buffers left out), split into autocast's copies of the parameters
+(:func:`_cast_of_parameter`) and ``activations``: everything else, a low-precision format's
+weight casts included (made inside its autograd function, they have no history of their own).
 
 Each count is exact for what it names: bytes of the storages held, by dtype. The measured peak
-(CUDA's max allocated, or the process's RSS on a CPU) is larger: the interpreter, torch's own
-memory and the data on a CPU, the allocator's caches and temporaries that are never saved (the
-forward's intermediates, the optimizer's scratch) on both. The report sets the two side by side.
+is larger (the interpreter, torch's own memory, allocator caches, temporaries never saved); the
+report sets the two side by side.
 """
 
 from __future__ import annotations
@@ -193,7 +182,7 @@ def _saved_into(
         _add(counted["parameter_casts" if _cast_of_parameter(t) else "activations"], seen, t)
         return t
 
-    return pack, _itself
+    return pack, lambda t: t  # unpack: the tensor itself
 
 
 def _cast_of_parameter(t: torch.Tensor) -> bool:
@@ -212,7 +201,3 @@ def _cast_of_parameter(t: torch.Tensor) -> bool:
             return False
         fn = inputs[0]
     return False
-
-
-def _itself(t: torch.Tensor) -> torch.Tensor:
-    return t

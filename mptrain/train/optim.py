@@ -3,10 +3,10 @@
 Optimizer state is created lazily by torch in the dtype of the parameters: FP32 in every mixed
 recipe (master weights), so moments and momentum buffers are FP32 too; FP16/BF16 in the "pure"
 precisions (fp16_pure, bf16_pure), whose point is to show what that costs. AdamW's moments can be
-stored in BF16 under any precision (``optimizer.state_dtype=bf16``, as torchtitan and DeepSeek-V3
-keep them): :class:`AdamWLowState` updates them in FP32 and stores them back rounded. The schedule is a pure function of the number
-of *applied* optimizer steps: the loop calls ``scheduler.step()`` only after a step that was not
-skipped by the loss scaler.
+stored in BF16 under any precision (``optimizer.state_dtype=bf16``: :class:`AdamWLowState`, as
+torchtitan and DeepSeek-V3 keep them). The schedule is a pure function of the number of *applied*
+optimizer steps: the loop calls ``scheduler.step()`` only after a step that was not skipped by the
+loss scaler.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ def parameter_groups(
 
 
 def _implementation(fused: bool) -> dict[str, bool]:
-    # Fused kernels update every parameter in one call, on CUDA and (torch >= 2.4) on CPU: on the
-    # digits MLP a fused AdamW step is ~28% faster than torch's CPU default (single-tensor).
+    # Fused kernels update every parameter in one call, on CUDA and (torch >= 2.4) on CPU: faster
+    # than torch's CPU default (single-tensor; BENCHMARKS.md).
     return {"fused": True} if fused else {"foreach": True}
 
 

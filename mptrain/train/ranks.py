@@ -1,17 +1,12 @@
 """What rank 0 knows of the other ranks when a distributed run ends early: which ranks asked to
 stop and by which signal (agreed at the step they stopped after: :func:`stop_words`), and which
-rank was lost (:class:`LastWords`).
+rank was lost (:class:`LastWords`; what the report says, in words:
+docs/distributed.md#a-lost-rank-is-named).
 
 Each rank leaves its last word in the job's key-value store (the one the ranks met in: rank 0's
-process group hosts it, or torchrun's agent): ``training`` once its job starts, then how it ended
-(``ended at step N`` after its final checkpoint, ``failed: ValueError: ...``, ``failed in a
-collective: ...``, ``stopped: SIGTERM``). When a collective fails on rank 0 (Gloo's "Connection
-closed by peer"), it reads the others' words: a rank still ``training`` :data:`SILENCE_S` seconds
-later went without a word (killed: SIGKILL, the out-of-memory killer; hung; or its node was
-lost), and a rank that failed on its own (not in a collective) says how. The report names them,
-beside the collective timeout that bounds the wait (``distributed.timeout_s``). Tested with Gloo
-on CPUs; under NCCL, whose watchdog may end the process at the timeout before rank 0 reports,
-it has not run yet.
+process group hosts it, or torchrun's agent): ``training`` once its job starts, then how it ended.
+When a collective fails on rank 0, a rank still ``training`` :data:`SILENCE_S` seconds later went
+without a word (:data:`LOST`), and a rank that failed on its own (not in a collective) says how.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
-"""Reference recipes: loading them for ``recipe=NAME`` and judging whether a run reproduced one.
+"""Reference recipes: loading them for ``recipe=NAME`` and judging whether a run reproduced one
+(recipes in words: docs/sweeps.md#recipes).
 
-A recipe is ``recipes/NAME.yaml``: an overlay on the defaults (Hydra package ``_global_``) whose
-``recipe`` block names its source, the exact command and the expected result. A run reproduces the
-recipe only when it ran the recipe's full schedule: every key the recipe sets still has the
-recipe's value. Exceptions: settings that do not change the computation
-(:data:`~mptrain.config.keys.NON_TRAINING_KEYS`: seed, device, display, data location, checkpoints) and
-the precision, which a recipe names as its default but which runs are meant to vary and compare.
-Otherwise the verdict is "not comparable" and says which keys differ.
-
-A recipe also names the data it reproduces (``recipe.data``: a text file's name, size and sha256,
-or a dataset's sample counts). :func:`mptrain.config.recipes.check_recipe_source` refuses other
-data before anything is read, as far as the config and a stat tell; :func:`check_recipe_data`
-checks what was read. Under ``recipe.strict=false`` the run goes on and its verdict is "not
-comparable", naming the data that differed.
+A run reproduces its recipe only when it ran the recipe's full schedule: every key the recipe
+sets still has the recipe's value (:func:`schedule_differences`), apart from settings that do not
+change the computation (:data:`~mptrain.config.keys.NON_TRAINING_KEYS`) and the precision, which
+a recipe names as its default but which runs are meant to vary and compare; and on the data the
+recipe names (``recipe.data``: :func:`mptrain.config.recipes.check_recipe_source` before anything
+is read, :func:`check_recipe_data` what was read). Otherwise the verdict is "not comparable" and
+says why; a strict recipe (``recipe.strict``) refuses other data instead.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Activation checkpointing (``memory.activation_checkpointing``): recompute blocks in the backward.
 
-``full`` checkpoints every transformer block (the GPT's, the ViT's) or residual block
-(torchvision's ResNet ``BasicBlock`` and ``Bottleneck``), ``selective`` every second one
-(torchtitan's layer-wise selective recomputation), with ``torch.utils.checkpoint`` in its
-non-reentrant form: a checkpointed block keeps only its inputs for the backward, and runs its
-forward again there, under the same autocast and with the same random state (dropout draws the
-same), before its own backward.
-
-What it does to the numbers, per format (tests/train/test_recompute.py compares the gradients
-of a checkpointed and a plain step bit for bit):
-
-- FP32, BF16, FP16, FP8 with dynamic scaling (tensorwise, rowwise, blockwise), MXFP8: the
-  recomputed forward is the same computation on the same inputs: equal bits.
-- NVFP4: its stochastic rounding draws only in the backward GEMMs, which run once, in the same
-  order: equal bits. Its random Hadamard signs are fixed per layer.
-- FP8 with delayed scaling is refused: its forward records the amax history and moves the scale,
-  and a recomputed forward would record it twice (Transformer Engine issue 1190 is this bug).
+``full`` checkpoints every transformer or residual block (:func:`blocks`), ``selective`` every
+second one (torchtitan's layer-wise selective recomputation), with ``torch.utils.checkpoint`` in
+its non-reentrant form: a checkpointed block keeps only its inputs for the backward, and runs its
+forward again there, under the same autocast and with the same random state. The gradients
+equal a plain step's bit for bit in every format but FP8 with delayed scaling, which is refused:
+its forward records the amax history, so a recomputed forward would record it twice (Transformer
+Engine issue 1190). Per format, in words: docs/report.md#activation-checkpointing;
+tests/train/test_recompute.py compares the bits.
 
 A block's class is swapped for a subclass whose ``forward`` checkpoints (:func:`apply`): module
 names, ``state_dict`` keys and checkpoints are those of the plain model.

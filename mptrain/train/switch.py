@@ -1,45 +1,30 @@
 """Precision schedules: ``precision.switch.to`` and ``precision.switch.at`` train the first steps
 in the run's precision (phase 1) and the rest in another (phase 2), e.g. NVFP4 for 85 % of the
-steps, then BF16, as NVIDIA's NVFP4 recipe ends (or FP8, then BF16).
+steps, then BF16 (when, which precisions, what changes and what the report says, in words:
+docs/precisions.md#precision-schedules).
 
-The switch step ``k``: ``at`` itself when ``at >= 1`` (a step number), else ``at`` × the run's
-optimizer steps rounded to the nearest step; each phase needs at least one step. Steps 1..k run
-in phase 1, steps k+1.. in phase 2; the evaluation and checkpoint after step k are phase 1's.
+Steps 1..k run in phase 1, steps k+1.. in phase 2 (k: :func:`switch_step`); the evaluation and
+checkpoint after step k are phase 1's. The switch, by :meth:`Switch.before_step` (the loop calls
+it before every step; it acts once, before step k+1), in this order:
 
-The switch, by :meth:`Switch.before_step` (the loop calls it before every step; it acts once,
-before step k+1), in this order:
-
-1. layers: phase 1's layer format (:data:`mptrain.precision.formats.LAYER_FORMATS`: FP8, or a
-   block-scaled MXFP8, NVFP4, blockwise FP8) records its layers' final figures and goes back to
-   ``nn.Linear``; phase 2's converts them, chosen by its settings as at a build. Every format
-   shares the layers' Parameter objects: the FP32 master weights, the optimizer and its state
-   carry on untouched. Layers of ``numerics.fp32_modules`` stay in FP32. At most one of the two
-   precisions is block-scaled (a report has one ``blocks`` section);
-2. scales of phase 2 start afresh, as in a new run: FP8's dynamic scaling takes each cast's own
-   amax; delayed scaling starts from an empty amax history, so the first step after the switch
-   casts at scale 1 and calibrates the history; block formats take every block's scale from the
-   operand at hand (no state). NVFP4's stochastic-rounding generators and Hadamard signs are
-   the new layers', seeded from the run's ``seed`` as at a build; leaving NVFP4 drops them (a
-   checkpoint after the switch holds none);
+1. layers: phase 1's layer format (:data:`mptrain.precision.formats.LAYER_FORMATS`) records its
+   layers' final figures and goes back to ``nn.Linear``; phase 2's converts them, chosen by its
+   settings as at a build. Every format shares the layers' Parameter objects: the FP32 master
+   weights, the optimizer and its state carry on untouched. Layers of ``numerics.fp32_modules``
+   stay in FP32;
+2. scales of phase 2 start afresh, as in a new run (NVFP4's generators and Hadamard signs are the
+   new layers', seeded from ``seed`` as at a build);
 3. the run's :class:`~mptrain.precision.plugin.Precision` becomes phase 2's (one swap of
-   ``run.precision``): its policy (autocast dtype), its layer state (FP8 sync, block formats) and
-   its loss scaler, fresh: FP16 starts at ``precision.scaler.init_scale``, a precision without
-   loss scaling has a disabled scaler (the loss scale's history of an FP16 phase 1 stays in the
-   report); the FP32-modules list, TF32 setting and BF16 update carry over;
-4. the health monitor's culprit finder (the module named when a loss goes non-finite) takes
-   phase 2's autocast dtype;
+   ``run.precision``): its policy, its layer state and a fresh loss scaler; the FP32-modules
+   list, TF32 setting and BF16 update carry over;
+4. the health monitor's culprit finder takes phase 2's autocast dtype;
 5. the monitor names phase 2 (metrics rows' ``precision``) and reads its scale; the job says one
    line (:attr:`Switch.say`).
 
-Both precisions must keep FP32 master weights (``precision.switch.to`` refuses the pure ones).
 A checkpoint records its phase (:meth:`Switch.state_dict`); restoring one saved after the switch
 applies the switch to the freshly built run before the states load (:meth:`Switch.load_state_dict`),
 so a resume on either side of the switch equals the uninterrupted run bit for bit. The report's
-``precision.switch`` (:meth:`Switch.describe`) holds the step, both precisions, the train loss
-over the :data:`WINDOW_STEPS` steps either side (kept by the monitor's
-:class:`~mptrain.train.monitor.LossWindow`) and the evaluations around the switch. The format
-sections (``fp8``, ``blocks``) say the steps their layers ran (``steps``); a format left at the
-switch keeps its layers' figures of that moment (``final_layer_stats``), saved in checkpoints.
+``precision.switch`` is :meth:`Switch.describe`.
 """
 
 from __future__ import annotations
@@ -83,12 +68,9 @@ from mptrain.train.state import LoopState
 WINDOW_STEPS = 20
 
 
-def _silent(message: str) -> None:
-    pass
-
-
 def switch_step(at: float, total_steps: int) -> int:
-    """The last step of phase 1 (see the module doc); ConfigError when a phase would be empty."""
+    """The last step of phase 1: ``at`` itself when ``at >= 1`` (a step number), else ``at`` x the
+    run's optimizer steps rounded to the nearest step; ConfigError when a phase would be empty."""
     step = int(at) if at >= 1 else math.floor(at * total_steps + 0.5)
     if not 1 <= step < total_steps:
         given = f"step {step}" if at >= 1 else f"{at:g} x {total_steps} steps = step {step}"
@@ -154,7 +136,7 @@ class Switch(PrecisionSchedule):
         self.switched_after: int | None = None  # the step after which it switched
         self.left: dict[str, Any] | None = None  # phase 1's layer section, final figures in it
         self.entered: dict[str, Any] | None = None  # phase 2's layer section
-        self.say: Callable[[str], None] = _silent  # the job's one line at the switch
+        self.say: Callable[[str], None] = lambda line: None  # the job's one line at the switch
 
     @property
     def emulated(self) -> bool:  # type: ignore[override]
@@ -269,7 +251,8 @@ class Switch(PrecisionSchedule):
         return means
 
     def describe(self, run: Run, state: LoopState) -> dict[str, Any]:
-        """The report's ``precision.switch`` (see the module doc)."""
+        """The report's ``precision.switch``: the step, both precisions, the train loss over the
+        :data:`WINDOW_STEPS` steps either side and the evaluations around the switch."""
         means = self._window_means(run)
         before, after, earlier = means["before"], means["after"], means["earlier"]
         evals_before = [e for e in state.evals if e["step"] <= self.switch_step]

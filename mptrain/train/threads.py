@@ -1,45 +1,14 @@
-"""The intra-op thread count, the ``threads`` key: where it starts and how training measures it.
+"""The intra-op thread count, the ``threads`` key: where it starts and how training measures it
+(the rules in words, with the measurements behind them: docs/configuration.md#cpu-threads-threads).
 
-**Where it starts.** ``threads=auto`` starts from the CPUs this process may run on
-(``os.sched_getaffinity``), capped by the cgroup's CPU quota (cgroup v2 ``cpu.max``, v1
-``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``), divided among the jobs that share the machine (a
-joblib sweep's ``n_jobs``, the processes of one torchrun node), less the DataLoader worker
-processes that run on the same cores. ``threads=N`` pins N; so does ``OMP_NUM_THREADS=N`` in the
-environment under ``threads=auto`` (the user's own pin, recorded as such), except in a joblib
-sweep's jobs, whose workers joblib gives one. :func:`resolve_threads` decides and says why;
+:func:`resolve_threads` decides where it starts, and says why: the cores this job may use
+(:func:`cpu_budget`), or a pin (``threads=N``, or the user's ``OMP_NUM_THREADS``);
 :func:`mptrain.train.build.choose_threads` sets it (``torch.set_num_threads``; ``OMP_WAIT_POLICY``
-cannot change once torch has started OpenMP, the count can).
-
-**How training measures it** (``threads=auto`` on a CPU). A :class:`ThreadTuner` times real
-training steps from that count N (they count as training; nothing is repeated) with
-``time.perf_counter`` around each step:
-
-1. the first step runs at N untimed (lazy initialisation makes it slow whatever the count);
-2. ``rounds`` rounds of one step per candidate — N, N/2 when N > 2, and 1 — alternating, so a
-   change of load hits every candidate alike; a candidate whose fastest step took more than
-   ``drop_ratio`` × the fastest step seen is dropped (a collapsed count costs one step, not
-   ``rounds``); the candidate with the lowest median step time is kept;
-3. afterwards, every ``window`` steps (the job: ``log_every``, at least :data:`MIN_WINDOW_STEPS`)
-   the window's steps/s is compared with the best window seen at the kept count; below
-   ``slow_ratio`` × that best (other work arrived on the cores) the candidates are measured again
-   over the next steps. The best window restarts after each measurement, so a load that stays
-   does not trigger a measurement every window;
-4. while the kept count is below N, a window at it does not get faster when the load leaves (it
-   was not slowed by it), so step 3 cannot bring the count back up. Two upward re-checks do: at
-   each window's end others' load is read (:func:`mptrain.platform.contention.others_load`: the
-   1-minute load average less this run's threads); when it has fallen to at most
-   :data:`LOAD_FALL_SHARE` of its peak since the last measurement and by at least
-   :data:`LOAD_FALL_CORES`, the candidates are measured again. And regardless of the load (a
-   wrong or missing reading cannot keep the count low for good) they are measured again after
-   :data:`RECHECK_FIRST_WINDOWS` windows, then twice as many after each upward re-check that
-   keeps a count below N, at most :data:`RECHECK_MAX_WINDOWS` (a load that stays costs a
-   measurement of a few steps every so often, not every window). Back at N, neither runs.
-
-Why measure instead of reading the load: with other work on 2 cores, torch's default 2 threads
-ran 48× slower than 1 (OpenMP threads spin at barriers); on a quiet machine 2 threads are faster.
-Only the step time tells which holds now; the load only says when to look again. What was
-measured and every change of the count, with its step and why, go to the report
-(:func:`threads_section`).
+cannot change once torch has started OpenMP, the count can). With ``threads=auto`` on a CPU a
+:class:`ThreadTuner` times real training steps at the candidate counts: only the step time tells
+which is fastest now (OpenMP threads spin at barriers, so on a busy machine fewer can be far
+faster); the load only says when to look again. What was measured and every change of the count
+go to the report (:func:`threads_section`).
 
 Call order: :meth:`ThreadTuner.before_step` and :meth:`ThreadTuner.after_step` around every
 optimizer step (the monitor calls them; CPU steps are synchronous, so the clock measures the
@@ -245,8 +214,7 @@ def kept_from_checkpoint(
 MIN_WINDOW_STEPS = 20
 # Below the starting count, the candidates are measured again after this many windows, doubling
 # after each upward re-check that keeps a lower count, up to the cap: under a load that stays, a
-# collapsed count's one step (up to ~48 single-thread steps on a busy 2-core machine) is then paid
-# every 32 windows, not every window.
+# collapsed count's one slow step is then paid every 32 windows, not every window.
 RECHECK_FIRST_WINDOWS = 2
 RECHECK_MAX_WINDOWS = 32
 # Others' load has fallen when it is at most this share of its peak since the last measurement
@@ -270,7 +238,22 @@ def candidates_for(start: int) -> list[int]:
 
 
 class ThreadTuner:
-    """Measures thread counts on real training steps and keeps the fastest (see module doc)."""
+    """Measures thread counts on real training steps (nothing is repeated) from the starting
+    count N, and keeps the fastest:
+
+    1. the first step runs at N untimed (lazy initialisation makes it slow whatever the count);
+    2. ``rounds`` rounds of one step per candidate (:func:`candidates_for`), alternating, so a
+       change of load hits every candidate alike; a candidate whose fastest step took more than
+       ``drop_ratio`` x the fastest step seen is dropped (a collapsed count costs one step, not
+       ``rounds``); the lowest median step time is kept;
+    3. then, every ``window`` steps, the window's steps/s is compared with the best window at the
+       kept count: below ``slow_ratio`` x that best, the candidates are measured again (the best
+       restarts after each measurement, so a load that stays does not trigger one every window);
+    4. below N, a window does not get faster when the load leaves, so two upward re-checks
+       measure again: when others' load fell (:func:`load_fell`), and periodically
+       (:data:`RECHECK_FIRST_WINDOWS`), whatever the load (a wrong or missing reading cannot keep
+       the count low for good). Back at N, neither runs.
+    """
 
     def __init__(  # noqa: PLR0913 (a constructor: the tuner's settings, named)
         self,
