@@ -3,19 +3,11 @@
 :func:`main` answers ``--version``, ``--help`` and ``COMMAND --help`` from the shipped files (no
 config composed, no torch: :mod:`mptrain.cli.usage`), refuses any argument that is neither a Hydra
 flag nor an override in one line (:mod:`mptrain.cli.arguments`), hands ``bench``, ``advise``,
-``eval`` and ``sample`` to their command (:data:`_SUBCOMMANDS`), and otherwise
-
-1. checks every job the command line describes, composed the way Hydra will compose it
-   (:mod:`mptrain.cli.preflight`: the user's config directory and search path, each sweeper's
-   jobs), so bad input stops before anything trains with one line naming the key and what is
-   accepted (exit code 2), and pins the output directory it checked;
-2. runs the jobs on the preflight's Hydra instance (:func:`mptrain.cli.launch.launch`), whose task
-   (:func:`mptrain.cli.launch.run_job`) calls :func:`mptrain.train.job.train` for each job;
-3. after a sweep, reads every job's report: a job that did not complete makes the exit code 1,
-   whichever launcher ran it (joblib's worker processes, a cluster).
-
-The path from here to a training step is six frames of mptrain (ARCHITECTURE.md, "The path of a
-run"; ``tests/e2e/test_cli.py`` reads the stack at ``backward``).
+``eval`` and ``sample`` to their command (:data:`_SUBCOMMANDS`), and otherwise checks every job
+before any trains (:mod:`mptrain.cli.preflight`), runs them on the preflight's Hydra instance
+(:mod:`mptrain.cli.launch`) and, after a sweep, reads every job's report: a job that did not
+complete makes the exit code 1, whichever launcher ran it. The path from here to a training step:
+ARCHITECTURE.md, "The path of a run".
 
 Exit codes: 0 all jobs completed, 1 a job failed or diverged, 2 bad input, 130 interrupted (SIGINT),
 143 terminated (SIGTERM, from the moment the process starts).
@@ -26,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gc
 import importlib
 import os
 import sys
@@ -92,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 @contextlib.contextmanager
 def _exit_codes(final: bool) -> Iterator[None]:
     """Ctrl-C or SIGTERM outside a run's own handling: one line and exit 130 (143). ``final``:
-    the process ends next (see :func:`_exit_without_final_collections`)."""
+    the process ends next, without the interpreter's final garbage collections."""
     sys.stdout = _ClosedPipeSafe(sys.stdout)
     try:
         yield
@@ -100,8 +93,8 @@ def _exit_codes(final: bool) -> Iterator[None]:
         print("mptrain: interrupted", file=sys.stderr)
         raise SystemExit(exc.exit_code if isinstance(exc, Terminated) else 130) from None
     finally:
-        if final:
-            _exit_without_final_collections()
+        if final:  # out of the collector's reach: the OS takes the memory back (BENCHMARKS.md)
+            gc.freeze()  # atexit handlers (logging, multiprocessing, finalizers) still run
     sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe prints a traceback
 
 
@@ -123,18 +116,6 @@ def _run_arguments(argv: list[str]) -> argparse.Namespace:
         fail(str(exc))
     sys.argv = [sys.argv[0], *hydra_argv(argv, args.overrides)]
     return args
-
-
-def _exit_without_final_collections() -> None:
-    """Move every live object out of the garbage collector's reach before the interpreter ends.
-
-    Finalising the interpreter runs cyclic collections over every object torch._dynamo and the
-    rest created: ~0.8 s of a one-step run here, for memory the OS takes back anyway. atexit
-    handlers (logging, multiprocessing, weakref finalizers) still run; files are closed by then.
-    """
-    import gc
-
-    gc.freeze()
 
 
 class _ClosedPipeSafe:
@@ -231,13 +212,9 @@ def _every_job_failed(sweep_dir: Path, launched: float, exc: Exception) -> bool:
     search with no completed trial has no best value), say so in one line and write the sweep's
     summary, which Hydra's end-of-sweep callback never got to; True then (the jobs' failures
     follow). False for any other sweeper error, which Hydra reports with its traceback."""
-    from mptrain.commands.runs import this_sweeps_runs
     from mptrain.commands.sweep import write_sweep_summary
 
-    try:
-        runs = this_sweeps_runs(sweep_dir, launched)
-    except FileNotFoundError:  # no job wrote anything
-        return False
+    runs = _this_sweeps_runs(sweep_dir, launched)
     if not runs or any(run.report and run.report.status == "completed" for run in runs):
         return False
     why = " ".join(str(exc).split()) or "no message"
@@ -252,17 +229,11 @@ def _every_job_failed(sweep_dir: Path, launched: float, exc: Exception) -> bool:
 
 def _exit_if_jobs_failed(sweep_dir: Path, launched: float) -> None:
     """Exit 1 naming each job of this launch that did not complete, as
-    :func:`mptrain.commands.sweep.this_sweeps_runs` judges the jobs written since ``launched``
+    :func:`mptrain.commands.runs.this_sweeps_runs` judges the jobs written since ``launched``
     (a refused job is never credited with an earlier run's report)."""
-    from mptrain.commands.runs import this_sweeps_runs
-
-    try:
-        runs = this_sweeps_runs(sweep_dir, launched)
-    except FileNotFoundError:  # no job wrote anything
-        runs = []
     failed = [
         f"{run.directory}: {run.reason or f'{run.report.status}: {run.report.reason}'}"
-        for run in runs
+        for run in _this_sweeps_runs(sweep_dir, launched)
         if run.report is None or run.report.status != "completed"
     ]
     if failed:
@@ -270,3 +241,13 @@ def _exit_if_jobs_failed(sweep_dir: Path, launched: float) -> None:
         for line in failed:
             print(f"  {line}", file=sys.stderr)
         raise SystemExit(1)
+
+
+def _this_sweeps_runs(sweep_dir: Path, launched: float) -> list[Any]:
+    """:func:`mptrain.commands.runs.this_sweeps_runs`; none when no job wrote anything."""
+    from mptrain.commands.runs import this_sweeps_runs
+
+    try:
+        return this_sweeps_runs(sweep_dir, launched)
+    except FileNotFoundError:
+        return []

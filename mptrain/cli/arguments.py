@@ -2,9 +2,6 @@
 one of Hydra's flags (``-m``, ``-cd DIR``, ``--cfg job``, ...) or an override (``key=value``,
 ``group=option``, ``+key=value``, ``~key``), in any order; anything else stops the command in one
 line (:class:`~mptrain.config.base.ConfigError`, exit code 2) before an override is lost.
-
-Hydra's own ``@hydra.main`` refuses unknown arguments with its usage; a preflight that ignored
-them (``parse_known_args``) lost every override after them and ran a default job.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The checked command's jobs on Hydra: :func:`launch` starts them, :func:`run_job` is each job.
 
-:func:`launch` gives the call that runs the checked command on the preflight's Hydra instance the
-way ``@hydra.main`` runs it (Hydra's ``_run_app``), in the output directory the preflight checked;
-:func:`mptrain.cli.app.main` hands it to Hydra's ``run_and_report``, as ``@hydra.main`` does.
-``@hydra.main`` would build a second Hydra instance and compose the config twice more (once only to
-read ``hydra.mode``); the preflight already knows the mode.
-
-:func:`run_job` is Hydra's task function: the composed config becomes a typed
-:class:`~mptrain.config.run.RunConfig` (relative paths taken from the launch directory), and
-:func:`mptrain.train.job.train` runs it in the job's output directory. Each outcome becomes the
-job's exit: the task's primary metric, or a one-line error and an exit code.
+:func:`launch` runs the checked command on the preflight's Hydra instance the way ``@hydra.main``
+runs it (Hydra's ``_run_app``), which would build a second instance and compose the config twice
+more (once only to read ``hydra.mode``, which the preflight already knows).
 """
 
 from __future__ import annotations
@@ -97,12 +90,9 @@ def run_job(cfg: DictConfig) -> float | None:
     hydra_cfg = HydraConfig.get()
     output_dir = Path(hydra_cfg.runtime.output_dir)
     multirun = hydra_cfg.mode.name == "MULTIRUN"
-    # Hydra's record of the command, staged until the run owns the directory (cli.record);
-    # discarded on the way out while still staged: the run never owned the directory.
+    # Hydra's record of the command, staged until the run owns the directory (cli.record).
     record = staged_record(output_dir, hydra_cfg.output_subdir)
     try:
-        # Relative paths are the user's, from where mptrain was launched (hydra.job.chdir=true
-        # moves the job into its output directory).
         set_launch_dir(Path(hydra_cfg.runtime.cwd))
         run = absolute_paths(to_run_config(cfg), launch_dir())
         # joblib runs n_jobs jobs at once on this machine: threads=auto divides the cores

@@ -170,7 +170,8 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
     from omegaconf import OmegaConf
 
     overrides = list(args.overrides)
-    master, multirun = _master_config(hydra, args.config_name or CONFIG_NAME, overrides, args)
+    config_name = args.config_name or CONFIG_NAME
+    master, multirun = _master_config(hydra, config_name, overrides, bool(args.multirun))
     key = "hydra.sweep.dir" if multirun else "hydra.run.dir"
     output = Path(_resolved(master, key))
     record = master.hydra.output_subdir  # read first: the checks below drop hydra's node
@@ -282,13 +283,12 @@ def _climbs(value: str) -> bool:
 
 
 def _master_config(
-    hydra: Any, config_name: str, overrides: list[str], args: argparse.Namespace
+    hydra: Any, config_name: str, overrides: list[str], multirun: bool
 ) -> tuple[Any, bool]:
-    """(the config Hydra composes before launching, whether it will sweep): ``-m``, or
-    ``hydra.mode: MULTIRUN`` set in a config."""
+    """(the config Hydra composes before launching, whether it will sweep): ``multirun`` (``-m``),
+    or ``hydra.mode: MULTIRUN`` set in a config."""
     from hydra.types import RunMode
 
-    multirun = bool(args.multirun)
     mode = RunMode.MULTIRUN if multirun else RunMode.RUN
     master = _composed(
         lambda: hydra.compose_config(
@@ -296,7 +296,7 @@ def _master_config(
         )
     )
     if not multirun and master.hydra.mode == RunMode.MULTIRUN:
-        return _master_config(hydra, config_name, overrides, argparse.Namespace(multirun=True))
+        return _master_config(hydra, config_name, overrides, multirun=True)
     if not multirun:
         parser = _parser(hydra)
         for override in _composed(lambda: parser.parse_overrides(overrides)):

@@ -1,18 +1,16 @@
 """What a config may name, and how a composed config becomes a checked :class:`RunConfig`.
 
-What a config may name is :data:`mptrain.config.options.SCHEMAS` (option names and their schemas,
-kept equal to the builder tables by a test; no torch, so composing never imports a builder). From
-it :func:`register_configs` stores, in Hydra's
-ConfigStore, the run schema and one schema node per option (``<option>_<group>_schema``, its
-``name`` preset), which each ``conf/<group>/<option>.yaml`` names in its defaults list; and the
-reference recipes (``recipes/*.yaml``) as the ``recipe`` group. Registration is explicit: the CLI,
-the tests and the benchmarks call it before composing; importing mptrain registers nothing.
+:func:`register_configs` stores in Hydra's ConfigStore the run schema, one schema node per option
+of :data:`mptrain.config.options.SCHEMAS` (``<option>_<group>_schema``, its ``name`` preset), which
+each ``conf/<group>/<option>.yaml`` names in its defaults list, and the reference recipes as the
+``recipe`` group. Registration is explicit: the CLI, the tests and the benchmarks call it before
+composing; importing mptrain registers nothing.
 
 :func:`to_run_config` is the CLI edge: it refuses keys no schema declares, converts the composed
 OmegaConf config into plain dataclasses once, checks the names against the tables, and runs the
-range rules of :mod:`mptrain.config`. One exception to the unknown-key rule: a schema with
-``accepts_extra_keys`` (``model=custom``, ``dataset=custom``) takes any key, and its undeclared
-keys (``+model.width=64``) are moved into its ``kwargs`` dict, the arguments of its ``_target_``.
+range rules of :mod:`mptrain.config`. A schema with ``accepts_extra_keys`` (``model=custom``,
+``dataset=custom``) takes any key: its undeclared keys (``+model.width=64``) are moved into its
+``kwargs`` dict, the arguments of its ``_target_``.
 """
 
 from __future__ import annotations

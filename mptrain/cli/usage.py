@@ -1,9 +1,7 @@
 """``mptrain --help`` and ``mptrain COMMAND --help``: short usage texts, read from the shipped
-files without composing a config (Hydra's own help composed and printed the whole config: seconds,
-150 lines). The groups and options are the files of ``conf/`` (and of ``-cd DIR``) and the
-recipes; a subcommand's keys, their defaults and help are its section of the schema
-(:mod:`mptrain.config.help`, where docs/configuration.md's key table comes from too). The full
-composed config stays one command away: ``mptrain --cfg job``.
+files without composing a config. The groups and options are the files of ``conf/`` (and of
+``-cd DIR``) and the recipes; a subcommand's keys, their defaults and help are its section of the
+schema (:mod:`mptrain.config.help`). The full composed config: ``mptrain --cfg job``.
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
 """What every schema uses: :func:`setting` (a field with its default, help text and range rule,
-the one place each lives), :class:`ConfigError` (one line naming the key), the range rules a field
-carries (:class:`Accepts`: :func:`at_least_rule`, :func:`positive_rule`, :func:`in_range_rule`,
-:func:`one_of_rule`, ...; :func:`check_settings` applies them), the helpers of the cross-key rules
-that stay in each module's ``validate`` (``require``, the path check), the ``PATH`` field metadata
-with the launch directory relative paths are taken from, and :class:`Option`, the row type of the
-builder tables.
+the one place each lives), the range rules (:class:`Accepts` and the ``*_rule`` makers;
+:func:`check_settings` applies them), :class:`ConfigError`, the helpers of the cross-key rules that
+stay in each module's ``validate``, the launch directory relative paths are taken from, and
+:class:`Option`, the row type of the builder tables.
 
-Range checks that types cannot express (``lr > 0``, ``0 < backoff_factor < 1``) raise
-:class:`ConfigError` with a message of the form ``key=value: what is accepted``. This package
-imports no torch, and from OmegaConf only its ``MISSING`` marker.
+A value a rule refuses raises :class:`ConfigError` with one line, ``key=value: what is accepted``.
+This package imports no torch, and from OmegaConf only its ``MISSING`` marker.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ class ConfigError(ValueError):
 PATH = {"path": True}
 # Field metadata of a setting that does not change what a run computes: where the data lives, what
 # is shown or logged (trackers too), checkpoint and resume mechanics, diagnostics, the commands
-# beside training. Resume signatures, sweep pairing and recipe verdicts leave such keys out
-# (mptrain.config.keys derives the list from the schema).
+# beside training (comparisons leave such keys out: mptrain.config.keys).
 NOT_TRAINING = {"training": False}
 
 

@@ -120,8 +120,7 @@ class AdviseConfig:
             "per-layer plan: rank the layers by their sensitivity to a low-precision choice, keep"
             " the fewest in high precision that bring the loss within tolerance (fp8.exclude, "
             "mx.exclude, nvfp4.exclude), verified by a short run. auto (true): the choice advise "
-            "would use | a low-precision choice: fp8, fp8-rowwise, fp8-delayed, fp8-pow2, fp8-blockwise, mxfp8,"
-            " nvfp4 | false"
+            f"would use | a low-precision choice: {', '.join(ADVISE_PLAN_CHOICES)} | false"
         ),
         accepts=PLANS,
     )
@@ -161,8 +160,6 @@ class AdviseConfig:
 
 @dataclass
 class EvalConfig:
-    """``mptrain eval resume=PATH``: which checkpoint of a run directory is evaluated."""
-
     checkpoint: str = setting(
         "latest",
         (

@@ -1,15 +1,8 @@
 """Every number format mptrain computes GEMMs in, one frozen row each: the one home of a format's
-facts (issue 40). Config validation, the build, the report, the roofline, the GPU table, bench,
-advise and the checkpoint signature read them here; a format's name is spelled as a string in
-this module (and in the option list, :mod:`mptrain.config.options`) only — elsewhere it is one of
-the constants below.
-
-A row holds what every reader needs: the label people read, the bytes of an element and of the
-GEMM's result, the GPU peak-rate column it runs at (:mod:`mptrain.perf.gpus`), and for the
-scaled formats the precision and config group that select them, the element and scale dtypes
-(torch's names: this layer imports no torch), the block length, the scale bytes per element and
-per tensor, and the hardware kernel (compute capabilities and CUDA with a real GEMM, and what it
-needs in words); a format without a kernel row is emulated everywhere it is not a plain dtype.
+facts. Config validation, the build, the report, the roofline, the GPU table, bench, advise and
+the checkpoint signature read them here; a format's name is spelled as a string in this module
+(and in the option list, :mod:`mptrain.config.options`) only — elsewhere it is one of the
+constants below.
 
 FP8 with per-tensor or per-row scales is one row (``fp8``): the granularity is a setting of that
 format (``fp8.granularity``), its Linear and its kernel are the same. Blockwise FP8 (DeepSeek-V3's
@@ -53,10 +46,12 @@ class Kernel:
 
 @dataclass(frozen=True)
 class NumberFormat:
-    """One format (see the module doc). ``scale_bytes``: bytes of block scale per element, for a
-    1-D block along the reduction dimension and for a 2-D weight tile; ``tensor_scale_bytes``: a
-    per-tensor scale on top (NVFP4's FP32). ``peak_row``: the column of the GPU table whose dense
-    rate it runs at where it has a kernel."""
+    """One format: the label people read, the bytes of an element and of the GEMM's result, and
+    the facts below (dtypes by torch's name: this layer imports no torch). ``peak_row``: the
+    column of the GPU table (:mod:`mptrain.perf.gpus`) whose dense rate it runs at where it has a
+    kernel; a format without one is emulated everywhere it is not a plain dtype. ``scale_bytes``:
+    bytes of block scale per element, for a 1-D block along the reduction dimension and for a 2-D
+    weight tile; ``tensor_scale_bytes``: a per-tensor scale on top (NVFP4's FP32)."""
 
     name: str
     label: str

@@ -1,13 +1,8 @@
-"""Every setting's default and help text, read from the schema: the one place both live is the
-dataclass field (:func:`mptrain.config.base.setting`). ``mptrain COMMAND --help`` prints a
-section's keys from here, and docs/configuration.md's key table is :func:`key_table`'s output
-(tests/config/test_settings_once.py regenerates it and fails if the page is stale; to update it:
-``python -m mptrain.config.help docs/configuration.md``).
-
-The config groups (``precision``, ``model``, ``dataset``, ``optimizer``, ``scheduler``) are
-chosen by option (``model=cnn``): each option's keys are its schema's (:func:`group_table`; an
-option's YAML file holds only where it differs from the schema, e.g. ``dataset=mnist``'s
-``augment: false``). No torch.
+"""``mptrain COMMAND --help``'s keys and docs/configuration.md's key tables, read from the schema,
+where each setting's default and help live (:func:`mptrain.config.base.setting`). To update the
+page (tests/config/test_settings_once.py fails while it is stale):
+``python -m mptrain.config.help docs/configuration.md``. A config group's option (``model=cnn``)
+has its schema's keys (:func:`group_table`). No torch.
 """
 
 from __future__ import annotations
@@ -53,7 +48,7 @@ def yaml_value(value: Any) -> str:
 
 def all_keys(cls: type = RunConfig, prefix: str = "") -> list[Key]:
     """Every setting below ``cls`` in field order, nested sections flattened (``fp8.scaling``);
-    at the top level, the config groups' fields are left out (see the module doc)."""
+    at the top level, the config groups' fields are left out (:func:`group_table` lists them)."""
     hints = typing.get_type_hints(cls)
     found = []
     for f in dataclasses.fields(cls):
@@ -88,9 +83,7 @@ def key_table() -> str:
     """docs/configuration.md's table of every key outside the config groups: the run's own keys
     first, then each section's (``fp8.*``, ``checkpoint.*``, ...) in the schema's order."""
     rows = ["| key | default | accepted | what |", "|---|---|---|---|"]
-    every = all_keys()
-    # the run's own keys first, then each section (its help, then its keys); the order stable
-    for key in sorted(every, key=lambda k: k.section or "." in k.path):
+    for key in sorted(all_keys(), key=lambda k: k.section or "." in k.path):  # a stable sort
         what, accepted = _cell(key.help), _cell(key.accepted)
         if key.section:
             rows.append(f"| `{key.path}.*` | | | {what} |")

@@ -10,33 +10,41 @@ is marked :data:`~mptrain.config.base.NOT_TRAINING`.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from typing import Any
 
 from mptrain.config.options import SCHEMAS
 from mptrain.config.run import RunConfig
 
 
-def non_training_keys(
-    schema: type = RunConfig, groups: dict[str, dict[str, type]] = SCHEMAS
-) -> tuple[str, ...]:
-    """The dotted keys (or key prefixes) of ``schema`` whose fields are marked
-    :data:`~mptrain.config.base.NOT_TRAINING`, found by walking its nested dataclasses and, for a
-    config group (``model``, ``dataset``, ...), every option's schema in ``groups``. A new setting
-    is a training setting unless its field says otherwise, so it is compared by default."""
-    keys: dict[str, None] = {}
+def schema_fields(
+    schema: type = RunConfig, groups: dict[str, dict[str, type]] = SCHEMAS, prefix: str = ""
+) -> Iterator[tuple[str, dataclasses.Field]]:
+    """Every field below ``schema`` with its dotted key, a node before the fields inside it:
+    nested dataclasses and, for a config group (``model``, ``dataset``, ...), every option's schema
+    in ``groups`` (a schema several options share, once)."""
     for f in dataclasses.fields(schema):
-        if f.metadata.get("training") is False:
-            keys[f.name] = None
-            continue
+        key = prefix + f.name
+        yield key, f
         nested = [*groups.get(f.name, {}).values()]
         if dataclasses.is_dataclass(f.default_factory):
             nested.append(f.default_factory)
         for cls in dict.fromkeys(nested):
-            keys.update(dict.fromkeys(f"{f.name}.{k}" for k in non_training_keys(cls, {})))
-    return tuple(keys)
+            yield from schema_fields(cls, {}, f"{key}.")
 
 
-# Comparisons (resume signatures, sweeps, recipe verdicts) ignore these keys.
+def non_training_keys(
+    schema: type = RunConfig, groups: dict[str, dict[str, type]] = SCHEMAS
+) -> tuple[str, ...]:
+    """The dotted keys (or key prefixes) of :func:`schema_fields` whose fields are marked
+    :data:`~mptrain.config.base.NOT_TRAINING`, none below another. A new setting is a training
+    setting unless its field says otherwise, so it is compared by default."""
+    marked = [
+        key for key, f in schema_fields(schema, groups) if f.metadata.get("training") is False
+    ]
+    return tuple(dict.fromkeys(k for k in marked if not any(k.startswith(f"{m}.") for m in marked)))
+
+
 NON_TRAINING_KEYS = non_training_keys()
 
 

@@ -157,8 +157,7 @@ class GPTConfig(ModelConfig):
     dropout: float = setting(
         0.0, "dropout on embeddings, attention and MLP outputs", accepts=DROPOUT
     )
-    # Biases in the Linear and LayerNorm layers. True as nanoGPT's model.py GPTConfig
-    # (``bias: bool = True``); its train.py, and so its recipes, set ``bias = False``.
+    # True as nanoGPT's model.py GPTConfig; its train.py, and so its recipes, set bias = False.
     bias: bool = setting(
         True, "biases in the Linear and LayerNorm layers (false: none, as nanoGPT's train.py)"
     )
@@ -173,8 +172,7 @@ class GPTConfig(ModelConfig):
         )
 
 
-# Keys a custom option may add with Hydra's ``+model.width=64``: mptrain.cli.registry.to_run_config
-# moves every key the schema does not declare into ``kwargs`` (the constructor's arguments).
+# Where an accepts_extra_keys schema's undeclared keys go (mptrain.cli.registry.to_run_config).
 EXTRA_KEYS_FIELD = "kwargs"
 
 

@@ -33,7 +33,9 @@ class OptimizerConfig:
     name: str = MISSING
     lr: float = MISSING
     weight_decay: float = 0.0
-    decay_norm_and_bias: bool = False
+    decay_norm_and_bias: bool = setting(
+        False, "false: no weight decay on biases and normalisation parameters"
+    )
 
     def validate(self) -> None:
         """Range rules of this option's keys; ConfigError naming the first violation."""
@@ -54,9 +56,6 @@ class SGDConfig(OptimizerConfig):
     )
     nesterov: bool = setting(False, "Nesterov momentum")
     weight_decay: float = setting(5e-4, "L2 weight decay")
-    decay_norm_and_bias: bool = setting(
-        False, "false: no weight decay on biases and normalisation parameters"
-    )
 
     def validate(self) -> None:
         super().validate()
@@ -82,9 +81,6 @@ class AdamBase(OptimizerConfig):
     )
     eps: float = setting(1e-8, "denominator epsilon", accepts=positive_rule())
     weight_decay: float = setting(0.01, "decoupled weight decay")
-    decay_norm_and_bias: bool = setting(
-        False, "false: no weight decay on biases and normalisation parameters"
-    )
 
 
 @dataclass

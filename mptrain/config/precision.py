@@ -12,6 +12,7 @@ from mptrain.config.base import (
     FP32_MAX,
     NOT_TRAINING,
     Accepts,
+    ConfigError,
     at_least_rule,
     check_settings,
     in_range_rule,
@@ -25,8 +26,8 @@ from mptrain.config.format_table import GEMM_FORMATS
 FP8_GRANULARITIES = ("tensorwise", "rowwise", "blockwise")
 SCALE_ROUNDINGS = ("floor", "rceil")
 REDUCE_DTYPES = ("float32", "float16", "bfloat16")
-# precision.update: how a pure precision's optimizer writes its update into the low-precision
-# weights (mptrain.precision.update); nearest is torch's own step. Which pure precision takes which.
+# precision.update's rules (mptrain.precision.update; nearest is torch's own step), and which
+# pure precision takes which.
 UPDATE_RULES = ("nearest", "stochastic", "kahan")
 PURE_UPDATE_RULES = {"bf16_pure": UPDATE_RULES, "fp16_pure": ("nearest", "kahan")}
 # fp8.min_features, mx.min_features, nvfp4.min_features
@@ -138,9 +139,8 @@ class PrecisionConfig:
         help="a precision schedule: train in this precision, then in switch.to",
         factory=SwitchConfig,
     )
-    # precision=auto only: time the candidates (BF16 and FP32 on a CPU with native BF16) on a few
-    # steps of copies of the model before training and keep the faster (mptrain.train.autoprecision);
-    # false: the device rule alone. Not a training setting: what ran is recorded as the precision.
+    # precision=auto only (mptrain.train.autoprecision; docs/precisions.md). Not a training
+    # setting: what ran is recorded as the precision.
     measure: bool = setting(
         True,
         "time the candidates on this model before training (false: the device rule)",
@@ -156,8 +156,6 @@ class PrecisionConfig:
         help="a format per GEMM of the converted Linear layers (fp8, mxfp8, nvfp4)",
         factory=GemmsConfig,
     )
-    # The other tool's name the precision was chosen by (precision=16-mixed: "16-mixed", set by
-    # conf/precision/16-mixed.yaml), recorded in the report as requested; None when chosen by name.
     alias: str | None = setting(
         None,
         "set by a Lightning name's option (16-mixed): the name requested",
@@ -167,8 +165,6 @@ class PrecisionConfig:
 
 @dataclass
 class FP8Config:
-    """FP8 Linear layers (precision=fp8). Ignored by every other precision."""
-
     format: str = setting(
         "hybrid",
         "hybrid: E4M3 activations/weights + E5M2 gradients | e4m3: E4M3 everywhere",
@@ -279,11 +275,8 @@ def validate_switch(p: PrecisionConfig, known: tuple[str, ...]) -> None:
         return
     mixed = [n for n in known if n not in PURE_PRECISIONS]
     if to is None:
-        require(
-            False,
-            "precision.switch.to",
-            to,
-            f"to switch at={at:g}, name the precision: " + ", ".join(mixed),
+        raise ConfigError(
+            f"precision.switch.to=None: to switch at={at:g}, name the precision: {', '.join(mixed)}"
         )
     require(at is not None, "precision.switch.at", at, f"when to switch to {to}: {SWITCH_AT.words}")
     pure = " (pure precisions keep no FP32 copy of the weights to switch with)"
@@ -313,34 +306,27 @@ def validate_fp8(f: FP8Config) -> None:
         f"{f.granularity} scales are dynamic (one per row or block of each tensor, no history): "
         "use fp8.scaling=dynamic or fp8.granularity=tensorwise",
     )
-    _validate_blockwise(f)
+    if f.granularity == "blockwise":
+        require(
+            f.backend == "builtin",
+            "fp8.backend",
+            f.backend,
+            "fp8.granularity=blockwise runs on the builtin backend only (torchao's float8 training "
+            "has no blockwise recipe); use fp8.backend=builtin",
+        )
+        require(
+            not f.pow2_scales,
+            "fp8.pow2_scales",
+            f.pow2_scales,
+            "fp8.granularity=blockwise takes each block's FP32 scale from its amax; "
+            "use fp8.pow2_scales=false",
+        )
     require(
         f.backend == "builtin" or f.scaling == "dynamic",
         "fp8.backend",
         f.backend,
         "torchao's float8 training scales dynamically only (no amax history): use "
         "fp8.scaling=dynamic, or fp8.backend=builtin for delayed scaling",
-    )
-
-
-def _validate_blockwise(f: FP8Config) -> None:
-    """What blockwise FP8 (mptrain.precision.quant) does not do: torchao's float8 backend and
-    power-of-two scales (its FP32 block scales are amax quotients, as DeepSeek-V3's)."""
-    if f.granularity != "blockwise":
-        return
-    require(
-        f.backend == "builtin",
-        "fp8.backend",
-        f.backend,
-        "fp8.granularity=blockwise runs on the builtin backend only (torchao's float8 training "
-        "has no blockwise recipe); use fp8.backend=builtin",
-    )
-    require(
-        not f.pow2_scales,
-        "fp8.pow2_scales",
-        f.pow2_scales,
-        "fp8.granularity=blockwise takes each block's FP32 scale from its amax; "
-        "use fp8.pow2_scales=false",
     )
 
 
@@ -375,9 +361,6 @@ class BlockLayersConfig:
 
 @dataclass
 class MXConfig(BlockLayersConfig):
-    """MXFP8 Linear layers (precision=mxfp8): E4M3 elements in blocks of 32, E8M0 scales.
-    Ignored by every other precision."""
-
     scale_rounding: str = setting(
         "rceil",
         (
@@ -395,9 +378,6 @@ class MXConfig(BlockLayersConfig):
 
 @dataclass
 class NVFP4Config(BlockLayersConfig):
-    """NVFP4 Linear layers (precision=nvfp4), NVIDIA's training recipe (arXiv 2509.25149).
-    Ignored by every other precision."""
-
     weight_tiles: bool = setting(
         True,
         (

@@ -1,12 +1,6 @@
 """The whole job's schema, :class:`RunConfig` (its sections beside the config groups are in
 :mod:`mptrain.config.sections`), the task/model/dataset agreement and :func:`validate`, the range
-rules of a whole run. Every field carries its default and help (:func:`~mptrain.config.base.setting`):
-conf/config.yaml only selects each group's option.
-
-Hydra composes YAML from ``conf/`` on top of these schemas (registered in the ConfigStore by
-:func:`mptrain.cli.registry.register_configs`), so an unknown key or a value of the wrong type
-fails at compose time, naming the key; :func:`mptrain.cli.registry.to_run_config` converts a
-composed config into these plain dataclasses once, at the CLI edge.
+rules of a whole run. Hydra composes ``conf/`` on top of it (:mod:`mptrain.cli.registry`).
 """
 
 from __future__ import annotations
@@ -108,8 +102,6 @@ class RunConfig:
         "classify",
         "classify | lm: set by the task group (task=lm also selects model=gpt, dataset=text)",
     )
-    # The run's length, as in Hugging Face's Trainer and Lightning; epochs=null is resolved when
-    # the config is built (__post_init__).
     epochs: int | None = setting(
         None,
         (
@@ -323,7 +315,6 @@ class RunConfig:
         factory=DebugConfig,
         metadata=NOT_TRAINING,
     )
-    # Experiment trackers (names of LOGGERS): where the run is reported, not what it computes.
     logger: list[str] = setting(
         help=(
             "experiment trackers: [tensorboard], [mlflow] or [tensorboard,mlflow] (each an extra:"
@@ -395,12 +386,8 @@ def validate(run: RunConfig) -> None:
         group.validate()  # each schema's rules: those on its fields, then its cross-key ones
     check_settings(run)  # the fields' own rules
     for key in ("epochs", "max_steps"):  # step counters reach C ints (the LR schedule, seeds)
-        require(
-            getattr(run, key) is None or getattr(run, key) <= MAX_STEPS,
-            key,
-            getattr(run, key),
-            f"at most {MAX_STEPS:,}",
-        )
+        value = getattr(run, key)
+        require(value is None or value <= MAX_STEPS, key, value, f"at most {MAX_STEPS:,}")
     _check_task(run)
     if run.resume not in (None, "auto"):
         check_path("resume", run.resume)

@@ -1,9 +1,6 @@
-"""The sections of a run that are not a config group, with their range rules: the loss-scale
-health limits (``numerics``), checkpoints (``checkpoint``), the distributed strategy
-(``distributed``), test hooks (``debug``), the trackers (``tensorboard``, ``mlflow``) and what a
-reference recipe expects (``recipe``, filled by ``recipe=NAME``). Each field carries its default
-and help (:func:`~mptrain.config.base.setting`); :class:`~mptrain.config.run.RunConfig` holds one
-of each.
+"""The sections of a run that are not a config group (``numerics``, ``checkpoint``,
+``distributed``, ``memory``, ``debug``, the trackers, ``recipe``) and their range rules;
+:class:`~mptrain.config.run.RunConfig` holds one of each, and its field's help says what for.
 """
 
 from __future__ import annotations
@@ -58,8 +55,6 @@ class RecipeData:
 
 @dataclass
 class RecipeConfig:
-    """Set by ``recipe=NAME`` (recipes/NAME.yaml); empty when no recipe is applied."""
-
     name: str | None = setting(None, "the recipe's name; null when no recipe is applied")
     source: str = setting("", "where the recipe and its expected result come from")
     command: str = setting("", "the exact command that runs it")
@@ -250,8 +245,6 @@ class DebugConfig:
 
 @dataclass
 class TensorBoardConfig:
-    """logger=[tensorboard]: scalars and the config as hparams (``pip install "mptrain[tensorboard]"``)."""
-
     log_dir: str | None = setting(
         None,
         "null = <run dir>/tensorboard; view with `tensorboard --logdir outputs`",
@@ -261,8 +254,6 @@ class TensorBoardConfig:
 
 @dataclass
 class MLflowConfig:
-    """logger=[mlflow]: params, metrics and the report as artifacts (``pip install "mptrain[mlflow]"``)."""
-
     tracking_uri: str | None = setting(
         None,
         (

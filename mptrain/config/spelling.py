@@ -11,13 +11,12 @@ No torch, no OmegaConf: the keys are the schemas' dataclass fields.
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 from collections.abc import Iterable
 
-from mptrain.config.options import PRECISION_ALIASES, PRECISION_NAMES, SCHEMAS
-from mptrain.config.run import RunConfig
+from mptrain.config.keys import schema_fields
+from mptrain.config.options import PRECISION_ALIASES, PRECISION_NAMES
 
 # Another tool's name for a setting -> mptrain's key (or key=value, where a flag of theirs is an
 # option of ours). Every target's key is a key of RunConfig or one of Hydra's
@@ -70,20 +69,9 @@ PEER_PREFIXES = ("trainer.", "training.", "train.", "args.")
 
 @functools.cache
 def config_keys() -> frozenset[str]:
-    """Every dotted key of :class:`RunConfig`, nodes included (``precision``, ``precision.scaler``,
+    """Every dotted key of :class:`~mptrain.config.run.RunConfig`, nodes included (``precision``, ``precision.scaler``,
     ``precision.scaler.init_scale``); a config group's keys are those of any of its options."""
-    return frozenset(_keys(RunConfig, ""))
-
-
-def _keys(schema: type, prefix: str) -> Iterable[str]:
-    for f in dataclasses.fields(schema):
-        key = f"{prefix}{f.name}"
-        yield key
-        nested = list(SCHEMAS.get(key, {}).values())
-        if dataclasses.is_dataclass(f.default_factory):
-            nested.append(f.default_factory)
-        for cls in dict.fromkeys(nested):
-            yield from _keys(cls, f"{key}.")
+    return frozenset(key for key, _ in schema_fields())
 
 
 def suggest_key(key: str, accepted: Iterable[str] | None = None) -> str | None:

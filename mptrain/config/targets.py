@@ -2,25 +2,17 @@
 
 Custom models (``model=custom model._target_=my_pkg.MyNet``) and datasets
 (``dataset=custom dataset._target_=my_pkg.make_data``) are built by ``hydra.utils.instantiate``,
-as in any Hydra app. Two things differ from a plain ``instantiate`` call:
+as in any Hydra app, except that:
 
-- The launch directory is importable. ``python train.py`` puts the script's directory on
-  ``sys.path`` and ``python -m mptrain`` the current directory, but the ``mptrain`` console script
-  puts the virtual environment's ``bin/`` there instead. :func:`locate` appends the launch
-  directory (:func:`mptrain.config.base.launch_dir`, also under ``hydra.job.chdir=true``) to ``sys.path`` so
-  ``my_pkg`` beside the command is found whichever way mptrain was started. Appended, not
-  prepended: a local file never shadows an installed package mptrain itself imports later.
+- The launch directory is importable, whichever way mptrain was started (:func:`locate`;
+  docs/custom-code.md, "Imports").
 - Mistakes are one line: an import that fails, a name that is not there, keys the callable does
   not take, or an exception raised while it runs each become a
   :class:`~mptrain.config.base.ConfigError` naming ``key`` (``model._target_``, ``dataset._target_``).
 - Instantiation is not recursive: a ``{_target_: ...}`` node inside the keys is passed as the dict
   it is, never called. A config value is data; only the top ``_target_`` names code.
-
-A checkpoint records the config it was trained with, and ``mptrain eval``, ``mptrain sample`` and
-:func:`mptrain.load_model` rebuild the model (and data) from it. Anyone can write a checkpoint that
-passes ``torch.load(weights_only=True)`` (dicts and strings), so a ``_target_`` read from one is
-never imported or called unless the user gives it on the command line or opts in with
-``trust_checkpoint_code=true`` (:func:`refuse_checkpoint_code`).
+- A ``_target_`` read from a checkpoint (anyone can write one) is not imported or called unless
+  the command line gives it or ``trust_checkpoint_code=true`` (:func:`refuse_checkpoint_code`).
 """
 
 from __future__ import annotations
@@ -43,8 +35,9 @@ def first_line(exc: BaseException) -> str:
 
 def locate(key: str, target: str) -> Any:
     """The object ``target`` names (``package.module.Name``), importable from the launch
-    directory too; ConfigError naming ``key`` when no module of it imports, when importing it
-    fails inside (the user's error, named), or when the module lacks the name."""
+    directory too (:func:`mptrain.config.base.launch_dir`, appended to ``sys.path``: a local file
+    never shadows an installed package); ConfigError naming ``key`` when no module of it imports,
+    when importing it fails inside (the user's error, named), or when the module lacks the name."""
     launch_dir = str(config.launch_dir())
     if launch_dir not in sys.path and "" not in sys.path:
         sys.path.append(launch_dir)
@@ -98,11 +91,7 @@ def offered(
     """The arguments ``call`` gets: every ``user`` key, plus each of ``facts`` (the dataset's
     ``num_classes``, ``in_channels``, ...) that its signature names and the user did not set."""
     names = accepted(call)
-    given = dict(user)
-    for name, value in facts.items():
-        if name in names and name not in given:
-            given[name] = value
-    return given
+    return {**user, **{n: v for n, v in facts.items() if n in names and n not in user}}
 
 
 def check_keys(key: str, target: str, call: Callable[..., Any], kwargs: dict[str, Any]) -> None:
@@ -137,8 +126,6 @@ def call_target(key: str, target: str, kwargs: dict[str, Any]) -> Any:
 
 # --------------------------------------------------------------------------- code a checkpoint names
 TRUST_KEY = "trust_checkpoint_code"
-# The parts of a checkpoint's config that mptrain rebuilds objects from.
-_REBUILT = ("model", "dataset")
 
 
 def checkpoint_targets(saved: dict[str, Any]) -> dict[str, str]:
@@ -157,7 +144,7 @@ def checkpoint_targets(saved: dict[str, Any]) -> dict[str, str]:
             for index, value in enumerate(node):
                 walk(value, f"{prefix}.{index}")
 
-    for section in _REBUILT:
+    for section in ("model", "dataset"):  # the parts of the config mptrain rebuilds objects from
         walk(saved.get(section), section)
     return found
 
