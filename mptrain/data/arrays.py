@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import pickle
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,8 +191,11 @@ def _missing(cfg: TorchvisionDatasetConfig, expected: Path) -> ConfigError:
     )
 
 
-def _download(cfg: TorchvisionDatasetConfig) -> None:
-    """Fetch (and checksum) the files with torchvision; only when the user set download=true."""
+def _download_if_asked(cfg: TorchvisionDatasetConfig) -> None:
+    """Fetch (and checksum) the files into ``cfg.root`` with torchvision, only when the user set
+    ``download=true``."""
+    if not cfg.download:
+        return
     import torchvision
 
     dataset_class = getattr(torchvision.datasets, _TORCHVISION_CLASSES[cfg.name])
@@ -203,6 +205,7 @@ def _download(cfg: TorchvisionDatasetConfig) -> None:
 
 def load_cifar_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
     """CIFAR-10/100 from the python-pickle batches torchvision and the authors distribute."""
+    _download_if_asked(cfg)
     folder, train_files, val_files, label_key, num_classes = _CIFAR_LAYOUT[cfg.name]
     base = Path(cfg.root) / folder
 
@@ -268,6 +271,7 @@ def load_mnist_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
     """MNIST / Fashion-MNIST from the uncompressed idx files in root/<Class>/raw/."""
     from torchvision.datasets.mnist import read_image_file, read_label_file
 
+    _download_if_asked(cfg)
     raw = Path(cfg.root) / _TORCHVISION_CLASSES[cfg.name] / "raw"
 
     def read(split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -287,20 +291,6 @@ def load_mnist_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
 
     classes = list(FashionMNIST.classes) if cfg.name == "fashion_mnist" else _DIGIT_NAMES
     return ArrayDataset(train_images, train_labels, val_images, val_labels, 10, mean, std, classes)
-
-
-def with_download(
-    read: Callable[[TorchvisionDatasetConfig], ArrayDataset],
-) -> Callable[[TorchvisionDatasetConfig], ArrayDataset]:
-    """``read`` preceded by torchvision's download when the config sets ``download=true``."""
-
-    def load(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
-        """Download the files into ``cfg.root`` if asked to, then read them from there."""
-        if cfg.download:
-            _download(cfg)
-        return read(cfg)
-
-    return load
 
 
 def array_bundle(cfg: Any, arrays: ArrayDataset, layout: BatchLayout) -> DataBundle:

@@ -16,13 +16,11 @@ from mptrain.config.data import (
     TorchvisionDatasetConfig,
 )
 from mptrain.data.arrays import (
-    ArrayDataset,
     array_bundle,
     load_cifar_arrays,
     load_digits_arrays,
     load_mnist_arrays,
     make_synthetic_arrays,
-    with_download,
 )
 from mptrain.data.batches import BatchLayout, DataBundle
 from mptrain.data.custom import CustomDataset, custom_bundle, load_custom
@@ -31,35 +29,28 @@ from mptrain.data.lm import load_text, text_bundle
 from mptrain.data.text import TokenText
 
 # ------------------------------------------------------------------------------------ entry point
-# The one list of datasets: dataset.name -> its schema and the function that loads it. Each name
-# is also an option file conf/dataset/<name>.yaml (a test keeps the two in step). ArrayDataset
-# results are fed from memory, FolderDataset results from files.
+# Each name is also an option file conf/dataset/<name>.yaml (a test keeps the two in step).
 DATASETS: dict[str, Option] = {
     "digits": Option(DigitsConfig, load_digits_arrays),
     "synthetic": Option(SyntheticConfig, make_synthetic_arrays),
-    "cifar10": Option(TorchvisionDatasetConfig, with_download(load_cifar_arrays)),
-    "cifar100": Option(TorchvisionDatasetConfig, with_download(load_cifar_arrays)),
-    "mnist": Option(TorchvisionDatasetConfig, with_download(load_mnist_arrays)),
-    "fashion_mnist": Option(TorchvisionDatasetConfig, with_download(load_mnist_arrays)),
+    "cifar10": Option(TorchvisionDatasetConfig, load_cifar_arrays),
+    "cifar100": Option(TorchvisionDatasetConfig, load_cifar_arrays),
+    "mnist": Option(TorchvisionDatasetConfig, load_mnist_arrays),
+    "fashion_mnist": Option(TorchvisionDatasetConfig, load_mnist_arrays),
     "imagefolder": Option(ImageFolderConfig, load_image_folders),
     "custom": Option(CustomDatasetConfig, load_custom),
     "text": Option(TextDatasetConfig, load_text),
 }
 
 
-def load_dataset(cfg: Any) -> ArrayDataset | FolderDataset | CustomDataset:
-    """Load the dataset ``cfg.name`` names, through :data:`DATASETS`."""
+def build_data(cfg: Any, layout: BatchLayout) -> DataBundle:
+    """Load the configured dataset (:data:`DATASETS`) and wrap it in the feed that suits it (the
+    ``*_bundle`` of its kind). ConfigError for an unknown name, missing files, labels outside the
+    classes, or a training set smaller than one batch."""
     option = DATASETS.get(cfg.name)
     if option is None:
         raise ConfigError(f"dataset.name={cfg.name!r}: one of {', '.join(DATASETS)}")
-    return option.build(cfg)
-
-
-def build_data(cfg: Any, layout: BatchLayout) -> DataBundle:
-    """Load the configured dataset and wrap it in the feed that suits it: in-memory tensors for an
-    :class:`ArrayDataset`, a DataLoader for a :class:`FolderDataset`. ConfigError for missing
-    files, labels outside the classes, or a training set smaller than one batch."""
-    dataset = load_dataset(cfg)
+    dataset = option.build(cfg)
     if isinstance(dataset, FolderDataset):
         return folder_bundle(cfg, dataset, layout)
     if isinstance(dataset, CustomDataset):

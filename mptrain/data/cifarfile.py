@@ -2,9 +2,7 @@
 
 A CIFAR batch is a pickled dict of bytes keys, lists of ints or bytes, and numpy arrays. Plain
 ``pickle.load`` would call any function a file names, so a crafted ``data_batch_1`` could run a
-shell command. :func:`read_cifar_pickle` unpickles with :class:`CifarUnpickler`, which resolves
-only the globals such a file holds (numpy's array reconstruction) and refuses every other one
-with :class:`RefusedGlobal` naming it, before anything is called.
+shell command: :func:`read_cifar_pickle` resolves only the globals such a file holds.
 """
 
 from __future__ import annotations

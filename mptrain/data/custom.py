@@ -1,6 +1,7 @@
-"""The user's own datasets (``dataset=custom dataset._target_=my_pkg.make_data``): the callable
-returns ``(train, val)`` map-style datasets of ``(image, label)``; their first samples are
-checked, then they are fed from memory (``dataset.in_memory``) or through DataLoader workers.
+"""The user's own datasets (``dataset=custom dataset._target_=my_pkg.make_data``; the contract in
+full: docs/custom-code.md): the callable returns ``(train, val)`` map-style datasets of ``(image,
+label)``; their first samples are checked, then they are fed from memory (``dataset.in_memory``)
+or through DataLoader workers.
 """
 
 from __future__ import annotations

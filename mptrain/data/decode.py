@@ -1,18 +1,13 @@
 """Image files to model inputs: the imagefolder pipeline's decoding and crops.
 
-Two ways to the same batches (``dataset.decode_device``), both drawing every sample's crop and flip
-from that sample's own seed (:class:`mptrain.data.build.SeededTransforms` on the CPU, a
-``torch.Generator`` per sample on the device), with the same algorithm, so a sample gets the same
-crop box and flip either way:
-
-- ``cpu``: DataLoader workers decode each file with PIL and crop it (:class:`DecodeCrop`); with
-  ``dataset.decode_draft`` a JPEG is decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling,
-  ``Image.draft``) when the crop drawn for it still covers at least the output size at that scale.
-  Workers return uint8 crops; the feed normalises whole batches on the training device.
-- ``cuda``: workers only read the bytes (:class:`EncodedImages`; files that are not JPEG are
-  decoded by the worker, nvJPEG takes only JPEG); the main process decodes the batch on the device
-  (``torchvision.io.decode_jpeg`` of a list) and crops, resizes, flips and normalises there
-  (:class:`DeviceDecode`). The same code runs with a CPU device, which the tests use.
+Two ways to the same batches (``dataset.decode_device``; docs/custom-code.md says what each does
+for a user): ``cpu``, DataLoader workers decoding with PIL (:class:`DecodeCrop`, draft decoding
+included), and ``cuda``, workers reading the bytes (:class:`EncodedImages`) and the main process
+decoding and cropping the batch on the device (:class:`DeviceDecode`; the same code runs on a CPU
+device in the tests). Both draw every sample's crop and flip from that sample's own seed
+(:class:`mptrain.data.feeds.SeededTransforms` on the CPU, a ``torch.Generator`` per sample on the
+device) with the same algorithm (:func:`crop_params`), so a sample gets the same crop box and flip
+either way.
 
 Bad files raise :class:`BadDataFile` naming the path wherever they are found (worker or main
 process); ``dataset.skip_bad_files`` turns them into skipped, counted samples.
@@ -128,10 +123,10 @@ def draft_factor(covered_h: float, covered_w: float, needed: int) -> int:
 class DecodeCrop:
     """The CPU pipeline's per-sample transform: a file path to a uint8 ``3 x S x S`` crop.
 
-    Random draws come from torch's global RNG, which :class:`mptrain.data.build.SeededTransforms` seeds
-    per (seed, epoch, sample). Without a draft (``draft`` false, a crop too small for one, or not
-    a JPEG) the output is exactly torchvision's RandomResizedCrop + RandomHorizontalFlip (or
-    Resize + CenterCrop) of the full decode.
+    Random draws come from torch's global RNG, which :class:`mptrain.data.feeds.SeededTransforms`
+    seeds per (seed, epoch, sample). Without a draft (``draft`` false, a crop too small for one,
+    or not a JPEG) the output is exactly torchvision's RandomResizedCrop + RandomHorizontalFlip
+    (or Resize + CenterCrop) of the full decode.
     """
 
     def __init__(self, spec: CropSpec, draft: bool) -> None:

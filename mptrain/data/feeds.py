@@ -1,8 +1,9 @@
 """The two feeds. :class:`TensorBatches` for data held in memory: one shuffled index per epoch,
 batches gathered by tensor indexing, augmentation on whole batches on the device (no per-sample
-Python, no workers: ~1.7x faster than a per-sample DataLoader on small models).
+Python, no workers; BENCHMARKS.md compares it with a per-sample DataLoader).
 :class:`LoaderBatches` for file-backed data: a DataLoader with workers, pinned memory and
-non-blocking copies on CUDA. Both are deterministic given ``(seed, epoch)`` and shard by rank.
+non-blocking copies on CUDA. Both yield batches already on the training device, shard by rank,
+and are deterministic given ``(seed, epoch)``: an epoch's order does not depend on earlier ones.
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 class FolderDataset:
     """A file-backed dataset: torchvision ImageFolders whose samples are file paths.
 
-    ``train`` has no transform of its own: :func:`build_data` wraps it with ``train_transform``
+    ``train`` has no transform of its own: :func:`folder_bundle` wraps it with ``train_transform``
     seeded per (seed, epoch, sample), or reads its bytes for device decoding. ``val`` carries its
     deterministic evaluation transform (used by the CPU pipeline).
     """

@@ -36,8 +36,7 @@ MAX_NOT_UTF8_SHARE = 0.01
 # ------------------------------------------------------------------------------------------- text
 def _check_source(cfg: TextDatasetConfig) -> None:
     """ConfigError naming ``dataset.path`` for a path that is neither a file nor a directory (a
-    FIFO would block the run, /dev/zero never end: both were "no .txt files") or a symbolic link
-    that leads nowhere (a loop was "does not exist")."""
+    FIFO would block the run, /dev/zero never end) or a symbolic link that leads nowhere."""
     if not cfg.path:
         return  # the embedded standard-library corpus
     path = Path(cfg.path)

@@ -1,16 +1,8 @@
 """Documents stored as records: JSON Lines (``.jsonl``, one JSON object per line) and Parquet
-(``.parquet``, read with pyarrow), each record's text in one field (``dataset.text_field``,
-default ``text``).
+(``.parquet``, read with pyarrow), each record's text in one field (``dataset.text_field``).
 
-The records are streamed in file order and the reader stops once ``max_bytes`` of text are
-taken: JSONL line by line, Parquet in row batches (``ParquetFile.iter_batches``), so a large file
-is never loaded whole and what lies beyond ``max_bytes`` is not read (nor checked). The documents
-are joined with a separator that marks where one ends (:func:`join_records`; the caller chooses
-it: a tokenizer's end-of-text token, else a blank line).
-
-A record that cannot be read — a line that is not JSON, not an object, without the field, or
-whose field is not a string; a Parquet file without the column, a column that is not text, a
-null — raises :class:`BadRecord` naming the file, the line (or row) and the field.
+Records are streamed in file order and reading stops at ``max_bytes`` (:func:`join_records`): a
+large file is never loaded whole, and what lies beyond ``max_bytes`` is neither read nor checked.
 """
 
 from __future__ import annotations
@@ -96,13 +88,6 @@ def parquet_texts(path: Path, field: str) -> Iterator[str]:
             yield text
 
 
-def record_texts(path: Path, field: str) -> Iterator[str]:
-    """The texts of a ``.jsonl`` or ``.parquet`` file, chosen by its suffix."""
-    if path.suffix.lower() == ".parquet":
-        return parquet_texts(path, field)
-    return jsonl_texts(path, field)
-
-
 @dataclass(frozen=True)
 class JoinedRecords:
     """The documents taken: their text joined, the files they came from, how many there were,
@@ -123,7 +108,8 @@ def join_records(files: list[Path], field: str, separator: str, max_bytes: int) 
     used: list[Path] = []
     total = documents = 0
     for path in files:
-        for text in record_texts(path, field):
+        texts = parquet_texts if path.suffix.lower() == ".parquet" else jsonl_texts
+        for text in texts(path, field):
             data = (sep if documents else b"") + text.encode("utf-8", errors="surrogatepass")
             if documents and total + len(data) > max_bytes:
                 return JoinedRecords(b"".join(chunks), used, documents, True)

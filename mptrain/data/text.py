@@ -1,15 +1,9 @@
-"""Text for language modelling: the embedded corpus, tokens, and the windows a model trains on.
+"""Text for language modelling: the corpus read, its tokens, and the windows a model trains on.
 
-The default corpus needs no download: the source files of the Python standard library that ships
-with the running interpreter (``sysconfig``'s ``stdlib`` path), read in sorted path order, test
-suites and site-packages left out, until ``max_bytes``. Any local text file or directory
-(``path``) can be read the same way. What was read is recorded (:class:`CorpusFacts`), so a report
-can say which files and how many bytes a model saw.
-
-Tokens are bytes (vocabulary 256, no tokenizer) or characters (every character of the text
-read, sorted, as nanoGPT's ``data/shakespeare_char/prepare.py`` builds its 65 symbols: no unknown
-id). The token stream is split once: the first ``1 - val_fraction`` of it trains, the rest
-validates, and no window crosses the boundary, so no validation token is ever seen in training.
+The default corpus is the running interpreter's standard library sources (which files, and why:
+docs/language-models.md); what was read is recorded (:class:`CorpusFacts`). The token stream is
+split once (:func:`split_tokens`): the first ``1 - val_fraction`` trains, the rest validates, and
+no window crosses the boundary, so no validation token is ever seen in training.
 """
 
 from __future__ import annotations
@@ -79,7 +73,7 @@ def read_corpus(
     suffix: str = ".py",
     *,
     text_field: str = "text",
-    separator: str = "\n\n",
+    separator: str = PLAIN_DOCUMENT_SEPARATOR,
 ) -> tuple[bytes, CorpusFacts]:
     """The text of ``root`` and what was read: plain-text files concatenated (whole files, in
     order, until ``max_bytes``; a single file is cut at ``max_bytes``), or for ``.jsonl`` and
@@ -446,12 +440,6 @@ def count_not_utf8(data: bytes) -> int:
     return len(_NOT_UTF8.findall(data.decode("utf-8", errors="surrogateescape")))
 
 
-def _source(path: str, suffix: str | None) -> tuple[Path, str]:
-    """(root, suffix) that ``dataset.path`` and ``dataset.suffix`` name: empty ``path`` is the
-    standard library's ``.py`` files, a path its ``.txt`` files, unless ``suffix`` says."""
-    return (Path(path) if path else stdlib_root()), suffix or (".txt" if path else ".py")
-
-
 def read_text_dataset(
     path: str,
     max_bytes: int,
@@ -462,15 +450,15 @@ def read_text_dataset(
     tokenizer: str | None = None,
     text_field: str = "text",
 ) -> TokenText:
-    """Read ``path`` (a file or directory; empty: the interpreter's standard library) and
-    tokenise it with a byte or a character vocabulary (every character of the text read, as
-    nanoGPT's prepare.py: a character only the validation text holds gets an id no training
-    target ever shows, which teaches the model nothing of that text), or with ``tokenizer`` (a ``tokenizer.json``'s
+    """Read ``path`` (a file or directory, its ``.txt`` files unless ``suffix`` says; empty: the
+    interpreter's standard library, its ``.py`` files) and tokenise it with a byte or a character
+    vocabulary (:meth:`Vocabulary.of_characters`), or with ``tokenizer`` (a ``tokenizer.json``'s
     content; ``vocabulary`` is then not used). Characters and tokenizers read UTF-8: the bytes
     that are not are counted (``not_utf8_bytes``). The records of ``.jsonl``/``.parquet`` files
     are joined with :func:`document_separator`. FileNotFoundError when there is no text,
     BadRecord for a record without text."""
-    root, suffix = _source(path, suffix)
+    root = Path(path) if path else stdlib_root()
+    suffix = suffix or (".txt" if path else ".py")
     vocab = None if tokenizer is None else Vocabulary(tokenizer=tokenizer)
     separator = document_separator(vocab)
     data, facts, left_unread = _read_source(root, max_bytes, suffix, text_field, separator)

@@ -1,11 +1,7 @@
-"""Tokenizer files (``dataset.tokenizer``): a ``tokenizer.json`` of the Hugging Face ``tokenizers``
-library (``Tokenizer.from_file``; what ``tokenizer.save`` writes and Hugging Face model
-repositories ship), read from a local path only: nothing is downloaded.
-
-The file's content (a JSON string, typically a few hundred kB to a few MB) is what a run keeps:
-its SHA-256 names it in the report and in the data's identity (a resume refuses a different
-tokenizer), and checkpoints store it whole, so ``mptrain sample`` and ``load_model`` decode with
-the very tokenizer the model was trained with, wherever the checkpoint is moved.
+"""Tokenizer files (``dataset.tokenizer``): a local ``tokenizer.json`` of the Hugging Face
+``tokenizers`` library; nothing is downloaded. A run keeps the file's content, not its path: its
+SHA-256 is in the report and the data's identity, and checkpoints store it whole
+(docs/language-models.md).
 """
 
 from __future__ import annotations

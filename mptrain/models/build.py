@@ -1,18 +1,12 @@
-"""Model builders: a registry from model name to a function of plain arguments.
+"""The one list of models (:data:`MODELS`: ``model.name`` -> schema and builder) and
+:func:`build_model`.
 
-Every builder takes ``(cfg, in_channels, image_size, num_classes)`` and returns an ``nn.Module``
-whose parameters are FP32; the precision recipe is applied afterwards (mptrain.train.build: autocast at
-run time, FP8 layers, and for the "pure" precisions a cast of the whole model).
-
-Sources (the report's ``model.source``): ``builtin`` (mlp, cnn, resnet18/50, vit),
-``torchvision`` (any classification model of ``torchvision.models.get_model``, ``model.arch``),
-``timm`` (``timm.create_model``, ``model.arch``; the optional ``mptrain[timm]`` extra) and
-``custom`` (any importable nn.Module, ``model._target_``, see :mod:`mptrain.config.targets`) and
-``hf`` (a ``transformers`` causal language model from its configuration class, the optional
-``mptrain[hf]`` extra: :mod:`mptrain.models.hf`). None loads pretrained weights. :func:`build_model` records what it built and how it adapted it to the data
-(:func:`model_facts`), and runs one FP32 forward pass of a dummy batch so that a model that cannot
-take the dataset's images, or does not return ``(batch, num_classes)`` logits (a language model:
-``(batch, length, vocabulary)``), is a ConfigError before training starts.
+Every builder takes ``(cfg, in_channels, image_size, num_classes)`` and returns an untrained
+``nn.Module`` with FP32 parameters (none loads pretrained weights); the precision is applied
+afterwards (:meth:`mptrain.precision.plugin.Precision.convert_module`). :func:`build_model` records
+what it built and how it fitted it to the data (:func:`model_facts`, the report's ``model``
+section) and checks it with one FP32 forward pass of a dummy batch, so that a model that cannot
+take the data, or does not return logits of the right shape, is a ConfigError before training.
 """
 
 from __future__ import annotations
@@ -48,8 +42,7 @@ from mptrain.models.external import (
 from mptrain.models.hf import build_hf
 from mptrain.models.task import logits_of
 
-# The one list of models: model.name -> its schema and builder. Each name is also an option file
-# conf/model/<name>.yaml (a test keeps the two in step).
+# Each name is also an option file conf/model/<name>.yaml (a test keeps the two in step).
 MODELS: dict[str, Option] = {
     "mlp": Option(MLPConfig, build_mlp),
     "cnn": Option(CNNConfig, build_cnn),
@@ -62,8 +55,7 @@ MODELS: dict[str, Option] = {
     "custom": Option(CustomModelConfig, build_custom),
     "hf": Option(HFModelConfig, build_hf),
 }
-# Builtin models with convolutions (FP16 convolutions crawl on CPUs). Models from torchvision, timm
-# or user code are only known once built: has_convolutions(model) inspects the built model.
+# Builtin models with convolutions (FP16 convolutions crawl on CPUs); the others are inspected.
 CONVOLUTIONAL = frozenset({"cnn", "resnet18", "resnet50"})
 
 

@@ -1,6 +1,5 @@
 """The built-in models: an MLP, a small CNN with BatchNorm, ResNet-18/50 (torchvision's, adapted
-to the data), a ViT, and the GPT of :mod:`mptrain.models.gpt`. Every builder takes ``(cfg,
-in_channels, image_size, num_classes)`` and returns FP32 parameters.
+to the data), a ViT, and the GPT of :mod:`mptrain.models.gpt` (builders: :mod:`.build`).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from mptrain.config.targets import call_target, check_keys, first_line, locate, 
 class ModelFacts:
     """What :func:`build_model` built: where from, the class, and how it was fitted to the data."""
 
-    source: str  # builtin | torchvision | timm | custom
+    source: str  # builtin | torchvision | timm | custom | hf
     arch: str | None  # torchvision/timm model name, or the custom _target_; None for builtins
     class_name: str = ""  # module.qualname of the built model
     adaptations: list[str] = field(default_factory=list)

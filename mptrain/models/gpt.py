@@ -1,12 +1,9 @@
 """A decoder-only transformer language model (GPT): the workload where BF16 and FP8 matter.
 
-Pre-norm blocks: ``x + attention(norm(x))`` then ``x + mlp(norm(x))``. Attention is causal
-self-attention through ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``
-(flash or memory-efficient kernels where the device has them); the MLP is Linear, GELU, Linear
-with 4x width. Token and learned position embeddings; the output head shares the token
-embedding's weight (tied) and has no bias. ``bias=False`` leaves the biases out of every other
-Linear and LayerNorm too, as nanoGPT's recipes do (its train.py: ``bias = False``). The attention projections and MLP Linears are the layers FP8 converts;
-embeddings, norms, the softmax and the head stay in higher precision.
+Pre-norm blocks of causal self-attention (``scaled_dot_product_attention(is_causal=True)``) and a
+4x-wide GELU MLP; token and learned position embeddings; the output head tied to the token
+embedding, without bias (what each setting does: docs/language-models.md). The attention
+projections and the MLP's Linears are the layers FP8 converts.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """Hugging Face ``transformers`` causal language models (``model=hf``), built from a
 configuration class and its keyword arguments with fresh weights: no checkpoint, tokenizer or
-code is read from the Hub (``AutoModelForCausalLM.from_config`` with ``trust_remote_code=False``
-builds the class transformers ships for the configuration).
-
-What mptrain sets, recorded in the report's ``model.adaptations``: the vocabulary (the data's),
-the position table (``model.block_size``, unless ``model.config`` asks for a longer one), no
-key-value cache (training feeds whole windows), FP32 parameters, and GPT-2's ``Conv1D`` layers
-replaced by the equal ``nn.Linear`` (the same product with the weight transposed) so that FP8
-layer selection and the audit, which select ``nn.Linear``, see them. The model returns an output
-object whose ``.logits`` the task takes (:func:`mptrain.models.task.logits_of`).
+code is read from the Hub (``AutoModelForCausalLM.from_config``, ``trust_remote_code=False``).
+What mptrain sets (:func:`hf_config`, :func:`conv1d_to_linear`, FP32 parameters) is recorded in
+the report's ``model.adaptations``.
 """
 
 from __future__ import annotations
@@ -38,17 +32,6 @@ _ENUM_CONSTANT_NOTICE = (
 )
 
 
-def _transformers() -> ModuleType:
-    """The ``transformers`` module; ConfigError saying how to install it when it is missing."""
-    try:
-        import transformers
-    except ImportError as exc:
-        raise ConfigError(
-            "model=hf: transformers is not installed; install it with pip install 'mptrain[hf]'"
-        ) from exc
-    return transformers
-
-
 def config_class(transformers: ModuleType, name: str) -> type:
     """The configuration class ``transformers.<name>``; ConfigError with close names otherwise."""
     found = getattr(transformers, name, None)
@@ -74,8 +57,9 @@ def check_config_keys(cls: type, keys: list[str]) -> None:
 
 
 def hf_config(transformers: ModuleType, cfg: HFModelConfig, vocab_size: int) -> tuple[Any, list]:
-    """The configuration ``model.config_class(**model.config)`` with the vocabulary, the
-    position table and the cache set as the module docstring says, and what was set."""
+    """The configuration ``model.config_class(**model.config)`` with the vocabulary the data's,
+    the position table ``model.block_size`` (unless ``model.config`` gives a longer one) and no
+    key-value cache (training feeds whole windows); and what was set."""
     cls = config_class(transformers, cfg.config_class)
     check_config_keys(cls, list(cfg.config))
     config = cls(**cfg.config)
@@ -120,7 +104,8 @@ def quiet_enum_constant_notice() -> Iterator[None]:
 
 def conv1d_to_linear(model: nn.Module, conv1d: type) -> list[str]:
     """Replace every GPT-2 style ``Conv1D`` (``x @ W + b``, ``W`` of shape ``(in, out)``) by the
-    ``nn.Linear`` computing the same (weight ``W.T``; same values). Returns what was done."""
+    ``nn.Linear`` computing the same (weight ``W.T``; same values), so that FP8 layer selection
+    and the audit, which select ``nn.Linear``, see them. Returns what was done."""
     names = [name for name, module in model.named_modules() if isinstance(module, conv1d)]
     for name in names:
         old = model.get_submodule(name)
@@ -138,7 +123,12 @@ def conv1d_to_linear(model: nn.Module, conv1d: type) -> list[str]:
 def build_hf(cfg: HFModelConfig, in_channels: int, image_size: int, num_classes: int) -> nn.Module:
     """``AutoModelForCausalLM.from_config`` of :func:`hf_config` with FP32 parameters; the
     vocabulary is ``num_classes`` (token data: ``in_channels`` and ``image_size`` are 0)."""
-    transformers = _transformers()
+    try:
+        import transformers
+    except ImportError as exc:
+        raise ConfigError(
+            "model=hf: transformers is not installed; install it with pip install 'mptrain[hf]'"
+        ) from exc
     config, adaptations = hf_config(transformers, cfg, num_classes)
     try:
         with quiet_enum_constant_notice():  # transformers imports torchao here (see the notice)

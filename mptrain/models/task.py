@@ -8,10 +8,9 @@ Two tasks share the one training loop (:mod:`mptrain.train.loop`); they differ o
   ``(batch, length)``. Every position is one prediction, so the loss and the accuracy are per
   token. Primary metric: validation loss (lower is better); perplexity is ``exp(loss)``.
 
-A model returns a logits tensor or an object holding one in ``.logits`` (Hugging Face models);
-every caller takes the tensor through :func:`logits_of`. Both losses are the cross-entropy of the logits flattened to ``(predictions, classes)``, computed
-in FP32 (see :func:`cross_entropy`). Best checkpoints, sweep tables, recipe verdicts and
-``mptrain-compare`` rank by :attr:`Task.primary_metric` in the direction it states.
+Both losses are :func:`cross_entropy` of the logits (:func:`logits_of`). Best checkpoints, sweep
+tables, recipe verdicts and ``mptrain-compare`` rank by :attr:`Task.primary_metric` in the
+direction it states.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Whether this machine was busy while something was timed: speed figures taken while other work
 competed for the cores say little about the code (measured here: torch's default threads ran 48×
-slower under load 8.5 on 2 cores).
-
-:func:`sample` reads the 1-minute load average and the CPU time counters (``/proc/stat``) at
-one moment; :func:`judge` compares two samples, the first taken before the timed work and the
-second after it, and says whether others' load or a hypervisor's steal was high enough to call
-the machine busy; :func:`others_load` reads others' load off one sample (a run watching it).
-Linux only for the counters; elsewhere the load average alone (or nothing) is judged, and the
-result says so.
+slower under load 8.5 on 2 cores). :func:`judge` compares a :func:`sample` taken before the timed
+work with one taken after it. Linux only for the CPU time counters; elsewhere the load average
+alone (or nothing) is judged, and the result says so.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""Data-parallel and sharded training on torch.distributed, launched by ``torchrun``.
-
-``torchrun --nproc_per_node=N -m mptrain ...`` sets RANK / WORLD_SIZE / LOCAL_RANK; mptrain then
-joins the process group (NCCL on GPUs, Gloo on CPUs) and wraps the model:
-
-- ``strategy=ddp``: DistributedDataParallel. Gradients are averaged in their own dtype (FP32: the
-  parameters are FP32 master weights). An inf/NaN gradient on any rank makes the averaged gradient
-  non-finite on every rank, so the loss scaler skips and backs off identically everywhere.
-- ``strategy=fsdp``: FSDP2 ``fully_shard`` with a MixedPrecisionPolicy from the precision recipe —
-  parameters computed in BF16/FP16, gradients reduced in ``distributed.reduce_dtype`` (FP32 by
-  default), sharded FP32 master weights. mptrain's Float8Linear layers all-gather FP32 weights.
-
-FP8 state (scales, amax histories, counters) is agreed on by :mod:`mptrain.precision.quant.dist`.
-
-Every rank reads its own shard of each epoch's permutation (no overlap), seeds dropout with
-``seed + rank``, and evaluates its shard of the validation set; sums are all-reduced. Only rank 0
-writes metrics, reports and checkpoints.
+"""Data-parallel and sharded training on torch.distributed: the process group ``torchrun`` (or
+:mod:`mptrain.platform.launch`) describes, NCCL on GPUs and Gloo on CPUs; the model wrapped in
+DDP (``strategy=ddp``) or FSDP2 ``fully_shard`` (``strategy=fsdp``, a MixedPrecisionPolicy from
+the precision); the collectives the loop needs, full state dicts and the loss scaler. What each
+rank does: docs/distributed.md; FP8 state across ranks: :mod:`mptrain.precision.quant.dist`.
 """
 
 from __future__ import annotations
@@ -46,9 +34,7 @@ class DistContext:
     backend: str | None = None
     strategy: str = "single"  # single | ddp | fsdp
     reduce_dtype: str = "float32"
-    launch: Launch = field(
-        default_factory=Launch
-    )  # who started the ranks, on how many nodes; which attempt
+    launch: Launch = field(default_factory=Launch)
     timeout_s: float | None = None  # a collective waits this long for a lost rank (None: single)
 
     @property
@@ -144,16 +130,12 @@ def shutdown(ctx: DistContext) -> None:
         dist.destroy_process_group()
 
 
-def _never(module: nn.Module) -> bool:
-    return False
-
-
 def wrap_model(
     model: nn.Module,
     ctx: DistContext,
     device: torch.device,
     param_dtype: torch.dtype | None,
-    gathers_fp32: Callable[[nn.Module], bool] = _never,
+    gathers_fp32: Callable[[nn.Module], bool],
 ) -> nn.Module:
     """DDP or FSDP2 around ``model`` (returned unchanged for a single process).
 
@@ -235,9 +217,7 @@ def broadcast_flag(flag: bool, ctx: DistContext, device: torch.device) -> bool:
     """True on every rank when any rank says True (e.g. a stop request seen by one rank)."""
     if not ctx.enabled:
         return flag
-    t = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return bool(any_rank(torch.tensor(flag, device=device), ctx))
 
 
 # ------------------------------------------------------------------------------ state dicts

@@ -1,20 +1,12 @@
 """Who started this process, as one of how many, and how many times: torchrun, a SLURM job step,
 submitit's local executor, or nothing (one process).
 
-- **torchrun** sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT itself, and
-  TORCHELASTIC_RESTART_COUNT: how many times its agent restarted the group (``--max-restarts``).
-- **A SLURM job step with several tasks** (``srun python -m mptrain ...`` in an sbatch script, or
-  Hydra's ``submitit_slurm`` launcher with ``hydra.launcher.tasks_per_node``) and **submitit's
-  local executor** (``submitit_local``) describe the job in their own variables. submitit's job
-  environments read them (the rank, the task count, the node list expanded to host names, the
-  job id); :func:`export_torch_env` writes torchrun's variables from them, the first node's first
-  host as the master and a port drawn from the job id as submitit's TorchDistributedEnvironment
-  does, so every task agrees without talking. SLURM_RESTART_COUNT counts requeues (after a
-  pre-emption, ``--requeue``).
-
-mptrain then joins the group exactly as under torchrun (:func:`mptrain.platform.distributed.init_distributed`),
-with the same rank-0 rules. A restarted attempt (:attr:`Launch.restart` > 0) continues the run
-from its newest complete checkpoint (:mod:`mptrain.cli.preflight`).
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/PORT itself; for a SLURM job step of
+several tasks or submitit's local executor, :func:`export_torch_env` writes them, so mptrain joins
+the group exactly as under torchrun (:func:`mptrain.platform.distributed.init_distributed`). A
+restarted attempt (:attr:`Launch.restart` > 0: torchrun's ``--max-restarts``, SLURM's requeue)
+continues the run from its newest complete checkpoint (:func:`resume_after_restart`). How to
+launch: docs/distributed.md.
 """
 
 from __future__ import annotations
@@ -109,11 +101,9 @@ def _job_environment() -> Any | None:
 
 
 def check_restartable() -> None:
-    """torchrun with ``--max-restarts`` shares its rendezvous store with the workers' process
-    group by default, and a restarted group then reads the previous attempt's Gloo or NCCL
-    addresses from it and fails or hangs in its first connect (pytorch/pytorch#135712; measured
-    here with Gloo: 5 of 6 restarted groups failed to connect or hung, 4 of 4 went on with the
-    variable set): refused before the first attempt, with the variable that fixes it."""
+    """Refuse, before the first attempt, torchrun with ``--max-restarts`` sharing its rendezvous
+    store with the process group (its default): a restarted group would read the previous
+    attempt's addresses from it and hang (pytorch/pytorch#135712; docs/distributed.md)."""
     restarts = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
     shared = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     if restarts.isdigit() and int(restarts) > 0 and shared:
@@ -126,8 +116,10 @@ def check_restartable() -> None:
 
 
 def export_torch_env() -> Launch:
-    """Set torchrun's variables for a SLURM or submitit job of several tasks (see the module
-    doc; variables already set are kept: a MASTER_PORT of the user's wins); the launch."""
+    """Set torchrun's variables for a SLURM or submitit job of several tasks from submitit's job
+    environment: the first host as the master and a port drawn from the job id, so every task
+    agrees without talking (variables already set are kept: a MASTER_PORT of the user's wins).
+    Returns the launch."""
     found = _job_environment()
     if found is None:
         world = int(os.environ.get("WORLD_SIZE", "1"))

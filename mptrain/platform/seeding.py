@@ -1,7 +1,7 @@
 """Every random number generator a run uses: seeding them, and saving and restoring their states.
 
 Python's ``random``, NumPy's global generator, torch's CPU generator and every CUDA device's. The
-data order does not depend on them (each epoch has its own generator, see :mod:`mptrain.data.build`);
+data order does not depend on them (each epoch has its own generator, see :mod:`mptrain.data.feeds`);
 weights initialisation, dropout and anything a user's code draws does.
 """
 

@@ -1,13 +1,8 @@
-"""Graceful stop on SIGINT / SIGTERM / SIGHUP: finish the current step, save, report, exit
-128 + the signal number (130 / 143 / 129); a second signal stops at once, abandoning the step
-(:class:`GracefulStop`). The checkpoint signal (``checkpoint.signal``, SIGUSR1 by default) asks for
-a checkpoint and training goes on (:class:`CheckpointOnSignal`), or with ``checkpoint.on_signal=stop``
-stops like SIGTERM.
-
-SIGHUP (a closed terminal, a dropped ssh session) is handled like SIGTERM: Python's default would
-end the process with no checkpoint and no report. While the report is written
-(:class:`SignalsHeld`), further signals are recorded and otherwise ignored: a burst of SIGTERMs
-(``timeout -k``, schedulers, impatient users) cannot cut the report short."""
+"""Graceful stop on SIGINT / SIGTERM / SIGHUP (:class:`GracefulStop`: finish the current step,
+save, report, exit 128 + the signal number), the checkpoint signal (:class:`CheckpointOnSignal`),
+and stop signals held while the report is written (:class:`SignalsHeld`). SIGHUP (a closed
+terminal, a dropped ssh session) is handled like SIGTERM: Python's default would end the process
+with no checkpoint and no report."""
 
 from __future__ import annotations
 
@@ -69,14 +64,10 @@ class SignalsHeld:
     exits as soon as it is written, with the outcome the report states. Outside the main thread
     (where Python cannot install handlers) it does nothing."""
 
-    SIGNALS = STOP_SIGNALS
-
     def __init__(self) -> None:
         self.signum: int | None = None
+        self.signals: tuple[int, ...] = STOP_SIGNALS
         self._previous: dict[int, object] = {}
-
-    def _signals(self) -> tuple[int, ...]:
-        return self.SIGNALS
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
@@ -97,7 +88,7 @@ class SignalsHeld:
 
     def __enter__(self) -> SignalsHeld:
         if threading.current_thread() is threading.main_thread():
-            for sig in self._signals():
+            for sig in self.signals:
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
@@ -132,13 +123,10 @@ class GracefulStop(SignalsHeld):
         super().__init__()
         self.announce = announce
         self.stop_now = stop_now
-        self.also = also
+        self.signals = (*STOP_SIGNALS, *also)
         self.now = False  # a second signal came: stop at once
         self.second: int | None = None  # that second signal's number
         self.interruptible = _Interruptible(self)
-
-    def _signals(self) -> tuple[int, ...]:
-        return (*self.SIGNALS, *self.also)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
@@ -160,11 +148,8 @@ class GracefulStop(SignalsHeld):
     def _again(self) -> str:
         if not self.stop_now:
             return ""
-        return (
-            " (Ctrl-C again to stop now)"
-            if self.signum == signal.SIGINT
-            else (f" ({self.name} again to stop now)")
-        )
+        again = "Ctrl-C" if self.signum == signal.SIGINT else self.name
+        return f" ({again} again to stop now)"
 
     def _say(self, message: str) -> None:
         _say(self.announce, message)

@@ -46,8 +46,7 @@ def _replacing(path: Path) -> Iterator[tuple[int, str]]:
     removed and ``path`` is untouched."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        # mkstemp makes the file 0600 whatever the umask: readable by its owner only. Reports and
-        # checkpoints are meant to be shared like any other output, so the umask decides.
+        # mkstemp's 0600, whatever the umask, becomes what open() gives (see the module doc).
         os.fchmod(fd, FILE_MODE)
         yield fd, tmp
         os.replace(tmp, path)

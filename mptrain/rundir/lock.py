@@ -1,12 +1,5 @@
-"""A run owns its directory: one run at a time, and never over another run's checkpoints.
-
-- :class:`RunDirLock`: an ``flock`` on ``<run dir>/.mptrain.lock``, whose content names the
-  holder (pid, host, start time). A second run in the directory is refused with one line naming
-  the holder; a lock left by a run that is gone (the kernel released it) is reported and taken
-  over. :func:`check_run_dir_free` does both checks before Hydra writes into the directory.
-- :func:`check_no_other_run`: a fresh run (no ``resume``) refuses a directory that holds another
-  run's checkpoints, metrics or report, unless ``overwrite=true`` (then they are deleted, and the
-  run says so).
+"""A run owns its directory: one run at a time (:class:`RunDirLock`, checked before Hydra writes
+by :func:`check_run_dir_free`), and never over another run's work (:func:`check_no_other_run`).
 """
 
 from __future__ import annotations
@@ -39,7 +32,8 @@ from mptrain.rundir.layout import (
 
 
 class RunDirLock:
-    """Exclusive ownership of a run directory for the life of a run (see the module doc).
+    """Exclusive ownership of a run directory for the life of a run: a second run there is refused
+    in one line naming the holder; a lock left by a run that is gone is taken over.
 
     An ``flock`` on ``.mptrain.lock``, which the kernel releases when its holder exits, however it
     exits (kill -9 included): no pid guessing, no race between two runs taking over the same stale
@@ -89,10 +83,9 @@ class RunDirLock:
 
     def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
-            # Removed while still locked, so a run waiting on this file sees it is gone (the
-            # check in __enter__) instead of locking a file nobody else can see. In a directory
-            # that became unwritable it stays (the next run takes it over as stale): a failed
-            # removal must not hide how the run ended.
+            # Removed while still locked (see the class doc). In a directory that became
+            # unwritable it stays (the next run takes it over as stale): a failed removal must
+            # not hide how the run ended.
             with contextlib.suppress(OSError):
                 self.path.unlink(missing_ok=True)
             os.close(self._fd)  # releases the flock
@@ -188,7 +181,7 @@ def _short(path: Path) -> str:
 def check_no_other_run(
     output_dir: Path, resume: str | None, overwrite: bool, dry_run: bool = False
 ) -> str | None:
-    """Refuse to start fresh over another run's work (see the module doc).
+    """Refuse to start fresh (no ``resume``) over another run's work, unless ``overwrite=true``.
 
     Another run's work is any of :func:`earlier_run_files`: its checkpoints, ``best.pt`` (a run
     killed before its first periodic checkpoint leaves only that), ``metrics.jsonl`` or its
