@@ -1,13 +1,10 @@
-"""The choices ``mptrain advise`` considers (precisions, and the low-precision ones with their settings), as data: each a name, the label people read, and the
-config keys it sets (the same ones its training command carries).
+"""The choices ``mptrain advise`` considers, as data: each a name, the label people read, the
+config keys it sets (the same ones its training command carries) and the hardware its speed needs.
 
-:data:`BASE` holds the precisions :func:`mptrain.commands.bench.bench_precisions` lists (FP32, TF32,
-BF16, FP16); :data:`LOW_PRECISION` every low-precision choice mptrain runs, each measured for
-fidelity like the others and timed only where the device has the hardware (``needs``): FP8 with a
-scale per tensor (``fp8``, mptrain's default), per row, from the amax history (delayed), and with
-power-of-two scales; then the block-scaled formats (blockwise FP8, MXFP8, NVFP4), emulated on every
-device for now. A choice is one line here; a new kind of hardware it ``needs`` is one line in
-:data:`mptrain.commands.advise.measure.HARDWARE` too.
+:data:`BASE` holds the precisions :func:`mptrain.commands.bench.bench_precisions` lists;
+:data:`LOW_PRECISION` every low-precision choice mptrain runs, each measured for fidelity like the
+others and timed only where the device has the hardware it ``needs``. A choice is one line here; a
+new kind of hardware it ``needs`` is one line in :data:`.measure.HARDWARE` too.
 
 Every FP8 choice sets all three of its axes (granularity, scaling, power-of-two scales), so each
 is what its label says whatever the user's ``fp8.*`` keys were; the user's other keys (format,
@@ -107,7 +104,7 @@ def refusal(cfg: RunConfig) -> str | None:
     """Why the user's other keys rule out a choice's config (in the config check's words), or
     None: e.g. ``fp8.backend=torchao`` runs dynamic scaling only."""
     try:
-        validate_fp8(cfg.fp8)  # e.g. torchao with delayed scaling
+        validate_fp8(cfg.fp8)
     except ConfigError as exc:
         return str(exc)
     return None

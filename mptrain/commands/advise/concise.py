@@ -1,11 +1,8 @@
 """Saying each thing once: ``mptrain advise``'s lists folded where several candidates share one
-reason, and long lists of layer names cut to their first few where a line must stay readable.
-
-Where FP8 cannot apply (``model=cnn``: its one Linear layer is the first and the last) every
-low-precision choice is refused with the same words but for its format and config key ("no
-Linear layer of model=cnn can run in FP8 …; see fp8.include/…", "… in MXFP8 …; see mx.include/…"):
-:func:`grouped` folds such reasons into one, naming the formats and keys together, so that
-advise.md and the console say it on one line for all of them instead of once per choice.
+reason (:func:`grouped`: where no Linear layer converts, as for ``model=cnn``, every low-precision
+choice is refused in the same words but for its format and config key, and advise.md and the
+console say it on one line, naming the formats and keys together), and long lists of layer names
+cut to their first few where a line must stay readable (:func:`capped`).
 """
 
 from __future__ import annotations
@@ -106,10 +103,7 @@ def grouped_parts(items: Sequence[tuple[str, str, str]]) -> list[tuple[list[str]
         whys.append(why)
         if match is not None:
             matches.append(match)
-    out = []
-    for (part, _), (names, whys, matches) in groups.items():
-        if len(names) == 1 or len(set(whys)) == 1:
-            out.append((names, part, whys[0]))
-        else:
-            out.append((names, part, _merged(whys[0], matches)))
-    return out
+    return [
+        (names, part, whys[0] if len(set(whys)) == 1 else _merged(whys[0], matches))
+        for (part, _), (names, whys, matches) in groups.items()
+    ]

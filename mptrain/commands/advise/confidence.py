@@ -4,8 +4,7 @@
 Two one-sided tests (TOST) of the mean per-seed difference of final losses against the margin
 ±``advise.tolerance`` × FP32's mean (a relative loss difference, the same tolerance the single run
 is held to). The test is paired (:func:`paired_tost`): seed ``k`` gives every precision the same
-initial weights and batches, so the seed's own noise — large on short runs: an mlp's FP32 final
-loss ranged 0.127–0.214 over 10 seeds while BF16 stayed within −0.6…+1.0 % of it seed by seed —
+initial weights and batches, so the seed's own noise, large on short runs (docs/advise.md),
 cancels in the differences:
 
 - **equivalent**: both one-sided tests reject at ``advise.alpha`` (p, the larger of their two
@@ -19,8 +18,7 @@ cancels in the differences:
 
 Welch's unpaired form (:func:`welch_tost`: unequal variances, Welch–Satterthwaite degrees of
 freedom), which ignores the pairing and so sees the seeds' spread, is recorded beside it and decides
-nothing (on that mlp it stayed undecided at 10 seeds where the paired test decided with 3). The
-Student-t distribution comes from ``scipy.stats`` (imported when a test runs).
+nothing. The Student-t distribution comes from ``scipy.stats`` (imported when a test runs).
 """
 
 from __future__ import annotations

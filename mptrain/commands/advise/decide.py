@@ -6,15 +6,14 @@ Pure functions on plain data, no torch: :func:`recommend` takes one :class:`Meas
 1. FP32 is the reference and always a candidate: it wins when nothing else qualifies. When FP32
    itself was not measured (its short run did not fit the budget, or an interrupt came first)
    nothing can be compared: the advice says so (``measured`` false) and recommends nothing.
-2. Another precision qualifies only when it was measured; its short run beside FP32 did not
-   diverge; FP16's range probe found no forward overflow (loss scaling cannot fix one); it skipped
-   at most ``max_skipped_fraction`` of its optimizer steps (lost updates); its loss trajectory stayed
-   within ``tolerance`` (relative) of FP32's; it is not emulated (emulated FP8 reproduces the
-   numerics, never the speed: ruled out first, like an FP16 overflow); and it is *measurably* faster: the whole min–max range of its speed
-   ratio to FP32 lies above 1 (a range that overlaps 1 is noise, not a speed-up).
+2. Another precision qualifies only when it was measured; FP16's range probe found no forward
+   overflow (loss scaling cannot fix one); it is not emulated (emulation reproduces the numerics,
+   never the speed); its short run beside FP32 did not diverge, skipped at most
+   ``max_skipped_fraction`` of its optimizer steps (lost updates) and kept its loss within
+   :func:`allowed_difference` of FP32's; and it is *measurably* faster: the whole min–max range of
+   its speed ratio to FP32 lies above 1 (a range that overlaps 1 is noise, not a speed-up).
 3. Among the qualifying, the highest median speed wins; precisions whose ranges overlap the
-   fastest one's tie with it, and the tie goes to the simplest choice (:data:`SIMPLICITY`: no loss
-   scaler beats a loss scaler, fewer moving parts beat more).
+   fastest one's tie with it, and the tie goes to the simplest choice (:data:`.choices.SIMPLICITY`).
 4. With ``advise.seeds``, a finalist's equivalence verdict over seeds (:mod:`.confidence`) decides
    its loss instead of the single run's trajectory: *not equivalent* rules it out, *equivalent*
    lets it pass even where the single run strayed; *undecided* leaves the single run to decide.
@@ -30,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mptrain.commands.advise.choices import SIMPLICITY
+from mptrain.commands.advise.concise import pct
 from mptrain.commands.advise.confidence import EQUIVALENT, NOT_EQUIVALENT, Verdict, verdict_words
 
 # A precision's loss may differ from FP32's by up to this many times the difference a one-ulp nudge
@@ -251,18 +251,11 @@ def recommend(measured: Sequence[Measured], ctx: Context) -> Advice:
     qualified = [m for m in others if why_not[m.precision] is None]
     runners_up = [(m.precision, why_not[m.precision]) for m in others if why_not[m.precision]]
     fp32 = next((m for m in measured if m.precision == REFERENCE), None)
-    if fp32 is None or fp32.fidelity is None:  # nothing to compare with: no verdict
-        reasons = (f"nothing measured {_shortfall(ctx)}",)
-        return Advice(
-            REFERENCE, reasons, tuple(runners_up), tuple(fixes(measured, "fp32", ctx)), False
-        )
-    if not qualified:
-        return Advice(
-            REFERENCE,
-            (_fp32_wins(others, ctx),),
-            tuple(runners_up),
-            tuple(fixes(measured, "fp32", ctx)),
-        )
+    compared = fp32 is not None and fp32.fidelity is not None  # else nothing to compare with
+    if not compared or not qualified:
+        why = _fp32_wins(others, ctx) if compared else f"nothing measured {_shortfall(ctx)}"
+        fp32_fixes = tuple(fixes(measured, REFERENCE, ctx))
+        return Advice(REFERENCE, (why,), tuple(runners_up), fp32_fixes, compared)
     winner, lost = choose(qualified)
     f = winner.fidelity
     reasons = (
@@ -286,8 +279,8 @@ def _loss_reason(winner: Measured, ctx: Context) -> str:
     f = winner.fidelity
     words = "within" if f.max_rel_diff <= allowed_difference(ctx) else "up to (past the allowance)"
     line = (
-        f"loss {words} {_pct(f.max_rel_diff)} of FP32's over {f.steps} steps from the same "
-        f"weights and batches ({allowance_words(ctx)}), final {_pct(f.final_rel_diff)}"
+        f"loss {words} {pct(f.max_rel_diff)} of FP32's over {f.steps} steps from the same "
+        f"weights and batches ({allowance_words(ctx)}), final {pct(f.final_rel_diff)}"
     )
     if words != "within":
         line += "; its final loss over seeds is equivalent, which decides"
@@ -312,10 +305,6 @@ def _fp32_wins(others: Sequence[Measured], ctx: Context) -> str:
     )
 
 
-def _pct(x: float) -> str:
-    return f"{x:.2%}" if math.isfinite(x) else str(x)
-
-
 def relative_differences(
     losses: Sequence[float], reference: Sequence[float], window: int
 ) -> list[float]:
@@ -330,10 +319,8 @@ def relative_differences(
         a = losses[start : min(start + window, n)]
         b = reference[start : min(start + window, n)]
         mean_a, mean_b = sum(a) / len(a), sum(b) / len(b)
-        if not (math.isfinite(mean_a) and math.isfinite(mean_b)):
-            out.append(math.inf)
-        else:
-            out.append(abs(mean_a - mean_b) / max(abs(mean_b), 1e-12))
+        finite = math.isfinite(mean_a) and math.isfinite(mean_b)
+        out.append(abs(mean_a - mean_b) / max(abs(mean_b), 1e-12) if finite else math.inf)
     return out
 
 

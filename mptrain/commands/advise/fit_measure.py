@@ -1,18 +1,11 @@
 """What advise measures of the combination its fit recommends for ``advise.batch_size``
-(:mod:`.footprint` predicts it from the accounting):
-
-:func:`measure_fit` finds the recommendation once, then
-
-- its speed cost: what the combination's state choice and checkpointing cost in step time
-  against its precision alone, side by side as bench does, here (before the seeds, which take
-  whatever budget is left);
-- its peak: when advise runs on the GPU ``advise.target`` names, the combination
-  trained for :data:`CHECK_STEPS` steps at ``advise.batch_size`` there, its measured peak (CUDA's
-  max allocated) set beside the prediction, or the out-of-memory error it met. Anywhere else the
-  fit stays predicted, and says so.
-
-Both go into ``found["footprint"]`` (``cost``, ``measured``), or why not into its ``skipped``;
-:func:`.footprint.assemble` puts them beside the fit.
+(:func:`measure_fit`, once; :mod:`.footprint` predicts it): its speed cost here (its state choice
+and checkpointing against its precision alone, side by side as bench times them, before the
+seeds), and where advise runs on the GPU ``advise.target`` names its peak there (:data:`CHECK_STEPS`
+steps at ``advise.batch_size``: CUDA's max allocated, or the out-of-memory error it met); anywhere
+else the fit stays predicted, and says so. Both go into ``found["footprint"]`` (``cost``,
+``measured``), or why not into its ``skipped``; :func:`.footprint.assemble` puts them beside the
+fit.
 """
 
 from __future__ import annotations

@@ -78,8 +78,8 @@ def section(memory: dict[str, Any] | None) -> list[str]:
     run; why not when a batch was asked for)."""
     if not memory:
         return []
+    reasons = [f"- {part}: {why}" for part, why in memory.get("skipped", {}).items()]
     if not memory.get("rows"):
-        reasons = [f"- {part}: {why}" for part, why in memory.get("skipped", {}).items()]
         return ["## What fits", "", "Not accounted:", *reasons, ""] if reasons else []
     target = memory.get("target")
     modes = [m for m in fits.CHECKPOINTING if any(m in r for r in memory["rows"].values())]
@@ -115,7 +115,6 @@ def section(memory: dict[str, Any] | None) -> list[str]:
         )
     lines.append(f"Basis: {memory['basis']}.")
     lines += fit_lines(memory)
-    if memory["skipped"]:
-        lines += ["", "Not accounted:"]
-        lines += [f"- {part}: {why}" for part, why in memory["skipped"].items()]
+    if reasons:
+        lines += ["", "Not accounted:", *reasons]
     return [*lines, ""]

@@ -1,19 +1,17 @@
 """What fits a GPU's memory, as pure functions on accounted bytes (no torch; :mod:`.footprint`
 measures them).
 
-One training step's memory is accounted exactly (:func:`mptrain.train.memory.account_step`) at
-two small micro-batches of each precision and activation-checkpointing mode; every kind but the
-saved activations is independent of the batch and the activations grow with it, so the step's
-bytes at a micro-batch ``B`` are a line, ``fixed + B × per_sample`` (:class:`Line`; a test checks
-it against an accounting at a third batch). The optimizer's state is counted once per
-state choice (:data:`STATE_CHOICES`) and swapped into the line (it does not depend on the
-precision: every autocast precision keeps FP32 master weights).
+One training step's memory is accounted exactly (:func:`mptrain.train.memory.account_step`);
+every kind but the saved activations is independent of the batch and the activations grow with
+it, so the step's bytes at a micro-batch ``B`` are a line, ``fixed + B × per_sample``
+(:class:`Line`, through two accounted batches; a test checks it against a third). The optimizer's
+state is counted once per state choice (:data:`STATE_CHOICES`) and swapped into the line (it does
+not depend on the precision: every autocast precision keeps FP32 master weights).
 
 On ``advise.target``'s GPU, a combination fits a micro-batch when its bytes stay within
-:func:`usable_bytes` of the GPU's memory: what the accounting leaves out (the CUDA context,
-cuBLAS's workspaces, the allocator's caches and fragmentation, the forward's temporaries that
-are never saved) is kept back as :data:`RESERVED_FRACTION` of it and :data:`CONTEXT_BYTES`. The
-largest batch is the line solved for that budget. Both are *predicted*, and labelled so.
+:func:`usable_bytes` of the GPU's memory (what the accounting leaves out is kept back:
+:data:`RESERVED_FRACTION`, :data:`CONTEXT_BYTES`); the largest batch is the line solved for that
+budget. Both are *predicted*, and labelled so.
 
 :func:`choose` recommends, for ``advise.batch_size``, the cheapest combination (precision, state
 choice, checkpointing mode) that fits: recomputing costs a second forward of the checkpointed
@@ -54,13 +52,6 @@ CHECKPOINTING = ("none", "selective", "full")  # memory.activation_checkpointing
 PROBE_BATCHES = (2, 4)  # two micro-batches: a line through them (batch norm needs 2 or more)
 RESERVED_FRACTION = 0.1  # of the GPU's memory: the allocator's caches, fragmentation, temporaries
 CONTEXT_BYTES = 2**30  # the CUDA context and cuBLAS's workspaces, about 1 GiB on recent GPUs
-BASIS = (
-    "predicted: one step's accounted bytes (parameters, gradients, optimizer states, scales, "
-    "buffers, parameter casts, saved activations) at micro-batches {b1} and {b2} on {device}, "
-    "a line in the batch; fits when within {fraction:.0%} of the GPU's memory less "
-    "{context} GiB for the CUDA context (the allocator's caches and unsaved temporaries are not "
-    "accounted)"
-)
 
 
 @dataclass(frozen=True)
@@ -96,12 +87,14 @@ def usable_bytes(memory_gb: float) -> float:
 
 
 def basis(device: str) -> str:
-    return BASIS.format(
-        b1=PROBE_BATCHES[0],
-        b2=PROBE_BATCHES[1],
-        device=device,
-        fraction=1 - RESERVED_FRACTION,
-        context=CONTEXT_BYTES // 2**30,
+    """advise.json's ``memory.basis``: how the figures were found, in words."""
+    b1, b2 = PROBE_BATCHES
+    return (
+        "predicted: one step's accounted bytes (parameters, gradients, optimizer states, scales, "
+        f"buffers, parameter casts, saved activations) at micro-batches {b1} and {b2} on {device}, "
+        f"a line in the batch; fits when within {1 - RESERVED_FRACTION:.0%} of the GPU's memory "
+        f"less {CONTEXT_BYTES // 2**30} GiB for the CUDA context (the allocator's caches and "
+        "unsaved temporaries are not accounted)"
     )
 
 
@@ -124,13 +117,12 @@ def combinations(
     accounted with the state ``state_in_lines`` (bytes ``states[state_in_lines]``), which each
     other state's bytes replace."""
     base = states[state_in_lines]
-    out = []
-    for precision, by_mode in lines.items():
-        for mode, line in by_mode.items():
-            for state, nbytes in states.items():
-                shifted = Line(line.fixed - base + nbytes, line.per_sample)
-                out.append(Combination(precision, state, mode, shifted))
-    return out
+    return [
+        Combination(precision, state, mode, Line(line.fixed - base + nbytes, line.per_sample))
+        for precision, by_mode in lines.items()
+        for mode, line in by_mode.items()
+        for state, nbytes in states.items()
+    ]
 
 
 def cost_key(c: Combination, step_time: Mapping[str, float]) -> tuple[int, float, int]:

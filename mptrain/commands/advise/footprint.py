@@ -4,11 +4,10 @@ activation-checkpointing mode, measured here, then what fits ``advise.target``'s
 
 :func:`run_footprint` accounts each candidate precision that built (its pilot ran) at the two
 micro-batches of :data:`.fits.PROBE_BATCHES`, without checkpointing first, then the optimizer's
-state once per state choice (on FP32; AdamW's moments do not depend on the autocast precision),
-then the checkpointing modes where the model has blocks; each accounting waits on the budget's
-deadline and what does not fit is listed (:mod:`.fit_measure` then measures the recommended
-combination: its speed cost here, its peak on the target GPU itself). :func:`assemble` turns
-what was found into advise.json's ``memory`` (pure, also after an interrupt).
+state once per state choice (on FP32's run), then the checkpointing modes where the model has
+blocks; each accounting waits on the budget's deadline and what does not fit is listed.
+:func:`assemble` turns what was found into advise.json's ``memory`` (pure, also after an
+interrupt).
 """
 
 from __future__ import annotations
@@ -171,9 +170,8 @@ def _not_accountable(cands: list[Candidate], accountable: dict[str, Any]) -> dic
 def _account_lines(
     name: str, item: Accountable, mode: str, budget: Budget, out: dict[str, Any]
 ) -> Any:
-    """``item`` built once at the larger probe batch under checkpointing ``mode`` and one step
-    accounted at each probe batch (its micro-batch cut) into ``out["steps"][name]``; the run,
-    or None when the budget or the config refused (why: ``out["skipped"]``)."""
+    """:func:`account_line` of ``item`` under checkpointing ``mode`` into ``out["steps"][name]``;
+    the run, or None when the budget or the config refused (why: ``out["skipped"]``)."""
     what = f"{name}, checkpointing {mode}"
     if not _fits_budget(budget, item.need_s(), what, out):
         return None
@@ -303,8 +301,7 @@ def assemble(
     wanted = cfg.advise.batch_size
     if wanted is not None:
         own = (users, footprint.get("user_checkpointing", "none"))
-        out["target"]["fit"] = _fit(combos, wanted, usable, times, time_basis, verdicts, own)
-        fit = out["target"]["fit"]
+        fit = out["target"]["fit"] = _fit(combos, wanted, usable, times, time_basis, verdicts, own)
         for key, found_key in (("speed_cost", "cost"), ("measured", "measured")):
             measured = footprint.get(found_key)  # of the combination recommended then
             if measured and fit.get("combination") == measured.get("combination"):

@@ -1,5 +1,5 @@
-"""advise's per-GEMM plan (issue 40, item 5): which of a fragile layer's three GEMMs carry its
-error, and the plan that keeps only those in BF16.
+"""advise's per-GEMM plan: which of a fragile layer's three GEMMs carry its error, and the plan
+that keeps only those in BF16.
 
 1. **Which GEMM, on the one batch** of :mod:`.sensitivity`, once whole layers are verified as
    the kept set (:mod:`.layers`) of at most :data:`GEMM_LAYERS` layers: with every converted
@@ -12,11 +12,8 @@ error, and the plan that keeps only those in BF16.
 2. **A verifying run** (:mod:`.layers`): a short run with only the kept layers' lifted GEMMs in BF16 (``precision.gemms.<gemm>=bf16
    precision.gemms.layers=[the kept layers]``; their other GEMMs stay in the format). Within the
    tolerance, it is the plan to train with, cheaper than keeping whole layers, and its command is
-   given beside the whole-layer one.
-
-With ``advise.target``, the plan's predicted step on that GPU stands under its verdict
-(:func:`.predict.per_gemm_line`: the roofline prices each GEMM in its own format), beside every
-eligible layer in the format and the kept layers whole.
+   given beside the whole-layer one, and with ``advise.target`` its predicted step
+   (:func:`.predict.per_gemm_line`).
 """
 
 from __future__ import annotations

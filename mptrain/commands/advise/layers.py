@@ -1,19 +1,17 @@
 """The per-layer plan's measurements (``advise.plan``), within ``advise.budget_s``, for the
-low-precision choice :func:`.plan.planned_choice` picks among those measured (FP8 tensorwise,
-rowwise, delayed, pow2 scales; blockwise FP8, MXFP8, NVFP4).
+low-precision choice :func:`planned` picks among those measured (:func:`.plan.planned_choice`).
 
 1. **Sensitivity, on one batch** (no training): each converted layer's effect on the loss and
    the model's gradient against FP32's, and its own error (:mod:`.sensitivity`).
 2. **Ranking and the plan**: :mod:`.plan`.
 3. **Verifying runs**: when the choice's all-layers short run (advise's fidelity run) is not within
-   the allowed difference to FP32's loss, a short run of the same length with the planned layers
-   in the choice's exclude key (``fp8.exclude``, ``mx.exclude``, ``nvfp4.exclude``; appended to the
-   user's patterns); while one misses, the next ranked layer is added and run again, as long as
-   the budget lasts. The kept set's step time is recorded beside the all-layers run's and BF16's.
+   the allowed difference to FP32's loss, short runs of the same length with the planned layers
+   in the choice's exclude key (appended to the user's patterns) search for the smallest set
+   within (:func:`.plan.next_keep`), as long as the budget lasts; then the per-GEMM plan
+   (:mod:`.gemms`). The kept set's step time is recorded beside the all-layers run's and BF16's.
 
-This module runs the steps within the budget. Everything goes into one dict (:func:`new_plan`),
-filled part by part so an interrupt keeps what was measured; ``skipped`` names each part not
-measured and why.
+Everything goes into one dict (:func:`new_plan`), filled part by part so an interrupt keeps what
+was measured; ``skipped`` names each part not measured and why.
 """
 
 from __future__ import annotations

@@ -66,8 +66,7 @@ class Candidate:
     fidelity: Trial | None = None
     nudged: Trial | None = None  # FP32 only: its fidelity run again, initial weights nudged
     nudge_note: str | None = None  # FP32 only: why that run did not happen
-    # FP32 only: the nudged run's largest relative loss difference from FP32's (advice.Context)
-    nudge_spread: float | None = None
+    nudge_spread: float | None = None  # FP32 only: advice.Context.fp32_spread, from that run
     speed: dict[str, Any] | None = None  # a bench row (median, min–max, ratios)
     choice: choices.Choice | None = None  # what it sets (its label, its command)
 
@@ -187,14 +186,19 @@ def run_pilots(cands: list[Candidate], budget: Budget, timings: dict[str, Any]) 
     between steps, never within one); no run starts, the warm-up included, that cannot fit."""
     todo = [c for c in cands if not c.skipped]
     if budget.left_s() <= 0:
-        _skip_all(todo, f"no advise.budget_s left after {budget.elapsed_s():.1f} s of start-up")
+        why = f"no advise.budget_s left after {budget.elapsed_s():.1f} s of start-up"
+        for c in todo:
+            c.skipped["all"] = f"{why} ({RESERVE_S:g} s of advise.budget_s are kept for the report)"
         return
     with timed_part(timings, WARM_UP):
         first_s = cost_of(short_run(cands[0].cfg, 2, 1, deadline=budget.deadline())).of(1)
     yardstick = None
     for i, c in enumerate(todo):
         if first_s > budget.left_s():
-            c.skipped["all"] = f"{_first_step_words(first_s, budget)} for its pilot"
+            c.skipped["all"] = (
+                f"a run's set-up and first step (~{first_s:.1f} s, from FP32's last run) cannot "
+                f"fit the {max(budget.left_s(), 0):.1f} s of advise.budget_s left for its pilot"
+            )
             continue
         with timed_part(timings, f"pilot {c.name}"):
             pilot_one(c, budget, budget.left_s() / (len(todo) - i), yardstick)
@@ -202,18 +206,6 @@ def run_pilots(cands: list[Candidate], budget: Budget, timings: dict[str, Any]) 
                 first_s = latest_cost(c).of(1)
                 if first_s <= budget.left_s():  # the scout costs less than a full step
                     yardstick = Yardstick(scout(c.cfg), latest_cost(c).step_s)
-
-
-def _skip_all(cands: list[Candidate], why: str) -> None:
-    for c in cands:
-        c.skipped["all"] = f"{why} ({RESERVE_S:g} s of advise.budget_s are kept for the report)"
-
-
-def _first_step_words(first_s: float, budget: Budget) -> str:
-    return (
-        f"a run's set-up and first step (~{first_s:.1f} s, from FP32's last run) cannot fit the "
-        f"{max(budget.left_s(), 0):.1f} s of advise.budget_s left"
-    )
 
 
 AUDIT_SLOWDOWN = 3.0  # a traced step (every op through a dispatch mode) against a plain one

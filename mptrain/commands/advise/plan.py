@@ -6,7 +6,7 @@ The choice (:func:`planned_choice`): among the low-precision choices measured, t
 likeliest to recommend once its loss is within: one whose all-layers short run ran, on the
 device's own hardware (an emulated choice is never recommended) and then the fastest step of its
 runs, else the first in :data:`.choices.LOW_PRECISION`'s order (the simplest). Its layers are kept
-by its own config key (:data:`EXCLUDE_KEYS`: ``fp8.exclude``, ``mx.exclude``, ``nvfp4.exclude``).
+by its own config key (:func:`exclude_key`: ``fp8.exclude``, ``mx.exclude``, ``nvfp4.exclude``).
 
 What :mod:`.layers` measured on one batch from FP32's initial weights (every figure against the
 same batch in FP32): for every eligible layer the SQNR of the model's gradient (all parameters as
@@ -17,12 +17,10 @@ part of the all-layers error is estimated twice — what it adds alone, NSR(alon
 what keeping it removes, NSR(all) − NSR(all but) — and :func:`share` is their mean as a fraction
 of NSR(all) − NSR(none). :func:`rank` orders the layers by it (ties: the lower output SQNR first).
 
-The plan: when the all-layers short run is within the allowed difference to FP32's loss nothing
-is kept. Otherwise layers are kept in rank order, and short runs find the smallest such prefix
-within: the first keeps the smallest prefix predicted within (:func:`first_keep`; the
-prediction, :func:`predicted_gaps`, scales the all-layers run's loss gap by the root of the
-one-batch NSR ratio: first order, so far from exact when the all-layers gap is large), the next
-ones step down while within and up while not (:func:`next_keep`).
+The plan: nothing is kept when the all-layers short run is within the allowed difference to
+FP32's loss; otherwise layers are kept in rank order, and short runs find the smallest such prefix
+within (:func:`first_keep`, :func:`next_keep`; the prediction they start from,
+:func:`predicted_gaps`, is first order: far from exact when the all-layers gap is large).
 """
 
 from __future__ import annotations
@@ -37,15 +35,12 @@ from mptrain.commands.advise import choices, concise, gemms, predict
 from mptrain.commands.advise.concise import db, pct
 from mptrain.config.format_table import GROUP_OF_PRECISION
 
-# The config group whose ``exclude`` keeps a layer out of each low-precision format, by the
-# precision the choice trains with (choices.runs); fp8-blockwise is precision=fp8: fp8.exclude.
-EXCLUDE_KEYS = GROUP_OF_PRECISION  # the format table's: fp8 -> fp8, mxfp8 -> mx, nvfp4 -> nvfp4
-
 
 def exclude_key(name: str) -> str:
     """``fp8``, ``mx`` or ``nvfp4``: the group whose ``exclude`` keeps layers of choice ``name``
-    (a :data:`.choices.LOW_PRECISION` name) in high precision."""
-    return EXCLUDE_KEYS[choices.runs(name)]
+    (a :data:`.choices.LOW_PRECISION` name) in high precision: the format table's group of the
+    precision it trains with (``fp8-blockwise`` is precision=fp8: ``fp8.exclude``)."""
+    return GROUP_OF_PRECISION[choices.runs(name)]
 
 
 def planned_choice(options: Sequence[dict[str, Any]]) -> str | None:
@@ -126,11 +121,7 @@ def first_keep(gap_all: float | None, allowed: float, predicted: Sequence[float 
     if gap_all is not None and gap_all <= allowed:
         return 0
     n = len(predicted) - 1  # predicted[k] for k = 0..n
-    for k in range(1, n):
-        p = predicted[k]
-        if p is not None and p <= allowed:
-            return k
-    return 1
+    return next((k for k in range(1, n) if (p := predicted[k]) is not None and p <= allowed), 1)
 
 
 def next_keep(verified: dict[int, bool], n: int) -> int | None:
@@ -288,23 +279,21 @@ TABLE_HEADERS = (
 
 def table_rows(plan: dict[str, Any]) -> list[list[str]]:
     """One row per eligible layer, in rank order."""
-    rows = []
-    for layer in sorted(plan["layers"], key=lambda row: row["rank"]):
-        kept = " (kept)" if layer["name"] in (plan.get("kept") or []) else ""
-        rows.append(
-            [
-                str(layer["rank"]),
-                f"{layer['name']}{kept}",
-                " × ".join(map(str, layer["shape"])),
-                pct(layer["share"]),
-                db(layer["output_sqnr_db"]),
-                db(layer["input_grad_sqnr_db"]),
-                db(layer["weight_grad_sqnr_db"]),
-                f"{db(layer['alone']['grad_sqnr_db'])} / {db(layer['all_but']['grad_sqnr_db'])}",
-                f"{pct(layer['alone']['loss_rel'])} / {pct(layer['all_but']['loss_rel'])}",
-            ]
-        )
-    return rows
+    kept = plan.get("kept") or []
+    return [
+        [
+            str(layer["rank"]),
+            layer["name"] + (" (kept)" if layer["name"] in kept else ""),
+            " × ".join(map(str, layer["shape"])),
+            pct(layer["share"]),
+            db(layer["output_sqnr_db"]),
+            db(layer["input_grad_sqnr_db"]),
+            db(layer["weight_grad_sqnr_db"]),
+            f"{db(layer['alone']['grad_sqnr_db'])} / {db(layer['all_but']['grad_sqnr_db'])}",
+            f"{pct(layer['alone']['loss_rel'])} / {pct(layer['all_but']['loss_rel'])}",
+        ]
+        for layer in sorted(plan["layers"], key=lambda row: row["rank"])
+    ]
 
 
 def summary_lines(plan: dict[str, Any], cap: int | None = None) -> list[str]:

@@ -1,23 +1,14 @@
 """advise's predicted speed on a named GPU (``advise.target``), beside what it measured.
 
-``advise.target=h100`` (any name of :mod:`mptrain.perf.gpus`) predicts each candidate's
-step (each precision and FP8 choice, the block-scaled formats, and TF32) on that GPU from the
-model's GEMM shapes and memory traffic (:mod:`mptrain.perf.roofline`: a lower bound of the
-step's time, so an upper bound of its speed); a format the GPU has no kernel for (MXFP8 and
-NVFP4 before Blackwell, blockwise FP8 before Hopper) gets no prediction: it would be emulated
-there. ``auto`` (the default) predicts for the GPU advise runs on, and for nothing on a CPU;
-``none`` turns it off. The prediction is labelled *predicted* wherever it is shown. When advise
-runs on the target GPU, each measured row gets the prediction's error ((predicted − measured) /
-measured) and its model FLOPs utilisation against the FLOP-weighted peak of the formats its
-GEMMs ran in (defined for FP8, block-scaled and BF16 GEMMs mixed).
-
-With ``advise.plan``, the per-layer plan's configs are predicted too
-(:func:`.layers.plan_configs`): its choice with the kept layers whole in high precision (the
-exclude key), and with only their lifted GEMMs in BF16 (the per-GEMM plan, ``precision.gemms``:
-each GEMM priced in its own format). Their
-figures go into the plan (``predicted_speed``) beside the choice's all-layers one, and the plan's
-evidence says them (:func:`kept_line`, :func:`per_gemm_line`): what keeping a layer, or only a GEMM
-of it, costs on the target GPU.
+Each candidate's step (and TF32's, which a GPU would add) is predicted on the GPU
+``advise.target`` names (any name of :mod:`mptrain.perf.gpus`; ``auto``: the GPU advise runs on,
+none on a CPU) from the model's GEMM shapes and memory traffic (:mod:`mptrain.perf.roofline`: a
+lower bound of the step's time); a format the GPU has no kernel for gets no prediction: it would
+be emulated there. It is labelled *predicted* wherever it is shown. When advise runs on the
+target GPU, each measured row gets the prediction's error and its MFU (:func:`compare`). With
+``advise.plan``, the per-layer plan's configs (:func:`.layers.plan_configs`) are predicted too,
+into the plan's ``predicted_speed``, which its evidence says (:func:`kept_line`,
+:func:`per_gemm_line`).
 """
 
 from __future__ import annotations

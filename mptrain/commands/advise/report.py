@@ -111,8 +111,7 @@ def assemble(
         "hardware": hardware.hardware_info(device),
         "versions": hardware.software_versions(),
         "interrupted": found["interrupted"],  # {signal, during, after_s} or None
-        # Whether others' work competed for the cores while speed was measured (None: not yet).
-        "machine_load": found.get("machine_load"),
+        "machine_load": found.get("machine_load"),  # others' load while speed was measured
         "recommendation": {
             "measured": decision.measured,  # false: FP32 not measured, nothing recommended
             "precision": decision.precision,
@@ -193,10 +192,8 @@ def numerics_cell(name: str, numerics: dict[str, Any]) -> str:
     if audit is not None:
         flagged = audit["flagged_ops"]
         # Backward ops run outside any module's forward: the audit files them under (autograd).
-        where = list(  # in the order the step ran them, each once
-            dict.fromkeys(
-                "backward" if o["module"] == "(autograd)" else o["module"] for o in flagged
-            )
+        where = dict.fromkeys(  # in the order the step ran them, each once
+            "backward" if o["module"] == "(autograd)" else o["module"] for o in flagged
         )
         ops = f"{len(flagged)} op{'' if len(flagged) == 1 else 's'} flagged"
         parts.append(f"audit: {ops}" + (f" ({', '.join(where)})" if flagged else ""))
@@ -443,11 +440,8 @@ def _print_markdown(console: Console, lines: list[str], bold: str = "") -> None:
 def show_plan(console: Console, plan: dict[str, Any]) -> None:
     """The per-layer plan on a terminal: its headline, runs and command, lists of layers cut to
     their first few, and the first ranked layers (every layer's figures: advise.md)."""
-    if "ranking" not in plan:
-        return
-    lines = [*layer_plan.summary_lines(plan, cap=concise.FIRST), ""]
-    _print_markdown(console, lines, bold=f"{plan['label']} per layer: ")
-    console.print(escape(layer_plan.ranked_line(plan, ADVISE_MD)))
+    if lines := layer_plan.console_section(plan, ADVISE_MD)[2:-1]:  # less heading, last blank
+        _print_markdown(console, lines, bold=f"{plan['label']} per layer: ")
 
 
 def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:

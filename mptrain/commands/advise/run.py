@@ -32,11 +32,8 @@ if TYPE_CHECKING:
 # ------------------------------------------------------------------------------ to a decision
 def to_measured(c: Candidate, reference: Trial | None, numerics: dict[str, Any]) -> advice.Measured:
     """The decision's view of a candidate: figures only, reasons for what is missing."""
-    not_run = c.skipped.get("all")
-    speed = None
-    if c.speed is not None and "vs_fp32" in c.speed:
-        low, high = c.speed["vs_fp32_range"]
-        speed = advice.Speed(c.speed["vs_fp32"], low, high)
+    ratio = c.speed is not None and "vs_fp32" in c.speed
+    speed = advice.Speed(c.speed["vs_fp32"], *c.speed["vs_fp32_range"]) if ratio else None
     audit = numerics.get("audit", {}).get(c.name, {})
     # In the order the step ran them (the model's order), each once: a fix reads like the model.
     flagged = (o["module"] for o in audit.get("flagged_ops", []))
@@ -45,7 +42,7 @@ def to_measured(c: Candidate, reference: Trial | None, numerics: dict[str, Any])
     overflow = tuple(probe["overflow_modules"]) if c.name == "fp16" and probe else ()
     return advice.Measured(
         precision=c.name,
-        not_run=not_run,
+        not_run=c.skipped.get("all"),
         speed=speed,
         speed_note=c.skipped.get("speed"),
         fidelity=c.fidelity_against(reference),
@@ -285,8 +282,7 @@ def advise_main(overrides: list[str]) -> None:
 
     cfg, output_dir = subcommand_job(overrides, "advise")
     check_output_dir(output_dir)
-    # Two advise commands into one directory: the second is refused, naming the first (both
-    # "succeeded" and the first's result was overwritten without a word).
+    # A second advise command into this directory is refused, naming the first.
     with RunDirLock(output_dir, kind="advise"):
         budget = Budget(cfg.advise.budget_s, started)
         run_advise(cfg, overrides, output_dir, job_console(), budget)

@@ -145,9 +145,8 @@ def _words(what: str, need: float, budget: Budget) -> str:
 def _rounds(
     cfg: RunConfig, group: list[Candidate], target: int, budget: Budget, out: dict[str, Any]
 ) -> None:
-    """Seeds 2 .. ``target`` of each of ``group``, a round at a time while one fits. With
-    ``advise.seeds=auto`` the rounds past MIN_SEEDS take at most AUTO_SHARE of the time left
-    when the seeds began: the rest is the estimates' safety margin, as for the speed part."""
+    """Seeds 2 .. ``target`` of each of ``group``, a round at a time while one fits (with
+    ``advise.seeds=auto``, past MIN_SEEDS, within AUTO_SHARE of the time left at the start)."""
     steps, auto = cfg.advise.fidelity_steps, seed_count(cfg.advise.seeds) is None
     start_left_s = budget.left_s()
     for k in range(1, target):
@@ -200,9 +199,6 @@ def with_verdicts(
     few = few_words(out, interrupted_by)
     verdicts, welch = {}, {}
     for name, finals in by_seed.items():
-        # Seed k gave both the same initial weights and batches: the test is on the per-seed
-        # differences, where the seed's own noise cancels (Welch's, which ignores the pairing,
-        # is recorded beside it).
         both = [s for s in finals if s in reference]
         verdicts[name] = confidence.verdict(
             [finals[s] for s in both],

@@ -1,8 +1,7 @@
 """The per-layer plan's one-batch measurements (step 1 of :mod:`.layers`; no training): the
 choice's own run is built again (the same seeded initial weights and first batch as every short
-run, the layers its build converts: Float8Linear, BlockLinear, any format of
-:data:`mptrain.precision.formats.LAYER_FORMATS`, with its settings and seeds) and each converted
-layer gets a plain ``nn.Linear`` twin sharing its Parameters (:class:`LayerSwitch`). One forward
+run, the layers its build converts, with their settings and seeds) and each converted layer gets
+a plain ``nn.Linear`` twin sharing its Parameters (:class:`LayerSwitch`). One forward
 and backward per configuration — under the choice's autocast, like its runs; the reference pass
 in FP32 — gives the loss and the model's gradient, compared with FP32's: no layer in the format,
 all of them, each alone, all but each, and then the ranking's prefixes kept in high precision.
@@ -58,10 +57,8 @@ def rel_diff(loss: float, reference: float) -> float:
 
 # ------------------------------------------------------------------------------ one batch
 class LayerSwitch:
-    """``model``'s layers in a low-precision format (:func:`.trials.format_layers`: as its build
-    converted them), each with a plain ``nn.Linear`` twin holding the same Parameter objects
-    (made by the formats' own undoing, :func:`to_plain_linear`, which every registered format's
-    layers share);
+    """``model``'s layers in a low-precision format (:func:`.trials.format_layers`), each with a
+    plain ``nn.Linear`` twin holding the same Parameter objects (:func:`to_plain_linear`);
     :meth:`use` puts exactly the given layers in the format and every other one back in high
     precision. ``names``: the converted layers, in the model's order."""
 

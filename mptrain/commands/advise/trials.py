@@ -19,7 +19,6 @@ from mptrain.commands import bench
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
 from mptrain.precision.formats import LAYER_FORMATS
-from mptrain.precision.quant.block_linear import BlockLinear
 from mptrain.train.build import prepare_run
 from mptrain.train.loop import LoopHooks, train_loop
 from mptrain.train.monitor import LoopObserver
@@ -35,10 +34,8 @@ SPEED_SHARE = 0.5
 RESERVE_S = 5.0  # kept back for the report and the figure (matplotlib's import alone ~1.8 s)
 NOT_COMPARED = "not compared: the FP32 reference run did not fit"
 # The Linear layers that compute in a low-precision format of their own: every registered format's
-# (FP8's Float8Linear, ...) and the block-scaled formats' BlockLinear.
-FORMAT_LAYERS: tuple[type[nn.Module], ...] = tuple(
-    dict.fromkeys([*(t for f in LAYER_FORMATS.values() for t in f.layer_types), BlockLinear])
-)
+# (FP8's Float8Linear, the block-scaled formats' BlockLinear).
+FORMAT_LAYERS = tuple(dict.fromkeys(t for f in LAYER_FORMATS.values() for t in f.layer_types))
 
 
 def format_layers(model: nn.Module) -> dict[str, nn.Module]:
