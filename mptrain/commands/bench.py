@@ -1,22 +1,11 @@
-"""``mptrain bench [overrides]``: what each precision buys for the configured model and data here.
+"""``mptrain bench [overrides]``: what each precision buys for the configured model and data here
+(docs/advise.md, "Measuring precisions", says what the table shows).
 
-For every precision the device runs natively — FP32, BF16 and FP16 (and TF32 and FP8 on GPUs
-that have them) — the configured model is built fresh and trained for ``bench.steps`` optimizer steps
-after ``bench.warmup_steps`` warm-up steps through the same loop as a normal run (evaluation excluded),
-``bench.reps`` times. The precisions alternate, in an order rotated every repetition (each precision
-takes each place in turn: the first measurement of a process and slow drifts of a shared machine hit
-them alike), and each ratio is taken against the FP32 (TF32) measurement of the same repetition. The
-table shows the median training samples/s and ratio to FP32 (and to TF32 on GPUs) with their
-min–max over the repetitions, marks a ratio *noisy* with the reason (:mod:`mptrain.pace.spread`), and
-gives peak memory, the bytes autograd saved for one micro-batch's backward (*activations*) and all
-of one step's accounted bytes (*accounted*: parameters, gradients, optimizer states, scales, buffers,
-parameter casts and activations; :mod:`mptrain.train.memory`, one extra step on copies of the model
-and optimizer before each repetition's training, which the stopwatch does not see; ``n/a`` with
-``memory.account=false`` or under FSDP), the fraction of time spent waiting for data, and the host
-syncs per step the precision needs. For a language model (``task=lm``) it also gives tokens/s:
-samples/s times the window length (``model.block_size``), with its min–max. Emulated FP8, MXFP8
-and NVFP4 (and blockwise FP8, ``fp8.granularity=blockwise``) and FP16 convolutions on a CPU are
-skipped: their speed says nothing useful (the table says so).
+Every precision the device runs natively is trained on a fresh model through the same loop as a
+run, ``bench.reps`` times in an order rotated every repetition (the first measurement of a process
+and slow drifts of a shared machine hit them alike); each ratio pairs a precision with the FP32
+(TF32) measurement of the same repetition and carries its spread (:mod:`mptrain.pace.spread`).
+Emulated formats, and FP16 convolutions on a CPU, are skipped: their speed says nothing useful.
 """
 
 from __future__ import annotations

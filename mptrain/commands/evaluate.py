@@ -1,22 +1,11 @@
-"""Using a trained model: ``mptrain eval`` and :func:`load_model`.
+"""Using a trained model: ``mptrain eval`` and :func:`load_model` (docs/python-api.md).
 
 ``mptrain eval resume=PATH [overrides]`` evaluates a checkpoint on the validation set without
-training, at any precision, and writes eval.json and eval.md. PATH is a checkpoint file or a run
-directory (or its ``checkpoints/``); in a directory ``eval.checkpoint=latest`` takes the newest
-checkpoint that loads (unreadable ones are skipped and named, never quarantined: evaluation
-changes nothing in a run directory) and ``eval.checkpoint=best`` takes ``best.pt``.
-
-The model and data settings are the checkpoint's (``payload["config"]``) with the command line's
-overrides on top; the precision, unless given, is the one the checkpoint was trained in (so the
-same precision reproduces the accuracy recorded at training time). Evaluation is autocast exactly
-as in training; FP16 needs no loss scaling (no gradients). A dataset whose inputs or classes
-differ from what the model was built for is refused in one line.
-
-:func:`load_model` returns the plain FP32 architecture with the trained weights, in eval mode:
-FP8 layers come back as ``nn.Linear`` (their weights are FP32 master weights; the FP8 scale
-buffers are dropped), pure BF16/FP16 weights are cast to FP32, and the state dict holds no DDP,
-FSDP or ``torch.compile`` prefixes (checkpoints store the unwrapped module's state). The module
-carries ``mptrain_classes``, ``mptrain_preprocessing`` and ``mptrain_preprocess(raw)``.
+training, at any precision, and writes eval.json and eval.md; it changes nothing in a run
+directory. The model and data settings are the checkpoint's with the command line's overrides on
+top, and the precision, unless given, the one it trained in (the same precision reproduces the
+accuracy recorded at training time). :func:`load_model` returns the plain FP32 architecture with
+the trained weights, in eval mode.
 """
 
 from __future__ import annotations

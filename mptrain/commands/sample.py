@@ -1,21 +1,12 @@
-"""``mptrain sample``: text from a trained language model, so a user sees what it learned.
+"""``mptrain sample``: text from a trained language model, so a user sees what it learned
+(docs/language-models.md lists its settings, their short forms and defaults).
 
     mptrain sample resume=RUN_DIR prompt="def " sample.max_new_tokens=200 sample.temperature=0.8
 
-Settings compose like every command's (``sample.*``, ``seed``, ``device``, ``eval.checkpoint``;
-docs/configuration.md lists their defaults), with the short forms ``prompt=``, ``max_new_tokens=``, ``temperature=``,
-``top_k=`` and ``checkpoint=``. ``resume`` is a checkpoint file or a run directory: its best.pt
-where the run kept one (as nanoGPT samples its best model), else its newest checkpoint, unless
-``eval.checkpoint=latest`` or ``best`` says which; stderr names the one used. The model is rebuilt as :func:`mptrain.commands.evaluate.load_model`
-does (the plain FP32 architecture with the trained weights) and generates autoregressively:
-each new token is drawn from the softmax of the last position's logits divided by
-``temperature``, restricted to the ``top_k`` most likely tokens (``temperature=0``: always the most
-likely token; any temperature > 0, however small, is computed without overflow and nears that
-choice as it nears 0). The context is cut to the model's ``block_size``. The prompt and then each
-new token's text go to stdout as the token is chosen (a character a bytes vocabulary spreads over
-several tokens shows when complete); where they came from goes to stderr, so the text can be
-piped. A prompt given as bytes that are not UTF-8 is taken as those bytes by a bytes vocabulary
-and refused by a characters vocabulary.
+The model is rebuilt as :func:`mptrain.commands.evaluate.load_model` does and generates
+autoregressively (:func:`choose_next`, :func:`new_tokens`). The prompt and each new token's text
+go to stdout as the token is chosen (:class:`TextStream`); where they came from goes to stderr, so
+the text can be piped.
 """
 
 from __future__ import annotations

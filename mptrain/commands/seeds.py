@@ -1,13 +1,12 @@
 """Jobs that differ only in their seed, summarised: the mean ± sample standard deviation of their
-final metrics, one row per group with its n (a ``-m seed=1,2,3`` sweep, or ``-m
-precision=fp32,bf16 seed=1,2,3``: a group per precision).
+final metrics, one row per group with its n (docs/sweeps.md shows the table).
 
 A group is the completed runs whose configs are identical but for ``seed`` (the keys that do not
-change the computation, such as where logs go, aside: :func:`~mptrain.config.keys.is_non_training_key`),
-with at least two seeds. A run of the group that did not complete is left out, and so is a
-second run of a seed already counted (two sweeps of the same jobs compared together: a repeat is
-no new sample); each is named in a note under the table. The differences to FP32 are averaged
-as they are in the comparison's rows: each job against the FP32 job of its own seed.
+change the computation aside: :func:`~mptrain.config.keys.is_non_training_key`), with at least
+two seeds. A run of the group that did not complete is left out, and so is a second run of a
+seed already counted (a repeat is no new sample); each is named in a note under the table. The
+differences to FP32 are averaged as the comparison's rows give them: each job against the FP32
+job of its own seed.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
-"""Compare finished runs: the table a precision sweep ends with, and ``mptrain-compare DIR...``.
+"""Compare finished runs: the table a precision sweep ends with, and ``mptrain-compare DIR...``
+(docs/sweeps.md shows the tables, their columns and notes).
 
-Each run directory holds ``report.json`` (and ``.hydra/overrides.yaml`` when Hydra made it). A run
-is compared with the FP32 run whose config is otherwise identical (the baseline; a run that switched
-from FP32 to another precision, ``precision.switch``, is none): validation loss and accuracy deltas
-(the primary metric's first: a language model's loss, with perplexity, or a classifier's accuracy),
-throughput, peak-memory and activation ratios, beside one step's activation and accounted bytes
-(``memory.accounted``). Emulated FP8 runs get no throughput ratio: their speed says nothing about
-FP8 hardware. Runs that failed, or never wrote a report, appear as rows with the reason. Jobs that
-differ only in seed get a second table: the mean ± sample sd of their final metrics, one row per
-group (:mod:`mptrain.commands.seeds`).
-A run with a precision switch shows both precisions and the step (``fp8 (emulated) -> bf16 after
-step 17``: :meth:`~mptrain.report.schema.PrecisionSection.what_ran`), never its first one alone.
-
-A throughput ratio is never one bare number: it is the median of the run's measured windows over the
-baseline's, with a range and a *noisy* mark and reason (:mod:`mptrain.pace.spread`) when that range is
-wide, when there are too few windows, or when either job ran at the same time as another job of the
-comparison (their started_at–finished_at spans overlap: a joblib launcher, two terminals).
+A run is compared with the completed FP32 run whose config is otherwise identical, its baseline
+(:func:`compare`); a throughput ratio is never one bare number but a median with a range and,
+when that range is wide, too few windows were measured or the jobs ran at the same time, a
+*noisy* reason (:func:`speed_spread`). Jobs that differ only in seed get a second table
+(:mod:`mptrain.commands.seeds`); one bad run directory never stops a comparison
+(:mod:`mptrain.commands.readable`).
 
 After a Hydra multirun, :class:`SweepSummaryCallback` writes ``sweep.md``, ``sweep.json`` and
-``sweep_loss.png`` (training loss per step; a language model's sweep: validation loss, the metric
-its table ranks by) into the sweep directory and prints the table; ``mptrain-compare`` writes them
-into a directory of its own (``outputs/compare/<date>/<time>``, or ``--out DIR``).
-
-One bad run directory never stops a comparison (:mod:`mptrain.commands.readable`): an unreadable
-report.json is a row with the reason, a cut-short metrics.jsonl row is left out of the curves, and
-text taken from the runs is printed and written to sweep.md with its control characters escaped.
+``sweep_loss.png`` into the sweep directory and prints the table; ``mptrain-compare`` writes them
+into a directory of its own (:mod:`mptrain.commands.compare`).
 """
 
 from __future__ import annotations
@@ -271,10 +257,6 @@ _TAIL = (
 # The primary metric first: a language model's loss, a classifier's accuracy.
 COLUMNS = (*_HEAD, *LOSS_COLUMNS, *ACCURACY_COLUMNS, *_TAIL)
 CLASSIFY_COLUMNS = (*_HEAD, *ACCURACY_COLUMNS, *LOSS_COLUMNS, *_TAIL)
-
-
-# The column only language-model runs fill.
-LM_ONLY_COLUMNS = frozenset({"final_val_perplexity"})
 
 
 def _cell(row: dict[str, Any], key: str) -> str:

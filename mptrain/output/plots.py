@@ -3,9 +3,8 @@ and per sweep (loss curves: training loss, a language model's validation loss).
 
 matplotlib runs headless (Agg backend); figures are written atomically next to the reports.
 
-A run draws its figure in a :class:`FigureWorker`, a child process started with the job: importing
-matplotlib and drawing cost ~0.5 s, as much as a short job's whole training, and the child pays
-the import on another core while the job sets up and trains, then waits idle for the metrics.
+A run draws its figure in a :class:`FigureWorker`, a child process started with the job, which
+imports matplotlib on another core while the job sets up and trains (BENCHMARKS.md: the figure).
 """
 
 from __future__ import annotations
@@ -29,10 +28,13 @@ def _pyplot() -> Any:
     return plt
 
 
-def _save(fig: Any, path: Path) -> None:
+def _save(fig: Any, path: Path) -> Path:
+    """Write ``fig`` to ``path`` as a PNG (atomically), close it and return ``path``."""
     atomic_write(
         path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight"), binary=True
     )
+    _pyplot().close(fig)
+    return path
 
 
 def _series(rows: list[dict[str, Any]], kind: str, key: str) -> tuple[list[int], list[float]]:
@@ -74,9 +76,7 @@ def plot_run(rows: list[dict[str, Any]], title: str, path: Path) -> Path:
         axes[2].step(scale_steps, scale, where="post", marker=_marker(scale_steps))
         axes[2].set(title="loss scale", xlabel="step", yscale="log")
     fig.suptitle(title, y=1.04)
-    _save(fig, path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _marker(steps: list[int]) -> str | None:
@@ -104,9 +104,7 @@ def plot_sweep(curves: dict[str, list[dict[str, Any]]], title: str, path: Path) 
     ylabel = "validation loss (nats/token)" if validation else "training loss"
     ax.set(title=title, xlabel="step", ylabel=ylabel, yscale="log" if positive else "linear")
     ax.legend(fontsize=8)
-    _save(fig, path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 class FigureWorker:
@@ -215,9 +213,7 @@ def plot_advice(
         speed_ax.text(0.5, 0.5, "speed not measured", ha="center", va="center")
     speed_ax.set(title="samples/s vs FP32 (median, min–max)", ylabel="×")
     fig.suptitle(title, y=1.03)
-    _save(fig, path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_layer_plan(layers: list[dict[str, Any]], title: str, path: Path, fmt: str = "FP8") -> Path:
@@ -228,8 +224,8 @@ def plot_layer_plan(layers: list[dict[str, Any]], title: str, path: Path, fmt: s
     ``label`` and those figures; a non-finite SQNR (exact, or no signal left) draws no bar."""
     plt = _pyplot()
     # Constrained layout places the suptitle above the panels' titles and the legend below the
-    # panels, each with room of its own whatever the layer count (a fixed suptitle height
-    # overlapped the panel titles of a short figure); 2.2 in: titles, axis labels and legend.
+    # panels, each with room of its own whatever the layer count; 2.2 in: titles, axis labels
+    # and legend.
     height = 2.2 + 0.45 * len(layers)
     fig, (sqnr_ax, share_ax) = plt.subplots(
         1, 2, figsize=(14, height), sharey=True, layout="constrained"
@@ -255,9 +251,7 @@ def plot_layer_plan(layers: list[dict[str, Any]], title: str, path: Path, fmt: s
     sqnr_ax.set_yticks(places, labels)
     sqnr_ax.invert_yaxis()  # rank 1 at the top
     fig.suptitle(title)
-    _save(fig, path)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _finite_or_nan(x: float | None) -> float:

@@ -5,17 +5,6 @@ Both receive the same figures, when metrics.jsonl does (every ``log_every`` step
 evaluation, global optimizer steps), under the tags of :data:`TRAIN_METRICS` and
 :data:`EVAL_METRICS`, and the run's settings (:func:`run_params`).
 
-- **TensorBoard** (``torch.utils.tensorboard.SummaryWriter``) writes to ``tensorboard.log_dir``
-  (default ``<run dir>/tensorboard``): the scalars, the settings as hparams and the run's outcome
-  as the hparams session's status (no TensorFlow needed). Steps are global: a resumed run writes
-  to the same directory with ``purge_step`` at its first new step (:class:`TensorBoardTracker`).
-- **MLflow** (``MlflowClient``, no global active run: each job of a sweep has its own run) logs
-  the settings as params, the metrics, and at the end report.json, report.md and curves.png as
-  artifacts, with the run's status. The run id is kept in ``<run dir>/mlflow_run.json``; a
-  resumed run (``resume=...`` in the same run directory) reopens that MLflow run and goes on
-  logging into it. Params are logged once: non-training settings changed at resume are not
-  re-logged (report.json holds the config the run ended with).
-
 A tracker that cannot start is bad input (:class:`~mptrain.config.base.ConfigError`, before
 training); an http(s) MLflow server that does not answer is found so in seconds by
 :func:`check_tracking_server`, which the preflight calls before the run directory is touched.
@@ -81,7 +70,7 @@ def row_metrics(row: dict[str, Any]) -> dict[str, float]:
 
 # ----------------------------------------------------------------------------- TensorBoard
 class TensorBoardTracker:
-    """Scalars and hparams into one TensorBoard run directory (see the module doc)."""
+    """Scalars and hparams into one TensorBoard run directory (docs/trackers.md)."""
 
     name = "tensorboard"
 
@@ -240,7 +229,7 @@ def check_tracking_server(cfg: RunConfig, timeout_s: float | None = None) -> Non
 
 
 class MLflowTracker:
-    """Params, metrics, artifacts and status of one MLflow run (see the module doc)."""
+    """Params, metrics, artifacts and status of one MLflow run (docs/trackers.md)."""
 
     name = "mlflow"
 

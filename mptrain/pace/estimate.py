@@ -1,21 +1,12 @@
 """How long a run will take, and the words of the slow-path note (whether a precision is slow
-here is decided and timed by :mod:`mptrain.pace.slowpath`).
+here is decided and timed by :mod:`mptrain.pace.slowpath`; docs/trackers.md shows both lines).
 
 :class:`Pace` times the loop's steps as they finish (on the host's clock: no device read). The
 first step carries one-off costs (allocations, kernel selection, lazy imports) that later steps do
-not, so the pace is measured over the steps after it, and the estimate of the whole run is
-``steps x measured seconds per step`` (:func:`estimate_run`). It is made once, after
-:attr:`Pace.ESTIMATE_STEPS` steps past the first, or sooner when those steps are slow (a run at
-40 s/step should not wait minutes to be told it takes days), and said in one line
-(:func:`estimate_line`).
-
-On a GPU without loss scaling the host may queue a few steps ahead of the device, so an estimate
-made before the first log row (which waits for the device) can be low; the remaining time shown
-with every later line follows the pace measured since.
-
-:class:`SlowPath` is what :mod:`mptrain.pace.slowpath` found (FP16 convolutions on a CPU, with
-FP32's step measured on the same model); :func:`slow_path_note` says it with the ratio and the
-faster choice, once the run's own first step has been timed.
+not, so the estimate of the whole run is ``steps x seconds per step measured after it``
+(:func:`estimate_run`), made once (after :attr:`Pace.ESTIMATE_STEPS` steps past the first, or
+sooner when they are slow: a run at 40 s/step should not wait minutes to be told it takes days)
+and said in one line (:func:`estimate_line`).
 """
 
 from __future__ import annotations

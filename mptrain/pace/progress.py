@@ -1,27 +1,12 @@
 """Progress while a run trains: the live bar on a terminal, plain lines everywhere else
 (docs/trackers.md shows every line below and when it comes).
 
-On a terminal, a rich progress bar with epoch, step, loss, loss scale, samples/s and the time
-left. Anywhere else (``> train.log``, ``| tee``, nohup, SLURM) one plain line every ``log_every``
-steps and one per evaluation (:func:`step_line`, :func:`eval_line`) and, so that no run is silent
-for long, a line after the first step and whenever :attr:`ProgressDisplay.LINE_EVERY_S` passed
-without one (:func:`pace_line`). These come from the host's clock between log rows, so they read
-nothing from the device (no loss: that is read at log rows only).
-
-Once, after the first few steps, the estimate of the whole run (:mod:`mptrain.pace.estimate`), and
-after the first step the note of a precision known to be far slower than FP32 here (with FP32's
-step measured on the same model), whether or not the bar is shown.
-
-While a step runs long, a heartbeat (a :class:`Ticker` thread that reads the host's clock and
-prints, never the device) says so: during the first step once it has run
-:attr:`ProgressDisplay.FIRST_BEAT_S` with no line, with a lower bound of the whole run
-(:func:`first_step_beat_line`) and, once, the slow-path note with a lower bound of the ratio (the
-note after the step still gives the measured one); this first heartbeat is printed whatever the
-display, as the estimate is. Then, as progress lines (off a terminal on stdout, always in the
-log), whenever a step or the time between two steps (evaluations, checkpoints) has lasted
-:attr:`ProgressDisplay.LINE_EVERY_S` with no line (:func:`beat_line`).
-
-The job's log file (:mod:`mptrain.output.joblog`) records those lines in both cases.
+Off a terminal one line every ``log_every`` steps and one per evaluation (:func:`step_line`,
+:func:`eval_line`) and, so that no run is silent for long, lines from the host's clock alone
+(:func:`pace_line`: nothing read from the device). Whatever the display, once, the run's estimate
+(:mod:`mptrain.pace.estimate`) and the slow-path note. While a step, or the time between two
+steps, runs long, a heartbeat (a :class:`Ticker` thread) says so (:func:`first_step_beat_line`,
+:func:`beat_line`). The job's log file (:mod:`mptrain.output.joblog`) records every line.
 """
 
 from __future__ import annotations

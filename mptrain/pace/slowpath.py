@@ -1,12 +1,10 @@
 """Whether this run's precision is known to be far slower than FP32 on its device, measured.
 
-torch's CPU kernels for FP16 convolutions are a slow path: ``mptrain advise`` measured FP16 at
-62-94x FP32's step on convolutional nets on the development machines, so ``mptrain
-precision=fp16 model=resnet50`` (a GPU habit) on a CPU can take days. Nothing is changed: the run
-trains in the precision asked for, and the progress display says, after its first step, how much
-slower it is than one FP32 step of the same model on the same batch, timed here before training
-(a fraction of an FP16 step), and what to use instead
-(:func:`mptrain.pace.estimate.slow_path_note`).
+torch's CPU kernels for FP16 convolutions are a slow path (docs/cpu.md has the figure), so
+``mptrain precision=fp16 model=resnet50`` (a GPU habit) on a CPU can take days. Nothing is
+changed: the run trains in the precision asked for, and the progress display says, after its first
+step, how much slower it is than one FP32 step of the same model on the same batch, timed here
+before training, and what to use instead (:func:`mptrain.pace.estimate.slow_path_note`).
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Speed figures from repeated measurements: the median, the spread that says how far to trust it,
-and the reason a figure is *noisy*.
+and the reason a figure is *noisy* (docs/sweeps.md, "Speed ratios"; docs/advise.md for bench).
 
-One measurement of a speed ratio is not a fact on a shared machine: the same comparison has read
-4.85× and 0.08×. So every ratio mptrain prints comes with a spread, and is marked noisy (with the
-reason) when that spread is wide or cannot be judged:
-
-- ``mptrain bench`` repeats each precision ``bench.reps`` times in alternating order and pairs each
-  repetition with the FP32 measurement of the same repetition (:func:`repetition_spread`: median
-  and min–max of the per-repetition ratios);
-- a sweep's jobs are one run each, so the spread comes from inside the runs: each run's throughput
-  per measured ``log_every`` window (:func:`window_ratio_spread`: median over median, and the
-  quartiles of every window of the run against every window of its FP32 twin).
+One measurement of a speed ratio is not a fact on a shared machine (the same comparison has read
+4.85× and 0.08×), so every ratio mptrain prints comes with a spread, and is marked noisy (with the
+reason) when that spread is wide or cannot be judged: ``mptrain bench`` pairs each repetition
+with the FP32 measurement of the same repetition (:func:`repetition_spread`: median and min–max),
+a sweep each measured ``log_every`` window of a run with every window of its FP32 twin
+(:func:`window_ratio_spread`: median over median, and the quartiles).
 
 Both ranges cover about the middle half of what was measured (the min–max of 3 repetitions covers
 (3-1)/(3+1) = 50 % of the distribution on average, like the interquartile range), so one limit,

@@ -97,10 +97,6 @@ class Accounting:
     parameters: int = 0  # trainable, each shared tensor once
     autocast: str | None = None  # the emulated autocast dtype, "bfloat16" | "float16" | None
 
-    def forward_flops(self) -> float:
-        """GEMM FLOPs of one sample's forward pass."""
-        return sum(g.flops for g in self.gemms)
-
 
 def _nbytes(t: Tensor) -> float:
     return t.numel() * t.element_size()

@@ -268,9 +268,3 @@ def mixed_peak_flops(flops_by_format: Mapping[str, float], gpu: GPU) -> float:
         raise ValueError("no GEMM FLOPs: a peak needs at least one GEMM")
     seconds = sum(flops / gpu.peak_flops(fmt) for fmt, flops in used.items())
     return sum(used.values()) / seconds
-
-
-def mfu(achieved_flops_s: float, flops_by_format: Mapping[str, float], gpu: GPU) -> float:
-    """Model FLOPs utilisation: achieved model FLOP/s over :func:`mixed_peak_flops` of the same
-    step's FLOPs by format (defined for any mix of FP8, BF16, TF32 and FP32 GEMMs)."""
-    return achieved_flops_s / mixed_peak_flops(flops_by_format, gpu)

@@ -18,12 +18,8 @@ The step's time is the sum of
   one-byte write), with tensorwise scales the FP8 copies transposed for the backward GEMMs (a
   byte read and written), with rowwise scales every operand quantized again along its other
   axis instead; weight gradients accumulated into their FP32 master copies; the block-scaled
-  formats' quantization (:func:`block_cast_bytes`): each GEMM quantizes its two operands along
-  its own reduction dimension, a read of the high-precision operand and a write of its elements
-  and block scales (the scale of a block comes from the block: no amax pass), so input and
-  output gradient twice each and the weight twice, or once where one 2-D tiling serves both
-  GEMMs that read it (128x128 blockwise, NVFP4's 16x16); NVFP4's FP32 per-tensor scale adds an
-  amax pass (a read) per quantization, as FP8's tensorwise scale does;
+  formats' quantization, each GEMM quantizing its two operands along its own reduction dimension
+  (:func:`block_cast_bytes`);
 - **the other operations** (norms, activations, residuals, pooling, the loss): the forward's
   bytes moved, three times (assumed: the backward reads the output gradient and what the forward
   saved, and writes the input gradient: twice the forward's traffic);
@@ -33,13 +29,7 @@ The step's time is the sum of
 A per-GEMM plan (``precision.gemms``: :attr:`Arithmetic.plan` for the converted Linears it names,
 :attr:`Arithmetic.planned`) prices each of those Linears' three GEMMs in its own format
 (:func:`planned_passes`: a BF16 weight gradient at the BF16 peak, an MXFP8 one of an NVFP4 layer at
-MXFP8's) and their casts GEMM by GEMM (:func:`planned_cast_bytes`): an operand is quantized for
-the GEMMs of each quantized format that read it (FP8 tensorwise: once, transposed where two FP8
-GEMMs read it; rowwise: once per FP8 GEMM; a block format: once per GEMM, a 2-D tiled weight once
-for both), a BF16 or FP32 GEMM quantizes nothing but casts each operand that arrived in another
-dtype (its weight from FP32 each time: no autocast cache), and each gradient is cast from its
-GEMM's result to its operand's dtype. A Linear whose three GEMMs are its format's own is priced
-as above, unchanged.
+MXFP8's) and their casts GEMM by GEMM (:func:`planned_cast_bytes`).
 
 Model FLOPs (what MFU counts) are three times the forward GEMM FLOPs, attention whole (PaLM,
 appendix B); MFU's peak is the FLOP-weighted one of the formats the GEMMs ran in
@@ -265,9 +255,11 @@ def block_cast_bytes(g: Gemm, arithmetic: Arithmetic, x: float, w: float, dy: fl
     """Quantization of a block-scaled Linear's input ``x``, weight ``w`` and output gradient
     ``dy`` (element counts), once per GEMM that reads each along its reduction dimension: the
     forward reads x and W, the data gradient dy and W (if the input needs one), the weight
-    gradient dy and x (if the weight needs one); W once where 2-D tiles serve both its GEMMs.
-    Each quantization reads the high-precision operand and writes its elements and scales
-    (:func:`operand_bytes`); NVFP4 first reads it for the per-tensor amax."""
+    gradient dy and x (if the weight needs one); W once where one 2-D tiling serves both its GEMMs
+    (128x128 blockwise, NVFP4's 16x16). Each quantization reads the high-precision operand and
+    writes its elements and scales (:func:`operand_bytes`; a block's scale comes from the block:
+    no amax pass); NVFP4's per-tensor scale first reads it for its amax, as FP8's tensorwise
+    scale does."""
     fmt = arithmetic.layer_format
     amax = 1 if fmt in TENSOR_SCALE_BYTES else 0  # the per-tensor scale's amax pass: a read
     dy_bytes = RESULT_BYTES[fmt]  # the output gradient arrives in the output's BF16
@@ -308,9 +300,10 @@ def planned_cast_bytes(
     g: Gemm, fmts: tuple[str, str, str], arithmetic: Arithmetic, batch: int
 ) -> float:
     """Bytes the casts around Linear ``g`` move over ``batch`` samples when its forward,
-    data-gradient and weight-gradient GEMMs run in ``fmts``, GEMM by GEMM (see the module doc):
-    each of x, W and dy quantized for the quantized GEMMs that read it and cast for the
-    high-precision ones, each gradient cast from its GEMM's result to its operand's dtype."""
+    data-gradient and weight-gradient GEMMs run in ``fmts``, GEMM by GEMM: each of x, W and dy
+    quantized for the GEMMs of each quantized format that read it (:func:`_operand_casts`) and
+    cast for the high-precision ones (a weight from FP32 each time: no autocast cache), each
+    gradient cast from its GEMM's result to its operand's dtype."""
     x, w, dy = g.a_elems * batch, g.b_elems, g.out_elems * batch
     operands = {  # each tensor: elements, bytes as it arrives, the GEMMs (indices) reading it
         "x": (x, g.a_bytes, (0, 2)),

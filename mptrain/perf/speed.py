@@ -3,14 +3,10 @@ FLOP-weighted peak): the glue from a :class:`~mptrain.config.run.RunConfig` to
 :mod:`mptrain.perf.roofline`.
 
 The model is built on the meta device (no memory, no weights initialised) from the same config
-and data shape a run would use; the converted layers are the ones the precision would convert:
-FP8's (:func:`mptrain.precision.quant.convert.choose_layers` with the run's ``fp8.*``), the
-block-scaled formats' (:mod:`mptrain.precision.selection` under ``mx.*``, ``nvfp4.*`` or, for
-``fp8.granularity=blockwise``, ``fp8.*``, with the format's block alignment and NVFP4's BF16
-tail), unless the caller names those that did. A per-GEMM plan (``precision.gemms.*``) gives
-the GEMMs of the converted layers ``precision.gemms.layers`` matches the formats a run would
-(:func:`gemm_plan`; :mod:`mptrain.precision.gemm_plans`), and the roofline prices each in its own.
-``advise``, the run report and ``benchmarks/roofline.py`` call this.
+and data shape a run would use; the converted layers are the ones the precision would convert
+(:func:`converted_layer_names`, by the format's layer keys), unless the caller names those that
+did, and a per-GEMM plan gives their GEMMs the formats a run would (:func:`gemm_plan`,
+:func:`planned_layers`). ``advise``, the run report and ``benchmarks/roofline.py`` call this.
 """
 
 from __future__ import annotations

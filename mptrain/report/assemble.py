@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -99,14 +100,15 @@ def _model_section(job: JobRecord) -> ModelSection:
     )
 
 
-def _blocks_section(run: Run | None) -> dict[str, Any] | None:
-    """The block-scaled layers' section with their counts (reads device values): at the end of
-    the run, or, for layers a precision switch left, as they were at the switch; or None."""
-    if run is None or run.precision.blocks.section is None:
-        return None
-    if "final_layer_stats" in run.precision.blocks.section:
-        return run.precision.blocks.section
-    return {**run.precision.blocks.section, "final_layer_stats": run.precision.blocks.layer_stats()}
+def _layer_section(
+    section: dict[str, Any] | None, layer_stats: Callable[[], Any]
+) -> dict[str, Any] | None:
+    """A layer format's section (``fp8``, ``blocks``) with its layers' ``final_layer_stats``:
+    ``layer_stats()`` at the end of the run (reads device values), or, for layers a precision
+    switch left, as they were at the switch (mptrain.train.switch); None without one."""
+    if not section or "final_layer_stats" in section:
+        return section or None
+    return {**section, "final_layer_stats": layer_stats()}
 
 
 def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunReport:
@@ -123,7 +125,7 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         wall_time_s=wall_time_s,
         precision=_precision_section(job, job.display.notes if job.display else []),
         tf32=job.tf32,
-        fp8=_fp8_section(run),
+        fp8=_layer_section(run and run.precision.fp8, lambda: fp8_layer_stats(run.model)),
         hardware={
             **hardware.hardware_info(job.device),
             # whether others' work competed for the cores (the speed figures: a busy machine's)
@@ -151,21 +153,13 @@ def assemble_report(job: JobRecord, status: str, reason: str | None) -> RunRepor
         resumed=job.resumed,
         checkpoints=_checkpoints_section(job.checkpointer),
         recipe=recipe_verdict(cfg, status, evaluation, run.data if run else None),
-        blocks=_blocks_section(run),
+        blocks=_layer_section(
+            run and run.precision.blocks.section, lambda: run.precision.blocks.layer_stats()
+        ),
         config=dataclasses.asdict(cfg),
         time=_time_section(run, wall_time_s, job.display),
         threads=threads_section(run.threads, run.monitor.threads) if run else None,
     )
-
-
-def _fp8_section(run: Run | None) -> dict[str, Any] | None:
-    """The FP8 layers and their final figures: at the end of the run, or, for FP8 layers a
-    precision switch left, as they were at the switch (mptrain.train.switch)."""
-    if run is None or not run.precision.fp8:
-        return None
-    if "final_layer_stats" in run.precision.fp8:
-        return run.precision.fp8
-    return {**run.precision.fp8, "final_layer_stats": fp8_layer_stats(run.model)}
 
 
 def _precision_section(job: JobRecord, run_notes: list[str]) -> PrecisionSection:

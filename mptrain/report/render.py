@@ -42,6 +42,8 @@ from mptrain.rundir.layout import FAILURE_JSON, METRICS_JSONL, REPORT_JSON, REPO
 
 # ------------------------------------------------------------------------------------ writing
 def write_report(output_dir: Path, report: RunReport) -> tuple[Path, Path]:
+    """report.json and report.md, each written atomically: a reader never sees half a report, and
+    a report from an earlier write survives a failed one."""
     json_path, md_path = output_dir / REPORT_JSON, output_dir / REPORT_MD
     atomic_write_text(json_path, json.dumps(clean_json(report.to_dict()), indent=2) + "\n")
     atomic_write_text(md_path, render_markdown(report))
@@ -136,22 +138,17 @@ def _evaluation_rows(e: EvaluationSection) -> list[tuple[str, str]]:
 
 def _evaluation_table(evals: list[dict[str, Any]], task: str) -> list[str]:
     """report.md's table of evaluations (language models: perplexity, per-token accuracy)."""
-    if task != "lm":
-        head = ["| step | epoch | val loss | val accuracy |", "|---:|---:|---:|---:|"]
-        return head + [
-            f"| {e['step']} | {e['epoch']} | {fmt_num(e['val_loss'])} | "
+    lm = task == "lm"
+    columns = ["step", "epoch", "val loss", *(["val perplexity"] if lm else [])]
+    columns.append("next-token accuracy" if lm else "val accuracy")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---:|" * len(columns)]
+    for e in evals:
+        perplexity = f"{fmt_num(e.get('val_perplexity'), '.2f')} | " if lm else ""
+        lines.append(
+            f"| {e['step']} | {e['epoch']} | {fmt_num(e['val_loss'])} | {perplexity}"
             f"{fmt_pct(e['val_accuracy'])} |"
-            for e in evals
-        ]
-    head = [
-        "| step | epoch | val loss | val perplexity | next-token accuracy |",
-        "|---:|---:|---:|---:|---:|",
-    ]
-    return head + [
-        f"| {e['step']} | {e['epoch']} | {fmt_num(e['val_loss'])} | "
-        f"{fmt_num(e.get('val_perplexity'), '.2f')} | {fmt_pct(e['val_accuracy'])} |"
-        for e in evals
-    ]
+        )
+    return lines
 
 
 def _baseline_text(e: EvaluationSection) -> str:
@@ -454,7 +451,7 @@ def render_markdown(report: RunReport) -> str:
 def print_summary(console: Console, report: RunReport, report_path: Path) -> None:
     """The summary: on a terminal a rich table (long values fold within its width); anywhere
     else one ``key  value`` line per row, keys aligned, values whole and nothing padded after
-    them (a table rendered at a pipe's width padded every row to the widest, 260-355 columns)."""
+    them."""
     rows = [*summary_rows(report), ("report", str(report_path))]
     title = f"mptrain — {report.status}"
     if not console.is_terminal:

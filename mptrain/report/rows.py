@@ -3,13 +3,10 @@
 words: a block-scaled run's formats and layers (the ``blocks`` section), one training step's
 accounted memory, and a precision switch.
 
-The ``blocks`` section (:func:`mptrain.precision.quant.convert.apply_quantized`, with the counts of
-:meth:`~mptrain.precision.quant.convert.BlockLayers.layer_stats` as ``final_layer_stats``) says
-per operand role (input, weight, grad) the element and scale formats and the block shape; the
-format's settings; the share of the Linear layers' FLOPs in each format; per Linear whether it
-converted and why not; and per converted layer and role the quantizations counted on the metrics
-rows with their saturated and underflowed elements and their zero and non-finite blocks. The
-memory accounting is :mod:`mptrain.train.memory`'s; the switch is ``precision.switch``'s.
+The ``blocks`` section is :func:`mptrain.precision.quant.convert.apply_quantized`'s, with the
+counts of :meth:`~mptrain.precision.quant.convert.BlockLayers.layer_stats` as
+``final_layer_stats`` (docs/precisions.md, "What is reported"); the memory accounting is
+:mod:`mptrain.train.memory`'s; the switch is ``precision.switch``'s.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ from typing import Any
 from mptrain.report.schema import MemorySection
 
 
-# The number formats of every table, the report's and the commands'.
 def fmt_pct(x: float | None) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"
 
@@ -47,8 +43,7 @@ def fmt_bytes(n: int | None) -> str:
     return f"{n / 1024:.1f} GiB"
 
 
-# The block format (``blocks``).
-
+# The block format's settings its summary row names (``blocks``).
 _SETTINGS = ("scale_rounding", "weight_tiles", "hadamard", "stochastic_rounding")
 
 
@@ -117,8 +112,6 @@ def blocks_lines(section: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-# Memory: one training step's accounted bytes by kind and dtype, beside the measured peak.
-
 # What a peak holds besides one step's accounted tensors, by what the peak measures.
 _UNACCOUNTED = {
     "cuda_max_allocated": "the forward's temporaries autograd did not save, the optimizer's "
@@ -149,9 +142,6 @@ def memory_rows(memory: MemorySection) -> list[tuple[str, str]]:
         why = _UNACCOUNTED.get(memory.kind or "", _UNACCOUNTED[None])
         total += f" (peak {fmt_bytes(memory.peak_bytes)}: {fmt_bytes(rest)} more, {why})"
     return [("memory accounted", total), *rows]
-
-
-# A precision switch: when, into what, and the train loss and evaluations either side.
 
 
 def switch_rows(switch: dict[str, Any] | None) -> list[tuple[str, str]]:

@@ -5,9 +5,6 @@ explicit values (:mod:`mptrain.train.job`). report.json is its :meth:`~RunReport
 ``schema_version``; readers of report.json files (sweep comparison, ``mptrain-compare``) get it
 back with :func:`load_report`, where an unknown or missing key fails loudly, naming it. Reports
 written before ``schema_version`` existed (the same sections) load as version 0.
-
-Both files are written atomically (temporary file in the same directory, fsync, rename), so a
-reader never sees half a report, and a report from an earlier write survives a failed one.
 """
 
 from __future__ import annotations
@@ -208,10 +205,9 @@ class TimeSection:
     checkpoint_s: float  # writes, the final one included
     checkpoints: int
     other_s: float
-    # The estimate of the loop's time made once while training (mptrain.pace.estimate.RunEstimate:
-    # estimated_s, steps, step_s, measured_steps [first, last], made_at_step, made_after_s, line)
-    # beside the actual: actual_s (training + evaluation + checkpoints) over actual_steps. None
-    # when the run stopped before it was made, and in reports written before it existed.
+    # The estimate of the loop's time made once while training, beside the actual loop time
+    # (mptrain.pace.estimate.RunEstimate.record); None when the run stopped before it was made,
+    # and in reports written before it existed.
     estimate: dict[str, Any] | None = None
 
     @property

@@ -172,7 +172,7 @@ def test_sweep_md_shows_the_table_and_the_figure(precision_sweep, sweep_rows):
             assert f"- {json_row['run']}: speed noisy: {json_row['throughput_noisy']}" in text
     assert (fp32["final scale"], bf16["final scale"], fp16["final scale"]) == ("—", "—", "65536")
     # Every column but the language models' has a value.
-    assert list(fp32) == [h for k, h in sweep.CLASSIFY_COLUMNS if k not in sweep.LM_ONLY_COLUMNS]
+    assert list(fp32) == [h for k, h in sweep.CLASSIFY_COLUMNS if k != "final_val_perplexity"]
     for md_row, json_row in zip(rows, sweep_rows, strict=True):
         assert md_row["val acc"] == f"{100 * json_row['final_val_accuracy']:.2f}%"
         # One step's bytes, as the job's report counted them (memory.account is on by default)

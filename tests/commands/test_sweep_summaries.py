@@ -231,10 +231,10 @@ def drawn(monkeypatch) -> list[Any]:
     figures = []
     save = plots._save
 
-    def recording_save(fig: Any, path: Path) -> None:
+    def recording_save(fig: Any, path: Path) -> Path:
         fig.canvas.draw()  # runs the layout
         figures.append((fig, fig.canvas.get_renderer()))
-        save(fig, path)
+        return save(fig, path)
 
     monkeypatch.setattr(plots, "_save", recording_save)
     return figures

@@ -33,11 +33,10 @@ def test_the_worker_draws_what_this_process_draws(tmp_path):
 
 @pytest.fixture
 def drawn(monkeypatch) -> list:
-    """The matplotlib figures plots would save, kept to be read (no PNG is written)."""
+    """The matplotlib figures plots would save, kept open to be read (no PNG is written)."""
     figures = []
     plt = plots._pyplot()
     monkeypatch.setattr(plots, "_save", lambda fig, path: figures.append(fig))
-    monkeypatch.setattr(plt, "close", lambda fig: None)
     yield figures
     monkeypatch.undo()
     for fig in figures:
