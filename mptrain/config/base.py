@@ -48,7 +48,7 @@ class Accepts:
     def described(self) -> str:
         """What is accepted, for the docs: ``an integer >= 1``, ``> 0 and finite, or null``."""
         words = self.words.removeprefix("must be ")
-        return f"{words}, or null" if self.optional else words
+        return f"{words}, or null" if self.optional and not words.startswith("null") else words
 
 
 def at_least_rule(minimum: int, *, optional: bool = False) -> Accepts:

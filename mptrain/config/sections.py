@@ -152,10 +152,7 @@ class CheckpointConfig:
     )
     signal: str | None = setting(
         "SIGUSR1",
-        (
-            "this signal asks for a checkpoint (SLURM: --signal=USR1@120); any SIG* name but the "
-            "stop signals; null = none"
-        ),
+        "this signal asks for a checkpoint (SLURM: --signal=USR1@120); null = none",
         accepts=CHECKPOINT_SIGNAL,
     )
     on_signal: str = setting(
