@@ -69,6 +69,8 @@ class JobRecord(Protocol):
     compile_counts_at_start: dict[str, int] | None
     load_at_start: contention.LoadSample  # the machine's load when the job started
     display: ProgressDisplay | None  # the run's estimate and the notes given while it trained
+    memory_accounted: dict[str, Any] | None  # one step's bytes (mptrain.train.memory)
+    lost_ranks: dict[int, str] | None  # rank 0: the ranks that ended the run, and how
 
 
 def now_iso() -> str:
