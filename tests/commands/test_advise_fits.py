@@ -148,16 +148,8 @@ def test_the_footprint_accounts_each_built_precision_and_the_state_choices():
     counters = 4 * len(params)  # AdamW's step counters: an FP32 scalar per parameter
     assert (out["states"]["bf16"] - counters) * 2 == out["states"]["fp32"] - counters
     assert "no transformer or residual blocks" in out["skipped"]["checkpointing"]
-    from mptrain.perf import gpus
-
     memory = footprint.assemble(
-        cfg,
-        found,
-        gpus.row("h100"),
-        {"fp32": 1.0},
-        "measured",
-        {"fp32": None, "fp16": "no fidelity run"},
-        torch.device("cpu"),
+        cfg, found, None, {"fp32": None, "fp16": "no fidelity run"}, torch.device("cpu")
     )
     fit = memory["target"]["fit"]
     assert fit["combination"] == ["fp32", "fp32", "none"]
@@ -190,7 +182,7 @@ def test_the_recommended_combination_is_measured_on_the_target_gpu_only(monkeypa
     assert measured["combination"] == ["fp32", "fp32", "none"]
     assert (measured["batch_size"], measured["steps"]) == (256, fit_measure.CHECK_STEPS)
     assert measured["peak_bytes"] > 0
-    memory = footprint.assemble(cfg, found, gpus.row("h100"), {"fp32": 1.0}, "m", verdicts, cpu)
+    memory = footprint.assemble(cfg, found, None, verdicts, cpu)
     assert memory["target"]["fit"]["measured"] == measured
     line = fit_report.fit_lines(memory)[0]
     peak = fmt_bytes(measured["peak_bytes"])
@@ -228,7 +220,7 @@ def test_on_the_target_gpu_the_recommendation_is_measured_there():
     fit_measure.measure_fit(cfg, found, verdicts, Budget(60), {}, gpu)
     measured = found["footprint"]["measured"]
     assert measured["batch_size"] == 512 and "out_of_memory" not in measured, measured
-    memory = footprint.assemble(cfg, found, row, {"fp32": 1.0}, "m", verdicts, gpu)
+    memory = footprint.assemble(cfg, found, None, verdicts, gpu)
     predicted = memory["target"]["fit"]["bytes"]
     # The accounting counts what one step holds; the allocator's peak adds the data on the
     # device, its block rounding and the optimizer's scratch: the same order of magnitude.

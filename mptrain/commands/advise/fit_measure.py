@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mptrain.commands.advise import fits
-from mptrain.commands.advise.footprint import assemble, step_times, with_state
+from mptrain.commands.advise.footprint import assemble, with_state
 from mptrain.commands.advise.trials import short_run, timed_part
 
 if TYPE_CHECKING:
@@ -42,8 +42,7 @@ def provisional_fit(
 
     gpu, _ = predict.target_gpu(cfg, device)
     prediction = predict.predict(cfg, device, found["candidates"]) if gpu else None
-    times, time_basis = step_times(found["candidates"], prediction)
-    memory = assemble(cfg, found, gpu, times, time_basis, verdicts, device)
+    memory = assemble(cfg, found, prediction, verdicts, device)
     return (memory.get("target") or {}).get("fit") or {}, gpu
 
 

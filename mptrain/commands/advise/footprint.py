@@ -270,15 +270,21 @@ def faithful(inputs: list[advice.Measured], ctx: advice.Context) -> dict[str, st
 def assemble(
     cfg: RunConfig,
     found: dict[str, Any],
-    gpu: Any,
-    times: dict[str, float],
-    time_basis: str,
+    prediction: dict[str, Any] | None,
     verdicts: dict[str, str | None],
     device: torch.device,
 ) -> dict[str, Any]:
-    """advise.json's ``memory``: per precision and mode the line and its bytes at the configured
-    micro-batch; the state choices' bytes; on a target GPU the largest micro-batch of every
-    combination and, for ``advise.batch_size``, the recommended combination (or why none)."""
+    """advise.json's ``memory`` from what was found (its ``footprint`` and ``candidates``): per
+    precision and mode the line and its bytes at the configured micro-batch; the state choices'
+    bytes; on the GPU ``advise.target`` names (:func:`.predict.target_gpu`) the largest
+    micro-batch of every combination and, for ``advise.batch_size``, the recommended combination
+    (or why none) among the precisions whose ``verdicts`` are None, ranked by ``prediction``'s
+    step times where it has them, else by the speed measured here (:func:`step_times`). Pure:
+    the fit :mod:`.fit_measure` measures while advise runs and the one advise.json reports come
+    from here alike, each from what was found by then."""
+    from mptrain.commands.advise import predict
+
+    gpu, _ = predict.target_gpu(cfg, device)
     footprint = found["footprint"]
     lines = lines_of(footprint)
     out: dict[str, Any] = {
@@ -300,6 +306,7 @@ def assemble(
     out["target"] = _target(gpu, usable, combos)
     wanted = cfg.advise.batch_size
     if wanted is not None:
+        times, time_basis = step_times(found["candidates"], prediction)
         own = (users, footprint.get("user_checkpointing", "none"))
         fit = out["target"]["fit"] = _fit(combos, wanted, usable, times, time_basis, verdicts, own)
         for key, found_key in (("speed_cost", "cost"), ("measured", "measured")):

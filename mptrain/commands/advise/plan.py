@@ -183,7 +183,7 @@ def list_item(name: str) -> str:
 
 # ------------------------------------------------------------------------------ the words
 def _gap_words(run: dict[str, Any]) -> str:
-    """``within 0.52% of FP32's loss (final 0.31%)`` or ``diverged: ...``."""
+    """``up to 0.52% from FP32's loss (final 0.31%)`` or ``diverged (...)``."""
     if run["diverged"]:
         return f"diverged ({run['diverged']})"
     return f"up to {pct(run['max_rel_diff'])} from FP32's loss (final {pct(run['final_rel_diff'])})"

@@ -219,7 +219,7 @@ def write_advice(
     """Predict the speed on ``advise.target`` (:mod:`.predict`: the candidates' and the per-layer
     plan's), decide on ``found``, write advise.png/.json/.md into ``output_dir``, print; the
     result."""
-    from mptrain.commands.advise import gemms, predict
+    from mptrain.commands.advise import footprint, gemms, predict
     from mptrain.commands.advise import report as advise_report
     from mptrain.commands.advise.layers import plan_configs
     from mptrain.commands.advise.plan import add_command, list_item
@@ -230,7 +230,8 @@ def write_advice(
         configs = plan_configs(plan, cands)
         found["prediction"] = predict.predict(cfg, device, cands, plan, configs)
     decision = decide(cfg, found, device)
-    found["memory"] = memory_of(cfg, found, device)
+    verdicts = footprint.faithful(*measured_inputs(cfg, found, device))
+    found["memory"] = footprint.assemble(cfg, found, found["prediction"], verdicts, device)
     add_command(found["plan"], overrides)
     gemms.add_command(found["plan"], overrides, list_item)
     result = advise_report.assemble(
@@ -242,17 +243,6 @@ def write_advice(
     advise_report.write(result, output_dir, budget)
     advise_report.show(console, result, output_dir)
     return result
-
-
-def memory_of(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """advise.json's ``memory``: what fits ``advise.target`` (:mod:`.footprint`, :mod:`.fits`),
-    the precisions ranked by the prediction where there is one."""
-    from mptrain.commands.advise import footprint, predict
-
-    gpu, _ = predict.target_gpu(cfg, device)
-    times, basis = footprint.step_times(found["candidates"], found.get("prediction"))
-    faithful = footprint.faithful(*measured_inputs(cfg, found, device))
-    return footprint.assemble(cfg, found, gpu, times, basis, faithful, device)
 
 
 def add_fit_command(memory: dict[str, Any], overrides: list[str]) -> None:
