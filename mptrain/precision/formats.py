@@ -51,12 +51,6 @@ class LayerFormat:
     report: str
 
 
-def _sample(data: DataBundle) -> torch.Tensor:
-    """Two samples of the first validation batch: the FLOPs of each Linear are counted on them."""
-    sample, _ = next(iter(data.val.batches(0)))
-    return sample[:2]
-
-
 def _require_converted(
     cfg: RunConfig, precision: str, fmt: str, layers: list[dict[str, Any]], key: str
 ) -> None:
@@ -129,10 +123,11 @@ def convert_layers(
     own = BlockGemm(quantization) if blocks else fp8_gemm_format(quantization)
     device = next(model.parameters()).device  # the per-GEMM formats' real-or-emulated choice
     plans = gemm_plans(cfg, policy, own, device)
+    sample, _ = next(iter(data.val.batches(0)))  # each Linear's FLOPs: counted on two samples
     section = apply_quantized(
         model,
         quantization,
-        _sample(data),
+        sample[:2],
         layer_rules(quantization, list(rules.include), list(rules.exclude), rules.keep_first_last),
         plans=plans,
         backend="builtin" if blocks else cfg.fp8.backend,

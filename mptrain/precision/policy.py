@@ -160,13 +160,8 @@ def _device_words(device: torch.device) -> str:
 
 
 def resolve_fp8(cfg: FP8Config, device: torch.device) -> tuple[FP8Quantization, tuple[str, ...]]:
-    """The FP8 quantization for ``device``: real GEMMs where possible, emulation only where allowed.
-    Blockwise FP8 (``fp8.granularity=blockwise``): :func:`resolve_blocks`'s rules."""
-    if cfg.granularity == "blockwise":
-        blocks, notes = resolve_blocks(
-            FP8_BLOCKWISE, cfg.emulate, device, blockwise_grad_dtype(cfg)
-        )
-        return _fp8_quantization(cfg, blocks.real_gemm), notes
+    """The FP8 quantization per tensor or row for ``device``: real GEMMs where possible, emulation
+    only where allowed (blockwise FP8's GEMMs are :func:`block_quantization`'s)."""
     available = fp8_gemm_available(device)
     required = ".".join(map(str, MIN_FP8_CAPABILITY))
     if cfg.emulate is False and not available:
@@ -300,16 +295,17 @@ def resolve_precision(
         name, reason = cfg.name, "requested"
     spec = PRECISIONS[name]
     notes = _check_family(spec.family, name, device)
-    quantization = None
     fp8 = fp8 or FP8Config()
-    if name == "fp8":
-        quantization, fp8_notes = resolve_fp8(fp8, device)
-        notes += fp8_notes
     blocks, block_notes = block_quantization(
         name, device, fp8, mx or MXConfig(), nvfp4 or NVFP4Config()
     )
-    if name != "fp8":  # blockwise FP8's notes came with resolve_fp8's
-        notes += block_notes
+    notes += block_notes
+    quantization = None
+    if name == "fp8" and blocks is not None:  # blockwise FP8: real as its block format's GEMMs
+        quantization = _fp8_quantization(fp8, blocks.real_gemm)
+    elif name == "fp8":
+        quantization, fp8_notes = resolve_fp8(fp8, device)
+        notes += fp8_notes
     if spec.autocast_dtype == torch.float16 and not spec.loss_scaling:
         notes += ("FP16 without loss scaling: small gradients may underflow to zero",)
     if spec.param_dtype != torch.float32:

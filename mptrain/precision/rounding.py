@@ -50,19 +50,15 @@ def stochastic_round_with(x: torch.Tensor, random_bits: torch.Tensor) -> torch.T
     return torch.where(torch.isnan(x), x.to(torch.bfloat16), result)
 
 
-def stochastic_round(
-    x: torch.Tensor, dtype: torch.dtype = torch.bfloat16, *, generator: torch.Generator
-) -> torch.Tensor:
-    """``x`` (FP32) rounded stochastically to ``dtype`` (BF16, the only one with this exact bit
-    trick: FP16's narrower exponent would need another rule below its normal range).
+def stochastic_round(x: torch.Tensor, *, generator: torch.Generator) -> torch.Tensor:
+    """``x`` (FP32) rounded stochastically to BF16 (the only format with this exact bit trick:
+    FP16's narrower exponent would need another rule below its normal range).
 
     Unbiased: ``E[result] == x`` for every finite ``x`` within BF16's range; values already in
     BF16 come back unchanged; ``-x`` rounds to ``-result`` given the same bits. Draws
     ``x.numel()`` 16-bit values from ``generator``, which must be on ``x``'s device. Raises
-    TypeError for another ``dtype`` or a non-FP32 ``x``.
+    TypeError for a non-FP32 ``x``.
     """
-    if dtype != torch.bfloat16:
-        raise TypeError(f"stochastic_round: dtype must be torch.bfloat16, got {dtype}")
     bits = torch.randint(  # uniform in [0, 2**16)
         0, _LOW_BITS + 1, x.shape, generator=generator, device=x.device, dtype=torch.int32
     )

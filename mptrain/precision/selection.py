@@ -152,15 +152,11 @@ def choose(model: nn.Module, rules: LayerRules) -> list[LayerChoice]:
     why (see the module doc)."""
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     tail = tail_reasons(model, linears, rules)
-    choices = []
-    for i, (name, layer) in enumerate(linears):
-        reason = _skip_reason(name, layer, i, len(linears), rules, tail)
-        choices.append(
-            LayerChoice(
-                name, layer.in_features, layer.out_features, reason is None, reason or "converted"
-            )
-        )
-    return choices
+    reasons = [_skip_reason(n, m, i, len(linears), rules, tail) for i, (n, m) in enumerate(linears)]
+    return [
+        LayerChoice(n, m.in_features, m.out_features, why is None, why or "converted")
+        for (n, m), why in zip(linears, reasons, strict=True)
+    ]
 
 
 def skip_summary(layers: list[dict[str, Any]]) -> str:

@@ -35,15 +35,11 @@ from mptrain.platform.seeding import ROUNDING_STREAM, stream_seed
 from mptrain.precision.rounding import stochastic_round
 
 
-def _moments(state: dict[str, Any]) -> list[str]:
-    """The keys of a parameter's optimizer state that follow its dtype (moments, momentum):
+def _follows_dtype(key: str, value: Any) -> bool:
+    """Whether an entry of a parameter's optimizer state follows its dtype (moments, momentum):
     every floating-point tensor but the step count (torch keeps it in FP32 whatever the
     parameters' dtype: left alone)."""
-    return [
-        key
-        for key, value in state.items()
-        if key != "step" and torch.is_tensor(value) and value.is_floating_point()
-    ]
+    return key != "step" and torch.is_tensor(value) and value.is_floating_point()
 
 
 class WeightUpdate:
@@ -90,7 +86,7 @@ class WeightUpdate:
                 state = optimizer.state.pop(p, None)
                 if state is not None:
                     optimizer.state[wide] = {
-                        k: v.float() if k in _moments(state) else v for k, v in state.items()
+                        k: v.float() if _follows_dtype(k, v) else v for k, v in state.items()
                     }
                 params[i] = wide
                 self._widened.append((params, i, p))
@@ -114,9 +110,8 @@ class WeightUpdate:
                 buffer.copy_(target - p.float())
             state = optimizer.state.pop(wide, None)
             if state is not None:  # moments created in FP32 by a first step are stored low too
-                moments = _moments(state)
                 optimizer.state[p] = {
-                    k: v.to(p.dtype) if k in moments else v for k, v in state.items()
+                    k: v.to(p.dtype) if _follows_dtype(k, v) else v for k, v in state.items()
                 }
 
     def keep_results(self, on: bool) -> None:

@@ -18,9 +18,9 @@ from mptrain.precision.quant.blockwise import fake_quant_blockwise, quantize_blo
 from mptrain.precision.quant.e2m1 import E2M1
 from mptrain.precision.quant.fp8 import E4M3, E5M2
 from mptrain.precision.quant.hadamard import (
-    hadamard_matrix,
     random_hadamard_transform,
     rht_signs,
+    walsh_hadamard,
 )
 from mptrain.precision.quant.mx import fake_quant_mx, quantize_mx
 from mptrain.precision.quant.nvfp4 import fake_quant_nvfp4, quantize_nvfp4
@@ -254,8 +254,8 @@ def test_stochastic_rounding_is_seeded_and_resumes_from_the_generators_state():
 
 
 # ---------------------------------------------------------------------------------- RHT
-def test_hadamard_matrix_is_sylvesters_and_orthogonal():
-    h = hadamard_matrix(16)
+def test_walsh_hadamard_is_sylvesters_matrix_and_orthogonal():
+    h = walsh_hadamard(torch.eye(16))
     h2 = torch.tensor([[1.0, 1.0], [1.0, -1.0]])
     assert torch.equal(h, torch.kron(torch.kron(torch.kron(h2, h2), h2), h2))
     assert torch.equal(h @ h.t(), 16 * torch.eye(16))

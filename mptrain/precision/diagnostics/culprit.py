@@ -65,8 +65,7 @@ def _forward_kind(
 ) -> str:
     """Why ``module`` produced the non-finite ``outs``, most specific cause first."""
     has_inf = any(bool(torch.isinf(t).any()) for t in outs if t.is_floating_point())
-    own_params = list(module.parameters(recurse=False))
-    if own_params and any_nonfinite(own_params):
+    if any_nonfinite(list(module.parameters(recurse=False))):
         return "non-finite parameters: an earlier update already diverged"
     if dtype == torch.float16 and has_inf:
         return "overflow: a value exceeded FP16's maximum 65504; BF16 (FP32's range) fixes it"

@@ -59,33 +59,6 @@ def _tokens_last(t: torch.Tensor, multiple: int, slot: str) -> torch.Tensor:
     return out
 
 
-def _weight_grad(
-    layer: BlockLinear, quantization: BlockQuantization, g: torch.Tensor, rows: torch.Tensor
-) -> torch.Tensor:
-    """dW = dyᵀ x, both along the tokens, padded to whole blocks (zeros add nothing to it, nor
-    to any block's amax); in FP32: the Hadamard transform is not rounded to BF16 before it is
-    quantized. Emulated: quantized where they lie (tokens x features: no transposed copy; the
-    GEMM reads dyᵀ as a view, as an FP32 Linear's backward does). Real: transposed once so that
-    the tokens are the contiguous dimension (K-major, what the kernel reads)."""
-    if not quantization.real_gemm:
-        g_t = _whole_blocks(g, quantization.block_size, "dy_t")
-        x_t = _whole_blocks(rows, quantization.block_size, "x_t")
-        if quantization.hadamard:  # into scratch: random_hadamard_transform's bits
-            g_t = hadamard_rows(g_t, layer.rht_signs, "dy_h")
-            x_t = hadamard_rows(x_t, layer.rht_signs, "x_h")
-        g_q = layer.operand(quantization, g_t, 0, "grad", "a", True)
-        x_q = layer.operand(quantization, x_t, 0, "input", "b", True)
-        return block_gemm(g_q.t(), x_q, torch.float32, quantization)
-    g_t = _tokens_last(g, quantization.block_size, "dy_t")
-    x_t = _tokens_last(rows, quantization.block_size, "x_t")
-    if quantization.hadamard:  # in place, in their scratch: random_hadamard_transform's bits
-        hadamard_(g_t, layer.rht_signs)
-        hadamard_(x_t, layer.rht_signs)
-    g_q = layer.operand(quantization, g_t, 1, "grad", "a")
-    x_q = layer.operand(quantization, x_t, 1, "input", "b")
-    return block_gemm(g_q, transposed(x_q), torch.float32, quantization)
-
-
 @dataclass(frozen=True)
 class BlockGemm(GemmFormat):
     """A block-scaled GEMM of ``quantization``'s format: each operand quantized once per GEMM along its
@@ -144,8 +117,30 @@ class BlockGemm(GemmFormat):
         return block_gemm(g_q, w_q, b.x_dtype, quantization)
 
     def weight_grad(self, b: Backward) -> torch.Tensor:
+        """dW = dyᵀ x, both along the tokens, padded to whole blocks (zeros add nothing to it, nor
+        to any block's amax); in FP32: the Hadamard transform is not rounded to BF16 before it
+        is quantized. Emulated: quantized where they lie (tokens x features: no transposed copy;
+        the GEMM reads dyᵀ as a view, as an FP32 Linear's backward does). Real: transposed once
+        so that the tokens are the contiguous dimension (K-major, what the kernel reads)."""
         assert b.rows is not None  # re-quantized along the tokens: the forward saved them
-        return _weight_grad(b.layer, self.quantization, b.g, b.rows)
+        layer, quantization, g, rows = b.layer, self.quantization, b.g, b.rows
+        if not quantization.real_gemm:
+            g_t = _whole_blocks(g, quantization.block_size, "dy_t")
+            x_t = _whole_blocks(rows, quantization.block_size, "x_t")
+            if quantization.hadamard:  # into scratch: random_hadamard_transform's bits
+                g_t = hadamard_rows(g_t, layer.rht_signs, "dy_h")
+                x_t = hadamard_rows(x_t, layer.rht_signs, "x_h")
+            g_q = layer.operand(quantization, g_t, 0, "grad", "a", True)
+            x_q = layer.operand(quantization, x_t, 0, "input", "b", True)
+            return block_gemm(g_q.t(), x_q, torch.float32, quantization)
+        g_t = _tokens_last(g, quantization.block_size, "dy_t")
+        x_t = _tokens_last(rows, quantization.block_size, "x_t")
+        if quantization.hadamard:  # in place, in their scratch: random_hadamard_transform's bits
+            hadamard_(g_t, layer.rht_signs)
+            hadamard_(x_t, layer.rht_signs)
+        g_q = layer.operand(quantization, g_t, 1, "grad", "a")
+        x_q = layer.operand(quantization, x_t, 1, "input", "b")
+        return block_gemm(g_q, transposed(x_q), torch.float32, quantization)
 
 
 class BlockLinear(QuantizedLinear):
@@ -177,12 +172,6 @@ class BlockLinear(QuantizedLinear):
         self.sizes = {role: dict.fromkeys(("samples", *SHAPES), 0) for role in ROLES}
         self._seed(seed, self.weight.device)
 
-    @property
-    def _stochastic(self) -> bool:
-        """A format of the plan rounds gradients stochastically (NVFP4's quantization)."""
-        quantizations = [f.quantization for f in self.plan.formats if isinstance(f, BlockGemm)]
-        return any(r.stochastic_rounding for r in quantizations)
-
     def _seed(self, seed: int, device: torch.device) -> None:
         """The layer's Hadamard signs, generator and counters, on ``device``."""
         self.seed = seed
@@ -191,8 +180,10 @@ class BlockLinear(QuantizedLinear):
         self.register_buffer("rht_signs", signs.to(device), persistent=False)
         counts = torch.zeros(len(ROLES), len(COUNTS), dtype=torch.int64, device=device)
         self.register_buffer("counts", counts, persistent=False)
+        # A format of the plan rounds gradients stochastically (NVFP4's quantization).
+        quantizations = [f.quantization for f in self.plan.formats if isinstance(f, BlockGemm)]
         self.generator: torch.Generator | None = None
-        if self._stochastic and device.type != "meta":
+        if any(r.stochastic_rounding for r in quantizations) and device.type != "meta":
             self.generator = torch.Generator(device).manual_seed(seed)
 
     @classmethod

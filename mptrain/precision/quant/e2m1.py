@@ -44,20 +44,14 @@ def encode(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.T
         for i, midpoint in enumerate(_MIDPOINTS):
             code += (magnitude >= midpoint) if i % 2 else (magnitude > midpoint)
     else:
-        code = _stochastic_codes(magnitude, generator)
+        values = torch.tensor(E2M1_VALUES, device=magnitude.device)
+        lower = torch.bucketize(magnitude, values, right=True) - 1  # largest value <= magnitude
+        upper = (lower + 1).clamp(max=len(E2M1_VALUES) - 1)
+        gap = values[upper] - values[lower]  # 0.5, 1 or 2 (0 at 6): the division below is exact
+        fraction = torch.where(gap > 0, (magnitude - values[lower]) / gap.clamp(min=0.5), 0.0)
+        draw = torch.rand(magnitude.shape, generator=generator, device=magnitude.device)
+        code = (lower + (draw < fraction).long()).to(torch.uint8)
     return code | (torch.signbit(x).to(torch.uint8) * _SIGN)
-
-
-def _stochastic_codes(magnitude: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Magnitude codes rounded up or down at random, with the probability that makes the
-    expected value the input's."""
-    values = torch.tensor(E2M1_VALUES, device=magnitude.device)
-    lower = torch.bucketize(magnitude, values, right=True) - 1  # largest value <= magnitude
-    upper = (lower + 1).clamp(max=len(E2M1_VALUES) - 1)
-    gap = values[upper] - values[lower]  # 0.5, 1 or 2 (0 at 6): the division below is exact
-    fraction = torch.where(gap > 0, (magnitude - values[lower]) / gap.clamp(min=0.5), 0.0)
-    draw = torch.rand(magnitude.shape, generator=generator, device=magnitude.device)
-    return (lower + (draw < fraction).long()).to(torch.uint8)
 
 
 def decode(codes: torch.Tensor) -> torch.Tensor:

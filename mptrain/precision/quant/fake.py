@@ -48,7 +48,6 @@ from mptrain.precision.quant.nvfp4 import NVFP4_BLOCK, _to_e4m3, nvfp4_tensor_sc
 
 _MANTISSA_BITS = 23
 _EXPONENT_BITS = 0x7F800000
-_MAGNITUDE_BITS = 0x7FFFFFFF
 _MAGIC_CAP = 100  # the largest exponent of the rounding's power of two (module doc)
 # (mantissa bits, smallest normal exponent) of each element format.
 GRIDS = {E4M3: (3, -6), E5M2: (2, -14), E2M1: (1, 0)}
@@ -80,15 +79,6 @@ def _result(like: torch.Tensor, out: str | None) -> torch.Tensor:
     if out is None:
         return torch.empty(like.shape, dtype=torch.float32, device=like.device)
     return scratch(out, like.shape, torch.float32, like.device)
-
-
-def round_to_grid(v: torch.Tensor, elem_dtype: torch.dtype, out: str | None = None) -> torch.Tensor:
-    """``v`` (FP32, contiguous, already clamped to the format's range; NaN stays NaN) rounded
-    to nearest even on the grid of ``elem_dtype``, in FP32 (module doc), into new memory or
-    the scratch slot ``out``."""
-    rounded = _result(v, out)
-    torch.bitwise_and(v.view(torch.int32), _MAGNITUDE_BITS, out=rounded.view(torch.int32))
-    return round_magnitude_(rounded, elem_dtype).copysign_(v)
 
 
 def round_magnitude_(a: torch.Tensor, elem_dtype: torch.dtype) -> torch.Tensor:

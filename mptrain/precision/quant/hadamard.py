@@ -60,8 +60,3 @@ def walsh_hadamard(t: torch.Tensor) -> torch.Tensor:
         t = torch.stack([first + second, first - second], dim=-2).reshape(*t.shape[:-1], n)
         half *= 2
     return t
-
-
-def hadamard_matrix(n: int = RHT_SIZE) -> torch.Tensor:
-    """The n x n Sylvester Hadamard matrix (FP32, unnormalised); n a power of two."""
-    return walsh_hadamard(torch.eye(n))

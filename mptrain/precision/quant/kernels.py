@@ -52,14 +52,6 @@ TILE_ROWS, TILE_COLS = 128, 4
 
 
 # ------------------------------------------------------------------------------ FP8, per tensor or row
-def _is_row_major(t: torch.Tensor) -> bool:
-    return t.stride(1) == 1 and t.stride(0) == t.shape[1]
-
-
-def _is_column_major(t: torch.Tensor) -> bool:
-    return t.stride(0) == 1 and t.stride(1) == t.shape[0]
-
-
 def check_gemm_operands(
     a: torch.Tensor, a_scale: torch.Tensor, b: torch.Tensor, b_scale: torch.Tensor
 ) -> None:
@@ -80,9 +72,9 @@ def check_gemm_operands(
         raise ValueError(f"FP8 GEMM: inner dimensions differ ({k} vs {k_b})")
     if k % GEMM_ALIGNMENT or n % GEMM_ALIGNMENT:
         raise ValueError(f"FP8 GEMM: K={k} and N={n} must be multiples of {GEMM_ALIGNMENT}")
-    if not _is_row_major(a):
+    if a.stride(1) != 1 or a.stride(0) != k:
         raise ValueError("FP8 GEMM: the first operand must be row-major")
-    if not _is_column_major(b):
+    if b.stride(0) != 1 or b.stride(1) != k_b:
         raise ValueError("FP8 GEMM: the second operand must be column-major")
     if a.dtype == E5M2 and b.dtype == E5M2:
         raise ValueError("FP8 GEMM: E5M2 x E5M2 is not supported; one operand must be E4M3")
@@ -162,7 +154,21 @@ def block_gemm(
     if quantization.real_gemm:
         if not (isinstance(a, BlockQuantized) and isinstance(b, BlockQuantized)):
             raise TypeError(f"{quantization.format}: the real GEMM takes quantized operands")
-        return scaled_gemm(a, b, out_dtype, quantization.format)
+        call = scaled_mm_call(a, b, out_dtype, quantization.format)
+        out = F.scaled_mm(
+            call.mat_a,
+            call.mat_b,
+            scale_a=call.scale_a,
+            scale_recipe_a=call.recipe_a,
+            scale_b=call.scale_b,
+            scale_recipe_b=call.recipe_b,
+            swizzle_a=call.swizzle,
+            swizzle_b=call.swizzle,
+            output_dtype=call.output_dtype,
+        )
+        if call.alpha is not None:  # NVFP4's per-tensor scales, on the FP32 product
+            out = out * call.alpha
+        return out[: call.rows].to(out_dtype)  # padding rows dropped
     if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
         raise TypeError(f"{quantization.format}: the emulated GEMM takes dequantized FP32 tensors")
     with torch.autocast(a.device.type, enabled=False):
@@ -178,28 +184,6 @@ def transposed(operand: Operand) -> Operand:
     if operand.data.dim() != 2:
         raise ValueError(f"transposed: a 2-D operand, got {operand.data.dim()}-D")
     return replace(operand, dim=1 - operand.dim)
-
-
-def scaled_gemm(
-    a: BlockQuantized, b: BlockQuantized, out_dtype: torch.dtype, fmt: str
-) -> torch.Tensor:
-    """The real GEMM: :func:`scaled_mm_call`'s arguments through ``scaled_mm``, NVFP4's
-    per-tensor scales applied to the FP32 product, padding rows dropped, cast to ``out_dtype``."""
-    call = scaled_mm_call(a, b, out_dtype, fmt)
-    out = F.scaled_mm(
-        call.mat_a,
-        call.mat_b,
-        scale_a=call.scale_a,
-        scale_recipe_a=call.recipe_a,
-        scale_b=call.scale_b,
-        scale_recipe_b=call.recipe_b,
-        swizzle_a=call.swizzle,
-        swizzle_b=call.swizzle,
-        output_dtype=call.output_dtype,
-    )
-    if call.alpha is not None:
-        out = out * call.alpha
-    return out[: call.rows].to(out_dtype)
 
 
 @dataclass(frozen=True)

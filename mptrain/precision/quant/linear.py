@@ -134,11 +134,7 @@ class GemmPlan:
     @property
     def formats(self) -> list[GemmFormat]:
         """The distinct formats, forward's first."""
-        seen: list[GemmFormat] = []
-        for fmt in (self.forward, self.input_grad, self.weight_grad):
-            if fmt not in seen:
-                seen.append(fmt)
-        return seen
+        return list(dict.fromkeys((self.forward, self.input_grad, self.weight_grad)))
 
     @property
     def saves_input(self) -> bool:
@@ -236,10 +232,8 @@ class QuantizedLinear(nn.Linear):
         when autocast is on (the surrounding model computes in it), else in ``x``'s; reshaped to
         ``x``'s leading dimensions outside the function."""
         device_type = x.device.type
-        if torch.is_autocast_enabled(device_type):
-            out_dtype = torch.get_autocast_dtype(device_type)
-        else:
-            out_dtype = x.dtype
+        autocast = torch.is_autocast_enabled(device_type)
+        out_dtype = torch.get_autocast_dtype(device_type) if autocast else x.dtype
         with torch.autocast(device_type, enabled=False):
             out = _QuantizedLinearFunction.apply(x, self.weight, self.bias, self, out_dtype)
         # Reshape outside the function: a view returned by it could not be modified in place.
