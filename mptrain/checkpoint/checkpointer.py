@@ -106,25 +106,19 @@ class Checkpointer:
     def _save(self, state: LoopState) -> Path:
         path = self.directory / step_checkpoint_name(state.step)
         payload = self.payload(state)
-        if not self.dist.is_main:
-            self.steps.add(state.step)
-            return path
-        atomic_torch_save(payload, path)
-        pointer = json.dumps({"checkpoint": path.name, "step": state.step})
-        atomic_write_text(self.directory / LATEST, pointer)
+        if self.dist.is_main:
+            atomic_torch_save(payload, path)
+            pointer = json.dumps({"checkpoint": path.name, "step": state.step})
+            atomic_write_text(self.directory / LATEST, pointer)
+            if path not in self.saved:
+                self.saved.append(path)
+            if self._new_best(state):
+                # The same state: a second name for the file just written, not a second write.
+                self._record_best(state, lambda best_path: atomic_link(path, best_path))
+            while len(self.saved) > self.config.keep_last:  # prune the oldest
+                self.saved.pop(0).unlink(missing_ok=True)
         self.steps.add(state.step)
-        if path not in self.saved:
-            self.saved.append(path)
-        if self._new_best(state):
-            # The same state: a second name for the file just written, not a second write.
-            self._record_best(state, lambda best_path: atomic_link(path, best_path))
-        self._prune()
         return path
-
-    def _prune(self) -> None:
-        while len(self.saved) > self.config.keep_last:
-            old = self.saved.pop(0)
-            old.unlink(missing_ok=True)
 
     def after_step(self, state: LoopState, end_of_epoch: bool) -> None:
         run, c = self.run, self.config

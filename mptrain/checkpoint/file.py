@@ -5,10 +5,9 @@ on, and the data facts :mod:`mptrain.commands.evaluate` needs) and how a run is 
 :mod:`mptrain.checkpoint.checkpointer`. The data position is implied: the order of epoch ``e`` is
 a function of (seed, e), and the step count says how far into it.
 
-Writes are atomic: ``torch.save`` to a temporary file in the same directory, flush, fsync, rename;
-only then does ``latest.json`` move to it (written the same way). A crash or kill at any moment
-leaves the previous checkpoint and pointer loadable; stray temporary files are removed on the next
-start.
+Writes are atomic (:func:`mptrain.rundir.fileio.atomic_write`), and only then does ``latest.json``
+move to the new checkpoint: a crash or kill at any moment leaves the previous checkpoint and
+pointer loadable; stray temporary files are removed on the next start.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from mptrain.rundir.fileio import atomic_write
 from mptrain.rundir.layout import BEST, CHECKPOINT_DIR, candidates
 
 FORMAT_VERSION = 2  # 2: loadable with torch.load(weights_only=True)
+Found = tuple[Path, dict[str, Any], list[str]]  # a checkpoint found: (path, payload, notes)
 
 
 class CheckpointError(RuntimeError):
@@ -139,9 +139,7 @@ def newest_loadable(
     return None, skipped
 
 
-def resolve_resume(
-    resume: str, output_dir: Path, overwrite: bool = False
-) -> tuple[Path, dict[str, Any], list[str]] | None:
+def resolve_resume(resume: str, output_dir: Path, overwrite: bool = False) -> Found | None:
     """(path, payload, notes) for training's ``resume=PATH|auto``; None when auto finds nothing.
 
     ``auto`` looks in this run's directory and falls back past unreadable checkpoints to the
@@ -156,15 +154,13 @@ def resolve_resume(
     if resume != "auto":
         return find_checkpoint(resume)
     directory = output_dir / CHECKPOINT_DIR
-    if directory.exists() and not directory.is_dir():
-        if overwrite:
+    if not directory.is_dir():
+        if overwrite or not directory.exists():
             return None
         raise ConfigError(
             f"resume=auto: {directory} is not a directory, so no checkpoint can be read there; "
             "move it away, or start over with overwrite=true"
         )
-    if not directory.is_dir():
-        return None
     found, skipped = newest_loadable(directory, "resume=auto")
     if found is None and not (directory / BEST).is_file():
         if not skipped or overwrite:
@@ -188,9 +184,7 @@ def _why(exc: CheckpointError) -> str:
     return f"{type(cause).__name__}: {first}" if first else type(cause).__name__
 
 
-def _resume_from_best(
-    path: Path, notes: list[str]
-) -> tuple[Path, dict[str, Any], list[str]] | None:
+def _resume_from_best(path: Path, notes: list[str]) -> Found | None:
     """resume=auto when best.pt is all a run left (killed before its first periodic checkpoint):
     it holds a full state, that of the best evaluation, so the run continues from there and the
     steps after it are trained again. Said in the notes; an unreadable best.pt is set aside."""
@@ -216,9 +210,7 @@ def kept_best(resume: str) -> bool:
     return path.is_dir() and (directory / BEST).is_file()
 
 
-def find_checkpoint(
-    resume: str, which: str = "latest", *, fall_back: bool = False
-) -> tuple[Path, dict[str, Any], list[str]]:
+def find_checkpoint(resume: str, which: str = "latest", *, fall_back: bool = False) -> Found:
     """(path, payload, notes) of the checkpoint ``resume`` names: the one lookup of a user's path
     (training's resume=PATH, ``mptrain eval``, ``mptrain sample``, ``mptrain.load_model``).
 
@@ -240,7 +232,13 @@ def find_checkpoint(
                     "use eval.checkpoint=latest"
                 )
         elif fall_back:
-            return _newest_that_loads(resume, directory)
+            found, skipped = newest_loadable(directory, f"resume={resume!r}")
+            if found is None:
+                count = f" ({len(skipped)} unreadable)" if skipped else ""
+                raise ConfigError(
+                    f"resume={resume!r}: no checkpoint (step_*.pt) that loads in {directory}{count}"
+                )
+            return (*found, [f"skipped {exc}" for _, exc in skipped])
         else:
             found = candidates(directory)
             if not found:
@@ -250,18 +248,6 @@ def find_checkpoint(
         return path, load_checkpoint(path), []
     except CheckpointError as exc:  # the user named this file: bad input, before anything runs
         raise ConfigError(f"resume={resume!r}: {exc}") from exc
-
-
-def _newest_that_loads(resume: str, directory: Path) -> tuple[Path, dict[str, Any], list[str]]:
-    """The newest checkpoint in ``directory`` that loads; the ones skipped are noted (and left
-    where they are: reading a run directory changes nothing in it)."""
-    found, skipped = newest_loadable(directory, f"resume={resume!r}")
-    if found is None:
-        count = f" ({len(skipped)} unreadable)" if skipped else ""
-        raise ConfigError(
-            f"resume={resume!r}: no checkpoint (step_*.pt) that loads in {directory}{count}"
-        )
-    return (*found, [f"skipped {exc}" for _, exc in skipped])
 
 
 # Training settings added after checkpoints were first written, with the value that computes what

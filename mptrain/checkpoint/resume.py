@@ -3,7 +3,6 @@ finds nothing says which earlier run it may have meant (the job: :mod:`mptrain.t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -12,12 +11,11 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from mptrain.checkpoint.checkpointer import restore, run_signature
-from mptrain.checkpoint.file import check_compatible
+from mptrain.checkpoint.file import Found, check_compatible
 from mptrain.config.base import ConfigError
 from mptrain.config.run import RunConfig
 from mptrain.output.joblog import JobLog
 from mptrain.output.metrics import last_step, truncate_after
-from mptrain.platform.launch import resume_after_restart
 from mptrain.platform.seeding import seed_everything
 from mptrain.rundir.command import HYDRA_RECORD, continue_command, recorded_overrides
 from mptrain.rundir.layout import (
@@ -30,14 +28,6 @@ from mptrain.rundir.layout import (
 )
 from mptrain.rundir.lock import check_no_other_run
 from mptrain.train.components import Run
-
-Found = tuple[Path, dict[str, Any], list[str]]  # checkpoint.file.resolve_resume's checkpoint
-
-
-def continuing(cfg: RunConfig, restart: int) -> RunConfig:
-    """``cfg`` for attempt ``restart`` of its job: a restarted attempt resumes its run
-    (:func:`mptrain.platform.launch.resume_after_restart`)."""
-    return dataclasses.replace(cfg, resume=resume_after_restart(cfg.resume, restart))
 
 
 def record_restart(output_dir: Path, restart: int, resumed_from: int) -> list[dict[str, Any]]:
@@ -178,9 +168,10 @@ def no_checkpoint_hint(output_dir: Path, cfg: RunConfig) -> str:
 
 def _run_kind(run_dir: Path) -> tuple[str, str, str] | None:
     """(model, precision, task) of the run in ``run_dir``, from its report or Hydra's record."""
-    try:
-        config = json.loads((run_dir / REPORT_JSON).read_text())["config"]
-    except (OSError, ValueError, KeyError, TypeError):
+    report = _read_report(run_dir / REPORT_JSON) or {}
+    if "config" in report:
+        config = report["config"]
+    else:
         try:
             config = OmegaConf.to_container(OmegaConf.load(run_dir / HYDRA_RECORD / "config.yaml"))
         except Exception:  # unreadable or not YAML (OmegaConf's parser errors vary): not this run

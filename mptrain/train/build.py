@@ -262,12 +262,8 @@ def plan_loop(cfg: RunConfig, data: DataBundle, dist: DistContext) -> LoopSettin
             f"grad_accum_steps={cfg.grad_accum_steps}: batch_size x grad_accum_steps = "
             f"{cfg.batch_size * cfg.grad_accum_steps} exceeds the {data.num_train} training samples"
         )
-    limits = []
-    if cfg.epochs is not None:
-        limits.append(cfg.epochs * steps_per_epoch)
-    if cfg.max_steps is not None:
-        limits.append(cfg.max_steps)
-    total_steps = min(limits)
+    by_epochs = None if cfg.epochs is None else cfg.epochs * steps_per_epoch
+    total_steps = min(limit for limit in (by_epochs, cfg.max_steps) if limit is not None)
     if total_steps > MAX_STEPS:
         raise ConfigError(
             f"epochs={cfg.epochs}: {total_steps:,} steps of {steps_per_epoch} per epoch; at most "

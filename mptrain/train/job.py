@@ -24,7 +24,7 @@ from rich.markup import escape
 
 from mptrain.checkpoint.checkpointer import Checkpointer, run_signature
 from mptrain.checkpoint.file import resolve_resume
-from mptrain.checkpoint.resume import AlreadyCompleted, continuing, resume_job
+from mptrain.checkpoint.resume import AlreadyCompleted, resume_job
 from mptrain.config.base import ConfigError
 from mptrain.config.options import AUTO
 from mptrain.config.run import RunConfig
@@ -38,6 +38,7 @@ from mptrain.pace.progress import ProgressDisplay
 from mptrain.pace.slowpath import check_slow_path
 from mptrain.platform import contention
 from mptrain.platform.distributed import DistContext, StartGate, init_distributed, shutdown
+from mptrain.platform.launch import resume_after_restart
 from mptrain.platform.signals import (
     CheckpointOnSignal,
     DeferredStop,
@@ -107,7 +108,7 @@ def train(
     """
     d = cfg.distributed
     dist = init_distributed(cfg.device, d.strategy, d.reduce_dtype, d.timeout_s)
-    cfg = continuing(cfg, dist.launch.restart)  # a restarted attempt resumes its run
+    cfg = dataclasses.replace(cfg, resume=resume_after_restart(cfg.resume, dist.launch.restart))
     gate = StartGate(dist)  # the other ranks go on once rank 0's checks below passed
     try:
         if not dist.is_main:  # rank 0 speaks for the job and owns its directory
@@ -218,9 +219,10 @@ class Job:
     def _failure_reason(self, exc: Exception) -> str:
         """The report's reason for ``exc``; after a failed collective, rank 0 first names the
         rank that was lost, and how (:class:`mptrain.train.ranks.LastWords`)."""
-        self.words.say(ranks.failure_word(exc))
+        word = ranks.failure_word(exc)
+        self.words.say(word)
         reason = f"{type(exc).__name__}: {exc}"
-        if self.dist.enabled and self.dist.is_main and ranks.is_collective_failure(exc):
+        if self.dist.enabled and self.dist.is_main and word.startswith(ranks.COLLECTIVE):
             self.lost_ranks = self.words.lost()
             if self.lost_ranks:
                 reason = f"{ranks.lost_words(self.lost_ranks)}; {reason}"
@@ -368,12 +370,6 @@ class Job:
         self.abandoned = True
         return run.state
 
-    def _kept(self) -> str:
-        """What a run that could not write its report still leaves behind."""
-        c = self.checkpointer
-        checkpoint = f"checkpoint {c.saved[-1]} (intact)" if c and c.saved else "no checkpoint"
-        return f"{checkpoint}, {METRICS_JSONL}"
-
     def _conclude(self) -> RunReport:
         """Report the run's outcome; raise for anything but a completed run."""
         state, diverged = self.run.state, self.run.monitor.diverged_reason
@@ -430,7 +426,9 @@ class Job:
         try:
             json_path, md_path = write_report(self.output_dir, report)  # first: it must exist
         except OSError as exc:  # e.g. a full disk: say what survived, in one line
-            lost = f"report.json not written ({exc.strerror or exc}); kept: {self._kept()}"
+            c = self.checkpointer
+            kept = f"checkpoint {c.saved[-1]} (intact)" if c and c.saved else "no checkpoint"
+            lost = f"report.json not written ({exc.strerror or exc}); kept: {kept}, {METRICS_JSONL}"
             self._finish_trackers("failed" if status == "completed" else status, [])
             if status == "completed":
                 raise RunFailed("failed", lost, report) from exc

@@ -272,7 +272,10 @@ def _scaled_step(run: Run, outcome: StepOutcome) -> None:
     are the scaler's own flags (a ``backoff_factor`` near 1 can leave the scale unchanged).
     """
     optimizer, scaler = run.optimizer, run.precision.scaler
-    found_inf = torch.stack([f.reshape(()) for f in found_inf_flags(scaler, optimizer)]).sum()
+    # The per-device flags unscale_ just computed (under FSDP already all-reduced), kept until
+    # update(): torch has no public accessor, _found_inf_per_device is the one its step uses.
+    flags = scaler._found_inf_per_device(optimizer).values()
+    found_inf = torch.stack([f.reshape(()) for f in flags]).sum()
     fused = getattr(optimizer, "_step_supports_amp_scaling", False)
     if fused:
         scaler.step(optimizer)  # skips on the device: no host read
@@ -452,16 +455,6 @@ def _param_shaped_states(
             if name != "step" and isinstance(value, torch.Tensor) and value.shape == p.shape:
                 names.setdefault(name, []).append(i)
     return names
-
-
-def found_inf_flags(
-    scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer
-) -> list[torch.Tensor]:
-    """The per-device inf/NaN flags ``scaler.unscale_(optimizer)`` just computed (and
-    ``scaler.step`` skips on; under FSDP already all-reduced across ranks). Device tensors, not
-    read here. GradScaler keeps them in ``_per_optimizer_states`` until ``update()``: torch has no
-    public accessor, ``_found_inf_per_device`` is the one its own ``step`` uses."""
-    return list(scaler._found_inf_per_device(optimizer).values())
 
 
 def host_reads_per_step(run: Run) -> int:

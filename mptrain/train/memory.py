@@ -86,7 +86,8 @@ def account_step(run: Run, samples: int | None = None) -> dict[str, object]:
         loss.backward()
         optimizer.step()  # creates the state (Adam: its moments), as the run's first step does
         _count_model(model, counted)
-        _count(counted["optimizer_states"], _state_tensors(optimizer))
+        states = [v for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)]
+        _count(counted["optimizer_states"], states)
     totals = {kind: sum(by_dtype.values()) for kind, by_dtype in counted.items()}
     blocks = recompute.recomputed(model)
     return {
@@ -126,10 +127,6 @@ def _count_model(model: nn.Module, counted: Bytes) -> None:
     buffers = list(model.buffers())
     _count(counted["scales"], [b for b in buffers if id(b) in scale_buffers])
     _count(counted["buffers"], [b for b in buffers if id(b) not in scale_buffers])
-
-
-def _state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [v for state in optimizer.state.values() for v in state.values() if torch.is_tensor(v)]
 
 
 def _storage(t: torch.Tensor) -> tuple[int, int]:

@@ -262,7 +262,8 @@ class Monitor:
             self._search_culprit(outcome, 1.0)
         grew = self.scale > previous
         for message in self.health.observe(step, outcome.skipped, self.scale, grew, loss_finite):
-            self._warn(message)
+            for observer in self.observers:
+                observer.on_warning(message)
         if self.health.diverged:
             self._search_culprit(outcome, previous)  # at the scale that overflowed
             self.diverged_reason = self.health.diverged + self._culprit_text()
@@ -307,10 +308,6 @@ class Monitor:
         for observer in self.observers:
             observer.on_log(row)
         self._interval.restart()
-
-    def _warn(self, message: str) -> None:
-        for observer in self.observers:
-            observer.on_warning(message)
 
     def _search_culprit(self, outcome: StepOutcome, loss_scale: float) -> None:
         """Name the first module that produced a non-finite value on this batch (once per run)."""

@@ -97,10 +97,6 @@ def _store(ctx: DistContext) -> dist.Store | None:
         return None
 
 
-def is_collective_failure(exc: BaseException) -> bool:
-    return failure_word(exc).startswith(COLLECTIVE)
-
-
 def lost_words(lost: dict[int, str]) -> str:
     """``rank 1 lost: ...`` for the report's reason."""
     return "; ".join(f"rank {rank} lost: {how}" for rank, how in sorted(lost.items()))

@@ -15,6 +15,7 @@ names, ``state_dict`` keys and checkpoints are those of the plain model.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,6 @@ from torch.utils.checkpoint import checkpoint
 from mptrain.config.base import ConfigError
 
 KEY = "memory.activation_checkpointing"
-_SUBCLASS: dict[type, type] = {}  # a block class -> its checkpointing subclass
 # While the memory accounting counts a step: what a checkpointed block keeps (its inputs).
 saving_inputs: list[Callable[[torch.Tensor], Any]] = []
 
@@ -57,11 +57,11 @@ def recomputed(model: nn.Module) -> int:
     return sum(isinstance(m, _Recomputed) for m in model.modules())
 
 
-def apply(model: nn.Module, mode: str, model_name: str, fp8_scaling: str | None) -> int:
-    """Checkpoint ``model``'s blocks as ``mode`` says (see the module doc); the number of
-    blocks checkpointed. ConfigError for a model without blocks or FP8 delayed scaling."""
+def apply(model: nn.Module, mode: str, model_name: str, fp8_scaling: str | None) -> None:
+    """Checkpoint ``model``'s blocks as ``mode`` says (see the module doc). ConfigError for a
+    model without blocks or FP8 delayed scaling."""
     if mode == "none":
-        return 0
+        return
     found = blocks(model)
     if not found:
         raise ConfigError(
@@ -77,13 +77,10 @@ def apply(model: nn.Module, mode: str, model_name: str, fp8_scaling: str | None)
     chosen = found if mode == "full" else found[::2]
     for block in chosen:
         block.__class__ = _recomputed_class(type(block))
-    return len(chosen)
 
 
+@functools.cache  # one checkpointing subclass per block class
 def _recomputed_class(cls: type) -> type:
     if issubclass(cls, _Recomputed):
         return cls
-    if cls not in _SUBCLASS:
-        name = f"Recomputed{cls.__name__}"
-        _SUBCLASS[cls] = type(name, (_Recomputed, cls), {"__module__": cls.__module__})
-    return _SUBCLASS[cls]
+    return type(f"Recomputed{cls.__name__}", (_Recomputed, cls), {"__module__": cls.__module__})

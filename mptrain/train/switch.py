@@ -202,7 +202,10 @@ class Switch(PrecisionSchedule):
 
     def _line(self, run: Run) -> str:
         before = self._window_means(run)["before"]
-        loss = "" if before is None else f"; train loss {_mean_words(before)}"
+        loss = ""
+        if before is not None:
+            (first, last), mean = before["steps"], before["mean"]
+            loss = f"; train loss {mean:.4f} over steps {first}-{last}"
         return (
             f"{self.first.label} -> {self.to.describe()} after step {self.switched_after} of "
             f"{self.total_steps}{loss}"
@@ -281,8 +284,3 @@ class Switch(PrecisionSchedule):
 
 def _eval_figures(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if k not in ("kind", "epoch")}
-
-
-def _mean_words(window: dict[str, Any]) -> str:
-    first, last = window["steps"]
-    return f"{window['mean']:.4f} over steps {first}-{last}"

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from mptrain.checkpoint.file import Found
 from mptrain.config.base import ConfigError
 from mptrain.platform import contention
 from mptrain.platform.contention import affinity_cpus
@@ -186,9 +187,7 @@ def sweep_jobs(n_jobs: int | None) -> int:
     return n_jobs
 
 
-def kept_from_checkpoint(
-    choice: ThreadChoice, found: tuple[Any, dict[str, Any], Any] | None
-) -> ThreadChoice:
+def kept_from_checkpoint(choice: ThreadChoice, found: Found | None) -> ThreadChoice:
     """A resumed ``threads=auto`` run on a CPU (``found``: the checkpoint resumed, as
     :func:`mptrain.checkpoint.file.resolve_resume` gives it): the count in effect when the
     checkpoint was written (recorded there), set, and not measured again. The count changes the order of
@@ -429,18 +428,16 @@ class ThreadTuner:
 
 
 def threads_section(
-    choice: ThreadChoice | None, tuner: ThreadTuner | None, threads_now: int | None = None
+    choice: ThreadChoice | None, tuner: ThreadTuner | None
 ) -> ThreadsSection | None:
-    """The report's threads section: the choice, and the tuner's measurements and changes.
-
-    ``threads_now`` is the count in force at the end (torch.get_num_threads() by default): what
-    the last steps ran at, read rather than assumed. None before the choice was made.
-    """
+    """The report's threads section: the choice, and the tuner's measurements and changes; its
+    ``threads``, the count in force at the end (what the last steps ran at), read rather than
+    assumed. None before the choice was made."""
     if choice is None:
         return None
     return ThreadsSection(
         requested=choice.requested,
-        threads=torch.get_num_threads() if threads_now is None else threads_now,
+        threads=torch.get_num_threads(),
         initial=choice.threads,
         mode=choice.mode,
         basis=choice.basis,

@@ -257,7 +257,7 @@ def test_a_load_fallen_from_its_peak_brings_the_count_back_up():
         "why": f"{why}: 2 thread(s) measured fastest, 2.00x the steps/s",
     }
     assert said[-1].startswith(why)
-    section = threads_section(tuner.choice, tuner, threads_now=tuner.current)
+    section = threads_section(tuner.choice, tuner)
     assert section.measurements[-1] == recheck and section.changes[-1]["to"] == 2
 
 
