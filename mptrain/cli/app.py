@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 fail(str(exc))
             sweep_dir = Path(checked.output_dir)
             failed = functools.partial(_every_job_failed, sweep_dir, launched)
-            run_and_report(launch(hydra, args, checked, run_job, failed))  # Hydra's error report
+            run_and_report(launch(hydra, args, checked, failed))  # Hydra's error report
             if checked.multirun:
                 _exit_if_jobs_failed(sweep_dir, launched)
 

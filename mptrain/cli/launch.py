@@ -36,10 +36,9 @@ def launch(
     hydra: Any,
     args: argparse.Namespace,
     checked: Preflight,
-    task: Callable[[DictConfig], Any],
-    sweeper_failed: Callable[[Exception], bool] | None = None,
+    sweeper_failed: Callable[[Exception], bool],
 ) -> Callable[[], None]:
-    """The call that runs the checked command's jobs on ``hydra`` with ``task``, in the output
+    """The call that runs the checked command's jobs (:func:`run_job`) on ``hydra``, in the output
     directory the preflight checked (see the module doc). An error of a sweep for which
     ``sweeper_failed(error)`` returns True has been reported, and the call returns."""
     mode, key = ("MULTIRUN", "hydra.sweep.dir") if checked.multirun else ("RUN", "hydra.run.dir")
@@ -50,17 +49,17 @@ def launch(
     start = functools.partial(
         hydra.multirun if checked.multirun else hydra.run,
         config_name=args.config_name or CONFIG_NAME,
-        task_function=task,
+        task_function=run_job,
         overrides=overrides,
     )
     return functools.partial(_sweep, start, sweeper_failed) if checked.multirun else start
 
 
-def _sweep(start: Callable[[], None], sweeper_failed: Callable[[Exception], bool] | None) -> None:
+def _sweep(start: Callable[[], None], sweeper_failed: Callable[[Exception], bool]) -> None:
     try:
         start()
     except Exception as exc:
-        if not (sweeper_failed and sweeper_failed(exc)):
+        if not sweeper_failed(exc):
             raise
 
 

@@ -142,17 +142,6 @@ def _check_one_dir_for_all_ranks(pattern: str) -> None:
         )
 
 
-def _continued_dir(pattern: str, overrides: list[str], restarted: bool) -> Path | None:
-    """The run ``resume=auto`` continues (:func:`resume_auto_dir`); for a restarted attempt
-    that finds none (killed before its first checkpoint), None: it starts over where it is."""
-    try:
-        return resume_auto_dir(pattern, overrides)
-    except ConfigError:
-        if restarted:
-            return None
-        raise
-
-
 def _check_launcher_needs_sweep(overrides: list[str]) -> None:
     """Hydra uses a launcher for sweeps only: without ``-m`` it would run one process here and
     say nothing (a SLURM job never submitted)."""
@@ -185,7 +174,11 @@ def check_jobs(hydra: Any, args: argparse.Namespace) -> Preflight:
         # A restarted attempt (torchrun --max-restarts, SLURM's requeue) continues its own run.
         resume = resume_after_restart(run.resume, restart_count())
         if resume == "auto":  # the same command continues the run it started
-            output = _continued_dir(pattern, overrides, restarted=run.resume is None) or output
+            try:
+                output = resume_auto_dir(pattern, overrides) or output
+            except ConfigError:  # a restart that finds none (no checkpoint yet) starts over here
+                if run.resume is not None:  # the user's own resume=auto
+                    raise
         check_tracking_server(run)  # before the run directory is touched (seconds, not minutes)
         if global_rank() == 0:
             # Before Hydra rewrites the directory's .hydra/ record of another run.
@@ -298,8 +291,7 @@ def _master_config(
     if not multirun and master.hydra.mode == RunMode.MULTIRUN:
         return _master_config(hydra, config_name, overrides, multirun=True)
     if not multirun:
-        parser = _parser(hydra)
-        for override in _composed(lambda: parser.parse_overrides(overrides)):
+        for override in _composed(lambda: _parser(hydra).parse_overrides(overrides)):
             if override.is_sweep_override():
                 raise ConfigError(f"{override.input_line}: a sweep; run it with -m (--multirun)")
     return master, multirun
@@ -316,10 +308,9 @@ def _job_overrides(hydra: Any, master: Any, overrides: list[str]) -> list[list[s
     """Each job's overrides as the configured sweeper will launch them (see the module doc)."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
-    parser = _parser(hydra)
     sweeper = master.hydra.sweeper
     params = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
-    parsed = _composed(lambda: parser.parse_overrides([*params, *overrides]))
+    parsed = _composed(lambda: _parser(hydra).parse_overrides([*params, *overrides]))
     if sweeper._target_ != BASIC_SWEEPER:
         return [[o.input_line for o in parsed if not o.is_sweep_override()]]
     batches = _composed(lambda: BasicSweeper.split_arguments(parsed, max_batch_size=None))
@@ -335,9 +326,8 @@ def refuse_hydra_options(overrides: list[str], command: str) -> None:
     option or flag other than ``hydra.run.dir`` would be ignored, so it is refused."""
     for override in overrides:
         key = override.partition("=")[0]
-        if override.startswith(RUN_DIR_OVERRIDE):
-            continue
-        if key.startswith("-") or key.lstrip("+~").startswith("hydra"):
+        hydra_key = key.startswith("-") or key.lstrip("+~").startswith("hydra")
+        if hydra_key and not override.startswith(RUN_DIR_OVERRIDE):
             raise ConfigError(
                 f"{override}: mptrain {command} takes config overrides (key=value) and "
                 "hydra.run.dir=DIR only"

@@ -45,13 +45,11 @@ def promote(staged: Path | None) -> None:
         record = OmegaConf.load(hydra_yaml)
         record.hydra.output_subdir = final.name
         OmegaConf.save(record, hydra_yaml)
+    old = final.with_name(f"{final.name}.old-{os.getpid()}")
     if final.exists():
-        old = final.with_name(f"{final.name}.old-{os.getpid()}")
         final.replace(old)
-        staged.replace(final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        staged.replace(final)
+    staged.replace(final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def discard(staged: Path | None) -> None:

@@ -66,8 +66,6 @@ def _pattern_root(pattern: str) -> tuple[Path, int]:
 
 
 def _run_dirs(root: Path, depth: int) -> list[Path]:
-    if not root.is_dir():
-        return []
     record = ["*"] * depth + [HYDRA_RECORD, OVERRIDES_YAML]
     return [p.parent.parent for p in root.glob("/".join(record))]
 

@@ -68,11 +68,7 @@ def command_help(command: str) -> str:
     width = max(len(setting) for setting, _ in settings)
     keys = [f"  {setting:<{width}}  {comment}" for setting, comment in settings]
     # sample prints its text; the others write a directory of results.
-    writes = (
-        []
-        if command == "sample"
-        else [f"  hydra.run.dir=DIR: where it writes (default outputs/{command}/<date>/<time>_...)"]
-    )
+    writes = f"  hydra.run.dir=DIR: where it writes (default outputs/{command}/<date>/<time>_...)"
     return "\n".join(
         [
             f"usage: {usage}",
@@ -82,7 +78,7 @@ def command_help(command: str) -> str:
             "keys (key=value; the default shown):",
             *keys,
             "  any training key or group (model=, dataset=, batch_size=, ...): what it works on",
-            *writes,
+            *([writes] if command != "sample" else []),
             "",
             f"example: {example}",
             f"docs: {page}",
@@ -94,8 +90,6 @@ def _command_summary(command: str) -> tuple[str, str]:
     """(usage, what it does) from the help of the command's section of the schema
     (``advise``: "`mptrain advise [overrides]`: measure every precision here ...")."""
     match = _USAGE.match(section_help(command))
-    if match is None:
-        raise KeyError(f"RunConfig.{command} has no help of the form `usage`: what it does")
     return match["usage"], match["what"]
 
 

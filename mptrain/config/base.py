@@ -82,6 +82,11 @@ def one_of_rule(values: tuple[Any, ...], words: str | None = None) -> Accepts:
     return Accepts(lambda v: v in values, words or f"one of {', '.join(map(str, values))}")
 
 
+def auto_or_count_rule(words: str) -> Accepts:
+    """``auto``, or a whole number of at least 1 (as text: the field is a string)."""
+    return Accepts(lambda v: re.fullmatch(r"auto|0*[1-9]\d*", str(v).strip()) is not None, words)
+
+
 def check_settings(schema: Any, prefix: str = "") -> None:
     """Every field's range rule (:class:`Accepts`, ``setting(..., accepts=...)``) on ``schema``'s
     values, in field order: ConfigError naming ``prefix`` + the field for the first that fails."""

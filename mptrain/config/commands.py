@@ -5,12 +5,12 @@ computes (:data:`mptrain.config.keys.NON_TRAINING_KEYS`).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from mptrain.config.base import (
     Accepts,
     at_least_rule,
+    auto_or_count_rule,
     in_range_rule,
     positive_rule,
     require,
@@ -60,10 +60,6 @@ GPU_TARGETS = (
 PLANS = Accepts(
     lambda v: plan_choice(v) in ("auto", "false", *ADVISE_PLAN_CHOICES),
     f"auto (or true), false, or a low-precision choice: {', '.join(ADVISE_PLAN_CHOICES)}",
-)
-SEED_COUNTS = Accepts(
-    lambda v: re.fullmatch(r"auto|0*[1-9]\d*", str(v).strip()) is not None,
-    "auto (as many seeds as the budget affords) or a seed count of at least 1",
 )
 TARGETS = Accepts(
     lambda v: v.lower() in GPU_TARGETS,
@@ -131,7 +127,9 @@ class AdviseConfig:
             "final loss: auto (as many as the budget affords, 3 to 10) | N (1: the single run "
             "only)"
         ),
-        accepts=SEED_COUNTS,
+        accepts=auto_or_count_rule(
+            "auto (as many seeds as the budget affords) or a seed count of at least 1"
+        ),
     )
     alpha: float = setting(
         0.05,

@@ -134,8 +134,7 @@ class ImageFolderConfig(DatasetConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.root is not MISSING:
-            check_path("dataset.root", self.root)
+        check_path("dataset.root", self.root)  # MISSING: OmegaConf refused it already
         at_least_rule(self.image_size).check("dataset.resize_size", self.resize_size)
 
 
@@ -238,8 +237,7 @@ class TextDatasetConfig(DatasetConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.path:
-            check_path("dataset.path", self.path)
+        check_path("dataset.path", self.path)
         if self.tokenizer is not None:
             check_path("dataset.tokenizer", self.tokenizer)
             require(

@@ -67,10 +67,6 @@ class NumberFormat:
     tensor_scale_bytes: int = 0
     kernel: Kernel | None = None
 
-    @property
-    def block_scaled(self) -> bool:
-        return self.block is not None
-
 
 _BLACKWELL = "needs an NVIDIA GPU of compute capability >= 10.0 (Blackwell)"
 
@@ -148,7 +144,7 @@ FORMAT_TABLE: dict[str, NumberFormat] = {
     )
 }
 # The block-scaled formats, in the table's order (fp8_blockwise, mxfp8, nvfp4).
-BLOCK_FORMATS = tuple(name for name, row in FORMAT_TABLE.items() if row.block_scaled)
+BLOCK_FORMATS = tuple(name for name, row in FORMAT_TABLE.items() if row.block is not None)
 # The config groups one low-precision format alone reads, and the precision that reads each
 # (fp8.* serves tensorwise, rowwise and blockwise FP8 alike).
 PRECISION_OF_GROUP = {

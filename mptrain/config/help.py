@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mptrain.config.keys import schema_fields
 from mptrain.config.options import SCHEMAS
 from mptrain.config.run import RunConfig
 
@@ -46,24 +47,22 @@ def yaml_value(value: Any) -> str:
     return str(value)
 
 
-def all_keys(cls: type = RunConfig, prefix: str = "") -> list[Key]:
+def all_keys(cls: type = RunConfig) -> list[Key]:
     """Every setting below ``cls`` in field order, nested sections flattened (``fp8.scaling``);
     at the top level, the config groups' fields are left out (:func:`group_table` lists them)."""
-    hints = typing.get_type_hints(cls)
     found = []
-    for f in dataclasses.fields(cls):
-        if not prefix and f.name in SCHEMAS:
+    for path, f in schema_fields(cls, {}):
+        if path.partition(".")[0] in SCHEMAS:
             continue
-        kind = hints[f.name]
-        if dataclasses.is_dataclass(kind):
-            found.append(Key(prefix + f.name, "", f.metadata.get("help", ""), section=True))
-            found += all_keys(kind, f"{prefix}{f.name}.")
-        else:
-            rule = f.metadata.get("accepts")
-            accepted = rule.described() if rule is not None else ""
-            factory = f.default_factory
-            default = yaml_value(f.default if factory is dataclasses.MISSING else factory())
-            found.append(Key(prefix + f.name, default, f.metadata.get("help", ""), False, accepted))
+        text = f.metadata.get("help", "")
+        if dataclasses.is_dataclass(f.default_factory):
+            found.append(Key(path, "", text, section=True))
+            continue
+        rule = f.metadata.get("accepts")
+        accepted = rule.described() if rule is not None else ""
+        factory = f.default_factory
+        default = yaml_value(f.default if factory is dataclasses.MISSING else factory())
+        found.append(Key(path, default, text, False, accepted))
     return found
 
 
@@ -108,8 +107,8 @@ def group_table() -> str:
             for key in all_keys(schema):
                 if key.path == "name":  # the option's name, preset by it
                     continue
-                path, default = (f"{key.path}.*", "") if key.section else (key.path, key.default)
-                default = f"`{default}`" if not key.section else ""
+                path = f"{key.path}.*" if key.section else key.path
+                default = "" if key.section else f"`{key.default}`"
                 rows.append(f"| `{group}={names}` | `{path}` | {default} | {_cell(key.help)} |")
     return "\n".join(rows)
 

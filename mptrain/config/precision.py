@@ -236,16 +236,11 @@ class FP8Config:
 
 def validate_precision(p: PrecisionConfig) -> None:
     """The rules on the fields of ``precision`` and of its sections (the name is checked against
-    the precision table at the CLI edge), then :func:`_check_update`'s."""
+    the precision table at the CLI edge), then ``precision.update``: other than nearest only where
+    the weights are low precision (a mixed precision's FP32 master weights take every update)."""
     check_settings(p, "precision.")
     for section in ("scaler", "switch", "gemms"):
         check_settings(getattr(p, section), f"precision.{section}.")
-    _check_update(p)
-
-
-def _check_update(p: PrecisionConfig) -> None:
-    """precision.update other than nearest only where the weights are low precision (a mixed
-    precision's FP32 master weights take every update already)."""
     if p.update == "nearest":
         return
     accepted = PURE_UPDATE_RULES.get(p.name)

@@ -17,6 +17,7 @@ from mptrain.config.base import (
     Accepts,
     ConfigError,
     at_least_rule,
+    auto_or_count_rule,
     check_path,
     check_settings,
     in_range_rule,
@@ -60,10 +61,6 @@ from mptrain.config.sections import (
 # Range rules of settings whose test is more than a bound (on their fields below).
 DEVICES = Accepts(
     lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None, "one of auto, cpu, cuda, cuda:N"
-)
-THREADS = Accepts(
-    lambda v: re.fullmatch(r"auto|0*[1-9]\d*", str(v).strip()) is not None,
-    "auto or a thread count of at least 1",
 )
 SEEDS = Accepts(
     lambda v: -(2**63) <= v < 2**64,
@@ -211,7 +208,7 @@ class RunConfig:
             "when throughput halves) | N (pinned); on CUDA it sets the host threads only"
         ),
         metadata=NOT_TRAINING,
-        accepts=THREADS,
+        accepts=auto_or_count_rule("auto or a thread count of at least 1"),
     )
     progress: bool = setting(
         True,
@@ -391,16 +388,11 @@ def validate(run: RunConfig) -> None:
     _check_task(run)
     if run.resume not in (None, "auto"):
         check_path("resume", run.resume)
-    _validate_mechanics(run)
-    validate_loggers(run.logger)
-
-
-def _validate_mechanics(run: RunConfig) -> None:
-    """The sections' rules: how the run is carried out."""
     sections = ("numerics", "checkpoint", "bench", "advise", "sample", "distributed", "memory")
-    for name in (*sections, "debug"):
+    for name in (*sections, "debug"):  # the sections' rules: how the run is carried out
         check_settings(getattr(run, name), f"{name}.")
     check_eval_checkpoint(run.eval.checkpoint)
+    validate_loggers(run.logger)
 
 
 def validate_loggers(names: list[str]) -> None:

@@ -114,7 +114,7 @@ def suggest_setting(key: str, value: str | None) -> str | None:
     ``epochs=1``, ``--max_iters 100`` -> ``max_steps=100``, ``--bf16`` -> ``precision=bf16``),
     or None."""
     name = key.lstrip("-").replace("-", "_")
-    if value is None and name.lower() in (*PRECISION_NAMES, *PRECISION_ALIASES):
+    if value is None and name.lower() in PRECISION_NAMES:
         return f"precision={name.lower()}"
     if value is None and key.lstrip("-") in PRECISION_ALIASES:  # --16-mixed
         return f"precision={key.lstrip('-')}"

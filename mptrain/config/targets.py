@@ -160,9 +160,8 @@ def refuse_checkpoint_code(
     The message names the key, the target, and how to run it anyway."""
     if trusted:
         return
-    within = lambda key: any(key == g or key.startswith(f"{g}.") for g in given or ())  # noqa: E731
     for key, target in checkpoint_targets(saved).items():
-        if within(key):
+        if any(key == g or key.startswith(f"{g}.") for g in given or ()):
             continue
         how = (
             f"give {key}={target} on the command line, or {TRUST_KEY}=true"
