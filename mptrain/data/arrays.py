@@ -106,9 +106,8 @@ def digits_split(labels: np.ndarray, val_size: int, split_seed: int) -> tuple[np
         return np.array(stored["train"]), np.array(stored["val"])
     from sklearn.model_selection import train_test_split
 
-    indices = np.arange(len(labels))
     train, val = train_test_split(
-        indices, test_size=val_size, stratify=labels, random_state=split_seed
+        np.arange(len(labels)), test_size=val_size, stratify=labels, random_state=split_seed
     )
     return train, val
 
@@ -280,9 +279,8 @@ def load_mnist_arrays(cfg: TorchvisionDatasetConfig) -> ArrayDataset:
         for path in (image_file, label_file):
             if not path.is_file():
                 raise _missing(cfg, path)
-        return read_image_file(str(image_file)).unsqueeze(1), read_label_file(
-            str(label_file)
-        ).long()
+        images = read_image_file(str(image_file)).unsqueeze(1)
+        return images, read_label_file(str(label_file)).long()
 
     train_images, train_labels = read("train")
     val_images, val_labels = read("val")

@@ -212,8 +212,7 @@ class EncodedImages(torch.utils.data.Dataset):
     """
 
     def __init__(self, folder: Any) -> None:
-        self.folder = folder  # torchvision.datasets.ImageFolder (its samples and classes)
-        self.classes = folder.classes
+        self.folder = folder  # torchvision.datasets.ImageFolder (its samples)
 
     def __len__(self) -> int:
         return len(self.folder.samples)

@@ -296,12 +296,10 @@ class LoaderBatches:
         """What this feed runs (the report's data facts), with counts kept by the finish step."""
         if self.plan.facts is None:
             return None
-        counts = (
-            {"host_decoded": self.finish.host_decoded}
-            if hasattr(self.finish, "host_decoded")
-            else {}
-        )
-        return {**self.plan.facts, "persistent_workers": self.persistent, **counts}
+        facts = {**self.plan.facts, "persistent_workers": self.persistent}
+        if hasattr(self.finish, "host_decoded"):
+            facts["host_decoded"] = self.finish.host_decoded
+        return facts
 
     def _loader(self) -> torch.utils.data.DataLoader:
         """The DataLoader: the one kept with persistent workers, else a fresh one per epoch."""
@@ -323,9 +321,6 @@ class LoaderBatches:
 
     def batches(self, epoch: int) -> Iterator[Batch]:
         """This rank's batches of ``epoch``, decoded by the DataLoader's workers."""
-        seeded = self.dataset.dataset if isinstance(self.dataset, SkipBadFiles) else self.dataset
-        if isinstance(seeded, SeededTransforms):
-            seeded.epoch = epoch  # unkeyed use: before a fresh loader copies it into workers
         self.sampler.epoch = epoch
         self.sampler.indices = epoch_indices(
             len(self.dataset), self.shuffle, self.seed, epoch, self.rank, self.world, self.drop_last

@@ -66,7 +66,8 @@ def _crop_specs(cfg: ImageFolderConfig) -> tuple[CropSpec, CropSpec]:
 
 def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
     """root/<train_dir>/<class>/<image> and root/<val_dir>/...; ConfigError when a split is
-    missing, holds no class folders or images, or the two splits hold different classes."""
+    missing, holds no class folders or images, the training split holds one class, or the two
+    splits hold different classes."""
     from torchvision import datasets
 
     root = Path(cfg.root)
@@ -88,19 +89,15 @@ def load_image_folders(cfg: ImageFolderConfig) -> FolderDataset:
         raise ConfigError(
             f"dataset.root={cfg.root!r}: {cfg.train_dir}/ and {cfg.val_dir}/ hold different classes"
         )
-    _check_several_classes(cfg, train_folder.classes)
-    return FolderDataset(train_folder, val_set, train_transform)
-
-
-def _check_several_classes(cfg: ImageFolderConfig, classes: list[str]) -> None:
-    """ConfigError for a folder of one class: every prediction is that class, so the run would
-    report 100 % accuracy and a loss of 0 without learning anything (no documented use needs it)."""
-    if len(classes) < 2:
+    # One class: every prediction is that class, so the run would report 100 % accuracy and a
+    # loss of 0 without learning anything (no documented use needs it).
+    if len(train_folder.classes) < 2:
         raise ConfigError(
             f"dataset.root={cfg.root!r}: {cfg.train_dir}/ holds one class folder "
-            f"({classes[0]}/); classification needs at least 2 class folders "
+            f"({train_folder.classes[0]}/); classification needs at least 2 class folders "
             f"(root/{cfg.train_dir}/<class>/<image>), one class is always 100% accurate"
         )
+    return FolderDataset(train_folder, val_set, train_transform)
 
 
 def folder_bundle(

@@ -56,8 +56,14 @@ def load_text(cfg: TextDatasetConfig) -> TokenText:
     ``dataset.tokenizer`` when one is given. ConfigError naming ``dataset.path`` when there is no
     text or a record holds none (file, line and field), or when more than
     :data:`MAX_NOT_UTF8_SHARE` of it is not UTF-8 under a characters or tokenizer vocabulary;
-    naming ``dataset.tokenizer`` when its file cannot be used."""
-    tokenizer = load_tokenizer(cfg)
+    naming ``dataset.tokenizer`` when its file is missing or unreadable, or the ``tokenizers``
+    library is not installed."""
+    tokenizer = None
+    if cfg.tokenizer is not None:
+        try:
+            tokenizer = read_tokenizer_file(Path(cfg.tokenizer))
+        except (OSError, TokenizerFileError, ImportError) as exc:
+            raise ConfigError(f"dataset.tokenizer={cfg.tokenizer!r}: {exc}") from None
     _check_source(cfg)
     try:
         text = read_text_dataset(
@@ -101,18 +107,6 @@ def text_in_vocabulary(cfg: TextDatasetConfig, vocab: Vocabulary) -> TokenText:
     return dataclasses.replace(text, tokens=table[text.tokens], vocabulary=vocab)
 
 
-def load_tokenizer(cfg: TextDatasetConfig) -> str | None:
-    """The content of the ``tokenizer.json`` that ``dataset.tokenizer`` names (None: none named).
-    ConfigError naming the key when the file is missing, unreadable, or the ``tokenizers``
-    library is not installed."""
-    if cfg.tokenizer is None:
-        return None
-    try:
-        return read_tokenizer_file(Path(cfg.tokenizer))
-    except (OSError, TokenizerFileError, ImportError) as exc:
-        raise ConfigError(f"dataset.tokenizer={cfg.tokenizer!r}: {exc}") from None
-
-
 def _check_fields_apply(cfg: TextDatasetConfig, text: TokenText) -> None:
     """No silent no-op: ``dataset.text_field`` set for plain text, which has no fields."""
     if cfg.text_field != "text" and text.corpus.documents is None:
@@ -131,9 +125,10 @@ def _short_text(cfg: TextDatasetConfig, text: TokenText, short: ShortText) -> Co
     ``dataset.max_bytes`` when reading stopped there with text unread, else ``dataset.path``."""
     window = f"model.block_size + 1 = {short.block_size + 1}"
     read = f"{text.corpus.bytes:,} bytes ({len(text.tokens):,} tokens)"
-    split = short.split
+    split, fixes = short.split, "a longer text or a smaller model.block_size"
     if short.split == "validation":
         split = f"validation (the last dataset.val_fraction={cfg.val_fraction} of it)"
+        fixes = "a longer text, a larger dataset.val_fraction or a smaller model.block_size"
     if text.left_unread:
         return ConfigError(
             f"dataset.max_bytes={cfg.max_bytes}: the {read} read leave the {split} split "
@@ -141,9 +136,6 @@ def _short_text(cfg: TextDatasetConfig, text: TokenText, short: ShortText) -> Co
             "dataset.max_bytes, or lower model.block_size"
         )
     what = "is empty" if not text.corpus.bytes else f"has {read}"
-    fixes = "a longer text or a smaller model.block_size"
-    if short.split == "validation":
-        fixes = "a longer text, a larger dataset.val_fraction or a smaller model.block_size"
     return ConfigError(
         f"dataset.path={_source_name(cfg)!r}: the text {what}, and its {split} split "
         f"{short.tokens:,} tokens, fewer than one window of {window}; use {fixes}"

@@ -25,11 +25,6 @@ class MissingReader(ImportError):
     """The library that reads this format is not installed; the message says what to install."""
 
 
-def is_record_suffix(suffix: str) -> bool:
-    """Whether files of ``suffix`` hold records (JSONL, Parquet) rather than plain text."""
-    return suffix.lower() in RECORD_SUFFIXES
-
-
 def jsonl_texts(path: Path, field: str) -> Iterator[str]:
     """The ``field`` of each line's JSON object, in order; blank lines are skipped (a trailing
     newline is common). BadRecord for a line that holds no text in ``field``."""

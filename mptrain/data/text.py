@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mptrain.data.records import is_record_suffix, join_records
+from mptrain.data.records import RECORD_SUFFIXES, join_records
 from mptrain.data.tokenizer import (
     end_of_text,
     parse_tokenizer,
@@ -96,7 +96,7 @@ def _read_source(
     if not files:
         raise FileNotFoundError(f"{root}: no {suffix} files to read")
     documents = None
-    if is_record_suffix(root.suffix if root.is_file() else suffix):
+    if (root.suffix if root.is_file() else suffix).lower() in RECORD_SUFFIXES:
         rec = join_records(files, text_field, separator, max_bytes)
         text, used, documents, left_unread = rec.data, rec.files, rec.documents, rec.left_unread
     else:

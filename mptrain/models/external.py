@@ -104,10 +104,7 @@ def adapt_first_conv(model: nn.Module, in_channels: int) -> list[str]:
 
 # torchvision models whose training-mode forward returns auxiliary outputs besides the logits:
 # the loop takes one tensor, so they are built without them.
-_TORCHVISION_SINGLE_OUTPUT = {
-    "inception_v3": {"aux_logits": False, "init_weights": True},
-    "googlenet": {"aux_logits": False, "init_weights": True},
-}
+_TORCHVISION_SINGLE_OUTPUT = frozenset({"inception_v3", "googlenet"})
 
 
 def build_torchvision(
@@ -125,8 +122,9 @@ def build_torchvision(
             "(torchvision.models.list_models(module=torchvision.models) lists them)"
         )
     adaptations = [f"classifier built for {num_classes} classes (num_classes={num_classes})"]
-    extra = _TORCHVISION_SINGLE_OUTPUT.get(arch, {})
-    if extra:
+    extra = {}
+    if arch in _TORCHVISION_SINGLE_OUTPUT:
+        extra = {"aux_logits": False, "init_weights": True}
         adaptations.append("aux_logits=False (the training loop takes one output)")
     try:
         model = _with_optional_size(

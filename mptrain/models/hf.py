@@ -80,26 +80,21 @@ def hf_config(transformers: ModuleType, cfg: HFModelConfig, vocab_size: int) -> 
     return config, adaptations
 
 
-class _DropEnumConstantNotice(logging.Filter):
-    """Drops torch's notice that registering an Enum as a pytree constant is deprecated."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = str(record.msg)
-        return not all(part in message for part in _ENUM_CONSTANT_NOTICE)
-
-
 @contextlib.contextmanager
 def quiet_enum_constant_notice() -> Iterator[None]:
     """Inside: torch's ``_pytree`` deprecation notice about Enums registered as constants (see
     ``_ENUM_CONSTANT_NOTICE``) is dropped; every other record of that logger, and every warning,
     still shows."""
     logger = logging.getLogger(_PYTREE_LOGGER)
-    dropper = _DropEnumConstantNotice()
-    logger.addFilter(dropper)
+
+    def drop(record: logging.LogRecord) -> bool:
+        return not all(part in str(record.msg) for part in _ENUM_CONSTANT_NOTICE)
+
+    logger.addFilter(drop)
     try:
         yield
     finally:
-        logger.removeFilter(dropper)
+        logger.removeFilter(drop)
 
 
 def conv1d_to_linear(model: nn.Module, conv1d: type) -> list[str]:

@@ -115,8 +115,7 @@ def others_load(at: LoadSample, own_threads: int) -> float | None:
 
 def _others_load(before: LoadSample, after: LoadSample, own_threads: int) -> float | None:
     estimates = [others_load(before, 1), others_load(after, own_threads)]
-    known = [e for e in estimates if e is not None]
-    return max(known) if known else None
+    return max((e for e in estimates if e is not None), default=None)
 
 
 def _steal_share(before: LoadSample, after: LoadSample) -> float | None:

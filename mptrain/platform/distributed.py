@@ -12,7 +12,7 @@ import datetime as dt
 import os
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -52,7 +52,7 @@ class DistContext:
             "backend": self.backend,
             "strategy": self.strategy,
             "reduce_dtype": self.reduce_dtype if self.enabled else None,
-            **self.launch.describe(),
+            **asdict(self.launch),
             "timeout_s": self.timeout_s,
         }
 
@@ -146,10 +146,9 @@ def wrap_model(
     if ctx.strategy == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        policy = MixedPrecisionPolicy(
-            param_dtype=param_dtype, reduce_dtype=DTYPES[ctx.reduce_dtype]
-        )
-        fp32_policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=DTYPES[ctx.reduce_dtype])
+        reduce_dtype = DTYPES[ctx.reduce_dtype]
+        policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+        fp32_policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=reduce_dtype)
         # A parameter two modules share (a GPT's head tied to its token embedding) must live in
         # one FSDP group: such modules stay in the root's group.
         owners = Counter(id(p) for m in model.modules() for p in m.parameters(recurse=False))
@@ -221,10 +220,10 @@ def broadcast_flag(flag: bool, ctx: DistContext, device: torch.device) -> bool:
 
 
 # ------------------------------------------------------------------------------ state dicts
-def _full_options() -> Any:
+def _full_options(cpu_offload: bool = True) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload)
 
 
 def model_state(model: nn.Module, ctx: DistContext) -> dict[str, Any]:
@@ -246,9 +245,9 @@ def optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, ctx: Dis
 
 def load_model_state(model: nn.Module, state: dict[str, Any], ctx: DistContext) -> None:
     if ctx.strategy == "fsdp" and ctx.enabled:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+        set_model_state_dict(model, state, options=_full_options(cpu_offload=False))
         return
     unwrap(model).load_state_dict(state)
 
@@ -257,14 +256,9 @@ def load_optimizer_state(
     model: nn.Module, optimizer: torch.optim.Optimizer, state: dict, ctx: DistContext
 ) -> None:
     if ctx.strategy == "fsdp" and ctx.enabled:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_optimizer_state_dict,
-        )
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
-        set_optimizer_state_dict(
-            model, optimizer, state, options=StateDictOptions(full_state_dict=True)
-        )
+        set_optimizer_state_dict(model, optimizer, state, options=_full_options(cpu_offload=False))
         return
     optimizer.load_state_dict(state)
 

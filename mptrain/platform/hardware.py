@@ -33,27 +33,15 @@ _CPP_EXTENSION_LOGGER = "torch.utils.cpp_extension"
 _NO_CUDA_RUNTIME = "No CUDA runtime is found, using CUDA_HOME="
 
 
-class _DropNoCudaRuntime(logging.Filter):
-    """Drops torch's ``No CUDA runtime is found, using CUDA_HOME=...`` notice."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(_NO_CUDA_RUNTIME)
-
-
-def quiet_cuda_home_notice() -> None:
-    """Without a CUDA runtime, drop torch's ``No CUDA runtime is found, using CUDA_HOME`` notice
-    for the rest of the process (see ``_NO_CUDA_RUNTIME``); every other record of that logger
-    still shows. Nothing is done where CUDA is available (torch never logs it there)."""
-    if torch.cuda.is_available():
-        return
-    logger = logging.getLogger(_CPP_EXTENSION_LOGGER)
-    if not any(isinstance(f, _DropNoCudaRuntime) for f in logger.filters):
-        logger.addFilter(_DropNoCudaRuntime())
+def _drop_no_cuda_runtime(record: logging.LogRecord) -> bool:
+    """A logging filter: drops torch's ``No CUDA runtime is found, using CUDA_HOME=...`` notice."""
+    return not str(record.msg).startswith(_NO_CUDA_RUNTIME)
 
 
 def resolve_device(requested: str) -> torch.device:
     """Turn ``device`` (auto | cpu | cuda | cuda:N) into a torch.device, or raise ConfigError.
-    A CPU device quiets torch's CUDA_HOME notice (:func:`quiet_cuda_home_notice`)."""
+    A CPU device without a CUDA runtime drops torch's CUDA_HOME notice (``_NO_CUDA_RUNTIME``)
+    for the rest of the process; every other record of that logger still shows."""
     if requested == "auto":
         requested = "cuda" if torch.cuda.is_available() else "cpu"
     if requested.startswith("cuda"):
@@ -67,7 +55,8 @@ def resolve_device(requested: str) -> torch.device:
                 f"device={requested!r}: only {torch.cuda.device_count()} CUDA device(s) are visible"
             )
         return device
-    quiet_cuda_home_notice()
+    if not torch.cuda.is_available():  # torch never logs the notice where CUDA is available
+        logging.getLogger(_CPP_EXTENSION_LOGGER).addFilter(_drop_no_cuda_runtime)  # added once
     return torch.device("cpu")
 
 

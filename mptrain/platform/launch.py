@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from mptrain.config.base import ConfigError
@@ -34,9 +34,6 @@ class Launch:
     nodes: int = 1
     tasks: int = 1
     restart: int = 0
-
-    def describe(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def restart_count() -> int:

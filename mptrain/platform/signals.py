@@ -131,10 +131,10 @@ class GracefulStop(SignalsHeld):
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
             self.signum = signum
-            self._say(f"{self.name}: stopping after this step{self._again()}")
+            _say(self.announce, f"{self.name}: stopping after this step{self._again()}")
         elif self.stop_now and not self.now:
             self.now, self.second = True, signum
-            self._say(f"{self.both}: stopping now")
+            _say(self.announce, f"{self.both}: stopping now")
             if self.interruptible.active:
                 raise StopNow(self.signum)
 
@@ -150,9 +150,6 @@ class GracefulStop(SignalsHeld):
             return ""
         again = "Ctrl-C" if self.signum == signal.SIGINT else self.name
         return f" ({again} again to stop now)"
-
-    def _say(self, message: str) -> None:
-        _say(self.announce, message)
 
 
 class _Interruptible:

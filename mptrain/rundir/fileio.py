@@ -15,16 +15,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-
-def _read_umask() -> int:
-    """The process umask. ``os.umask`` can only be read by setting it, so it is set and put back at
-    once, here at import time (single-threaded) rather than on every write from any thread."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _read_umask()
+# The process umask. ``os.umask`` can only be read by setting it, so it is set and put back at
+# once, here at import time (single-threaded) rather than on every write from any thread.
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)
 FILE_MODE = 0o666 & ~_UMASK  # what open() would create
 
 

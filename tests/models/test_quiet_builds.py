@@ -84,13 +84,13 @@ CUDA_NOTICE = "No CUDA runtime is found, using CUDA_HOME="
 def test_a_cpu_device_drops_only_the_cuda_home_notice(tmp_path, monkeypatch):
     from torch.utils import cpp_extension
 
-    from mptrain.platform.hardware import _DropNoCudaRuntime, resolve_device
+    from mptrain.platform.hardware import _drop_no_cuda_runtime, resolve_device
 
     monkeypatch.setenv("CUDA_HOME", str(tmp_path))  # a toolkit torch finds...
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # ...and no runtime
     logger = logging.getLogger("torch.utils.cpp_extension")
     # as in a fresh process (an earlier test's CPU device installed the filter); restored after
-    unfiltered = [f for f in logger.filters if not isinstance(f, _DropNoCudaRuntime)]
+    unfiltered = [f for f in logger.filters if f is not _drop_no_cuda_runtime]
     monkeypatch.setattr(logger, "filters", unfiltered)
     records = Records()
     logger.addHandler(records)
@@ -103,7 +103,7 @@ def test_a_cpu_device_drops_only_the_cuda_home_notice(tmp_path, monkeypatch):
         cpp_extension._find_cuda_home()
         logger.warning("another warning of the same logger")
         assert records.messages == ["another warning of the same logger"]
-        assert sum(isinstance(f, _DropNoCudaRuntime) for f in logger.filters) == 1
+        assert logger.filters.count(_drop_no_cuda_runtime) == 1
     finally:
         logger.removeHandler(records)
 
