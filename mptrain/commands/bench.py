@@ -61,15 +61,12 @@ def bench_precisions(
     blocks = BLOCK_ROWS if block_formats else ()
     rows: list[tuple[str, str | None]] = [("fp32", None)]
     if device.type == "cuda":
-        rows.append(("tf32", None))
-        rows.append(("fp16", None))
-        native_bf16 = hardware.cuda_has_native_bf16(device)
-        rows.append(("bf16", None if native_bf16 else "no native BF16 on this GPU"))
+        bf16 = None if hardware.cuda_has_native_bf16(device) else "no native BF16 on this GPU"
         if fp8_blockwise:
-            skip = _block_skip(device, FP8_BLOCKWISE, blockwise_grads)
-            rows.append(("fp8", skip))
+            fp8 = _block_skip(device, FP8_BLOCKWISE, blockwise_grads)
         else:
-            rows.append(("fp8", None if fp8_gemm_available(device) else "no FP8 GEMMs (cc < 8.9)"))
+            fp8 = None if fp8_gemm_available(device) else "no FP8 GEMMs (cc < 8.9)"
+        rows += [("tf32", None), ("fp16", None), ("bf16", bf16), ("fp8", fp8)]
         return rows + [(name, _block_skip(device, name)) for name in blocks]
     native = hardware.cpu_has_native_bf16()
     rows.append(("bf16", None if native else "no native BF16 on this CPU (emulated: not a speed)"))
@@ -317,14 +314,12 @@ def _cells(row: dict[str, Any], has_tf32: bool, has_tokens: bool = False) -> lis
 
 
 def _headers(has_tf32: bool, has_tokens: bool = False) -> list[str]:
-    headers = ["precision", "samples/s (min–max)"]
-    if has_tokens:
-        headers.append("tokens/s (min–max)")
-    headers.append("vs fp32 (min–max)")
-    if has_tf32:
-        headers.append("vs tf32 (min–max)")
     return [
-        *headers,
+        "precision",
+        "samples/s (min–max)",
+        *(["tokens/s (min–max)"] if has_tokens else []),
+        "vs fp32 (min–max)",
+        *(["vs tf32 (min–max)"] if has_tf32 else []),
         "step ms",
         "peak memory",
         "activations",

@@ -41,10 +41,15 @@ NOTE = (
 )
 
 
-def _key_without_seed(report: RunReport) -> str:
-    """The config minus the seed and the keys that do not change the computation."""
+def config_key(report: RunReport, dropped: tuple[str, ...] = (), seed: bool = False) -> str:
+    """``report``'s config minus the keys that do not change the computation (the seed among
+    them, unless ``seed``) and the keys starting with one of ``dropped``."""
     config = flatten(report.config)
-    kept = {k: v for k, v in config.items() if k != "seed" and not is_non_training_key(k)}
+    kept = {
+        k: v
+        for k, v in config.items()
+        if (seed and k == "seed") or not (is_non_training_key(k) or k.startswith(dropped))
+    }
     return json.dumps(kept, sort_keys=True, default=str)
 
 
@@ -55,7 +60,7 @@ def seed_groups(runs: list[RunRecord], rows: list[dict[str, Any]]) -> list[dict[
     groups: dict[str, list[tuple[RunRecord, dict[str, Any]]]] = {}
     for run, row in zip(runs, rows, strict=True):
         if run.report is not None:
-            groups.setdefault(_key_without_seed(run.report), []).append((run, row))
+            groups.setdefault(config_key(run.report), []).append((run, row))
     summaries = [_summary(members) for members in groups.values()]
     return [s for s in summaries if s is not None]
 

@@ -35,11 +35,11 @@ from mptrain.commands.runs import (
 from mptrain.commands.seeds import (
     ACCURACY_COLUMNS,
     LOSS_COLUMNS,
+    config_key,
     seed_groups,
     seed_notes,
     seed_table,
 )
-from mptrain.config.keys import flatten, is_non_training_key
 from mptrain.output.joblog import print_table as show_table
 from mptrain.output.joblog import table_console
 from mptrain.output.plots import plot_sweep
@@ -51,7 +51,7 @@ from mptrain.pace.spread import (
     window_ratio_spread,
 )
 from mptrain.platform.contention import busy_words
-from mptrain.report.rows import fmt_bytes, fmt_pct
+from mptrain.report.rows import fmt_bytes, fmt_pct, plural
 from mptrain.report.schema import RunReport, ThroughputSection
 from mptrain.rundir.fileio import atomic_write_text, clean_json
 from mptrain.rundir.layout import METRICS_JSONL, SWEEP_PNG
@@ -60,20 +60,9 @@ SWEEP_MD, SWEEP_JSON = "sweep.md", "sweep.json"
 
 
 def _comparison_key(report: RunReport) -> str:
-    """The config minus the precision and everything that does not change the computation.
-
-    The seed stays: in a sweep over seeds and precisions each run pairs with its own seed's FP32.
-    """
-    config = flatten(report.config)
-    kept = {
-        k: v
-        for k, v in config.items()
-        if k == "seed"
-        or (
-            not k.startswith(("precision.", "fp8.", "mx.", "nvfp4.")) and not is_non_training_key(k)
-        )
-    }
-    return json.dumps(kept, sort_keys=True)
+    """The config minus the precision and everything that does not change the computation. The
+    seed stays: in a sweep over seeds and precisions each run pairs with its own seed's FP32."""
+    return config_key(report, ("precision.", "fp8.", "mx.", "nvfp4."), seed=True)
 
 
 def _ratio(value: float | None, base: float | None) -> float | None:
@@ -146,9 +135,7 @@ def measured_windows(t: ThroughputSection) -> list[float]:
 
 
 def _parallel(count: int, whose: str) -> str | None:
-    if not count:
-        return None
-    return f"{whose} ran at the same time as {count} other job{'s' if count > 1 else ''}"
+    return f"{whose} ran at the same time as {plural(count, 'other job')}" if count else None
 
 
 NO_WINDOWS = (
@@ -173,11 +160,9 @@ def speed_spread(
         if ratio is None:
             return None
         spread = Spread(ratio, ratio, ratio, 1, NO_WINDOWS)
-    spread = spread.marked(_parallel(alongside[_job(r)], "this job"))
-    spread = spread.marked(_busy(r, "this job"))
-    if _job(base) != _job(r):
-        spread = spread.marked(_parallel(alongside[_job(base)], "its FP32 baseline"))
-        spread = spread.marked(_busy(base, "its FP32 baseline"))
+    judged = [(r, "this job")] + ([(base, "its FP32 baseline")] if _job(base) != _job(r) else [])
+    for run, who in judged:
+        spread = spread.marked(_parallel(alongside[_job(run)], who)).marked(_busy(run, who))
     return spread
 
 
@@ -264,13 +249,24 @@ def _cell(row: dict[str, Any], key: str) -> str:
     return visible(_text(row, key))
 
 
+def _loss_delta(value: float) -> str:
+    """``+0.0003``; a difference too small for four decimals in two significant digits
+    (``+7.2e-06``), so that ``+0.0000`` means none."""
+    text = f"{value:+.4f}"
+    return f"{value:+.1e}" if value and float(text) == 0 else text
+
+
 # The columns whose text is a format of their (finite) value alone.
 _FORMATS = {
-    "final_val_loss": "{:.4f}",
-    "final_val_perplexity": "{:.2f}",
-    "memory_ratio": "{:.2f}×",
-    "activation_ratio": "{:.2f}×",
-    "final_loss_scale": "{:g}",
+    "final_val_loss": "{:.4f}".format,
+    "final_val_perplexity": "{:.2f}".format,
+    "memory_ratio": "{:.2f}×".format,
+    "activation_ratio": "{:.2f}×".format,
+    "final_loss_scale": "{:g}".format,
+    "loss_delta": _loss_delta,
+    "accuracy_delta": lambda value: f"{100 * value:+.2f} pt",
+    "activation_bytes": fmt_bytes,
+    "accounted_bytes": fmt_bytes,
 }
 
 
@@ -285,25 +281,12 @@ def _text(row: dict[str, Any], key: str) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)  # nan, inf: as report.json spells them (a diverged run's loss)
     if key in _FORMATS:
-        return _FORMATS[key].format(value)
-    if key == "loss_delta":
-        return _loss_delta(value)
-    if key == "accuracy_delta":
-        return f"{100 * value:+.2f} pt"
+        return _FORMATS[key](value)
     if key == "throughput_ratio":
         low, high = row["throughput_ratio_range"]
         spread = Spread(value, low, high, row["throughput_windows"], row["throughput_noisy"])
         return format_ratio(spread)
-    if key in ("activation_bytes", "accounted_bytes"):
-        return fmt_bytes(value)
     return str(value)
-
-
-def _loss_delta(value: float) -> str:
-    """``+0.0003``; a difference too small for four decimals in two significant digits
-    (``+7.2e-06``), so that ``+0.0000`` means none."""
-    text = f"{value:+.4f}"
-    return f"{value:+.1e}" if value and float(text) == 0 else text
 
 
 def _lm_rows(rows: list[dict[str, Any]]) -> bool:

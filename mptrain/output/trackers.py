@@ -130,30 +130,28 @@ def session_end_summary(status: str) -> Any:
     return Summary(value=[value])
 
 
-def tensorboard_hparams(cfg: RunConfig, resolved_precision: str) -> dict[str, Any]:
-    """:func:`run_params` in the types TensorBoard's hparams take (None and lists as text)."""
-    return {
-        key: value if isinstance(value, bool | int | float | str) else json.dumps(value)
-        for key, value in run_params(cfg, resolved_precision).items()
-    }
-
-
 # Config sections that are not this run's settings: other commands' (bench, advise, eval, sample)
 # and the debug injections. Every one is a non-training key (mptrain.config.keys), as a test checks.
 NOT_PARAMS = ("bench", "advise", "eval", "sample", "debug")
+# The types a tracker's params take as they are (the others, None and lists, go as JSON text).
+TENSORBOARD_TYPES, MLFLOW_TYPES = (bool, int, float, str), (str,)
 
 
-def run_params(cfg: RunConfig, resolved_precision: str) -> dict[str, Any]:
+def run_params(cfg: RunConfig, resolved_precision: str, kept: tuple[type, ...]) -> dict[str, Any]:
     """What the trackers record as the run's settings: the flattened config without
     :data:`NOT_PARAMS`, and ``precision.resolved``, the precision that ran (``precision.name``
-    is what was asked for: ``auto`` says nothing of it)."""
+    is what was asked for: ``auto`` says nothing of it); a value of none of the ``kept`` types
+    (the types the tracker takes) as JSON text."""
     params = {
         key: value
         for key, value in flatten(dataclasses.asdict(cfg)).items()
         if key.split(".", 1)[0] not in NOT_PARAMS
     }
     params["precision.resolved"] = resolved_precision
-    return params
+    return {
+        key: value if isinstance(value, kept) else json.dumps(value)
+        for key, value in params.items()
+    }
 
 
 # ---------------------------------------------------------------------------------- MLflow
@@ -296,14 +294,6 @@ class MLflowTracker:
         self.client.set_terminated(self.run_id, MLFLOW_STATUS.get(status, "FAILED"))
 
 
-def mlflow_params(cfg: RunConfig, resolved_precision: str) -> dict[str, str]:
-    """:func:`run_params` as MLflow params (text; lists and None as JSON)."""
-    return {
-        key: value if isinstance(value, str) else json.dumps(value)
-        for key, value in run_params(cfg, resolved_precision).items()
-    }
-
-
 # --------------------------------------------------------------------------------- together
 class Trackers:
     """The run's trackers as one loop observer (metrics rows and evaluations; nothing per step).
@@ -376,9 +366,9 @@ def _start(name: str, cfg: RunConfig, precision: str, output_dir: Path, start_st
     if name == "tensorboard":
         own_dir = cfg.tensorboard.log_dir is None
         log_dir = output_dir / TENSORBOARD_DIR if own_dir else Path(cfg.tensorboard.log_dir)
-        hparams = tensorboard_hparams(cfg, precision)
+        hparams = run_params(cfg, precision, TENSORBOARD_TYPES)
         return TensorBoardTracker(log_dir, hparams, start_step, own_dir)
-    params = mlflow_params(cfg, precision)
+    params = run_params(cfg, precision, MLFLOW_TYPES)
     return MLflowTracker(cfg.mlflow, output_dir, params, resumed=start_step > 0)
 
 

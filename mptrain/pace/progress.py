@@ -172,11 +172,16 @@ class ProgressDisplay:
             self._state, now = state, self.clock()
             self._running, self._since = None, now
             self._step_done(state.step, now)
-            if state.step == self.pace.first_step:
-                self._after_first_step(state, now)
-            elif self._silent_since(now) and self._lined_step != state.step:
+            first = state.step == self.pace.first_step
+            # A line after the first step, or after a silence (unless the step's log row gave one).
+            if (first or self._silent_since(now)) and self._lined_step != state.step:
                 self._lined_step = state.step
-                self._line(pace_line(state, self.total_steps, self.pace, now), now)
+                line = pace_line(state, self.total_steps, self.pace, now)
+                self._line(f"{line} (first step, one-off costs included)" if first else line, now)
+            if first and self.slow_path is not None:  # said even without progress, as notes are
+                note = slow_path_note(self.slow_path, self.pace.first_step_s)
+                self.notes.append(note)
+                self.log.say(note, "note")
             if self.enabled and now >= self._next_update:
                 self._next_update = now + 1 / self.REFRESH_PER_S
                 self._refresh(state)
@@ -202,17 +207,6 @@ class ProgressDisplay:
         estimate is made again from them (:meth:`mptrain.pace.estimate.Pace.restart`)."""
         with self._lock:
             self.pace.restart(step, self.clock(), why)
-
-    def _after_first_step(self, state: StepCounters, now: float) -> None:
-        """The first line (unless the step's log row just gave one) and the slow-path note."""
-        if self._lined_step != state.step:
-            self._lined_step = state.step
-            line = pace_line(state, self.total_steps, self.pace, now)
-            self._line(f"{line} (first step, one-off costs included)", now)
-        if self.slow_path is not None:
-            note = slow_path_note(self.slow_path, self.pace.first_step_s)
-            self.notes.append(note)
-            self.log.say(note, "note")  # like the precision's notes: shown even without progress
 
     def beat(self) -> None:
         """The heartbeat's tick (see the module doc): a line when the step under way, or the

@@ -17,7 +17,6 @@ CPU only: no device synchronisation is made, so on a GPU the clock would measure
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from collections.abc import Sequence
@@ -82,15 +81,9 @@ def _step_seconds(
     accum = run.settings.grad_accum_steps
     started = time.perf_counter()
     for _ in range(accum):
-        with _autocast(autocast_dtype):
+        with torch.autocast("cpu", autocast_dtype, enabled=autocast_dtype is not None):
             loss = run.loss_fn(logits_of(model(inputs)), targets) / accum
         loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return time.perf_counter() - started
-
-
-def _autocast(dtype: torch.dtype | None) -> contextlib.AbstractContextManager[object]:
-    if dtype is None:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type="cpu", dtype=dtype)

@@ -38,11 +38,9 @@ from mptrain.config.format_table import (
     TF32,
 )
 
-# The formats a GEMM can run in, as the predictor and MFU name them: the rate columns of the
-# table below, then the block-scaled formats, which run at an element format's rate where the GPU
-# has their kernel (mptrain.config.format_table: each row's ``peak_row`` and ``kernel``).
+# The rate columns of the table below (a block-scaled format runs at one of them where the GPU
+# has its kernel: mptrain.config.format_table, each row's ``peak_row`` and ``kernel``).
 RATE_COLUMNS = (FP32, TF32, BF16, FP16, FP8, FP4)
-FORMATS = (*RATE_COLUMNS, *BLOCK_FORMATS)
 
 
 @dataclass(frozen=True)

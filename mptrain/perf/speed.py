@@ -192,14 +192,12 @@ class Accountant:
         self._layers: dict[tuple, list[str]] = {}
         self.given = None if layers is None else list(layers)
 
-    def arithmetic(
-        self, precision: str, granularity: str | None = None, cfg: RunConfig | None = None
-    ) -> Arithmetic:
+    def arithmetic(self, precision: str, cfg: RunConfig | None = None) -> Arithmetic:
         """``precision``'s arithmetic under ``cfg`` (default: the accountant's; the same model): FP8
-        scaled per ``granularity`` (default: the config's), the Linears its layer keys convert,
-        their GEMMs in the formats its ``precision.gemms`` plan gives them."""
+        scaled per its ``fp8.granularity``, the Linears its layer keys convert, their GEMMs in the
+        formats its ``precision.gemms`` plan gives them."""
         cfg = cfg or self.cfg
-        scales = granularity or cfg.fp8.granularity
+        scales = cfg.fp8.granularity
         fmt = layer_format(precision, scales)
         if fmt is None:
             return arithmetic_for(precision, (), scales)
@@ -240,7 +238,7 @@ def predict_configs(
     out: dict[str, Prediction | str] = {}
     for name, cfg in configs.items():
         try:
-            arithmetic = accountant.arithmetic(run_precision(cfg), cfg.fp8.granularity, cfg)
+            arithmetic = accountant.arithmetic(run_precision(cfg), cfg)
             out[name] = predict(accountant.accounting(arithmetic), arithmetic, gpu, step)
         except ValueError as exc:  # no FP8 layer, or a format the GPU lacks: said, not guessed
             out[name] = str(exc)

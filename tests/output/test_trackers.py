@@ -207,11 +207,9 @@ def test_a_missing_package_names_the_extra_to_install(monkeypatch):
 OTHER_COMMANDS = ("bench", "advise", "eval", "sample", "debug")
 
 
-@pytest.mark.parametrize(
-    "params", [trackers_module.mlflow_params, trackers_module.tensorboard_hparams]
-)
-def test_params_name_the_precision_that_ran_and_no_other_commands_settings(params):
-    recorded = params(tiny_run("precision=auto"), "bf16")
+@pytest.mark.parametrize("kept", [trackers_module.MLFLOW_TYPES, trackers_module.TENSORBOARD_TYPES])
+def test_params_name_the_precision_that_ran_and_no_other_commands_settings(kept):
+    recorded = trackers_module.run_params(tiny_run("precision=auto"), "bf16", kept)
     assert recorded["precision.name"] == "auto" and recorded["precision.resolved"] == "bf16"
     assert "seed" in recorded and "optimizer.lr" in recorded
     assert [k for k in recorded if k.split(".")[0] in OTHER_COMMANDS] == []
