@@ -18,6 +18,7 @@ from support.processes import describe, run_mptrain
 from support.runs import compose_run, run_cli, tiny_run
 
 from mptrain.commands.advise import choices, concise, layers, measure, plan, report, run, trials
+from mptrain.commands.advise.decide import recommend
 from mptrain.commands.advise.sensitivity import measure_sensitivity
 from mptrain.platform import hardware
 
@@ -39,7 +40,7 @@ def advice_of(cfg, found_plan=None):
         layers.run_plan(cands, cfg.advise, trials.Budget(100.0), {}, found["plan"])
     else:
         found["plan"] = found_plan
-    decision = run.decide(cfg, found, device)
+    decision = recommend(*run.measured_inputs(cfg, found, device))
     result = report.assemble(cfg, device, found, decision, "mptrain precision=fp32")
     result["elapsed_s"] = 1.0
     return result

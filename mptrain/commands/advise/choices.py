@@ -113,10 +113,6 @@ def refusal(cfg: RunConfig) -> str | None:
 _DEFAULTS = {"precision": PrecisionConfig(), "fp8": FP8Config()}
 
 
-def _spelled(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
 def command_overrides(r: Choice) -> list[str]:
     """The overrides that select ``r`` on a command line: ``precision=...`` and every other key
     whose value differs from its default (``fp8.granularity=rowwise``)."""
@@ -126,7 +122,7 @@ def command_overrides(r: Choice) -> list[str]:
             group, field = key.split(".")
             if getattr(_DEFAULTS[group], field) == value:
                 continue
-        out.append(f"{key}={_spelled(value)}")
+        out.append(f"{key}={str(value).lower() if isinstance(value, bool) else value}")
     return out
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from mptrain.commands.advise.choices import SIMPLICITY
 from mptrain.commands.advise.concise import pct
@@ -101,7 +101,7 @@ class Advice:
     precision: str
     reasons: tuple[str, ...]
     runners_up: tuple[tuple[str, str], ...]  # (precision, why it lost)
-    fixes: tuple[str, ...] = field(default_factory=tuple)  # override strings with a why
+    fixes: tuple[str, ...] = ()  # override strings with a why
     # False when FP32, the reference, was not measured: ``precision`` is then only the default.
     measured: bool = True
 

@@ -16,14 +16,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mptrain.commands.advise import fits
+import torch
+
+from mptrain.commands import bench
+from mptrain.commands.advise import fits, predict
 from mptrain.commands.advise.footprint import assemble, with_state
+from mptrain.commands.advise.measure import Candidate, latest_cost, speed_measure
 from mptrain.commands.advise.trials import short_run, timed_part
 
 if TYPE_CHECKING:
-    import torch
-
-    from mptrain.commands.advise.measure import Candidate
     from mptrain.commands.advise.trials import Budget, Cost
     from mptrain.config.commands import AdviseConfig
     from mptrain.config.run import RunConfig
@@ -31,19 +32,6 @@ if TYPE_CHECKING:
 # Steps of the combination on the target GPU: the first allocates, the optimizer's state appears
 # after it, so the second and third hold what every later step holds.
 CHECK_STEPS = 3
-
-
-def provisional_fit(
-    cfg: RunConfig, found: dict[str, Any], verdicts: dict[str, str | None], device: torch.device
-) -> tuple[dict[str, Any], Any]:
-    """(the fit :func:`.footprint.assemble` recommends now, among the precisions whose
-    ``verdicts`` are None, or {}; the target GPU or None)."""
-    from mptrain.commands.advise import predict
-
-    gpu, _ = predict.target_gpu(cfg, device)
-    prediction = predict.predict(cfg, device, found["candidates"]) if gpu else None
-    memory = assemble(cfg, found, prediction, verdicts, device)
-    return (memory.get("target") or {}).get("fit") or {}, gpu
 
 
 @dataclass(frozen=True)
@@ -65,12 +53,16 @@ def measure_fit(
     timings: dict[str, Any],
     device: torch.device,
 ) -> None:
-    """For ``advise.batch_size``: the fit recommended now (:func:`provisional_fit`, once), then
-    its speed cost here and its peak on the target GPU itself (the module doc); nothing without
-    a batch asked for or a combination that fits it."""
+    """For ``advise.batch_size``: the fit :func:`.footprint.assemble` recommends now (once, among
+    the precisions whose ``verdicts`` are None), then its speed cost here and its peak on the
+    target GPU itself (the module doc); nothing without a batch asked for or a combination that
+    fits it."""
     if cfg.advise.batch_size is None:
         return
-    fit, gpu = provisional_fit(cfg, found, verdicts, device)
+    gpu, _ = predict.target_gpu(cfg, device)
+    prediction = predict.predict(cfg, device, found["candidates"]) if gpu else None
+    memory = assemble(cfg, found, prediction, verdicts, device)
+    fit = (memory.get("target") or {}).get("fit") or {}
     if "combination" not in fit:
         return
     footprint = found["footprint"]
@@ -86,8 +78,6 @@ def _unaffordable(plain: Candidate, need_of: Callable[[Cost], float], budget: Bu
     """Why ``plain``'s combination cannot be measured now: its precision did not run here (no
     cost to estimate from), or ``need_of(its cost)`` seconds exceed what ``advise.budget_s`` has
     left; None when it can."""
-    from mptrain.commands.advise.measure import latest_cost
-
     if plain.pilot is None:
         return f"{plain.name} was not run here"
     need = need_of(latest_cost(plain))
@@ -107,9 +97,6 @@ def _speed_cost(
     """The step-time cost of what the fit adds to its precision (a state choice, checkpointing),
     side by side with the precision alone, bench's rotated repetitions; into
     ``footprint["cost"]``, or why not (``skipped["speed cost"]``)."""
-    from mptrain.commands import bench
-    from mptrain.commands.advise.measure import speed_measure
-
     fit, plain = recommended.fit, recommended.plain
     steps, runs = settings.speed_steps, settings.warmup_steps + settings.speed_steps
     # both configs, every repetition; recomputing: up to 1.5x
@@ -139,8 +126,6 @@ def _peak_on_target(
     """On the target GPU itself: the combination trained :data:`CHECK_STEPS` steps at
     ``advise.batch_size``, its measured peak into ``footprint["measured"]``; elsewhere, or
     without the budget for it, why not (``skipped["measured"]``)."""
-    from mptrain.commands.advise import predict
-
     if not predict.on_gpu(gpu, device):
         here = predict.device_name(device) or f"the {device.type}"
         footprint["skipped"]["measured"] = f"advise ran on {here}, not on a {gpu.key}"
@@ -165,8 +150,6 @@ def measure_peak(cfg: RunConfig, combination: list[str], budget: Budget) -> dict
     """``cfg`` trained :data:`CHECK_STEPS` steps: its micro-batch, the peak its run measured
     (``peak_bytes``, CUDA's max allocated since the run began) and on what, or the first line of
     the out-of-memory error it met instead (``out_of_memory``)."""
-    import torch
-
     out: dict[str, Any] = {"combination": combination, "batch_size": cfg.batch_size}
     try:
         trial = short_run(cfg, CHECK_STEPS, warmup=1, deadline=budget.deadline(), per_step=False)

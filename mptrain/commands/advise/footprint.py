@@ -18,18 +18,19 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from mptrain.commands.advise import choices, fits
+from mptrain.commands.advise import choices, fits, predict
+from mptrain.commands.advise import decide as advice
 from mptrain.commands.advise.trials import Cost, cost_of, timed_part
 from mptrain.config.base import ConfigError
 from mptrain.config.optim import AdamBase, AdamWConfig, LowBitAdamWConfig
 from mptrain.platform.distributed import unwrap
 from mptrain.train.build import prepare_run
-from mptrain.train.memory import account_step
+from mptrain.train.memory import account_step, fresh_state_bytes
+from mptrain.train.optim import build_optimizer
 
 if TYPE_CHECKING:
     import torch
 
-    from mptrain.commands.advise import decide as advice
     from mptrain.commands.advise.measure import Candidate
     from mptrain.commands.advise.trials import Budget
     from mptrain.config.run import RunConfig
@@ -196,9 +197,6 @@ def state_bytes(cfg: RunConfig, run: Any, state: fits.StateChoice) -> int:
     """The optimizer-state bytes of ``state`` for ``run``'s model (a fresh optimizer of that
     choice): AdamW's from an accounted step at the smaller probe batch, torchao's made as its
     step makes them (its compiled step is not run: :func:`mptrain.train.memory.fresh_state_bytes`)."""
-    from mptrain.train.memory import fresh_state_bytes
-    from mptrain.train.optim import build_optimizer
-
     optimizer = build_optimizer(with_state(cfg, state).optimizer, unwrap(run.model))
     fresh = fresh_state_bytes(optimizer)
     if fresh is not None:
@@ -261,8 +259,6 @@ def step_times(
 def faithful(inputs: list[advice.Measured], ctx: advice.Context) -> dict[str, str | None]:
     """Each precision's numerics verdict: None where the fidelity run (and the seeds) accepted
     it (FP32 always, the reference), else why not (:func:`.decide.unfaithful`)."""
-    from mptrain.commands.advise import decide as advice
-
     verdicts = {m.precision: advice.unfaithful(m, ctx) for m in inputs}
     return {**verdicts, advice.REFERENCE: None}
 
@@ -282,8 +278,6 @@ def assemble(
     step times where it has them, else by the speed measured here (:func:`step_times`). Pure:
     the fit :mod:`.fit_measure` measures while advise runs and the one advise.json reports come
     from here alike, each from what was found by then."""
-    from mptrain.commands.advise import predict
-
     gpu, _ = predict.target_gpu(cfg, device)
     footprint = found["footprint"]
     lines = lines_of(footprint)

@@ -141,12 +141,9 @@ def carrier_lines(plan: dict[str, Any]) -> list[str]:
     the GEMM that carries its error, with the figures. Layers not kept are left out: lifting a
     GEMM of a layer that carries little of the error moves nothing worth reading."""
     rows = {row["name"]: row for row in plan.get("layers", [])}
-    names = plan.get("kept") or []
     lines = []
-    for row in (rows[name] for name in names if name in rows):
-        found = row.get("gemms")
-        if found is None:
-            continue
+    for row in (rows[n] for n in plan.get("kept") or [] if "gemms" in rows.get(n, {})):
+        found = row["gemms"]
         singles = ", ".join(
             f"{WORDS[g]} {concise.db(found['lifted'][g]['grad_sqnr_db'])}" for g in GEMMS
         )

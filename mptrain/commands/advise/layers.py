@@ -50,19 +50,18 @@ def planned(cands: list[Candidate], choice: str = "auto") -> Candidate | None:
     ``choice`` (``advise.plan``, normalised), or for "auto" :func:`.plan.planned_choice`'s pick;
     None when there is none."""
     lows = [c for c in cands if c.name in LOW_NAMES and c.pilot is not None and not c.skipped]
-    if choice != "auto":
-        return next((c for c in lows if c.name == choice), None)
-    options = [
-        {
-            "name": c.name,
-            "fidelity": c.fidelity is not None,
-            "timed": c.timed,
-            "step_s": latest_cost(c).step_s,
-        }
-        for c in lows
-    ]
-    name = planning.planned_choice(options)
-    return next((c for c in lows if c.name == name), None)
+    if choice == "auto":
+        options = [
+            {
+                "name": c.name,
+                "fidelity": c.fidelity is not None,
+                "timed": c.timed,
+                "step_s": latest_cost(c).step_s,
+            }
+            for c in lows
+        ]
+        choice = planning.planned_choice(options)
+    return next((c for c in lows if c.name == choice), None)
 
 
 def _why_not(c: Candidate) -> str:

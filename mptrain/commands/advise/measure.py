@@ -125,11 +125,9 @@ def candidates(cfg: RunConfig, device: torch.device) -> list[Candidate]:
     for r in choices.LOW_PRECISION:
         low_cfg = choices.apply(cfg, r)
         emulated = not HARDWARE[r.needs](low_cfg, device)
-        c = Candidate(r.name, low_cfg, not emulated, emulated, choice=r)
         refused = choices.refusal(low_cfg)
-        if refused:
-            c.skipped["all"] = refused
-        out.append(c)
+        skipped = {"all": refused} if refused else {}
+        out.append(Candidate(r.name, low_cfg, not emulated, emulated, skipped, choice=r))
     return out
 
 
@@ -265,13 +263,6 @@ def _over(estimate_s: float, budget: Budget) -> str:
     return estimated(estimate_s, " from the measured pilots", budget.left_s())
 
 
-def fidelity_need(c: Candidate, settings: AdviseConfig) -> float:
-    """Estimated seconds of ``c``'s fidelity run and (when timed) its share of the speed part
-    at the least number of timed steps."""
-    need = latest_cost(c).of(settings.fidelity_steps)
-    return need + (speed_need([c], settings, settings.speed_steps) if c.timed else 0.0)
-
-
 def pilot_words(c: Candidate, fp32: Candidate) -> str:
     """``1.23 s/step, 25× FP32's``: a pilot's step time (a few steps, not alternated: a hint,
     not a speed measurement)."""
@@ -296,7 +287,10 @@ def run_fidelity(
             c.skipped["fidelity and speed"] = NOT_COMPARED
             continue
         committed = speed_need([a for a in admitted if a.timed], settings, settings.speed_steps)
-        left_s, need = budget.left_s() - committed, fidelity_need(c, settings)
+        left_s = budget.left_s() - committed
+        # its fidelity run and (when timed) its share of the speed part at the least timed steps
+        need = latest_cost(c).of(settings.fidelity_steps)
+        need += speed_need([c], settings, settings.speed_steps) if c.timed else 0.0
         if need > left_s:
             how = f" from its measured pilot ({pilot_words(c, cands[0])})"
             c.skipped["fidelity and speed"] = estimated(need, how, left_s)

@@ -317,8 +317,9 @@ def section(plan: dict[str, Any] | None, figure: str) -> list[str]:
     label = plan["label"]
     table = [TABLE_HEADERS, ["---"] * len(TABLE_HEADERS), *table_rows(plan)]
     lines = [f"## {label}: layers kept in high precision", "", *summary_lines(plan), ""]
-    lines += [f"| {' | '.join(cells)} |" for cells in table]
-    lines += [
+    return [
+        *lines,
+        *(f"| {' | '.join(cells)} |" for cells in table),
         "",
         f"One batch from FP32's initial weights, every figure against FP32's: each layer's own "
         f"error with all of them in {label} (its output and gradients from the same input), and "
@@ -332,7 +333,6 @@ def section(plan: dict[str, Any] | None, figure: str) -> list[str]:
         f"![per-layer {label} sensitivity]({figure})",
         "",
     ]
-    return lines
 
 
 CONSOLE_FIRST = 3  # the console's ranked layers before "… and N more"

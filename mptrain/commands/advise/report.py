@@ -57,18 +57,6 @@ def _row(c: Any, reference: Any) -> dict[str, Any]:
     }
 
 
-def _numerics(numerics: dict[str, Any]) -> dict[str, Any]:
-    """The numerics worth keeping: the probe (with its layers), audit flags, the FP8 report and
-    each block-scaled choice's."""
-    return {
-        "fp16_probe": numerics["probe"],
-        "audit": numerics["audit"],
-        "fp8": numerics["fp8"],
-        "blocks": numerics.get("blocks", {}),
-        "skipped": numerics["skipped"],
-    }
-
-
 def _one_ulp_line(check: dict[str, Any]) -> str:
     """What FP32 does to itself under a one-ulp nudge, and what that allows the others."""
     if check["spread"] is None:
@@ -81,25 +69,13 @@ def _one_ulp_line(check: dict[str, Any]) -> str:
     )
 
 
-def _one_ulp_check(cands: list[Any]) -> dict[str, Any]:
-    """FP32 against itself with its initial weights nudged by one ulp: the spread (the largest
-    relative loss difference), the allowance it gives, its losses, or why it was not run."""
-    fp32 = next((c for c in cands if c.name == "fp32"), None)
-    return {
-        "spread": fp32.nudge_spread if fp32 is not None else None,
-        "margin": CHAOS_MARGIN,
-        "losses": fp32.nudged.losses if fp32 is not None and fp32.nudged is not None else None,
-        "not_run": fp32.nudge_note if fp32 is not None else None,
-    }
-
-
 def assemble(
     cfg: RunConfig, device: torch.device, found: dict[str, Any], decision: Advice, command: str
 ) -> dict[str, Any]:
     """advise.json's content (plain types): the setting, every figure, the decision."""
-    cands = found["candidates"]
-    reference = next((c.fidelity for c in cands if c.name == "fp32"), None)
-    rows = [_row(c, reference) for c in cands]
+    cands, numerics = found["candidates"], found["numerics"]
+    fp32 = cands[0]  # measure.candidates: FP32 first, always
+    rows = [_row(c, fp32.fidelity) for c in cands]
     predict.compare(found.get("prediction"), rows)
     return {
         "model": cfg.model.name,
@@ -123,8 +99,21 @@ def assemble(
         "precisions": rows,
         # advise.target's GPU: each precision's predicted step, labelled so (None: not asked)
         "prediction": found.get("prediction"),
-        "fp32_one_ulp_check": _one_ulp_check(cands),
-        "numerics": _numerics(found["numerics"]),
+        # FP32 against itself, its initial weights nudged by one ulp: the spread (the largest
+        # relative loss difference), the allowance it gives, its losses, or why it was not run
+        "fp32_one_ulp_check": {
+            "spread": fp32.nudge_spread,
+            "margin": CHAOS_MARGIN,
+            "losses": fp32.nudged.losses if fp32.nudged is not None else None,
+            "not_run": fp32.nudge_note,
+        },
+        "numerics": {  # the probe (with its layers), audit flags, FP8's and block formats' reports
+            "fp16_probe": numerics["probe"],
+            "audit": numerics["audit"],
+            "fp8": numerics["fp8"],
+            "blocks": numerics.get("blocks", {}),
+            "skipped": numerics["skipped"],
+        },
         "layer_plan": found["plan"],  # the per-layer plan: every per-layer figure, the runs
         "confidence": found.get("confidence"),  # advise.seeds: every seed's figures, verdicts
         "timings_s": found["timings"],
@@ -254,10 +243,6 @@ def recommendation_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _command(runner_up: dict[str, Any]) -> str:
-    return f" (`{runner_up['command']}`)" if runner_up.get("command") else ""
-
-
 def runner_up_lines(runners_up: list[dict[str, Any]]) -> list[str]:
     """One line per runner-up with its command; runners-up sharing a reason on one line (the
     same refusal for every low-precision choice: said once). A group not measured points to
@@ -266,7 +251,8 @@ def runner_up_lines(runners_up: list[dict[str, Any]]) -> list[str]:
     lines = []
     for names, why in concise.grouped([(r["precision"], r["why"]) for r in runners_up]):
         if len(names) == 1:
-            lines.append(f"- {names[0]}: {why}{_command(by_name[names[0]])}")
+            command = by_name[names[0]].get("command")
+            lines.append(f"- {names[0]}: {why}" + (f" (`{command}`)" if command else ""))
         elif why.startswith(NOT_MEASURED):
             lines.append(f"- {concise.names_words(names)}: not measured (why: under Not measured)")
         else:
@@ -437,13 +423,6 @@ def _print_markdown(console: Console, lines: list[str], bold: str = "") -> None:
             console.print(escape(line))
 
 
-def show_plan(console: Console, plan: dict[str, Any]) -> None:
-    """The per-layer plan on a terminal: its headline, runs and command, lists of layers cut to
-    their first few, and the first ranked layers (every layer's figures: advise.md)."""
-    if lines := layer_plan.console_section(plan, ADVISE_MD)[2:-1]:  # less heading, last blank
-        _print_markdown(console, lines, bold=f"{plan['label']} per layer: ")
-
-
 def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
     """The recommendation and the table: rich on a terminal, elsewhere advise.md's lines with
     the per-layer plan summarised (:func:`render`'s ``console``)."""
@@ -461,11 +440,11 @@ def show(console: Console, result: dict[str, Any], output_dir: Path) -> None:
     for cells in table_rows(result):
         table.add_row(*(escape(c) for c in cells))
     console.print(table)
-    for line in predict.lines(result.get("prediction")):
+    for line in predict.lines(result.get("prediction")) + fit_report.section(result.get("memory")):
         console.print(escape(line))
-    for line in fit_report.section(result.get("memory")):
-        console.print(escape(line))
-    show_plan(console, result["layer_plan"])
+    plan = result["layer_plan"]  # as off a terminal, less its heading and last blank line
+    if lines := layer_plan.console_section(plan, ADVISE_MD)[2:-1]:
+        _print_markdown(console, lines, bold=f"{plan['label']} per layer: ")
     skipped = skipped_lines(result)
     for line in [*(["Not measured:", *skipped] if skipped else []), *time_lines(result)]:
         console.print(escape(line))

@@ -62,11 +62,11 @@ def measured_inputs(
     from mptrain.models.build import config_has_convolutions
 
     cands, numerics = found["candidates"], found["numerics"]
-    reference = next((c.fidelity for c in cands if c.name == "fp32"), None)
+    fp32 = cands[0]  # measure.candidates: FP32 first, always
     interrupted = found["interrupted"]
     ctx = advice.Context(
         tolerance=cfg.advise.tolerance,
-        fp32_spread=next((c.nudge_spread for c in cands if c.name == "fp32"), None),
+        fp32_spread=fp32.nudge_spread,
         max_skipped_fraction=cfg.advise.max_skipped_fraction,
         device_type=device.type,
         has_convolutions=config_has_convolutions(cfg.model, cfg.task == "lm"),
@@ -74,12 +74,8 @@ def measured_inputs(
         interrupted_by=interrupted["signal"] if interrupted else None,
         busy=contention.busy_words(found.get("machine_load")),
     )
-    measured = [to_measured(c, reference, numerics) for c in cands]
+    measured = [to_measured(c, fp32.fidelity, numerics) for c in cands]
     return with_verdicts(measured, found.get("confidence"), ctx.interrupted_by), ctx
-
-
-def decide(cfg: RunConfig, found: dict[str, Any], device: torch.device) -> advice.Advice:
-    return advice.recommend(*measured_inputs(cfg, found, device))
 
 
 def new_findings(cands: list[Candidate], settings: AdviseConfig) -> dict[str, Any]:
@@ -133,9 +129,9 @@ def measure_all(cfg: RunConfig, budget: Budget, found: dict[str, Any]) -> None:
     run_speed(cands, cfg.advise, speed_budget(cands, cfg.advise, budget), timings)
     device = hardware.resolve_device(cfg.device)
     found["machine_load"] = contention.judged_since(before, device)
-    verdicts = faithful(*measured_inputs(cfg, found, device))
-    measure_fit(cfg, found, verdicts, budget, timings, device)
-    run_seeds(cfg, found, decide(cfg, found, device), budget, timings)  # the finalists'
+    inputs = measured_inputs(cfg, found, device)
+    measure_fit(cfg, found, faithful(*inputs), budget, timings, device)
+    run_seeds(cfg, found, advice.recommend(*inputs), budget, timings)  # the finalists'
 
 
 def note_interrupt(found: dict[str, Any], signal_name: str, budget: Budget) -> None:
@@ -227,13 +223,13 @@ def write_advice(
 
     with timed_part(found["timings"], "prediction"):
         cands, plan = found["candidates"], found["plan"]
-        configs = plan_configs(plan, cands)
-        found["prediction"] = predict.predict(cfg, device, cands, plan, configs)
-    decision = decide(cfg, found, device)
-    verdicts = footprint.faithful(*measured_inputs(cfg, found, device))
+        found["prediction"] = predict.predict(cfg, device, cands, plan, plan_configs(plan, cands))
+    inputs = measured_inputs(cfg, found, device)
+    decision = advice.recommend(*inputs)
+    verdicts = footprint.faithful(*inputs)
     found["memory"] = footprint.assemble(cfg, found, found["prediction"], verdicts, device)
-    add_command(found["plan"], overrides)
-    gemms.add_command(found["plan"], overrides, list_item)
+    add_command(plan, overrides)
+    gemms.add_command(plan, overrides, list_item)
     result = advise_report.assemble(
         cfg, device, found, decision, command_for(overrides, decision.precision)
     )
