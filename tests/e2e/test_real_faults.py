@@ -31,6 +31,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -605,9 +606,13 @@ def test_sigterm_to_torchrun_stops_both_ranks_with_a_report_and_resume_completes
     on_disk = report(run_dir)
     stopped = on_disk["training"]["steps"]
     assert on_disk["status"] == "interrupted", launcher.describe()
-    assert on_disk["reason"] == (
-        f"SIGTERM at step {stopped}; checkpoint written, resume with resume=auto"
-    )
+    # torchrun passes the signal to its ranks one after the other: on a loaded machine the
+    # ranks may agree to stop before the second has it, and the reason then names the rank that
+    # had it ("SIGTERM on rank 0"). Either way both stop after the same step.
+    assert re.fullmatch(
+        rf"SIGTERM( on rank [01])? at step {stopped}; checkpoint written, resume with resume=auto",
+        on_disk["reason"],
+    ), on_disk["reason"]
     assert on_disk["distributed"]["world_size"] == 2 and on_disk["distributed"]["rank"] == 0
     assert 5 <= stopped < total
     assert latest_step(run_dir) == stopped
